@@ -1,0 +1,98 @@
+//! Bearer tokens: the admin token from config, or tenant tokens (stored hashed) with scopes.
+
+use axum::http::{HeaderMap, StatusCode};
+use sha2::{Digest, Sha256};
+
+use super::{ApiError, AppState};
+use crate::model::{Scope, TenantId};
+
+/// Who is calling.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    Admin,
+    Tenant(TenantId),
+}
+
+/// The sha256 hex of a token: what the store keeps.
+pub fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| unauthorized("missing Authorization: Bearer <token>"))?;
+    value
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| unauthorized("Authorization must be \"Bearer <token>\""))
+}
+
+fn unauthorized(m: &str) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Identifies the caller from its token.
+pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<(Caller, Vec<Scope>), ApiError> {
+    let token = bearer(headers)?;
+    if let Some(admin) = &state.config.admin_token {
+        if constant_time_eq(admin.as_bytes(), token.as_bytes()) {
+            return Ok((Caller::Admin, Scope::ALL.to_vec()));
+        }
+    }
+    let hash = hash_token(token);
+    let cached = state.tokens.read().expect("token cache").get(&hash).cloned();
+    let record = match cached {
+        Some(r) => r,
+        None => {
+            let r = state.store.find_token(&hash).await?.ok_or_else(|| unauthorized("unknown token"))?;
+            state.tokens.write().expect("token cache").insert(hash, r.clone());
+            r
+        }
+    };
+    Ok((Caller::Tenant(record.tenant), record.scopes))
+}
+
+/// Requires the admin token.
+pub async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    match caller(state, headers).await?.0 {
+        Caller::Admin => Ok(()),
+        Caller::Tenant(_) => Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "this route needs the admin token")),
+    }
+}
+
+/// Requires access to `tenant` with `scope`; another tenant's objects answer 404.
+pub async fn tenant(state: &AppState, headers: &HeaderMap, tenant: &str, scope: Scope) -> Result<TenantId, ApiError> {
+    let (caller, scopes) = caller(state, headers).await?;
+    let id = TenantId::parse(tenant).map_err(|_| ApiError::not_found("tenant"))?;
+    match caller {
+        Caller::Tenant(own) if own != id => return Err(ApiError::not_found("tenant")),
+        _ => {}
+    }
+    if !scopes.contains(&scope) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this token lacks the {} scope", scope.as_str()),
+        ));
+    }
+    ensure_tenant(state, &id).await?;
+    Ok(id)
+}
+
+async fn ensure_tenant(state: &AppState, id: &TenantId) -> Result<(), ApiError> {
+    if state.tenants.read().expect("tenant cache").contains(id) {
+        return Ok(());
+    }
+    if state.store.get_tenant(id).await?.is_none() {
+        return Err(ApiError::not_found("tenant"));
+    }
+    state.tenants.write().expect("tenant cache").insert(id.clone());
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! Event intake and the read side: events, deliveries with their attempts, dead letters.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, AppState, auth, body_bytes, parse_json, parse_rfc3339, rfc3339};
+use crate::intake::{self, EventIn, IntakeLimits};
+use crate::model::*;
+use crate::store::{DeliveryFilter, IngestOutcome};
+
+fn limits(state: &AppState) -> IntakeLimits {
+    IntakeLimits {
+        max_payload_bytes: state.config.max_payload_bytes,
+        max_events_per_request: state.config.max_events_per_request,
+        ttl_ms: state.config.retry.ttl().as_millis() as i64,
+    }
+}
+
+fn outcome_json(id: &EventId, o: &IngestOutcome) -> Value {
+    json!({ "id": id, "deliveries": o.deliveries, "duplicate": o.duplicate })
+}
+
+/// `POST /v1/tenants/{tenant}/events`: 202 only after the event and its deliveries commit.
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::EventsWrite).await?;
+    let body = body_bytes(body)?;
+    let input: EventIn<'_> = parse_json(&body)?;
+    let event = intake::prepare(&tenant, &input, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
+    let id = event.id.clone();
+    let outcomes = intake::accept(&state.committer, vec![event]).await?;
+    after_accept(&state, &outcomes);
+    Ok((StatusCode::ACCEPTED, Json(outcome_json(&id, &outcomes[0]))))
+}
+
+/// `POST /v1/tenants/{tenant}/events/batch`: `{"events": [...]}`, all or nothing.
+pub async fn create_batch(
+    State(state): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::EventsWrite).await?;
+    let body = body_bytes(body)?;
+    let events = intake::prepare_batch(&tenant, &body, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
+    let ids: Vec<EventId> = events.iter().map(|e| e.id.clone()).collect();
+    let outcomes = intake::accept(&state.committer, events).await?;
+    after_accept(&state, &outcomes);
+    let data: Vec<Value> = ids.iter().zip(&outcomes).map(|(id, o)| outcome_json(id, o)).collect();
+    Ok((StatusCode::ACCEPTED, Json(json!({ "data": data }))))
+}
+
+fn after_accept(state: &AppState, outcomes: &[IngestOutcome]) {
+    let fresh = outcomes.iter().filter(|o| !o.duplicate);
+    let (events, deliveries) = fresh.fold((0u64, 0u64), |(e, d), o| (e + 1, d + u64::from(o.deliveries)));
+    state.metrics.events_accepted.add(events);
+    state.metrics.deliveries_created.add(deliveries);
+    if deliveries > 0 {
+        (state.wake)();
+    }
+}
+
+pub async fn get_one(
+    State(state): State<Arc<AppState>>,
+    Path((tenant, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
+    let event = state
+        .store
+        .get_event(&tenant, &EventId::from_stored(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("event"))?;
+    let payload: Box<serde_json::value::RawValue> =
+        serde_json::value::RawValue::from_string(event.payload.clone()).map_err(|e| ApiError::from(crate::store::StoreError::Backend(e.to_string())))?;
+    Ok(Json(json!({
+        "id": event.id,
+        "type": event.event_type,
+        "payload": payload,
+        "created_at": rfc3339(event.created_at),
+        "expires_at": rfc3339(event.expires_at),
+    })))
+}
+
+/// Query parameters of delivery and dead-letter listings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    state: Option<String>,
+    endpoint: Option<String>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    reason: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
+    Ok(DeliveryFilter {
+        tenant: Some(tenant),
+        event: None,
+        endpoint: q.endpoint.map(EndpointId::from_stored),
+        state: q
+            .state
+            .map(|s| DeliveryState::parse(&s).ok_or_else(|| ApiError::bad_request(format!("state: unknown state {s:?}"))))
+            .transpose()?,
+        event_type: q.event_type,
+        reason: q.reason,
+        since: q.since.map(|s| parse_rfc3339("since", &s)).transpose()?,
+        until: q.until.map(|s| parse_rfc3339("until", &s)).transpose()?,
+        after: q.after.map(DeliveryId::from_stored),
+        limit: q.limit.unwrap_or(100).clamp(1, 1000),
+    })
+}
+
+pub(crate) fn delivery_view(d: &Delivery) -> Value {
+    json!({
+        "id": d.id,
+        "event_id": d.event_id,
+        "endpoint_id": d.endpoint_id,
+        "event_type": d.event_type,
+        "state": d.state,
+        "attempts": d.attempts,
+        "next_attempt_at": d.next_attempt_at.map(rfc3339),
+        "reason": d.reason,
+        "last_status": d.last_status,
+        "last_error": d.last_error,
+        "created_at": rfc3339(d.created_at),
+        "updated_at": rfc3339(d.updated_at),
+    })
+}
+
+fn page(items: Vec<Delivery>, limit: u32) -> Value {
+    let next = (items.len() as u32 == limit).then(|| items.last().map(|d| d.id.clone())).flatten();
+    json!({ "data": items.iter().map(delivery_view).collect::<Vec<_>>(), "next_after": next })
+}
+
+pub async fn event_deliveries(
+    State(state): State<Arc<AppState>>,
+    Path((tenant, id)): Path<(String, String)>,
+    Query(q): Query<ListQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
+    let event_id = EventId::from_stored(id);
+    if state.store.get_event(&tenant, &event_id).await?.is_none() {
+        return Err(ApiError::not_found("event"));
+    }
+    let mut f = filter(tenant, q)?;
+    f.event = Some(event_id);
+    let items = state.store.list_deliveries(&f).await?;
+    Ok(Json(page(items, f.limit)))
+}
+
+pub async fn list_deliveries(
+    State(state): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+    Query(q): Query<ListQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
+    let f = filter(tenant, q)?;
+    let items = state.store.list_deliveries(&f).await?;
+    Ok(Json(page(items, f.limit)))
+}
+
+pub async fn dead_letters(
+    State(state): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+    Query(q): Query<ListQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
+    let mut f = filter(tenant, q)?;
+    f.state = Some(DeliveryState::Dead);
+    let items = state.store.list_deliveries(&f).await?;
+    Ok(Json(page(items, f.limit)))
+}
+
+pub async fn get_delivery(
+    State(state): State<Arc<AppState>>,
+    Path((tenant, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
+    let (delivery, attempts) = state
+        .store
+        .get_delivery(&tenant, &DeliveryId::from_stored(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("delivery"))?;
+    let mut out = delivery_view(&delivery);
+    out["attempt_history"] = json!(attempts
+        .iter()
+        .map(|a| json!({
+            "id": a.id, "number": a.number, "started_at": rfc3339(a.started_at), "duration_ms": a.duration_ms,
+            "status": a.status, "response_body": a.response_body, "error": a.error,
+            "verdict": a.verdict, "decided_by": a.decided_by,
+        }))
+        .collect::<Vec<_>>());
+    Ok(Json(out))
+}

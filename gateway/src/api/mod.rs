@@ -1,0 +1,181 @@
+//! The admin and intake HTTP API (axum). Architecture invariant: this is the only module
+//! that knows HTTP status codes of the API; every error becomes `{"error": {code, message}}`
+//! here and nowhere else.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde_json::json;
+
+use crate::config::Config;
+use crate::intake::IntakeError;
+use crate::metrics::Metrics;
+use crate::model::{TenantId, TokenRecord};
+use crate::store::{Committer, DynStore, StoreError};
+
+mod auth;
+mod endpoints;
+mod events;
+mod tenants;
+
+pub use auth::hash_token;
+
+/// Shared state of every request handler.
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: DynStore,
+    pub committer: Committer,
+    pub metrics: Arc<Metrics>,
+    /// Wakes the delivery engine when intake commits new deliveries.
+    pub wake: Arc<dyn Fn() + Send + Sync>,
+    pub(crate) tokens: RwLock<HashMap<String, TokenRecord>>,
+    pub(crate) tenants: RwLock<HashSet<TenantId>>,
+}
+
+impl AppState {
+    pub fn new(
+        config: Arc<Config>,
+        store: DynStore,
+        committer: Committer,
+        metrics: Arc<Metrics>,
+        wake: Arc<dyn Fn() + Send + Sync>,
+    ) -> Arc<AppState> {
+        Arc::new(AppState {
+            config,
+            store,
+            committer,
+            metrics,
+            wake,
+            tokens: RwLock::default(),
+            tenants: RwLock::default(),
+        })
+    }
+}
+
+/// Builds the router; tests may call it without a socket.
+pub fn router(state: Arc<AppState>) -> Router {
+    let body_limit = state.config.max_payload_bytes.saturating_mul(16).max(1 << 20) + (64 << 10);
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(tenants::ready))
+        .route("/metrics", get(tenants::metrics))
+        .route("/v1/tenants", post(tenants::create))
+        .route("/v1/tenants/{tenant}/tokens", post(tenants::create_token))
+        .route("/v1/tenants/{tenant}/endpoints", post(endpoints::create).get(endpoints::list))
+        .route(
+            "/v1/tenants/{tenant}/endpoints/{id}",
+            get(endpoints::get_one).patch(endpoints::patch).delete(endpoints::delete),
+        )
+        .route("/v1/tenants/{tenant}/endpoints/{id}/enable", post(endpoints::enable))
+        .route("/v1/tenants/{tenant}/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
+        .route("/v1/tenants/{tenant}/endpoints/{id}/secret", get(endpoints::secret))
+        .route("/v1/tenants/{tenant}/events", post(events::create))
+        .route("/v1/tenants/{tenant}/events/batch", post(events::create_batch))
+        .route("/v1/tenants/{tenant}/events/{id}", get(events::get_one))
+        .route("/v1/tenants/{tenant}/events/{id}/deliveries", get(events::event_deliveries))
+        .route("/v1/tenants/{tenant}/deliveries", get(events::list_deliveries))
+        .route("/v1/tenants/{tenant}/deliveries/{id}", get(events::get_delivery))
+        .route("/v1/tenants/{tenant}/dead-letters", get(events::dead_letters))
+        .route("/v1/tenants/{tenant}/plugins/{name}", put(not_yet))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+async fn not_yet() -> ApiError {
+    ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", "plugin upload is not available in this build")
+}
+
+/// An API error: a status, a stable machine code and a human message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    }
+    pub fn not_found(what: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+            StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found", m),
+            StoreError::Backend(m) => {
+                tracing::error!(error = %m, "storage error");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", "storage is unavailable; nothing was accepted")
+            }
+        }
+    }
+}
+
+impl From<IntakeError> for ApiError {
+    fn from(e: IntakeError) -> Self {
+        match e {
+            IntakeError::Invalid(m) => ApiError::bad_request(m),
+            e @ IntakeError::TooLarge { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.to_string())
+            }
+            IntakeError::Store(s) => s.into(),
+        }
+    }
+}
+
+/// Parses a JSON body into `T`, mapping every failure (including an oversized body) to a
+/// JSON 4xx.
+pub(crate) fn parse_json<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// The raw body, or a JSON error for a body over the limit.
+pub(crate) fn body_bytes(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<axum::body::Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.body_text())
+        } else {
+            ApiError::bad_request(e.body_text())
+        }
+    })
+}
+
+/// Formats stored milliseconds as RFC 3339.
+pub(crate) fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+/// Parses RFC 3339 into milliseconds.
+pub(crate) fn parse_rfc3339(field: &str, s: &str) -> Result<i64, ApiError> {
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+        .map_err(|_| ApiError::bad_request(format!("{field}: {s:?} is not an RFC 3339 timestamp")))
+}

@@ -1,0 +1,34 @@
+//! Wires config, store, committer, delivery engine and API into a running node, and runs it
+//! until the shutdown future resolves (shutdown is passed in, never global).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::api::{AppState, router};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::store::{self, Committer, StoreError};
+
+/// Why a node could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Runs a node on `listener` until `shutdown` resolves.
+pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), AppError> {
+    let config = Arc::new(config);
+    let store = store::open(&config.store_url, config.store_max_connections).await?;
+    let committer = Committer::start(store.clone(), config.intake_max_batch);
+    let metrics = Arc::new(Metrics::default());
+    let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
+    let state = AppState::new(config.clone(), store, committer, metrics, wake);
+    tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,387 @@
+//! The built-in response classification table (DESIGN.md "Default classification") and
+//! `Retry-After` parsing. Pure policy: it maps an attempt's outcome to a verdict and must
+//! not schedule, pace, sleep, read the clock or perform I/O.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+/// How long a `429` without `Retry-After` pauses its endpoint.
+pub const DEFAULT_429_PAUSE: Duration = Duration::from_secs(60);
+
+/// Why an attempt got no HTTP response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportErrorKind {
+    /// The total request deadline passed.
+    Timeout,
+    /// The connect deadline passed.
+    ConnectTimeout,
+    /// The receiver refused the connection.
+    ConnectionRefused,
+    /// The connection was reset or closed mid-request.
+    ConnectionReset,
+    /// The host name did not resolve.
+    Dns,
+    /// The TLS handshake failed (certificate or protocol).
+    Tls,
+    /// The SSRF guard refused the destination address.
+    Blocked,
+    /// Any other transport failure.
+    Other,
+}
+
+/// What one delivery attempt produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The receiver answered.
+    Response {
+        /// HTTP status code.
+        status: u16,
+        /// The parsed `Retry-After` header, if present and valid.
+        retry_after: Option<Duration>,
+    },
+    /// No response was received.
+    Transport(TransportErrorKind),
+}
+
+/// What to do about an outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The receiver has the event.
+    Delivered,
+    /// Try again later.
+    Retry {
+        /// A delay requested by the receiver; `None` means "use the backoff schedule".
+        after: Option<Duration>,
+        /// Also pause the whole endpoint partition for `after` (rate limiting).
+        pause_endpoint: bool,
+    },
+    /// Give up on this delivery: dead-letter it with `reason`.
+    Fail {
+        /// Dead-letter reason, e.g. `permanent:404`.
+        reason: String,
+    },
+    /// Pause the endpoint until a human intervenes; keep its deliveries.
+    PauseEndpoint {
+        /// Why, for the operator.
+        reason: String,
+    },
+    /// Disable the endpoint; its queued deliveries become dead letters.
+    DisableEndpoint {
+        /// Why, for the operator.
+        reason: String,
+    },
+}
+
+/// A transport error name that is not one of the known kinds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown transport error kind {0:?}")]
+pub struct UnknownTransportErrorKind(pub String);
+
+/// Applies the built-in classification table to an outcome.
+pub fn classify(outcome: &Outcome) -> Verdict {
+    match *outcome {
+        Outcome::Response {
+            status,
+            retry_after,
+        } => classify_status(status, retry_after),
+        Outcome::Transport(kind) => classify_transport(kind),
+    }
+}
+
+/// Parses a `Retry-After` value: delay-seconds or an HTTP date, relative to `now`.
+/// A date in the past yields zero; anything else unparsable (including negatives) yields
+/// `None`. Nothing is capped here: the schedule decides whether the delay fits.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return value.parse().ok().map(Duration::from_secs);
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+impl TransportErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [TransportErrorKind; 8] = [
+        Self::Timeout,
+        Self::ConnectTimeout,
+        Self::ConnectionRefused,
+        Self::ConnectionReset,
+        Self::Dns,
+        Self::Tls,
+        Self::Blocked,
+        Self::Other,
+    ];
+
+    /// The snake_case name stored with an attempt.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::ConnectTimeout => "connect_timeout",
+            Self::ConnectionRefused => "connection_refused",
+            Self::ConnectionReset => "connection_reset",
+            Self::Dns => "dns",
+            Self::Tls => "tls",
+            Self::Blocked => "blocked",
+            Self::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for TransportErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TransportErrorKind {
+    type Err = UnknownTransportErrorKind;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownTransportErrorKind(s.to_owned()))
+    }
+}
+
+fn classify_status(status: u16, retry_after: Option<Duration>) -> Verdict {
+    match status {
+        200..=299 => Verdict::Delivered,
+        429 => Verdict::Retry {
+            after: retry_after.or(Some(DEFAULT_429_PAUSE)),
+            pause_endpoint: true,
+        },
+        408 | 500..=599 => retry(retry_after),
+        401 | 403 => Verdict::PauseEndpoint {
+            reason: format!("credentials: HTTP {status}"),
+        },
+        410 => Verdict::DisableEndpoint {
+            reason: format!("gone: HTTP {status}"),
+        },
+        400..=499 => Verdict::Fail {
+            reason: format!("permanent:{status}"),
+        },
+        // 3xx: the failure is recorded and the redirect never followed. 1xx as a final
+        // status and codes outside 100..=599 are protocol oddities: retry, do not drop.
+        _ => retry(None),
+    }
+}
+
+fn classify_transport(kind: TransportErrorKind) -> Verdict {
+    use TransportErrorKind::*;
+    match kind {
+        Timeout | ConnectTimeout | ConnectionRefused | ConnectionReset | Dns | Other => retry(None),
+        Tls => Verdict::PauseEndpoint {
+            reason: "tls".to_owned(),
+        },
+        Blocked => Verdict::Fail {
+            reason: "blocked_destination".to_owned(),
+        },
+    }
+}
+
+fn retry(after: Option<Duration>) -> Verdict {
+    Verdict::Retry {
+        after,
+        pause_endpoint: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    fn resp(status: u16, retry_after: Option<Duration>) -> Outcome {
+        Outcome::Response {
+            status,
+            retry_after,
+        }
+    }
+
+    fn retry_v(after: Option<Duration>, pause_endpoint: bool) -> Verdict {
+        Verdict::Retry {
+            after,
+            pause_endpoint,
+        }
+    }
+
+    fn fail(reason: &str) -> Verdict {
+        Verdict::Fail {
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn pause(reason: &str) -> Verdict {
+        Verdict::PauseEndpoint {
+            reason: reason.to_owned(),
+        }
+    }
+
+    #[test]
+    fn status_table() {
+        let ra = Some(secs(5));
+        let disable = Verdict::DisableEndpoint {
+            reason: "gone: HTTP 410".to_owned(),
+        };
+        let cases: Vec<(u16, Option<Duration>, Verdict)> = vec![
+            (200, None, Verdict::Delivered),
+            (201, ra, Verdict::Delivered),
+            (204, None, Verdict::Delivered),
+            (299, None, Verdict::Delivered),
+            (429, None, retry_v(Some(secs(60)), true)),
+            (429, ra, retry_v(ra, true)),
+            (
+                429,
+                Some(Duration::ZERO),
+                retry_v(Some(Duration::ZERO), true),
+            ),
+            (408, None, retry_v(None, false)),
+            (408, ra, retry_v(ra, false)),
+            (500, None, retry_v(None, false)),
+            (502, ra, retry_v(ra, false)),
+            (503, ra, retry_v(ra, false)),
+            (504, None, retry_v(None, false)),
+            (599, ra, retry_v(ra, false)),
+            (401, None, pause("credentials: HTTP 401")),
+            (403, ra, pause("credentials: HTTP 403")),
+            (410, None, disable),
+            (404, None, fail("permanent:404")),
+            (400, None, fail("permanent:400")),
+            (422, None, fail("permanent:422")),
+            (405, None, fail("permanent:405")),
+            (413, ra, fail("permanent:413")),
+            (451, None, fail("permanent:451")),
+            (499, None, fail("permanent:499")),
+            (300, None, retry_v(None, false)),
+            (301, None, retry_v(None, false)),
+            (302, ra, retry_v(None, false)),
+            (307, None, retry_v(None, false)),
+            (308, None, retry_v(None, false)),
+            (100, None, retry_v(None, false)),
+            (101, None, retry_v(None, false)),
+            (199, ra, retry_v(None, false)),
+            (0, None, retry_v(None, false)),
+            (99, None, retry_v(None, false)),
+            (600, ra, retry_v(None, false)),
+            (999, None, retry_v(None, false)),
+            (u16::MAX, None, retry_v(None, false)),
+        ];
+        for (status, retry_after, want) in cases {
+            assert_eq!(classify(&resp(status, retry_after)), want, "HTTP {status}");
+        }
+    }
+
+    #[test]
+    fn every_status_has_the_verdict_of_its_class() {
+        for status in 0..=1000u16 {
+            let v = classify(&resp(status, None));
+            let ok = match (status, &v) {
+                (200..=299, Verdict::Delivered) => true,
+                (401 | 403, Verdict::PauseEndpoint { .. }) => true,
+                (410, Verdict::DisableEndpoint { .. }) => true,
+                (408 | 429, Verdict::Retry { .. }) => true,
+                (400..=499, Verdict::Fail { reason }) => reason == &format!("permanent:{status}"),
+                (200..=299 | 400..=499, _) => false,
+                (
+                    _,
+                    Verdict::Retry {
+                        after: None,
+                        pause_endpoint: false,
+                    },
+                ) => true,
+                _ => false,
+            };
+            assert!(ok, "HTTP {status} → {v:?}");
+        }
+    }
+
+    #[test]
+    fn transport_table() {
+        use TransportErrorKind::*;
+        let cases = [
+            (Timeout, retry_v(None, false)),
+            (ConnectTimeout, retry_v(None, false)),
+            (ConnectionRefused, retry_v(None, false)),
+            (ConnectionReset, retry_v(None, false)),
+            (Dns, retry_v(None, false)),
+            (Other, retry_v(None, false)),
+            (Tls, pause("tls")),
+            (Blocked, fail("blocked_destination")),
+        ];
+        assert_eq!(cases.len(), TransportErrorKind::ALL.len());
+        for (kind, want) in cases {
+            assert_eq!(classify(&Outcome::Transport(kind)), want, "{kind}");
+        }
+    }
+
+    #[test]
+    fn transport_kind_names_round_trip() {
+        let names = [
+            "timeout",
+            "connect_timeout",
+            "connection_refused",
+            "connection_reset",
+            "dns",
+            "tls",
+            "blocked",
+            "other",
+        ];
+        for (kind, name) in TransportErrorKind::ALL.into_iter().zip(names) {
+            assert_eq!(kind.as_str(), name);
+            assert_eq!(kind.to_string(), name);
+            assert_eq!(name.parse::<TransportErrorKind>(), Ok(kind));
+        }
+        for bad in ["", "Timeout", "TLS", "refused", " dns"] {
+            let err = bad.parse::<TransportErrorKind>().unwrap_err();
+            assert_eq!(err, UnknownTransportErrorKind(bad.to_owned()));
+        }
+    }
+
+    #[test]
+    fn transport_kind_serde_matches_as_str() {
+        use serde::de::IntoDeserializer;
+        use serde::de::value::{Error, StrDeserializer};
+        for kind in TransportErrorKind::ALL {
+            let de: StrDeserializer<'_, Error> = kind.as_str().into_deserializer();
+            let back: TransportErrorKind = serde::Deserialize::deserialize(de).unwrap();
+            assert_eq!(back, kind);
+        }
+    }
+
+    #[test]
+    fn retry_after_table() {
+        // Sun, 06 Nov 1994 08:49:37 GMT
+        let now = SystemTime::UNIX_EPOCH + secs(784_111_777);
+        let cases: [(&str, Option<Duration>); 19] = [
+            ("0", Some(Duration::ZERO)),
+            ("120", Some(secs(120))),
+            ("  30 ", Some(secs(30))),
+            ("\t7\r\n", Some(secs(7))),
+            ("007", Some(secs(7))),
+            ("31536000", Some(secs(31_536_000))),
+            ("18446744073709551615", Some(secs(u64::MAX))),
+            ("18446744073709551616", None),
+            ("Sun, 06 Nov 1994 08:50:37 GMT", Some(secs(60))),
+            ("Sun, 06 Nov 1994 08:49:37 GMT", Some(Duration::ZERO)),
+            ("Sat, 05 Nov 1994 08:49:37 GMT", Some(Duration::ZERO)),
+            ("Sunday, 06-Nov-94 08:49:47 GMT", Some(secs(10))),
+            ("Sun Nov  6 09:49:37 1994", Some(secs(3600))),
+            ("-5", None),
+            ("+5", None),
+            ("1.5", None),
+            ("", None),
+            ("soon", None),
+            ("Sun, 06 Nov 1994 25:00:00 GMT", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(parse_retry_after(value, now), want, "{value:?}");
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! Configuration in two layers: `RawConfig` (TOML + `HERALD_<SECTION>_<KEY>` overrides, as
+//! written) is validated into `Config` (typed, checked). This module never touches the
+//! process environment itself: callers pass the variables in.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::{Jitter, RetryPolicy};
+
+/// A configuration problem, naming the key and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config key `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.to_string(), reason: reason.into() }
+}
+
+/// The configuration as written: every key optional, defaults filled by serde.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub server: RawServer,
+    pub store: RawStore,
+    pub intake: RawIntake,
+    pub delivery: RawDelivery,
+    pub retry: RawRetry,
+    pub endpoint_defaults: RawEndpointDefaults,
+    pub plugins: RawPlugins,
+    pub log: RawLog,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawServer {
+    pub listen: String,
+    pub admin_token: String,
+    pub max_payload_bytes: u64,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        Self { listen: "127.0.0.1:8080".into(), admin_token: String::new(), max_payload_bytes: 1 << 20 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStore {
+    pub url: String,
+    pub max_connections: u32,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        Self { url: "sqlite://herald.db".into(), max_connections: 8 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawIntake {
+    pub max_batch: u32,
+    pub max_events_per_request: u32,
+}
+
+impl Default for RawIntake {
+    fn default() -> Self {
+        Self { max_batch: 1024, max_events_per_request: 1000 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDelivery {
+    pub allow_private_destinations: bool,
+    pub connect_timeout: String,
+    pub timeout: String,
+    pub lease_margin: String,
+    pub disable_after: String,
+    pub max_in_flight_total: u32,
+    pub secret_grace: String,
+}
+
+impl Default for RawDelivery {
+    fn default() -> Self {
+        Self {
+            allow_private_destinations: false,
+            connect_timeout: "3s".into(),
+            timeout: "10s".into(),
+            lease_margin: "30s".into(),
+            disable_after: "24h".into(),
+            max_in_flight_total: 1024,
+            secret_grace: "24h".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRetry {
+    pub base: String,
+    pub factor: f64,
+    pub cap: String,
+    pub jitter: String,
+    pub max_attempts: u32,
+    pub ttl: String,
+}
+
+impl Default for RawRetry {
+    fn default() -> Self {
+        Self {
+            base: "30s".into(),
+            factor: 2.0,
+            cap: "6h".into(),
+            jitter: "full".into(),
+            max_attempts: 10,
+            ttl: "24h".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawEndpointDefaults {
+    pub rate_per_sec: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+}
+
+impl Default for RawEndpointDefaults {
+    fn default() -> Self {
+        Self { rate_per_sec: 10.0, burst: 10, max_in_flight: 4 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawPlugins {
+    pub dir: String,
+    pub call_timeout: String,
+    pub memory_limit_mib: u32,
+    pub max_plugin_bytes: u64,
+}
+
+impl Default for RawPlugins {
+    fn default() -> Self {
+        Self {
+            dir: "plugins.d".into(),
+            call_timeout: "10ms".into(),
+            memory_limit_mib: 16,
+            max_plugin_bytes: 8 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLog {
+    pub level: String,
+    pub format: String,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        Self { level: "info".into(), format: "text".into() }
+    }
+}
+
+/// The validated configuration the rest of Herald reads.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// `None`: admin routes refuse every request.
+    pub admin_token: Option<String>,
+    pub max_payload_bytes: usize,
+    pub store_url: String,
+    pub store_max_connections: u32,
+    pub intake_max_batch: usize,
+    pub max_events_per_request: usize,
+    pub delivery: DeliveryConfig,
+    pub retry: RetryPolicy,
+    pub endpoint_defaults: EndpointDefaults,
+    pub plugins: PluginsConfig,
+    pub log_level: String,
+    pub log_json: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeliveryConfig {
+    pub allow_private_destinations: bool,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    pub lease_margin: Duration,
+    pub disable_after: Duration,
+    pub max_in_flight_total: usize,
+    pub secret_grace: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointDefaults {
+    pub rate_per_sec: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct PluginsConfig {
+    pub dir: PathBuf,
+    pub call_timeout: Duration,
+    pub memory_limit_bytes: usize,
+    pub max_plugin_bytes: usize,
+}
+
+/// The longest total request deadline an endpoint may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Config {
+    /// Reads `path` (if any), applies `HERALD_*` variables from `env`, and validates.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut doc = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| ConfigError::Parse { path: p.to_path_buf(), message: e.to_string() })?
+            }
+            None => toml::Table::new(),
+        };
+        apply_env(&mut doc, env)?;
+        let raw: RawConfig = toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| {
+            ConfigError::Parse {
+                path: path.map(Path::to_path_buf).unwrap_or_else(|| "<defaults>".into()),
+                message: e.message().to_string(),
+            }
+        })?;
+        raw.validate()
+    }
+}
+
+/// Applies `HERALD_<SECTION>_<KEY>` overrides. Known keys come from the defaults, so a
+/// variable for a key that does not exist is an error, not silently ignored.
+fn apply_env(
+    doc: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    let defaults = toml::Table::try_from(RawConfig::default()).expect("defaults serialize");
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix("HERALD_") else { continue };
+        let rest = rest.to_ascii_lowercase();
+        let found = defaults.iter().find_map(|(section, keys)| {
+            let key = rest.strip_prefix(section.as_str())?.strip_prefix('_')?;
+            let default = keys.as_table()?.get(key)?;
+            Some((section.clone(), key.to_string(), default.clone()))
+        });
+        let Some((section, key, default)) = found else {
+            return Err(invalid(&name, "no such configuration key"));
+        };
+        let parsed = match default {
+            toml::Value::String(_) => toml::Value::String(value),
+            _ => format!("v = {value}")
+                .parse::<toml::Table>()
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .ok_or_else(|| invalid(&name, format!("cannot parse {value:?}")))?,
+        };
+        let table = doc
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(table) = table.as_table_mut() else {
+            return Err(invalid(&section, "must be a table"));
+        };
+        table.insert(key, parsed);
+    }
+    Ok(())
+}
+
+/// Parses a duration written like `"250ms"`, `"30s"`, `"15m"`, `"24h"`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
+}
+
+fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
+    parse_duration(text).map_err(|reason| invalid(key, reason))
+}
+
+impl RawConfig {
+    /// Checks every key and builds the typed `Config`.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let listen = self
+            .server
+            .listen
+            .parse()
+            .map_err(|e| invalid("server.listen", format!("{:?} is not host:port ({e})", self.server.listen)))?;
+        if !(self.store.url.starts_with("sqlite:") || self.store.url.starts_with("postgres:") || self.store.url.starts_with("postgresql:")) {
+            return Err(invalid("store.url", "must start with sqlite:// or postgres://"));
+        }
+        let delivery = DeliveryConfig {
+            allow_private_destinations: self.delivery.allow_private_destinations,
+            connect_timeout: duration("delivery.connect_timeout", &self.delivery.connect_timeout)?,
+            timeout: duration("delivery.timeout", &self.delivery.timeout)?,
+            lease_margin: duration("delivery.lease_margin", &self.delivery.lease_margin)?,
+            disable_after: duration("delivery.disable_after", &self.delivery.disable_after)?,
+            max_in_flight_total: self.delivery.max_in_flight_total as usize,
+            secret_grace: duration("delivery.secret_grace", &self.delivery.secret_grace)?,
+        };
+        if delivery.timeout > MAX_TIMEOUT || delivery.timeout.is_zero() {
+            return Err(invalid("delivery.timeout", "must be between 1ms and 30s"));
+        }
+        if delivery.connect_timeout > delivery.timeout || delivery.connect_timeout.is_zero() {
+            return Err(invalid("delivery.connect_timeout", "must be positive and at most delivery.timeout"));
+        }
+        if delivery.max_in_flight_total == 0 {
+            return Err(invalid("delivery.max_in_flight_total", "must be at least 1"));
+        }
+        let jitter: Jitter = self
+            .retry
+            .jitter
+            .parse()
+            .map_err(|e| invalid("retry.jitter", format!("{e}")))?;
+        let retry = RetryPolicy::try_new(
+            duration("retry.base", &self.retry.base)?,
+            self.retry.factor,
+            duration("retry.cap", &self.retry.cap)?,
+            jitter,
+            self.retry.max_attempts,
+            duration("retry.ttl", &self.retry.ttl)?,
+        )
+        .map_err(|e| invalid("retry", e.to_string()))?;
+        let d = &self.endpoint_defaults;
+        crate::pace::Pacer::try_new(d.rate_per_sec, d.burst, d.max_in_flight)
+            .map_err(|e| invalid("endpoint_defaults", e.to_string()))?;
+        if self.intake.max_batch == 0 {
+            return Err(invalid("intake.max_batch", "must be at least 1"));
+        }
+        if self.server.max_payload_bytes == 0 {
+            return Err(invalid("server.max_payload_bytes", "must be at least 1"));
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return Err(invalid("log.format", "must be \"text\" or \"json\""));
+        }
+        Ok(Config {
+            listen,
+            admin_token: Some(self.server.admin_token).filter(|t| !t.is_empty()),
+            max_payload_bytes: self.server.max_payload_bytes as usize,
+            store_url: self.store.url,
+            store_max_connections: self.store.max_connections.max(1),
+            intake_max_batch: self.intake.max_batch as usize,
+            max_events_per_request: self.intake.max_events_per_request.max(1) as usize,
+            delivery,
+            retry,
+            endpoint_defaults: EndpointDefaults {
+                rate_per_sec: d.rate_per_sec,
+                burst: d.burst,
+                max_in_flight: d.max_in_flight,
+            },
+            plugins: PluginsConfig {
+                dir: PathBuf::from(self.plugins.dir),
+                call_timeout: duration("plugins.call_timeout", &self.plugins.call_timeout)?,
+                memory_limit_bytes: (self.plugins.memory_limit_mib as usize) << 20,
+                max_plugin_bytes: self.plugins.max_plugin_bytes as usize,
+            },
+            log_level: self.log.level,
+            log_json: self.log.format == "json",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("herald.toml");
+        std::fs::write(&path, toml).unwrap();
+        Config::load(Some(&path), env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn defaults_without_a_file() {
+        let c = Config::load(None, Vec::new()).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.store_url, "sqlite://herald.db");
+        assert_eq!(c.delivery.timeout, Duration::from_secs(10));
+        assert_eq!(c.delivery.connect_timeout, Duration::from_secs(3));
+        assert!(c.admin_token.is_none());
+        assert!(!c.delivery.allow_private_destinations);
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let c = load(
+            "[server]\nlisten = \"127.0.0.1:1\"\n",
+            &[
+                ("HERALD_SERVER_LISTEN", "127.0.0.1:9000"),
+                ("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "true"),
+                ("HERALD_SERVER_ADMIN_TOKEN", "12345"),
+                ("PATH", "/bin"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
+        assert!(c.delivery.allow_private_destinations);
+        assert_eq!(c.admin_token.as_deref(), Some("12345"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases: &[(&str, &[(&str, &str)], &str)] = &[
+            ("[delivery]\ntimeout = \"ten\"\n", &[], "delivery.timeout"),
+            ("[delivery]\ntimeout = \"60s\"\n", &[], "delivery.timeout"),
+            ("[server]\nlisten = \"nowhere\"\n", &[], "server.listen"),
+            ("[server]\nlisten_on = \"x\"\n", &[], "listen_on"),
+            ("[retry]\njitter = \"sometimes\"\n", &[], "retry.jitter"),
+            ("[store]\nurl = \"mysql://x\"\n", &[], "store.url"),
+            ("", &[("HERALD_SERVER_NOPE", "1")], "HERALD_SERVER_NOPE"),
+            ("", &[("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "maybe")], "HERALD_DELIVERY"),
+        ];
+        for (toml, env, key) in cases {
+            let err = load(toml, env).unwrap_err().to_string();
+            assert!(err.contains(key), "{toml:?} {env:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn example_file_is_valid_and_matches_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/herald.example.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let from_file: toml::Table = text.parse().unwrap();
+        let defaults = toml::Table::try_from(RawConfig::default()).unwrap();
+        // Every key is documented, with its default value.
+        for (section, keys) in &defaults {
+            for (key, value) in keys.as_table().unwrap() {
+                let documented = from_file.get(section).and_then(|s| s.get(key));
+                assert_eq!(documented, Some(value), "{section}.{key}");
+            }
+        }
+        Config::load(Some(&path), Vec::new()).unwrap();
+    }
+}

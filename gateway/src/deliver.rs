@@ -1,0 +1,305 @@
+//! Outbound HTTP to webhook endpoints (hyper + rustls): connection reuse per endpoint,
+//! separate connect and total deadlines, no redirects, the SSRF guard, and the first 1 KiB
+//! of every response. Architecture invariant: the only module that talks to webhook
+//! endpoints. It decides nothing about retries; it reports what happened.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::Name;
+use hyper_util::rt::TokioExecutor;
+
+use crate::classify::TransportErrorKind;
+
+/// How much of a response body is kept with the attempt.
+pub const BODY_PREFIX: usize = 1024;
+/// How much of a response body is read (to keep the connection reusable) before giving up on it.
+const BODY_DRAIN: usize = 64 * 1024;
+
+/// Is `ip` an address webhooks must never reach unless private destinations are allowed?
+/// Loopback, private, link-local (incl. cloud metadata 169.254.169.254), CGNAT, unspecified,
+/// multicast, documentation and unique-local ranges.
+pub fn is_forbidden(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || (o[0] == 100 && (64..128).contains(&o[1]))
+                || o[0] == 0
+                || o[0] >= 240
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_forbidden(IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+/// A request ready to go out.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+/// What the endpoint answered.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub retry_after: Option<String>,
+    pub body_prefix: String,
+}
+
+/// The result of one attempt: an answer, or a transport failure with its kind and detail.
+#[derive(Debug, Clone)]
+pub enum Sent {
+    Answer(Answer),
+    Failed(TransportErrorKind, String),
+}
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
+
+/// The outbound HTTP client, one pool per connect timeout.
+#[derive(Clone)]
+pub struct Deliverer {
+    allow_private: bool,
+    clients: Arc<Mutex<HashMap<Duration, HttpsClient>>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("destination {0} is a private or loopback address")]
+struct Blocked(IpAddr);
+
+#[derive(Debug, thiserror::Error)]
+#[error("dns: {0}")]
+struct DnsFailed(String);
+
+/// Resolves names off the runtime and drops forbidden addresses (SSRF guard).
+#[derive(Clone)]
+struct GuardedResolver {
+    allow_private: bool,
+}
+
+impl tower_service::Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let allow_private = self.allow_private;
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let addrs: Vec<SocketAddr> = tokio::task::spawn_blocking(move || (host.as_str(), 0).to_socket_addrs())
+                .await
+                .map_err(|e| DnsFailed(e.to_string()))?
+                .map_err(|e| DnsFailed(e.to_string()))?
+                .collect();
+            if addrs.is_empty() {
+                return Err(DnsFailed(format!("{} has no addresses", name.as_str())).into());
+            }
+            let allowed: Vec<SocketAddr> =
+                addrs.iter().copied().filter(|a| allow_private || !is_forbidden(a.ip())).collect();
+            if allowed.is_empty() {
+                return Err(Blocked(addrs[0].ip()).into());
+            }
+            Ok(allowed.into_iter())
+        })
+    }
+}
+
+impl Deliverer {
+    pub fn new(allow_private: bool) -> Deliverer {
+        Deliverer { allow_private, clients: Arc::default() }
+    }
+
+    fn client(&self, connect_timeout: Duration) -> HttpsClient {
+        let mut clients = self.clients.lock().expect("client map");
+        clients
+            .entry(connect_timeout)
+            .or_insert_with(|| {
+                let mut http = HttpConnector::new_with_resolver(GuardedResolver { allow_private: self.allow_private });
+                http.enforce_http(false);
+                http.set_connect_timeout(Some(connect_timeout));
+                http.set_nodelay(true);
+                let https = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
+                    .expect("ring provider supports the default protocol versions")
+                    .https_or_http()
+                    .enable_http1()
+                    .enable_http2()
+                    .wrap_connector(http);
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(60))
+                    .pool_max_idle_per_host(64)
+                    .build(https)
+            })
+            .clone()
+    }
+
+    /// Sends one request; never follows redirects; never outlives `timeout`.
+    pub async fn send(&self, out: Outgoing) -> Sent {
+        let uri: http::Uri = match out.url.parse() {
+            Ok(u) => u,
+            Err(e) => return Sent::Failed(TransportErrorKind::Other, format!("bad url: {e}")),
+        };
+        if let Some(ip) = uri.host().and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok()) {
+            if !self.allow_private && is_forbidden(ip) {
+                return Sent::Failed(TransportErrorKind::Blocked, Blocked(ip).to_string());
+            }
+        }
+        let mut builder = http::Request::post(uri);
+        for (k, v) in &out.headers {
+            builder = builder.header(k.as_str(), v.as_str());
+        }
+        let request = match builder.body(Full::new(out.body)) {
+            Ok(r) => r,
+            Err(e) => return Sent::Failed(TransportErrorKind::Other, format!("bad request: {e}")),
+        };
+        let client = self.client(out.connect_timeout);
+        match tokio::time::timeout(out.timeout, exchange(client, request)).await {
+            Ok(sent) => sent,
+            Err(_) => Sent::Failed(TransportErrorKind::Timeout, format!("no answer within {:?}", out.timeout)),
+        }
+    }
+}
+
+async fn exchange(client: HttpsClient, request: http::Request<Full<Bytes>>) -> Sent {
+    let response = match client.request(request).await {
+        Ok(r) => r,
+        Err(e) => return Sent::Failed(kind_of(&e), error_chain(&e)),
+    };
+    let status = response.status().as_u16();
+    let headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let retry_after = response.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(String::from);
+    let mut body = response.into_body();
+    let mut kept = Vec::with_capacity(256);
+    let mut read = 0usize;
+    while read < BODY_DRAIN {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    read += data.len();
+                    let room = BODY_PREFIX.saturating_sub(kept.len());
+                    kept.extend_from_slice(&data[..data.len().min(room)]);
+                }
+            }
+            Some(Err(_)) | None => break,
+        }
+    }
+    Sent::Answer(Answer { status, headers, retry_after, body_prefix: String::from_utf8_lossy(&kept).into_owned() })
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Maps a client error to the kind the classification table speaks of.
+fn kind_of(e: &(dyn std::error::Error + 'static)) -> TransportErrorKind {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut connect = false;
+    while let Some(err) = cur {
+        if err.is::<Blocked>() {
+            return TransportErrorKind::Blocked;
+        }
+        if err.is::<DnsFailed>() {
+            return TransportErrorKind::Dns;
+        }
+        if err.is::<rustls::Error>() {
+            return TransportErrorKind::Tls;
+        }
+        if let Some(ce) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
+            connect |= ce.is_connect();
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+                return TransportErrorKind::Tls;
+            }
+            use std::io::ErrorKind::*;
+            match io.kind() {
+                ConnectionRefused => return TransportErrorKind::ConnectionRefused,
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => {
+                    return TransportErrorKind::ConnectionReset;
+                }
+                TimedOut if connect => return TransportErrorKind::ConnectTimeout,
+                TimedOut => return TransportErrorKind::Timeout,
+                _ => {}
+            }
+        }
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                return TransportErrorKind::ConnectionReset;
+            }
+        }
+        cur = err.source();
+    }
+    TransportErrorKind::Other
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssrf_guard_table() {
+        let cases = [
+            ("127.0.0.1", true),
+            ("10.1.2.3", true),
+            ("172.16.0.1", true),
+            ("192.168.1.1", true),
+            ("169.254.169.254", true),
+            ("100.64.0.1", true),
+            ("0.0.0.0", true),
+            ("::1", true),
+            ("fd00::1", true),
+            ("fe80::1", true),
+            ("::ffff:127.0.0.1", true),
+            ("8.8.8.8", false),
+            ("1.1.1.1", false),
+            ("2606:4700::1111", false),
+        ];
+        for (ip, want) in cases {
+            assert_eq!(is_forbidden(ip.parse().unwrap()), want, "{ip}");
+        }
+    }
+}

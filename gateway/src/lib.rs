@@ -1,0 +1,18 @@
+//! Herald: a WebAssembly-extensible webhook delivery gateway.
+//!
+//! The pure policies (`schedule`, `pace`, `classify`, `sign`) take time and randomness as
+//! arguments; the shells (`api`, `worker`, `deliver`, `store`) do the I/O; `app` wires them.
+
+pub mod api;
+pub mod app;
+pub mod classify;
+pub mod clock;
+pub mod config;
+pub mod deliver;
+pub mod intake;
+pub mod metrics;
+pub mod model;
+pub mod pace;
+pub mod schedule;
+pub mod sign;
+pub mod store;

@@ -1,0 +1,485 @@
+//! The domain vocabulary: ids, tenants, endpoints, events, deliveries, attempts. Plain data
+//! with validating constructors; no I/O, no clock reads.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::RetryOverride;
+
+/// Milliseconds since the Unix epoch: how every instant is stored.
+pub type Millis = i64;
+
+/// Why an identifier was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct IdError(pub String);
+
+const CROCKFORD: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
+
+/// A new time-ordered id: `prefix_` + 10 chars of milliseconds + 16 random chars.
+pub fn new_id(prefix: &str, now: Millis, rng: &mut impl Rng) -> String {
+    let mut s = String::with_capacity(prefix.len() + 27);
+    s.push_str(prefix);
+    s.push('_');
+    let t = now.max(0) as u64;
+    for i in (0..10).rev() {
+        s.push(CROCKFORD[((t >> (i * 5)) & 31) as usize] as char);
+    }
+    let r: u128 = rng.random();
+    for i in 0..16 {
+        s.push(CROCKFORD[((r >> (i * 5)) & 31) as usize] as char);
+    }
+    s
+}
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+string_id!(
+    /// A tenant's slug: `[a-z0-9][a-z0-9_-]{0,63}`.
+    TenantId
+);
+string_id!(
+    /// An event id, unique per tenant: supplied by the producer or generated (`evt_…`).
+    EventId
+);
+string_id!(
+    /// An endpoint id (`ep_…`).
+    EndpointId
+);
+string_id!(
+    /// A delivery id (`dlv_…`): one (event, endpoint) pair.
+    DeliveryId
+);
+
+impl TenantId {
+    pub fn parse(s: &str) -> Result<Self, IdError> {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && s.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if ok {
+            Ok(Self(s.to_string()))
+        } else {
+            Err(IdError(format!("tenant id {s:?} must be 1-64 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")))
+        }
+    }
+}
+
+impl EventId {
+    /// Producer-supplied ids: 1-128 printable ASCII chars without spaces or '/'.
+    pub fn parse(s: &str) -> Result<Self, IdError> {
+        let ok = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+        if ok {
+            Ok(Self(s.to_string()))
+        } else {
+            Err(IdError(format!("event id {s:?} must be 1-128 printable ASCII chars without spaces or '/'")))
+        }
+    }
+    pub fn generate(now: Millis, rng: &mut impl Rng) -> Self {
+        Self(new_id("evt", now, rng))
+    }
+}
+
+impl EndpointId {
+    pub fn generate(now: Millis, rng: &mut impl Rng) -> Self {
+        Self(new_id("ep", now, rng))
+    }
+    /// Ids come back from URLs and the store; any non-empty string is a candidate to look up.
+    pub fn from_stored(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+}
+
+impl DeliveryId {
+    pub fn generate(now: Millis, rng: &mut impl Rng) -> Self {
+        Self(new_id("dlv", now, rng))
+    }
+    pub fn from_stored(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+}
+
+impl EventId {
+    pub fn from_stored(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+}
+
+impl TenantId {
+    pub fn from_stored(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+}
+
+/// What a tenant token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Scope {
+    #[serde(rename = "events:write")]
+    EventsWrite,
+    #[serde(rename = "read")]
+    Read,
+    #[serde(rename = "manage")]
+    Manage,
+    #[serde(rename = "replay")]
+    Replay,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 4] = [Scope::EventsWrite, Scope::Read, Scope::Manage, Scope::Replay];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::EventsWrite => "events:write",
+            Scope::Read => "read",
+            Scope::Manage => "manage",
+            Scope::Replay => "replay",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub name: String,
+    pub created_at: Millis,
+}
+
+/// A stored token: only its hash is kept.
+#[derive(Debug, Clone)]
+pub struct TokenRecord {
+    pub hash: String,
+    pub tenant: TenantId,
+    pub scopes: Vec<Scope>,
+    pub created_at: Millis,
+}
+
+/// One signing secret; during rotation the previous one stays valid until `expires_at`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SecretEntry {
+    pub secret: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Millis>,
+}
+
+/// Plugins bound to an endpoint, by name within its tenant.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginBindings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classify: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sign: Option<String>,
+}
+
+impl PluginBindings {
+    pub fn is_empty(&self) -> bool {
+        self.transform.is_none() && self.classify.is_none() && self.sign.is_none()
+    }
+}
+
+/// The configurable part of an endpoint, stored as one document.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EndpointSpec {
+    pub url: String,
+    pub description: String,
+    pub event_types: Vec<String>,
+    pub rate_per_sec: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+    pub timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    #[serde(default)]
+    pub retry: RetryOverrideDoc,
+    #[serde(default)]
+    pub plugins: PluginBindings,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub secrets: Vec<SecretEntry>,
+}
+
+/// The stored form of a per-endpoint retry override (durations in milliseconds).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RetryOverrideDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+}
+
+impl RetryOverrideDoc {
+    pub fn is_empty(&self) -> bool {
+        *self == RetryOverrideDoc::default()
+    }
+    pub fn to_override(&self) -> Result<RetryOverride, String> {
+        use std::time::Duration;
+        let ms = |v: Option<u64>| v.map(Duration::from_millis);
+        Ok(RetryOverride {
+            base: ms(self.base_ms),
+            factor: self.factor,
+            cap: ms(self.cap_ms),
+            jitter: match &self.jitter {
+                Some(j) => Some(j.parse().map_err(|e| format!("retry.jitter: {e}"))?),
+                None => None,
+            },
+            max_attempts: self.max_attempts,
+            ttl: ms(self.ttl_ms),
+        })
+    }
+}
+
+/// Whether an endpoint receives deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointState {
+    Active,
+    Paused,
+    Disabled,
+}
+
+impl EndpointState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointState::Active => "active",
+            EndpointState::Paused => "paused",
+            EndpointState::Disabled => "disabled",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "active" => Some(Self::Active),
+            "paused" => Some(Self::Paused),
+            "disabled" => Some(Self::Disabled),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub id: EndpointId,
+    pub tenant: TenantId,
+    pub spec: EndpointSpec,
+    pub state: EndpointState,
+    pub state_reason: Option<String>,
+    /// While paused: when delivery may resume on its own (`None`: needs a human).
+    pub paused_until: Option<Millis>,
+    pub failing_since: Option<Millis>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+impl Endpoint {
+    /// Does this endpoint subscribe to `event_type`? Exact names and `prefix.*`; an empty
+    /// filter subscribes to everything.
+    pub fn matches(&self, event_type: &str) -> bool {
+        type_filter_matches(&self.spec.event_types, event_type)
+    }
+
+    /// Secrets valid at `now` (the current one plus any still in their grace period).
+    pub fn valid_secrets(&self, now: Millis) -> impl Iterator<Item = &SecretEntry> {
+        self.spec.secrets.iter().filter(move |s| s.expires_at.is_none_or(|t| t > now))
+    }
+}
+
+/// Matches an event type against a filter of exact names, `prefix.*` patterns, or `*`.
+pub fn type_filter_matches(filter: &[String], event_type: &str) -> bool {
+    filter.is_empty()
+        || filter.iter().any(|f| {
+            f == "*"
+                || f == event_type
+                || f.strip_suffix(".*").is_some_and(|p| {
+                    event_type.len() > p.len() + 1
+                        && event_type.starts_with(p)
+                        && event_type.as_bytes()[p.len()] == b'.'
+                })
+        })
+}
+
+/// A validated event type filter entry: `name`, `prefix.*` or `*`.
+pub fn validate_type_filter(f: &str) -> Result<(), String> {
+    let name = f.strip_suffix(".*").unwrap_or(f);
+    if f == "*" || validate_event_type(name).is_ok() {
+        Ok(())
+    } else {
+        Err(format!("event type filter {f:?} must be a name, \"prefix.*\" or \"*\""))
+    }
+}
+
+/// Event types: 1-128 chars of letters, digits, '.', '_', '-', ':'.
+pub fn validate_event_type(t: &str) -> Result<(), String> {
+    let ok = !t.is_empty()
+        && t.len() <= 128
+        && t.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'));
+    if ok { Ok(()) } else { Err(format!("event type {t:?} must be 1-128 chars of letters, digits, '.', '_', '-', ':'")) }
+}
+
+/// An event as the producer posted it, validated, before it is stored.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub tenant: TenantId,
+    pub id: EventId,
+    pub event_type: String,
+    /// The payload bytes exactly as received.
+    pub payload: String,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    pub id: EventId,
+    #[serde(skip)]
+    pub tenant: TenantId,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    #[serde(skip)]
+    pub payload: String,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+}
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryState {
+    Queued,
+    Delivering,
+    Waiting,
+    Delivered,
+    Dead,
+    Paused,
+}
+
+impl DeliveryState {
+    pub const ALL: [DeliveryState; 6] = [
+        DeliveryState::Queued,
+        DeliveryState::Delivering,
+        DeliveryState::Waiting,
+        DeliveryState::Delivered,
+        DeliveryState::Dead,
+        DeliveryState::Paused,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Queued => "queued",
+            DeliveryState::Delivering => "delivering",
+            DeliveryState::Waiting => "waiting",
+            DeliveryState::Delivered => "delivered",
+            DeliveryState::Dead => "dead",
+            DeliveryState::Paused => "paused",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Delivery {
+    pub id: DeliveryId,
+    #[serde(skip)]
+    pub tenant: TenantId,
+    pub event_id: EventId,
+    pub endpoint_id: EndpointId,
+    pub event_type: String,
+    pub state: DeliveryState,
+    pub attempts: u32,
+    pub next_attempt_at: Option<Millis>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// One HTTP attempt of a delivery.
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    pub id: String,
+    pub delivery_id: DeliveryId,
+    pub number: u32,
+    pub started_at: Millis,
+    pub duration_ms: u64,
+    pub status: Option<u16>,
+    pub response_body: Option<String>,
+    pub error: Option<String>,
+    pub verdict: String,
+    pub decided_by: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn filters() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cases = [
+            (f(&[]), "a.b", true),
+            (f(&["invoice.*"]), "invoice.paid", true),
+            (f(&["invoice.*"]), "invoice.paid.late", true),
+            (f(&["invoice.*"]), "invoice", false),
+            (f(&["invoice.*"]), "invoices.paid", false),
+            (f(&["invoice.paid"]), "invoice.paid", true),
+            (f(&["invoice.paid"]), "invoice.paid2", false),
+            (f(&["*"]), "x", true),
+        ];
+        for (filter, t, want) in cases {
+            assert_eq!(type_filter_matches(&filter, t), want, "{filter:?} {t}");
+        }
+    }
+
+    #[test]
+    fn ids_are_time_ordered_and_valid() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let a = new_id("evt", 1_000, &mut rng);
+        let b = new_id("evt", 2_000, &mut rng);
+        assert!(a < b);
+        assert_eq!(a.len(), 4 + 26);
+        EventId::parse(&a).unwrap();
+        assert!(TenantId::parse("acme-1").is_ok());
+        for bad in ["", "Acme", "-x", "a b", &"x".repeat(65)] {
+            assert!(TenantId::parse(bad).is_err(), "{bad}");
+        }
+        assert!(EventId::parse("a/b").is_err());
+        assert!(EventId::parse("has space").is_err());
+    }
+}

@@ -1,0 +1,8 @@
+//! placeholder
+pub mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "herald:plugin/plugin",
+        additional_derives: [PartialEq, Eq],
+    });
+}

@@ -1,0 +1,269 @@
+//! Persistence: the `Store` trait, its SQLite (and later Postgres) implementations, and the
+//! group committer that folds many concurrent writes into one durable transaction.
+//! Architecture invariant: this is the only module that speaks SQL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::model::*;
+
+pub mod sqlite;
+
+/// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("already exists: {0}")]
+    Conflict(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("storage unavailable: {0}")]
+    Backend(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &e {
+            if db.is_unique_violation() {
+                return StoreError::Conflict(db.message().to_string());
+            }
+        }
+        StoreError::Backend(e.to_string())
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// What intake learned about one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IngestOutcome {
+    /// Deliveries this event has (new ones, or the existing ones of a duplicate).
+    pub deliveries: u32,
+    /// The (tenant, id) was already stored: nothing new was written.
+    pub duplicate: bool,
+}
+
+/// Claim due deliveries of one endpoint under a lease.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub endpoint: EndpointId,
+    pub now: Millis,
+    pub limit: u32,
+    pub owner: String,
+    pub lease_until: Millis,
+}
+
+/// A delivery handed to a worker, with what it needs to send it.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: DeliveryId,
+    pub tenant: TenantId,
+    pub event_id: EventId,
+    pub event_type: String,
+    pub payload: String,
+    pub event_created_at: Millis,
+    pub expires_at: Millis,
+    pub attempts: u32,
+    pub fence: i64,
+}
+
+/// The recorded result of one attempt; applied only if `fence` still matches (the lease
+/// holder's token), so a worker that lost its lease cannot record anything.
+#[derive(Debug, Clone)]
+pub struct AttemptResult {
+    pub delivery: DeliveryId,
+    pub fence: i64,
+    pub state: DeliveryState,
+    pub next_attempt_at: Option<Millis>,
+    pub reason: Option<String>,
+    pub attempt: Attempt,
+}
+
+/// Hand back claimed deliveries that were never sent (e.g. the endpoint paused).
+#[derive(Debug, Clone)]
+pub struct Release {
+    pub delivery: DeliveryId,
+    pub fence: i64,
+    pub next_attempt_at: Millis,
+}
+
+/// A change to an endpoint's state decided by the delivery engine.
+#[derive(Debug, Clone)]
+pub struct EndpointChange {
+    pub endpoint: EndpointId,
+    pub state: EndpointState,
+    pub reason: Option<String>,
+    pub paused_until: Option<Millis>,
+    /// `Some(t)`: failing since t; `None`: a success cleared it. Unchanged when not given.
+    pub failing_since: Option<Option<Millis>>,
+    pub now: Millis,
+}
+
+/// One write the group committer folds into a shared transaction.
+#[derive(Debug)]
+pub enum WriteOp {
+    Ingest(Vec<NewEvent>),
+    Claim(ClaimRequest),
+    Record(Vec<AttemptResult>),
+    Release(Vec<Release>),
+    Endpoint(EndpointChange),
+}
+
+/// The result of a `WriteOp`, in the same order.
+#[derive(Debug)]
+pub enum WriteResult {
+    Ingest(Vec<IngestOutcome>),
+    Claim(Vec<Claimed>),
+    /// Per result: was it accepted (the fence still matched)?
+    Record(Vec<bool>),
+    Release,
+    /// Deliveries dead-lettered by the change (disable).
+    Endpoint(u64),
+}
+
+/// Filters for listing deliveries (and dead letters).
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryFilter {
+    pub tenant: Option<TenantId>,
+    pub event: Option<EventId>,
+    pub endpoint: Option<EndpointId>,
+    pub state: Option<DeliveryState>,
+    pub event_type: Option<String>,
+    pub reason: Option<String>,
+    pub since: Option<Millis>,
+    pub until: Option<Millis>,
+    /// Page after this delivery id (ids are time-ordered).
+    pub after: Option<DeliveryId>,
+    pub limit: u32,
+}
+
+/// Everything Herald stores. Implementations must be safe to share between tasks.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    async fn create_tenant(&self, tenant: &Tenant) -> Result<()>;
+    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
+    async fn insert_token(&self, token: &TokenRecord) -> Result<()>;
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>>;
+
+    async fn insert_endpoint(&self, endpoint: &Endpoint) -> Result<()>;
+    /// Any tenant's endpoint by id (the engine's view).
+    async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>>;
+    async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>>;
+    /// Replaces spec and state; false when it does not exist.
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> Result<bool>;
+    /// Deletes it; its unfinished deliveries become dead letters (`endpoint_deleted`).
+    async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool>;
+
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>>;
+    async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<Delivery>>;
+    async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>>;
+
+    /// Endpoints with deliveries waiting (queued or waiting), with the earliest due time.
+    async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>>;
+    /// The earliest due time of one endpoint's waiting deliveries.
+    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>>;
+    /// Returns deliveries whose lease expired before `now` to `waiting` (crash recovery).
+    async fn recover_leases(&self, now: Millis) -> Result<u64>;
+
+    /// Applies every op in one durable transaction: all commit, or all fail.
+    async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>>;
+}
+
+pub type DynStore = Arc<dyn Store>;
+
+/// Opens the store named by `url` and applies its migrations.
+pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteStore::open(url, max_connections).await?))
+    } else {
+        Err(StoreError::Backend(format!("unsupported store url {url:?}")))
+    }
+}
+
+/// Group commit: callers submit writes concurrently; one task folds whatever is waiting
+/// (up to `max_batch` ops) into one transaction, and answers each caller after the commit.
+#[derive(Clone)]
+pub struct Committer {
+    tx: mpsc::Sender<(WriteOp, oneshot::Sender<Result<WriteResult>>)>,
+}
+
+impl Committer {
+    /// Starts the commit loop; it ends when every `Committer` clone is dropped.
+    pub fn start(store: DynStore, max_batch: usize) -> Committer {
+        let (tx, rx) = mpsc::channel(max_batch * 4);
+        tokio::spawn(commit_loop(store, rx, max_batch));
+        Committer { tx }
+    }
+
+    /// Submits one write and waits until it is committed (or failed).
+    pub async fn submit(&self, op: WriteOp) -> Result<WriteResult> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send((op, reply))
+            .await
+            .map_err(|_| StoreError::Backend("committer stopped".into()))?;
+        rx.await.map_err(|_| StoreError::Backend("committer stopped".into()))?
+    }
+
+    pub async fn ingest(&self, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {
+        match self.submit(WriteOp::Ingest(events)).await? {
+            WriteResult::Ingest(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>> {
+        match self.submit(WriteOp::Claim(req)).await? {
+            WriteResult::Claim(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn record(&self, results: Vec<AttemptResult>) -> Result<Vec<bool>> {
+        match self.submit(WriteOp::Record(results)).await? {
+            WriteResult::Record(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn release(&self, releases: Vec<Release>) -> Result<()> {
+        self.submit(WriteOp::Release(releases)).await.map(drop)
+    }
+
+    pub async fn change_endpoint(&self, change: EndpointChange) -> Result<u64> {
+        match self.submit(WriteOp::Endpoint(change)).await? {
+            WriteResult::Endpoint(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn unexpected(r: WriteResult) -> StoreError {
+    StoreError::Backend(format!("committer answered with the wrong kind: {r:?}"))
+}
+
+type Pending = (WriteOp, oneshot::Sender<Result<WriteResult>>);
+
+async fn commit_loop(store: DynStore, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
+    let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
+    while rx.recv_many(&mut batch, max_batch).await > 0 {
+        let (ops, replies): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
+        match store.apply(ops).await {
+            Ok(results) => {
+                for (reply, r) in replies.into_iter().zip(results) {
+                    let _ = reply.send(Ok(r));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "group commit failed");
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                // Do not spin on a broken database.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

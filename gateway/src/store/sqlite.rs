@@ -1,0 +1,568 @@
+//! The embedded SQLite store: WAL with `synchronous=FULL`, one dedicated writer connection
+//! (driven by the group committer) and a pool of readers.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Connection, Executor, QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use tokio::sync::Mutex;
+
+use super::*;
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+    writer: Mutex<SqliteConnection>,
+}
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+impl SqliteStore {
+    pub async fn open(url: &str, max_connections: u32) -> Result<Self> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true)
+            .pragma("temp_store", "memory")
+            .pragma("cache_size", "-65536");
+        let mut writer = SqliteConnection::connect_with(&options).await?;
+        MIGRATOR.run(&mut writer).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(options)
+            .await?;
+        Ok(SqliteStore { pool, writer: Mutex::new(writer) })
+    }
+}
+
+const DELIVERY_COLUMNS: &str = "id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+     next_attempt_at, reason, last_status, last_error, created_at, updated_at";
+
+fn delivery_from_row(r: &SqliteRow) -> Result<Delivery> {
+    let state: String = r.try_get("state")?;
+    Ok(Delivery {
+        id: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
+        tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+        event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
+        endpoint_id: EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?),
+        event_type: r.try_get("event_type")?,
+        state: DeliveryState::parse(&state).ok_or_else(|| StoreError::Backend(format!("bad state {state}")))?,
+        attempts: r.try_get::<i64, _>("attempts")? as u32,
+        next_attempt_at: r.try_get("next_attempt_at")?,
+        reason: r.try_get("reason")?,
+        last_status: r.try_get::<Option<i64>, _>("last_status")?.map(|s| s as u16),
+        last_error: r.try_get("last_error")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+fn endpoint_from_row(r: &SqliteRow) -> Result<Endpoint> {
+    let spec: String = r.try_get("spec")?;
+    let state: String = r.try_get("state")?;
+    Ok(Endpoint {
+        id: EndpointId::from_stored(r.try_get::<String, _>("id")?),
+        tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+        spec: serde_json::from_str(&spec).map_err(|e| StoreError::Backend(format!("endpoint spec: {e}")))?,
+        state: EndpointState::parse(&state).ok_or_else(|| StoreError::Backend(format!("bad state {state}")))?,
+        state_reason: r.try_get("state_reason")?,
+        paused_until: r.try_get("paused_until")?,
+        failing_since: r.try_get("failing_since")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("serializable")
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_tenant(&self, t: &Tenant) -> Result<()> {
+        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES (?, ?, ?)")
+            .bind(t.id.as_str())
+            .bind(&t.name)
+            .bind(t.created_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
+        let row = sqlx::query("SELECT id, name, created_at FROM tenants WHERE id = ?")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(Tenant {
+                id: TenantId::from_stored(r.try_get::<String, _>("id")?),
+                name: r.try_get("name")?,
+                created_at: r.try_get("created_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
+        let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
+        sqlx::query("INSERT INTO tokens (hash, tenant_id, scopes, created_at) VALUES (?, ?, ?, ?)")
+            .bind(&t.hash)
+            .bind(t.tenant.as_str())
+            .bind(scopes.join(" "))
+            .bind(t.created_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        let row = sqlx::query("SELECT hash, tenant_id, scopes, created_at FROM tokens WHERE hash = ?")
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            let scopes: String = r.try_get("scopes")?;
+            Ok(TokenRecord {
+                hash: r.try_get("hash")?,
+                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+                scopes: scopes.split(' ').filter_map(Scope::parse).collect(),
+                created_at: r.try_get("created_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, state_reason, paused_until, \
+             failing_since, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(e.id.as_str())
+        .bind(e.tenant.as_str())
+        .bind(json(&e.spec))
+        .bind(json(&e.spec.event_types))
+        .bind(e.state.as_str())
+        .bind(&e.state_reason)
+        .bind(e.paused_until)
+        .bind(e.failing_since)
+        .bind(e.created_at)
+        .bind(e.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
+        let row = sqlx::query("SELECT * FROM endpoints WHERE id = ?")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(endpoint_from_row).transpose()
+    }
+
+    async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
+        let rows = sqlx::query("SELECT * FROM endpoints WHERE tenant_id = ? ORDER BY created_at, id")
+            .bind(tenant.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(endpoint_from_row).collect()
+    }
+
+    async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE endpoints SET spec = ?, event_types = ?, updated_at = ? WHERE id = ? AND tenant_id = ?",
+        )
+        .bind(json(&e.spec))
+        .bind(json(&e.spec.event_types))
+        .bind(e.updated_at)
+        .bind(e.id.as_str())
+        .bind(e.tenant.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query("DELETE FROM endpoints WHERE id = ? AND tenant_id = ?")
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_deleted', next_attempt_at = NULL, \
+             lease_owner = NULL, lease_until = NULL, updated_at = ? \
+             WHERE endpoint_id = ? AND state IN ('queued', 'waiting', 'paused', 'delivering')",
+        )
+        .bind(now)
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
+        let row = sqlx::query("SELECT * FROM events WHERE tenant_id = ? AND id = ?")
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(Event {
+                id: EventId::from_stored(r.try_get::<String, _>("id")?),
+                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+                event_type: r.try_get("type")?,
+                payload: r.try_get("payload")?,
+                created_at: r.try_get("created_at")?,
+                expires_at: r.try_get("expires_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<Delivery>> {
+        let mut q: QueryBuilder<'_, Sqlite> =
+            QueryBuilder::new(format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE 1 = 1"));
+        if let Some(t) = &f.tenant {
+            q.push(" AND tenant_id = ").push_bind(t.as_str());
+        }
+        if let Some(e) = &f.event {
+            q.push(" AND event_id = ").push_bind(e.as_str());
+        }
+        if let Some(e) = &f.endpoint {
+            q.push(" AND endpoint_id = ").push_bind(e.as_str());
+        }
+        if let Some(s) = f.state {
+            q.push(" AND state = ").push_bind(s.as_str());
+        }
+        if let Some(t) = &f.event_type {
+            q.push(" AND event_type = ").push_bind(t.as_str());
+        }
+        if let Some(r) = &f.reason {
+            q.push(" AND reason = ").push_bind(r.as_str());
+        }
+        if let Some(s) = f.since {
+            q.push(" AND updated_at >= ").push_bind(s);
+        }
+        if let Some(u) = f.until {
+            q.push(" AND updated_at < ").push_bind(u);
+        }
+        if let Some(a) = &f.after {
+            q.push(" AND id > ").push_bind(a.as_str());
+        }
+        q.push(" ORDER BY id LIMIT ").push_bind(i64::from(f.limit.max(1)));
+        let rows = q.build().fetch_all(&self.pool).await?;
+        rows.iter().map(delivery_from_row).collect()
+    }
+
+    async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>> {
+        let row = sqlx::query(&format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ? AND tenant_id = ?"))
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let delivery = delivery_from_row(&row)?;
+        let rows = sqlx::query("SELECT * FROM attempts WHERE delivery_id = ? ORDER BY number")
+            .bind(id.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        let attempts = rows
+            .iter()
+            .map(|r| {
+                Ok(Attempt {
+                    id: r.try_get("id")?,
+                    delivery_id: DeliveryId::from_stored(r.try_get::<String, _>("delivery_id")?),
+                    number: r.try_get::<i64, _>("number")? as u32,
+                    started_at: r.try_get("started_at")?,
+                    duration_ms: r.try_get::<i64, _>("duration_ms")? as u64,
+                    status: r.try_get::<Option<i64>, _>("status")?.map(|s| s as u16),
+                    response_body: r.try_get("response_body")?,
+                    error: r.try_get("error")?,
+                    verdict: r.try_get("verdict")?,
+                    decided_by: r.try_get("decided_by")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some((delivery, attempts)))
+    }
+
+    async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
+        let rows = sqlx::query(
+            "SELECT endpoint_id, MIN(next_attempt_at) AS due FROM deliveries \
+             WHERE state IN ('queued', 'waiting') GROUP BY endpoint_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), r.try_get("due")?)))
+            .collect()
+    }
+
+    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
+        let due: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = ? AND state IN ('queued', 'waiting')",
+        )
+        .bind(endpoint.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(due)
+    }
+
+    async fn recover_leases(&self, now: Millis) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?, lease_owner = NULL, \
+             lease_until = NULL, updated_at = ? WHERE state = 'delivering' AND lease_until < ?",
+        )
+        .bind(now)
+        .bind(now)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
+        let mut conn = self.writer.lock().await;
+        conn.execute("BEGIN IMMEDIATE").await?;
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            match apply_one(&mut conn, op).await {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    let _ = conn.execute("ROLLBACK").await;
+                    return Err(e);
+                }
+            }
+        }
+        if let Err(e) = conn.execute("COMMIT").await {
+            let _ = conn.execute("ROLLBACK").await;
+            return Err(e.into());
+        }
+        Ok(results)
+    }
+}
+
+async fn apply_one(conn: &mut SqliteConnection, op: WriteOp) -> Result<WriteResult> {
+    Ok(match op {
+        WriteOp::Ingest(events) => WriteResult::Ingest(ingest(conn, events).await?),
+        WriteOp::Claim(req) => WriteResult::Claim(claim(conn, req).await?),
+        WriteOp::Record(results) => WriteResult::Record(record(conn, results).await?),
+        WriteOp::Release(releases) => {
+            for r in releases {
+                sqlx::query(
+                    "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?, lease_owner = NULL, \
+                     lease_until = NULL WHERE id = ? AND fence = ? AND state = 'delivering'",
+                )
+                .bind(r.next_attempt_at)
+                .bind(r.delivery.as_str())
+                .bind(r.fence)
+                .execute(&mut *conn)
+                .await?;
+            }
+            WriteResult::Release
+        }
+        WriteOp::Endpoint(change) => WriteResult::Endpoint(change_endpoint(conn, change).await?),
+    })
+}
+
+/// Stores new events and fans each out to the tenant's subscribed endpoints.
+async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {
+    let mut subscribers: HashMap<TenantId, Vec<(String, Vec<String>)>> = HashMap::new();
+    let mut out = Vec::with_capacity(events.len());
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
+    for ev in events {
+        if !subscribers.contains_key(&ev.tenant) {
+            let rows = sqlx::query("SELECT id, event_types FROM endpoints WHERE tenant_id = ? AND state != 'disabled'")
+                .bind(ev.tenant.as_str())
+                .fetch_all(&mut *conn)
+                .await?;
+            let eps = rows
+                .iter()
+                .map(|r| {
+                    let types: String = r.try_get("event_types")?;
+                    let types = serde_json::from_str(&types).map_err(|e| StoreError::Backend(e.to_string()))?;
+                    Ok((r.try_get::<String, _>("id")?, types))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            subscribers.insert(ev.tenant.clone(), eps);
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(ev.tenant.as_str())
+        .bind(ev.id.as_str())
+        .bind(&ev.event_type)
+        .bind(&ev.payload)
+        .bind(ev.created_at)
+        .bind(ev.expires_at)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()
+            == 1;
+        if !inserted {
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE tenant_id = ? AND event_id = ?")
+                .bind(ev.tenant.as_str())
+                .bind(ev.id.as_str())
+                .fetch_one(&mut *conn)
+                .await?;
+            out.push(IngestOutcome { deliveries: n as u32, duplicate: true });
+            continue;
+        }
+        let mut n = 0;
+        for (endpoint, types) in &subscribers[&ev.tenant] {
+            if !type_filter_matches(types, &ev.event_type) {
+                continue;
+            }
+            sqlx::query(
+                "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+                 next_attempt_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)",
+            )
+            .bind(DeliveryId::generate(ev.created_at, &mut rng).as_str())
+            .bind(ev.tenant.as_str())
+            .bind(ev.id.as_str())
+            .bind(endpoint)
+            .bind(&ev.event_type)
+            .bind(ev.created_at)
+            .bind(ev.created_at)
+            .bind(ev.created_at)
+            .execute(&mut *conn)
+            .await?;
+            n += 1;
+        }
+        out.push(IngestOutcome { deliveries: n, duplicate: false });
+    }
+    Ok(out)
+}
+
+async fn claim(conn: &mut SqliteConnection, req: ClaimRequest) -> Result<Vec<Claimed>> {
+    let rows = sqlx::query(
+        "UPDATE deliveries SET state = 'delivering', lease_owner = ?, lease_until = ?, fence = fence + 1, \
+         updated_at = ? WHERE id IN (SELECT id FROM deliveries WHERE endpoint_id = ? \
+         AND state IN ('queued', 'waiting') AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?) \
+         RETURNING id, tenant_id, event_id, event_type, attempts, fence, next_attempt_at",
+    )
+    .bind(&req.owner)
+    .bind(req.lease_until)
+    .bind(req.now)
+    .bind(req.endpoint.as_str())
+    .bind(req.now)
+    .bind(i64::from(req.limit))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let tenant: String = r.try_get("tenant_id")?;
+        let event_id: String = r.try_get("event_id")?;
+        let ev = sqlx::query("SELECT payload, created_at, expires_at FROM events WHERE tenant_id = ? AND id = ?")
+            .bind(&tenant)
+            .bind(&event_id)
+            .fetch_one(&mut *conn)
+            .await?;
+        claimed.push((
+            r.try_get::<i64, _>("next_attempt_at")?,
+            Claimed {
+                id: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
+                tenant: TenantId::from_stored(tenant),
+                event_id: EventId::from_stored(event_id),
+                event_type: r.try_get("event_type")?,
+                payload: ev.try_get("payload")?,
+                event_created_at: ev.try_get("created_at")?,
+                expires_at: ev.try_get("expires_at")?,
+                attempts: r.try_get::<i64, _>("attempts")? as u32,
+                fence: r.try_get("fence")?,
+            },
+        ));
+    }
+    // RETURNING gives no order guarantee: keep the schedule's.
+    claimed.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
+    Ok(claimed.into_iter().map(|(_, c)| c).collect())
+}
+
+async fn record(conn: &mut SqliteConnection, results: Vec<AttemptResult>) -> Result<Vec<bool>> {
+    let mut accepted = Vec::with_capacity(results.len());
+    for r in results {
+        let a = &r.attempt;
+        let done = sqlx::query(
+            "UPDATE deliveries SET state = ?, attempts = ?, next_attempt_at = ?, reason = ?, last_status = ?, \
+             last_error = ?, lease_owner = NULL, lease_until = NULL, updated_at = ? \
+             WHERE id = ? AND fence = ? AND state = 'delivering'",
+        )
+        .bind(r.state.as_str())
+        .bind(i64::from(a.number))
+        .bind(r.next_attempt_at)
+        .bind(&r.reason)
+        .bind(a.status.map(i64::from))
+        .bind(&a.error)
+        .bind(a.started_at + a.duration_ms as i64)
+        .bind(r.delivery.as_str())
+        .bind(r.fence)
+        .execute(&mut *conn)
+        .await?;
+        let ok = done.rows_affected() == 1;
+        if ok {
+            sqlx::query(
+                "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
+                 error, verdict, decided_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&a.id)
+            .bind(a.delivery_id.as_str())
+            .bind(i64::from(a.number))
+            .bind(a.started_at)
+            .bind(a.duration_ms as i64)
+            .bind(a.status.map(i64::from))
+            .bind(&a.response_body)
+            .bind(&a.error)
+            .bind(&a.verdict)
+            .bind(&a.decided_by)
+            .execute(&mut *conn)
+            .await?;
+        }
+        accepted.push(ok);
+    }
+    Ok(accepted)
+}
+
+async fn change_endpoint(conn: &mut SqliteConnection, c: EndpointChange) -> Result<u64> {
+    let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("UPDATE endpoints SET state = ");
+    q.push_bind(c.state.as_str())
+        .push(", state_reason = ")
+        .push_bind(c.reason.clone())
+        .push(", paused_until = ")
+        .push_bind(c.paused_until)
+        .push(", updated_at = ")
+        .push_bind(c.now);
+    if let Some(f) = c.failing_since {
+        q.push(", failing_since = ").push_bind(f);
+    }
+    q.push(" WHERE id = ").push_bind(c.endpoint.as_str());
+    q.build().execute(&mut *conn).await?;
+    let affected = match (c.state, c.paused_until) {
+        (EndpointState::Disabled, _) => sqlx::query(
+            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_disabled', next_attempt_at = NULL, \
+             updated_at = ? WHERE endpoint_id = ? AND state IN ('queued', 'waiting', 'paused')",
+        ),
+        (EndpointState::Paused, None) => sqlx::query(
+            "UPDATE deliveries SET state = 'paused', updated_at = ? \
+             WHERE endpoint_id = ? AND state IN ('queued', 'waiting')",
+        ),
+        (EndpointState::Active, _) => sqlx::query(
+            "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?1, updated_at = ?1 \
+             WHERE endpoint_id = ?2 AND state = 'paused'",
+        ),
+        (EndpointState::Paused, Some(_)) => return Ok(0),
+    }
+    .bind(c.now)
+    .bind(c.endpoint.as_str())
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok(affected)
+}
