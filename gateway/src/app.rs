@@ -5,6 +5,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::model::EndpointId;
+use crate::worker::Engine;
 
 use crate::api::{AppState, router};
 use crate::config::Config;
@@ -26,9 +30,15 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     let store = store::open(&config.store_url, config.store_max_connections).await?;
     let committer = Committer::start(store.clone(), config.intake_max_batch);
     let metrics = Arc::new(Metrics::default());
-    let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
+    let (stop, stopped) = watch::channel(false);
+    let engine = Engine::start(store.clone(), committer.clone(), config.clone(), metrics.clone(), stopped).await;
+    let wake: Arc<dyn Fn(&[EndpointId]) + Send + Sync> = Arc::new(move |ids| engine.poke(ids));
     let state = AppState::new(config.clone(), store, committer, metrics, wake);
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }

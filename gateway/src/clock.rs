@@ -8,3 +8,11 @@ use crate::model::Millis;
 pub fn now_ms() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
 }
+
+/// Formats milliseconds since the epoch as RFC 3339 (UTC).
+pub fn rfc3339(ms: Millis) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
+}

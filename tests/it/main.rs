@@ -1,1 +1,5 @@
+//! Herald's integration tests: one binary, real servers on 127.0.0.1, real SQLite files.
 
+mod api;
+mod delivery;
+mod durability;

@@ -1,1 +1,433 @@
+//! Test harness: `TestGateway` (a real Herald node in-process on 127.0.0.1:0 with its own
+//! temporary directory), `HeraldProcess` (the real `herald` binary, for crash tests and
+//! benchmarks), `FakeReceiver` (a scriptable webhook receiver that records what it gets) and
+//! `Api` (a small JSON client). Every wait has a timeout.
 
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, oneshot};
+
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// A JSON client for Herald's API.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// A response: status and parsed JSON (Null when the body is empty or not JSON).
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub json: Value,
+    pub text: String,
+}
+
+impl Api {
+    pub fn new(base: impl Into<String>) -> Api {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        Api { base: base.into(), client: Client::builder(TokioExecutor::new()).pool_max_idle_per_host(256).build(http) }
+    }
+
+    /// Sends a request with a raw body; `token` goes in `Authorization: Bearer`.
+    pub async fn raw(&self, method: &str, path: &str, token: Option<&str>, body: impl Into<Bytes>) -> anyhow::Result<Reply> {
+        let mut req = http::Request::builder().method(method).uri(format!("{}{}", self.base, path));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req.header("content-type", "application/json").body(Full::new(body.into()))?;
+        let resp = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
+            .await
+            .context("API request timed out")??;
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Ok(Reply { status, json, text })
+    }
+
+    pub async fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> anyhow::Result<Reply> {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        self.raw(method, path, Some(token), body).await
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> anyhow::Result<Reply> {
+        self.call("GET", path, token, None).await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: Value) -> anyhow::Result<Reply> {
+        self.call("POST", path, token, Some(body)).await
+    }
+
+    /// Creates a tenant with the admin token.
+    pub async fn tenant(&self, id: &str) -> anyhow::Result<()> {
+        let r = self.post("/v1/tenants", ADMIN_TOKEN, json!({ "id": id })).await?;
+        if r.status != 201 {
+            bail!("create tenant {id}: {} {}", r.status, r.text);
+        }
+        Ok(())
+    }
+
+    /// Creates a tenant token with `scopes` and returns it.
+    pub async fn token(&self, tenant: &str, scopes: &[&str]) -> anyhow::Result<String> {
+        let r = self.post(&format!("/v1/tenants/{tenant}/tokens"), ADMIN_TOKEN, json!({ "scopes": scopes })).await?;
+        if r.status != 201 {
+            bail!("create token: {} {}", r.status, r.text);
+        }
+        Ok(r.json["token"].as_str().context("token")?.to_string())
+    }
+
+    /// Creates an endpoint and returns its JSON (with `id` and `secret`).
+    pub async fn endpoint(&self, tenant: &str, body: Value) -> anyhow::Result<Value> {
+        let r = self.post(&format!("/v1/tenants/{tenant}/endpoints"), ADMIN_TOKEN, body).await?;
+        if r.status != 201 {
+            bail!("create endpoint: {} {}", r.status, r.text);
+        }
+        Ok(r.json)
+    }
+
+    /// Posts an event; returns the reply.
+    pub async fn event(&self, tenant: &str, body: Value) -> anyhow::Result<Reply> {
+        self.post(&format!("/v1/tenants/{tenant}/events"), ADMIN_TOKEN, body).await
+    }
+
+    /// Polls `GET path` until `done` holds, or fails after `timeout`.
+    pub async fn wait_for(&self, path: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> anyhow::Result<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let r = self.get(path, ADMIN_TOKEN).await?;
+            if r.status == 200 && done(&r.json) {
+                return Ok(r.json);
+            }
+            if Instant::now() > deadline {
+                bail!("timed out after {timeout:?} waiting on {path}; last: {} {}", r.status, r.text);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A Herald node running in this process, on its own temporary directory.
+pub struct TestGateway {
+    pub api: Api,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestGateway {
+    pub async fn start() -> anyhow::Result<TestGateway> {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts with extra `HERALD_*` settings.
+    pub async fn start_with(env: &[(&str, &str)]) -> anyhow::Result<TestGateway> {
+        let dir = tempfile::tempdir()?;
+        Self::start_in(dir, env).await
+    }
+
+    pub async fn start_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> anyhow::Result<TestGateway> {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("HERALD_TEST_LOG"))
+            .with_test_writer()
+            .try_init();
+        let mut vars = base_env(dir.path());
+        vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let config = gateway::config::Config::load(None, vars)?;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            if let Err(e) = gateway::app::run(config, listener, shutdown).await {
+                eprintln!("test gateway stopped: {e}");
+            }
+        });
+        let api = Api::new(format!("http://{addr}"));
+        wait_healthy(&api).await?;
+        Ok(TestGateway { api, addr, dir, stop: Some(stop), task: Some(task) })
+    }
+
+    /// Stops the node and waits for it to finish; returns its directory for a restart.
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::mem::replace(&mut self.dir, dir)
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// The settings every test node gets: a SQLite file in `dir`, a random port, the admin
+/// token, and private destinations allowed (receivers live on 127.0.0.1).
+pub fn base_env(dir: &Path) -> Vec<(String, String)> {
+    vec![
+        ("HERALD_SERVER_LISTEN".into(), "127.0.0.1:0".into()),
+        ("HERALD_SERVER_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
+        ("HERALD_STORE_URL".into(), format!("sqlite://{}", dir.join("herald.db").display())),
+        ("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS".into(), "true".into()),
+        ("HERALD_PLUGINS_DIR".into(), dir.join("plugins").display().to_string()),
+        ("HERALD_LOG_LEVEL".into(), "warn".into()),
+    ]
+}
+
+async fn wait_healthy(api: &Api) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = api.raw("GET", "/readyz", None, Bytes::new()).await {
+            if r.status == 200 {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("herald at {} did not become ready", api.base);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Path of the `herald` binary built alongside the running test or benchmark.
+pub fn herald_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().context("exe dir")?.to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("herald");
+    if !bin.exists() {
+        bail!("{} not found: build it first (cargo build -p gateway --bin herald)", bin.display());
+    }
+    Ok(bin)
+}
+
+/// The real `herald` binary running as a child process.
+pub struct HeraldProcess {
+    pub api: Api,
+    child: std::process::Child,
+}
+
+impl HeraldProcess {
+    /// Starts `herald serve` on `dir` (its SQLite file lives there) on a free port.
+    pub async fn start(binary: &Path, dir: &Path, env: &[(&str, &str)]) -> anyhow::Result<HeraldProcess> {
+        let port = free_port()?;
+        let mut cmd = std::process::Command::new(binary);
+        cmd.arg("serve").current_dir(dir).env_clear().stdin(std::process::Stdio::null());
+        for (k, v) in base_env(dir) {
+            cmd.env(k, v);
+        }
+        cmd.env("HERALD_SERVER_LISTEN", format!("127.0.0.1:{port}"));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().with_context(|| format!("spawn {}", binary.display()))?;
+        let api = Api::new(format!("http://127.0.0.1:{port}"));
+        let mut p = HeraldProcess { api, child };
+        if let Err(e) = wait_healthy(&p.api).await {
+            p.kill();
+            return Err(e);
+        }
+        Ok(p)
+    }
+
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for HeraldProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// How the fake receiver answers one request.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    pub delay: Duration,
+}
+
+impl Answer {
+    pub fn status(status: u16) -> Answer {
+        Answer { status, headers: Vec::new(), body: String::new(), delay: Duration::ZERO }
+    }
+    pub fn header(mut self, k: &str, v: &str) -> Answer {
+        self.headers.push((k.into(), v.into()));
+        self
+    }
+    pub fn body(mut self, b: &str) -> Answer {
+        self.body = b.into();
+        self
+    }
+    pub fn delay(mut self, d: Duration) -> Answer {
+        self.delay = d;
+        self
+    }
+    /// Accept and never answer (until the client gives up).
+    pub fn hang() -> Answer {
+        Answer::status(200).delay(Duration::from_secs(3600))
+    }
+}
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub at: Instant,
+    pub path: String,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+    pub status: u16,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+#[derive(Default)]
+struct ReceiverState {
+    script: VecDeque<Answer>,
+    default: Option<Answer>,
+    received: Vec<Received>,
+}
+
+/// A webhook receiver on 127.0.0.1:0 whose answers can be scripted and changed mid-test.
+#[derive(Clone)]
+pub struct FakeReceiver {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<ReceiverState>>,
+    arrived: Arc<Notify>,
+}
+
+impl FakeReceiver {
+    /// Starts a receiver that answers 200 unless told otherwise.
+    pub async fn start() -> anyhow::Result<FakeReceiver> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let r = FakeReceiver {
+            addr: listener.local_addr()?,
+            state: Arc::new(Mutex::new(ReceiverState { default: Some(Answer::status(200)), ..Default::default() })),
+            arrived: Arc::new(Notify::new()),
+        };
+        let me = r.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let me = me.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let me = me.clone();
+                        async move { me.handle(req).await }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Ok(r)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    /// Answers the next requests with these, in order, then with the default.
+    pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
+        self.state.lock().unwrap().script.extend(answers);
+    }
+
+    /// Changes how requests are answered once the script is used up.
+    pub fn set_default(&self, a: Answer) {
+        self.state.lock().unwrap().default = Some(a);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.lock().unwrap().received.clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.lock().unwrap().received.len()
+    }
+
+    /// Waits until at least `n` requests arrived.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> anyhow::Result<Vec<Received>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.arrived.notified();
+            let got = self.received();
+            if got.len() >= n {
+                return Ok(got);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                bail!("receiver got {} of {n} requests within {timeout:?}", self.count());
+            }
+        }
+    }
+
+    async fn handle(&self, req: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>, hyper::Error> {
+        let at = Instant::now();
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await?.to_bytes();
+        let answer = {
+            let mut s = self.state.lock().unwrap();
+            let a = s.script.pop_front().or_else(|| s.default.clone()).unwrap_or(Answer::status(200));
+            s.received.push(Received { at, path: parts.uri.path().to_string(), headers: parts.headers, body, status: a.status });
+            a
+        };
+        self.arrived.notify_waiters();
+        if !answer.delay.is_zero() {
+            tokio::time::sleep(answer.delay).await;
+        }
+        let mut resp = http::Response::builder().status(answer.status);
+        for (k, v) in &answer.headers {
+            resp = resp.header(k, v);
+        }
+        Ok(resp.body(Full::new(Bytes::from(answer.body))).expect("valid response"))
+    }
+}

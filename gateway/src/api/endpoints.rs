@@ -295,14 +295,14 @@ pub async fn enable(
         .committer
         .change_endpoint(EndpointChange {
             endpoint: endpoint.id.clone(),
-            state: EndpointState::Active,
+            state: Some(EndpointState::Active),
             reason: None,
             paused_until: None,
             failing_since: Some(None),
             now: crate::clock::now_ms(),
         })
         .await?;
-    (state.wake)();
+    (state.wake)(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&load(&state, &tenant, &id).await?)))
 }
 

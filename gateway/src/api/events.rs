@@ -67,7 +67,10 @@ fn after_accept(state: &AppState, outcomes: &[IngestOutcome]) {
     state.metrics.events_accepted.add(events);
     state.metrics.deliveries_created.add(deliveries);
     if deliveries > 0 {
-        (state.wake)();
+        let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|o| o.endpoints.iter().cloned()).collect();
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        (state.wake)(&endpoints);
     }
 }
 
@@ -75,22 +78,23 @@ pub async fn get_one(
     State(state): State<Arc<AppState>>,
     Path((tenant, id)): Path<(String, String)>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<([(axum::http::HeaderName, &'static str); 1], String), ApiError> {
     let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let event = state
         .store
         .get_event(&tenant, &EventId::from_stored(id))
         .await?
         .ok_or_else(|| ApiError::not_found("event"))?;
-    let payload: Box<serde_json::value::RawValue> =
-        serde_json::value::RawValue::from_string(event.payload.clone()).map_err(|e| ApiError::from(crate::store::StoreError::Backend(e.to_string())))?;
-    Ok(Json(json!({
+    // Built by hand so the payload's bytes come back exactly as they were posted.
+    let head = json!({
         "id": event.id,
         "type": event.event_type,
-        "payload": payload,
         "created_at": rfc3339(event.created_at),
         "expires_at": rfc3339(event.expires_at),
-    })))
+    })
+    .to_string();
+    let body = format!("{},\"payload\":{}}}", &head[..head.len() - 1], event.payload);
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body))
 }
 
 /// Query parameters of delivery and dead-letter listings.

@@ -32,7 +32,7 @@ pub struct AppState {
     pub committer: Committer,
     pub metrics: Arc<Metrics>,
     /// Wakes the delivery engine when intake commits new deliveries.
-    pub wake: Arc<dyn Fn() + Send + Sync>,
+    pub wake: Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>,
     pub(crate) tokens: RwLock<HashMap<String, TokenRecord>>,
     pub(crate) tenants: RwLock<HashSet<TenantId>>,
 }
@@ -43,7 +43,7 @@ impl AppState {
         store: DynStore,
         committer: Committer,
         metrics: Arc<Metrics>,
-        wake: Arc<dyn Fn() + Send + Sync>,
+        wake: Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>,
     ) -> Arc<AppState> {
         Arc::new(AppState {
             config,
@@ -165,13 +165,7 @@ pub(crate) fn body_bytes(
     })
 }
 
-/// Formats stored milliseconds as RFC 3339.
-pub(crate) fn rfc3339(ms: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_default()
-}
+pub(crate) use crate::clock::rfc3339;
 
 /// Parses RFC 3339 into milliseconds.
 pub(crate) fn parse_rfc3339(field: &str, s: &str) -> Result<i64, ApiError> {

@@ -41,6 +41,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 pub struct IngestOutcome {
     /// Deliveries this event has (new ones, or the existing ones of a duplicate).
     pub deliveries: u32,
+    /// Endpoints that got a new delivery (empty for a duplicate).
+    pub endpoints: Vec<EndpointId>,
     /// The (tenant, id) was already stored: nothing new was written.
     pub duplicate: bool,
 }
@@ -93,7 +95,8 @@ pub struct Release {
 #[derive(Debug, Clone)]
 pub struct EndpointChange {
     pub endpoint: EndpointId,
-    pub state: EndpointState,
+    /// `None`: only `failing_since` changes.
+    pub state: Option<EndpointState>,
     pub reason: Option<String>,
     pub paused_until: Option<Millis>,
     /// `Some(t)`: failing since t; `None`: a success cleared it. Unchanged when not given.
@@ -164,8 +167,9 @@ pub trait Store: Send + Sync + 'static {
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>>;
     /// The earliest due time of one endpoint's waiting deliveries.
     async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>>;
-    /// Returns deliveries whose lease expired before `now` to `waiting` (crash recovery).
-    async fn recover_leases(&self, now: Millis) -> Result<u64>;
+    /// Returns deliveries whose lease ended before `expired_before` to `waiting`, due at
+    /// `now` (crash recovery).
+    async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64>;
 
     /// Applies every op in one durable transaction: all commit, or all fail.
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>>;

@@ -29,12 +29,12 @@ impl SqliteStore {
             .foreign_keys(true)
             .pragma("temp_store", "memory")
             .pragma("cache_size", "-65536");
-        let mut writer = SqliteConnection::connect_with(&options).await?;
-        MIGRATOR.run(&mut writer).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
+        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
+        let writer = SqliteConnection::connect_with(&options).await?;
         Ok(SqliteStore { pool, writer: Mutex::new(writer) })
     }
 }
@@ -315,14 +315,14 @@ impl Store for SqliteStore {
         Ok(due)
     }
 
-    async fn recover_leases(&self, now: Millis) -> Result<u64> {
+    async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
         let done = sqlx::query(
             "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?, lease_owner = NULL, \
              lease_until = NULL, updated_at = ? WHERE state = 'delivering' AND lease_until < ?",
         )
         .bind(now)
         .bind(now)
-        .bind(now)
+        .bind(expired_before)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected())
@@ -356,10 +356,13 @@ async fn apply_one(conn: &mut SqliteConnection, op: WriteOp) -> Result<WriteResu
         WriteOp::Record(results) => WriteResult::Record(record(conn, results).await?),
         WriteOp::Release(releases) => {
             for r in releases {
-                sqlx::query(
-                    "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?, lease_owner = NULL, \
-                     lease_until = NULL WHERE id = ? AND fence = ? AND state = 'delivering'",
-                )
+                sqlx::query(&format!(
+                    "UPDATE deliveries SET state = {}, next_attempt_at = ?, lease_owner = NULL, \
+                     lease_until = NULL, reason = CASE WHEN {} = 'dead' THEN 'endpoint_disabled' END \
+                     WHERE id = ? AND fence = ? AND state = 'delivering'",
+                    settle("'waiting'"),
+                    settle("'waiting'")
+                ))
                 .bind(r.next_attempt_at)
                 .bind(r.delivery.as_str())
                 .bind(r.fence)
@@ -413,10 +416,10 @@ async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Ve
                 .bind(ev.id.as_str())
                 .fetch_one(&mut *conn)
                 .await?;
-            out.push(IngestOutcome { deliveries: n as u32, duplicate: true });
+            out.push(IngestOutcome { deliveries: n as u32, endpoints: Vec::new(), duplicate: true });
             continue;
         }
-        let mut n = 0;
+        let mut targets = Vec::new();
         for (endpoint, types) in &subscribers[&ev.tenant] {
             if !type_filter_matches(types, &ev.event_type) {
                 continue;
@@ -435,9 +438,9 @@ async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Ve
             .bind(ev.created_at)
             .execute(&mut *conn)
             .await?;
-            n += 1;
+            targets.push(EndpointId::from_stored(endpoint.as_str()));
         }
-        out.push(IngestOutcome { deliveries: n, duplicate: false });
+        out.push(IngestOutcome { deliveries: targets.len() as u32, endpoints: targets, duplicate: false });
     }
     Ok(out)
 }
@@ -490,22 +493,35 @@ async fn record(conn: &mut SqliteConnection, results: Vec<AttemptResult>) -> Res
     let mut accepted = Vec::with_capacity(results.len());
     for r in results {
         let a = &r.attempt;
-        let done = sqlx::query(
-            "UPDATE deliveries SET state = ?, attempts = ?, next_attempt_at = ?, reason = ?, last_status = ?, \
-             last_error = ?, lease_owner = NULL, lease_until = NULL, updated_at = ? \
-             WHERE id = ? AND fence = ? AND state = 'delivering'",
-        )
-        .bind(r.state.as_str())
-        .bind(i64::from(a.number))
-        .bind(r.next_attempt_at)
-        .bind(&r.reason)
-        .bind(a.status.map(i64::from))
-        .bind(&a.error)
-        .bind(a.started_at + a.duration_ms as i64)
-        .bind(r.delivery.as_str())
-        .bind(r.fence)
-        .execute(&mut *conn)
-        .await?;
+        // An unfinished delivery settles against its endpoint's state at commit time (a
+        // concurrent disable or human pause wins over a retry).
+        let unfinished = matches!(r.state, DeliveryState::Waiting | DeliveryState::Queued);
+        let (state_sql, reason_sql) = if unfinished {
+            (settle("?"), format!("CASE WHEN {} = 'dead' THEN 'endpoint_disabled' ELSE ? END", settle("?")))
+        } else {
+            ("?".to_string(), "?".to_string())
+        };
+        let sql = format!(
+            "UPDATE deliveries SET state = {state_sql}, attempts = ?, next_attempt_at = ?, reason = {reason_sql}, \
+             last_status = ?, last_error = ?, lease_owner = NULL, lease_until = NULL, updated_at = ? \
+             WHERE id = ? AND fence = ? AND state = 'delivering'"
+        );
+        let mut q = sqlx::query(&sql)
+            .bind(r.state.as_str())
+            .bind(i64::from(a.number))
+            .bind(r.next_attempt_at);
+        if unfinished {
+            q = q.bind(r.state.as_str());
+        }
+        let done = q
+            .bind(&r.reason)
+            .bind(a.status.map(i64::from))
+            .bind(&a.error)
+            .bind(a.started_at + a.duration_ms as i64)
+            .bind(r.delivery.as_str())
+            .bind(r.fence)
+            .execute(&mut *conn)
+            .await?;
         let ok = done.rows_affected() == 1;
         if ok {
             sqlx::query(
@@ -530,34 +546,46 @@ async fn record(conn: &mut SqliteConnection, results: Vec<AttemptResult>) -> Res
     Ok(accepted)
 }
 
+/// What a delivery that is not finished becomes, given its endpoint's state right now:
+/// dead on a disabled endpoint, paused on an endpoint paused for a human, else `$wanted`.
+const SETTLE_STATE: &str = "CASE (SELECT CASE WHEN e.state = 'paused' AND e.paused_until IS NOT NULL \
+     THEN 'active' ELSE e.state END FROM endpoints e WHERE e.id = deliveries.endpoint_id) \
+     WHEN 'disabled' THEN 'dead' WHEN 'paused' THEN 'paused' ELSE $wanted END";
+
+fn settle(wanted: &str) -> String {
+    SETTLE_STATE.replace("$wanted", wanted)
+}
+
 async fn change_endpoint(conn: &mut SqliteConnection, c: EndpointChange) -> Result<u64> {
-    let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("UPDATE endpoints SET state = ");
-    q.push_bind(c.state.as_str())
-        .push(", state_reason = ")
-        .push_bind(c.reason.clone())
-        .push(", paused_until = ")
-        .push_bind(c.paused_until)
-        .push(", updated_at = ")
-        .push_bind(c.now);
+    let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("UPDATE endpoints SET updated_at = ");
+    q.push_bind(c.now);
+    if let Some(state) = c.state {
+        q.push(", state = ")
+            .push_bind(state.as_str())
+            .push(", state_reason = ")
+            .push_bind(c.reason.clone())
+            .push(", paused_until = ")
+            .push_bind(c.paused_until);
+    }
     if let Some(f) = c.failing_since {
         q.push(", failing_since = ").push_bind(f);
     }
     q.push(" WHERE id = ").push_bind(c.endpoint.as_str());
     q.build().execute(&mut *conn).await?;
     let affected = match (c.state, c.paused_until) {
-        (EndpointState::Disabled, _) => sqlx::query(
+        (None, _) | (Some(EndpointState::Paused), Some(_)) => return Ok(0),
+        (Some(EndpointState::Disabled), _) => sqlx::query(
             "UPDATE deliveries SET state = 'dead', reason = 'endpoint_disabled', next_attempt_at = NULL, \
              updated_at = ? WHERE endpoint_id = ? AND state IN ('queued', 'waiting', 'paused')",
         ),
-        (EndpointState::Paused, None) => sqlx::query(
+        (Some(EndpointState::Paused), None) => sqlx::query(
             "UPDATE deliveries SET state = 'paused', updated_at = ? \
              WHERE endpoint_id = ? AND state IN ('queued', 'waiting')",
         ),
-        (EndpointState::Active, _) => sqlx::query(
+        (Some(EndpointState::Active), _) => sqlx::query(
             "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?1, updated_at = ?1 \
              WHERE endpoint_id = ?2 AND state = 'paused'",
         ),
-        (EndpointState::Paused, Some(_)) => return Ok(0),
     }
     .bind(c.now)
     .bind(c.endpoint.as_str())

@@ -1,0 +1,234 @@
+//! The admin and intake API: round trips, idempotency, fan-out, bad input, isolation.
+
+use serde_json::json;
+use tests::{ADMIN_TOKEN, FakeReceiver, TestGateway};
+
+#[tokio::test]
+async fn round_trip_tenant_token_endpoint_event() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let token = api.token("acme", &["events:write", "read", "manage"]).await?;
+    let r = api
+        .post(
+            "/v1/tenants/acme/endpoints",
+            &token,
+            json!({"url": "http://127.0.0.1:9/hook", "event_types": ["invoice.*"], "rate_per_sec": 5,
+                   "retry": {"base": "1s", "factor": 2, "cap": "900s", "jitter": "20%", "max_attempts": 13}}),
+        )
+        .await?;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let ep = r.json["id"].as_str().unwrap().to_string();
+    assert!(ep.starts_with("ep_"));
+    assert!(r.json["secret"].as_str().unwrap().starts_with("whsec_"));
+    assert_eq!(r.json["rate_per_sec"], 5.0);
+    assert_eq!(r.json["max_in_flight"], 4);
+    assert_eq!(r.json["retry"]["max_attempts"], 13);
+
+    let r = api.get(&format!("/v1/tenants/acme/endpoints/{ep}"), &token).await?;
+    assert_eq!((r.status, r.json["url"].as_str()), (200, Some("http://127.0.0.1:9/hook")));
+    assert!(r.json.get("secret").is_none(), "secrets are not listed");
+
+    let r = api.call("PATCH", &format!("/v1/tenants/acme/endpoints/{ep}"), &token, Some(json!({"rate_per_sec": 20}))).await?;
+    assert_eq!((r.status, r.json["rate_per_sec"].as_f64()), (200, Some(20.0)));
+
+    let body = r#"{"id": "evt_1", "type": "invoice.paid", "payload": {"amount": 10.50, "z": [1, 2]}}"#;
+    let r = api.raw("POST", "/v1/tenants/acme/events", Some(&token), body).await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    assert_eq!(r.json["id"], "evt_1");
+    assert_eq!(r.json["deliveries"], 1);
+
+    let r = api.get("/v1/tenants/acme/events/evt_1", &token).await?;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json["type"], "invoice.paid");
+    assert!(r.text.contains(r#""payload":{"amount": 10.50, "z": [1, 2]}"#), "payload bytes kept exactly: {}", r.text);
+
+    let r = api.get("/v1/tenants/acme/events/evt_1/deliveries", &token).await?;
+    let data = r.json["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1);
+    assert_eq!(data[0]["endpoint_id"], ep.as_str());
+    assert_eq!(data[0]["event_id"], "evt_1");
+    let delivery = data[0]["id"].as_str().unwrap();
+    let r = api.get(&format!("/v1/tenants/acme/deliveries/{delivery}"), &token).await?;
+    assert_eq!(r.status, 200);
+    assert!(r.json["attempt_history"].is_array());
+
+    let r = api.post(&format!("/v1/tenants/acme/endpoints/{ep}/rotate-secret"), &token, json!({})).await?;
+    assert_eq!(r.status, 200);
+    let r = api.get(&format!("/v1/tenants/acme/endpoints/{ep}/secret"), &token).await?;
+    assert_eq!(r.json["secrets"].as_array().unwrap().len(), 2, "old secret valid during grace: {}", r.text);
+
+    let r = api.call("DELETE", &format!("/v1/tenants/acme/endpoints/{ep}"), &token, None).await?;
+    assert_eq!(r.status, 204);
+    let r = api.get(&format!("/v1/tenants/acme/endpoints/{ep}"), &token).await?;
+    assert_eq!(r.status, 404);
+    Ok(())
+}
+
+#[tokio::test]
+async fn intake_is_idempotent_per_tenant() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    let rx = FakeReceiver::start().await?;
+    for t in ["a", "b"] {
+        api.tenant(t).await?;
+        api.endpoint(t, json!({"url": rx.url(), "rate_per_sec": 1})).await?;
+    }
+    let ev = json!({"id": "evt_same", "type": "x.y", "payload": {}});
+    let first = api.event("a", ev.clone()).await?;
+    let again = api.event("a", ev.clone()).await?;
+    assert_eq!((first.status, again.status), (202, 202));
+    assert_eq!(first.json["duplicate"], false);
+    assert_eq!(again.json["duplicate"], true);
+    assert_eq!(again.json["deliveries"], 1);
+    let r = api.get("/v1/tenants/a/events/evt_same/deliveries", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 1, "no new deliveries for a duplicate");
+    // The same id in another tenant is another event.
+    let other = api.event("b", ev).await?;
+    assert_eq!(other.json["duplicate"], false);
+    Ok(())
+}
+
+#[tokio::test]
+async fn fan_out_follows_filters_and_state() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let url = "http://127.0.0.1:9/h";
+    let all = api.endpoint("acme", json!({"url": url, "rate_per_sec": 1})).await?;
+    let invoices = api.endpoint("acme", json!({"url": url, "event_types": ["invoice.*"], "rate_per_sec": 1})).await?;
+    let paid = api.endpoint("acme", json!({"url": url, "event_types": ["invoice.paid"], "rate_per_sec": 1})).await?;
+    api.endpoint("acme", json!({"url": url, "event_types": ["user.created"], "rate_per_sec": 1})).await?;
+    let cases = [("invoice.paid", 3), ("invoice.voided", 2), ("invoice", 1), ("order.shipped", 1)];
+    for (i, (ty, want)) in cases.iter().enumerate() {
+        let r = api.event("acme", json!({"id": format!("e{i}"), "type": ty, "payload": {"i": i}})).await?;
+        assert_eq!(r.json["deliveries"], *want, "{ty}");
+    }
+    let r = api.get("/v1/tenants/acme/events/e0/deliveries", ADMIN_TOKEN).await?;
+    let mut got: Vec<String> = r.json["data"].as_array().unwrap().iter().map(|d| d["endpoint_id"].as_str().unwrap().to_string()).collect();
+    got.sort();
+    let mut want: Vec<String> = [&all, &invoices, &paid].iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
+    want.sort();
+    assert_eq!(got, want);
+
+    // The batch form: all or nothing, one 202.
+    let r = api
+        .post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": [
+            {"type": "invoice.paid", "payload": {}}, {"id": "e0", "type": "invoice.paid", "payload": {}}]}))
+        .await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let data = r.json["data"].as_array().unwrap();
+    assert_eq!((data[0]["deliveries"].as_u64(), data[1]["duplicate"].as_bool()), (Some(3), Some(true)));
+    assert!(data[0]["id"].as_str().unwrap().starts_with("evt_"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_4xx_and_writes_nothing() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_SERVER_MAX_PAYLOAD_BYTES", "1000")]).await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    api.endpoint("acme", json!({"url": "http://127.0.0.1:9/h", "rate_per_sec": 1})).await?;
+    let reader = api.token("acme", &["read"]).await?;
+    let big = "x".repeat(2000);
+    let cases: Vec<(&str, &str, Option<&str>, String, u16)> = vec![
+        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), "{not json".into(), 400),
+        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"payload": {}}"#.into(), 400),
+        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"type": 5, "payload": {}}"#.into(), 400),
+        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"type": "a.b"}"#.into(), 400),
+        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"type": "a b", "payload": {}}"#.into(), 400),
+        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"id": "has space", "type": "a", "payload": {}}"#.into(), 400),
+        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"type": "a", "payload": {}, "extra": 1}"#.into(), 400),
+        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), format!(r#"{{"type": "a", "payload": "{big}"}}"#), 413),
+        ("POST", "/v1/tenants/nobody/events", Some(ADMIN_TOKEN), r#"{"type": "a", "payload": {}}"#.into(), 404),
+        ("POST", "/v1/tenants/acme/events", None, r#"{"type": "a", "payload": {}}"#.into(), 401),
+        ("POST", "/v1/tenants/acme/events", Some("wrong"), r#"{"type": "a", "payload": {}}"#.into(), 401),
+        ("POST", "/v1/tenants/acme/events", Some(&reader), r#"{"type": "a", "payload": {}}"#.into(), 403),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "ftp://example.com/x"}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "not a url"}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "rate_per_sec": 0}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "timeout": "90s"}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "secret": "nope"}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "retry": {"factor": 0.5}}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "event_types": ["a b"]}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "headers": {"webhook-id": "x"}}"#.into(), 422),
+        ("POST", "/v1/tenants/acme/endpoints", Some(&reader), r#"{"url": "http://a.example"}"#.into(), 403),
+        ("POST", "/v1/tenants", Some(&reader), r#"{"id": "x"}"#.into(), 403),
+        ("POST", "/v1/tenants", Some(ADMIN_TOKEN), r#"{"id": "Bad Id"}"#.into(), 422),
+        ("POST", "/v1/tenants", Some(ADMIN_TOKEN), r#"{"id": "acme"}"#.into(), 409),
+        ("GET", "/v1/tenants/acme/deliveries?state=bogus", Some(ADMIN_TOKEN), String::new(), 400),
+    ];
+    for (method, path, token, body, want) in &cases {
+        let r = api.raw(method, path, *token, body.clone()).await?;
+        assert_eq!(r.status, *want, "{method} {path} {body:.80}: {}", r.text);
+        assert!(r.json["error"]["code"].is_string() && r.json["error"]["message"].is_string(), "JSON error for {path}: {}", r.text);
+    }
+    // Nothing was written: no events at all, one endpoint.
+    let r = api.get("/v1/tenants/acme/deliveries", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 0);
+    let r = api.get("/v1/tenants/acme/endpoints", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn private_destinations_are_refused_by_default() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "false")]).await?;
+    gw.api.tenant("acme").await?;
+    for url in ["http://127.0.0.1:8080/x", "http://169.254.169.254/latest", "http://[::1]/x", "http://10.0.0.1/x", "http://localhost/x"] {
+        let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({"url": url})).await?;
+        assert_eq!(r.status, 422, "{url}: {}", r.text);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn tenants_cannot_see_each_other() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("a").await?;
+    api.tenant("b").await?;
+    let ta = api.token("a", &["events:write", "read", "manage"]).await?;
+    let ep_b = api.endpoint("b", json!({"url": "http://127.0.0.1:9/h", "rate_per_sec": 1})).await?;
+    let ep_b = ep_b["id"].as_str().unwrap();
+    api.event("b", json!({"id": "evt_b", "type": "t", "payload": {}})).await?;
+    let r = api.get("/v1/tenants/b/events/evt_b/deliveries", ADMIN_TOKEN).await?;
+    let dlv_b = r.json["data"][0]["id"].as_str().unwrap().to_string();
+    // Through b's URLs with a's token, and through a's URLs with b's ids: 404 either way.
+    for path in [
+        "/v1/tenants/b/endpoints".to_string(),
+        format!("/v1/tenants/b/endpoints/{ep_b}"),
+        format!("/v1/tenants/a/endpoints/{ep_b}"),
+        "/v1/tenants/b/events/evt_b".into(),
+        "/v1/tenants/a/events/evt_b".into(),
+        format!("/v1/tenants/a/deliveries/{dlv_b}"),
+        format!("/v1/tenants/b/deliveries/{dlv_b}"),
+    ] {
+        let r = api.get(&path, &ta).await?;
+        assert_eq!(r.status, 404, "{path}: {}", r.text);
+    }
+    let r = api.post("/v1/tenants/b/events", &ta, json!({"type": "t", "payload": {}})).await?;
+    assert_eq!(r.status, 404);
+    let r = api.call("PATCH", &format!("/v1/tenants/a/endpoints/{ep_b}"), &ta, Some(json!({"rate_per_sec": 1}))).await?;
+    assert_eq!(r.status, 404);
+    let r = api.call("DELETE", &format!("/v1/tenants/a/endpoints/{ep_b}"), &ta, None).await?;
+    assert_eq!(r.status, 404);
+    let r = api.get(&format!("/v1/tenants/b/endpoints/{ep_b}"), ADMIN_TOKEN).await?;
+    assert_eq!(r.status, 200, "b's endpoint is untouched");
+    Ok(())
+}
+
+#[tokio::test]
+async fn health_and_metrics() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let r = gw.api.raw("GET", "/healthz", None, "").await?;
+    assert_eq!(r.status, 200);
+    gw.api.tenant("acme").await?;
+    gw.api.endpoint("acme", json!({"url": "http://127.0.0.1:9/h", "rate_per_sec": 1})).await?;
+    gw.api.event("acme", json!({"type": "t", "payload": {}})).await?;
+    let r = gw.api.raw("GET", "/metrics", None, "").await?;
+    assert!(r.text.contains("herald_events_accepted_total 1"), "{}", r.text);
+    assert!(r.text.contains("herald_deliveries_created_total 1"), "{}", r.text);
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! The delivery engine against fake receivers: retries, 429 pauses, isolation, the
+//! classification table, dead letters, signatures.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
+
+const FAST_RETRY: &str = r#"{"base": "100ms", "factor": 2, "cap": "1s", "jitter": "none", "max_attempts": 5}"#;
+
+fn fast_retry() -> Value {
+    serde_json::from_str(FAST_RETRY).unwrap()
+}
+
+async fn setup(gw: &TestGateway, rx: &FakeReceiver, extra: Value) -> anyhow::Result<Value> {
+    if gw.api.get("/v1/tenants/acme/endpoints", ADMIN_TOKEN).await?.status == 404 {
+        gw.api.tenant("acme").await?;
+    }
+    let mut body = json!({"url": rx.url(), "rate_per_sec": 100, "retry": fast_retry()});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    gw.api.endpoint("acme", body).await
+}
+
+async fn delivery_of(gw: &TestGateway, event: &str) -> anyhow::Result<Value> {
+    let r = gw.api.get(&format!("/v1/tenants/acme/events/{event}/deliveries"), ADMIN_TOKEN).await?;
+    let id = r.json["data"][0]["id"].as_str().unwrap_or_default().to_string();
+    Ok(gw.api.get(&format!("/v1/tenants/acme/deliveries/{id}"), ADMIN_TOKEN).await?.json)
+}
+
+async fn wait_state(gw: &TestGateway, event: &str, state: &str, timeout: Duration) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let d = delivery_of(gw, event).await?;
+        if d["state"] == state {
+            return Ok(d);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("{event} never reached {state}: {d}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn retry_then_429_pauses_the_whole_endpoint_then_delivers() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    rx.script([Answer::status(500), Answer::status(429).header("Retry-After", "5")]);
+    setup(&gw, &rx, json!({"max_in_flight": 1})).await?;
+    gw.api.event("acme", json!({"id": "evt_first", "type": "t", "payload": {}})).await?.status.eq(&202).then_some(()).unwrap();
+    let got = rx.wait_for(2, Duration::from_secs(10)).await?;
+    let paused_at = got[1].at;
+    assert_eq!(got[1].status, 429);
+    // More work queued for the paused endpoint must wait too.
+    for i in 0..3 {
+        let r = gw.api.event("acme", json!({"id": format!("evt_more_{i}"), "type": "t", "payload": {}})).await?;
+        assert_eq!(r.status, 202);
+    }
+    let got = rx.wait_for(6, Duration::from_secs(20)).await?;
+    for r in &got[2..] {
+        let gap = r.at.duration_since(paused_at);
+        assert!(gap >= Duration::from_secs(5), "a request came {gap:?} after the 429 with Retry-After: 5");
+    }
+    let first: Vec<_> = got.iter().filter(|r| r.header("webhook-id") == Some("evt_first")).collect();
+    assert_eq!(first.len(), 3, "500, 429, then 200");
+    let d = wait_state(&gw, "evt_first", "delivered", Duration::from_secs(5)).await?;
+    assert_eq!(d["attempts"], 3);
+    let statuses: Vec<_> = d["attempt_history"].as_array().unwrap().iter().map(|a| a["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [500, 429, 200]);
+    let attempt_ids: std::collections::HashSet<_> = first.iter().map(|r| r.header("herald-attempt-id").unwrap().to_string()).collect();
+    assert_eq!(attempt_ids.len(), 3, "a fresh attempt id every attempt");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_hanging_endpoint_does_not_hold_up_a_healthy_one() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let hanging = FakeReceiver::start().await?;
+    hanging.set_default(Answer::hang());
+    let healthy = FakeReceiver::start().await?;
+    setup(&gw, &hanging, json!({"event_types": ["slow.*"], "timeout": "3s", "connect_timeout": "1s"})).await?;
+    setup(&gw, &healthy, json!({"event_types": ["fast.*"]})).await?;
+    for i in 0..20 {
+        gw.api.event("acme", json!({"type": "slow.x", "payload": {"i": i}})).await?;
+    }
+    hanging.wait_for(4, Duration::from_secs(5)).await?;
+    let start = Instant::now();
+    for i in 0..20 {
+        gw.api.event("acme", json!({"type": "fast.x", "payload": {"i": i}})).await?;
+    }
+    healthy.wait_for(20, Duration::from_secs(2)).await?;
+    assert!(start.elapsed() < Duration::from_secs(2), "healthy deliveries waited {:?}", start.elapsed());
+    assert_eq!(hanging.count(), 4, "the hanging endpoint holds only its own max_in_flight");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_classification_table_end_to_end() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    // status → (final delivery state, dead reason, endpoint state, attempts)
+    let cases: &[(u16, &str, Option<&str>, &str, u64)] = &[
+        (400, "dead", Some("permanent:400"), "active", 1),
+        (422, "dead", Some("permanent:422"), "active", 1),
+        (404, "dead", Some("permanent:404"), "active", 1),
+        (401, "paused", None, "paused", 1),
+        (403, "paused", None, "paused", 1),
+        (410, "dead", Some("endpoint_disabled"), "disabled", 1),
+        (500, "dead", Some("exhausted"), "active", 3),
+        (408, "dead", Some("exhausted"), "active", 3),
+    ];
+    let mut receivers = Vec::new();
+    for (i, (status, ..)) in cases.iter().enumerate() {
+        let rx = FakeReceiver::start().await?;
+        rx.set_default(Answer::status(*status));
+        let retry = json!({"base": "50ms", "jitter": "none", "max_attempts": 3});
+        let ep = setup(&gw, &rx, json!({"event_types": [format!("case{i}")], "retry": retry})).await?;
+        gw.api.event("acme", json!({"id": format!("evt_{status}"), "type": format!("case{i}"), "payload": {}})).await?;
+        receivers.push((rx, ep));
+    }
+    for ((status, state, reason, ep_state, attempts), (rx, ep)) in cases.iter().zip(&receivers) {
+        let d = wait_state(&gw, &format!("evt_{status}"), state, Duration::from_secs(10)).await?;
+        assert_eq!(d["reason"].as_str(), *reason, "{status}: {d}");
+        assert_eq!(d["attempts"].as_u64(), Some(*attempts), "{status}: {d}");
+        assert_eq!(rx.count() as u64, *attempts, "{status}: requests sent");
+        let e = gw.api.get(&format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().unwrap()), ADMIN_TOKEN).await?;
+        assert_eq!(e.json["state"], *ep_state, "{status}: {}", e.text);
+        let history = d["attempt_history"].as_array().unwrap();
+        assert_eq!(history.len() as u64, *attempts);
+        assert_eq!(history[0]["status"].as_u64(), Some(u64::from(*status)));
+    }
+    // Dead letters are listed with their reasons.
+    let r = gw.api.get("/v1/tenants/acme/dead-letters?reason=permanent:422", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_paused_endpoint_keeps_its_deliveries_until_re_enabled() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(Answer::status(401));
+    let ep = setup(&gw, &rx, json!({"max_in_flight": 1})).await?;
+    let ep = ep["id"].as_str().unwrap().to_string();
+    gw.api.event("acme", json!({"id": "e1", "type": "t", "payload": {}})).await?;
+    wait_state(&gw, "e1", "paused", Duration::from_secs(5)).await?;
+    gw.api.event("acme", json!({"id": "e2", "type": "t", "payload": {}})).await?;
+    let e = gw.api.get(&format!("/v1/tenants/acme/endpoints/{ep}"), ADMIN_TOKEN).await?;
+    assert_eq!(e.json["state"], "paused");
+    assert!(e.json["state_reason"].as_str().unwrap().contains("401"), "{}", e.text);
+    assert_eq!(rx.count(), 1, "no blind retries against a 401");
+    rx.set_default(Answer::status(200));
+    let r = gw.api.post(&format!("/v1/tenants/acme/endpoints/{ep}/enable"), ADMIN_TOKEN, json!({})).await?;
+    assert_eq!((r.status, r.json["state"].as_str()), (200, Some("active")));
+    wait_state(&gw, "e1", "delivered", Duration::from_secs(5)).await?;
+    wait_state(&gw, "e2", "delivered", Duration::from_secs(5)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed_and_transport_failures_are_retried() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let target = FakeReceiver::start().await?;
+    let redirecting = FakeReceiver::start().await?;
+    redirecting.set_default(Answer::status(302).header("Location", &target.url()));
+    let hanging = FakeReceiver::start().await?;
+    hanging.set_default(Answer::hang());
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let retry = json!({"base": "50ms", "jitter": "none", "max_attempts": 2});
+    setup(&gw, &redirecting, json!({"event_types": ["redirect"], "retry": retry})).await?;
+    setup(&gw, &hanging, json!({"event_types": ["hang"], "retry": retry, "timeout": "300ms", "connect_timeout": "300ms"})).await?;
+    gw.api.endpoint("acme", json!({"url": format!("http://{closed}/x"), "event_types": ["refused"], "retry": retry})).await?;
+    for t in ["redirect", "hang", "refused"] {
+        gw.api.event("acme", json!({"id": t, "type": t, "payload": {}})).await?;
+    }
+    for t in ["redirect", "hang", "refused"] {
+        let d = wait_state(&gw, t, "dead", Duration::from_secs(10)).await?;
+        assert_eq!((d["reason"].as_str(), d["attempts"].as_u64()), (Some("exhausted"), Some(2)), "{t}: retried, then exhausted: {d}");
+    }
+    assert_eq!(target.count(), 0, "the redirect was never followed");
+    let d = delivery_of(&gw, "hang").await?;
+    assert!(d["attempt_history"][0]["error"].as_str().unwrap().starts_with("timeout"), "{d}");
+    let d = delivery_of(&gw, "refused").await?;
+    assert!(d["attempt_history"][0]["error"].as_str().unwrap().starts_with("connection_refused"), "{d}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn events_past_their_ttl_become_dead_letters() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(Answer::status(503));
+    setup(&gw, &rx, json!({"retry": {"base": "400ms", "jitter": "none", "max_attempts": 50, "ttl": "1s"}})).await?;
+    gw.api.event("acme", json!({"id": "e", "type": "t", "payload": {}})).await?;
+    let d = wait_state(&gw, "e", "dead", Duration::from_secs(10)).await?;
+    assert_eq!(d["reason"], "expired", "{d}");
+    assert!(d["attempts"].as_u64().unwrap() >= 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn requests_carry_a_verifiable_standard_webhooks_signature() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    let ep = setup(&gw, &rx, json!({"headers": {"x-custom": "yes"}})).await?;
+    let secret = ep["secret"].as_str().unwrap().to_string();
+    let body = r#"{"id": "evt_sig", "type": "invoice.paid", "payload": {"amount": 10.50}}"#;
+    assert_eq!(gw.api.raw("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), body).await?.status, 202);
+    let got = rx.wait_for(1, Duration::from_secs(5)).await?;
+    let r = &got[0];
+    assert_eq!(r.header("webhook-id"), Some("evt_sig"));
+    assert_eq!(r.header("x-custom"), Some("yes"));
+    assert!(r.header("user-agent").unwrap().starts_with("herald/"));
+    let ts: i64 = r.header("webhook-timestamp").unwrap().parse()?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    assert!((now - ts).abs() < 60);
+    let key = base64::engine::general_purpose::STANDARD.decode(secret.strip_prefix("whsec_").unwrap())?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key)?;
+    mac.update(format!("evt_sig.{ts}.").as_bytes());
+    mac.update(&r.body);
+    let expected = format!("v1,{}", base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes()));
+    assert_eq!(r.header("webhook-signature"), Some(expected.as_str()));
+    let body = String::from_utf8(r.body.to_vec())?;
+    assert!(body.contains(r#""data":{"amount": 10.50}"#), "payload bytes kept: {body}");
+    let v = r.json();
+    assert_eq!((v["id"].as_str(), v["type"].as_str()), (Some("evt_sig"), Some("invoice.paid")));
+
+    // During rotation both secrets sign.
+    let r = gw.api.post(&format!("/v1/tenants/acme/endpoints/{}/rotate-secret", ep["id"].as_str().unwrap()), ADMIN_TOKEN, json!({})).await?;
+    assert_eq!(r.status, 200);
+    gw.api.event("acme", json!({"id": "evt_sig2", "type": "invoice.paid", "payload": {}})).await?;
+    let got = rx.wait_for(2, Duration::from_secs(5)).await?;
+    let sigs: Vec<&str> = got[1].header("webhook-signature").unwrap().split(' ').collect();
+    assert_eq!(sigs.len(), 2, "{sigs:?}");
+    assert!(sigs.iter().all(|s| s.starts_with("v1,")));
+    Ok(())
+}

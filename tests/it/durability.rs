@@ -1,0 +1,88 @@
+//! Durability: what was acknowledged survives SIGKILL of the real `herald` process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tests::{ADMIN_TOKEN, FakeReceiver, HeraldProcess, herald_binary};
+use tokio::sync::Mutex;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_events_survive_sigkill() -> anyhow::Result<()> {
+    let bin = herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    let rx = FakeReceiver::start().await?;
+    let mut node = HeraldProcess::start(&bin, dir.path(), &[]).await?;
+    node.api.tenant("acme").await?;
+    node.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 1})).await?;
+
+    // A burst of concurrent posts; record every id that got its 202.
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for worker in 0..16 {
+        let api = node.api.clone();
+        let acked = acked.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25 {
+                let id = format!("evt_{worker}_{i}");
+                let r = api.event("acme", json!({"id": id, "type": "invoice.paid", "payload": {"n": i}})).await;
+                if matches!(r, Ok(ref r) if r.status == 202) {
+                    acked.lock().await.push(id);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    node.kill();
+    let acked = acked.lock().await.clone();
+    assert_eq!(acked.len(), 400, "every post was acknowledged before the kill");
+
+    let node = HeraldProcess::start(&bin, dir.path(), &[]).await?;
+    for id in &acked {
+        let r = node.api.get(&format!("/v1/tenants/acme/events/{id}"), ADMIN_TOKEN).await?;
+        assert_eq!(r.status, 200, "acknowledged event {id} lost");
+        let r = node.api.get(&format!("/v1/tenants/acme/events/{id}/deliveries"), ADMIN_TOKEN).await?;
+        assert_eq!(r.json["data"].as_array().map(Vec::len), Some(1), "delivery of {id} lost");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_delivery_loses_nothing_and_bounds_duplicates() -> anyhow::Result<()> {
+    let bin = herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(tests::Answer::status(200).delay(Duration::from_millis(20)));
+    let mut node = HeraldProcess::start(&bin, dir.path(), &[]).await?;
+    node.api.tenant("acme").await?;
+    let max_in_flight = 8;
+    node.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 200, "max_in_flight": max_in_flight})).await?;
+    let total = 300;
+    let events: Vec<_> = (0..total).map(|i| json!({"id": format!("evt_{i}"), "type": "t", "payload": {"i": i}})).collect();
+    for chunk in events.chunks(100) {
+        let r = node.api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
+        assert_eq!(r.status, 202, "{}", r.text);
+    }
+    rx.wait_for(60, Duration::from_secs(20)).await?;
+    node.kill();
+    let at_kill = rx.count();
+    assert!(at_kill < total, "the kill came mid-delivery ({at_kill} of {total} arrived)");
+
+    let node = HeraldProcess::start(&bin, dir.path(), &[]).await?;
+    node.api
+        .wait_for("/v1/tenants/acme/deliveries?state=delivered&limit=1000", Duration::from_secs(60), |v| {
+            v["data"].as_array().is_some_and(|d| d.len() == total)
+        })
+        .await?;
+    let got = rx.received();
+    let mut ids: Vec<&str> = got.iter().filter_map(|r| r.header("webhook-id")).collect();
+    let arrivals = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "every acknowledged event arrived");
+    let duplicates = arrivals - total;
+    assert!(duplicates <= max_in_flight, "{duplicates} duplicates, more than the {max_in_flight} that could be in flight");
+    Ok(())
+}
