@@ -375,42 +375,58 @@ async fn apply_one(conn: &mut SqliteConnection, op: WriteOp) -> Result<WriteResu
     })
 }
 
-/// Stores new events and fans each out to the tenant's subscribed endpoints.
+/// Rows per multi-row INSERT: few statements per group commit, far below SQLite's
+/// parameter limit.
+const ROWS_PER_INSERT: usize = 100;
+
+/// Stores new events and fans each out to the tenant's subscribed endpoints, with
+/// multi-row statements (the per-statement cost dominates otherwise).
 async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {
     let mut subscribers: HashMap<TenantId, Vec<(String, Vec<String>)>> = HashMap::new();
-    let mut out = Vec::with_capacity(events.len());
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
-    for ev in events {
-        if !subscribers.contains_key(&ev.tenant) {
-            let rows = sqlx::query("SELECT id, event_types FROM endpoints WHERE tenant_id = ? AND state != 'disabled'")
-                .bind(ev.tenant.as_str())
-                .fetch_all(&mut *conn)
-                .await?;
-            let eps = rows
-                .iter()
-                .map(|r| {
-                    let types: String = r.try_get("event_types")?;
-                    let types = serde_json::from_str(&types).map_err(|e| StoreError::Backend(e.to_string()))?;
-                    Ok((r.try_get::<String, _>("id")?, types))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            subscribers.insert(ev.tenant.clone(), eps);
+    for ev in &events {
+        if subscribers.contains_key(&ev.tenant) {
+            continue;
         }
-        let inserted = sqlx::query(
-            "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(ev.tenant.as_str())
-        .bind(ev.id.as_str())
-        .bind(&ev.event_type)
-        .bind(&ev.payload)
-        .bind(ev.created_at)
-        .bind(ev.expires_at)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()
-            == 1;
-        if !inserted {
+        let rows = sqlx::query("SELECT id, event_types FROM endpoints WHERE tenant_id = ? AND state != 'disabled'")
+            .bind(ev.tenant.as_str())
+            .fetch_all(&mut *conn)
+            .await?;
+        let eps = rows
+            .iter()
+            .map(|r| {
+                let types: String = r.try_get("event_types")?;
+                let types = serde_json::from_str(&types).map_err(|e| StoreError::Backend(e.to_string()))?;
+                Ok((r.try_get::<String, _>("id")?, types))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        subscribers.insert(ev.tenant.clone(), eps);
+    }
+
+    // Which (tenant, id) pairs are new? ON CONFLICT DO NOTHING returns only inserted rows.
+    let mut inserted: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+    for chunk in events.chunks(ROWS_PER_INSERT) {
+        let mut q: QueryBuilder<'_, Sqlite> =
+            QueryBuilder::new("INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at) ");
+        q.push_values(chunk, |mut b, ev| {
+            b.push_bind(ev.tenant.as_str())
+                .push_bind(ev.id.as_str())
+                .push_bind(ev.event_type.as_str())
+                .push_bind(ev.payload.as_str())
+                .push_bind(ev.created_at)
+                .push_bind(ev.expires_at);
+        });
+        q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, id");
+        for r in q.build().fetch_all(&mut *conn).await? {
+            inserted.insert((r.try_get("tenant_id")?, r.try_get("id")?));
+        }
+    }
+
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
+    let mut out = Vec::with_capacity(events.len());
+    let mut rows: Vec<(String, &NewEvent, &str)> = Vec::new();
+    for ev in &events {
+        // The first occurrence of a pair in the batch is the one that was inserted.
+        if !inserted.remove(&(ev.tenant.to_string(), ev.id.to_string())) {
             let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE tenant_id = ? AND event_id = ?")
                 .bind(ev.tenant.as_str())
                 .bind(ev.id.as_str())
@@ -421,26 +437,31 @@ async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Ve
         }
         let mut targets = Vec::new();
         for (endpoint, types) in &subscribers[&ev.tenant] {
-            if !type_filter_matches(types, &ev.event_type) {
-                continue;
+            if type_filter_matches(types, &ev.event_type) {
+                rows.push((DeliveryId::generate(ev.created_at, &mut rng).to_string(), ev, endpoint.as_str()));
+                targets.push(EndpointId::from_stored(endpoint.as_str()));
             }
-            sqlx::query(
-                "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-                 next_attempt_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)",
-            )
-            .bind(DeliveryId::generate(ev.created_at, &mut rng).as_str())
-            .bind(ev.tenant.as_str())
-            .bind(ev.id.as_str())
-            .bind(endpoint)
-            .bind(&ev.event_type)
-            .bind(ev.created_at)
-            .bind(ev.created_at)
-            .bind(ev.created_at)
-            .execute(&mut *conn)
-            .await?;
-            targets.push(EndpointId::from_stored(endpoint.as_str()));
         }
         out.push(IngestOutcome { deliveries: targets.len() as u32, endpoints: targets, duplicate: false });
+    }
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
+            "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+             next_attempt_at, created_at, updated_at) ",
+        );
+        q.push_values(chunk, |mut b, (id, ev, endpoint)| {
+            b.push_bind(id.as_str())
+                .push_bind(ev.tenant.as_str())
+                .push_bind(ev.id.as_str())
+                .push_bind(*endpoint)
+                .push_bind(ev.event_type.as_str())
+                .push_bind("queued")
+                .push_bind(0i64)
+                .push_bind(ev.created_at)
+                .push_bind(ev.created_at)
+                .push_bind(ev.created_at);
+        });
+        q.build().execute(&mut *conn).await?;
     }
     Ok(out)
 }

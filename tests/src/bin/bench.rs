@@ -1,1 +1,243 @@
-fn main() {}
+//! Benchmarks that drive the real `herald` binary over HTTP on 127.0.0.1 and print figures.
+//! Build in release first: `cargo build --release -p gateway -p tests`, then e.g.
+//! `target/release/herald-bench intake --events 20000 --concurrency 64 --runs 3`.
+//! Every scenario is bounded in count and time.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use serde_json::{Value, json};
+use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+    /// Repetitions; the median run is reported alongside each run.
+    #[arg(long, default_value_t = 3, global = true)]
+    runs: usize,
+}
+
+#[derive(Subcommand, Clone)]
+enum Scenario {
+    /// Events/s durably accepted and time to 202, each event fanned out to one endpoint.
+    Intake {
+        #[arg(long, default_value_t = 20_000)]
+        events: usize,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
+    /// End-to-end deliveries/s: events posted in batches, delivered to a fast receiver.
+    Deliver {
+        #[arg(long, default_value_t = 20_000)]
+        events: usize,
+        #[arg(long, default_value_t = 1)]
+        endpoints: usize,
+    },
+    /// Time from 202 to arrival at the receiver, posting at a fixed rate.
+    Latency {
+        #[arg(long, default_value_t = 200)]
+        rate: u64,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Add an endpoint that never answers, among `endpoints` healthy ones.
+        #[arg(long, default_value_t = false)]
+        hanging: bool,
+        #[arg(long, default_value_t = 1)]
+        endpoints: usize,
+    },
+    /// Achieved rate of one endpoint paced at `rate`/s over `seconds`.
+    Pacing {
+        #[arg(long, default_value_t = 100.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let mut results = Vec::new();
+    for run in 1..=cli.runs {
+        let r = run_once(&cli.scenario).await?;
+        println!("run {run}: {}", fmt(&r));
+        results.push(r);
+    }
+    let mut keys: Vec<&String> = results[0].keys().collect();
+    keys.sort();
+    let medians: HashMap<String, f64> = keys
+        .iter()
+        .map(|k| {
+            let mut v: Vec<f64> = results.iter().map(|r| r[*k]).collect();
+            v.sort_by(f64::total_cmp);
+            ((*k).clone(), v[v.len() / 2])
+        })
+        .collect();
+    println!("median of {} runs: {}", cli.runs, fmt(&medians));
+    Ok(())
+}
+
+fn fmt(r: &HashMap<String, f64>) -> String {
+    let mut keys: Vec<_> = r.keys().collect();
+    keys.sort();
+    keys.iter().map(|k| format!("{k}={:.2}", r[*k])).collect::<Vec<_>>().join(" ")
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn node() -> anyhow::Result<(HeraldProcess, tempfile::TempDir)> {
+    let bin = herald_binary()?;
+    if !bin.to_string_lossy().contains("release") {
+        eprintln!("warning: {} is not a release build", bin.display());
+    }
+    let dir = tempfile::tempdir()?;
+    let p = HeraldProcess::start(&bin, dir.path(), &[("HERALD_LOG_LEVEL", "error")]).await?;
+    Ok((p, dir))
+}
+
+/// Records arrival instants by webhook-id.
+fn arrivals(rx: &FakeReceiver) -> HashMap<String, Instant> {
+    rx.received().into_iter().filter_map(|r| Some((r.header("webhook-id")?.to_string(), r.at))).collect()
+}
+
+async fn run_once(s: &Scenario) -> anyhow::Result<HashMap<String, f64>> {
+    let (node, _dir) = node().await?;
+    let api = node.api.clone();
+    api.tenant("bench").await?;
+    let rx = FakeReceiver::start().await?;
+    let mut out = HashMap::new();
+    match s.clone() {
+        Scenario::Intake { events, concurrency } => {
+            api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": 1, "max_in_flight": 1})).await?;
+            let latencies = Arc::new(Mutex::new(Vec::with_capacity(events)));
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..concurrency {
+                let (api, latencies, next) = (api.clone(), latencies.clone(), next.clone());
+                tasks.push(tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= events {
+                            return anyhow::Ok(());
+                        }
+                        let body = format!(r#"{{"id":"evt_{i}","type":"invoice.paid","payload":{{"n":{i},"customer":"cus_123","amount":1999}}}}"#);
+                        let t = Instant::now();
+                        let r = api.raw("POST", "/v1/tenants/bench/events", Some(ADMIN_TOKEN), body).await?;
+                        if r.status != 202 {
+                            bail!("{} {}", r.status, r.text);
+                        }
+                        latencies.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await??;
+            }
+            let secs = start.elapsed().as_secs_f64();
+            let mut l = latencies.lock().unwrap().clone();
+            l.sort_by(f64::total_cmp);
+            out.insert("events_per_s".into(), events as f64 / secs);
+            out.insert("p50_ms".into(), percentile(&l, 0.5));
+            out.insert("p99_ms".into(), percentile(&l, 0.99));
+        }
+        Scenario::Deliver { events, endpoints } => {
+            let per_endpoint_rate = 100_000;
+            for _ in 0..endpoints {
+                api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4)})).await?;
+            }
+            let start = Instant::now();
+            let batch: Vec<Value> = (0..events).map(|i| json!({"type": "invoice.paid", "payload": {"n": i}})).collect();
+            for chunk in batch.chunks(1000) {
+                let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
+                if r.status != 202 {
+                    bail!("{} {}", r.status, r.text);
+                }
+            }
+            let total = events * endpoints;
+            rx.wait_for(total, Duration::from_secs(300)).await?;
+            let secs = start.elapsed().as_secs_f64();
+            out.insert("deliveries_per_s".into(), total as f64 / secs);
+            out.insert("seconds".into(), secs);
+        }
+        Scenario::Latency { rate, seconds, hanging, endpoints } => {
+            for i in 0..endpoints {
+                api.endpoint("bench", json!({"url": rx.url(), "event_types": [format!("fast.{i}")], "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16})).await?;
+            }
+            let hang_rx = FakeReceiver::start().await?;
+            hang_rx.set_default(Answer::hang());
+            if hanging {
+                api.endpoint("bench", json!({"url": hang_rx.url(), "event_types": ["slow"], "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "timeout": "30s"})).await?;
+            }
+            let total = (rate * seconds) as usize;
+            let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for i in 0..total {
+                let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
+                tokio::time::sleep_until(due.into()).await;
+                let (client, acks) = (api.clone(), acks.clone());
+                let ty = format!("fast.{}", i % endpoints);
+                tasks.push(tokio::spawn(async move {
+                    let id = format!("evt_{i}");
+                    let r = client.post("/v1/tenants/bench/events", ADMIN_TOKEN, json!({"id": id, "type": ty, "payload": {"n": i}})).await?;
+                    if r.status != 202 {
+                        bail!("{} {}", r.status, r.text);
+                    }
+                    acks.lock().unwrap().insert(id, Instant::now());
+                    anyhow::Ok(())
+                }));
+                if hanging && i % 10 == 0 {
+                    let api = api.clone();
+                    tasks.push(tokio::spawn(async move {
+                        api.post("/v1/tenants/bench/events", ADMIN_TOKEN, json!({"type": "slow", "payload": {}})).await?;
+                        anyhow::Ok(())
+                    }));
+                }
+            }
+            for t in tasks {
+                t.await??;
+            }
+            rx.wait_for(total, Duration::from_secs(60)).await?;
+            let got = arrivals(&rx);
+            let acks = acks.lock().unwrap();
+            let mut l: Vec<f64> = acks
+                .iter()
+                .map(|(id, ack)| got.get(id).map_or(f64::NAN, |at| at.saturating_duration_since(*ack).as_secs_f64() * 1000.0))
+                .collect();
+            l.sort_by(f64::total_cmp);
+            out.insert("p50_ms".into(), percentile(&l, 0.5));
+            out.insert("p99_ms".into(), percentile(&l, 0.99));
+            out.insert("hanging_requests".into(), hang_rx.count() as f64);
+        }
+        Scenario::Pacing { rate, seconds } => {
+            api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": rate, "burst": 1, "max_in_flight": 64})).await?;
+            let total = (rate * seconds as f64) as usize + 1;
+            let batch: Vec<Value> = (0..total).map(|i| json!({"type": "t", "payload": {"n": i}})).collect();
+            for chunk in batch.chunks(1000) {
+                let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
+                if r.status != 202 {
+                    bail!("{} {}", r.status, r.text);
+                }
+            }
+            let got = rx.wait_for(total, Duration::from_secs(seconds * 2 + 30)).await?;
+            let mut at: Vec<Instant> = got.iter().map(|r| r.at).collect();
+            at.sort();
+            let span = at.last().context("arrivals")?.duration_since(at[0]).as_secs_f64();
+            let achieved = (at.len() - 1) as f64 / span;
+            out.insert("set_rate".into(), rate);
+            out.insert("achieved_rate".into(), achieved);
+            out.insert("error_pct".into(), (achieved - rate) / rate * 100.0);
+        }
+    }
+    Ok(out)
+}
