@@ -32,6 +32,9 @@ const SCAN_EVERY: Duration = Duration::from_secs(1);
 const RECOVER_EVERY: Duration = Duration::from_secs(5);
 /// A pause that needs a human lasts until someone re-enables the endpoint.
 const HUMAN_PAUSE: Duration = Duration::from_secs(365 * 86_400);
+/// How long a node holds an endpoint's partition, and when it renews it.
+const PARTITION_LEASE: Duration = Duration::from_secs(15);
+const PARTITION_RENEW_BEFORE: Duration = Duration::from_secs(5);
 
 /// Handle to the running engine.
 #[derive(Clone)]
@@ -85,6 +88,20 @@ impl Engine {
             }
             Ok(_) => {}
             Err(e) => tracing::error!(error = %e, "lease recovery failed"),
+        }
+        match inner.store.subscribe().await {
+            Ok(Some(mut rx)) => {
+                let listener = inner.clone();
+                tokio::spawn(async move {
+                    while let Some(ids) = rx.recv().await {
+                        for id in &ids {
+                            ensure_partition(&listener, id);
+                        }
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "cannot listen for other nodes' work; scanning only"),
         }
         tokio::spawn(dispatch(inner.clone()));
         Engine { inner }
@@ -172,10 +189,19 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
     let mut queue: VecDeque<Claimed> = VecDeque::new();
     let mut target: Option<Arc<Target>> = None;
     let mut rng = StdRng::from_rng(&mut rand::rng());
+    let mut held: Option<Instant> = None;
     loop {
         if *inner.shutdown.borrow() {
             release_all(&inner, &mut queue, now_ms()).await;
             break;
+        }
+        if !hold_partition(&inner, &id, &mut held).await {
+            // Another node paces this endpoint; look again when its lease may have lapsed.
+            release_all(&inner, &mut queue, now_ms()).await;
+            if retire(&inner, &id) {
+                return;
+            }
+            continue;
         }
         if queue.is_empty() {
             match refill(&inner, &id, &mut shared, &mut queue).await {
@@ -237,11 +263,36 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
     }
 }
 
-/// Removes the partition from the map if nothing new arrived for it; true if it may exit.
+/// Removes the partition from the map; the periodic scan or the next poke starts it again
+/// when work arrives. Its partition lease is kept until it expires, so a partition that
+/// restarts here at once never races another node for it.
 fn retire(inner: &Inner, id: &EndpointId) -> bool {
-    let mut parts = inner.partitions.lock().expect("partition map");
-    parts.remove(id);
+    inner.partitions.lock().expect("partition map").remove(id);
     true
+}
+
+/// Keeps this node's lease on the endpoint's partition, renewing it ahead of expiry.
+async fn hold_partition(inner: &Inner, id: &EndpointId, held: &mut Option<Instant>) -> bool {
+    if held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE) {
+        return true;
+    }
+    let now = now_ms();
+    let until = now + PARTITION_LEASE.as_millis() as i64;
+    match inner.store.acquire_partition(id, &inner.owner, now, until).await {
+        Ok(true) => {
+            // Count from before the call so the local view never outlives the stored lease.
+            *held = Some(Instant::now() + PARTITION_LEASE - Duration::from_millis(500));
+            true
+        }
+        Ok(false) => {
+            *held = None;
+            false
+        }
+        Err(e) => {
+            tracing::warn!(endpoint = %id, error = %e, "cannot renew partition lease");
+            held.is_some_and(|until| until > Instant::now())
+        }
+    }
 }
 
 enum Refill {

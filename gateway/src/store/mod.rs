@@ -173,6 +173,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Applies every op in one durable transaction: all commit, or all fail.
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>>;
+
+    /// Takes or renews the lease on an endpoint's partition: true if `owner` holds it until
+    /// `until` (it was free, expired at `now`, or already `owner`'s). One node at a time
+    /// paces an endpoint, so pacing holds for the cluster.
+    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool>;
+    /// Gives a partition lease up (a no-op unless `owner` holds it).
+    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()>;
+    /// Endpoints other nodes added work for, as they commit it (`None`: single-node store).
+    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Vec<EndpointId>>>>;
 }
 
 pub type DynStore = Arc<dyn Store>;

@@ -328,6 +328,34 @@ impl Store for SqliteStore {
         Ok(done.rows_affected())
     }
 
+    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool> {
+        let done = sqlx::query(
+            "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (endpoint_id) DO UPDATE SET owner = ?2, lease_until = ?3 \
+             WHERE partitions.owner = ?2 OR partitions.lease_until < ?4",
+        )
+        .bind(endpoint.as_str())
+        .bind(owner)
+        .bind(until)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
+        sqlx::query("DELETE FROM partitions WHERE endpoint_id = ? AND owner = ?")
+            .bind(endpoint.as_str())
+            .bind(owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Vec<EndpointId>>>> {
+        Ok(None)
+    }
+
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
         let mut conn = self.writer.lock().await;
         conn.execute("BEGIN IMMEDIATE").await?;
