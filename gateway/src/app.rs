@@ -8,6 +8,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::model::EndpointId;
+use crate::ops::{self, Ops};
+use crate::replay::Replayer;
 use crate::worker::Engine;
 
 use crate::api::{AppState, router};
@@ -31,9 +33,14 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     let committer = Committer::start(store.clone(), config.intake_max_batch);
     let metrics = Arc::new(Metrics::default());
     let (stop, stopped) = watch::channel(false);
-    let engine = Engine::start(store.clone(), committer.clone(), config.clone(), metrics.clone(), stopped).await;
-    let wake: Arc<dyn Fn(&[EndpointId]) + Send + Sync> = Arc::new(move |ids| engine.poke(ids));
-    let state = AppState::new(config.clone(), store, committer, metrics, wake);
+    let ops = Ops::setup(&store, committer.clone(), &config.operator, config.retry.ttl()).await?;
+    let engine =
+        Engine::start(store.clone(), committer.clone(), config.clone(), metrics.clone(), ops.clone(), stopped.clone()).await;
+    let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl()).await;
+    ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
+    let poke = engine.clone();
+    let wake: Arc<dyn Fn(&[EndpointId]) + Send + Sync> = Arc::new(move |ids| poke.poke(ids));
+    let state = AppState::new(config.clone(), store, committer, metrics, wake, replayer);
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
     let shutdown = async move {
         shutdown.await;

@@ -36,7 +36,39 @@ pub struct RawConfig {
     pub retry: RawRetry,
     pub endpoint_defaults: RawEndpointDefaults,
     pub plugins: RawPlugins,
+    pub operator: RawOperator,
+    pub retention: RawRetention,
     pub log: RawLog,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawOperator {
+    pub url: String,
+    pub secret: String,
+    pub stale_after: String,
+    pub check_every: String,
+}
+
+impl Default for RawOperator {
+    fn default() -> Self {
+        Self { url: String::new(), secret: String::new(), stale_after: "1h".into(), check_every: "1m".into() }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRetention {
+    pub delivered: String,
+    pub dead: String,
+    pub every: String,
+    pub batch: u32,
+}
+
+impl Default for RawRetention {
+    fn default() -> Self {
+        Self { delivered: "7d".into(), dead: "30d".into(), every: "1m".into(), batch: 1000 }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -191,8 +223,28 @@ pub struct Config {
     pub retry: RetryPolicy,
     pub endpoint_defaults: EndpointDefaults,
     pub plugins: PluginsConfig,
+    pub operator: OperatorConfig,
+    pub retention: RetentionConfig,
     pub log_level: String,
     pub log_json: bool,
+}
+
+/// Where operational events go (`url: None`: nowhere) and when dead letters are stale.
+#[derive(Debug, Clone)]
+pub struct OperatorConfig {
+    pub url: Option<String>,
+    pub secret: String,
+    pub stale_after: Duration,
+    pub check_every: Duration,
+}
+
+/// How long finished deliveries are kept, and how purging proceeds.
+#[derive(Debug, Clone)]
+pub struct RetentionConfig {
+    pub delivered: Duration,
+    pub dead: Duration,
+    pub every: Duration,
+    pub batch: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -372,8 +424,35 @@ impl RawConfig {
                 memory_limit_bytes: (self.plugins.memory_limit_mib as usize) << 20,
                 max_plugin_bytes: self.plugins.max_plugin_bytes as usize,
             },
+            operator: self.operator.validate()?,
+            retention: RetentionConfig {
+                delivered: duration("retention.delivered", &self.retention.delivered)?,
+                dead: duration("retention.dead", &self.retention.dead)?,
+                every: duration("retention.every", &self.retention.every)?,
+                batch: self.retention.batch.max(1),
+            },
             log_level: self.log.level,
             log_json: self.log.format == "json",
+        })
+    }
+}
+
+impl RawOperator {
+    fn validate(self) -> Result<OperatorConfig, ConfigError> {
+        let url = Some(self.url).filter(|u| !u.is_empty());
+        if let Some(u) = &url {
+            let parsed = url::Url::parse(u).map_err(|e| invalid("operator.url", format!("{u:?}: {e}")))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(invalid("operator.url", "must be http or https"));
+            }
+            crate::sign::Secret::parse(&self.secret)
+                .map_err(|e| invalid("operator.secret", format!("a whsec_ secret is required with operator.url: {e}")))?;
+        }
+        Ok(OperatorConfig {
+            url,
+            secret: self.secret,
+            stale_after: duration("operator.stale_after", &self.stale_after)?,
+            check_every: duration("operator.check_every", &self.check_every)?,
         })
     }
 }

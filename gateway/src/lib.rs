@@ -6,6 +6,7 @@
 pub mod api;
 pub mod app;
 pub mod classify;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod deliver;
@@ -13,7 +14,9 @@ pub mod intake;
 pub mod lease;
 pub mod metrics;
 pub mod model;
+pub mod ops;
 pub mod pace;
+pub mod replay;
 pub mod schedule;
 pub mod sign;
 pub mod store;

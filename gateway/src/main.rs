@@ -20,6 +20,39 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Replay dead letters of a tenant through a running Herald, with a progress bar.
+    Replay {
+        /// Herald's API address.
+        #[arg(long, default_value = "http://127.0.0.1:8080", env = "HERALD_API")]
+        api: String,
+        /// A token with the `replay` scope (or the admin token).
+        #[arg(long, env = "HERALD_TOKEN")]
+        token: String,
+        #[arg(long)]
+        tenant: String,
+        /// Explicit delivery ids (comma-separated); otherwise the filter below selects.
+        #[arg(long, value_delimiter = ',')]
+        ids: Vec<String>,
+        #[arg(long)]
+        endpoint: Option<String>,
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+        /// RFC 3339.
+        #[arg(long)]
+        since: Option<String>,
+        /// RFC 3339.
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(long, default_value_t = 10.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 100)]
+        batch: u32,
+        /// Return once the replay is accepted instead of following it.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Validate a configuration file and print the effective settings.
     CheckConfig {
         #[arg(long, short)]
@@ -41,6 +74,28 @@ fn main() -> anyhow::Result<()> {
                 gateway::app::run(config, listener, shutdown_signal()).await?;
                 anyhow::Ok(())
             })
+        }
+        Command::Replay { api, token, tenant, ids, endpoint, event_type, reason, since, until, rate, batch, no_wait } => {
+            let mut filter = serde_json::Map::new();
+            for (k, v) in [("endpoint", endpoint), ("type", event_type), ("reason", reason), ("since", since), ("until", until)] {
+                if let Some(v) = v {
+                    filter.insert(k.into(), v.into());
+                }
+            }
+            let req = gateway::cli::ReplayRequest {
+                api,
+                token,
+                tenant,
+                ids,
+                filter: filter.into(),
+                rate_per_sec: rate,
+                batch,
+                wait: !no_wait,
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let result = runtime.block_on(gateway::cli::replay(req))?;
+            println!("{}", serde_json::to_string_pretty(&result)?);
+            Ok(())
         }
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;

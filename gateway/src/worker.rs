@@ -21,6 +21,7 @@ use crate::deliver::{Deliverer, Outgoing, Sent};
 use crate::lease;
 use crate::metrics::Metrics;
 use crate::model::*;
+use crate::ops::Ops;
 use crate::pace::{Pacer, Permit};
 use crate::schedule::{RetryDecision, RetryPolicy};
 use crate::sign::{self, Secret};
@@ -53,6 +54,7 @@ struct Inner {
     global: Arc<Semaphore>,
     scan: Notify,
     shutdown: watch::Receiver<bool>,
+    ops: Ops,
 }
 
 impl Engine {
@@ -62,6 +64,7 @@ impl Engine {
         committer: Committer,
         config: Arc<Config>,
         metrics: Arc<Metrics>,
+        ops: Ops,
         shutdown: watch::Receiver<bool>,
     ) -> Engine {
         let mut rng = StdRng::from_rng(&mut rand::rng());
@@ -77,6 +80,7 @@ impl Engine {
             partitions: Mutex::default(),
             scan: Notify::new(),
             shutdown,
+            ops,
         });
         // A single SQLite node owns every lease in its file: whatever was in flight when
         // the previous process died can be retried at once. Shared stores wait for expiry.
@@ -520,9 +524,12 @@ async fn attempt(
     };
     let verdict = classify::classify(&outcome);
     let now = now_ms();
-    // The event's queue TTL, tightened by the endpoint's own retry TTL.
-    let deadline = d.expires_at.min(d.event_created_at.saturating_add(target.policy.ttl().as_millis() as i64));
-    let decision = decide(&verdict, number, now, deadline, &target.policy, &mut rng);
+    // The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
+    let deadline = d
+        .deadline
+        .unwrap_or_else(|| d.expires_at.min(d.event_created_at.saturating_add(target.policy.ttl().as_millis() as i64)));
+    let budgeted = number.saturating_sub(d.attempt_base);
+    let decision = decide(&verdict, budgeted, now, deadline, &target.policy, &mut rng);
     endpoint_effects(&inner, &shared, &target.endpoint, &verdict, now).await;
     let result = AttemptResult {
         delivery: d.id.clone(),
@@ -550,7 +557,14 @@ async fn attempt(
         }
         Ok(_) => match decision.state {
             DeliveryState::Delivered => inner.metrics.delivered.inc(),
-            DeliveryState::Dead => inner.metrics.dead_lettered.inc(),
+            DeliveryState::Dead => {
+                inner.metrics.dead_lettered.inc();
+                let data = serde_json::json!({
+                    "delivery_id": d.id, "event_id": d.event_id, "event_type": d.event_type,
+                    "endpoint_id": target.endpoint.id, "reason": decision.reason, "attempts": number,
+                });
+                inner.ops.emit(&d.tenant, "delivery.dead", format!("delivery.dead.{}.{}", d.id, number), data);
+            }
             DeliveryState::Waiting => inner.metrics.retries_scheduled.inc(),
             _ => {}
         },
@@ -601,6 +615,8 @@ async fn endpoint_effects(inner: &Inner, shared: &Shared, endpoint: &Endpoint, v
             shared.pacer.lock().expect("pacer").pause_until(Instant::now() + HUMAN_PAUSE);
             inner.metrics.endpoint_pauses.inc();
             tracing::warn!(endpoint = %endpoint.id, reason, "endpoint paused until re-enabled");
+            let data = serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.spec.url, "reason": reason });
+            inner.ops.emit(&endpoint.tenant, "endpoint.paused", format!("endpoint.paused.{}.{now}", endpoint.id), data);
             Some(change(Some(EndpointState::Paused), Some(reason.clone()), None, failing))
         }
         Verdict::DisableEndpoint { reason } => Some(disable(inner, shared, endpoint, reason.clone(), failing, now)),
@@ -622,6 +638,8 @@ fn disable(inner: &Inner, shared: &Shared, endpoint: &Endpoint, reason: String, 
     shared.pacer.lock().expect("pacer").pause_until(Instant::now() + HUMAN_PAUSE);
     inner.metrics.endpoint_disables.inc();
     tracing::warn!(endpoint = %endpoint.id, reason, "endpoint disabled");
+    let data = serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.spec.url, "reason": reason });
+    inner.ops.emit(&endpoint.tenant, "endpoint.disabled", format!("endpoint.disabled.{}.{now}", endpoint.id), data);
     EndpointChange {
         endpoint: endpoint.id.clone(),
         state: Some(EndpointState::Disabled),

@@ -3,3 +3,6 @@
 mod api;
 mod delivery;
 mod durability;
+mod recovery;
+mod store;
+mod cluster;

@@ -20,6 +20,8 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 
+pub mod pg;
+
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 
 /// A JSON client for Herald's API.

@@ -250,7 +250,28 @@ pub async fn get_one(
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
-    Ok(Json(view(&load(&state, &tenant, &id).await?)))
+    let endpoint = load(&state, &tenant, &id).await?;
+    let now = crate::clock::now_ms();
+    let h = state.store.endpoint_health(&endpoint.id, now).await?;
+    let rate = |s: u64, a: u64| if a == 0 { Value::Null } else { json!(s as f64 / a as f64) };
+    let mut out = view(&endpoint);
+    // The pacing settings and the outcome they produce, side by side.
+    out["health"] = json!({
+        "success_rate_1h": rate(h.successes_1h, h.attempts_1h),
+        "success_rate_24h": rate(h.successes_24h, h.attempts_24h),
+        "attempts_1h": h.attempts_1h,
+        "attempts_24h": h.attempts_24h,
+        "last_success_at": h.last_success_at.map(rfc3339),
+        "last_attempt_at": h.last_attempt_at.map(rfc3339),
+        "failing_since": endpoint.failing_since.map(rfc3339),
+        "state": endpoint.state,
+        "backlog": h.backlog,
+        "dead_letters": h.dead_letters,
+        "rate_per_sec": endpoint.spec.rate_per_sec,
+        "burst": endpoint.spec.burst,
+        "max_in_flight": endpoint.spec.max_in_flight,
+    });
+    Ok(Json(out))
 }
 
 pub async fn patch(

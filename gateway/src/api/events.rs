@@ -188,10 +188,13 @@ pub async fn dead_letters(
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
-    let mut f = filter(tenant, q)?;
+    let mut f = filter(tenant.clone(), q)?;
     f.state = Some(DeliveryState::Dead);
     let items = state.store.list_deliveries(&f).await?;
-    Ok(Json(page(items, f.limit)))
+    let counts = state.store.dead_letter_counts(&tenant).await?;
+    let mut out = page(items, f.limit);
+    out["counts_by_reason"] = counts.into_iter().map(|(r, n)| (r, json!(n))).collect::<serde_json::Map<_, _>>().into();
+    Ok(Json(out))
 }
 
 pub async fn get_delivery(

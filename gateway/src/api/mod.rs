@@ -21,6 +21,7 @@ use crate::store::{Committer, DynStore, StoreError};
 mod auth;
 mod endpoints;
 mod events;
+mod replays;
 mod tenants;
 
 pub use auth::hash_token;
@@ -33,6 +34,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Wakes the delivery engine when intake commits new deliveries.
     pub wake: Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>,
+    pub replayer: crate::replay::Replayer,
     pub(crate) tokens: RwLock<HashMap<String, TokenRecord>>,
     pub(crate) tenants: RwLock<HashSet<TenantId>>,
 }
@@ -44,6 +46,7 @@ impl AppState {
         committer: Committer,
         metrics: Arc<Metrics>,
         wake: Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>,
+        replayer: crate::replay::Replayer,
     ) -> Arc<AppState> {
         Arc::new(AppState {
             config,
@@ -51,6 +54,7 @@ impl AppState {
             committer,
             metrics,
             wake,
+            replayer,
             tokens: RwLock::default(),
             tenants: RwLock::default(),
         })
@@ -81,6 +85,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/tenants/{tenant}/deliveries", get(events::list_deliveries))
         .route("/v1/tenants/{tenant}/deliveries/{id}", get(events::get_delivery))
         .route("/v1/tenants/{tenant}/dead-letters", get(events::dead_letters))
+        .route("/v1/tenants/{tenant}/replays", post(replays::create))
+        .route("/v1/tenants/{tenant}/replays/{id}", get(replays::get_one))
+        .route("/v1/tenants/{tenant}/replays/{id}/cancel", post(replays::cancel))
         .route("/v1/tenants/{tenant}/plugins/{name}", put(not_yet))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))

@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::model::*;
 
+pub mod postgres;
 pub mod sqlite;
 
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
@@ -68,6 +69,10 @@ pub struct Claimed {
     pub event_created_at: Millis,
     pub expires_at: Millis,
     pub attempts: u32,
+    /// Attempts made before the last replay: retries are counted from here.
+    pub attempt_base: u32,
+    /// A deadline set by a replay, replacing the event's own.
+    pub deadline: Option<Millis>,
     pub fence: i64,
 }
 
@@ -182,6 +187,65 @@ pub trait Store: Send + Sync + 'static {
     async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()>;
     /// Endpoints other nodes added work for, as they commit it (`None`: single-node store).
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Vec<EndpointId>>>>;
+
+    // Dead-letter recovery, health and retention (issue 6). Defaults refuse, so a backend
+    // that lacks them fails loudly rather than silently.
+
+    /// Dead letters of `tenant` matching a replay selection: how many, and the endpoints
+    /// among them that are not active (a replay to those is refused).
+    async fn dead_selection(&self, tenant: &TenantId, ids: Option<&[String]>, filter: Option<&DeadLetterFilter>) -> Result<(u64, Vec<EndpointId>)> {
+        let _ = (tenant, ids, filter);
+        Err(unsupported("replays"))
+    }
+    async fn create_replay(&self, replay: &Replay) -> Result<()> {
+        let _ = replay;
+        Err(unsupported("replays"))
+    }
+    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
+        let _ = (tenant, id);
+        Err(unsupported("replays"))
+    }
+    /// Replays still running (to resume after a restart).
+    async fn running_replays(&self) -> Result<Vec<Replay>> {
+        Err(unsupported("replays"))
+    }
+    /// Re-queues the replay's next batch of dead letters after its cursor: the n-th due at
+    /// `now + n × spacing_ms`, retries counted afresh, deadline `deadline`. Advances the
+    /// cursor and marks the replay done when nothing is left. Returns the endpoints touched
+    /// and how many were re-queued.
+    async fn replay_batch(&self, replay_id: &str, now: Millis, spacing_ms: f64, deadline: Millis) -> Result<(Vec<EndpointId>, u32)> {
+        let _ = (replay_id, now, spacing_ms, deadline);
+        Err(unsupported("replays"))
+    }
+    /// Moves a running replay to `state`; false if it was not running.
+    async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
+        let _ = (tenant, id, state, now);
+        Err(unsupported("replays"))
+    }
+    /// Dead letters of a tenant counted by reason.
+    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
+        let _ = tenant;
+        Err(unsupported("dead-letter counts"))
+    }
+    /// Per tenant: the oldest unresolved dead letter, if older than `older_than`, and the count.
+    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
+        let _ = older_than;
+        Err(unsupported("dead-letter age"))
+    }
+    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
+        let _ = (endpoint, now);
+        Err(unsupported("endpoint health"))
+    }
+    /// Deletes up to `limit` finished deliveries (delivered before `delivered_before`, dead
+    /// before `dead_before`) with their attempts, then events left without deliveries.
+    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
+        let _ = (delivered_before, dead_before, limit);
+        Err(unsupported("retention"))
+    }
+}
+
+fn unsupported(what: &str) -> StoreError {
+    StoreError::Backend(format!("{what} are not supported by this store"))
 }
 
 pub type DynStore = Arc<dyn Store>;
@@ -190,6 +254,8 @@ pub type DynStore = Arc<dyn Store>;
 pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(sqlite::SqliteStore::open(url, max_connections).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(postgres::PostgresStore::open(url, max_connections).await?))
     } else {
         Err(StoreError::Backend(format!("unsupported store url {url:?}")))
     }

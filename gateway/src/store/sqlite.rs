@@ -269,7 +269,7 @@ impl Store for SqliteStore {
             .await?;
         let Some(row) = row else { return Ok(None) };
         let delivery = delivery_from_row(&row)?;
-        let rows = sqlx::query("SELECT * FROM attempts WHERE delivery_id = ? ORDER BY number")
+        let rows = sqlx::query("SELECT * FROM attempts WHERE delivery_id = ? ORDER BY started_at, number")
             .bind(id.as_str())
             .fetch_all(&self.pool)
             .await?;
@@ -354,6 +354,236 @@ impl Store for SqliteStore {
 
     async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Vec<EndpointId>>>> {
         Ok(None)
+    }
+
+    async fn dead_selection(&self, tenant: &TenantId, ids: Option<&[String]>, filter: Option<&DeadLetterFilter>) -> Result<(u64, Vec<EndpointId>)> {
+        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
+        push_dead_selection(&mut q, tenant, ids, filter, "");
+        let n: i64 = q.build_query_scalar().fetch_one(&self.pool).await?;
+        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
+            "SELECT DISTINCT e.id FROM deliveries JOIN endpoints e ON e.id = deliveries.endpoint_id \
+             WHERE e.state != 'active'",
+        );
+        push_dead_selection(&mut q, tenant, ids, filter, "");
+        let blocked: Vec<String> = q.build_query_scalar().fetch_all(&self.pool).await?;
+        Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
+    }
+
+    async fn create_replay(&self, r: &Replay) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
+             created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&r.id)
+        .bind(r.tenant.as_str())
+        .bind(r.state.as_str())
+        .bind(r.ids.as_ref().map(json))
+        .bind(r.filter.as_ref().map(json))
+        .bind(r.rate_per_sec)
+        .bind(i64::from(r.batch))
+        .bind(r.selected as i64)
+        .bind(r.sent as i64)
+        .bind(&r.cursor)
+        .bind(r.created_at)
+        .bind(r.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
+        let row = sqlx::query("SELECT * FROM replays WHERE id = ? AND tenant_id = ?")
+            .bind(id)
+            .bind(tenant.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let replay = replay_from_row(&row)?;
+        let counts = sqlx::query("SELECT state, COUNT(*) AS n FROM deliveries WHERE replay_id = ? GROUP BY state")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        let (mut delivered, mut failed) = (0, 0);
+        for r in counts {
+            let state: String = r.try_get("state")?;
+            let n: i64 = r.try_get("n")?;
+            match state.as_str() {
+                "delivered" => delivered = n as u64,
+                "dead" => failed = n as u64,
+                _ => {}
+            }
+        }
+        Ok(Some(ReplayProgress { replay, delivered, failed }))
+    }
+
+    async fn running_replays(&self) -> Result<Vec<Replay>> {
+        let rows = sqlx::query("SELECT * FROM replays WHERE state = 'running' ORDER BY created_at")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(replay_from_row).collect()
+    }
+
+    async fn replay_batch(&self, replay_id: &str, now: Millis, spacing_ms: f64, deadline: Millis) -> Result<(Vec<EndpointId>, u32)> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query("SELECT * FROM replays WHERE id = ?").bind(replay_id).fetch_optional(&mut *tx).await?;
+        let Some(row) = row else { return Err(StoreError::NotFound(format!("replay {replay_id}"))) };
+        let replay = replay_from_row(&row)?;
+        if replay.state != ReplayState::Running {
+            return Ok((Vec::new(), 0));
+        }
+        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("SELECT id, endpoint_id FROM deliveries WHERE 1 = 1");
+        push_dead_selection(&mut q, &replay.tenant, replay.ids.as_deref(), replay.filter.as_ref(), &replay.cursor);
+        q.push(" ORDER BY id LIMIT ").push_bind(i64::from(replay.batch));
+        let picked = q.build().fetch_all(&mut *tx).await?;
+        let mut endpoints = Vec::new();
+        let mut cursor = replay.cursor.clone();
+        for (i, r) in picked.iter().enumerate() {
+            let id: String = r.try_get("id")?;
+            let due = now + (i as f64 * spacing_ms) as i64;
+            sqlx::query(&format!(
+                "UPDATE deliveries SET state = {}, next_attempt_at = ?, attempt_base = attempts, deadline = ?, \
+                 replay_id = ?, reason = NULL, updated_at = ? WHERE id = ? AND state = 'dead'",
+                settle("'queued'")
+            ))
+            .bind(due)
+            .bind(deadline)
+            .bind(replay_id)
+            .bind(now)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await?;
+            endpoints.push(EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?));
+            cursor = id;
+        }
+        let n = picked.len() as u32;
+        let done = n < replay.batch;
+        sqlx::query(
+            "UPDATE replays SET sent = sent + ?, cursor = ?, updated_at = ?, \
+             state = CASE WHEN ? THEN 'done' ELSE state END WHERE id = ?",
+        )
+        .bind(i64::from(n))
+        .bind(&cursor)
+        .bind(now)
+        .bind(done)
+        .bind(replay_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        Ok((endpoints, n))
+    }
+
+    async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
+        let done = sqlx::query("UPDATE replays SET state = ?, updated_at = ? WHERE id = ? AND tenant_id = ? AND state = 'running'")
+            .bind(state.as_str())
+            .bind(now)
+            .bind(id)
+            .bind(tenant.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
+        let rows = sqlx::query(
+            "SELECT COALESCE(reason, '') AS reason, COUNT(*) AS n FROM deliveries \
+             WHERE tenant_id = ? AND state = 'dead' GROUP BY reason ORDER BY n DESC",
+        )
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("reason")?, r.try_get::<i64, _>("n")? as u64))).collect()
+    }
+
+    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
+        let rows = sqlx::query(
+            "SELECT tenant_id, MIN(updated_at) AS oldest, COUNT(*) AS n FROM deliveries WHERE state = 'dead' \
+             GROUP BY tenant_id HAVING MIN(updated_at) < ?",
+        )
+        .bind(older_than)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+                    r.try_get("oldest")?,
+                    r.try_get::<i64, _>("n")? as u64,
+                ))
+            })
+            .collect()
+    }
+
+    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
+        let r = sqlx::query(
+            "SELECT COUNT(*) FILTER (WHERE started_at >= ?1) AS a1, \
+             COUNT(*) FILTER (WHERE started_at >= ?1 AND status BETWEEN 200 AND 299) AS s1, \
+             COUNT(*) AS a24, COUNT(*) FILTER (WHERE status BETWEEN 200 AND 299) AS s24 \
+             FROM attempts WHERE endpoint_id = ?2 AND started_at >= ?3",
+        )
+        .bind(now - 3_600_000)
+        .bind(endpoint.as_str())
+        .bind(now - 86_400_000)
+        .fetch_one(&self.pool)
+        .await?;
+        let last_success: Option<i64> = sqlx::query_scalar(
+            "SELECT MAX(started_at) FROM attempts WHERE endpoint_id = ? AND status BETWEEN 200 AND 299",
+        )
+        .bind(endpoint.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        let last_attempt: Option<i64> = sqlx::query_scalar("SELECT MAX(started_at) FROM attempts WHERE endpoint_id = ?")
+            .bind(endpoint.as_str())
+            .fetch_one(&self.pool)
+            .await?;
+        let b = sqlx::query(
+            "SELECT COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')) AS backlog, \
+             COUNT(*) FILTER (WHERE state = 'dead') AS dead FROM deliveries WHERE endpoint_id = ?",
+        )
+        .bind(endpoint.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        let n = |row: &SqliteRow, c: &str| -> Result<u64> { Ok(row.try_get::<i64, _>(c)? as u64) };
+        Ok(Health {
+            attempts_1h: n(&r, "a1")?,
+            successes_1h: n(&r, "s1")?,
+            attempts_24h: n(&r, "a24")?,
+            successes_24h: n(&r, "s24")?,
+            last_success_at: last_success,
+            last_attempt_at: last_attempt,
+            backlog: n(&b, "backlog")?,
+            dead_letters: n(&b, "dead")?,
+        })
+    }
+
+    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let ids: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT id, tenant_id, event_id FROM deliveries WHERE (state = 'delivered' AND updated_at < ?) \
+             OR (state = 'dead' AND updated_at < ?) LIMIT ?",
+        )
+        .bind(delivered_before)
+        .bind(dead_before)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        for (id, _, _) in &ids {
+            sqlx::query("DELETE FROM attempts WHERE delivery_id = ?").bind(id).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM deliveries WHERE id = ?").bind(id).execute(&mut *tx).await?;
+        }
+        for (_, tenant, event) in &ids {
+            sqlx::query(
+                "DELETE FROM events WHERE tenant_id = ?1 AND id = ?2 \
+                 AND NOT EXISTS (SELECT 1 FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2)",
+            )
+            .bind(tenant)
+            .bind(event)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(ids.len() as u64)
     }
 
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
@@ -452,9 +682,15 @@ async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Ve
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
     let mut out = Vec::with_capacity(events.len());
     let mut rows: Vec<(String, &NewEvent, &str)> = Vec::new();
+    let mut fresh: HashMap<(String, String), u32> = HashMap::new();
     for ev in &events {
         // The first occurrence of a pair in the batch is the one that was inserted.
-        if !inserted.remove(&(ev.tenant.to_string(), ev.id.to_string())) {
+        let key = (ev.tenant.to_string(), ev.id.to_string());
+        if !inserted.remove(&key) {
+            if let Some(n) = fresh.get(&key) {
+                out.push(IngestOutcome { deliveries: *n, endpoints: Vec::new(), duplicate: true });
+                continue;
+            }
             let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE tenant_id = ? AND event_id = ?")
                 .bind(ev.tenant.as_str())
                 .bind(ev.id.as_str())
@@ -470,6 +706,7 @@ async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Ve
                 targets.push(EndpointId::from_stored(endpoint.as_str()));
             }
         }
+        fresh.insert(key, targets.len() as u32);
         out.push(IngestOutcome { deliveries: targets.len() as u32, endpoints: targets, duplicate: false });
     }
     for chunk in rows.chunks(ROWS_PER_INSERT) {
@@ -499,7 +736,7 @@ async fn claim(conn: &mut SqliteConnection, req: ClaimRequest) -> Result<Vec<Cla
         "UPDATE deliveries SET state = 'delivering', lease_owner = ?, lease_until = ?, fence = fence + 1, \
          updated_at = ? WHERE id IN (SELECT id FROM deliveries WHERE endpoint_id = ? \
          AND state IN ('queued', 'waiting') AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?) \
-         RETURNING id, tenant_id, event_id, event_type, attempts, fence, next_attempt_at",
+         RETURNING id, tenant_id, event_id, event_type, attempts, attempt_base, deadline, fence, next_attempt_at",
     )
     .bind(&req.owner)
     .bind(req.lease_until)
@@ -529,6 +766,8 @@ async fn claim(conn: &mut SqliteConnection, req: ClaimRequest) -> Result<Vec<Cla
                 event_created_at: ev.try_get("created_at")?,
                 expires_at: ev.try_get("expires_at")?,
                 attempts: r.try_get::<i64, _>("attempts")? as u32,
+                attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
+                deadline: r.try_get("deadline")?,
                 fence: r.try_get("fence")?,
             },
         ));
@@ -575,7 +814,8 @@ async fn record(conn: &mut SqliteConnection, results: Vec<AttemptResult>) -> Res
         if ok {
             sqlx::query(
                 "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
-                 error, verdict, decided_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 error, verdict, decided_by, endpoint_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \
+                 (SELECT endpoint_id FROM deliveries WHERE id = ?))",
             )
             .bind(&a.id)
             .bind(a.delivery_id.as_str())
@@ -587,6 +827,7 @@ async fn record(conn: &mut SqliteConnection, results: Vec<AttemptResult>) -> Res
             .bind(&a.error)
             .bind(&a.verdict)
             .bind(&a.decided_by)
+            .bind(a.delivery_id.as_str())
             .execute(&mut *conn)
             .await?;
         }
@@ -642,4 +883,65 @@ async fn change_endpoint(conn: &mut SqliteConnection, c: EndpointChange) -> Resu
     .await?
     .rows_affected();
     Ok(affected)
+}
+
+fn replay_from_row(r: &SqliteRow) -> Result<Replay> {
+    let state: String = r.try_get("state")?;
+    fn parse<T: serde::de::DeserializeOwned>(v: Option<String>) -> Result<Option<T>> {
+        v.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Backend(format!("replay: {e}")))).transpose()
+    }
+    Ok(Replay {
+        id: r.try_get("id")?,
+        tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+        state: ReplayState::parse(&state).ok_or_else(|| StoreError::Backend(format!("bad replay state {state}")))?,
+        ids: parse(r.try_get("ids")?)?,
+        filter: parse(r.try_get("filter")?)?,
+        rate_per_sec: r.try_get("rate_per_sec")?,
+        batch: r.try_get::<i64, _>("batch")? as u32,
+        selected: r.try_get::<i64, _>("selected")? as u64,
+        sent: r.try_get::<i64, _>("sent")? as u64,
+        cursor: r.try_get("cursor")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+/// Restricts a query on `deliveries` to a tenant's dead letters selected by explicit ids or
+/// a filter, after `cursor` (a delivery id; empty for none).
+fn push_dead_selection<'a>(
+    q: &mut QueryBuilder<'a, Sqlite>,
+    tenant: &'a TenantId,
+    ids: Option<&'a [String]>,
+    filter: Option<&'a DeadLetterFilter>,
+    cursor: &'a str,
+) {
+    q.push(" AND deliveries.state = 'dead' AND deliveries.tenant_id = ").push_bind(tenant.as_str());
+    if !cursor.is_empty() {
+        q.push(" AND deliveries.id > ").push_bind(cursor);
+    }
+    if let Some(ids) = ids {
+        q.push(" AND deliveries.id IN (");
+        let mut sep = q.separated(", ");
+        for id in ids {
+            sep.push_bind(id.as_str());
+        }
+        sep.push_unseparated(")");
+    }
+    if let Some(f) = filter {
+        if let Some(e) = &f.endpoint {
+            q.push(" AND deliveries.endpoint_id = ").push_bind(e.as_str());
+        }
+        if let Some(t) = &f.event_type {
+            q.push(" AND deliveries.event_type = ").push_bind(t.as_str());
+        }
+        if let Some(r) = &f.reason {
+            q.push(" AND deliveries.reason = ").push_bind(r.as_str());
+        }
+        if let Some(s) = f.since {
+            q.push(" AND deliveries.updated_at >= ").push_bind(s);
+        }
+        if let Some(u) = f.until {
+            q.push(" AND deliveries.updated_at < ").push_bind(u);
+        }
+    }
 }

@@ -1,0 +1,140 @@
+//! Replays of dead letters: create (scope `replay`), follow, cancel.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, AppState, auth, body_bytes, parse_json, parse_rfc3339, rfc3339};
+use crate::model::*;
+
+/// Most delivery ids one replay may name.
+const MAX_IDS: usize = 10_000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayIn {
+    ids: Option<Vec<String>>,
+    filter: Option<FilterIn>,
+    rate_per_sec: Option<f64>,
+    batch: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterIn {
+    endpoint: Option<String>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    reason: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+}
+
+fn view(p: &ReplayProgress) -> Value {
+    let r = &p.replay;
+    json!({
+        "id": r.id,
+        "state": r.state,
+        "selected": r.selected,
+        "sent": r.sent,
+        "delivered": p.delivered,
+        "failed": p.failed,
+        "pending": r.sent.saturating_sub(p.delivered + p.failed),
+        "rate_per_sec": r.rate_per_sec,
+        "batch": r.batch,
+        "ids": r.ids,
+        "filter": r.filter,
+        "created_at": rfc3339(r.created_at),
+        "updated_at": rfc3339(r.updated_at),
+    })
+}
+
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Replay).await?;
+    let body = body_bytes(body)?;
+    let input: ReplayIn = parse_json(&body)?;
+    let (ids, filter) = match (input.ids, input.filter) {
+        (Some(ids), None) if !ids.is_empty() && ids.len() <= MAX_IDS => (Some(ids), None),
+        (Some(_), None) => return Err(ApiError::unprocessable(format!("ids: give 1 to {MAX_IDS} delivery ids"))),
+        (None, Some(f)) => (None, Some(DeadLetterFilter {
+            endpoint: f.endpoint,
+            event_type: f.event_type,
+            reason: f.reason,
+            since: f.since.map(|s| parse_rfc3339("filter.since", &s)).transpose()?,
+            until: f.until.map(|s| parse_rfc3339("filter.until", &s)).transpose()?,
+        })),
+        _ => return Err(ApiError::unprocessable("give either ids or filter")),
+    };
+    let rate_per_sec = input.rate_per_sec.unwrap_or(10.0);
+    if !(rate_per_sec.is_finite() && rate_per_sec > 0.0 && rate_per_sec <= 10_000.0) {
+        return Err(ApiError::unprocessable("rate_per_sec: must be in (0, 10000]"));
+    }
+    let batch = input.batch.unwrap_or(100);
+    if !(1..=1000).contains(&batch) {
+        return Err(ApiError::unprocessable("batch: must be 1 to 1000"));
+    }
+    let (selected, blocked) = state.store.dead_selection(&tenant, ids.as_deref(), filter.as_ref()).await?;
+    if !blocked.is_empty() {
+        let list: Vec<&str> = blocked.iter().map(|e| e.as_str()).collect();
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "endpoint_not_active",
+            format!("endpoints {} are paused or disabled: re-enable them first", list.join(", ")),
+        ));
+    }
+    let now = crate::clock::now_ms();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
+    let replay = Replay {
+        id: new_id("rpl", now, &mut rng),
+        tenant,
+        state: ReplayState::Running,
+        ids,
+        filter,
+        rate_per_sec,
+        batch,
+        selected,
+        sent: 0,
+        cursor: String::new(),
+        created_at: now,
+        updated_at: now,
+    };
+    state.store.create_replay(&replay).await?;
+    state.replayer.launch(replay.id.clone(), rate_per_sec, batch);
+    let progress = ReplayProgress { replay, delivered: 0, failed: 0 };
+    Ok((StatusCode::ACCEPTED, Json(view(&progress))))
+}
+
+pub async fn get_one(
+    State(state): State<Arc<AppState>>,
+    Path((tenant, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
+    let p = state.store.get_replay(&tenant, &id).await?.ok_or_else(|| ApiError::not_found("replay"))?;
+    Ok(Json(view(&p)))
+}
+
+pub async fn cancel(
+    State(state): State<Arc<AppState>>,
+    Path((tenant, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Replay).await?;
+    if state.store.get_replay(&tenant, &id).await?.is_none() {
+        return Err(ApiError::not_found("replay"));
+    }
+    state.store.finish_replay(&tenant, &id, ReplayState::Cancelled, crate::clock::now_ms()).await?;
+    let p = state.store.get_replay(&tenant, &id).await?.ok_or_else(|| ApiError::not_found("replay"))?;
+    Ok(Json(view(&p)))
+}

@@ -1,0 +1,157 @@
+//! Operational events and housekeeping: Herald delivers its own events (`endpoint.paused`,
+//! `endpoint.disabled`, `delivery.dead`, `dead_letters.stale`) as webhooks to an operator
+//! endpoint from config, through the same durable, signed, retried path as any tenant's;
+//! and it purges finished deliveries past their retention in small batches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::clock::{now_ms, rfc3339};
+use crate::config::{OperatorConfig, RetentionConfig};
+use crate::model::*;
+use crate::store::{Committer, DynStore, StoreError};
+
+/// The reserved tenant that owns operational events.
+pub const OPS_TENANT: &str = "herald-ops";
+const OPS_ENDPOINT: &str = "ep_operator";
+
+/// Emits operational events. Cheap to clone; a no-op when no operator URL is configured.
+#[derive(Clone)]
+pub struct Ops {
+    committer: Committer,
+    enabled: bool,
+    ttl_ms: Millis,
+}
+
+impl Ops {
+    /// Makes sure the operator tenant and endpoint match the config.
+    pub async fn setup(store: &DynStore, committer: Committer, config: &OperatorConfig, ttl: Duration) -> Result<Ops, StoreError> {
+        let ops = Ops { committer, enabled: config.url.is_some(), ttl_ms: ttl.as_millis() as i64 };
+        let Some(url) = &config.url else { return Ok(ops) };
+        let tenant = TenantId::from_stored(OPS_TENANT);
+        let now = now_ms();
+        if store.get_tenant(&tenant).await?.is_none() {
+            let t = Tenant { id: tenant.clone(), name: "Herald operational events".into(), created_at: now };
+            match store.create_tenant(&t).await {
+                Ok(()) | Err(StoreError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let spec = EndpointSpec {
+            url: url.clone(),
+            description: "operator".into(),
+            event_types: Vec::new(),
+            rate_per_sec: 50.0,
+            burst: 50,
+            max_in_flight: 4,
+            timeout_ms: 10_000,
+            connect_timeout_ms: 3_000,
+            retry: RetryOverrideDoc::default(),
+            plugins: PluginBindings::default(),
+            headers: Default::default(),
+            secrets: vec![SecretEntry { secret: config.secret.clone(), expires_at: None }],
+        };
+        let id = EndpointId::from_stored(OPS_ENDPOINT);
+        match store.endpoint(&id).await? {
+            Some(mut e) if e.spec != spec => {
+                e.spec = spec;
+                e.updated_at = now;
+                store.update_endpoint(&e).await?;
+            }
+            Some(_) => {}
+            None => {
+                let e = Endpoint {
+                    id,
+                    tenant,
+                    spec,
+                    state: EndpointState::Active,
+                    state_reason: None,
+                    paused_until: None,
+                    failing_since: None,
+                    created_at: now,
+                    updated_at: now,
+                };
+                match store.insert_endpoint(&e).await {
+                    Ok(()) | Err(StoreError::Conflict(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(ops)
+    }
+
+    /// Emits one event, idempotently by `id`; delivered by the engine like any other.
+    pub fn emit(&self, tenant: &TenantId, event_type: &str, id: String, data: serde_json::Value) {
+        if !self.enabled || tenant.as_str() == OPS_TENANT {
+            return;
+        }
+        let now = now_ms();
+        let payload = json!({ "tenant": tenant, "at": rfc3339(now), "data": data }).to_string();
+        let event = match EventId::parse(&id) {
+            Ok(id) => NewEvent {
+                tenant: TenantId::from_stored(OPS_TENANT),
+                id,
+                event_type: event_type.into(),
+                payload,
+                created_at: now,
+                expires_at: now + self.ttl_ms,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "bad operational event id");
+                return;
+            }
+        };
+        let committer = self.committer.clone();
+        tokio::spawn(async move {
+            if let Err(e) = committer.ingest(vec![event]).await {
+                tracing::error!(error = %e, "cannot record operational event");
+            }
+        });
+    }
+}
+
+/// Runs the periodic housekeeping: stale dead-letter alerts and retention.
+pub fn start_housekeeping(store: DynStore, ops: Ops, operator: OperatorConfig, retention: RetentionConfig, stop: tokio::sync::watch::Receiver<bool>) {
+    let ops = Arc::new(ops);
+    tokio::spawn(async move {
+        let mut stop = stop;
+        loop {
+            let now = now_ms();
+            if ops.enabled {
+                match store.stale_dead_letters(now - operator.stale_after.as_millis() as i64).await {
+                    Ok(stale) => {
+                        for (tenant, oldest, count) in stale {
+                            let id = format!("dead_letters.stale.{tenant}.{oldest}");
+                            let data = json!({ "oldest_dead_at": rfc3339(oldest), "dead_letters": count });
+                            ops.emit(&tenant, "dead_letters.stale", id, data);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "stale dead-letter check failed"),
+                }
+            }
+            let delivered_before = now - retention.delivered.as_millis() as i64;
+            let dead_before = now - retention.dead.as_millis() as i64;
+            loop {
+                match store.purge(delivered_before, dead_before, retention.batch).await {
+                    Ok(n) if n == u64::from(retention.batch) => tokio::task::yield_now().await,
+                    Ok(n) => {
+                        if n > 0 {
+                            tracing::info!(purged = n, "retention purge");
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention purge failed");
+                        break;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(retention.every.min(operator.check_every)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    });
+}

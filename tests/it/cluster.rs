@@ -1,0 +1,1 @@
+//! Several `herald` processes on one Postgres database.

@@ -1,0 +1,235 @@
+//! Dead-letter recovery: filtered replays, their rate, restarts and scopes; operational
+//! events; endpoint health; retention.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
+
+async fn dead_letters(gw: &TestGateway, query: &str, n: usize) -> anyhow::Result<Vec<Value>> {
+    let path = format!("/v1/tenants/acme/dead-letters?{query}");
+    let v = gw.api.wait_for(&path, Duration::from_secs(10), |v| v["data"].as_array().is_some_and(|d| d.len() == n)).await?;
+    Ok(v["data"].as_array().unwrap().clone())
+}
+
+async fn wait_replay(gw: &TestGateway, id: &str, timeout: Duration) -> anyhow::Result<Value> {
+    gw.api
+        .wait_for(&format!("/v1/tenants/acme/replays/{id}"), timeout, |v| {
+            v["state"] == "done" && v["pending"] == 0 && v["sent"] == v["selected"]
+        })
+        .await
+}
+
+/// 422s produce dead letters of two event types; returns the endpoint id.
+async fn seed_dead_letters(gw: &TestGateway, rx: &FakeReceiver, paid: usize, other: usize) -> anyhow::Result<String> {
+    gw.api.tenant("acme").await?;
+    rx.set_default(Answer::status(422));
+    let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 1000, "burst": 100})).await?;
+    for i in 0..paid {
+        gw.api.event("acme", json!({"id": format!("paid_{i}"), "type": "invoice.paid", "payload": {"i": i}})).await?;
+    }
+    for i in 0..other {
+        gw.api.event("acme", json!({"id": format!("other_{i}"), "type": "invoice.voided", "payload": {"i": i}})).await?;
+    }
+    dead_letters(gw, "limit=1000", paid + other).await?;
+    Ok(ep["id"].as_str().unwrap().to_string())
+}
+
+#[tokio::test]
+async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    let ep = seed_dead_letters(&gw, &rx, 10, 3).await?;
+    let r = gw.api.get("/v1/tenants/acme/dead-letters?type=invoice.paid", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 10);
+    assert_eq!(r.json["counts_by_reason"]["permanent:422"], 13, "{}", r.text);
+    let first_round = rx.received();
+    rx.set_default(Answer::status(200));
+
+    let rate = 5.0;
+    let r = gw
+        .api
+        .post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"endpoint": ep, "type": "invoice.paid", "reason": "permanent:422"}, "rate_per_sec": rate, "batch": 4}))
+        .await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    assert_eq!(r.json["selected"], 10);
+    let id = r.json["id"].as_str().unwrap().to_string();
+    let done = wait_replay(&gw, &id, Duration::from_secs(20)).await?;
+    assert_eq!((done["delivered"].as_u64(), done["failed"].as_u64()), (Some(10), Some(0)), "{done}");
+
+    let replayed: Vec<_> = rx.received().into_iter().skip(first_round.len()).collect();
+    let mut ids: Vec<&str> = replayed.iter().map(|r| r.header("webhook-id").unwrap()).collect();
+    ids.sort();
+    let mut want: Vec<String> = (0..10).map(|i| format!("paid_{i}")).collect();
+    want.sort();
+    assert_eq!(ids, want, "exactly the selected dead letters, with their original webhook-id");
+    for r in &replayed {
+        let original = first_round.iter().find(|o| o.header("webhook-id") == r.header("webhook-id")).unwrap();
+        let (t0, t1): (i64, i64) = (original.header("webhook-timestamp").unwrap().parse()?, r.header("webhook-timestamp").unwrap().parse()?);
+        assert!(t1 >= t0, "fresh timestamp");
+        assert_ne!(original.header("herald-attempt-id"), r.header("herald-attempt-id"));
+    }
+    let span = replayed.last().unwrap().at.duration_since(replayed[0].at).as_secs_f64();
+    let achieved = (replayed.len() - 1) as f64 / span;
+    assert!(achieved <= rate * 1.05, "replayed at {achieved:.2}/s, over the {rate}/s asked");
+    // The others stay dead letters.
+    dead_letters(&gw, "type=invoice.voided", 3).await?;
+    dead_letters(&gw, "type=invoice.paid", 0).await?;
+
+    // Endpoint health sits beside its pacing settings.
+    let e = gw.api.get(&format!("/v1/tenants/acme/endpoints/{ep}"), ADMIN_TOKEN).await?;
+    let h = &e.json["health"];
+    assert_eq!(h["attempts_1h"], 23, "{h}");
+    assert!((h["success_rate_1h"].as_f64().unwrap() - 10.0 / 23.0).abs() < 1e-9, "{h}");
+    assert!(h["last_success_at"].is_string());
+    assert_eq!(h["rate_per_sec"], 1000.0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_replay_resumes_after_a_restart() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    seed_dead_letters(&gw, &rx, 12, 0).await?;
+    rx.set_default(Answer::status(200));
+    let before = rx.count();
+    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {}, "rate_per_sec": 4, "batch": 2})).await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let id = r.json["id"].as_str().unwrap().to_string();
+    rx.wait_for(before + 3, Duration::from_secs(10)).await?;
+    let dir = gw.stop().await;
+    let mid = rx.count() - before;
+    assert!(mid < 12, "stopped half-way ({mid} of 12 replayed)");
+    let gw = TestGateway::start_in(dir, &[]).await?;
+    let done = wait_replay(&gw, &id, Duration::from_secs(20)).await?;
+    assert_eq!(done["delivered"], 12, "{done}");
+    let mut ids: Vec<String> = rx.received().iter().skip(before).filter_map(|r| r.header("webhook-id").map(String::from)).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 12);
+    Ok(())
+}
+
+#[tokio::test]
+async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    seed_dead_letters(&gw, &rx, 2, 0).await?;
+    let reader = gw.api.token("acme", &["read"]).await?;
+    let replayer = gw.api.token("acme", &["replay"]).await?;
+    let body = json!({"filter": {}});
+    let r = gw.api.post("/v1/tenants/acme/replays", &reader, body.clone()).await?;
+    assert_eq!(r.status, 403, "{}", r.text);
+    let r = gw.api.get("/v1/tenants/acme/dead-letters", &reader).await?;
+    assert_eq!(r.status, 200, "reading dead letters needs only read");
+
+    gw.api.tenant("other").await?;
+    let other = gw.api.token("other", &["read", "replay"]).await?;
+    let r = gw.api.get("/v1/tenants/acme/dead-letters", &other).await?;
+    assert_eq!(r.status, 404);
+    let r = gw.api.post("/v1/tenants/acme/replays", &other, body.clone()).await?;
+    assert_eq!(r.status, 404);
+    // Naming acme's delivery ids from tenant other selects nothing.
+    let ids: Vec<String> = dead_letters(&gw, "", 2).await?.iter().map(|d| d["id"].as_str().unwrap().to_string()).collect();
+    let r = gw.api.post("/v1/tenants/other/replays", &other, json!({"ids": ids})).await?;
+    assert_eq!((r.status, r.json["selected"].as_u64()), (202, Some(0)), "{}", r.text);
+    let r = gw.api.post("/v1/tenants/acme/replays", &replayer, json!({"ids": ids, "rate_per_sec": 100})).await?;
+    assert_eq!((r.status, r.json["selected"].as_u64()), (202, Some(2)), "{}", r.text);
+    let r = gw.api.get(&format!("/v1/tenants/other/replays/{}", r.json["id"].as_str().unwrap()), &other).await?;
+    assert_eq!(r.status, 404);
+    for bad in [json!({}), json!({"ids": []}), json!({"filter": {}, "rate_per_sec": 0}), json!({"filter": {"since": "yesterday"}})] {
+        let r = gw.api.post("/v1/tenants/acme/replays", &replayer, bad.clone()).await?;
+        assert!(r.status == 422 || r.status == 400, "{bad}: {}", r.text);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_disabled_endpoint_refuses_replay_until_re_enabled() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    gw.api.tenant("acme").await?;
+    rx.set_default(Answer::status(410));
+    let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 100, "max_in_flight": 1})).await?;
+    let ep = ep["id"].as_str().unwrap().to_string();
+    for i in 0..3 {
+        gw.api.event("acme", json!({"id": format!("e{i}"), "type": "t", "payload": {}})).await?;
+    }
+    let dead = dead_letters(&gw, "", 3).await?;
+    assert!(dead.iter().all(|d| d["reason"] == "endpoint_disabled"), "{dead:?}");
+    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"endpoint": ep}})).await?;
+    assert_eq!(r.status, 409, "{}", r.text);
+    rx.set_default(Answer::status(200));
+    let r = gw.api.post(&format!("/v1/tenants/acme/endpoints/{ep}/enable"), ADMIN_TOKEN, json!({})).await?;
+    assert_eq!(r.status, 200);
+    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"endpoint": ep}, "rate_per_sec": 100})).await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let done = wait_replay(&gw, r.json["id"].as_str().unwrap(), Duration::from_secs(10)).await?;
+    assert_eq!(done["delivered"], 3, "{done}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn operational_events_reach_the_operator() -> anyhow::Result<()> {
+    let operator = FakeReceiver::start().await?;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let gw = TestGateway::start_with(&[
+        ("HERALD_OPERATOR_URL", &operator.url()),
+        ("HERALD_OPERATOR_SECRET", secret),
+        ("HERALD_OPERATOR_STALE_AFTER", "500ms"),
+        ("HERALD_OPERATOR_CHECK_EVERY", "200ms"),
+    ])
+    .await?;
+    gw.api.tenant("acme").await?;
+    let mut make = |status: u16, ty: &'static str| {
+        let gw = &gw;
+        async move {
+            let rx = FakeReceiver::start().await?;
+            rx.set_default(Answer::status(status));
+            gw.api.endpoint("acme", json!({"url": rx.url(), "event_types": [ty], "max_in_flight": 1})).await?;
+            gw.api.event("acme", json!({"type": ty, "payload": {}})).await?;
+            anyhow::Ok(rx)
+        }
+    };
+    let _a = make(401, "a").await?;
+    let _b = make(410, "b").await?;
+    let _c = make(422, "c").await?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let wanted = ["endpoint.paused", "endpoint.disabled", "delivery.dead", "dead_letters.stale"];
+    loop {
+        let types: Vec<String> = operator.received().iter().filter_map(|r| r.json()["type"].as_str().map(String::from)).collect();
+        if wanted.iter().all(|w| types.iter().any(|t| t == w)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "operator got {types:?}, wanted {wanted:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = operator.received();
+    let paused = got.iter().find(|r| r.json()["type"] == "endpoint.paused").unwrap();
+    assert_eq!(paused.json()["data"]["tenant"], "acme");
+    assert!(paused.header("webhook-signature").unwrap().starts_with("v1,"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_RETENTION_DELIVERED", "300ms"), ("HERALD_RETENTION_EVERY", "100ms")]).await?;
+    let ok = FakeReceiver::start().await?;
+    let bad = FakeReceiver::start().await?;
+    bad.set_default(Answer::status(422));
+    gw.api.tenant("acme").await?;
+    gw.api.endpoint("acme", json!({"url": ok.url(), "event_types": ["ok"]})).await?;
+    gw.api.endpoint("acme", json!({"url": bad.url(), "event_types": ["bad"]})).await?;
+    gw.api.event("acme", json!({"id": "delivered", "type": "ok", "payload": {}})).await?;
+    gw.api.event("acme", json!({"id": "dead", "type": "bad", "payload": {}})).await?;
+    ok.wait_for(1, Duration::from_secs(5)).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gw.api.get("/v1/tenants/acme/events/delivered", ADMIN_TOKEN).await?.status != 404 {
+        assert!(Instant::now() < deadline, "the delivered event was never purged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = gw.api.get("/v1/tenants/acme/events/dead", ADMIN_TOKEN).await?;
+    assert_eq!(r.status, 200, "dead letters are kept longer");
+    dead_letters(&gw, "", 1).await?;
+    Ok(())
+}

@@ -1,0 +1,751 @@
+//! The store conformance suite: one body per case, run against SQLite and Postgres through
+//! the `Store` trait and the group committer. Instants are fixed numbers, never the clock.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use gateway::model::*;
+use gateway::store::{
+    self, AttemptResult, ClaimRequest, Claimed, Committer, DeliveryFilter, DynStore, EndpointChange, Release, StoreError,
+    WriteOp, WriteResult,
+};
+use tests::pg::PgSchema;
+
+const T0: Millis = 1_700_000_000_000;
+const HOUR: Millis = 3_600_000;
+
+/// A store under test, with what keeps its storage alive.
+struct Backend {
+    store: DynStore,
+    committer: Committer,
+    url: String,
+    _storage: Storage,
+}
+
+#[allow(dead_code)] // held for their Drop
+enum Storage {
+    Dir(tempfile::TempDir),
+    Schema(PgSchema),
+}
+
+impl Backend {
+    async fn sqlite() -> anyhow::Result<Backend> {
+        let dir = tempfile::tempdir()?;
+        let url = format!("sqlite://{}", dir.path().join("herald.db").display());
+        Backend::open(url, Storage::Dir(dir)).await
+    }
+
+    async fn postgres() -> anyhow::Result<Backend> {
+        let schema = PgSchema::create().await?;
+        Backend::open(schema.url.clone(), Storage::Schema(schema)).await
+    }
+
+    async fn open(url: String, storage: Storage) -> anyhow::Result<Backend> {
+        let store = store::open(&url, 4).await?;
+        let committer = Committer::start(store.clone(), 64);
+        Ok(Backend { store, committer, url, _storage: storage })
+    }
+
+    /// A second handle on the same storage: another node.
+    async fn another_node(&self) -> anyhow::Result<(DynStore, Committer)> {
+        let store = store::open(&self.url, 4).await?;
+        let committer = Committer::start(store.clone(), 64);
+        Ok((store, committer))
+    }
+}
+
+/// Runs every case against both backends: `store::sqlite::<case>`, `store::postgres::<case>`.
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    super::$case(super::Backend::sqlite().await?).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    super::$case(super::Backend::postgres().await?).await
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    tenants_tokens_and_endpoints,
+    intake_is_idempotent_and_fans_out_by_filter,
+    claim_takes_due_rows_in_order_under_a_fenced_lease,
+    stale_fence_records_nothing,
+    release_hands_deliveries_back,
+    endpoint_changes_move_its_deliveries,
+    unfinished_results_settle_against_the_endpoint,
+    abandoned_leases_are_recovered,
+    partitions_have_one_owner_at_a_time,
+    deliveries_list_with_filters_and_pages,
+    delivery_reads_back_with_its_attempts,
+    due_work_is_reported,
+    one_commit_applies_mixed_ops_in_order,
+    concurrent_nodes_never_claim_the_same_delivery,
+);
+
+// ---- fixtures ----
+
+fn tenant(id: &str) -> Tenant {
+    Tenant { id: TenantId::parse(id).unwrap(), name: format!("{id} inc"), created_at: T0 }
+}
+
+fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpoint {
+    Endpoint {
+        id: EndpointId::from_stored(id),
+        tenant: TenantId::parse(tenant).unwrap(),
+        spec: EndpointSpec {
+            url: format!("http://127.0.0.1:9/{id}"),
+            description: String::new(),
+            event_types: types.iter().map(|t| t.to_string()).collect(),
+            rate_per_sec: 10.0,
+            burst: 10,
+            max_in_flight: 4,
+            timeout_ms: 10_000,
+            connect_timeout_ms: 3_000,
+            retry: Default::default(),
+            plugins: Default::default(),
+            headers: Default::default(),
+            secrets: vec![SecretEntry { secret: "whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0".into(), expires_at: None }],
+        },
+        state: EndpointState::Active,
+        state_reason: None,
+        paused_until: None,
+        failing_since: None,
+        created_at,
+        updated_at: created_at,
+    }
+}
+
+fn event(tenant: &str, id: &str, event_type: &str, at: Millis) -> NewEvent {
+    NewEvent {
+        tenant: TenantId::parse(tenant).unwrap(),
+        id: EventId::parse(id).unwrap(),
+        event_type: event_type.into(),
+        payload: format!("{{\"id\": \"{id}\", \"amount\": 1.50}}"),
+        created_at: at,
+        expires_at: at + 24 * HOUR,
+    }
+}
+
+/// Tenant `acme` with endpoints `ep_a` (everything) and, if asked, more.
+async fn setup(b: &Backend, endpoints: &[(&str, &[&str])]) -> anyhow::Result<()> {
+    b.store.create_tenant(&tenant("acme")).await?;
+    for (i, (id, types)) in endpoints.iter().enumerate() {
+        b.store.insert_endpoint(&endpoint("acme", id, types, T0 + i as Millis)).await?;
+    }
+    Ok(())
+}
+
+fn claim_req(endpoint: &str, now: Millis, limit: u32, owner: &str) -> ClaimRequest {
+    ClaimRequest {
+        endpoint: EndpointId::from_stored(endpoint),
+        now,
+        limit,
+        owner: owner.into(),
+        lease_until: now + 60_000,
+    }
+}
+
+fn result(c: &Claimed, fence: i64, state: DeliveryState, next: Option<Millis>, status: u16, at: Millis) -> AttemptResult {
+    let number = c.attempts + 1;
+    AttemptResult {
+        delivery: c.id.clone(),
+        fence,
+        state,
+        next_attempt_at: next,
+        reason: (state == DeliveryState::Dead).then(|| format!("permanent:{status}")),
+        attempt: Attempt {
+            id: format!("att_{}_{number}_{fence}", c.id),
+            delivery_id: c.id.clone(),
+            number,
+            started_at: at,
+            duration_ms: 12,
+            status: Some(status),
+            response_body: Some("ok".into()),
+            error: None,
+            verdict: state.as_str().to_string(),
+            decided_by: "builtin".into(),
+        },
+    }
+}
+
+async fn delivery_of(b: &Backend, event: &str, endpoint: &str) -> anyhow::Result<Delivery> {
+    let f = DeliveryFilter {
+        tenant: Some(TenantId::parse("acme")?),
+        event: Some(EventId::parse(event)?),
+        endpoint: Some(EndpointId::from_stored(endpoint)),
+        limit: 10,
+        ..Default::default()
+    };
+    let mut found = b.store.list_deliveries(&f).await?;
+    anyhow::ensure!(found.len() == 1, "{event} → {endpoint}: {} deliveries", found.len());
+    Ok(found.remove(0))
+}
+
+async fn ingest(b: &Backend, events: Vec<NewEvent>) -> anyhow::Result<()> {
+    b.committer.ingest(events).await?;
+    Ok(())
+}
+
+// ---- cases ----
+
+async fn tenants_tokens_and_endpoints(b: Backend) -> anyhow::Result<()> {
+    let s = &b.store;
+    s.create_tenant(&tenant("acme")).await?;
+    assert!(matches!(s.create_tenant(&tenant("acme")).await, Err(StoreError::Conflict(_))), "tenant ids are unique");
+    let got = s.get_tenant(&TenantId::parse("acme")?).await?.expect("tenant");
+    assert_eq!((got.name.as_str(), got.created_at), ("acme inc", T0));
+    assert!(s.get_tenant(&TenantId::parse("nobody")?).await?.is_none());
+
+    let token = TokenRecord {
+        hash: "ab".repeat(32),
+        tenant: TenantId::parse("acme")?,
+        scopes: vec![Scope::EventsWrite, Scope::Read],
+        created_at: T0,
+    };
+    s.insert_token(&token).await?;
+    let found = s.find_token(&token.hash).await?.expect("token");
+    assert_eq!((found.tenant.as_str(), found.scopes), ("acme", vec![Scope::EventsWrite, Scope::Read]));
+    assert!(s.find_token("cd").await?.is_none());
+
+    s.insert_endpoint(&endpoint("acme", "ep_b", &["invoice.*"], T0 + 2)).await?;
+    s.insert_endpoint(&endpoint("acme", "ep_a", &[], T0 + 1)).await?;
+    assert!(matches!(s.insert_endpoint(&endpoint("acme", "ep_a", &[], T0)).await, Err(StoreError::Conflict(_))));
+    let listed: Vec<String> = s.list_endpoints(&TenantId::parse("acme")?).await?.into_iter().map(|e| e.id.to_string()).collect();
+    assert_eq!(listed, ["ep_a", "ep_b"], "listed by creation");
+    let mut e = s.endpoint(&EndpointId::from_stored("ep_b")).await?.expect("endpoint");
+    assert_eq!(e.spec, endpoint("acme", "ep_b", &["invoice.*"], 0).spec, "the spec round-trips");
+    e.spec.rate_per_sec = 2.5;
+    e.spec.event_types = vec!["order.created".into()];
+    e.updated_at = T0 + 10;
+    assert!(s.update_endpoint(&e).await?);
+    let back = s.endpoint(&e.id).await?.expect("endpoint");
+    assert_eq!((back.spec.rate_per_sec, back.updated_at), (2.5, T0 + 10));
+    let mut other = e.clone();
+    other.tenant = TenantId::parse("umbrella")?;
+    assert!(!s.update_endpoint(&other).await?, "another tenant's endpoint is not updated");
+    // The filter change applies to intake at once.
+    ingest(&b, vec![event("acme", "evt_1", "order.created", T0 + 20), event("acme", "evt_2", "invoice.paid", T0 + 21)]).await?;
+    delivery_of(&b, "evt_1", "ep_b").await?;
+    assert!(delivery_of(&b, "evt_2", "ep_b").await.is_err(), "ep_b no longer takes invoices");
+
+    // Deleting an endpoint dead-letters its unfinished deliveries.
+    assert!(!s.delete_endpoint(&TenantId::parse("umbrella")?, &e.id, T0 + 30).await?);
+    assert!(s.delete_endpoint(&TenantId::parse("acme")?, &e.id, T0 + 30).await?);
+    assert!(s.endpoint(&e.id).await?.is_none());
+    let d = delivery_of(&b, "evt_1", "ep_b").await?;
+    assert_eq!((d.state, d.reason.as_deref(), d.updated_at), (DeliveryState::Dead, Some("endpoint_deleted"), T0 + 30));
+    Ok(())
+}
+
+async fn intake_is_idempotent_and_fans_out_by_filter(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_all", &[]), ("ep_inv", &["invoice.*"]), ("ep_paid", &["invoice.paid"]), ("ep_off", &[])]).await?;
+    b.committer
+        .change_endpoint(EndpointChange {
+            endpoint: EndpointId::from_stored("ep_off"),
+            state: Some(EndpointState::Disabled),
+            reason: Some("gone".into()),
+            paused_until: None,
+            failing_since: None,
+            now: T0,
+        })
+        .await?;
+    let out = b
+        .committer
+        .ingest(vec![
+            event("acme", "evt_1", "invoice.paid", T0 + 1),
+            event("acme", "evt_2", "invoice.created", T0 + 2),
+            event("acme", "evt_1", "invoice.paid", T0 + 3),
+            event("acme", "evt_3", "order.created", T0 + 4),
+        ])
+        .await?;
+    let targets = |i: usize| {
+        let mut v: Vec<String> = out[i].endpoints.iter().map(|e| e.to_string()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!((out[0].deliveries, out[0].duplicate), (3, false));
+    assert_eq!(targets(0), ["ep_all", "ep_inv", "ep_paid"]);
+    assert_eq!((out[1].deliveries, targets(1)), (2, vec!["ep_all".to_string(), "ep_inv".to_string()]));
+    assert!(out[2].duplicate, "the same id twice in one batch is stored once");
+    assert_eq!(out[2].deliveries, 3, "and reports the deliveries of its first occurrence");
+    assert!(out[2].endpoints.is_empty());
+    assert_eq!((out[3].deliveries, targets(3)), (1, vec!["ep_all".to_string()]));
+
+    let again = b.committer.ingest(vec![event("acme", "evt_1", "invoice.paid", T0 + 9)]).await?;
+    assert_eq!((again[0].deliveries, again[0].duplicate, again[0].endpoints.len()), (3, true, 0), "a duplicate reports its deliveries");
+
+    let stored = b.store.get_event(&TenantId::parse("acme")?, &EventId::parse("evt_1")?).await?.expect("event");
+    assert_eq!(stored.payload, "{\"id\": \"evt_1\", \"amount\": 1.50}", "payload bytes are kept exactly");
+    assert_eq!((stored.created_at, stored.expires_at, stored.event_type.as_str()), (T0 + 1, T0 + 1 + 24 * HOUR, "invoice.paid"));
+    let all = b
+        .store
+        .list_deliveries(&DeliveryFilter { tenant: Some(TenantId::parse("acme")?), limit: 100, ..Default::default() })
+        .await?;
+    assert_eq!(all.len(), 6, "no delivery was written twice");
+    assert!(all.iter().all(|d| d.state == DeliveryState::Queued && d.attempts == 0));
+    let d = delivery_of(&b, "evt_2", "ep_inv").await?;
+    assert_eq!((d.next_attempt_at, d.created_at, d.event_type.as_str()), (Some(T0 + 2), T0 + 2, "invoice.created"));
+
+    // Event ids are unique per tenant, not globally.
+    b.store.create_tenant(&tenant("umbrella")).await?;
+    let other = b.committer.ingest(vec![event("umbrella", "evt_1", "invoice.paid", T0)]).await?;
+    assert_eq!((other[0].duplicate, other[0].deliveries), (false, 0));
+    Ok(())
+}
+
+async fn claim_takes_due_rows_in_order_under_a_fenced_lease(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &["other"])]).await?;
+    // Posted out of order: claims follow next_attempt_at.
+    let times = [4, 0, 3, 1, 2, 10];
+    ingest(&b, times.iter().map(|t| event("acme", &format!("evt_{t}"), "t", T0 + t)).collect()).await?;
+
+    let got = b.committer.claim(claim_req("ep_a", T0 + 3, 3, "node-1")).await?;
+    let ids: Vec<&str> = got.iter().map(|c| c.event_id.as_str()).collect();
+    assert_eq!(ids, ["evt_0", "evt_1", "evt_2"], "due rows, earliest first, at most the limit");
+    let c = &got[0];
+    assert_eq!((c.fence, c.attempts, c.tenant.as_str(), c.event_type.as_str()), (1, 0, "acme", "t"));
+    assert_eq!(c.payload, "{\"id\": \"evt_0\", \"amount\": 1.50}");
+    assert_eq!((c.event_created_at, c.expires_at), (T0, T0 + 24 * HOUR));
+    let d = delivery_of(&b, "evt_0", "ep_a").await?;
+    assert_eq!((d.state, d.updated_at), (DeliveryState::Delivering, T0 + 3));
+
+    let got = b.committer.claim(claim_req("ep_a", T0 + 3, 10, "node-2")).await?;
+    let ids: Vec<&str> = got.iter().map(|c| c.event_id.as_str()).collect();
+    assert_eq!(ids, ["evt_3"], "leased rows are skipped; future ones are not due");
+    assert!(b.committer.claim(claim_req("ep_b", T0 + 100, 10, "node-1")).await?.is_empty(), "other endpoints' rows are not taken");
+    assert!(b.committer.claim(claim_req("ep_a", T0 + 3, 10, "node-1")).await?.is_empty());
+
+    // A released delivery comes back with a fresh fence on the next claim.
+    let rel = Release { delivery: got[0].id.clone(), fence: got[0].fence, next_attempt_at: T0 + 5 };
+    b.committer.release(vec![rel]).await?;
+    let again = b.committer.claim(claim_req("ep_a", T0 + 5, 10, "node-1")).await?;
+    let ids: Vec<(&str, i64)> = again.iter().map(|c| (c.event_id.as_str(), c.fence)).collect();
+    assert_eq!(ids, [("evt_4", 1), ("evt_3", 2)]);
+    Ok(())
+}
+
+async fn stale_fence_records_nothing(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    ingest(&b, vec![event("acme", "evt_1", "t", T0)]).await?;
+    let c = b.committer.claim(claim_req("ep_a", T0, 1, "node-1")).await?.remove(0);
+    let stale = result(&c, c.fence - 1, DeliveryState::Delivered, None, 200, T0 + 1);
+    assert_eq!(b.committer.record(vec![stale]).await?, [false], "a stale fence is refused");
+    let (d, attempts) = b.store.get_delivery(&c.tenant, &c.id).await?.expect("delivery");
+    assert_eq!((d.state, d.attempts, attempts.len()), (DeliveryState::Delivering, 0, 0), "and writes no attempt");
+
+    let ok = result(&c, c.fence, DeliveryState::Delivered, None, 200, T0 + 1);
+    assert_eq!(b.committer.record(vec![ok.clone()]).await?, [true]);
+    let mut twice = ok;
+    twice.attempt.id.push_str("_again");
+    assert_eq!(b.committer.record(vec![twice]).await?, [false], "a finished delivery takes no second result");
+    let (d, attempts) = b.store.get_delivery(&c.tenant, &c.id).await?.expect("delivery");
+    assert_eq!((d.state, d.attempts, d.last_status, attempts.len()), (DeliveryState::Delivered, 1, Some(200), 1));
+    assert_eq!(d.updated_at, T0 + 1 + 12, "updated when the attempt ended");
+    Ok(())
+}
+
+async fn release_hands_deliveries_back(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    ingest(&b, vec![event("acme", "evt_1", "t", T0), event("acme", "evt_2", "t", T0)]).await?;
+    let got = b.committer.claim(claim_req("ep_a", T0, 2, "node-1")).await?;
+    let rel = |c: &Claimed, fence| Release { delivery: c.id.clone(), fence, next_attempt_at: T0 + 500 };
+    b.committer.release(vec![rel(&got[0], got[0].fence), rel(&got[1], got[1].fence + 1)]).await?;
+    let released = b.store.get_delivery(&got[0].tenant, &got[0].id).await?.expect("delivery").0;
+    assert_eq!((released.state, released.next_attempt_at, released.attempts), (DeliveryState::Waiting, Some(T0 + 500), 0));
+    let kept = b.store.get_delivery(&got[1].tenant, &got[1].id).await?.expect("delivery").0;
+    assert_eq!(kept.state, DeliveryState::Delivering, "a release with a stale fence changes nothing");
+    assert!(b.committer.claim(claim_req("ep_a", T0 + 499, 5, "node-1")).await?.is_empty(), "not due before its time");
+    assert_eq!(b.committer.claim(claim_req("ep_a", T0 + 500, 5, "node-1")).await?.len(), 1);
+    Ok(())
+}
+
+fn change(endpoint: &str, state: EndpointState, paused_until: Option<Millis>, now: Millis) -> EndpointChange {
+    EndpointChange {
+        endpoint: EndpointId::from_stored(endpoint),
+        state: Some(state),
+        reason: Some(format!("{} for a test", state.as_str())),
+        paused_until,
+        failing_since: None,
+        now,
+    }
+}
+
+async fn endpoint_changes_move_its_deliveries(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
+    ingest(&b, (0..3).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
+    let leased = b.committer.claim(claim_req("ep_a", T0, 1, "node-1")).await?;
+    assert_eq!(leased.len(), 1);
+    let state = |e: &'static str, ep: &'static str| {
+        let b = &b;
+        async move { delivery_of(b, e, ep).await.map(|d| d.state) }
+    };
+
+    // A pause with an end time (429) leaves deliveries where they are.
+    assert_eq!(b.committer.change_endpoint(change("ep_a", EndpointState::Paused, Some(T0 + 60_000), T0 + 10)).await?, 0);
+    let e = b.store.endpoint(&EndpointId::from_stored("ep_a")).await?.expect("endpoint");
+    assert_eq!((e.state, e.paused_until, e.state_reason.as_deref()), (EndpointState::Paused, Some(T0 + 60_000), Some("paused for a test")));
+    assert_eq!(state("evt_1", "ep_a").await?, DeliveryState::Queued);
+
+    // A pause for a human holds its waiting deliveries; enabling puts them back, due now.
+    assert_eq!(b.committer.change_endpoint(change("ep_a", EndpointState::Paused, None, T0 + 20)).await?, 2);
+    assert_eq!(state("evt_1", "ep_a").await?, DeliveryState::Paused);
+    assert_eq!(state("evt_0", "ep_a").await?, DeliveryState::Delivering, "in flight stays in flight");
+    assert_eq!(state("evt_1", "ep_b").await?, DeliveryState::Queued, "other endpoints are untouched");
+    assert_eq!(b.committer.change_endpoint(change("ep_a", EndpointState::Active, None, T0 + 30)).await?, 2);
+    let d = delivery_of(&b, "evt_2", "ep_a").await?;
+    assert_eq!((d.state, d.next_attempt_at, d.updated_at), (DeliveryState::Waiting, Some(T0 + 30), T0 + 30));
+
+    // Disabling dead-letters what waits (paused ones too), not what is in flight.
+    b.committer.change_endpoint(change("ep_a", EndpointState::Paused, None, T0 + 40)).await?;
+    assert_eq!(b.committer.change_endpoint(change("ep_a", EndpointState::Disabled, None, T0 + 50)).await?, 2);
+    let d = delivery_of(&b, "evt_2", "ep_a").await?;
+    assert_eq!((d.state, d.reason.as_deref(), d.next_attempt_at), (DeliveryState::Dead, Some("endpoint_disabled"), None));
+    assert_eq!(state("evt_0", "ep_a").await?, DeliveryState::Delivering);
+    let e = b.store.endpoint(&EndpointId::from_stored("ep_a")).await?.expect("endpoint");
+    assert_eq!((e.state, e.updated_at), (EndpointState::Disabled, T0 + 50));
+    // Intake skips a disabled endpoint.
+    let out = b.committer.ingest(vec![event("acme", "evt_9", "t", T0 + 60)]).await?;
+    assert_eq!(out[0].endpoints, [EndpointId::from_stored("ep_b")]);
+
+    // `failing_since` alone changes nothing else.
+    let only_failing = EndpointChange {
+        endpoint: EndpointId::from_stored("ep_b"),
+        state: None,
+        reason: None,
+        paused_until: None,
+        failing_since: Some(Some(T0 + 70)),
+        now: T0 + 70,
+    };
+    assert_eq!(b.committer.change_endpoint(only_failing).await?, 0);
+    let e = b.store.endpoint(&EndpointId::from_stored("ep_b")).await?.expect("endpoint");
+    assert_eq!((e.state, e.failing_since), (EndpointState::Active, Some(T0 + 70)));
+    Ok(())
+}
+
+async fn unfinished_results_settle_against_the_endpoint(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_off", &[]), ("ep_human", &[]), ("ep_429", &[])]).await?;
+    ingest(&b, (0..2).map(|i| event("acme", &format!("evt_{i}"), "t", T0)).collect()).await?;
+    let off = b.committer.claim(claim_req("ep_off", T0, 2, "node-1")).await?;
+    let human = b.committer.claim(claim_req("ep_human", T0, 2, "node-1")).await?;
+    let limited = b.committer.claim(claim_req("ep_429", T0, 2, "node-1")).await?;
+    b.committer.change_endpoint(change("ep_off", EndpointState::Disabled, None, T0 + 1)).await?;
+    b.committer.change_endpoint(change("ep_human", EndpointState::Paused, None, T0 + 1)).await?;
+    b.committer.change_endpoint(change("ep_429", EndpointState::Paused, Some(T0 + 60_000), T0 + 1)).await?;
+
+    let retry = |c: &Claimed| result(c, c.fence, DeliveryState::Waiting, Some(T0 + 1_000), 500, T0 + 2);
+    let accepted = b.committer.record(vec![retry(&off[0]), retry(&human[0]), retry(&limited[0])]).await?;
+    assert_eq!(accepted, [true, true, true]);
+    let get = |c: &Claimed| {
+        let (s, c) = (&b.store, c.clone());
+        async move { s.get_delivery(&c.tenant, &c.id).await.map(|d| d.expect("delivery").0) }
+    };
+    let d = get(&off[0]).await?;
+    assert_eq!((d.state, d.reason.as_deref(), d.attempts), (DeliveryState::Dead, Some("endpoint_disabled"), 1), "a retry on a disabled endpoint is dead");
+    assert_eq!(get(&human[0]).await?.state, DeliveryState::Paused, "a retry on an endpoint paused for a human waits for them");
+    let d = get(&limited[0]).await?;
+    assert_eq!((d.state, d.next_attempt_at), (DeliveryState::Waiting, Some(T0 + 1_000)), "a timed pause does not hold retries");
+
+    // Finished results are recorded as they are.
+    let done = result(&off[1], off[1].fence, DeliveryState::Delivered, None, 200, T0 + 3);
+    assert_eq!(b.committer.record(vec![done]).await?, [true]);
+    assert_eq!(get(&off[1]).await?.state, DeliveryState::Delivered);
+
+    // Releases settle the same way.
+    let rel = |c: &Claimed| Release { delivery: c.id.clone(), fence: c.fence, next_attempt_at: T0 + 5 };
+    b.committer.release(vec![rel(&human[1]), rel(&limited[1])]).await?;
+    assert_eq!(get(&human[1]).await?.state, DeliveryState::Paused);
+    assert_eq!(get(&limited[1]).await?.state, DeliveryState::Waiting);
+    Ok(())
+}
+
+async fn abandoned_leases_are_recovered(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    ingest(&b, vec![event("acme", "evt_1", "t", T0), event("acme", "evt_2", "t", T0)]).await?;
+    let mut req = claim_req("ep_a", T0, 1, "node-dead");
+    req.lease_until = T0 + 10_000;
+    let lost = b.committer.claim(req).await?.remove(0);
+    let mut req = claim_req("ep_a", T0 + 1, 1, "node-alive");
+    req.lease_until = T0 + 30_000;
+    let alive = b.committer.claim(req).await?.remove(0);
+
+    assert_eq!(b.store.recover_leases(T0 + 10_000, T0 + 10_000).await?, 0, "a lease is abandoned only after it ends");
+    assert_eq!(b.store.recover_leases(T0 + 10_001, T0 + 20_000).await?, 1);
+    let d = b.store.get_delivery(&lost.tenant, &lost.id).await?.expect("delivery").0;
+    assert_eq!((d.state, d.next_attempt_at, d.updated_at), (DeliveryState::Waiting, Some(T0 + 20_000), T0 + 20_000));
+    let d = b.store.get_delivery(&alive.tenant, &alive.id).await?.expect("delivery").0;
+    assert_eq!(d.state, DeliveryState::Delivering, "a live lease is kept");
+
+    // The slow node comes back: its result is refused, before and after the new claim.
+    let late = result(&lost, lost.fence, DeliveryState::Delivered, None, 200, T0 + 20_001);
+    assert_eq!(b.committer.record(vec![late.clone()]).await?, [false]);
+    let again = b.committer.claim(claim_req("ep_a", T0 + 20_000, 5, "node-alive")).await?.remove(0);
+    assert_eq!((again.id.as_str(), again.fence), (lost.id.as_str(), lost.fence + 1));
+    assert_eq!(b.committer.record(vec![late]).await?, [false]);
+    let fresh = result(&again, again.fence, DeliveryState::Delivered, None, 200, T0 + 20_002);
+    assert_eq!(b.committer.record(vec![fresh]).await?, [true]);
+    let (d, attempts) = b.store.get_delivery(&lost.tenant, &lost.id).await?.expect("delivery");
+    assert_eq!((d.state, attempts.len()), (DeliveryState::Delivered, 1));
+    Ok(())
+}
+
+async fn partitions_have_one_owner_at_a_time(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    let s = &b.store;
+    let ep = EndpointId::from_stored("ep_a");
+    assert!(s.acquire_partition(&ep, "node-a", T0, T0 + 15_000).await?);
+    assert!(!s.acquire_partition(&ep, "node-b", T0 + 1, T0 + 15_001).await?, "held by node-a");
+    assert!(s.acquire_partition(&ep, "node-a", T0 + 10_000, T0 + 25_000).await?, "renewed by its owner");
+    assert!(!s.acquire_partition(&ep, "node-b", T0 + 20_000, T0 + 35_000).await?, "the renewal counts");
+    assert!(s.acquire_partition(&ep, "node-b", T0 + 25_001, T0 + 40_000).await?, "taken over after expiry");
+    assert!(!s.acquire_partition(&ep, "node-a", T0 + 25_002, T0 + 40_000).await?);
+    s.release_partition(&ep, "node-a").await?;
+    assert!(!s.acquire_partition(&ep, "node-a", T0 + 25_003, T0 + 40_000).await?, "only the owner releases");
+    s.release_partition(&ep, "node-b").await?;
+    assert!(s.acquire_partition(&ep, "node-a", T0 + 25_004, T0 + 40_000).await?, "free after release");
+    assert!(s.acquire_partition(&EndpointId::from_stored("ep_other"), "node-b", T0, T0 + 1).await?, "partitions are per endpoint");
+
+    // Racing nodes: exactly one wins a free partition.
+    let (other, _) = b.another_node().await?;
+    for round in 0..5 {
+        let ep = EndpointId::from_stored(format!("ep_race_{round}"));
+        let (x, y) = tokio::join!(
+            s.acquire_partition(&ep, "node-x", T0, T0 + 100),
+            other.acquire_partition(&ep, "node-y", T0, T0 + 100)
+        );
+        assert!(x? ^ y?, "round {round}: exactly one owner");
+    }
+    Ok(())
+}
+
+async fn deliveries_list_with_filters_and_pages(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &["invoice.*"])]).await?;
+    b.store.create_tenant(&tenant("umbrella")).await?;
+    b.store.insert_endpoint(&endpoint("umbrella", "ep_u", &[], T0)).await?;
+    let mut events: Vec<NewEvent> = (0..5).map(|i| event("acme", &format!("evt_{i}"), "invoice.paid", T0 + i * 1000)).collect();
+    events.push(event("acme", "evt_order", "order.created", T0 + 6000));
+    events.push(event("umbrella", "evt_0", "invoice.paid", T0));
+    ingest(&b, events).await?;
+    let dead = b.committer.claim(claim_req("ep_b", T0 + 1000, 2, "node-1")).await?;
+    let fail = |c: &Claimed| result(c, c.fence, DeliveryState::Dead, None, 422, T0 + 50_000);
+    b.committer.record(vec![fail(&dead[0]), fail(&dead[1])]).await?;
+
+    let acme = TenantId::parse("acme")?;
+    let list = |f: DeliveryFilter| {
+        let s = b.store.clone();
+        async move { s.list_deliveries(&DeliveryFilter { tenant: Some(TenantId::parse("acme").unwrap()), ..f }).await }
+    };
+    let all = list(DeliveryFilter { limit: 100, ..Default::default() }).await?;
+    assert_eq!(all.len(), 11, "6 to ep_a, 5 to ep_b, none of umbrella's");
+    assert!(all.windows(2).all(|w| w[0].id < w[1].id), "ordered by id");
+    assert!(all.iter().all(|d| d.tenant == acme));
+
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = list(DeliveryFilter { after: after.clone(), limit: 4, ..Default::default() }).await?;
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 4);
+        after = page.last().map(|d| d.id.clone());
+        paged.extend(page.into_iter().map(|d| d.id));
+    }
+    assert_eq!(paged, all.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), "pages cover the list exactly once");
+
+    let n = |f: DeliveryFilter| {
+        let list = &list;
+        async move { list(DeliveryFilter { limit: 100, ..f }).await.map(|v| v.len()) }
+    };
+    assert_eq!(n(DeliveryFilter { endpoint: Some(EndpointId::from_stored("ep_b")), ..Default::default() }).await?, 5);
+    assert_eq!(n(DeliveryFilter { event: Some(EventId::parse("evt_3")?), ..Default::default() }).await?, 2);
+    assert_eq!(n(DeliveryFilter { event_type: Some("order.created".into()), ..Default::default() }).await?, 1);
+    assert_eq!(n(DeliveryFilter { state: Some(DeliveryState::Dead), ..Default::default() }).await?, 2);
+    assert_eq!(n(DeliveryFilter { state: Some(DeliveryState::Queued), ..Default::default() }).await?, 9);
+    assert_eq!(n(DeliveryFilter { reason: Some("permanent:422".into()), ..Default::default() }).await?, 2);
+    assert_eq!(n(DeliveryFilter { reason: Some("exhausted".into()), ..Default::default() }).await?, 0);
+    // since/until bound updated_at: [since, until).
+    assert_eq!(n(DeliveryFilter { since: Some(T0 + 50_012), ..Default::default() }).await?, 2);
+    assert_eq!(n(DeliveryFilter { since: Some(T0 + 50_013), ..Default::default() }).await?, 0);
+    assert_eq!(n(DeliveryFilter { until: Some(T0 + 1000), ..Default::default() }).await?, 1);
+    assert_eq!(n(DeliveryFilter { since: Some(T0 + 1000), until: Some(T0 + 3000), ..Default::default() }).await?, 3);
+    let both = DeliveryFilter {
+        endpoint: Some(EndpointId::from_stored("ep_b")),
+        state: Some(DeliveryState::Queued),
+        event_type: Some("invoice.paid".into()),
+        ..Default::default()
+    };
+    assert_eq!(n(both).await?, 3, "filters combine");
+    Ok(())
+}
+
+async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    ingest(&b, vec![event("acme", "evt_1", "t", T0)]).await?;
+    let c = b.committer.claim(claim_req("ep_a", T0, 1, "node-1")).await?.remove(0);
+    let mut first = result(&c, c.fence, DeliveryState::Waiting, Some(T0 + 1_000), 503, T0 + 10);
+    first.attempt.error = Some("timeout: no answer".into());
+    first.attempt.status = None;
+    first.attempt.response_body = None;
+    first.attempt.verdict = "retry".into();
+    b.committer.record(vec![first]).await?;
+    let d = b.store.get_delivery(&c.tenant, &c.id).await?.expect("delivery").0;
+    assert_eq!((d.state, d.attempts, d.last_status, d.last_error.as_deref()), (DeliveryState::Waiting, 1, None, Some("timeout: no answer")));
+    let c = b.committer.claim(claim_req("ep_a", T0 + 1_000, 1, "node-1")).await?.remove(0);
+    assert_eq!((c.attempts, c.fence), (1, 2));
+    b.committer.record(vec![result(&c, c.fence, DeliveryState::Delivered, None, 204, T0 + 1_010)]).await?;
+
+    let (d, attempts) = b.store.get_delivery(&c.tenant, &c.id).await?.expect("delivery");
+    assert_eq!((d.state, d.attempts, d.last_status, d.last_error), (DeliveryState::Delivered, 2, Some(204), None));
+    assert_eq!((d.event_id.as_str(), d.endpoint_id.as_str(), d.next_attempt_at), ("evt_1", "ep_a", None));
+    let numbers: Vec<u32> = attempts.iter().map(|a| a.number).collect();
+    assert_eq!(numbers, [1, 2]);
+    let a = &attempts[0];
+    assert_eq!((a.started_at, a.duration_ms, a.status, a.response_body.as_deref()), (T0 + 10, 12, None, None));
+    assert_eq!((a.error.as_deref(), a.verdict.as_str(), a.decided_by.as_str()), (Some("timeout: no answer"), "retry", "builtin"));
+    assert_eq!((attempts[1].status, attempts[1].response_body.as_deref()), (Some(204), Some("ok")));
+    assert!(attempts.iter().all(|a| a.delivery_id == c.id));
+
+    assert!(b.store.get_delivery(&TenantId::parse("umbrella")?, &c.id).await?.is_none(), "another tenant sees nothing");
+    assert!(b.store.get_delivery(&c.tenant, &DeliveryId::from_stored("dlv_missing")).await?.is_none());
+    Ok(())
+}
+
+async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &["b"])]).await?;
+    assert!(b.store.pending_endpoints().await?.is_empty());
+    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_a")).await?, None);
+    ingest(&b, vec![event("acme", "evt_1", "a", T0 + 5), event("acme", "evt_2", "b", T0 + 7), event("acme", "evt_3", "b", T0 + 3)]).await?;
+    let mut pending = b.store.pending_endpoints().await?;
+    pending.sort();
+    assert_eq!(pending, [(EndpointId::from_stored("ep_a"), T0 + 3), (EndpointId::from_stored("ep_b"), T0 + 3)]);
+    let c = b.committer.claim(claim_req("ep_b", T0 + 3, 1, "node-1")).await?;
+    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_b")).await?, Some(T0 + 7), "leased rows are not pending");
+    b.committer.record(vec![result(&c[0], c[0].fence, DeliveryState::Waiting, Some(T0 + 6), 500, T0 + 4)]).await?;
+    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_b")).await?, Some(T0 + 6), "retries are pending");
+    b.committer.change_endpoint(change("ep_a", EndpointState::Paused, None, T0 + 8)).await?;
+    let pending = b.store.pending_endpoints().await?;
+    assert_eq!(pending, [(EndpointId::from_stored("ep_b"), T0 + 6)], "paused deliveries are not pending");
+    Ok(())
+}
+
+async fn one_commit_applies_mixed_ops_in_order(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
+    ingest(&b, vec![event("acme", "evt_0", "t", T0)]).await?;
+    let c = b.committer.claim(claim_req("ep_a", T0, 1, "node-1")).await?.remove(0);
+    let ok = result(&c, c.fence, DeliveryState::Delivered, None, 200, T0 + 1);
+    let mut dup = ok.clone();
+    dup.attempt.id.push_str("_dup");
+    let ops = vec![
+        WriteOp::Ingest(vec![event("acme", "evt_1", "t", T0 + 1)]),
+        WriteOp::Ingest(vec![event("acme", "evt_2", "t", T0 + 2), event("acme", "evt_1", "t", T0 + 3)]),
+        WriteOp::Record(vec![ok]),
+        WriteOp::Record(vec![dup]),
+        WriteOp::Claim(claim_req("ep_b", T0 + 2, 10, "node-1")),
+        WriteOp::Endpoint(change("ep_a", EndpointState::Disabled, None, T0 + 4)),
+        WriteOp::Release(Vec::new()),
+        WriteOp::Ingest(vec![event("acme", "evt_3", "t", T0 + 5)]),
+    ];
+    let results = b.store.apply(ops).await?;
+    assert_eq!(results.len(), 8);
+    let WriteResult::Ingest(first) = &results[0] else { panic!("{:?}", results[0]) };
+    assert_eq!((first[0].deliveries, first[0].duplicate), (2, false));
+    let WriteResult::Ingest(second) = &results[1] else { panic!("{:?}", results[1]) };
+    assert_eq!(second.iter().map(|o| o.duplicate).collect::<Vec<_>>(), [false, true], "earlier ops of the commit are visible");
+    let WriteResult::Record(r) = &results[2] else { panic!("{:?}", results[2]) };
+    assert_eq!(r, &[true]);
+    let WriteResult::Record(r) = &results[3] else { panic!("{:?}", results[3]) };
+    assert_eq!(r, &[false], "the second result for one lease is refused");
+    let WriteResult::Claim(claimed) = &results[4] else { panic!("{:?}", results[4]) };
+    let ids: Vec<&str> = claimed.iter().map(|c| c.event_id.as_str()).collect();
+    assert_eq!(ids, ["evt_0", "evt_1", "evt_2"], "the claim sees deliveries ingested before it");
+    let WriteResult::Endpoint(dead) = &results[5] else { panic!("{:?}", results[5]) };
+    assert_eq!(*dead, 2, "ep_a's evt_1 and evt_2 deliveries");
+    assert!(matches!(results[6], WriteResult::Release));
+    let WriteResult::Ingest(last) = &results[7] else { panic!("{:?}", results[7]) };
+    assert_eq!(last[0].endpoints, [EndpointId::from_stored("ep_b")], "intake after the disable skips it");
+    let (d, attempts) = b.store.get_delivery(&c.tenant, &c.id).await?.expect("delivery");
+    assert_eq!((d.state, attempts.len()), (DeliveryState::Delivered, 1));
+
+    // A failing op fails the whole commit: nothing of it is stored.
+    let bad = vec![
+        WriteOp::Ingest(vec![event("acme", "evt_4", "t", T0 + 6)]),
+        WriteOp::Ingest(vec![event("nobody", "evt_5", "t", T0 + 6)]),
+    ];
+    assert!(b.store.apply(bad).await.is_err(), "an event of an unknown tenant is refused");
+    assert!(b.store.get_event(&TenantId::parse("acme")?, &EventId::parse("evt_4")?).await?.is_none(), "all or nothing");
+    Ok(())
+}
+
+async fn concurrent_nodes_never_claim_the_same_delivery(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    let total = 400;
+    ingest(&b, (0..total).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
+    let (_other_store, other) = b.another_node().await?;
+    let mut tasks = Vec::new();
+    for (n, committer) in [b.committer.clone(), other, b.committer.clone(), b.another_node().await?.1].into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = committer.claim(claim_req("ep_a", T0 + total, 7, &format!("node-{n}"))).await?;
+                if got.is_empty() {
+                    return anyhow::Ok(mine);
+                }
+                mine.extend(got.into_iter().map(|c| c.id));
+            }
+        }));
+    }
+    let mut seen = HashSet::new();
+    for t in tasks {
+        for id in tokio::time::timeout(Duration::from_secs(30), t).await???.into_iter() {
+            assert!(seen.insert(id.clone()), "{id} claimed twice");
+        }
+    }
+    assert_eq!(seen.len(), total as usize, "every delivery claimed once");
+    Ok(())
+}
+
+/// Behaviour that differs between the backends.
+mod backend_specific {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn intake_wakes_the_other_nodes() -> anyhow::Result<()> {
+        let b = Backend::postgres().await?;
+        setup(&b, &[("ep_a", &[]), ("ep_b", &["b"])]).await?;
+        let (other, _) = b.another_node().await?;
+        let mut rx = other.subscribe().await?.expect("Postgres nodes listen for each other's work");
+        ingest(&b, vec![event("acme", "evt_1", "a", T0)]).await?;
+        let woken = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
+        assert_eq!(woken, [EndpointId::from_stored("ep_a")]);
+        ingest(&b, vec![event("acme", "evt_2", "b", T0), event("acme", "evt_3", "b", T0)]).await?;
+        let mut woken = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
+        woken.sort();
+        assert_eq!(woken, [EndpointId::from_stored("ep_a"), EndpointId::from_stored("ep_b")]);
+
+        // Another schema on the same server is not woken.
+        let c = Backend::postgres().await?;
+        let mut rx_c = c.store.subscribe().await?.expect("listener");
+        ingest(&b, vec![event("acme", "evt_4", "a", T0)]).await?;
+        tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
+        assert!(tokio::time::timeout(Duration::from_millis(300), rx_c.recv()).await.is_err(), "schemas are separate");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn sqlite_is_a_single_node_store() -> anyhow::Result<()> {
+        let b = Backend::sqlite().await?;
+        assert!(b.store.subscribe().await?.is_none());
+        Ok(())
+    }
+}
