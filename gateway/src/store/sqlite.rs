@@ -589,22 +589,46 @@ impl Store for SqliteStore {
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
         let mut conn = self.writer.lock().await;
         conn.execute("BEGIN IMMEDIATE").await?;
-        let mut results = Vec::with_capacity(ops.len());
-        for op in ops {
-            match apply_one(&mut conn, op).await {
-                Ok(r) => results.push(r),
-                Err(e) => {
+        match apply_all(&mut conn, ops).await {
+            Ok(results) => {
+                if let Err(e) = conn.execute("COMMIT").await {
                     let _ = conn.execute("ROLLBACK").await;
-                    return Err(e);
+                    return Err(e.into());
                 }
+                Ok(results)
+            }
+            Err(e) => {
+                let _ = conn.execute("ROLLBACK").await;
+                Err(e)
             }
         }
-        if let Err(e) = conn.execute("COMMIT").await {
-            let _ = conn.execute("ROLLBACK").await;
-            return Err(e.into());
-        }
-        Ok(results)
     }
+}
+
+/// Applies a batch of ops inside the open transaction. Every `Record` op is folded into one
+/// multi-row write at the end (order among them and against the other ops does not matter:
+/// unfinished deliveries settle against the endpoint state at commit time either way).
+async fn apply_all(conn: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
+    let mut results: Vec<Option<WriteResult>> = Vec::with_capacity(ops.len());
+    let mut records: Vec<(usize, usize)> = Vec::new();
+    let mut pending: Vec<AttemptResult> = Vec::new();
+    for (i, op) in ops.into_iter().enumerate() {
+        match op {
+            WriteOp::Record(rs) => {
+                records.push((i, rs.len()));
+                pending.extend(rs);
+                results.push(None);
+            }
+            other => results.push(Some(apply_one(conn, other).await?)),
+        }
+    }
+    if !pending.is_empty() {
+        let mut accepted = record(conn, pending).await?.into_iter();
+        for (i, n) in records {
+            results[i] = Some(WriteResult::Record(accepted.by_ref().take(n).collect()));
+        }
+    }
+    Ok(results.into_iter().map(|r| r.expect("every op answered")).collect())
 }
 
 async fn apply_one(conn: &mut SqliteConnection, op: WriteOp) -> Result<WriteResult> {
@@ -732,108 +756,122 @@ async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Ve
 }
 
 async fn claim(conn: &mut SqliteConnection, req: ClaimRequest) -> Result<Vec<Claimed>> {
+    // Read the due rows with their events, then lease them: two statements per claim. The
+    // writer holds the write lock (BEGIN IMMEDIATE), so nothing changes in between.
     let rows = sqlx::query(
-        "UPDATE deliveries SET state = 'delivering', lease_owner = ?, lease_until = ?, fence = fence + 1, \
-         updated_at = ? WHERE id IN (SELECT id FROM deliveries WHERE endpoint_id = ? \
-         AND state IN ('queued', 'waiting') AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?) \
-         RETURNING id, tenant_id, event_id, event_type, attempts, attempt_base, deadline, fence, next_attempt_at",
+        "SELECT d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
+         e.payload, e.created_at, e.expires_at FROM deliveries d \
+         JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
+         WHERE d.endpoint_id = ? AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ? \
+         ORDER BY d.next_attempt_at, d.id LIMIT ?",
     )
-    .bind(&req.owner)
-    .bind(req.lease_until)
-    .bind(req.now)
     .bind(req.endpoint.as_str())
     .bind(req.now)
     .bind(i64::from(req.limit))
     .fetch_all(&mut *conn)
     .await?;
-    let mut claimed = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let tenant: String = r.try_get("tenant_id")?;
-        let event_id: String = r.try_get("event_id")?;
-        let ev = sqlx::query("SELECT payload, created_at, expires_at FROM events WHERE tenant_id = ? AND id = ?")
-            .bind(&tenant)
-            .bind(&event_id)
-            .fetch_one(&mut *conn)
-            .await?;
-        claimed.push((
-            r.try_get::<i64, _>("next_attempt_at")?,
-            Claimed {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let claimed = rows
+        .iter()
+        .map(|r| {
+            Ok(Claimed {
                 id: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
-                tenant: TenantId::from_stored(tenant),
-                event_id: EventId::from_stored(event_id),
+                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+                event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
                 event_type: r.try_get("event_type")?,
-                payload: ev.try_get("payload")?,
-                event_created_at: ev.try_get("created_at")?,
-                expires_at: ev.try_get("expires_at")?,
+                payload: r.try_get("payload")?,
+                event_created_at: r.try_get("created_at")?,
+                expires_at: r.try_get("expires_at")?,
                 attempts: r.try_get::<i64, _>("attempts")? as u32,
                 attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
                 deadline: r.try_get("deadline")?,
-                fence: r.try_get("fence")?,
-            },
-        ));
+                fence: r.try_get::<i64, _>("fence")? + 1,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for chunk in claimed.chunks(ROWS_PER_INSERT * 5) {
+        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("UPDATE deliveries SET state = 'delivering', lease_owner = ");
+        q.push_bind(req.owner.as_str())
+            .push(", lease_until = ")
+            .push_bind(req.lease_until)
+            .push(", fence = fence + 1, updated_at = ")
+            .push_bind(req.now)
+            .push(" WHERE id IN (");
+        let mut ids = q.separated(", ");
+        for c in chunk {
+            ids.push_bind(c.id.as_str());
+        }
+        ids.push_unseparated(")");
+        q.build().execute(&mut *conn).await?;
     }
-    // RETURNING gives no order guarantee: keep the schedule's.
-    claimed.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
-    Ok(claimed.into_iter().map(|(_, c)| c).collect())
+    Ok(claimed)
 }
 
+/// Records attempt results in multi-row statements; a result applies only while its fence
+/// still matches. Returns, per result, whether it was accepted.
 async fn record(conn: &mut SqliteConnection, results: Vec<AttemptResult>) -> Result<Vec<bool>> {
-    let mut accepted = Vec::with_capacity(results.len());
-    for r in results {
-        let a = &r.attempt;
-        // An unfinished delivery settles against its endpoint's state at commit time (a
-        // concurrent disable or human pause wins over a retry).
-        let unfinished = matches!(r.state, DeliveryState::Waiting | DeliveryState::Queued);
-        let (state_sql, reason_sql) = if unfinished {
-            (settle("?"), format!("CASE WHEN {} = 'dead' THEN 'endpoint_disabled' ELSE ? END", settle("?")))
-        } else {
-            ("?".to_string(), "?".to_string())
-        };
-        let sql = format!(
-            "UPDATE deliveries SET state = {state_sql}, attempts = ?, next_attempt_at = ?, reason = {reason_sql}, \
-             last_status = ?, last_error = ?, lease_owner = NULL, lease_until = NULL, updated_at = ? \
-             WHERE id = ? AND fence = ? AND state = 'delivering'"
+    // One result per lease: a second result for the same delivery in this batch is refused,
+    // exactly as it would be in a later commit (the first one ends the lease).
+    let mut seen = std::collections::HashSet::with_capacity(results.len());
+    let first: Vec<bool> = results.iter().map(|r| seen.insert(r.delivery.as_str())).collect();
+    let unique: Vec<&AttemptResult> = results.iter().zip(&first).filter(|(_, f)| **f).map(|(r, _)| r).collect();
+    let mut accepted: HashMap<String, String> = HashMap::with_capacity(results.len());
+    let unfinished = "v.column3 IN ('waiting', 'queued')";
+    let settled = settle("v.column3");
+    for chunk in unique.chunks(ROWS_PER_INSERT) {
+        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(format!(
+            "UPDATE deliveries SET state = CASE WHEN {unfinished} THEN {settled} ELSE v.column3 END, \
+             attempts = v.column4, next_attempt_at = v.column5, \
+             reason = CASE WHEN {unfinished} AND {settled} = 'dead' THEN 'endpoint_disabled' ELSE v.column6 END, \
+             last_status = v.column7, last_error = v.column8, lease_owner = NULL, lease_until = NULL, \
+             updated_at = v.column9 FROM ("
+        ));
+        q.push_values(chunk, |mut b, r| {
+            let a = &r.attempt;
+            b.push_bind(r.delivery.as_str())
+                .push_bind(r.fence)
+                .push_bind(r.state.as_str())
+                .push_bind(i64::from(a.number))
+                .push_bind(r.next_attempt_at)
+                .push_bind(r.reason.as_deref())
+                .push_bind(a.status.map(i64::from))
+                .push_bind(a.error.as_deref())
+                .push_bind(a.started_at + a.duration_ms as i64);
+        });
+        q.push(
+            ") AS v WHERE deliveries.id = v.column1 AND deliveries.fence = v.column2 \
+             AND deliveries.state = 'delivering' RETURNING deliveries.id, deliveries.endpoint_id",
         );
-        let mut q = sqlx::query(&sql)
-            .bind(r.state.as_str())
-            .bind(i64::from(a.number))
-            .bind(r.next_attempt_at);
-        if unfinished {
-            q = q.bind(r.state.as_str());
+        for row in q.build().fetch_all(&mut *conn).await? {
+            accepted.insert(row.try_get("id")?, row.try_get("endpoint_id")?);
         }
-        let done = q
-            .bind(&r.reason)
-            .bind(a.status.map(i64::from))
-            .bind(&a.error)
-            .bind(a.started_at + a.duration_ms as i64)
-            .bind(r.delivery.as_str())
-            .bind(r.fence)
-            .execute(&mut *conn)
-            .await?;
-        let ok = done.rows_affected() == 1;
-        if ok {
-            sqlx::query(
-                "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
-                 error, verdict, decided_by, endpoint_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \
-                 (SELECT endpoint_id FROM deliveries WHERE id = ?))",
-            )
-            .bind(&a.id)
-            .bind(a.delivery_id.as_str())
-            .bind(i64::from(a.number))
-            .bind(a.started_at)
-            .bind(a.duration_ms as i64)
-            .bind(a.status.map(i64::from))
-            .bind(&a.response_body)
-            .bind(&a.error)
-            .bind(&a.verdict)
-            .bind(&a.decided_by)
-            .bind(a.delivery_id.as_str())
-            .execute(&mut *conn)
-            .await?;
-        }
-        accepted.push(ok);
     }
-    Ok(accepted)
+    let kept: Vec<(&AttemptResult, &String)> =
+        unique.iter().filter_map(|r| accepted.get(r.delivery.as_str()).map(|ep| (*r, ep))).collect();
+    for chunk in kept.chunks(ROWS_PER_INSERT) {
+        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
+            "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
+             error, verdict, decided_by, endpoint_id) ",
+        );
+        q.push_values(chunk, |mut b, (r, endpoint)| {
+            let a = &r.attempt;
+            b.push_bind(a.id.as_str())
+                .push_bind(a.delivery_id.as_str())
+                .push_bind(i64::from(a.number))
+                .push_bind(a.started_at)
+                .push_bind(a.duration_ms as i64)
+                .push_bind(a.status.map(i64::from))
+                .push_bind(a.response_body.as_deref())
+                .push_bind(a.error.as_deref())
+                .push_bind(a.verdict.as_str())
+                .push_bind(a.decided_by.as_str())
+                .push_bind(endpoint.as_str());
+        });
+        q.build().execute(&mut *conn).await?;
+    }
+    Ok(results.iter().zip(first).map(|(r, f)| f && accepted.contains_key(r.delivery.as_str())).collect())
 }
 
 /// What a delivery that is not finished becomes, given its endpoint's state right now:
