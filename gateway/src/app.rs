@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 use crate::model::EndpointId;
 use crate::ops::{self, Ops};
+use crate::plugin::{PluginConfig, PluginHost};
 use crate::replay::Replayer;
 use crate::worker::Engine;
 
@@ -24,6 +25,8 @@ pub enum AppError {
     Store(#[from] StoreError),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("plugins: {0}")]
+    Plugins(#[from] crate::plugin::PluginError),
 }
 
 /// Runs a node on `listener` until `shutdown` resolves.
@@ -34,13 +37,22 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     let metrics = Arc::new(Metrics::default());
     let (stop, stopped) = watch::channel(false);
     let ops = Ops::setup(&store, committer.clone(), &config.operator, config.retry.ttl()).await?;
-    let engine =
-        Engine::start(store.clone(), committer.clone(), config.clone(), metrics.clone(), ops.clone(), stopped.clone()).await;
+    let plugins = start_plugins(&config).await?;
+    let engine = Engine::start(
+        store.clone(),
+        committer.clone(),
+        config.clone(),
+        metrics.clone(),
+        ops.clone(),
+        plugins.clone(),
+        stopped.clone(),
+    )
+    .await;
     let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl()).await;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let poke = engine.clone();
     let wake: Arc<dyn Fn(&[EndpointId]) + Send + Sync> = Arc::new(move |ids| poke.poke(ids));
-    let state = AppState::new(config.clone(), store, committer, metrics, wake, replayer);
+    let state = AppState::new(config.clone(), store, committer, metrics, wake, replayer, plugins);
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
     let shutdown = async move {
         shutdown.await;
@@ -48,4 +60,17 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     };
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
     Ok(())
+}
+
+/// Loads every tenant's plugins (compiling off the async runtime) and starts the watcher.
+async fn start_plugins(config: &Config) -> Result<PluginHost, AppError> {
+    let mut pc = PluginConfig::new(config.plugins.dir.clone());
+    pc.call_timeout = config.plugins.call_timeout;
+    pc.memory_limit = config.plugins.memory_limit_bytes;
+    pc.max_plugin_bytes = config.plugins.max_plugin_bytes;
+    pc.plugin_config = config.plugins.plugin_config.clone();
+    let host = tokio::task::spawn_blocking(move || PluginHost::start(pc))
+        .await
+        .map_err(|e| AppError::Io(std::io::Error::other(e)))??;
+    Ok(host)
 }

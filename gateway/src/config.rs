@@ -182,6 +182,8 @@ pub struct RawPlugins {
     pub call_timeout: String,
     pub memory_limit_mib: u32,
     pub max_plugin_bytes: u64,
+    /// `[plugins.config.<tenant>.<plugin>]`: each plugin's own settings.
+    pub config: std::collections::BTreeMap<String, std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>>,
 }
 
 impl Default for RawPlugins {
@@ -191,6 +193,7 @@ impl Default for RawPlugins {
             call_timeout: "10ms".into(),
             memory_limit_mib: 16,
             max_plugin_bytes: 8 << 20,
+            config: Default::default(),
         }
     }
 }
@@ -271,6 +274,8 @@ pub struct PluginsConfig {
     pub call_timeout: Duration,
     pub memory_limit_bytes: usize,
     pub max_plugin_bytes: usize,
+    /// Each plugin's own settings, by (tenant, plugin name).
+    pub plugin_config: std::collections::HashMap<(String, String), std::collections::HashMap<String, String>>,
 }
 
 /// The longest total request deadline an endpoint may ask for.
@@ -423,6 +428,14 @@ impl RawConfig {
                 call_timeout: duration("plugins.call_timeout", &self.plugins.call_timeout)?,
                 memory_limit_bytes: (self.plugins.memory_limit_mib as usize) << 20,
                 max_plugin_bytes: self.plugins.max_plugin_bytes as usize,
+                plugin_config: self
+                    .plugins
+                    .config
+                    .into_iter()
+                    .flat_map(|(tenant, plugins)| {
+                        plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
+                    })
+                    .collect(),
             },
             operator: self.operator.validate()?,
             retention: RetentionConfig {

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod pace;
+pub mod plugin;
 pub mod replay;
 pub mod schedule;
 pub mod sign;

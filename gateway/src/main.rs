@@ -53,10 +53,30 @@ enum Command {
         #[arg(long)]
         no_wait: bool,
     },
+    /// Work with plugin files: validate one, or run one hook on an input.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
     /// Validate a configuration file and print the effective settings.
     CheckConfig {
         #[arg(long, short)]
         config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Compile and validate a plugin; print what it implements.
+    Check { file: PathBuf },
+    /// Run one hook of a plugin on a JSON input and print the result as JSON.
+    Run {
+        file: PathBuf,
+        #[arg(long, value_parser = ["transform", "classify", "sign"])]
+        hook: String,
+        /// The hook's input (see `herald plugin run --help` and README "Writing a plugin").
+        #[arg(long)]
+        input: PathBuf,
     },
 }
 
@@ -95,6 +115,15 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let result = runtime.block_on(gateway::cli::replay(req))?;
             println!("{}", serde_json::to_string_pretty(&result)?);
+            Ok(())
+        }
+        Command::Plugin { command: PluginCommand::Check { file } } => {
+            println!("{}", gateway::plugin::check_file(&file)?);
+            Ok(())
+        }
+        Command::Plugin { command: PluginCommand::Run { file, hook, input } } => {
+            let input = std::fs::read_to_string(&input).with_context(|| format!("cannot read {}", input.display()))?;
+            println!("{}", gateway::plugin::run_hook_file(&file, &hook, &input)?);
             Ok(())
         }
         Command::CheckConfig { config } => {

@@ -23,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::model::*;
 use crate::ops::Ops;
 use crate::pace::{Pacer, Permit};
+use crate::plugin::{self, PluginHost};
 use crate::schedule::{RetryDecision, RetryPolicy};
 use crate::sign::{self, Secret};
 use crate::store::{AttemptResult, ClaimRequest, Claimed, Committer, DynStore, EndpointChange, Release};
@@ -55,6 +56,7 @@ struct Inner {
     scan: Notify,
     shutdown: watch::Receiver<bool>,
     ops: Ops,
+    plugins: PluginHost,
 }
 
 impl Engine {
@@ -65,6 +67,7 @@ impl Engine {
         config: Arc<Config>,
         metrics: Arc<Metrics>,
         ops: Ops,
+        plugins: PluginHost,
         shutdown: watch::Receiver<bool>,
     ) -> Engine {
         let mut rng = StdRng::from_rng(&mut rand::rng());
@@ -81,6 +84,7 @@ impl Engine {
             scan: Notify::new(),
             shutdown,
             ops,
+            plugins,
         });
         // A single SQLite node owns every lease in its file: whatever was in flight when
         // the previous process died can be retried at once. Shared stores wait for expiry.
@@ -471,6 +475,18 @@ pub fn decide(
     }
 }
 
+/// What an attempt produced before classification.
+struct Exchange {
+    outcome: Outcome,
+    status: Option<u16>,
+    body_prefix: Option<String>,
+    error: Option<String>,
+    /// The verdict, when it is already decided (a plugin failed or dropped the delivery).
+    verdict: Option<(Verdict, String)>,
+    /// The response, for a classify plugin.
+    answer: Option<crate::deliver::Answer>,
+}
+
 async fn attempt(
     inner: Arc<Inner>,
     shared: Arc<Shared>,
@@ -484,45 +500,21 @@ async fn attempt(
     let clock = Instant::now();
     let number = d.attempts + 1;
     let attempt_id = new_id("att", started, &mut rng);
-    let spec = &target.endpoint.spec;
-    let body = envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload);
-    let timestamp = started.div_euclid(1000);
-    let secrets: Vec<&Secret> = target.secrets.iter().collect();
-    let mut headers = vec![
-        ("content-type".to_string(), "application/json".to_string()),
-        ("user-agent".to_string(), concat!("herald/", env!("CARGO_PKG_VERSION")).to_string()),
-        (sign::HEADER_ID.to_string(), d.event_id.to_string()),
-        (sign::HEADER_TIMESTAMP.to_string(), timestamp.to_string()),
-        (sign::HEADER_SIGNATURE.to_string(), sign::signature_header(&secrets, d.event_id.as_str(), timestamp, body.as_bytes())),
-        ("herald-attempt-id".to_string(), attempt_id.clone()),
-        ("herald-delivery-id".to_string(), d.id.to_string()),
-    ];
-    headers.extend(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let sent = inner
-        .deliverer
-        .send(Outgoing {
-            url: spec.url.clone(),
-            headers,
-            body: Bytes::from(body),
-            connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
-            timeout: Duration::from_millis(spec.timeout_ms),
-        })
-        .await;
-    let duration_ms = clock.elapsed().as_millis() as u64;
-    inner.metrics.attempts.inc();
-    let (outcome, status, body_prefix, error) = match &sent {
-        Sent::Answer(a) => (
-            Outcome::Response {
-                status: a.status,
-                retry_after: a.retry_after.as_deref().and_then(|v| classify::parse_retry_after(v, SystemTime::now())),
-            },
-            Some(a.status),
-            Some(a.body_prefix.clone()),
-            None,
-        ),
-        Sent::Failed(kind, detail) => (Outcome::Transport(*kind), None, None, Some(format!("{}: {detail}", kind.as_str()))),
+    let ctx = plugin::DeliveryContext {
+        tenant: d.tenant.to_string(),
+        endpoint_id: target.endpoint.id.to_string(),
+        event_id: d.event_id.to_string(),
+        event_type: d.event_type.clone(),
+        attempt: number,
+        timestamp: started.div_euclid(1000).max(0) as u64,
+        attempt_id: attempt_id.clone(),
     };
-    let verdict = classify::classify(&outcome);
+    let exchange = exchange(&inner, &target, &d, &ctx).await;
+    let duration_ms = clock.elapsed().as_millis() as u64;
+    let (verdict, decided_by) = match exchange.verdict.clone() {
+        Some(v) => v,
+        None => judge(&inner, &target, &ctx, &exchange),
+    };
     let now = now_ms();
     // The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
     let deadline = d
@@ -530,7 +522,7 @@ async fn attempt(
         .unwrap_or_else(|| d.expires_at.min(d.event_created_at.saturating_add(target.policy.ttl().as_millis() as i64)));
     let budgeted = number.saturating_sub(d.attempt_base);
     let decision = decide(&verdict, budgeted, now, deadline, &target.policy, &mut rng);
-    endpoint_effects(&inner, &shared, &target.endpoint, &verdict, now).await;
+    endpoint_effects(&inner, &shared, &target.endpoint, &verdict, &exchange.outcome, now).await;
     let result = AttemptResult {
         delivery: d.id.clone(),
         fence: d.fence,
@@ -543,11 +535,11 @@ async fn attempt(
             number,
             started_at: started,
             duration_ms,
-            status,
-            response_body: body_prefix,
-            error,
+            status: exchange.status,
+            response_body: exchange.body_prefix,
+            error: exchange.error,
             verdict: decision.label.clone(),
-            decided_by: "builtin".into(),
+            decided_by,
         },
     };
     match inner.committer.record(vec![result]).await {
@@ -570,14 +562,162 @@ async fn attempt(
         },
         Err(e) => tracing::error!(delivery = %d.id, error = %e, "cannot record attempt; the lease will expire and it will be retried"),
     }
-    tracing::debug!(delivery = %d.id, attempt = number, status, verdict = %decision.label, duration_ms, "attempt");
+    tracing::debug!(delivery = %d.id, attempt = number, status = exchange.status, verdict = %decision.label, duration_ms, "attempt");
     shared.pacer.lock().expect("pacer").release();
     shared.freed.notify_one();
     inner.metrics.in_flight_done.inc();
 }
 
+/// Builds the request (transform and sign plugins included) and sends it.
+async fn exchange(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::DeliveryContext) -> Exchange {
+    let spec = &target.endpoint.spec;
+    let tenant = d.tenant.as_str();
+    let failed = |inner: &Inner, name: &str, f: plugin::PluginFailure| {
+        inner.metrics.plugin_failures.inc();
+        tracing::warn!(plugin = name, tenant, error = %f, "plugin call failed");
+        Exchange {
+            outcome: Outcome::Transport(classify::TransportErrorKind::Other),
+            status: None,
+            body_prefix: None,
+            error: Some(f.reason()),
+            verdict: Some((Verdict::Retry { after: None, pause_endpoint: false }, format!("plugin:{name}"))),
+            answer: None,
+        }
+    };
+    let mut request = plugin::Request {
+        headers: std::iter::once(("content-type".to_string(), "application/json".to_string()))
+            .chain(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .collect(),
+        body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
+    };
+    if let Some(name) = &spec.plugins.transform {
+        match inner.plugins.transform(tenant, name, ctx, &request) {
+            Ok(plugin::TransformResult::Send(r)) => request = r,
+            Ok(plugin::TransformResult::Drop(reason)) => {
+                return Exchange {
+                    outcome: Outcome::Transport(classify::TransportErrorKind::Other),
+                    status: None,
+                    body_prefix: None,
+                    error: None,
+                    verdict: Some((Verdict::Fail { reason: format!("dropped:{reason}") }, format!("plugin:{name}"))),
+                    answer: None,
+                };
+            }
+            Err(f) => return failed(inner, name, f),
+        }
+    }
+    let timestamp = ctx.timestamp as i64;
+    let mut headers = request.headers.clone();
+    headers.retain(|(k, _)| !is_herald_header(k));
+    headers.extend([
+        ("user-agent".to_string(), concat!("herald/", env!("CARGO_PKG_VERSION")).to_string()),
+        (sign::HEADER_ID.to_string(), d.event_id.to_string()),
+        (sign::HEADER_TIMESTAMP.to_string(), timestamp.to_string()),
+        ("herald-attempt-id".to_string(), ctx.attempt_id.clone()),
+        ("herald-delivery-id".to_string(), d.id.to_string()),
+    ]);
+    match &spec.plugins.sign {
+        Some(name) => {
+            let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
+            match inner.plugins.sign(tenant, name, ctx, &keys, &request) {
+                Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_herald_header(k))),
+                Err(f) => return failed(inner, name, f),
+            }
+        }
+        None => {
+            let secrets: Vec<&Secret> = target.secrets.iter().collect();
+            let sig = sign::signature_header(&secrets, d.event_id.as_str(), timestamp, &request.body);
+            headers.push((sign::HEADER_SIGNATURE.to_string(), sig));
+        }
+    }
+    let sent = inner
+        .deliverer
+        .send(Outgoing {
+            url: spec.url.clone(),
+            headers,
+            body: Bytes::from(request.body),
+            connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
+            timeout: Duration::from_millis(spec.timeout_ms),
+        })
+        .await;
+    inner.metrics.attempts.inc();
+    match sent {
+        Sent::Answer(a) => Exchange {
+            outcome: Outcome::Response {
+                status: a.status,
+                retry_after: a.retry_after.as_deref().and_then(|v| classify::parse_retry_after(v, SystemTime::now())),
+            },
+            status: Some(a.status),
+            body_prefix: Some(a.body_prefix.clone()),
+            error: None,
+            verdict: None,
+            answer: Some(a),
+        },
+        Sent::Failed(kind, detail) => Exchange {
+            outcome: Outcome::Transport(kind),
+            status: None,
+            body_prefix: None,
+            error: Some(format!("{}: {detail}", kind.as_str())),
+            verdict: None,
+            answer: None,
+        },
+    }
+}
+
+/// Headers only Herald sets: a plugin's copies are dropped.
+fn is_herald_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n == "user-agent" || n.starts_with("webhook-") || n.starts_with("herald-")
+}
+
+/// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.
+fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, ex: &Exchange) -> (Verdict, String) {
+    let builtin = || (classify::classify(&ex.outcome), "builtin".to_string());
+    let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
+    let outcome = match (&ex.answer, &ex.outcome) {
+        (Some(a), _) => plugin::Outcome::Response(plugin::Response {
+            status: a.status,
+            headers: a.headers.clone(),
+            body: a.body_prefix.as_bytes().to_vec(),
+        }),
+        (None, Outcome::Transport(kind)) => plugin::Outcome::TransportError(plugin::TransportError {
+            kind: match kind {
+                classify::TransportErrorKind::Timeout | classify::TransportErrorKind::ConnectTimeout => {
+                    plugin::TransportErrorKind::Timeout
+                }
+                classify::TransportErrorKind::ConnectionRefused => plugin::TransportErrorKind::ConnectionRefused,
+                classify::TransportErrorKind::ConnectionReset => plugin::TransportErrorKind::ConnectionReset,
+                classify::TransportErrorKind::Dns => plugin::TransportErrorKind::Dns,
+                classify::TransportErrorKind::Tls => plugin::TransportErrorKind::Tls,
+                _ => plugin::TransportErrorKind::Other,
+            },
+            message: ex.error.clone().unwrap_or_default(),
+        }),
+        (None, Outcome::Response { .. }) => return builtin(),
+    };
+    let by = format!("plugin:{name}");
+    match inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome) {
+        Ok(plugin::Verdict::Default) => builtin(),
+        Ok(plugin::Verdict::Delivered) => (Verdict::Delivered, by),
+        Ok(plugin::Verdict::Retry(after)) => {
+            (Verdict::Retry { after: after.map(|s| Duration::from_secs(u64::from(s))), pause_endpoint: false }, by)
+        }
+        Ok(plugin::Verdict::Fail(reason)) => (Verdict::Fail { reason: format!("plugin:{reason}") }, by),
+        Ok(plugin::Verdict::PauseEndpoint(p)) => {
+            (Verdict::Retry { after: Some(Duration::from_secs(u64::from(p.secs))), pause_endpoint: true }, by)
+        }
+        Ok(plugin::Verdict::DisableEndpoint(reason)) => (Verdict::DisableEndpoint { reason }, by),
+        Err(f) => {
+            inner.metrics.plugin_failures.inc();
+            tracing::warn!(plugin = %name, tenant = %ctx.tenant, error = %f, "classify failed; using the built-in table");
+            let (v, _) = builtin();
+            (v, format!("builtin (plugin:{name} failed: {f})"))
+        }
+    }
+}
+
 /// Applies what a verdict means for the whole endpoint: pauses, disables, failure tracking.
-async fn endpoint_effects(inner: &Inner, shared: &Shared, endpoint: &Endpoint, verdict: &Verdict, now: Millis) {
+async fn endpoint_effects(inner: &Inner, shared: &Shared, endpoint: &Endpoint, verdict: &Verdict, outcome: &Outcome, now: Millis) {
     let change = |state: Option<EndpointState>, reason: Option<String>, until: Option<Millis>, failing: Option<Option<Millis>>| {
         EndpointChange { endpoint: endpoint.id.clone(), state, reason, paused_until: until, failing_since: failing, now }
     };
@@ -603,9 +743,14 @@ async fn endpoint_effects(inner: &Inner, shared: &Shared, endpoint: &Endpoint, v
             shared.pacer.lock().expect("pacer").pause_until(Instant::now() + *after);
             inner.metrics.endpoint_pauses.inc();
             tracing::info!(endpoint = %endpoint.id, pause_ms = after.as_millis() as u64, "endpoint rate limited; pausing");
+            let reason = match outcome {
+                Outcome::Response { status: 429, .. } => "rate limited (429)".to_string(),
+                Outcome::Response { status, .. } => format!("paused by classify plugin (HTTP {status})"),
+                Outcome::Transport(k) => format!("paused by classify plugin ({})", k.as_str()),
+            };
             Some(change(
                 Some(EndpointState::Paused),
-                Some("rate limited (429)".into()),
+                Some(reason),
                 Some(now + after.as_millis() as i64),
                 failing,
             ))

@@ -62,6 +62,7 @@
 //! `"plugins": {"classify": "{name}"}`.
 
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
 pub mod __bindings {
     wit_bindgen::generate!({
         path: "../wit",
@@ -105,7 +106,11 @@ pub trait Plugin {
 
     /// Compute the signature headers for `req` with each raw secret in `secrets`
     /// (newest first). Default: an error, as Herald never calls an undeclared hook.
-    fn sign(ctx: &DeliveryContext, secrets: &[Vec<u8>], req: &Request) -> Result<Vec<Header>, String> {
+    fn sign(
+        ctx: &DeliveryContext,
+        secrets: &[Vec<u8>],
+        req: &Request,
+    ) -> Result<Vec<Header>, String> {
         let _ = (ctx, secrets, req);
         Err("this plugin does not implement sign".to_string())
     }
@@ -120,7 +125,7 @@ pub fn config(key: &str) -> Option<String> {
 /// Log lines, recorded in Herald's structured log with the tenant, plugin and attempt.
 /// Lines past 1 KiB are truncated; at most 32 lines per call are kept.
 pub mod log {
-    use super::{host, Level};
+    use super::{Level, host};
 
     /// Logs at `trace` level.
     pub fn trace(message: &str) {
@@ -180,7 +185,10 @@ impl Outcome {
 }
 
 fn find_header<'a>(headers: &'a [Header], name: &str) -> Option<&'a str> {
-    headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
 }
 
 #[doc(hidden)]
@@ -190,7 +198,8 @@ pub mod __private {
     pub use crate::__bindings::Guest;
 
     pub fn describe<P: Plugin>(crate_name: &str, crate_version: &str) -> PluginInfo {
-        let pick = |own: &str, fallback: &str| if own.is_empty() { fallback } else { own }.to_string();
+        let pick =
+            |own: &str, fallback: &str| if own.is_empty() { fallback } else { own }.to_string();
         PluginInfo {
             name: pick(P::NAME, crate_name),
             version: pick(P::VERSION, crate_version),

@@ -1,1 +1,198 @@
-//! Several `herald` processes on one Postgres database.
+//! Several real `herald` processes on one Postgres schema, one receiver: a delivery is never
+//! in flight on two nodes at once, an endpoint's pace holds for the whole cluster, and a
+//! node killed with SIGKILL loses nothing (the others finish its work once its leases end).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use gateway::model::{EndpointId, Millis};
+use serde_json::{Value, json};
+use tests::pg::PgSchema;
+use tests::{ADMIN_TOKEN, Answer, Api, FakeReceiver, HeraldProcess, Received, herald_binary};
+
+/// How long the receiver takes to answer: each request is in flight at least this long.
+const RECEIVER_DELAY: Duration = Duration::from_millis(30);
+const RATE: f64 = 20.0;
+const BURST: usize = 4;
+
+struct Cluster {
+    // Declared first: nodes are killed before their schema is dropped.
+    nodes: Vec<HeraldProcess>,
+    _dirs: Vec<tempfile::TempDir>,
+    schema: PgSchema,
+}
+
+impl Cluster {
+    async fn start(n: usize, env: &[(&str, &str)]) -> anyhow::Result<Cluster> {
+        let bin = herald_binary()?;
+        let schema = PgSchema::create().await?;
+        let mut env: Vec<(&str, &str)> = env.to_vec();
+        env.push(("HERALD_STORE_URL", &schema.url));
+        let mut nodes = Vec::new();
+        let mut dirs = Vec::new();
+        for _ in 0..n {
+            let dir = tempfile::tempdir()?;
+            nodes.push(HeraldProcess::start(&bin, dir.path(), &env).await?);
+            dirs.push(dir);
+        }
+        Ok(Cluster { nodes, _dirs: dirs, schema })
+    }
+
+    /// Creates tenant `acme` and one paced endpoint; returns its id.
+    async fn endpoint(&self, rx: &FakeReceiver, extra: Value) -> anyhow::Result<String> {
+        let api = &self.nodes[0].api;
+        api.tenant("acme").await?;
+        let mut body = json!({"url": rx.url(), "rate_per_sec": RATE, "burst": BURST, "max_in_flight": 4});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let ep = api.endpoint("acme", body).await?;
+        Ok(ep["id"].as_str().expect("id").to_string())
+    }
+
+    /// Posts `total` events in batches spread over every node; returns their ids.
+    async fn post(&self, total: usize) -> anyhow::Result<Vec<String>> {
+        let ids: Vec<String> = (0..total).map(|i| format!("evt_{i:05}")).collect();
+        for (n, chunk) in ids.chunks(50).enumerate() {
+            let events: Vec<Value> = chunk.iter().map(|id| json!({"id": id, "type": "invoice.paid", "payload": {"id": id}})).collect();
+            let api = &self.nodes[n % self.nodes.len()].api;
+            let r = api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": events})).await?;
+            anyhow::ensure!(r.status == 202, "batch refused: {} {}", r.status, r.text);
+        }
+        Ok(ids)
+    }
+}
+
+/// Polls `api` until all `total` deliveries of `acme` are delivered.
+async fn wait_delivered(api: &Api, total: usize, timeout: Duration) -> anyhow::Result<()> {
+    api.wait_for(&format!("/v1/tenants/acme/deliveries?state=delivered&limit={}", total + 1), timeout, |v| {
+        v["data"].as_array().is_some_and(|d| d.len() == total)
+    })
+    .await?;
+    Ok(())
+}
+
+/// Requests per webhook id, in arrival order.
+fn by_event(got: &[Received]) -> HashMap<String, Vec<Instant>> {
+    let mut map: HashMap<String, Vec<Instant>> = HashMap::new();
+    for r in got {
+        map.entry(r.header("webhook-id").unwrap_or_default().to_string()).or_default().push(r.at);
+    }
+    map
+}
+
+/// No webhook id was ever in flight twice at once: each request of an id arrives after the
+/// previous one was answered.
+fn assert_single_flight(got: &[Received]) {
+    for (id, mut times) in by_event(got) {
+        times.sort();
+        for w in times.windows(2) {
+            let gap = w[1].duration_since(w[0]);
+            assert!(gap >= RECEIVER_DELAY, "{id} was in flight twice at once ({gap:?} apart)");
+        }
+    }
+}
+
+fn now_ms() -> Millis {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as Millis
+}
+
+/// A counter from a node's `/metrics`.
+async fn metric(api: &Api, name: &str) -> anyhow::Result<u64> {
+    let r = api.raw("GET", "/metrics", None, Bytes::new()).await?;
+    let line = r.text.lines().find(|l| l.split(' ').next() == Some(name));
+    Ok(line.and_then(|l| l.split(' ').nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_keep_single_flight_and_the_endpoint_pace() -> anyhow::Result<()> {
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(Answer::status(200).delay(RECEIVER_DELAY));
+    let cluster = Cluster::start(3, &[]).await?;
+    let endpoint = EndpointId::from_stored(cluster.endpoint(&rx, json!({})).await?);
+    // The test holds the endpoint's partition while it posts, like a fourth node: no node
+    // may send meanwhile, and pacing is measured apart from intake.
+    let store = gateway::store::open(&cluster.schema.url, 2).await?;
+    let now = now_ms();
+    assert!(store.acquire_partition(&endpoint, "test-holder", now, now + 60_000).await?);
+    let total = 200; // 10 s at 20/s
+    let ids = cluster.post(total).await?;
+    assert_eq!(rx.count(), 0, "nobody sends for a partition another node holds");
+    store.release_partition(&endpoint, "test-holder").await?;
+
+    let got = rx.wait_for(total, Duration::from_secs(40)).await?;
+    wait_delivered(&cluster.nodes[2].api, total, Duration::from_secs(10)).await?;
+    let got_all = rx.received();
+    assert_single_flight(&got_all);
+    let arrived = by_event(&got_all);
+    assert_eq!(arrived.len(), total, "every event arrived");
+    assert!(ids.iter().all(|id| arrived.contains_key(id)));
+    assert_eq!(got_all.len(), total, "nothing was sent twice");
+
+    let mut times: Vec<Instant> = got.iter().map(|r| r.at).collect();
+    times.sort();
+    let span = times[total - 1].duration_since(times[0]).as_secs_f64();
+    // The first BURST requests may leave at once; from then on every request waits for its
+    // slot, so the pace is measured from the BURST-th arrival on. (The burst also lets a
+    // node that was briefly starved of CPU catch up, as it would in production.)
+    let start = times[BURST - 1];
+    let paced = (total - BURST) as f64 / times[total - 1].duration_since(start).as_secs_f64();
+    let overall = (total - 1) as f64 / span;
+    let mut per_node = Vec::new();
+    for node in &cluster.nodes {
+        per_node.push(metric(&node.api, "herald_attempts_total").await?);
+    }
+    eprintln!("cluster pace {paced:.3}/s after the burst ({overall:.3}/s overall, {span:.2}s); attempts per node {per_node:?}");
+    assert!((paced - RATE).abs() <= RATE * 0.02, "the cluster sent {paced:.3}/s, not {RATE}/s ± 2 %");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_run_loses_nothing() -> anyhow::Result<()> {
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(Answer::status(200).delay(RECEIVER_DELAY));
+    // Short delivery leases, so the others recover the dead node's work within seconds.
+    let mut cluster = Cluster::start(3, &[("HERALD_DELIVERY_LEASE_MARGIN", "2s")]).await?;
+    let max_in_flight = 4;
+    cluster.endpoint(&rx, json!({"timeout": "2s", "connect_timeout": "1s", "max_in_flight": max_in_flight})).await?;
+    let total = 200;
+    let ids = cluster.post(total).await?;
+
+    // Kill the node that is delivering, mid-run.
+    rx.wait_for(40, Duration::from_secs(20)).await?;
+    let mut busy = None;
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        if metric(&node.api, "herald_attempts_total").await? > 0 {
+            busy = Some(i);
+        }
+    }
+    let busy = busy.expect("some node is delivering");
+    cluster.nodes[busy].kill();
+    let killed_at = Instant::now();
+    let at_kill = rx.count();
+    assert!(at_kill < total, "the kill came mid-run ({at_kill} of {total} arrived)");
+    let survivors: Vec<&HeraldProcess> = cluster.nodes.iter().enumerate().filter(|(i, _)| *i != busy).map(|(_, n)| n).collect();
+
+    // Its partition lease (15 s) and delivery leases must lapse first; then the rest
+    // arrives at the paced rate.
+    wait_delivered(&survivors[0].api, total, Duration::from_secs(50)).await?;
+    let got = rx.received();
+    assert_single_flight(&got);
+    let arrived = by_event(&got);
+    let lost: Vec<&String> = ids.iter().filter(|id| !arrived.contains_key(*id)).collect();
+    assert!(lost.is_empty(), "events never delivered: {lost:?}");
+    let duplicates = got.len() - total;
+    assert!(duplicates <= max_in_flight, "{duplicates} duplicates, more than the {max_in_flight} that could be in flight");
+    let mut recovered = 0;
+    for node in &survivors {
+        recovered += metric(&node.api, "herald_leases_recovered_total").await?;
+    }
+    assert!(recovered > 0, "the survivors took over the dead node's leases");
+    let resumed = got.iter().map(|r| r.at).filter(|t| *t > killed_at).min().expect("arrivals after the kill");
+    eprintln!(
+        "killed node {busy} after {at_kill} arrivals; resumed after {:?}; {recovered} leases recovered; {duplicates} duplicates",
+        resumed.duration_since(killed_at)
+    );
+    Ok(())
+}

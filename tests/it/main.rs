@@ -3,6 +3,7 @@
 mod api;
 mod delivery;
 mod durability;
+mod plugins;
 mod recovery;
 mod store;
 mod cluster;

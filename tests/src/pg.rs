@@ -26,8 +26,14 @@ pub struct PgSchema {
 }
 
 impl PgSchema {
+    /// A schema in the test database (`base_url()`).
     pub async fn create() -> anyhow::Result<PgSchema> {
-        let base = base_url();
+        PgSchema::create_in(&base_url()).await
+    }
+
+    /// A schema in the database at `base`.
+    pub async fn create_in(base: &str) -> anyhow::Result<PgSchema> {
+        let base = base.to_string();
         let mut conn = connect(&base).await?;
         let name = format!("herald_t_{:016x}", rand::random::<u64>());
         conn.execute(format!("CREATE SCHEMA {name}").as_str()).await?;

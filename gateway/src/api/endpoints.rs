@@ -82,7 +82,7 @@ const RESERVED_HEADERS: &[&str] = &[
 ];
 
 /// Applies `input` onto `spec` and validates the result as a whole.
-fn apply(state: &AppState, spec: &mut EndpointSpec, input: EndpointIn) -> Result<(), ApiError> {
+fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: EndpointIn) -> Result<(), ApiError> {
     if let Some(url) = input.url {
         spec.url = validate_url(state, &url)?;
     }
@@ -126,8 +126,18 @@ fn apply(state: &AppState, spec: &mut EndpointSpec, input: EndpointIn) -> Result
         spec.retry = doc;
     }
     if let Some(p) = input.plugins {
-        for name in [&p.transform, &p.classify, &p.sign].into_iter().flatten() {
-            TenantId::parse(name).map_err(|_| ApiError::unprocessable(format!("plugins: {name:?} is not a plugin name")))?;
+        // Bindings resolve within the tenant only: another tenant's plugin is as unknown
+        // as one that does not exist.
+        use crate::plugin::Hook;
+        for (hook, name) in [(Hook::Transform, &p.transform), (Hook::Classify, &p.classify), (Hook::Sign, &p.sign)] {
+            let Some(name) = name else { continue };
+            match state.plugins.get(tenant.as_str(), name) {
+                Some(hooks) if hooks.contains(hook) => {}
+                Some(_) => {
+                    return Err(ApiError::unprocessable(format!("plugins.{}: plugin {name:?} does not implement {}", hook.as_str(), hook.as_str())));
+                }
+                None => return Err(ApiError::unprocessable(format!("plugins.{}: no plugin {name:?} in this tenant", hook.as_str()))),
+            }
         }
         spec.plugins = p;
     }
@@ -216,7 +226,7 @@ pub async fn create(
         headers: BTreeMap::new(),
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
     };
-    apply(&state, &mut spec, input)?;
+    apply(&state, &tenant, &mut spec, input)?;
     let endpoint = Endpoint {
         id: EndpointId::generate(now, &mut rng),
         tenant,
@@ -284,7 +294,7 @@ pub async fn patch(
     let body = body_bytes(body)?;
     let input: EndpointIn = parse_json(&body)?;
     let mut endpoint = load(&state, &tenant, &id).await?;
-    apply(&state, &mut endpoint.spec, input)?;
+    apply(&state, &tenant, &mut endpoint.spec, input)?;
     endpoint.updated_at = crate::clock::now_ms();
     if !state.store.update_endpoint(&endpoint).await? {
         return Err(ApiError::not_found("endpoint"));

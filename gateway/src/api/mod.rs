@@ -21,6 +21,7 @@ use crate::store::{Committer, DynStore, StoreError};
 mod auth;
 mod endpoints;
 mod events;
+mod plugins;
 mod replays;
 mod tenants;
 
@@ -35,6 +36,7 @@ pub struct AppState {
     /// Wakes the delivery engine when intake commits new deliveries.
     pub wake: Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>,
     pub replayer: crate::replay::Replayer,
+    pub plugins: crate::plugin::PluginHost,
     pub(crate) tokens: RwLock<HashMap<String, TokenRecord>>,
     pub(crate) tenants: RwLock<HashSet<TenantId>>,
 }
@@ -47,6 +49,7 @@ impl AppState {
         metrics: Arc<Metrics>,
         wake: Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>,
         replayer: crate::replay::Replayer,
+        plugins: crate::plugin::PluginHost,
     ) -> Arc<AppState> {
         Arc::new(AppState {
             config,
@@ -55,6 +58,7 @@ impl AppState {
             metrics,
             wake,
             replayer,
+            plugins,
             tokens: RwLock::default(),
             tenants: RwLock::default(),
         })
@@ -88,14 +92,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/tenants/{tenant}/replays", post(replays::create))
         .route("/v1/tenants/{tenant}/replays/{id}", get(replays::get_one))
         .route("/v1/tenants/{tenant}/replays/{id}/cancel", post(replays::cancel))
-        .route("/v1/tenants/{tenant}/plugins/{name}", put(not_yet))
+        .route("/v1/tenants/{tenant}/plugins", get(plugins::list))
+        .route("/v1/tenants/{tenant}/plugins/{name}", put(plugins::upload).get(plugins::get_one))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
-}
-
-async fn not_yet() -> ApiError {
-    ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", "plugin upload is not available in this build")
 }
 
 /// An API error: a status, a stable machine code and a human message.

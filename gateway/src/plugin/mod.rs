@@ -1,5 +1,39 @@
-//! placeholder
-pub mod bindings {
+//! WebAssembly plugins: the `herald:plugin@0.1.0` world (`wit/plugin.wit`) hosted in a
+//! sandbox, with a per-tenant registry that hot-reloads `<dir>/<tenant>/<name>.wasm`.
+//!
+//! Architecture invariant: this is the only module that links wasmtime. It never
+//! sends webhooks, touches the store or reads endpoint state: it turns a (tenant,
+//! plugin, hook, input) into an output or a [`PluginFailure`], and the worker decides
+//! what that means (`plugin:<reason>` for `transform`/`sign`, the built-in table for a
+//! failed `classify`).
+//!
+//! - [`PluginHost`] — start, call hooks, list, install, counters.
+//! - [`check_file`] / [`run_hook_file`] — `herald plugin check|run`.
+//! - The hook data types ([`DeliveryContext`], [`Request`], [`Outcome`], [`Verdict`],
+//!   …) are generated from the WIT by the one `bindgen!` below.
+
+mod cli;
+mod registry;
+mod runtime;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use cli::{check_file, run_hook_file};
+pub use registry::PluginHost;
+pub use types::{
+    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, is_slug,
+};
+
+/// The hook data types, generated from `wit/plugin.wit`.
+pub use bindings::herald::plugin::types::{
+    DeliveryContext, Header, Outcome, Pause, Request, Response, TransformResult, TransportError,
+    TransportErrorKind, Verdict,
+};
+
+/// The one place the WIT becomes Rust on the host side.
+mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "herald:plugin/plugin",

@@ -374,6 +374,244 @@ impl Store for PostgresStore {
         Ok(Some(rx))
     }
 
+    async fn dead_selection(&self, tenant: &TenantId, ids: Option<&[String]>, filter: Option<&DeadLetterFilter>) -> Result<(u64, Vec<EndpointId>)> {
+        let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
+        push_dead_selection(&mut q, tenant, ids, filter, "");
+        let n: i64 = q.build_query_scalar().fetch_one(&self.pool).await?;
+        let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new(
+            "SELECT DISTINCT e.id FROM deliveries JOIN endpoints e ON e.id = deliveries.endpoint_id \
+             WHERE e.state <> 'active'",
+        );
+        push_dead_selection(&mut q, tenant, ids, filter, "");
+        let blocked: Vec<String> = q.build_query_scalar().fetch_all(&self.pool).await?;
+        Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
+    }
+
+    async fn create_replay(&self, r: &Replay) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
+             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(&r.id)
+        .bind(r.tenant.as_str())
+        .bind(r.state.as_str())
+        .bind(r.ids.as_ref().map(json))
+        .bind(r.filter.as_ref().map(json))
+        .bind(r.rate_per_sec)
+        .bind(i64::from(r.batch))
+        .bind(r.selected as i64)
+        .bind(r.sent as i64)
+        .bind(&r.cursor)
+        .bind(r.created_at)
+        .bind(r.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
+        let row = sqlx::query("SELECT * FROM replays WHERE id = $1 AND tenant_id = $2")
+            .bind(id)
+            .bind(tenant.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let replay = replay_from_row(&row)?;
+        let counts = sqlx::query("SELECT state, COUNT(*) AS n FROM deliveries WHERE replay_id = $1 GROUP BY state")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        let (mut delivered, mut failed) = (0, 0);
+        for r in counts {
+            let state: String = r.try_get("state")?;
+            let n: i64 = r.try_get("n")?;
+            match state.as_str() {
+                "delivered" => delivered = n as u64,
+                "dead" => failed = n as u64,
+                _ => {}
+            }
+        }
+        Ok(Some(ReplayProgress { replay, delivered, failed }))
+    }
+
+    async fn running_replays(&self) -> Result<Vec<Replay>> {
+        let rows = sqlx::query("SELECT * FROM replays WHERE state = 'running' ORDER BY created_at")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(replay_from_row).collect()
+    }
+
+    async fn replay_batch(&self, replay_id: &str, now: Millis, spacing_ms: f64, deadline: Millis) -> Result<(Vec<EndpointId>, u32)> {
+        let mut tx = self.pool.begin().await?;
+        // Every node resumes running replays: the row lock makes their batches take turns,
+        // each continuing from the cursor the previous one committed.
+        let row = sqlx::query("SELECT * FROM replays WHERE id = $1 FOR UPDATE")
+            .bind(replay_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else { return Err(StoreError::NotFound(format!("replay {replay_id}"))) };
+        let replay = replay_from_row(&row)?;
+        if replay.state != ReplayState::Running {
+            return Ok((Vec::new(), 0));
+        }
+        let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new("SELECT id, endpoint_id FROM deliveries WHERE 1 = 1");
+        push_dead_selection(&mut q, &replay.tenant, replay.ids.as_deref(), replay.filter.as_ref(), &replay.cursor);
+        q.push(" ORDER BY id LIMIT ").push_bind(i64::from(replay.batch));
+        let picked = q.build().fetch_all(&mut *tx).await?;
+        let ids: Vec<String> = picked.iter().map(|r| r.try_get("id")).collect::<sqlx::Result<_>>()?;
+        let due: Vec<i64> = (0..ids.len()).map(|i| now + (i as f64 * spacing_ms) as i64).collect();
+        if !ids.is_empty() {
+            sqlx::query(&format!(
+                "UPDATE deliveries d SET state = {}, next_attempt_at = v.due, attempt_base = d.attempts, \
+                 deadline = $3, replay_id = $4, reason = NULL, updated_at = $5 \
+                 FROM UNNEST($1::text[], $2::int8[]) AS v(id, due) WHERE d.id = v.id AND d.state = 'dead'",
+                settle("'queued'")
+            ))
+            .bind(&ids)
+            .bind(&due)
+            .bind(deadline)
+            .bind(replay_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let cursor = ids.last().cloned().unwrap_or_else(|| replay.cursor.clone());
+        let n = ids.len() as u32;
+        let done = n < replay.batch;
+        sqlx::query(
+            "UPDATE replays SET sent = sent + $1, cursor = $2, updated_at = $3, \
+             state = CASE WHEN $4 THEN 'done' ELSE state END WHERE id = $5",
+        )
+        .bind(i64::from(n))
+        .bind(&cursor)
+        .bind(now)
+        .bind(done)
+        .bind(replay_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut endpoints: Vec<EndpointId> = picked
+            .iter()
+            .map(|r| Ok(EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?)))
+            .collect::<Result<_>>()?;
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        Ok((endpoints, n))
+    }
+
+    async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE replays SET state = $1, updated_at = $2 WHERE id = $3 AND tenant_id = $4 AND state = 'running'",
+        )
+        .bind(state.as_str())
+        .bind(now)
+        .bind(id)
+        .bind(tenant.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
+        let rows = sqlx::query(
+            "SELECT COALESCE(reason, '') AS reason, COUNT(*) AS n FROM deliveries \
+             WHERE tenant_id = $1 AND state = 'dead' GROUP BY reason ORDER BY n DESC",
+        )
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("reason")?, r.try_get::<i64, _>("n")? as u64))).collect()
+    }
+
+    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
+        let rows = sqlx::query(
+            "SELECT tenant_id, MIN(updated_at) AS oldest, COUNT(*) AS n FROM deliveries WHERE state = 'dead' \
+             GROUP BY tenant_id HAVING MIN(updated_at) < $1",
+        )
+        .bind(older_than)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+                    r.try_get("oldest")?,
+                    r.try_get::<i64, _>("n")? as u64,
+                ))
+            })
+            .collect()
+    }
+
+    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
+        let r = sqlx::query(
+            "SELECT COUNT(*) FILTER (WHERE started_at >= $1) AS a1, \
+             COUNT(*) FILTER (WHERE started_at >= $1 AND status BETWEEN 200 AND 299) AS s1, \
+             COUNT(*) AS a24, COUNT(*) FILTER (WHERE status BETWEEN 200 AND 299) AS s24 \
+             FROM attempts WHERE endpoint_id = $2 AND started_at >= $3",
+        )
+        .bind(now - 3_600_000)
+        .bind(endpoint.as_str())
+        .bind(now - 86_400_000)
+        .fetch_one(&self.pool)
+        .await?;
+        let last = sqlx::query(
+            "SELECT MAX(started_at) FILTER (WHERE status BETWEEN 200 AND 299) AS success, MAX(started_at) AS attempt \
+             FROM attempts WHERE endpoint_id = $1",
+        )
+        .bind(endpoint.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        let b = sqlx::query(
+            "SELECT COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')) AS backlog, \
+             COUNT(*) FILTER (WHERE state = 'dead') AS dead FROM deliveries WHERE endpoint_id = $1",
+        )
+        .bind(endpoint.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        let n = |row: &PgRow, c: &str| -> Result<u64> { Ok(row.try_get::<i64, _>(c)? as u64) };
+        Ok(Health {
+            attempts_1h: n(&r, "a1")?,
+            successes_1h: n(&r, "s1")?,
+            attempts_24h: n(&r, "a24")?,
+            successes_24h: n(&r, "s24")?,
+            last_success_at: last.try_get("success")?,
+            last_attempt_at: last.try_get("attempt")?,
+            backlog: n(&b, "backlog")?,
+            dead_letters: n(&b, "dead")?,
+        })
+    }
+
+    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        // SKIP LOCKED: nodes purging at the same time take different rows.
+        let rows = sqlx::query(
+            "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries \
+             WHERE (state = 'delivered' AND updated_at < $1) OR (state = 'dead' AND updated_at < $2) \
+             LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING id, tenant_id, event_id",
+        )
+        .bind(delivered_before)
+        .bind(dead_before)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let column = |c: &str| rows.iter().map(|r| r.try_get::<String, _>(c)).collect::<sqlx::Result<Vec<_>>>();
+        let (ids, tenants, events) = (column("id")?, column("tenant_id")?, column("event_id")?);
+        if !ids.is_empty() {
+            sqlx::query("DELETE FROM attempts WHERE delivery_id = ANY($1)").bind(&ids).execute(&mut *tx).await?;
+            sqlx::query(
+                "DELETE FROM events e USING UNNEST($1::text[], $2::text[]) AS v(tenant_id, id) \
+                 WHERE e.tenant_id = v.tenant_id AND e.id = v.id \
+                 AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.tenant_id = e.tenant_id AND d.event_id = e.id)",
+            )
+            .bind(&tenants)
+            .bind(&events)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(ids.len() as u64)
+    }
+
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
         let mut replays = 0;
         loop {
@@ -807,4 +1045,60 @@ async fn change_endpoint(conn: &mut PgConnection, c: &EndpointChange) -> sqlx::R
     .await?
     .rows_affected();
     Ok(affected)
+}
+
+fn replay_from_row(r: &PgRow) -> Result<Replay> {
+    let state: String = r.try_get("state")?;
+    fn parse<T: serde::de::DeserializeOwned>(v: Option<String>) -> Result<Option<T>> {
+        v.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Backend(format!("replay: {e}")))).transpose()
+    }
+    Ok(Replay {
+        id: r.try_get("id")?,
+        tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+        state: ReplayState::parse(&state).ok_or_else(|| StoreError::Backend(format!("bad replay state {state}")))?,
+        ids: parse(r.try_get("ids")?)?,
+        filter: parse(r.try_get("filter")?)?,
+        rate_per_sec: r.try_get("rate_per_sec")?,
+        batch: r.try_get::<i64, _>("batch")? as u32,
+        selected: r.try_get::<i64, _>("selected")? as u64,
+        sent: r.try_get::<i64, _>("sent")? as u64,
+        cursor: r.try_get("cursor")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+/// Restricts a query on `deliveries` to a tenant's dead letters selected by explicit ids or
+/// a filter, after `cursor` (a delivery id; empty for none).
+fn push_dead_selection<'a>(
+    q: &mut QueryBuilder<'a, Postgres>,
+    tenant: &'a TenantId,
+    ids: Option<&'a [String]>,
+    filter: Option<&'a DeadLetterFilter>,
+    cursor: &'a str,
+) {
+    q.push(" AND deliveries.state = 'dead' AND deliveries.tenant_id = ").push_bind(tenant.as_str());
+    if !cursor.is_empty() {
+        q.push(" AND deliveries.id > ").push_bind(cursor);
+    }
+    if let Some(ids) = ids {
+        q.push(" AND deliveries.id = ANY(").push_bind(ids).push(")");
+    }
+    if let Some(f) = filter {
+        if let Some(e) = &f.endpoint {
+            q.push(" AND deliveries.endpoint_id = ").push_bind(e.as_str());
+        }
+        if let Some(t) = &f.event_type {
+            q.push(" AND deliveries.event_type = ").push_bind(t.as_str());
+        }
+        if let Some(r) = &f.reason {
+            q.push(" AND deliveries.reason = ").push_bind(r.as_str());
+        }
+        if let Some(s) = f.since {
+            q.push(" AND deliveries.updated_at >= ").push_bind(s);
+        }
+        if let Some(u) = f.until {
+            q.push(" AND deliveries.updated_at < ").push_bind(u);
+        }
+    }
 }

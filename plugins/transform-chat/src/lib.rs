@@ -18,14 +18,15 @@ impl Plugin for TransformChat {
     const HOOKS: Hooks = Hooks::TRANSFORM;
 
     fn transform(ctx: &DeliveryContext, mut req: Request) -> Result<TransformResult, String> {
-        if let Some(skip) = config("skip_types") {
-            if list(&skip).any(|pattern| type_matches(pattern, &ctx.event_type)) {
-                return Ok(TransformResult::Drop(format!("event type {} is skipped", ctx.event_type)));
-            }
+        if let Some(skip) = config("skip_types")
+            && list(&skip).any(|pattern| type_matches(pattern, &ctx.event_type))
+        {
+            let reason = format!("event type {} is skipped", ctx.event_type);
+            return Ok(TransformResult::Drop(reason));
         }
-        let envelope: Value =
+        let mut envelope: Value =
             serde_json::from_slice(&req.body).map_err(|e| format!("body is not JSON: {e}"))?;
-        let mut data = envelope.get("data").cloned().unwrap_or(Value::Null);
+        let mut data = envelope.get_mut("data").map(Value::take).unwrap_or(Value::Null);
         if let Some(keys) = config("redact") {
             let keys: Vec<&str> = list(&keys).collect();
             redact(&mut data, &keys);
@@ -85,7 +86,10 @@ mod tests {
     fn redacts_at_any_depth() {
         let mut v = json!({"email": "a@b", "card": {"number": "4242", "brand": "visa"}, "list": [{"email": "c"}]});
         redact(&mut v, &["email", "number"]);
-        assert_eq!(v, json!({"email": "[redacted]", "card": {"number": "[redacted]", "brand": "visa"}, "list": [{"email": "[redacted]"}]}));
+        assert_eq!(
+            v,
+            json!({"email": "[redacted]", "card": {"number": "[redacted]", "brand": "visa"}, "list": [{"email": "[redacted]"}]})
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
+use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 
 #[derive(Parser)]
@@ -19,6 +20,10 @@ struct Cli {
     /// Repetitions; the median run is reported alongside each run.
     #[arg(long, default_value_t = 3, global = true)]
     runs: usize,
+    /// The node's store: SQLite in a temporary directory by default, or a Postgres database
+    /// URL (every run gets a fresh schema in it).
+    #[arg(long, global = true)]
+    store_url: Option<String>,
 }
 
 #[derive(Subcommand, Clone)]
@@ -63,7 +68,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let mut results = Vec::new();
     for run in 1..=cli.runs {
-        let r = run_once(&cli.scenario).await?;
+        let r = run_once(&cli.scenario, cli.store_url.as_deref()).await?;
         println!("run {run}: {}", fmt(&r));
         results.push(r);
     }
@@ -94,14 +99,23 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn node() -> anyhow::Result<(HeraldProcess, tempfile::TempDir)> {
+async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, tempfile::TempDir, HeraldProcess)> {
     let bin = herald_binary()?;
     if !bin.to_string_lossy().contains("release") {
         eprintln!("warning: {} is not a release build", bin.display());
     }
     let dir = tempfile::tempdir()?;
-    let p = HeraldProcess::start(&bin, dir.path(), &[("HERALD_LOG_LEVEL", "error")]).await?;
-    Ok((p, dir))
+    let schema = match store_url {
+        Some(url) => Some(PgSchema::create_in(url).await?),
+        None => None,
+    };
+    let mut env = vec![("HERALD_LOG_LEVEL", "error")];
+    if let Some(s) = &schema {
+        env.push(("HERALD_STORE_URL", &s.url));
+    }
+    let p = HeraldProcess::start(&bin, dir.path(), &env).await?;
+    // In this order, so that the node stops before its schema is dropped.
+    Ok((schema, dir, p))
 }
 
 /// Records arrival instants by webhook-id.
@@ -109,8 +123,8 @@ fn arrivals(rx: &FakeReceiver) -> HashMap<String, Instant> {
     rx.received().into_iter().filter_map(|r| Some((r.header("webhook-id")?.to_string(), r.at))).collect()
 }
 
-async fn run_once(s: &Scenario) -> anyhow::Result<HashMap<String, f64>> {
-    let (node, _dir) = node().await?;
+async fn run_once(s: &Scenario, store_url: Option<&str>) -> anyhow::Result<HashMap<String, f64>> {
+    let (_schema, _dir, node) = node(store_url).await?;
     let api = node.api.clone();
     api.tenant("bench").await?;
     let rx = FakeReceiver::start().await?;

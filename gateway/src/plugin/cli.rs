@@ -1,0 +1,317 @@
+//! `herald plugin check|run`: load one `.wasm` file outside any registry and report on
+//! it, or run one hook on JSON input. Same sandbox and limits as the server.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+
+use super::runtime::{LogCapture, Runtime};
+use super::types::{Hook, PluginConfig, PluginError};
+use super::{
+    DeliveryContext, Outcome, Pause, Request, Response, TransformResult, TransportError,
+    TransportErrorKind, Verdict,
+};
+
+/// Loads `path` like the server would (compile, world check, `describe`) and returns a
+/// human-readable report: name, version, size, SHA-256, hooks and imports.
+pub fn check_file(path: &Path) -> Result<String, PluginError> {
+    let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
+    let config = cli_config();
+    if bytes.len() > config.max_plugin_bytes {
+        return Err(PluginError::TooLarge {
+            size: bytes.len(),
+            limit: config.max_plugin_bytes,
+        });
+    }
+    let runtime = Runtime::new(&config)?;
+    let plugin = runtime.load("cli", "cli", &bytes, HashMap::new())?;
+    let imports = runtime.imports(&bytes)?;
+    let hooks: Vec<&str> = plugin.hooks.iter().map(Hook::as_str).collect();
+    Ok(format!(
+        "ok: {path}\n  plugin:  {name} {version}\n  world:   herald:plugin/plugin@0.1.0\n  hooks:   {hooks}\n  size:    {size} bytes\n  sha256:  {sha}\n  imports: {imports}\n",
+        path = path.display(),
+        name = plugin.plugin_name,
+        version = plugin.plugin_version,
+        hooks = hooks.join(", "),
+        size = plugin.size,
+        sha = plugin.sha256,
+        imports = imports.join(", "),
+    ))
+}
+
+/// Runs `hook` (`transform`, `classify` or `sign`) of the plugin at `path` once on
+/// `input_json` and returns the result as JSON (pretty-printed).
+///
+/// Input (every field optional unless noted):
+///
+/// ```json
+/// {
+///   "context": {"tenant": "acme", "endpoint_id": "ep_1", "event_id": "evt_1",
+///               "event_type": "invoice.paid", "attempt": 1,
+///               "timestamp": 1700000000, "attempt_id": "att_1"},
+///   "config":  {"key": "value"},
+///   "request": {"headers": {"content-type": "application/json"},
+///               "body": {"any": "JSON"}},
+///   "outcome": {"status": 409, "headers": {}, "body": "text"},
+///   "secrets": ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "raw text secret"]
+/// }
+/// ```
+///
+/// - `transform` reads `request`; `classify` reads `outcome` (required); `sign` reads
+///   `secrets` (required) and `request`.
+/// - `context.timestamp` defaults to now; the other context fields to test values.
+/// - `headers` is an object or a list of `[name, value]` pairs. A `body` that is a JSON
+///   string is sent as its text; any other JSON value is serialised; `body_base64`
+///   gives raw bytes instead.
+/// - `outcome` is a response as above, or `{"transport_error": {"kind": "timeout" |
+///   "connection_refused" | "connection_reset" | "dns" | "tls" | "other", "message": "…"}}`.
+/// - A secret `whsec_<base64>` stands for its decoded bytes; any other string for its
+///   UTF-8 bytes.
+///
+/// Output: `{"hook": …, "result": …, "logs": [{"level", "message"}]}` where `result` is
+/// - transform: `{"action": "send", "headers": [[n, v]…], "body": <text or null>,
+///   "body_base64": …}` or `{"action": "drop", "reason": …}`;
+/// - classify: `{"verdict": "delivered" | "retry" | "fail" | "pause_endpoint" |
+///   "disable_endpoint" | "default", "after_secs"?, "secs"?, "reason"?}`;
+/// - sign: `{"headers": [[n, v]…]}`.
+///
+/// A failed call is an `Err(PluginError::Call(failure))`.
+pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String, PluginError> {
+    let hook = Hook::parse(hook).ok_or_else(|| {
+        PluginError::Input(format!("unknown hook {hook:?} (transform, classify, sign)"))
+    })?;
+    let input: Value = serde_json::from_str(input_json)
+        .map_err(|e| PluginError::Input(format!("input is not JSON: {e}")))?;
+    let ctx = context(input.get("context"))?;
+    let plugin_config = string_map(input.get("config"), "config")?;
+    let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
+    let runtime = Runtime::new(&cli_config())?;
+    let plugin = runtime.load(&ctx.tenant, "cli", &bytes, plugin_config)?;
+    let mut logs = LogCapture::new();
+    let result = match hook {
+        Hook::Transform => {
+            let req = request(input.get("request"))?;
+            transform_json(
+                plugin
+                    .transform(&ctx, &req, Some(&mut logs))
+                    .map_err(PluginError::Call)?,
+            )
+        }
+        Hook::Classify => {
+            let outcome = outcome(input.get("outcome"))?;
+            verdict_json(
+                plugin
+                    .classify(&ctx, &outcome, Some(&mut logs))
+                    .map_err(PluginError::Call)?,
+            )
+        }
+        Hook::Sign => {
+            let secrets = secrets(input.get("secrets"))?;
+            let req = request(input.get("request"))?;
+            let headers = plugin
+                .sign(&ctx, &secrets, &req, Some(&mut logs))
+                .map_err(PluginError::Call)?;
+            json!({ "headers": headers })
+        }
+    };
+    let logs: Vec<Value> = logs
+        .into_iter()
+        .map(|(level, message)| json!({"level": level, "message": message}))
+        .collect();
+    let out = json!({ "hook": hook.as_str(), "result": result, "logs": logs });
+    Ok(serde_json::to_string_pretty(&out).unwrap_or_default())
+}
+
+fn cli_config() -> PluginConfig {
+    let mut config = PluginConfig::new(".");
+    config.max_instances = 4;
+    config.watch = false;
+    config
+}
+
+fn context(v: Option<&Value>) -> Result<DeliveryContext, PluginError> {
+    let empty = Map::new();
+    let obj = match v {
+        None => &empty,
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(PluginError::Input("context must be an object".into())),
+    };
+    let text = |key: &str, default: &str| {
+        obj.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or(default)
+            .to_string()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(DeliveryContext {
+        tenant: text("tenant", "test"),
+        endpoint_id: text("endpoint_id", "ep_test"),
+        event_id: text("event_id", "evt_test"),
+        event_type: text("event_type", "test.event"),
+        attempt: obj
+            .get("attempt")
+            .and_then(Value::as_u64)
+            .unwrap_or(1)
+            .min(u32::MAX as u64) as u32,
+        timestamp: obj.get("timestamp").and_then(Value::as_u64).unwrap_or(now),
+        attempt_id: text("attempt_id", "att_test"),
+    })
+}
+
+fn string_map(v: Option<&Value>, what: &str) -> Result<HashMap<String, String>, PluginError> {
+    match v {
+        None | Some(Value::Null) => Ok(HashMap::new()),
+        Some(Value::Object(o)) => o
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                other => Ok((k.clone(), other.to_string())),
+            })
+            .collect(),
+        Some(_) => Err(PluginError::Input(format!("{what} must be an object"))),
+    }
+}
+
+fn headers(v: Option<&Value>) -> Result<Vec<(String, String)>, PluginError> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(_)) => Ok(string_map(v, "headers")?.into_iter().collect()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|pair| match pair.as_array().map(Vec::as_slice) {
+                Some([Value::String(n), Value::String(v)]) => Ok((n.clone(), v.clone())),
+                _ => Err(PluginError::Input(
+                    "headers entries must be [name, value] strings".into(),
+                )),
+            })
+            .collect(),
+        Some(_) => Err(PluginError::Input(
+            "headers must be an object or a list of pairs".into(),
+        )),
+    }
+}
+
+fn body(obj: &Map<String, Value>) -> Result<Vec<u8>, PluginError> {
+    if let Some(b64) = obj.get("body_base64").and_then(Value::as_str) {
+        return base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| PluginError::Input(format!("body_base64: {e}")));
+    }
+    Ok(match obj.get("body") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => s.as_bytes().to_vec(),
+        Some(other) => other.to_string().into_bytes(),
+    })
+}
+
+fn request(v: Option<&Value>) -> Result<Request, PluginError> {
+    let empty = Map::new();
+    let obj = match v {
+        None => &empty,
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(PluginError::Input("request must be an object".into())),
+    };
+    Ok(Request {
+        headers: headers(obj.get("headers"))?,
+        body: body(obj)?,
+    })
+}
+
+fn outcome(v: Option<&Value>) -> Result<Outcome, PluginError> {
+    let Some(Value::Object(obj)) = v else {
+        return Err(PluginError::Input(
+            "classify needs an \"outcome\" object".into(),
+        ));
+    };
+    if let Some(te) = obj.get("transport_error") {
+        let kind = match te.get("kind").and_then(Value::as_str).unwrap_or("other") {
+            "timeout" => TransportErrorKind::Timeout,
+            "connection_refused" => TransportErrorKind::ConnectionRefused,
+            "connection_reset" => TransportErrorKind::ConnectionReset,
+            "dns" => TransportErrorKind::Dns,
+            "tls" => TransportErrorKind::Tls,
+            "other" => TransportErrorKind::Other,
+            k => {
+                return Err(PluginError::Input(format!(
+                    "unknown transport error kind {k:?}"
+                )));
+            }
+        };
+        let message = te
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        return Ok(Outcome::TransportError(TransportError { kind, message }));
+    }
+    let status = obj
+        .get("status")
+        .and_then(Value::as_u64)
+        .and_then(|s| u16::try_from(s).ok())
+        .ok_or_else(|| {
+            PluginError::Input("outcome needs a \"status\" or a \"transport_error\"".into())
+        })?;
+    let mut body = body(obj)?;
+    body.truncate(1024);
+    Ok(Outcome::Response(Response {
+        status,
+        headers: headers(obj.get("headers"))?,
+        body,
+    }))
+}
+
+fn secrets(v: Option<&Value>) -> Result<Vec<Vec<u8>>, PluginError> {
+    let Some(Value::Array(items)) = v else {
+        return Err(PluginError::Input("sign needs a \"secrets\" list".into()));
+    };
+    items
+        .iter()
+        .map(|s| {
+            let s = s
+                .as_str()
+                .ok_or_else(|| PluginError::Input("secrets must be strings".into()))?;
+            match s.strip_prefix("whsec_") {
+                Some(b64) => base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .map_err(|e| PluginError::Input(format!("secret: {e}"))),
+                None => Ok(s.as_bytes().to_vec()),
+            }
+        })
+        .collect()
+}
+
+fn transform_json(result: TransformResult) -> Value {
+    match result {
+        TransformResult::Send(req) => {
+            let (text, b64) = match String::from_utf8(req.body) {
+                Ok(text) => (Value::String(text), Value::Null),
+                Err(e) => (
+                    Value::Null,
+                    Value::String(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
+                ),
+            };
+            json!({ "action": "send", "headers": req.headers, "body": text, "body_base64": b64 })
+        }
+        TransformResult::Drop(reason) => json!({ "action": "drop", "reason": reason }),
+    }
+}
+
+fn verdict_json(verdict: Verdict) -> Value {
+    match verdict {
+        Verdict::Delivered => json!({ "verdict": "delivered" }),
+        Verdict::Retry(after) => json!({ "verdict": "retry", "after_secs": after }),
+        Verdict::Fail(reason) => json!({ "verdict": "fail", "reason": reason }),
+        Verdict::PauseEndpoint(Pause { secs, reason }) => {
+            json!({ "verdict": "pause_endpoint", "secs": secs, "reason": reason })
+        }
+        Verdict::DisableEndpoint(reason) => {
+            json!({ "verdict": "disable_endpoint", "reason": reason })
+        }
+        Verdict::Default => json!({ "verdict": "default" }),
+    }
+}

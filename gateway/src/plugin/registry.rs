@@ -1,0 +1,534 @@
+//! The per-tenant plugin registry: which version of `<dir>/<tenant>/<name>.wasm`
+//! serves calls, hot reload from a `notify` watcher, and validated atomic upload.
+//!
+//! Architecture invariant: a call looks a plugin up by (tenant, name) only, so a
+//! tenant can never reach another tenant's plugin; a swap replaces an `Arc`, so calls
+//! in flight finish on the version they started with; a file that fails to load never
+//! replaces a serving version.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use notify::Watcher as _;
+use sha2::{Digest, Sha256};
+
+use super::runtime::{LoadedPlugin, Runtime};
+use super::types::{
+    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, check_slug,
+    is_slug,
+};
+use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
+
+/// The plugin host: a registry of tenants' plugins and the sandbox that runs them.
+/// Cheap to clone; every clone shares one registry and one engine.
+///
+/// Hook calls are synchronous CPU work bounded by the call deadline (10 ms by
+/// default); they are fine to call from async code. Loading, installing and reloading
+/// compile code and belong on a blocking thread (`install` does that itself).
+#[derive(Clone)]
+pub struct PluginHost {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PluginHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginHost")
+            .field("dir", &self.inner.config.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    runtime: Arc<Runtime>,
+    config: PluginConfig,
+    tenants: RwLock<HashMap<String, HashMap<String, Slot>>>,
+    failures_by_kind: [AtomicU64; PluginFailure::KINDS.len()],
+    /// Kept only to stop watching when the host is dropped.
+    _watcher: Mutex<Option<notify::RecommendedWatcher>>,
+}
+
+/// One (tenant, name): the serving version, the last load error, and counters that
+/// survive reloads.
+struct Slot {
+    current: Option<Arc<LoadedPlugin>>,
+    error: Option<String>,
+    stats: Arc<Stats>,
+}
+
+#[derive(Default)]
+struct Stats {
+    calls: [AtomicU64; 3],
+    failures: [AtomicU64; 3],
+}
+
+impl PluginHost {
+    /// Builds the engine, loads every `<dir>/<tenant>/<name>.wasm` (a file that fails
+    /// to load is recorded with its error, not fatal) and, when `config.watch`, starts
+    /// the hot-reload watcher. Blocking: compiles every plugin.
+    pub fn start(mut config: PluginConfig) -> Result<PluginHost, PluginError> {
+        std::fs::create_dir_all(&config.dir).map_err(|e| PluginError::io(&config.dir, e))?;
+        // Watcher events carry absolute, symlink-free paths: match them.
+        config.dir =
+            std::fs::canonicalize(&config.dir).map_err(|e| PluginError::io(&config.dir, e))?;
+        let runtime = Runtime::new(&config)?;
+        let inner = Arc::new(Inner {
+            runtime,
+            config,
+            tenants: RwLock::new(HashMap::new()),
+            failures_by_kind: Default::default(),
+            _watcher: Mutex::new(None),
+        });
+        let host = PluginHost { inner };
+        host.rescan()?;
+        if host.inner.config.watch {
+            host.start_watcher();
+        }
+        Ok(host)
+    }
+
+    /// Calls `transform` of `tenant`'s plugin `name`.
+    pub fn transform(
+        &self,
+        tenant: &str,
+        name: &str,
+        ctx: &DeliveryContext,
+        request: &Request,
+    ) -> Result<TransformResult, PluginFailure> {
+        self.with_plugin(tenant, name, Hook::Transform, |p| {
+            p.transform(ctx, request, None)
+        })
+    }
+
+    /// Calls `classify` of `tenant`'s plugin `name`. `Ok(Verdict::Default)` and any
+    /// `Err` both mean: use the built-in table.
+    pub fn classify(
+        &self,
+        tenant: &str,
+        name: &str,
+        ctx: &DeliveryContext,
+        outcome: &Outcome,
+    ) -> Result<Verdict, PluginFailure> {
+        self.with_plugin(tenant, name, Hook::Classify, |p| {
+            p.classify(ctx, outcome, None)
+        })
+    }
+
+    /// Calls `sign` of `tenant`'s plugin `name` with the raw bytes of each valid
+    /// secret (newest first); returns the headers to set.
+    pub fn sign(
+        &self,
+        tenant: &str,
+        name: &str,
+        ctx: &DeliveryContext,
+        secrets: &[Vec<u8>],
+        request: &Request,
+    ) -> Result<Vec<Header>, PluginFailure> {
+        self.with_plugin(tenant, name, Hook::Sign, |p| {
+            p.sign(ctx, secrets, request, None)
+        })
+    }
+
+    /// The hooks of `tenant`'s plugin `name`, if a version of it is serving.
+    pub fn get(&self, tenant: &str, name: &str) -> Option<HookSet> {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        tenants
+            .get(tenant)?
+            .get(name)?
+            .current
+            .as_ref()
+            .map(|p| p.hooks)
+    }
+
+    /// Every plugin of `tenant`, serving or broken, sorted by name.
+    pub fn list(&self, tenant: &str) -> Vec<PluginInfo> {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        let mut list: Vec<PluginInfo> = tenants
+            .get(tenant)
+            .map(|plugins| {
+                plugins
+                    .iter()
+                    .map(|(name, slot)| info(tenant, name, slot))
+                    .collect()
+            })
+            .unwrap_or_default();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list
+    }
+
+    /// Validates `bytes` (size, compiles, right world, `describe` works and declares a
+    /// hook), writes `<dir>/<tenant>/<name>.wasm` atomically (temp file + fsync +
+    /// rename) and starts serving it. The watcher then sees a file it already has.
+    pub async fn install(
+        &self,
+        tenant: &str,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<PluginInfo, PluginError> {
+        let host = self.clone();
+        let (tenant, name) = (tenant.to_string(), name.to_string());
+        tokio::task::spawn_blocking(move || host.install_blocking(&tenant, &name, &bytes))
+            .await
+            .map_err(|e| PluginError::Engine(format!("install task failed: {e}")))?
+    }
+
+    /// [`PluginHost::install`] on the current thread (compiles: keep it off the async
+    /// runtime).
+    pub fn install_blocking(
+        &self,
+        tenant: &str,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<PluginInfo, PluginError> {
+        check_slug("tenant", tenant)?;
+        check_slug("plugin name", name)?;
+        let limit = self.inner.config.max_plugin_bytes;
+        if bytes.len() > limit {
+            return Err(PluginError::TooLarge {
+                size: bytes.len(),
+                limit,
+            });
+        }
+        let plugin =
+            self.inner
+                .runtime
+                .load(tenant, name, bytes, self.plugin_config(tenant, name))?;
+        let dir = self.inner.config.dir.join(tenant);
+        write_atomically(&dir, &format!("{name}.wasm"), bytes)?;
+        tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin installed");
+        self.swap(tenant, name, Ok(plugin));
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        Ok(info(tenant, name, &tenants[tenant][name]))
+    }
+
+    /// Call and failure counters of every hook of every plugin.
+    pub fn metrics(&self) -> Vec<PluginMetrics> {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (tenant, plugins) in tenants.iter() {
+            for (name, slot) in plugins {
+                for hook in Hook::ALL {
+                    let calls = slot.stats.calls[hook.index()].load(Ordering::Relaxed);
+                    if calls > 0 {
+                        out.push(PluginMetrics {
+                            tenant: tenant.clone(),
+                            name: name.clone(),
+                            hook,
+                            calls,
+                            failures: slot.stats.failures[hook.index()].load(Ordering::Relaxed),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Failures since start, by [`PluginFailure::kind`].
+    pub fn failures_by_kind(&self) -> Vec<(&'static str, u64)> {
+        PluginFailure::KINDS
+            .iter()
+            .zip(&self.inner.failures_by_kind)
+            .map(|(k, n)| (*k, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Re-reads every plugin file under the directory (what the watcher does for one
+    /// file, for all of them). Blocking.
+    pub fn rescan(&self) -> Result<(), PluginError> {
+        let dir = &self.inner.config.dir;
+        let mut seen = Vec::new();
+        for tenant_dir in read_dir(dir)? {
+            if !tenant_dir.is_dir() {
+                continue;
+            }
+            for file in read_dir(&tenant_dir)? {
+                if let Some((tenant, name)) = self.parse_path(&file) {
+                    self.reload(&tenant, &name);
+                    seen.push((tenant, name));
+                }
+            }
+        }
+        let mut tenants = self
+            .inner
+            .tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        for (tenant, plugins) in tenants.iter_mut() {
+            plugins.retain(|name, _| seen.iter().any(|(t, n)| t == tenant && n == name));
+        }
+        Ok(())
+    }
+
+    fn with_plugin<R>(
+        &self,
+        tenant: &str,
+        name: &str,
+        hook: Hook,
+        f: impl FnOnce(&LoadedPlugin) -> Result<R, PluginFailure>,
+    ) -> Result<R, PluginFailure> {
+        let found = {
+            let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+            tenants
+                .get(tenant)
+                .and_then(|plugins| plugins.get(name))
+                .map(|slot| (slot.current.clone(), Arc::clone(&slot.stats)))
+        };
+        let result = match &found {
+            Some((Some(plugin), stats)) => {
+                stats.calls[hook.index()].fetch_add(1, Ordering::Relaxed);
+                f(plugin)
+            }
+            _ => Err(PluginFailure::NotFound),
+        };
+        if let Err(failure) = &result {
+            self.inner.failures_by_kind[failure.kind_index()].fetch_add(1, Ordering::Relaxed);
+            if let Some((_, stats)) = &found {
+                stats.failures[hook.index()].fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::debug!(tenant, plugin = name, hook = hook.as_str(), reason = %failure, "plugin call failed");
+        }
+        result
+    }
+
+    /// Loads the file of (tenant, name) if its content changed: swaps it in, or keeps
+    /// the old version and records the error; forgets the plugin if the file is gone.
+    fn reload(&self, tenant: &str, name: &str) {
+        let path = self
+            .inner
+            .config
+            .dir
+            .join(tenant)
+            .join(format!("{name}.wasm"));
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut tenants = self
+                    .inner
+                    .tenants
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner());
+                if let Some(plugins) = tenants.get_mut(tenant)
+                    && plugins.remove(name).is_some()
+                {
+                    tracing::info!(tenant, plugin = name, "plugin removed");
+                }
+                return;
+            }
+            Err(e) => {
+                self.swap(
+                    tenant,
+                    name,
+                    Err(format!("cannot read {}: {e}", path.display())),
+                );
+                return;
+            }
+        };
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        if self.serving_sha256(tenant, name).as_deref() == Some(sha256.as_str()) {
+            return;
+        }
+        let limit = self.inner.config.max_plugin_bytes;
+        let loaded = if bytes.len() > limit {
+            Err(PluginError::TooLarge {
+                size: bytes.len(),
+                limit,
+            })
+        } else {
+            self.inner
+                .runtime
+                .load(tenant, name, &bytes, self.plugin_config(tenant, name))
+        };
+        match loaded {
+            Ok(plugin) => {
+                tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin loaded");
+                self.swap(tenant, name, Ok(plugin));
+            }
+            Err(e) => {
+                tracing::warn!(tenant, plugin = name, error = %e, "plugin failed to load; the previous version keeps serving");
+                self.swap(tenant, name, Err(e.to_string()));
+            }
+        }
+    }
+
+    fn serving_sha256(&self, tenant: &str, name: &str) -> Option<String> {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        let slot = tenants.get(tenant)?.get(name)?;
+        slot.current.as_ref().map(|p| p.sha256.clone())
+    }
+
+    fn swap(&self, tenant: &str, name: &str, loaded: Result<Arc<LoadedPlugin>, String>) {
+        let mut tenants = self
+            .inner
+            .tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let slot = tenants
+            .entry(tenant.to_string())
+            .or_default()
+            .entry(name.to_string())
+            .or_insert_with(|| Slot {
+                current: None,
+                error: None,
+                stats: Arc::default(),
+            });
+        match loaded {
+            Ok(plugin) => {
+                slot.current = Some(plugin);
+                slot.error = None;
+            }
+            Err(error) => slot.error = Some(error),
+        }
+    }
+
+    fn plugin_config(&self, tenant: &str, name: &str) -> HashMap<String, String> {
+        let key = (tenant.to_string(), name.to_string());
+        self.inner
+            .config
+            .plugin_config
+            .get(&key)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// `<dir>/<tenant>/<name>.wasm` with slug tenant and name, else `None`.
+    fn parse_path(&self, path: &Path) -> Option<(String, String)> {
+        let rel = path.strip_prefix(&self.inner.config.dir).ok()?;
+        let mut parts = rel.components();
+        let tenant = parts.next()?.as_os_str().to_str()?;
+        let file = parts.next()?.as_os_str().to_str()?;
+        if parts.next().is_some() {
+            return None;
+        }
+        let name = file.strip_suffix(".wasm")?;
+        (is_slug(tenant) && is_slug(name)).then(|| (tenant.to_string(), name.to_string()))
+    }
+
+    /// Watches the plugin directory; a debouncing thread reloads each changed file once
+    /// it has been quiet for `reload_debounce`. Failure to watch is logged, not fatal:
+    /// plugins then change only through `install` or `rescan`.
+    fn start_watcher(&self) {
+        let (tx, rx) = mpsc::channel::<PathBuf>();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if let Ok(event) = event {
+                for path in event.paths {
+                    let _ = tx.send(path);
+                }
+            }
+        });
+        let mut watcher = match watcher {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the plugin directory; hot reload is off");
+                return;
+            }
+        };
+        if let Err(e) = watcher.watch(&self.inner.config.dir, notify::RecursiveMode::Recursive) {
+            tracing::warn!(error = %e, dir = %self.inner.config.dir.display(), "cannot watch the plugin directory; hot reload is off");
+            return;
+        }
+        *self
+            .inner
+            ._watcher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(watcher);
+        let weak = Arc::downgrade(&self.inner);
+        let debounce = self.inner.config.reload_debounce;
+        let spawned = std::thread::Builder::new()
+            .name("herald-plugin-watch".into())
+            .spawn(move || debounce_loop(rx, weak, debounce));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the plugin watcher thread; hot reload is off");
+        }
+    }
+}
+
+/// Collects changed paths and reloads each once no event touched it for `debounce`.
+/// Ends when the watcher (and so the sender) is dropped with the host.
+fn debounce_loop(rx: mpsc::Receiver<PathBuf>, host: Weak<Inner>, debounce: Duration) {
+    let mut pending: HashMap<PathBuf, Instant> = HashMap::new();
+    loop {
+        let wait = pending
+            .values()
+            .min()
+            .map(|due| due.saturating_duration_since(Instant::now()));
+        let received = match wait {
+            Some(wait) => rx.recv_timeout(wait),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match received {
+            Ok(path) => {
+                pending.insert(path, Instant::now() + debounce);
+                continue;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        let due: Vec<PathBuf> = pending
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(p, _)| p.clone())
+            .collect();
+        let Some(inner) = host.upgrade() else { return };
+        let host = PluginHost { inner };
+        for path in due {
+            pending.remove(&path);
+            // A new tenant directory: files written into it before the watcher added its
+            // watch raised no event of their own, so load whatever it holds now.
+            let paths = if path.is_dir() { read_dir(&path).unwrap_or_default() } else { vec![path] };
+            for path in paths {
+                if let Some((tenant, name)) = host.parse_path(&path) {
+                    host.reload(&tenant, &name);
+                }
+            }
+        }
+    }
+}
+
+fn info(tenant: &str, name: &str, slot: &Slot) -> PluginInfo {
+    let current = slot.current.as_deref();
+    PluginInfo {
+        tenant: tenant.to_string(),
+        name: name.to_string(),
+        hooks: current.map(|p| p.hooks).unwrap_or_default(),
+        sha256: current.map(|p| p.sha256.clone()).unwrap_or_default(),
+        size: current.map(|p| p.size).unwrap_or(0),
+        plugin_name: current.map(|p| p.plugin_name.clone()).unwrap_or_default(),
+        plugin_version: current
+            .map(|p| p.plugin_version.clone())
+            .unwrap_or_default(),
+        loaded_at: current.map(|p| p.loaded_at),
+        error: slot.error.clone(),
+    }
+}
+
+fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, PluginError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| PluginError::io(dir, e))?;
+    Ok(entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+}
+
+/// Writes `dir/file` so that readers see the old or the new content, never a mix:
+/// a hidden temp file in the same directory, fsync, rename, fsync the directory.
+fn write_atomically(dir: &Path, file: &str, bytes: &[u8]) -> Result<(), PluginError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    std::fs::create_dir_all(dir).map_err(|e| PluginError::io(dir, e))?;
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{file}.{}.{n}.tmp", std::process::id()));
+    let target = dir.join(file);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &target)?;
+        std::fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        PluginError::io(&target, e)
+    })
+}

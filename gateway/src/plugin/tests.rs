@@ -1,0 +1,579 @@
+//! Host tests with plugins written inline as WAT components: a well-behaved one, and
+//! hostile ones (infinite loop, memory bomb, trap, malformed and oversized output,
+//! wrong world), each of which must be contained with a clear reason.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// The hook bodies and data of a WAT test plugin. Bodies return a pointer to the
+/// result area: 128 for `classify`, 160 for `sign`, 192 for `transform`.
+struct Guest {
+    hooks: u8,
+    pages: u32,
+    data: &'static str,
+    transform: &'static str,
+    classify: &'static str,
+    sign: &'static str,
+}
+
+const DELIVERED: &str = "(i32.store8 (i32.const 128) (i32.const 0)) (i32.const 128)";
+
+impl Default for Guest {
+    fn default() -> Self {
+        Guest {
+            hooks: 7,
+            pages: 1,
+            data: "",
+            transform: "unreachable",
+            classify: DELIVERED,
+            sign: "unreachable",
+        }
+    }
+}
+
+impl Guest {
+    fn classify(body: &'static str) -> Self {
+        Guest {
+            hooks: 2,
+            classify: body,
+            ..Guest::default()
+        }
+    }
+
+    fn wasm(&self) -> Vec<u8> {
+        let Guest {
+            hooks,
+            pages,
+            data,
+            transform,
+            classify,
+            sign,
+        } = self;
+        let text = format!(
+            r#"(component
+  (import "herald:plugin/host@0.1.0" (instance $host
+    (type $l (enum "trace" "debug" "info" "warn" "error"))
+    (export "level" (type $level (eq $l)))
+    (export "log" (func (param "level" $level) (param "message" string)))))
+  (type $hooks' (flags "transform" "classify" "sign"))
+  (export $hooks "hooks" (type $hooks'))
+  (type $info' (record (field "name" string) (field "version" string) (field "hooks" $hooks)))
+  (export $info "plugin-info" (type $info'))
+  (type $header (tuple string string))
+  (type $ctx' (record (field "tenant" string) (field "endpoint-id" string) (field "event-id" string)
+    (field "event-type" string) (field "attempt" u32) (field "timestamp" u64) (field "attempt-id" string)))
+  (export $ctx "delivery-context" (type $ctx'))
+  (type $request' (record (field "headers" (list $header)) (field "body" (list u8))))
+  (export $request "request" (type $request'))
+  (type $tr' (variant (case "send" $request) (case "drop" string)))
+  (export $tr "transform-result" (type $tr'))
+  (type $response' (record (field "status" u16) (field "headers" (list $header)) (field "body" (list u8))))
+  (export $response "response" (type $response'))
+  (type $tek' (enum "timeout" "connection-refused" "connection-reset" "dns" "tls" "other"))
+  (export $tek "transport-error-kind" (type $tek'))
+  (type $te' (record (field "kind" $tek) (field "message" string)))
+  (export $te "transport-error" (type $te'))
+  (type $outcome' (variant (case "response" $response) (case "transport-error" $te)))
+  (export $outcome "outcome" (type $outcome'))
+  (type $pause' (record (field "secs" u32) (field "reason" string)))
+  (export $pause "pause" (type $pause'))
+  (type $verdict' (variant (case "delivered") (case "retry" (option u32)) (case "fail" string)
+    (case "pause-endpoint" $pause) (case "disable-endpoint" string) (case "default")))
+  (export $verdict "verdict" (type $verdict'))
+
+  (core module $libc (memory (export "memory") {pages}))
+  (core instance $libc (instantiate $libc))
+  (core func $log (canon lower (func $host "log") (memory (core memory $libc "memory"))))
+  (core module $m
+    (import "libc" "memory" (memory {pages}))
+    (import "host" "log" (func $log (param i32 i32 i32)))
+    (global $heap (mut i32) (i32.const 8192))
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $p i32)
+      (if (i32.gt_u (i32.add (global.get $heap) (local.get 3)) (i32.const 60000))
+        (then (global.set $heap (i32.const 8192))))
+      (local.set $p (i32.and (i32.add (global.get $heap) (i32.const 7)) (i32.const -8)))
+      (global.set $heap (i32.add (local.get $p) (local.get 3)))
+      (local.get $p))
+    (data (i32.const 0) "\40\00\00\00\0a\00\00\00\50\00\00\00\05\00\00\00\{hooks:02x}")
+    (data (i32.const 64) "wat-plugin")
+    (data (i32.const 80) "0.0.1")
+    {data}
+    (func (export "describe") (result i32) (i32.const 0))
+    (func (export "transform") (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i64 i32 i32 i32 i32 i32 i32) (result i32)
+      {transform})
+    (func (export "classify") (param i32) (result i32) {classify})
+    (func (export "sign") (param i32) (result i32) {sign}))
+  (core instance $i (instantiate $m
+    (with "libc" (instance $libc))
+    (with "host" (instance (export "log" (func $log))))))
+  (func (export "describe") (result $info)
+    (canon lift (core func $i "describe") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
+  (func (export "transform") (param "ctx" $ctx) (param "req" $request) (result (result $tr (error string)))
+    (canon lift (core func $i "transform") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
+  (func (export "classify") (param "ctx" $ctx) (param "outcome" $outcome) (result $verdict)
+    (canon lift (core func $i "classify") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
+  (func (export "sign") (param "ctx" $ctx) (param "secrets" (list (list u8))) (param "req" $request)
+    (result (result (list $header) (error string)))
+    (canon lift (core func $i "sign") (memory (core memory $libc "memory")) (realloc (core func $i "realloc")))))"#
+        );
+        wat::parse_str(&text).unwrap_or_else(|e| panic!("bad test WAT: {e}"))
+    }
+}
+
+struct TestHost {
+    host: PluginHost,
+    _dir: tempfile::TempDir,
+}
+
+fn test_host(configure: impl FnOnce(&mut PluginConfig)) -> TestHost {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = PluginConfig::new(dir.path());
+    config.max_instances = 16;
+    config.max_output_bytes = 64 << 10;
+    config.watch = false;
+    configure(&mut config);
+    TestHost {
+        host: PluginHost::start(config).unwrap(),
+        _dir: dir,
+    }
+}
+
+fn ctx() -> DeliveryContext {
+    DeliveryContext {
+        tenant: "acme".into(),
+        endpoint_id: "ep_1".into(),
+        event_id: "evt_1".into(),
+        event_type: "invoice.paid".into(),
+        attempt: 1,
+        timestamp: 1_700_000_000,
+        attempt_id: "att_1".into(),
+    }
+}
+
+fn outcome(status: u16) -> Outcome {
+    Outcome::Response(Response {
+        status,
+        headers: vec![],
+        body: b"conflict".to_vec(),
+    })
+}
+
+fn request() -> Request {
+    Request {
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: br#"{"a":1}"#.to_vec(),
+    }
+}
+
+fn classify_with(guest: Guest) -> Result<Verdict, PluginFailure> {
+    let t = test_host(|_| {});
+    t.host.install_blocking("acme", "p", &guest.wasm()).unwrap();
+    t.host.classify("acme", "p", &ctx(), &outcome(409))
+}
+
+#[test]
+fn a_well_behaved_plugin_is_installed_listed_and_called() {
+    let t = test_host(|_| {});
+    let info = t
+        .host
+        .install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm())
+        .unwrap();
+    assert_eq!(
+        info.hooks,
+        HookSet {
+            classify: true,
+            ..HookSet::default()
+        }
+    );
+    assert_eq!(
+        (info.plugin_name.as_str(), info.plugin_version.as_str()),
+        ("wat-plugin", "0.0.1")
+    );
+    assert_eq!(info.sha256.len(), 64);
+    assert!(t._dir.path().join("acme/p.wasm").is_file());
+
+    for _ in 0..3 {
+        assert_eq!(
+            t.host.classify("acme", "p", &ctx(), &outcome(409)),
+            Ok(Verdict::Delivered)
+        );
+    }
+    assert_eq!(t.host.get("acme", "p"), Some(info.hooks));
+    assert_eq!(t.host.list("acme"), vec![info]);
+    assert_eq!(
+        t.host
+            .sign("acme", "p", &ctx(), &[b"k".to_vec()], &request()),
+        Err(PluginFailure::HookNotImplemented)
+    );
+    let metrics = t.host.metrics();
+    let classify = metrics.iter().find(|m| m.hook == Hook::Classify).unwrap();
+    assert_eq!((classify.calls, classify.failures), (3, 0));
+}
+
+#[test]
+fn tenants_cannot_reach_each_others_plugins() {
+    let t = test_host(|_| {});
+    t.host
+        .install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm())
+        .unwrap();
+    assert_eq!(
+        t.host.classify("globex", "p", &ctx(), &outcome(409)),
+        Err(PluginFailure::NotFound)
+    );
+    assert_eq!(t.host.get("globex", "p"), None);
+    assert!(t.host.list("globex").is_empty());
+}
+
+#[test]
+fn an_infinite_loop_times_out_quickly() {
+    let started = Instant::now();
+    let result = classify_with(Guest::classify("(loop $l (br $l)) (i32.const 128)"));
+    assert_eq!(result, Err(PluginFailure::Timeout));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_memory_bomb_hits_the_cap() {
+    let bomb = "(if (i32.eq (memory.grow (i32.const 1000)) (i32.const -1)) (then unreachable)) (i32.const 128)";
+    assert_eq!(
+        classify_with(Guest::classify(bomb)),
+        Err(PluginFailure::Memory)
+    );
+}
+
+#[test]
+fn a_trap_is_contained_and_the_next_call_gets_a_fresh_instance() {
+    let flaky = "(if (i32.eqz (i32.load (i32.const 256))) (then (i32.store (i32.const 256) (i32.const 1)) unreachable)) (i32.store8 (i32.const 128) (i32.const 0)) (i32.const 128)";
+    let t = test_host(|_| {});
+    t.host
+        .install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm())
+        .unwrap();
+    t.host
+        .install_blocking("acme", "flaky", &Guest::classify(flaky).wasm())
+        .unwrap();
+    let failure = t
+        .host
+        .classify("acme", "flaky", &ctx(), &outcome(409))
+        .unwrap_err();
+    assert!(
+        matches!(&failure, PluginFailure::Trap(msg) if msg.contains("unreachable")),
+        "{failure:?}"
+    );
+    assert!(failure.reason().starts_with("plugin:trap: "));
+    // A fresh instance starts from the initial memory image, so it traps again: the
+    // trapped instance was never reused.
+    assert!(matches!(
+        t.host.classify("acme", "flaky", &ctx(), &outcome(409)),
+        Err(PluginFailure::Trap(_))
+    ));
+    assert_eq!(
+        t.host.classify("acme", "p", &ctx(), &outcome(409)),
+        Ok(Verdict::Delivered)
+    );
+    let traps = t
+        .host
+        .failures_by_kind()
+        .into_iter()
+        .find(|(k, _)| *k == "trap")
+        .unwrap()
+        .1;
+    assert_eq!(traps, 2);
+}
+
+#[test]
+fn malformed_output_is_rejected() {
+    let bad_discriminant = "(i32.store8 (i32.const 128) (i32.const 9)) (i32.const 128)";
+    assert!(matches!(
+        classify_with(Guest::classify(bad_discriminant)),
+        Err(PluginFailure::InvalidOutput(_))
+    ));
+
+    let bad_utf8 = Guest {
+        data: r#"(data (i32.const 300) "\ff\fe")"#,
+        ..Guest::classify(
+            "(i32.store8 (i32.const 128) (i32.const 2)) (i32.store (i32.const 132) (i32.const 300)) (i32.store (i32.const 136) (i32.const 2)) (i32.const 128)",
+        )
+    };
+    assert!(matches!(
+        classify_with(bad_utf8),
+        Err(PluginFailure::InvalidOutput(_))
+    ));
+
+    let out_of_bounds = "(i32.store8 (i32.const 128) (i32.const 2)) (i32.store (i32.const 132) (i32.const -256)) (i32.store (i32.const 136) (i32.const 100)) (i32.const 128)";
+    assert!(matches!(
+        classify_with(Guest::classify(out_of_bounds)),
+        Err(PluginFailure::InvalidOutput(_))
+    ));
+
+    let endless_pause = "(i32.store8 (i32.const 128) (i32.const 3)) (i32.store (i32.const 132) (i32.const -1)) (i32.store (i32.const 140) (i32.const 0)) (i32.const 128)";
+    assert!(matches!(
+        classify_with(Guest::classify(endless_pause)),
+        Err(PluginFailure::InvalidOutput(_))
+    ));
+}
+
+/// `sign` returning `ok([(name at 500, value at 65536 of `len` bytes)])`.
+const SIGN_ONE_HEADER: &str = "(i32.store8 (i32.const 160) (i32.const 0)) (i32.store (i32.const 164) (i32.const 400)) (i32.store (i32.const 168) (i32.const 1))
+  (i32.store (i32.const 400) (i32.const 500)) (i32.store (i32.const 404) (i32.const 8)) (i32.store (i32.const 408) (i32.const 65536)) (i32.store (i32.const 412) (i32.load (i32.const 600))) (i32.const 160)";
+
+fn sign_with(name: &'static str, value_len: &'static str) -> Result<Vec<Header>, PluginFailure> {
+    let data: &'static str = Box::leak(format!(r#"(data (i32.const 500) "{name}") (data (i32.const 600) "{value_len}") (data (i32.const 65536) "abc")"#).into_boxed_str());
+    let guest = Guest {
+        hooks: 4,
+        pages: 5,
+        data,
+        sign: SIGN_ONE_HEADER,
+        ..Guest::default()
+    };
+    let t = test_host(|_| {});
+    t.host.install_blocking("acme", "s", &guest.wasm()).unwrap();
+    t.host
+        .sign("acme", "s", &ctx(), &[b"key".to_vec()], &request())
+}
+
+#[test]
+fn sign_output_is_checked() {
+    assert_eq!(
+        sign_with("x-sig-aa", r"\03\00\00\00"),
+        Ok(vec![("x-sig-aa".to_string(), "abc".to_string())])
+    );
+    // 200 000 bytes of value: over the 64 KiB output cap.
+    assert_eq!(
+        sign_with("x-sig-aa", r"\40\0d\03\00"),
+        Err(PluginFailure::OutputTooLarge)
+    );
+    assert!(matches!(
+        sign_with("bad name", r"\03\00\00\00"),
+        Err(PluginFailure::InvalidOutput(_))
+    ));
+}
+
+#[test]
+fn transform_can_send_drop_or_refuse() {
+    let echo = "(i32.store8 (i32.const 192) (i32.const 0)) (i32.store8 (i32.const 196) (i32.const 0))
+      (i32.store (i32.const 200) (local.get 12)) (i32.store (i32.const 204) (local.get 13))
+      (i32.store (i32.const 208) (local.get 14)) (i32.store (i32.const 212) (local.get 15)) (i32.const 192)";
+    let drop = "(i32.store8 (i32.const 192) (i32.const 0)) (i32.store8 (i32.const 196) (i32.const 1))
+      (i32.store (i32.const 200) (i32.const 300)) (i32.store (i32.const 204) (i32.const 3)) (i32.const 192)";
+    let refuse = "(i32.store8 (i32.const 192) (i32.const 1))
+      (i32.store (i32.const 196) (i32.const 300)) (i32.store (i32.const 200) (i32.const 3)) (i32.const 192)";
+    let t = test_host(|_| {});
+    for (name, body) in [("echo", echo), ("drop", drop), ("refuse", refuse)] {
+        let guest = Guest {
+            hooks: 1,
+            data: r#"(data (i32.const 300) "bye")"#,
+            transform: body,
+            ..Guest::default()
+        };
+        t.host
+            .install_blocking("acme", name, &guest.wasm())
+            .unwrap();
+    }
+    assert_eq!(
+        t.host.transform("acme", "echo", &ctx(), &request()),
+        Ok(TransformResult::Send(request()))
+    );
+    assert_eq!(
+        t.host.transform("acme", "drop", &ctx(), &request()),
+        Ok(TransformResult::Drop("bye".into()))
+    );
+    let refused = t
+        .host
+        .transform("acme", "refuse", &ctx(), &request())
+        .unwrap_err();
+    assert_eq!(refused, PluginFailure::Guest("bye".into()));
+    assert_eq!(refused.reason(), "plugin:error: bye");
+}
+
+#[test]
+fn uploads_are_validated_before_anything_is_written() {
+    let t = test_host(|c| c.max_plugin_bytes = 64 << 10);
+    let good = Guest::classify(DELIVERED).wasm();
+    let cases: Vec<(&str, &str, Vec<u8>)> = vec![
+        ("Acme", "p", good.clone()),
+        ("acme", "../p", good.clone()),
+        ("acme", "p", vec![0; 65 << 10]),
+        ("acme", "p", b"not wasm at all".to_vec()),
+        ("acme", "p", wat::parse_str("(module)").unwrap()),
+        ("acme", "p", wat::parse_str(r#"(component (core module $m (func (export "f"))) (core instance $i (instantiate $m)) (func (export "describe") (canon lift (core func $i "f"))))"#).unwrap()),
+        ("acme", "p", Guest { hooks: 0, ..Guest::default() }.wasm()),
+    ];
+    let mut errors = Vec::new();
+    for (tenant, name, bytes) in cases {
+        let err = t.host.install_blocking(tenant, name, &bytes).unwrap_err();
+        assert!(err.is_client_error(), "{err}");
+        errors.push(err);
+    }
+    assert!(matches!(
+        errors[0],
+        PluginError::InvalidName { what: "tenant", .. }
+    ));
+    assert!(matches!(errors[1], PluginError::InvalidName { .. }));
+    assert!(matches!(errors[2], PluginError::TooLarge { .. }));
+    assert!(matches!(errors[3], PluginError::Invalid(_)));
+    assert!(matches!(errors[4], PluginError::Invalid(_)));
+    assert!(
+        matches!(errors[5], PluginError::WrongWorld(_)),
+        "{}",
+        errors[5]
+    );
+    assert!(matches!(errors[6], PluginError::Rejected(_)));
+    assert!(!t._dir.path().join("acme").join("p.wasm").exists());
+    assert!(t.host.list("acme").is_empty());
+}
+
+#[test]
+fn a_broken_file_leaves_the_old_version_serving_with_its_error_visible() {
+    let t = test_host(|_| {});
+    let v1 = t
+        .host
+        .install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm())
+        .unwrap();
+    std::fs::write(t._dir.path().join("acme/p.wasm"), b"garbage").unwrap();
+    t.host.rescan().unwrap();
+    let listed = t.host.list("acme");
+    assert_eq!(listed[0].sha256, v1.sha256);
+    assert!(
+        listed[0]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("not a valid WebAssembly component"),
+        "{listed:?}"
+    );
+    assert_eq!(
+        t.host.classify("acme", "p", &ctx(), &outcome(409)),
+        Ok(Verdict::Delivered)
+    );
+
+    std::fs::remove_file(t._dir.path().join("acme/p.wasm")).unwrap();
+    t.host.rescan().unwrap();
+    assert_eq!(
+        t.host.classify("acme", "p", &ctx(), &outcome(409)),
+        Err(PluginFailure::NotFound)
+    );
+}
+
+#[test]
+fn the_watcher_hot_reloads_changed_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("acme")).unwrap();
+    std::fs::write(
+        dir.path().join("acme/p.wasm"),
+        Guest::classify(DELIVERED).wasm(),
+    )
+    .unwrap();
+    let mut config = PluginConfig::new(dir.path());
+    config.max_instances = 16;
+    config.reload_debounce = Duration::from_millis(50);
+    let host = PluginHost::start(config).unwrap();
+    assert_eq!(
+        host.classify("acme", "p", &ctx(), &outcome(409)),
+        Ok(Verdict::Delivered)
+    );
+
+    let retry = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1)) (i32.store (i32.const 136) (i32.const 30)) (i32.const 128)";
+    let tmp = dir.path().join("acme/.p.tmp");
+    std::fs::write(&tmp, Guest::classify(retry).wasm()).unwrap();
+    std::fs::rename(&tmp, dir.path().join("acme/p.wasm")).unwrap();
+    std::fs::create_dir_all(dir.path().join("globex")).unwrap();
+    std::fs::write(
+        dir.path().join("globex/q.wasm"),
+        Guest::classify(DELIVERED).wasm(),
+    )
+    .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while host.classify("acme", "p", &ctx(), &outcome(409)) != Ok(Verdict::Retry(Some(30))) {
+        assert!(
+            Instant::now() < deadline,
+            "reload not seen: {:?}",
+            host.list("acme")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    while host.get("globex", "q").is_none() {
+        assert!(Instant::now() < deadline, "new tenant's plugin not seen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn plugin_config_and_logs_reach_the_cli_runner() {
+    let logging = Guest {
+        data: r#"(data (i32.const 300) "hello")"#,
+        ..Guest::classify(
+            "(call $log (i32.const 2) (i32.const 300) (i32.const 5)) (i32.store8 (i32.const 128) (i32.const 5)) (i32.const 128)",
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.wasm");
+    std::fs::write(&path, logging.wasm()).unwrap();
+
+    let report = check_file(&path).unwrap();
+    assert!(report.contains("hooks:   classify"), "{report}");
+
+    let out = run_hook_file(
+        &path,
+        "classify",
+        r#"{"outcome": {"status": 409, "body": "dup"}}"#,
+    )
+    .unwrap();
+    let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["result"]["verdict"], "default");
+    assert_eq!(out["logs"][0]["message"], "hello");
+    assert_eq!(out["logs"][0]["level"], "info");
+
+    let err = run_hook_file(&path, "sign", r#"{"secrets": ["k"]}"#).unwrap_err();
+    assert!(
+        matches!(err, PluginError::Call(PluginFailure::HookNotImplemented)),
+        "{err}"
+    );
+    assert!(matches!(
+        run_hook_file(&path, "classify", "{}"),
+        Err(PluginError::Input(_))
+    ));
+}
+
+#[test]
+fn calls_from_many_threads_survive_concurrent_swaps() {
+    fn assert_shareable<T: Clone + Send + Sync + 'static>() {}
+    assert_shareable::<PluginHost>();
+
+    let retry = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1)) (i32.store (i32.const 136) (i32.const 30)) (i32.const 128)";
+    let versions = [
+        Guest::classify(DELIVERED).wasm(),
+        Guest::classify(retry).wasm(),
+    ];
+    let t = test_host(|c| c.max_instances = 64);
+    t.host.install_blocking("acme", "p", &versions[0]).unwrap();
+    std::thread::scope(|s| {
+        let callers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    for _ in 0..300 {
+                        let verdict = t.host.classify("acme", "p", &ctx(), &outcome(409)).unwrap();
+                        assert!(
+                            matches!(verdict, Verdict::Delivered | Verdict::Retry(Some(30))),
+                            "{verdict:?}"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for i in 0..6 {
+            t.host
+                .install_blocking("acme", "p", &versions[i % 2])
+                .unwrap();
+        }
+        callers.into_iter().for_each(|c| c.join().unwrap());
+    });
+    let m = t.host.metrics();
+    assert_eq!((m[0].calls, m[0].failures), (1200, 0));
+}

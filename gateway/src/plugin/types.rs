@@ -1,0 +1,329 @@
+//! The plugin host's vocabulary: settings, hooks, what a loaded plugin looks like from
+//! outside, and the two error types (a plugin call that failed vs. a management
+//! operation that failed). No wasmtime here.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+/// Settings of the plugin host (from the `[plugins]` TOML section).
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// Plugins live in `<dir>/<tenant>/<name>.wasm`. Created when missing.
+    pub dir: PathBuf,
+    /// Time budget of one hook call (epoch deadline, checked against the thread's CPU
+    /// time so that a preempted call is not blamed: a spinning plugin is stopped after
+    /// 1-2x this, a starved one after at most 10x). Default 10 ms.
+    pub call_timeout: Duration,
+    /// Linear memory cap of one plugin instance, in bytes. Default 16 MiB.
+    pub memory_limit: usize,
+    /// Cap on what one call may return (body + header bytes + strings). Default 4 MiB.
+    pub max_output_bytes: usize,
+    /// Cap on the size of a `.wasm` file. Default 8 MiB.
+    pub max_plugin_bytes: usize,
+    /// Most plugin instances alive at once across all plugins (pooling allocator
+    /// slots: warm instances kept for reuse plus calls in flight). Default 1000.
+    pub max_instances: u32,
+    /// Warm instances kept per loaded plugin version for reuse. Default 4.
+    pub warm_instances_per_plugin: usize,
+    /// How long the file watcher waits for a file to stop changing. Default 200 ms.
+    pub reload_debounce: Duration,
+    /// Watch `dir` and hot-reload changed plugins. Default true.
+    pub watch: bool,
+    /// Each plugin's own configuration, keyed by (tenant, plugin name); the plugin reads
+    /// it with `get-config`.
+    pub plugin_config: HashMap<(String, String), HashMap<String, String>>,
+}
+
+impl PluginConfig {
+    /// The defaults, with plugins under `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        PluginConfig {
+            dir: dir.into(),
+            call_timeout: Duration::from_millis(10),
+            memory_limit: 16 << 20,
+            max_output_bytes: 4 << 20,
+            max_plugin_bytes: 8 << 20,
+            max_instances: 1000,
+            warm_instances_per_plugin: 4,
+            reload_debounce: Duration::from_millis(200),
+            watch: true,
+            plugin_config: HashMap::new(),
+        }
+    }
+}
+
+/// One of the three hooks of the `herald:plugin` world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Hook {
+    /// `transform(ctx, request) -> result<send | drop, error>`.
+    Transform,
+    /// `classify(ctx, outcome) -> verdict`.
+    Classify,
+    /// `sign(ctx, secrets, request) -> result<list<header>, error>`.
+    Sign,
+}
+
+impl Hook {
+    /// Every hook, in WIT order.
+    pub const ALL: [Hook; 3] = [Hook::Transform, Hook::Classify, Hook::Sign];
+
+    /// The hook's WIT name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hook::Transform => "transform",
+            Hook::Classify => "classify",
+            Hook::Sign => "sign",
+        }
+    }
+
+    /// Parses a WIT hook name.
+    pub fn parse(name: &str) -> Option<Hook> {
+        Hook::ALL.into_iter().find(|h| h.as_str() == name)
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The set of hooks a plugin declares (through its `describe` export).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HookSet {
+    /// Declares `transform`.
+    pub transform: bool,
+    /// Declares `classify`.
+    pub classify: bool,
+    /// Declares `sign`.
+    pub sign: bool,
+}
+
+impl HookSet {
+    /// Whether `hook` is in the set.
+    pub fn contains(self, hook: Hook) -> bool {
+        match hook {
+            Hook::Transform => self.transform,
+            Hook::Classify => self.classify,
+            Hook::Sign => self.sign,
+        }
+    }
+
+    /// The hooks in the set, in WIT order.
+    pub fn iter(self) -> impl Iterator<Item = Hook> {
+        Hook::ALL.into_iter().filter(move |h| self.contains(*h))
+    }
+
+    /// Whether no hook is declared.
+    pub fn is_empty(self) -> bool {
+        self.iter().next().is_none()
+    }
+}
+
+impl std::fmt::Display for HookSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.iter().map(Hook::as_str).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+/// A plugin file as the registry sees it: the version serving calls, if any, and the
+/// last load error, if the newest file failed to load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginInfo {
+    /// The tenant the plugin belongs to.
+    pub tenant: String,
+    /// The plugin's name (its file name without `.wasm`).
+    pub name: String,
+    /// Hooks of the serving version (empty when none is serving).
+    pub hooks: HookSet,
+    /// Hex SHA-256 of the serving version's bytes (empty when none is serving).
+    pub sha256: String,
+    /// Size of the serving version in bytes.
+    pub size: u64,
+    /// What the serving version's `describe` says its name and version are.
+    pub plugin_name: String,
+    /// See `plugin_name`.
+    pub plugin_version: String,
+    /// When the serving version was loaded.
+    pub loaded_at: Option<SystemTime>,
+    /// Why the newest file on disk is not serving, when it failed to load. The previous
+    /// version, if any, keeps serving.
+    pub error: Option<String>,
+}
+
+/// Call and failure counters of one plugin hook, for metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginMetrics {
+    /// The plugin's tenant.
+    pub tenant: String,
+    /// The plugin's name.
+    pub name: String,
+    /// The hook.
+    pub hook: Hook,
+    /// Calls started.
+    pub calls: u64,
+    /// Calls that failed (any [`PluginFailure`]).
+    pub failures: u64,
+}
+
+/// Why a hook call produced no usable result. Its `Display` is the short,
+/// machine-readable reason that the gateway records as `plugin:<reason>`.
+///
+/// [`PluginFailure::Guest`] is the plugin saying "no" (its hook returned an `error`);
+/// every other variant is Herald containing a broken or hostile plugin.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PluginFailure {
+    /// No plugin of that name is loaded for the tenant.
+    #[error("not_found")]
+    NotFound,
+    /// The plugin does not declare that hook.
+    #[error("hook_not_implemented")]
+    HookNotImplemented,
+    /// The call exceeded its time budget (epoch deadline).
+    #[error("timeout")]
+    Timeout,
+    /// The instance tried to grow its memory past the cap.
+    #[error("memory")]
+    Memory,
+    /// The guest trapped (`unreachable`, out-of-bounds access, stack overflow, …).
+    #[error("trap: {0}")]
+    Trap(String),
+    /// The call returned more than `max_output_bytes`.
+    #[error("output_too_large")]
+    OutputTooLarge,
+    /// The call returned something Herald cannot use (bad header, bad encoding, …).
+    #[error("invalid_output: {0}")]
+    InvalidOutput(String),
+    /// The hook returned its `error` case.
+    #[error("error: {0}")]
+    Guest(String),
+    /// No instance could be created (the instance pool is exhausted).
+    #[error("busy")]
+    Busy,
+}
+
+impl PluginFailure {
+    /// The variant's short name, e.g. `timeout` or `trap` (no detail): a metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PluginFailure::NotFound => "not_found",
+            PluginFailure::HookNotImplemented => "hook_not_implemented",
+            PluginFailure::Timeout => "timeout",
+            PluginFailure::Memory => "memory",
+            PluginFailure::Trap(_) => "trap",
+            PluginFailure::OutputTooLarge => "output_too_large",
+            PluginFailure::InvalidOutput(_) => "invalid_output",
+            PluginFailure::Guest(_) => "error",
+            PluginFailure::Busy => "busy",
+        }
+    }
+
+    /// `plugin:<reason>`, as recorded on the attempt and the dead letter.
+    pub fn reason(&self) -> String {
+        format!("plugin:{self}")
+    }
+
+    pub(crate) const KINDS: [&'static str; 9] = [
+        "not_found",
+        "hook_not_implemented",
+        "timeout",
+        "memory",
+        "trap",
+        "output_too_large",
+        "invalid_output",
+        "error",
+        "busy",
+    ];
+
+    pub(crate) fn kind_index(&self) -> usize {
+        Self::KINDS
+            .iter()
+            .position(|k| *k == self.kind())
+            .unwrap_or(0)
+    }
+}
+
+/// Why a management operation (load, install, check, run) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// A tenant or plugin name that is not a slug.
+    #[error("invalid {what} {value:?}: expected 1-64 characters of [a-z0-9_-]")]
+    InvalidName {
+        /// `tenant` or `plugin name`.
+        what: &'static str,
+        /// The rejected value.
+        value: String,
+    },
+    /// The file is larger than `max_plugin_bytes`.
+    #[error("plugin is {size} bytes; the limit is {limit}")]
+    TooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The bytes are not a WebAssembly component Herald can compile.
+    #[error("not a valid WebAssembly component: {0}")]
+    Invalid(String),
+    /// The component does not target `herald:plugin/plugin@0.1.0`.
+    #[error("component does not fit the herald:plugin@0.1.0 world: {0}")]
+    WrongWorld(String),
+    /// Instantiating or describing the plugin failed, or it declares no hook.
+    #[error("plugin failed its load check: {0}")]
+    Rejected(String),
+    /// Reading or writing a plugin file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// The WebAssembly engine could not be set up.
+    #[error("plugin engine: {0}")]
+    Engine(String),
+    /// `run_hook_file` input that does not parse.
+    #[error("invalid input: {0}")]
+    Input(String),
+    /// `run_hook_file`: the hook call failed.
+    #[error("plugin:{0}")]
+    Call(PluginFailure),
+}
+
+impl PluginError {
+    /// Whether the caller's input is at fault (an API maps these to 4xx).
+    pub fn is_client_error(&self) -> bool {
+        !matches!(self, PluginError::Io { .. } | PluginError::Engine(_))
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        PluginError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Whether `s` is a valid tenant or plugin name: 1-64 characters of `[a-z0-9_-]`.
+pub fn is_slug(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+pub(crate) fn check_slug(what: &'static str, value: &str) -> Result<(), PluginError> {
+    if is_slug(value) {
+        Ok(())
+    } else {
+        Err(PluginError::InvalidName {
+            what,
+            value: value.to_string(),
+        })
+    }
+}

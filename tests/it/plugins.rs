@@ -1,0 +1,199 @@
+//! Deliveries through the example WebAssembly plugins (built by scripts/build-plugins),
+//! uploads, tenant isolation and hot reload under load.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use serde_json::json;
+use sha2::Sha256;
+use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
+
+/// A built example plugin; the suite fails (never skips) when it is missing.
+fn plugin_bytes(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../target/wasm32-wasip2/release/{name}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; build the plugins first with scripts/build-plugins", path.display()))
+}
+
+async fn upload(gw: &TestGateway, tenant: &str, name: &str, bytes: Vec<u8>, token: &str) -> anyhow::Result<tests::Reply> {
+    gw.api.raw("PUT", &format!("/v1/tenants/{tenant}/plugins/{name}"), Some(token), bytes).await
+}
+
+/// Appends a custom section: the same plugin with other bytes (another version).
+fn with_custom_section(mut bytes: Vec<u8>, tag: &str) -> Vec<u8> {
+    let name = b"herald-test";
+    let payload_len = 1 + name.len() + tag.len();
+    bytes.push(0);
+    bytes.push(payload_len as u8);
+    bytes.push(name.len() as u8);
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(tag.as_bytes());
+    bytes
+}
+
+#[tokio::test]
+async fn the_transform_plugin_reshapes_the_body() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_PLUGINS_CONFIG", r#"{acme = {chat = {redact = "email"}}}"#)]).await?;
+    gw.api.tenant("acme").await?;
+    let r = upload(&gw, "acme", "chat", plugin_bytes("transform_chat"), ADMIN_TOKEN).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["hooks"], json!(["transform"]));
+    let rx = FakeReceiver::start().await?;
+    let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "plugins": {"transform": "chat"}})).await?;
+    gw.api.event("acme", json!({"id": "evt_chat", "type": "user.created", "payload": {"name": "Ada", "email": "ada@example.com"}})).await?;
+    let got = rx.wait_for(1, Duration::from_secs(10)).await?;
+    let body = got[0].json();
+    let text = body["text"].as_str().unwrap_or_else(|| panic!("not a chat message: {body}"));
+    assert!(text.contains("user.created") && text.contains("Ada"), "{text}");
+    assert!(!text.contains("ada@example.com") && text.contains("[redacted]"), "redacted: {text}");
+    // The built-in signature covers the transformed body.
+    let secret = ep["secret"].as_str().unwrap();
+    let key = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, secret.trim_start_matches("whsec_"))?;
+    let ts = got[0].header("webhook-timestamp").unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key)?;
+    mac.update(format!("evt_chat.{ts}.").as_bytes());
+    mac.update(&got[0].body);
+    let want = format!("v1,{}", base64::Engine::encode(&base64::engine::general_purpose::STANDARD, mac.finalize().into_bytes()));
+    assert_eq!(got[0].header("webhook-signature"), Some(want.as_str()));
+    let d = gw.api.wait_for("/v1/tenants/acme/events/evt_chat/deliveries", Duration::from_secs(5), |v| v["data"][0]["state"] == "delivered").await?;
+    assert_eq!(d["data"][0]["attempts"], 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_sign_plugin_replaces_the_signature_scheme() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    assert_eq!(upload(&gw, "acme", "hexsig", plugin_bytes("sign_hmac_hex"), ADMIN_TOKEN).await?.status, 200);
+    let rx = FakeReceiver::start().await?;
+    let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "plugins": {"sign": "hexsig"}})).await?;
+    gw.api.event("acme", json!({"id": "evt_sig", "type": "invoice.paid", "payload": {"amount": 5}})).await?;
+    let got = rx.wait_for(1, Duration::from_secs(10)).await?;
+    let header = got[0].header("x-herald-signature").unwrap_or_else(|| panic!("no signature header: {:?}", got[0].headers));
+    let (t, v1) = header.split_once(',').unwrap();
+    let ts = t.strip_prefix("t=").unwrap();
+    let key = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, ep["secret"].as_str().unwrap().trim_start_matches("whsec_"))?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key)?;
+    mac.update(format!("{ts}.").as_bytes());
+    mac.update(&got[0].body);
+    assert_eq!(v1, format!("v1={}", hex::encode(mac.finalize().into_bytes())));
+    assert!(got[0].header("webhook-signature").is_none(), "the plugin's scheme replaces the built-in one");
+    assert_eq!(got[0].header("webhook-id"), Some("evt_sig"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_classify_plugin_decides_what_a_409_means() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[(
+        "HERALD_PLUGINS_CONFIG",
+        r#"{acme = {c409 = {}}, beta = {c409 = {on_409 = "retry", retry_after = "1"}}}"#,
+    )])
+    .await?;
+    let mut receivers = Vec::new();
+    for tenant in ["acme", "beta"] {
+        gw.api.tenant(tenant).await?;
+        assert_eq!(upload(&gw, tenant, "c409", plugin_bytes("classify_409"), ADMIN_TOKEN).await?.status, 200);
+        let rx = FakeReceiver::start().await?;
+        rx.set_default(Answer::status(409));
+        let retry = json!({"base": "100ms", "jitter": "none", "max_attempts": 3});
+        gw.api.post(&format!("/v1/tenants/{tenant}/endpoints"), ADMIN_TOKEN, json!({"url": rx.url(), "plugins": {"classify": "c409"}, "retry": retry})).await?;
+        gw.api.post(&format!("/v1/tenants/{tenant}/events"), ADMIN_TOKEN, json!({"id": "e", "type": "t", "payload": {}})).await?;
+        receivers.push(rx);
+    }
+    // acme: 409 = already processed → delivered after one attempt.
+    let d = gw.api.wait_for("/v1/tenants/acme/events/e/deliveries", Duration::from_secs(10), |v| v["data"][0]["state"] == "delivered").await?;
+    assert_eq!(d["data"][0]["attempts"], 1);
+    let id = d["data"][0]["id"].as_str().unwrap();
+    let full = gw.api.get(&format!("/v1/tenants/acme/deliveries/{id}"), ADMIN_TOKEN).await?;
+    assert_eq!(full.json["attempt_history"][0]["decided_by"], "plugin:c409");
+    // beta: 409 = retry after 1 s, until the attempts run out (the built-in table would fail it at once).
+    let d = gw.api.wait_for("/v1/tenants/beta/events/e/deliveries", Duration::from_secs(15), |v| v["data"][0]["state"] == "dead").await?;
+    assert_eq!((d["data"][0]["attempts"].as_u64(), d["data"][0]["reason"].as_str()), (Some(3), Some("exhausted")), "{d}");
+    let got = receivers[1].received();
+    let gap = got[1].at.duration_since(got[0].at);
+    assert!(gap >= Duration::from_millis(950), "the plugin's retry-after was honoured: {gap:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn uploads_are_validated_and_scoped_to_their_tenant() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    gw.api.tenant("other").await?;
+    let other = gw.api.token("other", &["manage", "read"]).await?;
+    assert_eq!(upload(&gw, "acme", "chat", plugin_bytes("transform_chat"), ADMIN_TOKEN).await?.status, 200);
+    // Garbage and core modules are refused with a reason; nothing is written.
+    for (bytes, what) in [(b"not wasm".to_vec(), "garbage"), (b"\0asm\x01\0\0\0".to_vec(), "core module")] {
+        let r = upload(&gw, "acme", "broken", bytes, ADMIN_TOKEN).await?;
+        assert_eq!(r.status, 422, "{what}: {}", r.text);
+        assert!(r.json["error"]["message"].as_str().unwrap().len() > 10);
+    }
+    assert!(!gw.dir.path().join("plugins/acme/broken.wasm").exists());
+    let r = upload(&gw, "acme", "Bad_Name", plugin_bytes("transform_chat"), ADMIN_TOKEN).await?;
+    assert!(r.status == 422 || r.status == 404, "{}", r.text);
+    // Another tenant can neither upload into acme nor see or bind acme's plugin.
+    assert_eq!(upload(&gw, "acme", "x", plugin_bytes("transform_chat"), &other).await?.status, 404);
+    assert_eq!(gw.api.get("/v1/tenants/acme/plugins", &other).await?.status, 404);
+    let r = gw.api.post("/v1/tenants/other/endpoints", &other, json!({"url": "http://127.0.0.1:9/x", "plugins": {"transform": "chat"}})).await?;
+    assert_eq!(r.status, 422, "{}", r.text);
+    let r = gw.api.get("/v1/tenants/other/plugins", &other).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 0);
+    // A plugin bound to the wrong hook is refused.
+    let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({"url": "http://127.0.0.1:9/x", "plugins": {"sign": "chat"}})).await?;
+    assert_eq!(r.status, 422, "{}", r.text);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_under_load_loses_nothing_and_a_corrupt_file_keeps_the_old_version() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    let v1 = plugin_bytes("transform_chat");
+    let v2 = with_custom_section(v1.clone(), "v2");
+    assert_eq!(upload(&gw, "acme", "chat", v1, ADMIN_TOKEN).await?.status, 200);
+    let rx = FakeReceiver::start().await?;
+    gw.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 1000, "plugins": {"transform": "chat"}})).await?;
+    let file = gw.dir.path().join("plugins/acme/chat.wasm");
+    let sha = |v: &serde_json::Value| v["data"][0]["sha256"].as_str().unwrap_or_default().to_string();
+    let sha1 = sha(&gw.api.get("/v1/tenants/acme/plugins", ADMIN_TOKEN).await?.json);
+
+    let total = 300;
+    let poster = {
+        let api = gw.api.clone();
+        tokio::spawn(async move {
+            for i in 0..total {
+                api.event("acme", json!({"id": format!("e{i}"), "type": "t", "payload": {"i": i}})).await?;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    rx.wait_for(50, Duration::from_secs(10)).await?;
+    // Replace the file behind Herald's back (atomically, as a deploy would).
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, &v2)?;
+    std::fs::rename(&tmp, &file)?;
+    let swapped = gw
+        .api
+        .wait_for("/v1/tenants/acme/plugins", Duration::from_secs(10), |v| !v["data"][0]["sha256"].is_null() && sha(v) != sha1)
+        .await?;
+    let sha2 = sha(&swapped);
+    // Now a corrupt file: the old version keeps serving and the error is visible.
+    std::fs::write(&tmp, b"\0asm garbage")?;
+    std::fs::rename(&tmp, &file)?;
+    let broken = gw.api.wait_for("/v1/tenants/acme/plugins", Duration::from_secs(10), |v| v["data"][0]["error"].is_string()).await?;
+    assert_eq!(sha(&broken), sha2, "the last good version still serves: {broken}");
+    poster.await??;
+
+    let got = rx.wait_for(total, Duration::from_secs(20)).await?;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && rx.count() == total {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut ids: Vec<&str> = got.iter().filter_map(|r| r.header("webhook-id")).collect();
+    assert!(got.iter().all(|r| r.json()["text"].is_string()), "every delivery went through a version of the plugin");
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!((ids.len(), rx.count()), (total, total), "none lost, none doubled");
+    Ok(())
+}
