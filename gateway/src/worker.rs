@@ -37,6 +37,8 @@ const HUMAN_PAUSE: Duration = Duration::from_secs(365 * 86_400);
 /// How long a node holds an endpoint's partition, and when it renews it.
 const PARTITION_LEASE: Duration = Duration::from_secs(15);
 const PARTITION_RENEW_BEFORE: Duration = Duration::from_secs(5);
+/// How often a busy partition re-reads its endpoint (rate changes, pauses by other nodes).
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 /// Handle to the running engine.
 #[derive(Clone)]
@@ -198,22 +200,78 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
     let mut target: Option<Arc<Target>> = None;
     let mut rng = StdRng::from_rng(&mut rand::rng());
     let mut held: Option<Instant> = None;
+    // A claim running ahead of need, so the queue never runs dry while the pacer has slots.
+    let mut prefetch: Option<tokio::task::JoinHandle<Vec<Claimed>>> = None;
+    let mut refreshed = Instant::now();
     loop {
+        if prefetch.as_ref().is_some_and(|h| h.is_finished() || queue.is_empty()) {
+            if let Some(h) = prefetch.take() {
+                queue.extend(h.await.unwrap_or_default());
+            }
+        }
         if *inner.shutdown.borrow() {
+            if let Some(h) = prefetch.take() {
+                queue.extend(h.await.unwrap_or_default());
+            }
             release_all(&inner, &mut queue, now_ms()).await;
             break;
         }
         if !hold_partition(&inner, &id, &mut held).await {
             // Another node paces this endpoint; look again when its lease may have lapsed.
+            if let Some(h) = prefetch.take() {
+                queue.extend(h.await.unwrap_or_default());
+            }
             release_all(&inner, &mut queue, now_ms()).await;
             if retire(&inner, &id) {
                 return;
             }
             continue;
         }
+        if !queue.is_empty() {
+            if refreshed.elapsed() >= REFRESH_EVERY {
+                // Keep a busy endpoint's settings and state fresh.
+                refreshed = Instant::now();
+                match inner.store.endpoint(&id).await {
+                    Ok(Some(e)) if sendable(&e, now_ms()) => {
+                        if let Some(sh) = &shared {
+                            let spec = &e.spec;
+                            let _ = sh.pacer.lock().expect("pacer").reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight);
+                        }
+                        target = Some(Arc::new(make_target(&inner, e, now_ms())));
+                    }
+                    Ok(_) => {
+                        // Disabled, paused or gone: hand the queue back; the refill decides.
+                        release_all(&inner, &mut queue, now_ms()).await;
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(endpoint = %id, error = %e, "cannot refresh endpoint"),
+                }
+            }
+            if let (None, Some(tg)) = (&prefetch, &target) {
+                let spec = &tg.endpoint.spec;
+                let limit = lease::claim_size(spec.rate_per_sec, spec.burst, spec.max_in_flight);
+                if queue.len() <= limit as usize / 2 {
+                    let now = now_ms();
+                    let ahead = queue.len() as u32 + limit;
+                    let timeout = Duration::from_millis(spec.timeout_ms);
+                    let req = ClaimRequest {
+                        endpoint: id.clone(),
+                        now,
+                        limit,
+                        owner: inner.owner.clone(),
+                        lease_until: lease::lease_until(now, ahead, spec.rate_per_sec, timeout, inner.config.delivery.lease_margin),
+                    };
+                    let committer = inner.committer.clone();
+                    prefetch = Some(tokio::spawn(async move { committer.claim(req).await.unwrap_or_default() }));
+                }
+            }
+        }
         if queue.is_empty() {
             match refill(&inner, &id, &mut shared, &mut queue).await {
-                Refill::Claimed(t) => target = Some(t),
+                Refill::Claimed(t) => {
+                    target = Some(t);
+                    refreshed = Instant::now();
+                }
                 Refill::Idle(wake_at) => {
                     let busy = shared.as_ref().is_some_and(|s| s.pacer.lock().expect("pacer").in_flight() > 0);
                     if wake_at.is_none() && !busy && retire(&inner, &id) {
@@ -388,6 +446,20 @@ async fn refill(
         };
     }
     queue.extend(claimed);
+    Refill::Claimed(Arc::new(make_target(inner, endpoint, now)))
+}
+
+/// May this endpoint be sent to at `now`?
+fn sendable(e: &Endpoint, now: Millis) -> bool {
+    match e.state {
+        EndpointState::Active => true,
+        EndpointState::Paused => e.paused_until.is_some_and(|until| until <= now),
+        EndpointState::Disabled => false,
+    }
+}
+
+/// The endpoint's effective retry policy and signing secrets at `now`.
+fn make_target(inner: &Inner, endpoint: Endpoint, now: Millis) -> Target {
     let policy = endpoint
         .spec
         .retry
@@ -396,7 +468,7 @@ async fn refill(
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-    Refill::Claimed(Arc::new(Target { endpoint, policy, secrets }))
+    Target { endpoint, policy, secrets }
 }
 
 /// Hands claimed-but-unsent deliveries back, due at `at`.

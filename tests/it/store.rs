@@ -91,6 +91,7 @@ conformance!(
     due_work_is_reported,
     one_commit_applies_mixed_ops_in_order,
     concurrent_nodes_never_claim_the_same_delivery,
+    dead_letters_replay_report_and_purge,
 );
 
 // ---- fixtures ----
@@ -712,6 +713,80 @@ async fn concurrent_nodes_never_claim_the_same_delivery(b: Backend) -> anyhow::R
         }
     }
     assert_eq!(seen.len(), total as usize, "every delivery claimed once");
+    Ok(())
+}
+
+async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
+    let acme = TenantId::parse("acme")?;
+    ingest(&b, (0..5).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
+    let failed = b.committer.claim(claim_req("ep_a", T0 + 10, 5, "node-1")).await?;
+    b.committer.record(failed.iter().map(|c| result(c, c.fence, DeliveryState::Dead, None, 422, T0 + 100)).collect()).await?;
+    b.committer.change_endpoint(change("ep_b", EndpointState::Disabled, None, T0 + 50)).await?;
+
+    let only_a = DeadLetterFilter { endpoint: Some("ep_a".into()), ..Default::default() };
+    assert_eq!(b.store.dead_selection(&acme, None, Some(&only_a)).await?, (5, vec![]));
+    let ids = [failed[0].id.to_string(), failed[1].id.to_string()];
+    assert_eq!(b.store.dead_selection(&acme, Some(&ids), None).await?.0, 2);
+    let (n, blocked) = b.store.dead_selection(&acme, None, None).await?;
+    assert_eq!((n, blocked), (10, vec![EndpointId::from_stored("ep_b")]), "a disabled endpoint blocks a replay");
+    let mut counts = b.store.dead_letter_counts(&acme).await?;
+    counts.sort();
+    assert_eq!(counts, [("endpoint_disabled".to_string(), 5), ("permanent:422".to_string(), 5)]);
+    assert_eq!(b.store.stale_dead_letters(T0 + 200).await?, [(acme.clone(), T0 + 50, 10)]);
+    assert!(b.store.stale_dead_letters(T0 + 50).await?.is_empty());
+
+    let replay = Replay {
+        id: "rpl_1".into(),
+        tenant: acme.clone(),
+        state: ReplayState::Running,
+        ids: None,
+        filter: Some(only_a),
+        rate_per_sec: 10.0,
+        batch: 3,
+        selected: 5,
+        sent: 0,
+        cursor: String::new(),
+        created_at: T0 + 200,
+        updated_at: T0 + 200,
+    };
+    b.store.create_replay(&replay).await?;
+    assert_eq!(b.store.running_replays().await?.len(), 1);
+    let (eps, n) = b.store.replay_batch("rpl_1", T0 + 300, 100.0, T0 + HOUR).await?;
+    assert_eq!((eps, n), (vec![EndpointId::from_stored("ep_a")], 3));
+    let queued = |b: &Backend| {
+        let s = b.store.clone();
+        async move {
+            let f = DeliveryFilter { state: Some(DeliveryState::Queued), endpoint: Some(EndpointId::from_stored("ep_a")), limit: 10, ..Default::default() };
+            let mut due: Vec<Option<Millis>> = s.list_deliveries(&f).await?.into_iter().map(|d| d.next_attempt_at).collect();
+            due.sort();
+            anyhow::Ok(due)
+        }
+    };
+    assert_eq!(queued(&b).await?, [Some(T0 + 300), Some(T0 + 400), Some(T0 + 500)], "re-queued at the replay's pace");
+    assert_eq!(b.store.replay_batch("rpl_1", T0 + 600, 100.0, T0 + HOUR).await?.1, 2, "continues after its cursor");
+    let progress = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
+    assert_eq!((progress.replay.state, progress.replay.sent), (ReplayState::Done, 5));
+    assert!(b.store.running_replays().await?.is_empty());
+    assert!(!b.store.finish_replay(&acme, "rpl_1", ReplayState::Cancelled, T0 + 700).await?, "only a running replay finishes");
+
+    let again = b.committer.claim(claim_req("ep_a", T0 + 600, 2, "node-1")).await?;
+    assert_eq!((again[0].attempts, again[0].attempt_base, again[0].deadline), (1, 1, Some(T0 + HOUR)));
+    b.committer.record(vec![result(&again[0], again[0].fence, DeliveryState::Delivered, None, 200, T0 + 600)]).await?;
+    let progress = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
+    assert_eq!((progress.delivered, progress.failed), (1, 0));
+
+    let h = b.store.endpoint_health(&EndpointId::from_stored("ep_a"), T0 + 1_000).await?;
+    assert_eq!((h.attempts_1h, h.successes_1h, h.attempts_24h, h.successes_24h), (6, 1, 6, 1));
+    assert_eq!((h.last_success_at, h.last_attempt_at, h.backlog, h.dead_letters), (Some(T0 + 600), Some(T0 + 600), 4, 0));
+
+    // Retention: the delivered one and ep_b's dead letters go; an event goes with its last delivery.
+    assert_eq!(b.store.purge(T0 + 10_000, T0 + 10_000, 100).await?, 6);
+    let gone = &again[0];
+    assert!(b.store.get_delivery(&acme, &gone.id).await?.is_none());
+    assert!(b.store.get_event(&acme, &gone.event_id).await?.is_none(), "no delivery left: the event is purged");
+    assert!(b.store.get_event(&acme, &again[1].event_id).await?.is_some(), "an event with live deliveries stays");
+    assert_eq!(b.store.purge(T0 + 10_000, T0 + 10_000, 100).await?, 0);
     Ok(())
 }
 
