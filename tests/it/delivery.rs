@@ -7,7 +7,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
-use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
+use tests::{Backend, ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
 
 const FAST_RETRY: &str = r#"{"base": "100ms", "factor": 2, "cap": "1s", "jitter": "none", "max_attempts": 5}"#;
 
@@ -46,9 +46,8 @@ async fn wait_state(gw: &TestGateway, event: &str, state: &str, timeout: Duratio
     }
 }
 
-#[tokio::test]
-async fn retry_then_429_pauses_the_whole_endpoint_then_delivers() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn retry_then_429_pauses_the_whole_endpoint_then_delivers(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     rx.script([Answer::status(500), Answer::status(429).header("Retry-After", "5")]);
     setup(&gw, &rx, json!({"max_in_flight": 1})).await?;
@@ -77,9 +76,8 @@ async fn retry_then_429_pauses_the_whole_endpoint_then_delivers() -> anyhow::Res
     Ok(())
 }
 
-#[tokio::test]
-async fn a_hanging_endpoint_does_not_hold_up_a_healthy_one() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn a_hanging_endpoint_does_not_hold_up_a_healthy_one(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let hanging = FakeReceiver::start().await?;
     hanging.set_default(Answer::hang());
     let healthy = FakeReceiver::start().await?;
@@ -99,9 +97,8 @@ async fn a_hanging_endpoint_does_not_hold_up_a_healthy_one() -> anyhow::Result<(
     Ok(())
 }
 
-#[tokio::test]
-async fn the_classification_table_end_to_end() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn the_classification_table_end_to_end(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     // status → (final delivery state, dead reason, endpoint state, attempts)
     let cases: &[(u16, &str, Option<&str>, &str, u64)] = &[
         (400, "dead", Some("permanent:400"), "active", 1),
@@ -139,9 +136,8 @@ async fn the_classification_table_end_to_end() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_paused_endpoint_keeps_its_deliveries_until_re_enabled() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn a_paused_endpoint_keeps_its_deliveries_until_re_enabled(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     rx.set_default(Answer::status(401));
     let ep = setup(&gw, &rx, json!({"max_in_flight": 1})).await?;
@@ -161,9 +157,8 @@ async fn a_paused_endpoint_keeps_its_deliveries_until_re_enabled() -> anyhow::Re
     Ok(())
 }
 
-#[tokio::test]
-async fn redirects_are_not_followed_and_transport_failures_are_retried() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn redirects_are_not_followed_and_transport_failures_are_retried(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let target = FakeReceiver::start().await?;
     let redirecting = FakeReceiver::start().await?;
     redirecting.set_default(Answer::status(302).header("Location", &target.url()));
@@ -189,9 +184,8 @@ async fn redirects_are_not_followed_and_transport_failures_are_retried() -> anyh
     Ok(())
 }
 
-#[tokio::test]
-async fn events_past_their_ttl_become_dead_letters() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn events_past_their_ttl_become_dead_letters(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     rx.set_default(Answer::status(503));
     setup(&gw, &rx, json!({"retry": {"base": "400ms", "jitter": "none", "max_attempts": 50, "ttl": "1s"}})).await?;
@@ -202,9 +196,8 @@ async fn events_past_their_ttl_become_dead_letters() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn requests_carry_a_verifiable_standard_webhooks_signature() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn requests_carry_a_verifiable_standard_webhooks_signature(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     let ep = setup(&gw, &rx, json!({"headers": {"x-custom": "yes"}})).await?;
     let secret = ep["secret"].as_str().unwrap().to_string();
@@ -238,4 +231,67 @@ async fn requests_carry_a_verifiable_standard_webhooks_signature() -> anyhow::Re
     assert_eq!(sigs.len(), 2, "{sigs:?}");
     assert!(sigs.iter().all(|s| s.starts_with("v1,")));
     Ok(())
+}
+
+/// Every engine test runs on both stores.
+mod sqlite {
+    #[tokio::test]
+    async fn retry_then_429_pauses_the_whole_endpoint_then_delivers() -> anyhow::Result<()> {
+        super::retry_then_429_pauses_the_whole_endpoint_then_delivers(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn a_hanging_endpoint_does_not_hold_up_a_healthy_one() -> anyhow::Result<()> {
+        super::a_hanging_endpoint_does_not_hold_up_a_healthy_one(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn the_classification_table_end_to_end() -> anyhow::Result<()> {
+        super::the_classification_table_end_to_end(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn a_paused_endpoint_keeps_its_deliveries_until_re_enabled() -> anyhow::Result<()> {
+        super::a_paused_endpoint_keeps_its_deliveries_until_re_enabled(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn redirects_are_not_followed_and_transport_failures_are_retried() -> anyhow::Result<()> {
+        super::redirects_are_not_followed_and_transport_failures_are_retried(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn events_past_their_ttl_become_dead_letters() -> anyhow::Result<()> {
+        super::events_past_their_ttl_become_dead_letters(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn requests_carry_a_verifiable_standard_webhooks_signature() -> anyhow::Result<()> {
+        super::requests_carry_a_verifiable_standard_webhooks_signature(super::Backend::Sqlite).await
+    }
+}
+
+mod postgres {
+    #[tokio::test]
+    async fn retry_then_429_pauses_the_whole_endpoint_then_delivers() -> anyhow::Result<()> {
+        super::retry_then_429_pauses_the_whole_endpoint_then_delivers(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn a_hanging_endpoint_does_not_hold_up_a_healthy_one() -> anyhow::Result<()> {
+        super::a_hanging_endpoint_does_not_hold_up_a_healthy_one(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn the_classification_table_end_to_end() -> anyhow::Result<()> {
+        super::the_classification_table_end_to_end(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn a_paused_endpoint_keeps_its_deliveries_until_re_enabled() -> anyhow::Result<()> {
+        super::a_paused_endpoint_keeps_its_deliveries_until_re_enabled(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn redirects_are_not_followed_and_transport_failures_are_retried() -> anyhow::Result<()> {
+        super::redirects_are_not_followed_and_transport_failures_are_retried(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn events_past_their_ttl_become_dead_letters() -> anyhow::Result<()> {
+        super::events_past_their_ttl_become_dead_letters(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn requests_carry_a_verifiable_standard_webhooks_signature() -> anyhow::Result<()> {
+        super::requests_carry_a_verifiable_standard_webhooks_signature(super::Backend::Postgres).await
+    }
 }

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
+use tests::{Backend, ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
 
 async fn dead_letters(gw: &TestGateway, query: &str, n: usize) -> anyhow::Result<Vec<Value>> {
     let path = format!("/v1/tenants/acme/dead-letters?{query}");
@@ -35,9 +35,8 @@ async fn seed_dead_letters(gw: &TestGateway, rx: &FakeReceiver, paid: usize, oth
     Ok(ep["id"].as_str().unwrap().to_string())
 }
 
-#[tokio::test]
-async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     let ep = seed_dead_letters(&gw, &rx, 10, 3).await?;
     let r = gw.api.get("/v1/tenants/acme/dead-letters?type=invoice.paid", ADMIN_TOKEN).await?;
@@ -110,9 +109,8 @@ async fn a_replay_resumes_after_a_restart() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn replays_need_the_replay_scope_and_stay_in_their_tenant(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     seed_dead_letters(&gw, &rx, 2, 0).await?;
     let reader = gw.api.token("acme", &["read"]).await?;
@@ -144,9 +142,8 @@ async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Res
     Ok(())
 }
 
-#[tokio::test]
-async fn a_disabled_endpoint_refuses_replay_until_re_enabled() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+async fn a_disabled_endpoint_refuses_replay_until_re_enabled(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     gw.api.tenant("acme").await?;
     rx.set_default(Answer::status(410));
@@ -181,7 +178,7 @@ async fn operational_events_reach_the_operator() -> anyhow::Result<()> {
     ])
     .await?;
     gw.api.tenant("acme").await?;
-    let mut make = |status: u16, ty: &'static str| {
+    let make = |status: u16, ty: &'static str| {
         let gw = &gw;
         async move {
             let rx = FakeReceiver::start().await?;
@@ -211,9 +208,8 @@ async fn operational_events_reach_the_operator() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Result<()> {
-    let gw = TestGateway::start_with(&[("HERALD_RETENTION_DELIVERED", "300ms"), ("HERALD_RETENTION_EVERY", "100ms")]).await?;
+async fn retention_purges_delivered_work_and_keeps_dead_letters(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[("HERALD_RETENTION_DELIVERED", "300ms"), ("HERALD_RETENTION_EVERY", "100ms")]).await?;
     let ok = FakeReceiver::start().await?;
     let bad = FakeReceiver::start().await?;
     bad.set_default(Answer::status(422));
@@ -232,4 +228,43 @@ async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Res
     assert_eq!(r.status, 200, "dead letters are kept longer");
     dead_letters(&gw, "", 1).await?;
     Ok(())
+}
+
+/// Every engine test runs on both stores.
+mod sqlite {
+    #[tokio::test]
+    async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate() -> anyhow::Result<()> {
+        super::a_filtered_replay_delivers_exactly_the_selection_at_its_rate(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Result<()> {
+        super::replays_need_the_replay_scope_and_stay_in_their_tenant(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn a_disabled_endpoint_refuses_replay_until_re_enabled() -> anyhow::Result<()> {
+        super::a_disabled_endpoint_refuses_replay_until_re_enabled(super::Backend::Sqlite).await
+    }
+    #[tokio::test]
+    async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Result<()> {
+        super::retention_purges_delivered_work_and_keeps_dead_letters(super::Backend::Sqlite).await
+    }
+}
+
+mod postgres {
+    #[tokio::test]
+    async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate() -> anyhow::Result<()> {
+        super::a_filtered_replay_delivers_exactly_the_selection_at_its_rate(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Result<()> {
+        super::replays_need_the_replay_scope_and_stay_in_their_tenant(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn a_disabled_endpoint_refuses_replay_until_re_enabled() -> anyhow::Result<()> {
+        super::a_disabled_endpoint_refuses_replay_until_re_enabled(super::Backend::Postgres).await
+    }
+    #[tokio::test]
+    async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Result<()> {
+        super::retention_purges_delivered_work_and_keeps_dead_letters(super::Backend::Postgres).await
+    }
 }

@@ -124,6 +124,15 @@ impl Api {
     }
 }
 
+/// Which store a test node runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file in the node's temporary directory.
+    Sqlite,
+    /// A fresh schema in the test Postgres database (see `pg`).
+    Postgres,
+}
+
 /// A Herald node running in this process, on its own temporary directory.
 pub struct TestGateway {
     pub api: Api,
@@ -131,6 +140,8 @@ pub struct TestGateway {
     pub dir: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// Dropped after the node: its Postgres schema, if it runs on one.
+    schema: Option<pg::PgSchema>,
 }
 
 impl TestGateway {
@@ -142,6 +153,22 @@ impl TestGateway {
     pub async fn start_with(env: &[(&str, &str)]) -> anyhow::Result<TestGateway> {
         let dir = tempfile::tempdir()?;
         Self::start_in(dir, env).await
+    }
+
+    /// Starts on `backend` with extra `HERALD_*` settings.
+    pub async fn start_on(backend: Backend, env: &[(&str, &str)]) -> anyhow::Result<TestGateway> {
+        let dir = tempfile::tempdir()?;
+        match backend {
+            Backend::Sqlite => Self::start_in(dir, env).await,
+            Backend::Postgres => {
+                let schema = pg::PgSchema::create().await?;
+                let mut vars: Vec<(&str, &str)> = vec![("HERALD_STORE_URL", schema.url.as_str())];
+                vars.extend_from_slice(env);
+                let mut gw = Self::start_in(dir, &vars).await?;
+                gw.schema = Some(schema);
+                Ok(gw)
+            }
+        }
     }
 
     pub async fn start_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> anyhow::Result<TestGateway> {
@@ -165,7 +192,7 @@ impl TestGateway {
         });
         let api = Api::new(format!("http://{addr}"));
         wait_healthy(&api).await?;
-        Ok(TestGateway { api, addr, dir, stop: Some(stop), task: Some(task) })
+        Ok(TestGateway { api, addr, dir, stop: Some(stop), task: Some(task), schema: None })
     }
 
     /// Stops the node and waits for it to finish; returns its directory for a restart.

@@ -39,7 +39,8 @@ impl PgSchema {
         conn.execute(format!("CREATE SCHEMA {name}").as_str()).await?;
         let _ = conn.close().await;
         let sep = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{sep}options=-c%20search_path%3D{name}");
+        // The application name marks the schema's connections, so the drop can end them.
+        let url = format!("{base}{sep}application_name={name}&options=-c%20search_path%3D{name}");
         Ok(PgSchema { name, url, base })
     }
 }
@@ -52,6 +53,13 @@ impl Drop for PgSchema {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(async {
                 let mut conn = connect(&base).await?;
+                // A node of the test may still hold a transaction open (its runtime may be the
+                // one this drop blocks): end its connections first, and never wait forever.
+                conn.execute(
+                    format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'").as_str(),
+                )
+                .await?;
+                conn.execute("SET lock_timeout = '10s'").await?;
                 conn.execute(format!("DROP SCHEMA IF EXISTS {name} CASCADE").as_str()).await?;
                 anyhow::Ok(())
             })

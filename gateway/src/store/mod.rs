@@ -329,7 +329,11 @@ async fn commit_loop(store: DynStore, mut rx: mpsc::Receiver<Pending>, max_batch
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
     while rx.recv_many(&mut batch, max_batch).await > 0 {
         let (ops, replies): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
-        match store.apply(ops).await {
+        let started = std::time::Instant::now();
+        let size = ops.len();
+        let applied = store.apply(ops).await;
+        tracing::trace!(ops = size, micros = started.elapsed().as_micros() as u64, "group commit");
+        match applied {
             Ok(results) => {
                 for (reply, r) in replies.into_iter().zip(results) {
                     let _ = reply.send(Ok(r));

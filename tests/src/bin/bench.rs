@@ -41,6 +41,9 @@ enum Scenario {
         events: usize,
         #[arg(long, default_value_t = 1)]
         endpoints: usize,
+        /// Bind the three example plugins (transform, classify, sign) to every endpoint.
+        #[arg(long, default_value_t = false)]
+        plugins: bool,
     },
     /// Time from 202 to arrival at the receiver, posting at a fixed rate.
     Latency {
@@ -53,6 +56,11 @@ enum Scenario {
         hanging: bool,
         #[arg(long, default_value_t = 1)]
         endpoints: usize,
+    },
+    /// Per-call cost of each example plugin's hook, in process (p50/p99 µs).
+    PluginCalls {
+        #[arg(long, default_value_t = 20_000)]
+        calls: usize,
     },
     /// Achieved rate of one endpoint paced at `rate`/s over `seconds`.
     Pacing {
@@ -109,7 +117,9 @@ async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, temp
         Some(url) => Some(PgSchema::create_in(url).await?),
         None => None,
     };
-    let mut env = vec![("HERALD_LOG_LEVEL", "error")];
+    // HERALD_BENCH_LOG (e.g. "gateway::store=trace") lets a profile read the node's logs.
+    let level = std::env::var("HERALD_BENCH_LOG").unwrap_or_else(|_| "error".into());
+    let mut env = vec![("HERALD_LOG_LEVEL", level.as_str())];
     if let Some(s) = &schema {
         env.push(("HERALD_STORE_URL", &s.url));
     }
@@ -123,7 +133,65 @@ fn arrivals(rx: &FakeReceiver) -> HashMap<String, Instant> {
     rx.received().into_iter().filter_map(|r| Some((r.header("webhook-id")?.to_string(), r.at))).collect()
 }
 
+fn wasm_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wasm32-wasip2/release")
+}
+
+/// Times each hook of the example plugins through the real host, reusing warm instances.
+fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
+    use gateway::plugin::*;
+    let dir = tempfile::tempdir()?;
+    let mut cfg = PluginConfig::new(dir.path());
+    cfg.watch = false;
+    cfg.plugin_config.insert(("bench".into(), "c409".into()), HashMap::from([("on_409".into(), "retry".into())]));
+    cfg.plugin_config.insert(("bench".into(), "chat".into()), HashMap::from([("redact".into(), "email".into())]));
+    let host = PluginHost::start(cfg)?;
+    for (name, file) in [("c409", "classify_409"), ("hexsig", "sign_hmac_hex"), ("chat", "transform_chat")] {
+        let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm"))).context("build the plugins first: scripts/build-plugins")?;
+        host.install_blocking("bench", name, &bytes)?;
+    }
+    let ctx = DeliveryContext {
+        tenant: "bench".into(),
+        endpoint_id: "ep_1".into(),
+        event_id: "evt_1".into(),
+        event_type: "invoice.paid".into(),
+        attempt: 1,
+        timestamp: 1_700_000_000,
+        attempt_id: "att_1".into(),
+    };
+    let request = Request {
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: br#"{"id":"evt_1","type":"invoice.paid","timestamp":"2023-11-14T22:13:20Z","data":{"invoice":"in_123","amount":4200,"customer":{"email":"a@example.com","name":"Ada"}}}"#.to_vec(),
+    };
+    let outcome = Outcome::Response(Response { status: 409, headers: Vec::new(), body: b"duplicate".to_vec() });
+    let secrets = vec![b"0123456789abcdef0123456789abcdef".to_vec()];
+    let mut out = HashMap::new();
+    let mut time = |label: &str, f: &mut dyn FnMut()| {
+        for _ in 0..1000 {
+            f();
+        }
+        let mut us: Vec<f64> = (0..calls)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        us.sort_by(f64::total_cmp);
+        out.insert(format!("{label}_p50_us"), percentile(&us, 0.5));
+        out.insert(format!("{label}_p99_us"), percentile(&us, 0.99));
+    };
+    time("classify", &mut || drop(host.classify("bench", "c409", &ctx, &outcome).expect("classify")));
+    time("sign", &mut || drop(host.sign("bench", "hexsig", &ctx, &secrets, &request).expect("sign")));
+    time("transform", &mut || drop(host.transform("bench", "chat", &ctx, &request).expect("transform")));
+    Ok(out)
+}
+
 async fn run_once(s: &Scenario, store_url: Option<&str>) -> anyhow::Result<HashMap<String, f64>> {
+    if let Scenario::PluginCalls { calls } = s {
+        let calls = *calls;
+        return tokio::task::spawn_blocking(move || plugin_calls(calls)).await?;
+    }
     let (_schema, _dir, node) = node(store_url).await?;
     let api = node.api.clone();
     api.tenant("bench").await?;
@@ -164,10 +232,21 @@ async fn run_once(s: &Scenario, store_url: Option<&str>) -> anyhow::Result<HashM
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints } => {
+        Scenario::Deliver { events, endpoints, plugins } => {
             let per_endpoint_rate = 100_000;
+            let mut bindings = json!({});
+            if plugins {
+                for (name, file) in [("chat", "transform_chat"), ("c409", "classify_409"), ("hexsig", "sign_hmac_hex")] {
+                    let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm"))).context("build the plugins first: scripts/build-plugins")?;
+                    let r = api.raw("PUT", &format!("/v1/tenants/bench/plugins/{name}"), Some(ADMIN_TOKEN), bytes).await?;
+                    if r.status != 200 {
+                        bail!("upload {name}: {} {}", r.status, r.text);
+                    }
+                }
+                bindings = json!({"transform": "chat", "classify": "c409", "sign": "hexsig"});
+            }
             for _ in 0..endpoints {
-                api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4)})).await?;
+                api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings})).await?;
             }
             let start = Instant::now();
             let batch: Vec<Value> = (0..events).map(|i| json!({"type": "invoice.paid", "payload": {"n": i}})).collect();
@@ -252,6 +331,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>) -> anyhow::Result<HashM
             out.insert("achieved_rate".into(), achieved);
             out.insert("error_pct".into(), (achieved - rate) / rate * 100.0);
         }
+        Scenario::PluginCalls { .. } => unreachable!("handled above"),
     }
     Ok(out)
 }
