@@ -59,6 +59,10 @@ pub enum PaceError {
     ZeroMaxInFlight,
 }
 
+/// How far behind schedule a send may be and still keep the schedule's cadence: the
+/// resolution of the runtime's timers.
+pub const TIMER_SLACK: Duration = Duration::from_millis(2);
+
 impl Pacer {
     /// Validates and builds an idle, unpaused pacer.
     pub fn try_new(rate_per_sec: f64, burst: u32, max_in_flight: u32) -> Result<Self, PaceError> {
@@ -172,10 +176,12 @@ impl Pacer {
     /// `max(tat, now)`, which makes a caller that wakes a little after its `WaitUntil` push
     /// every later send later (with `burst = 1` the rate drops by the wake-up latency). So
     /// a send less than half an interval behind schedule keeps the schedule's cadence;
-    /// anything later counts as idle and restarts from `now`, exactly like GCRA. The lag
-    /// kept is below one interval, so it never adds a send to a burst.
+    /// anything later counts as idle and restarts from `now`, exactly like GCRA. Timers
+    /// wake up to a millisecond late, so at high rates (intervals near 1 ms) up to
+    /// `TIMER_SLACK` of lag is kept too: the long-run rate stays exact, at the price of at
+    /// most `TIMER_SLACK / interval` extra sends catching up in one instant.
     fn schedule_base(&self, tat: Instant, now: Instant) -> Instant {
-        let floor = sub(now, self.interval / 2, now);
+        let floor = sub(now, (self.interval / 2).max(TIMER_SLACK), now);
         if tat >= floor { tat } else { now }
     }
 }

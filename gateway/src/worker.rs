@@ -248,19 +248,8 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
                 }
             }
             if let (None, Some(tg)) = (&prefetch, &target) {
-                let spec = &tg.endpoint.spec;
-                let limit = lease::claim_size(spec.rate_per_sec, spec.burst, spec.max_in_flight);
-                if queue.len() <= limit as usize / 2 {
-                    let now = now_ms();
-                    let ahead = queue.len() as u32 + limit;
-                    let timeout = Duration::from_millis(spec.timeout_ms);
-                    let req = ClaimRequest {
-                        endpoint: id.clone(),
-                        now,
-                        limit,
-                        owner: inner.owner.clone(),
-                        lease_until: lease::lease_until(now, ahead, spec.rate_per_sec, timeout, inner.config.delivery.lease_margin),
-                    };
+                let req = claim_request(&inner, &id, &tg.endpoint.spec, queue.len() as u32, now_ms());
+                if queue.len() <= req.limit as usize / 2 {
                     let committer = inner.committer.clone();
                     prefetch = Some(tokio::spawn(async move { committer.claim(req).await.unwrap_or_default() }));
                 }
@@ -423,16 +412,7 @@ async fn refill(
             return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
         }
     }
-    let limit = lease::claim_size(spec.rate_per_sec, spec.burst, spec.max_in_flight);
-    let timeout = Duration::from_millis(spec.timeout_ms);
-    let claim = ClaimRequest {
-        endpoint: id.clone(),
-        now,
-        limit,
-        owner: inner.owner.clone(),
-        lease_until: lease::lease_until(now, limit, spec.rate_per_sec, timeout, inner.config.delivery.lease_margin),
-    };
-    let claimed = match inner.committer.claim(claim).await {
+    let claimed = match inner.committer.claim(claim_request(inner, id, spec, 0, now)).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(endpoint = %id, error = %e, "claim failed");
@@ -447,6 +427,21 @@ async fn refill(
     }
     queue.extend(claimed);
     Refill::Claimed(Arc::new(make_target(inner, endpoint, now)))
+}
+
+/// The next claim of a partition that still holds `queued` unsent deliveries: about a
+/// second of its rate, leased long enough to send all of them at that rate.
+fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u32, now: Millis) -> ClaimRequest {
+    let limit = lease::claim_size(spec.rate_per_sec, spec.burst, spec.max_in_flight);
+    let timeout = Duration::from_millis(spec.timeout_ms);
+    let margin = inner.config.delivery.lease_margin;
+    ClaimRequest {
+        endpoint: id.clone(),
+        now,
+        limit,
+        owner: inner.owner.clone(),
+        lease_until: lease::lease_until(now, queued + limit, spec.rate_per_sec, timeout, margin),
+    }
 }
 
 /// May this endpoint be sent to at `now`?

@@ -17,6 +17,9 @@ use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 struct Cli {
     #[command(subcommand)]
     scenario: Scenario,
+    /// Extra Herald nodes sharing the store (needs --store-url): all of them deliver.
+    #[arg(long, default_value_t = 1, global = true)]
+    nodes: usize,
     /// Repetitions; the median run is reported alongside each run.
     #[arg(long, default_value_t = 3, global = true)]
     runs: usize,
@@ -76,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let mut results = Vec::new();
     for run in 1..=cli.runs {
-        let r = run_once(&cli.scenario, cli.store_url.as_deref()).await?;
+        let r = run_once(&cli.scenario, cli.store_url.as_deref(), cli.nodes).await?;
         println!("run {run}: {}", fmt(&r));
         results.push(r);
     }
@@ -187,12 +190,21 @@ fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
     Ok(out)
 }
 
-async fn run_once(s: &Scenario, store_url: Option<&str>) -> anyhow::Result<HashMap<String, f64>> {
+async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow::Result<HashMap<String, f64>> {
     if let Scenario::PluginCalls { calls } = s {
         let calls = *calls;
         return tokio::task::spawn_blocking(move || plugin_calls(calls)).await?;
     }
-    let (_schema, _dir, node) = node(store_url).await?;
+    let (schema, _dir, node) = node(store_url).await?;
+    let mut _others = Vec::new();
+    if nodes > 1 {
+        let schema = schema.as_ref().context("--nodes needs --store-url")?;
+        for _ in 1..nodes {
+            let dir = tempfile::tempdir()?;
+            let env = [("HERALD_LOG_LEVEL", "error"), ("HERALD_STORE_URL", schema.url.as_str())];
+            _others.push((HeraldProcess::start(&herald_binary()?, dir.path(), &env).await?, dir));
+        }
+    }
     let api = node.api.clone();
     api.tenant("bench").await?;
     let rx = FakeReceiver::start().await?;
