@@ -269,23 +269,10 @@ pub struct Committer {
 }
 
 impl Committer {
-    /// Starts the commit loop.
-    ///
-    /// The loop runs on a thread of its own (a single-threaded runtime): it awaits the
-    /// database several times per commit, and on a runtime busy with hundreds of requests
-    /// each of those wake-ups would queue behind them, stretching every commit and so
-    /// every acknowledgement. It ends when every `Committer` clone is dropped.
+    /// Starts the commit loop; it ends when every `Committer` clone is dropped.
     pub fn start(store: DynStore, max_batch: usize) -> Committer {
         let (tx, rx) = mpsc::channel(max_batch * 4);
-        let spawned = std::thread::Builder::new().name("herald-commit".into()).spawn(move || {
-            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(commit_loop(store, rx, max_batch)),
-                Err(e) => tracing::error!(error = %e, "cannot start the commit thread"),
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the commit thread");
-        }
+        tokio::spawn(commit_loop(store, rx, max_batch));
         Committer { tx }
     }
 
