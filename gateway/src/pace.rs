@@ -61,7 +61,7 @@ pub enum PaceError {
 
 /// How far behind schedule a send may be and still keep the schedule's cadence: the
 /// resolution of the runtime's timers.
-pub const TIMER_SLACK: Duration = Duration::from_millis(2);
+pub const TIMER_SLACK: Duration = Duration::from_millis(5);
 
 impl Pacer {
     /// Validates and builds an idle, unpaused pacer.
