@@ -13,7 +13,7 @@ use crate::plugin::{PluginConfig, PluginHost};
 use crate::replay::Replayer;
 use crate::worker::Engine;
 
-use crate::api::{AppState, router};
+use crate::api::{AppState, Wake, router};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::store::{self, Committer, StoreError};
@@ -30,7 +30,11 @@ pub enum AppError {
 }
 
 /// Runs a node on `listener` until `shutdown` resolves.
-pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), AppError> {
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AppError> {
     let config = Arc::new(config);
     let store = store::open(&config.store_url, config.store_max_connections).await?;
     let committer = Committer::start(store.clone(), config.intake_max_batch);
@@ -51,7 +55,7 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl()).await;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let poke = engine.clone();
-    let wake: Arc<dyn Fn(&[EndpointId]) + Send + Sync> = Arc::new(move |ids| poke.poke(ids));
+    let wake: Wake = Arc::new(move |ids: &[EndpointId]| poke.poke(ids));
     let state = AppState::new(config.clone(), store, committer, metrics, wake, replayer, plugins);
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
     let shutdown = async move {

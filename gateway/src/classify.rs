@@ -82,10 +82,7 @@ pub struct UnknownTransportErrorKind(pub String);
 /// Applies the built-in classification table to an outcome.
 pub fn classify(outcome: &Outcome) -> Verdict {
     match *outcome {
-        Outcome::Response {
-            status,
-            retry_after,
-        } => classify_status(status, retry_after),
+        Outcome::Response { status, retry_after } => classify_status(status, retry_after),
         Outcome::Transport(kind) => classify_transport(kind),
     }
 }
@@ -140,30 +137,18 @@ impl FromStr for TransportErrorKind {
     type Err = UnknownTransportErrorKind;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| UnknownTransportErrorKind(s.to_owned()))
+        Self::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| UnknownTransportErrorKind(s.to_owned()))
     }
 }
 
 fn classify_status(status: u16, retry_after: Option<Duration>) -> Verdict {
     match status {
         200..=299 => Verdict::Delivered,
-        429 => Verdict::Retry {
-            after: retry_after.or(Some(DEFAULT_429_PAUSE)),
-            pause_endpoint: true,
-        },
+        429 => Verdict::Retry { after: retry_after.or(Some(DEFAULT_429_PAUSE)), pause_endpoint: true },
         408 | 500..=599 => retry(retry_after),
-        401 | 403 => Verdict::PauseEndpoint {
-            reason: format!("credentials: HTTP {status}"),
-        },
-        410 => Verdict::DisableEndpoint {
-            reason: format!("gone: HTTP {status}"),
-        },
-        400..=499 => Verdict::Fail {
-            reason: format!("permanent:{status}"),
-        },
+        401 | 403 => Verdict::PauseEndpoint { reason: format!("credentials: HTTP {status}") },
+        410 => Verdict::DisableEndpoint { reason: format!("gone: HTTP {status}") },
+        400..=499 => Verdict::Fail { reason: format!("permanent:{status}") },
         // 3xx: the failure is recorded and the redirect never followed. 1xx as a final
         // status and codes outside 100..=599 are protocol oddities: retry, do not drop.
         _ => retry(None),
@@ -174,20 +159,13 @@ fn classify_transport(kind: TransportErrorKind) -> Verdict {
     use TransportErrorKind::*;
     match kind {
         Timeout | ConnectTimeout | ConnectionRefused | ConnectionReset | Dns | Other => retry(None),
-        Tls => Verdict::PauseEndpoint {
-            reason: "tls".to_owned(),
-        },
-        Blocked => Verdict::Fail {
-            reason: "blocked_destination".to_owned(),
-        },
+        Tls => Verdict::PauseEndpoint { reason: "tls".to_owned() },
+        Blocked => Verdict::Fail { reason: "blocked_destination".to_owned() },
     }
 }
 
 fn retry(after: Option<Duration>) -> Verdict {
-    Verdict::Retry {
-        after,
-        pause_endpoint: false,
-    }
+    Verdict::Retry { after, pause_endpoint: false }
 }
 
 #[cfg(test)]
@@ -199,37 +177,25 @@ mod tests {
     }
 
     fn resp(status: u16, retry_after: Option<Duration>) -> Outcome {
-        Outcome::Response {
-            status,
-            retry_after,
-        }
+        Outcome::Response { status, retry_after }
     }
 
     fn retry_v(after: Option<Duration>, pause_endpoint: bool) -> Verdict {
-        Verdict::Retry {
-            after,
-            pause_endpoint,
-        }
+        Verdict::Retry { after, pause_endpoint }
     }
 
     fn fail(reason: &str) -> Verdict {
-        Verdict::Fail {
-            reason: reason.to_owned(),
-        }
+        Verdict::Fail { reason: reason.to_owned() }
     }
 
     fn pause(reason: &str) -> Verdict {
-        Verdict::PauseEndpoint {
-            reason: reason.to_owned(),
-        }
+        Verdict::PauseEndpoint { reason: reason.to_owned() }
     }
 
     #[test]
     fn status_table() {
         let ra = Some(secs(5));
-        let disable = Verdict::DisableEndpoint {
-            reason: "gone: HTTP 410".to_owned(),
-        };
+        let disable = Verdict::DisableEndpoint { reason: "gone: HTTP 410".to_owned() };
         let cases: Vec<(u16, Option<Duration>, Verdict)> = vec![
             (200, None, Verdict::Delivered),
             (201, ra, Verdict::Delivered),
@@ -237,11 +203,7 @@ mod tests {
             (299, None, Verdict::Delivered),
             (429, None, retry_v(Some(secs(60)), true)),
             (429, ra, retry_v(ra, true)),
-            (
-                429,
-                Some(Duration::ZERO),
-                retry_v(Some(Duration::ZERO), true),
-            ),
+            (429, Some(Duration::ZERO), retry_v(Some(Duration::ZERO), true)),
             (408, None, retry_v(None, false)),
             (408, ra, retry_v(ra, false)),
             (500, None, retry_v(None, false)),
@@ -289,13 +251,7 @@ mod tests {
                 (408 | 429, Verdict::Retry { .. }) => true,
                 (400..=499, Verdict::Fail { reason }) => reason == &format!("permanent:{status}"),
                 (200..=299 | 400..=499, _) => false,
-                (
-                    _,
-                    Verdict::Retry {
-                        after: None,
-                        pause_endpoint: false,
-                    },
-                ) => true,
+                (_, Verdict::Retry { after: None, pause_endpoint: false }) => true,
                 _ => false,
             };
             assert!(ok, "HTTP {status} → {v:?}");
@@ -323,16 +279,8 @@ mod tests {
 
     #[test]
     fn transport_kind_names_round_trip() {
-        let names = [
-            "timeout",
-            "connect_timeout",
-            "connection_refused",
-            "connection_reset",
-            "dns",
-            "tls",
-            "blocked",
-            "other",
-        ];
+        let names =
+            ["timeout", "connect_timeout", "connection_refused", "connection_reset", "dns", "tls", "blocked", "other"];
         for (kind, name) in TransportErrorKind::ALL.into_iter().zip(names) {
             assert_eq!(kind.as_str(), name);
             assert_eq!(kind.to_string(), name);

@@ -45,15 +45,14 @@ async fn call(api: &str, method: &str, path: &str, token: &str, body: Option<Val
         .map_err(|e| CliError::Unreachable(uri.clone(), e.to_string()))?;
     let resp = client.request(req).await.map_err(|e| CliError::Unreachable(uri.clone(), e.to_string()))?;
     let status = resp.status().as_u16();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| CliError::Unreachable(uri.clone(), e.to_string()))?
-        .to_bytes();
+    let bytes =
+        resp.into_body().collect().await.map_err(|e| CliError::Unreachable(uri.clone(), e.to_string()))?.to_bytes();
     let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     if !(200..300).contains(&status) {
-        let msg = value["error"]["message"].as_str().map(String::from).unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        let msg = value["error"]["message"]
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
         return Err(CliError::Refused(status, msg));
     }
     Ok(value)
@@ -91,6 +90,6 @@ pub async fn replay(req: ReplayRequest) -> Result<Value, CliError> {
 
 fn bar(done: u64, total: u64) -> String {
     let width = 30;
-    let filled = if total == 0 { width } else { (done.min(total) * width / total) as usize as u64 };
+    let filled = (done.min(total) * width).checked_div(total).unwrap_or(width);
     format!("[{}{}]", "#".repeat(filled as usize), "-".repeat((width - filled) as usize))
 }

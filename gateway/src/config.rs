@@ -183,7 +183,10 @@ pub struct RawPlugins {
     pub memory_limit_mib: u32,
     pub max_plugin_bytes: u64,
     /// `[plugins.config.<tenant>.<plugin>]`: each plugin's own settings.
-    pub config: std::collections::BTreeMap<String, std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>>,
+    pub config: std::collections::BTreeMap<
+        String,
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    >,
 }
 
 impl Default for RawPlugins {
@@ -283,25 +286,20 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Config {
     /// Reads `path` (if any), applies `HERALD_*` variables from `env`, and validates.
-    pub fn load(
-        path: Option<&Path>,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config, ConfigError> {
+    pub fn load(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
         let mut doc = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })?;
+                let text =
+                    std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })?;
                 text.parse::<toml::Table>()
                     .map_err(|e| ConfigError::Parse { path: p.to_path_buf(), message: e.to_string() })?
             }
             None => toml::Table::new(),
         };
         apply_env(&mut doc, env)?;
-        let raw: RawConfig = toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| {
-            ConfigError::Parse {
-                path: path.map(Path::to_path_buf).unwrap_or_else(|| "<defaults>".into()),
-                message: e.message().to_string(),
-            }
+        let raw: RawConfig = toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| ConfigError::Parse {
+            path: path.map(Path::to_path_buf).unwrap_or_else(|| "<defaults>".into()),
+            message: e.message().to_string(),
         })?;
         raw.validate()
     }
@@ -309,10 +307,7 @@ impl Config {
 
 /// Applies `HERALD_<SECTION>_<KEY>` overrides. Known keys come from the defaults, so a
 /// variable for a key that does not exist is an error, not silently ignored.
-fn apply_env(
-    doc: &mut toml::Table,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
+fn apply_env(doc: &mut toml::Table, env: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
     let defaults = toml::Table::try_from(RawConfig::default()).expect("defaults serialize");
     for (name, value) in env {
         let Some(rest) = name.strip_prefix("HERALD_") else { continue };
@@ -333,9 +328,7 @@ fn apply_env(
                 .and_then(|mut t| t.remove("v"))
                 .ok_or_else(|| invalid(&name, format!("cannot parse {value:?}")))?,
         };
-        let table = doc
-            .entry(section.clone())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let table = doc.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         let Some(table) = table.as_table_mut() else {
             return Err(invalid(&section, "must be a table"));
         };
@@ -361,7 +354,10 @@ impl RawConfig {
             .listen
             .parse()
             .map_err(|e| invalid("server.listen", format!("{:?} is not host:port ({e})", self.server.listen)))?;
-        if !(self.store.url.starts_with("sqlite:") || self.store.url.starts_with("postgres:") || self.store.url.starts_with("postgresql:")) {
+        if !(self.store.url.starts_with("sqlite:")
+            || self.store.url.starts_with("postgres:")
+            || self.store.url.starts_with("postgresql:"))
+        {
             return Err(invalid("store.url", "must start with sqlite:// or postgres://"));
         }
         let delivery = DeliveryConfig {
@@ -382,11 +378,7 @@ impl RawConfig {
         if delivery.max_in_flight_total == 0 {
             return Err(invalid("delivery.max_in_flight_total", "must be at least 1"));
         }
-        let jitter: Jitter = self
-            .retry
-            .jitter
-            .parse()
-            .map_err(|e| invalid("retry.jitter", format!("{e}")))?;
+        let jitter: Jitter = self.retry.jitter.parse().map_err(|e| invalid("retry.jitter", format!("{e}")))?;
         let retry = RetryPolicy::try_new(
             duration("retry.base", &self.retry.base)?,
             self.retry.factor,
@@ -458,8 +450,9 @@ impl RawOperator {
             if !matches!(parsed.scheme(), "http" | "https") {
                 return Err(invalid("operator.url", "must be http or https"));
             }
-            crate::sign::Secret::parse(&self.secret)
-                .map_err(|e| invalid("operator.secret", format!("a whsec_ secret is required with operator.url: {e}")))?;
+            crate::sign::Secret::parse(&self.secret).map_err(|e| {
+                invalid("operator.secret", format!("a whsec_ secret is required with operator.url: {e}"))
+            })?;
         }
         Ok(OperatorConfig {
             url,

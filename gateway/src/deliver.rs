@@ -172,10 +172,11 @@ impl Deliverer {
             Ok(u) => u,
             Err(e) => return Sent::Failed(TransportErrorKind::Other, format!("bad url: {e}")),
         };
-        if let Some(ip) = uri.host().and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok()) {
-            if !self.allow_private && is_forbidden(ip) {
-                return Sent::Failed(TransportErrorKind::Blocked, Blocked(ip).to_string());
-            }
+        if let Some(ip) = uri.host().and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
+            && !self.allow_private
+            && is_forbidden(ip)
+        {
+            return Sent::Failed(TransportErrorKind::Blocked, Blocked(ip).to_string());
         }
         let mut builder = http::Request::post(uri);
         for (k, v) in &out.headers {
@@ -266,10 +267,10 @@ fn kind_of(e: &(dyn std::error::Error + 'static)) -> TransportErrorKind {
                 _ => {}
             }
         }
-        if let Some(h) = err.downcast_ref::<hyper::Error>() {
-            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
-                return TransportErrorKind::ConnectionReset;
-            }
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled() || h.is_closed())
+        {
+            return TransportErrorKind::ConnectionReset;
         }
         cur = err.source();
     }

@@ -21,9 +21,7 @@ pub fn claim_size(rate_per_sec: f64, burst: u32, max_in_flight: u32) -> u32 {
 pub fn lease_until(now: Millis, claimed: u32, rate_per_sec: f64, timeout: Duration, margin: Duration) -> Millis {
     let drain_ms = (f64::from(claimed) / rate_per_sec.max(f64::MIN_POSITIVE) * 1000.0).ceil();
     let drain_ms = drain_ms.min(86_400_000.0) as i64;
-    now.saturating_add(drain_ms)
-        .saturating_add(timeout.as_millis() as i64)
-        .saturating_add(margin.as_millis() as i64)
+    now.saturating_add(drain_ms).saturating_add(timeout.as_millis() as i64).saturating_add(margin.as_millis() as i64)
 }
 
 /// Is a lease that ends at `lease_until` abandoned at `now`?
@@ -37,13 +35,8 @@ mod tests {
 
     #[test]
     fn claim_sizes() {
-        let cases = [
-            (10.0, 10, 4, 14),
-            (1000.0, 10, 4, 512),
-            (0.5, 1, 1, 2),
-            (100.0, 1, 4, 100),
-            (1e9, 1, 1, MAX_CLAIM),
-        ];
+        let cases =
+            [(10.0, 10, 4, 14), (1000.0, 10, 4, 512), (0.5, 1, 1, 2), (100.0, 1, 4, 100), (1e9, 1, 1, MAX_CLAIM)];
         for (rate, burst, cap, want) in cases {
             assert_eq!(claim_size(rate, burst, cap), want, "{rate} {burst} {cap}");
         }

@@ -95,9 +95,24 @@ fn main() -> anyhow::Result<()> {
                 anyhow::Ok(())
             })
         }
-        Command::Replay { api, token, tenant, ids, endpoint, event_type, reason, since, until, rate, batch, no_wait } => {
+        Command::Replay {
+            api,
+            token,
+            tenant,
+            ids,
+            endpoint,
+            event_type,
+            reason,
+            since,
+            until,
+            rate,
+            batch,
+            no_wait,
+        } => {
             let mut filter = serde_json::Map::new();
-            for (k, v) in [("endpoint", endpoint), ("type", event_type), ("reason", reason), ("since", since), ("until", until)] {
+            for (k, v) in
+                [("endpoint", endpoint), ("type", event_type), ("reason", reason), ("since", since), ("until", until)]
+            {
                 if let Some(v) = v {
                     filter.insert(k.into(), v.into());
                 }

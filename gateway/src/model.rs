@@ -82,7 +82,9 @@ impl TenantId {
         if ok {
             Ok(Self(s.to_string()))
         } else {
-            Err(IdError(format!("tenant id {s:?} must be 1-64 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")))
+            Err(IdError(format!(
+                "tenant id {s:?} must be 1-64 chars of a-z, 0-9, '_' or '-', starting with a letter or digit"
+            )))
         }
     }
 }
@@ -344,7 +346,11 @@ pub fn validate_event_type(t: &str) -> Result<(), String> {
     let ok = !t.is_empty()
         && t.len() <= 128
         && t.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'));
-    if ok { Ok(()) } else { Err(format!("event type {t:?} must be 1-128 chars of letters, digits, '.', '_', '-', ':'")) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("event type {t:?} must be 1-128 chars of letters, digits, '.', '_', '-', ':'"))
+    }
 }
 
 /// An event as the producer posted it, validated, before it is stored.

@@ -27,7 +27,12 @@ pub struct Ops {
 
 impl Ops {
     /// Makes sure the operator tenant and endpoint match the config.
-    pub async fn setup(store: &DynStore, committer: Committer, config: &OperatorConfig, ttl: Duration) -> Result<Ops, StoreError> {
+    pub async fn setup(
+        store: &DynStore,
+        committer: Committer,
+        config: &OperatorConfig,
+        ttl: Duration,
+    ) -> Result<Ops, StoreError> {
         let ops = Ops { committer, enabled: config.url.is_some(), ttl_ms: ttl.as_millis() as i64 };
         let Some(url) = &config.url else { return Ok(ops) };
         let tenant = TenantId::from_stored(OPS_TENANT);
@@ -113,7 +118,13 @@ impl Ops {
 }
 
 /// Runs the periodic housekeeping: stale dead-letter alerts and retention.
-pub fn start_housekeeping(store: DynStore, ops: Ops, operator: OperatorConfig, retention: RetentionConfig, stop: tokio::sync::watch::Receiver<bool>) {
+pub fn start_housekeeping(
+    store: DynStore,
+    ops: Ops,
+    operator: OperatorConfig,
+    retention: RetentionConfig,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     let ops = Arc::new(ops);
     tokio::spawn(async move {
         let mut stop = stop;

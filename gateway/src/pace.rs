@@ -67,15 +67,7 @@ impl Pacer {
     /// Validates and builds an idle, unpaused pacer.
     pub fn try_new(rate_per_sec: f64, burst: u32, max_in_flight: u32) -> Result<Self, PaceError> {
         let (interval, tolerance) = bucket(rate_per_sec, burst, max_in_flight)?;
-        Ok(Self {
-            interval,
-            tolerance,
-            burst,
-            max_in_flight,
-            in_flight: 0,
-            tat: None,
-            paused_until: None,
-        })
+        Ok(Self { interval, tolerance, burst, max_in_flight, in_flight: 0, tat: None, paused_until: None })
     }
 
     /// Asks to send one request at `now`. On [`Permit::Go`] the send is counted both in the
@@ -150,12 +142,7 @@ impl Pacer {
     /// Applies new limits, keeping the requests in flight and any pause. Debt accumulated at
     /// a slower rate is trimmed on the next poll to an empty bucket at the new rate, so
     /// speeding up takes effect within one new interval.
-    pub fn reconfigure(
-        &mut self,
-        rate_per_sec: f64,
-        burst: u32,
-        max_in_flight: u32,
-    ) -> Result<(), PaceError> {
+    pub fn reconfigure(&mut self, rate_per_sec: f64, burst: u32, max_in_flight: u32) -> Result<(), PaceError> {
         let (interval, tolerance) = bucket(rate_per_sec, burst, max_in_flight)?;
         self.interval = interval;
         self.tolerance = tolerance;
@@ -197,12 +184,9 @@ fn bucket(rate: f64, burst: u32, max_in_flight: u32) -> Result<(Duration, Durati
     if max_in_flight == 0 {
         return Err(PaceError::ZeroMaxInFlight);
     }
-    let interval =
-        Duration::try_from_secs_f64(1.0 / rate).map_err(|_| PaceError::InvalidRate(rate))?;
-    let tolerance = interval
-        .checked_mul(burst)
-        .map(|_| interval * (burst - 1))
-        .ok_or(PaceError::BurstTooLong { burst, rate })?;
+    let interval = Duration::try_from_secs_f64(1.0 / rate).map_err(|_| PaceError::InvalidRate(rate))?;
+    let tolerance =
+        interval.checked_mul(burst).map(|_| interval * (burst - 1)).ok_or(PaceError::BurstTooLong { burst, rate })?;
     Ok((interval, tolerance))
 }
 
@@ -263,24 +247,11 @@ mod tests {
         assert!(Pacer::try_new(10.0, 1, 4).is_ok());
         assert!(Pacer::try_new(MAX_RATE_PER_SEC, 1, 1).is_ok());
         assert!(Pacer::try_new(0.001, 100, 1).is_ok());
-        for rate in [
-            0.0,
-            -1.0,
-            f64::NAN,
-            f64::INFINITY,
-            MAX_RATE_PER_SEC * 2.0,
-            1e-300,
-        ] {
-            assert!(
-                matches!(Pacer::try_new(rate, 1, 1), Err(PaceError::InvalidRate(_))),
-                "{rate}"
-            );
+        for rate in [0.0, -1.0, f64::NAN, f64::INFINITY, MAX_RATE_PER_SEC * 2.0, 1e-300] {
+            assert!(matches!(Pacer::try_new(rate, 1, 1), Err(PaceError::InvalidRate(_))), "{rate}");
         }
         assert_eq!(Pacer::try_new(1.0, 0, 1).unwrap_err(), PaceError::ZeroBurst);
-        assert_eq!(
-            Pacer::try_new(1.0, 1, 0).unwrap_err(),
-            PaceError::ZeroMaxInFlight
-        );
+        assert_eq!(Pacer::try_new(1.0, 1, 0).unwrap_err(), PaceError::ZeroMaxInFlight);
         let long = Pacer::try_new(1e-10, u32::MAX, 1).unwrap_err();
         assert!(matches!(long, PaceError::BurstTooLong { .. }));
     }
@@ -353,10 +324,7 @@ mod tests {
         p.pause_until(start + ms(1_000));
         assert_eq!(p.poll(start + ms(59_999)), paused);
         p.pause_until(start + ms(61_000));
-        assert_eq!(
-            p.poll(start + ms(60_000)),
-            Permit::Paused(start + ms(61_000))
-        );
+        assert_eq!(p.poll(start + ms(60_000)), Permit::Paused(start + ms(61_000)));
         assert_eq!(p.poll(start + ms(61_000)), Permit::Go);
         assert_eq!(p.paused_until(), None, "an expired pause is cleared");
         assert!(!p.is_paused(start + ms(61_000)));
@@ -394,10 +362,7 @@ mod tests {
         let resumed = start + ms(60_000);
         assert_eq!(p.poll(resumed), Permit::WaitUntil(resumed + ms(10)));
         // And the paced rate continues from there.
-        assert_eq!(
-            simulate(&mut p, resumed + ms(10), ms(1_000), Duration::ZERO),
-            100
-        );
+        assert_eq!(simulate(&mut p, resumed + ms(10), ms(1_000), Duration::ZERO), 100);
     }
 
     #[test]
@@ -417,10 +382,7 @@ mod tests {
             let mut p = Pacer::try_new(rate, burst, 1).unwrap();
             let got = simulate(&mut p, t0(), ms(span_ms), late);
             let tol = (want as f64 * 0.001).max(1.0);
-            assert!(
-                (got as f64 - want as f64).abs() <= tol,
-                "rate {rate} burst {burst}: {got}"
-            );
+            assert!((got as f64 - want as f64).abs() <= tol, "rate {rate} burst {burst}: {got}");
         }
     }
 
@@ -428,11 +390,7 @@ mod tests {
     fn on_time_wakeups_give_the_exact_rate() {
         for (rate, want) in [(100.0, 1_000), (1000.0, 10_000), (10.0, 100), (7.0, 70)] {
             let mut p = Pacer::try_new(rate, 1, 1).unwrap();
-            assert_eq!(
-                simulate(&mut p, t0(), ms(10_000), Duration::ZERO),
-                want,
-                "rate {rate}"
-            );
+            assert_eq!(simulate(&mut p, t0(), ms(10_000), Duration::ZERO), want, "rate {rate}");
         }
     }
 
@@ -473,10 +431,7 @@ mod tests {
         assert_eq!(p.reconfigure(0.0, 3, 4), Err(PaceError::InvalidRate(0.0)));
         assert_eq!(p.reconfigure(10.0, 0, 4), Err(PaceError::ZeroBurst));
         assert_eq!(p.reconfigure(10.0, 3, 0), Err(PaceError::ZeroMaxInFlight));
-        assert_eq!(
-            (p.burst(), p.max_in_flight(), p.interval()),
-            (3, 4, ms(100))
-        );
+        assert_eq!((p.burst(), p.max_in_flight(), p.interval()), (3, 4, ms(100)));
     }
 
     #[test]

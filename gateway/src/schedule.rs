@@ -141,14 +141,7 @@ impl RetryPolicy {
             return Err(PolicyError::ZeroTtl);
         }
         jitter.validate()?;
-        Ok(Self {
-            base,
-            factor,
-            cap,
-            jitter,
-            max_attempts,
-            ttl,
-        })
+        Ok(Self { base, factor, cap, jitter, max_attempts, ttl })
     }
 
     /// Returns this policy with the override's fields applied, validated again as a whole.
@@ -244,17 +237,10 @@ impl RetryPolicy {
         }
         let (delay, too_late) = match retry_after {
             Some(d) => (d, GiveUpReason::RetryAfterBeyondDeadline),
-            None => (
-                self.delay(attempts_made.saturating_sub(1), rng),
-                GiveUpReason::Expired,
-            ),
+            None => (self.delay(attempts_made.saturating_sub(1), rng), GiveUpReason::Expired),
         };
         let at = add_millis(now, delay);
-        if at > deadline {
-            RetryDecision::GiveUp(too_late)
-        } else {
-            RetryDecision::RetryAt(at)
-        }
+        if at > deadline { RetryDecision::GiveUp(too_late) } else { RetryDecision::RetryAt(at) }
     }
 }
 
@@ -381,27 +367,11 @@ mod tests {
 
     /// base 1 s ×2 capped at 900 s, ±20 % jitter, 13 attempts.
     fn seed_preset() -> RetryPolicy {
-        RetryPolicy::try_new(
-            secs(1),
-            2.0,
-            secs(900),
-            Jitter::Proportional(0.2),
-            13,
-            secs(86_400),
-        )
-        .unwrap()
+        RetryPolicy::try_new(secs(1), 2.0, secs(900), Jitter::Proportional(0.2), 13, secs(86_400)).unwrap()
     }
 
     fn fixed(max_attempts: u32) -> RetryPolicy {
-        RetryPolicy::try_new(
-            secs(10),
-            2.0,
-            secs(100),
-            Jitter::None,
-            max_attempts,
-            secs(3600),
-        )
-        .unwrap()
+        RetryPolicy::try_new(secs(10), 2.0, secs(100), Jitter::None, max_attempts, secs(3600)).unwrap()
     }
 
     #[test]
@@ -430,15 +400,7 @@ mod tests {
     #[test]
     fn nominal_delay_table() {
         let p = fixed(5);
-        let cases = [
-            (0, 10),
-            (1, 20),
-            (2, 40),
-            (3, 80),
-            (4, 100),
-            (5, 100),
-            (60, 100),
-        ];
+        let cases = [(0, 10), (1, 20), (2, 40), (3, 80), (4, 100), (5, 100), (60, 100)];
         for (i, want) in cases {
             assert_eq!(p.nominal_delay(i), secs(want), "retry {i}");
         }
@@ -468,12 +430,8 @@ mod tests {
 
     #[test]
     fn nominal_window_with_huge_attempts_saturates() {
-        let p =
-            RetryPolicy::try_new(secs(1), 2.0, secs(10), Jitter::None, u32::MAX, secs(1)).unwrap();
-        assert_eq!(
-            p.nominal_window(),
-            secs(1 + 2 + 4 + 8) + secs(10) * (u32::MAX - 5)
-        );
+        let p = RetryPolicy::try_new(secs(1), 2.0, secs(10), Jitter::None, u32::MAX, secs(1)).unwrap();
+        assert_eq!(p.nominal_window(), secs(1 + 2 + 4 + 8) + secs(10) * (u32::MAX - 5));
         assert_eq!(fixed(1).nominal_window(), Duration::ZERO);
     }
 
@@ -501,20 +459,12 @@ mod tests {
         let p = seed_preset();
         let mut r = rng();
         for (i, nominal) in [(0u32, 1.0f64), (4, 16.0), (10, 900.0), (500, 900.0)] {
-            let draws: Vec<f64> = (0..5000)
-                .map(|_| p.delay(i, &mut r).as_secs_f64())
-                .collect();
+            let draws: Vec<f64> = (0..5000).map(|_| p.delay(i, &mut r).as_secs_f64()).collect();
             let (lo, hi) = (nominal * 0.8, nominal * 1.2);
-            assert!(
-                draws.iter().all(|x| (lo - 1e-9..=hi + 1e-9).contains(x)),
-                "retry {i}"
-            );
+            assert!(draws.iter().all(|x| (lo - 1e-9..=hi + 1e-9).contains(x)), "retry {i}");
             let min = draws.iter().cloned().fold(f64::MAX, f64::min);
             let max = draws.iter().cloned().fold(0.0, f64::max);
-            assert!(
-                min < lo + nominal * 0.01 && max > hi - nominal * 0.01,
-                "retry {i}"
-            );
+            assert!(min < lo + nominal * 0.01 && max > hi - nominal * 0.01, "retry {i}");
         }
     }
 
@@ -563,27 +513,15 @@ mod tests {
         let n = Jitter::None;
         assert!(ok(1, 2.0, 10, n, 3, 60).is_ok());
         assert_eq!(ok(0, 2.0, 10, n, 3, 60), Err(PolicyError::ZeroBase));
-        assert_eq!(
-            ok(1, 0.5, 10, n, 3, 60),
-            Err(PolicyError::InvalidFactor(0.5))
-        );
-        assert!(matches!(
-            ok(1, f64::NAN, 10, n, 3, 60),
-            Err(PolicyError::InvalidFactor(_))
-        ));
+        assert_eq!(ok(1, 0.5, 10, n, 3, 60), Err(PolicyError::InvalidFactor(0.5)));
+        assert!(matches!(ok(1, f64::NAN, 10, n, 3, 60), Err(PolicyError::InvalidFactor(_))));
         assert!(ok(1, f64::INFINITY, 10, n, 3, 60).is_err());
-        let below = Err(PolicyError::CapBelowBase {
-            cap: secs(1),
-            base: secs(2),
-        });
+        let below = Err(PolicyError::CapBelowBase { cap: secs(1), base: secs(2) });
         assert_eq!(ok(2, 2.0, 1, n, 3, 60), below);
         assert_eq!(ok(1, 2.0, 10, n, 0, 60), Err(PolicyError::ZeroMaxAttempts));
         assert_eq!(ok(1, 2.0, 10, n, 3, 0), Err(PolicyError::ZeroTtl));
         for p in [0.0, -0.1, 1.5, f64::NAN] {
-            assert!(
-                ok(1, 2.0, 10, Jitter::Proportional(p), 3, 60).is_err(),
-                "{p}"
-            );
+            assert!(ok(1, 2.0, 10, Jitter::Proportional(p), 3, 60).is_err(), "{p}");
         }
         assert!(ok(1, 2.0, 10, Jitter::Proportional(1.0), 3, 60).is_ok());
     }
@@ -591,10 +529,7 @@ mod tests {
     #[test]
     fn override_replaces_only_given_fields_and_revalidates() {
         let base = RetryPolicy::default();
-        assert_eq!(
-            base.with_override(&RetryOverride::default()),
-            Ok(base.clone())
-        );
+        assert_eq!(base.with_override(&RetryOverride::default()), Ok(base.clone()));
         let o = RetryOverride {
             base: Some(secs(1)),
             cap: Some(secs(900)),
@@ -605,14 +540,8 @@ mod tests {
         let p = base.with_override(&o).unwrap();
         assert_eq!(p.nominal_window(), secs(2823));
         assert_eq!((p.factor(), p.ttl()), (2.0, base.ttl()));
-        let bad = RetryOverride {
-            cap: Some(secs(1)),
-            ..Default::default()
-        };
-        assert!(matches!(
-            base.with_override(&bad),
-            Err(PolicyError::CapBelowBase { .. })
-        ));
+        let bad = RetryOverride { cap: Some(secs(1)), ..Default::default() };
+        assert!(matches!(base.with_override(&bad), Err(PolicyError::CapBelowBase { .. })));
     }
 
     #[test]
@@ -665,14 +594,10 @@ mod tests {
         let mut r = rng();
         for attempts in 1..13u32 {
             let nominal = p.nominal_delay(attempts - 1).as_millis() as i64;
-            let RetryDecision::RetryAt(at) = p.next_attempt(attempts, 0, i64::MAX, None, &mut r)
-            else {
+            let RetryDecision::RetryAt(at) = p.next_attempt(attempts, 0, i64::MAX, None, &mut r) else {
                 panic!("attempt {attempts} gave up");
             };
-            assert!(
-                at >= nominal * 8 / 10 && at <= nominal * 12 / 10 + 1,
-                "{attempts}: {at}"
-            );
+            assert!(at >= nominal * 8 / 10 && at <= nominal * 12 / 10 + 1, "{attempts}: {at}");
         }
         let got = p.next_attempt(13, 0, i64::MAX, None, &mut r);
         assert_eq!(got, RetryDecision::GiveUp(GiveUpReason::Exhausted));

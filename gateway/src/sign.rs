@@ -55,9 +55,7 @@ const LENIENT: GeneralPurpose = GeneralPurpose::new(
 impl Secret {
     /// Parses `whsec_<standard base64>` holding a 24- to 64-byte key.
     pub fn parse(s: &str) -> Result<Secret, SecretError> {
-        let b64 = s
-            .strip_prefix(SECRET_PREFIX)
-            .ok_or(SecretError::MissingPrefix)?;
+        let b64 = s.strip_prefix(SECRET_PREFIX).ok_or(SecretError::MissingPrefix)?;
         let key = LENIENT.decode(b64).map_err(|_| SecretError::Base64)?;
         Secret::from_bytes(key)
     }
@@ -108,47 +106,24 @@ impl fmt::Debug for Secret {
 
 /// One `v1,<base64 HMAC-SHA256(key, "{msg_id}.{timestamp_secs}.{body}")>` signature.
 pub fn signature(secret: &Secret, msg_id: &str, timestamp_secs: i64, body: &[u8]) -> String {
-    let tag = secret
-        .mac(msg_id, timestamp_secs, body)
-        .finalize()
-        .into_bytes();
+    let tag = secret.mac(msg_id, timestamp_secs, body).finalize().into_bytes();
     format!("v1,{}", STANDARD.encode(tag))
 }
 
 /// The `webhook-signature` header value: one signature per secret, space-separated, so a
 /// receiver holding either key verifies during rotation.
-pub fn signature_header(
-    secrets: &[&Secret],
-    msg_id: &str,
-    timestamp_secs: i64,
-    body: &[u8],
-) -> String {
-    secrets
-        .iter()
-        .map(|s| signature(s, msg_id, timestamp_secs, body))
-        .collect::<Vec<_>>()
-        .join(" ")
+pub fn signature_header(secrets: &[&Secret], msg_id: &str, timestamp_secs: i64, body: &[u8]) -> String {
+    secrets.iter().map(|s| signature(s, msg_id, timestamp_secs, body)).collect::<Vec<_>>().join(" ")
 }
 
 /// Whether any `v1` entry of a `webhook-signature` header matches `secret`, compared in
 /// constant time. Entries of other versions and malformed entries are ignored.
-pub fn verify(
-    secret: &Secret,
-    msg_id: &str,
-    timestamp_secs: i64,
-    body: &[u8],
-    header: &str,
-) -> bool {
+pub fn verify(secret: &Secret, msg_id: &str, timestamp_secs: i64, body: &[u8], header: &str) -> bool {
     header
         .split_ascii_whitespace()
         .filter_map(|entry| entry.strip_prefix("v1,"))
         .filter_map(|b64| STANDARD.decode(b64).ok())
-        .any(|tag| {
-            secret
-                .mac(msg_id, timestamp_secs, body)
-                .verify_slice(&tag)
-                .is_ok()
-        })
+        .any(|tag| secret.mac(msg_id, timestamp_secs, body).verify_slice(&tag).is_ok())
 }
 
 #[cfg(test)]
@@ -184,18 +159,8 @@ mod tests {
         assert!(!verify(&s, SPEC_ID, SPEC_TS + 1, SPEC_BODY, SPEC_SIG));
         assert!(!verify(&other, SPEC_ID, SPEC_TS, SPEC_BODY, SPEC_SIG));
         let wrong_version = SPEC_SIG.replacen("v1,", "v2,", 1);
-        for header in [
-            "",
-            "v1,",
-            "v1,!!!",
-            "garbage",
-            &wrong_version,
-            "v1,g0hM9SsE",
-        ] {
-            assert!(
-                !verify(&s, SPEC_ID, SPEC_TS, SPEC_BODY, header),
-                "{header:?}"
-            );
+        for header in ["", "v1,", "v1,!!!", "garbage", &wrong_version, "v1,g0hM9SsE"] {
+            assert!(!verify(&s, SPEC_ID, SPEC_TS, SPEC_BODY, header), "{header:?}");
         }
     }
 
@@ -210,10 +175,7 @@ mod tests {
         assert_eq!(entries[1], SPEC_SIG);
         assert!(verify(&old, SPEC_ID, SPEC_TS, SPEC_BODY, &header));
         assert!(verify(&new, SPEC_ID, SPEC_TS, SPEC_BODY, &header));
-        assert_eq!(
-            signature_header(&[&old], SPEC_ID, SPEC_TS, SPEC_BODY),
-            SPEC_SIG
-        );
+        assert_eq!(signature_header(&[&old], SPEC_ID, SPEC_TS, SPEC_BODY), SPEC_SIG);
         assert_eq!(signature_header(&[], SPEC_ID, SPEC_TS, SPEC_BODY), "");
     }
 
@@ -230,11 +192,7 @@ mod tests {
         ];
         for (len, want) in cases {
             assert_eq!(Secret::parse(&key(len)).map(|_| ()), want, "{len} bytes");
-            assert_eq!(
-                Secret::from_bytes(vec![1; len]).map(|_| ()),
-                want,
-                "{len} bytes"
-            );
+            assert_eq!(Secret::from_bytes(vec![1; len]).map(|_| ()), want, "{len} bytes");
         }
     }
 
@@ -246,14 +204,8 @@ mod tests {
             (format!("WHSEC_{b64}"), SecretError::MissingPrefix),
             (format!(" {SPEC_SECRET}"), SecretError::MissingPrefix),
             ("whsec_not base64!".to_owned(), SecretError::Base64),
-            (
-                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS-".to_owned(),
-                SecretError::Base64,
-            ),
-            (
-                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS".to_owned(),
-                SecretError::Base64,
-            ),
+            ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS-".to_owned(), SecretError::Base64),
+            ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS".to_owned(), SecretError::Base64),
         ];
         for (input, want) in cases {
             assert_eq!(Secret::parse(&input).unwrap_err(), want, "{input:?}");

@@ -204,10 +204,10 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
     let mut prefetch: Option<tokio::task::JoinHandle<Vec<Claimed>>> = None;
     let mut refreshed = Instant::now();
     loop {
-        if prefetch.as_ref().is_some_and(|h| h.is_finished() || queue.is_empty()) {
-            if let Some(h) = prefetch.take() {
-                queue.extend(h.await.unwrap_or_default());
-            }
+        if prefetch.as_ref().is_some_and(|h| h.is_finished() || queue.is_empty())
+            && let Some(h) = prefetch.take()
+        {
+            queue.extend(h.await.unwrap_or_default());
         }
         if *inner.shutdown.borrow() {
             if let Some(h) = prefetch.take() {
@@ -235,7 +235,11 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
                     Ok(Some(e)) if sendable(&e, now_ms()) => {
                         if let Some(sh) = &shared {
                             let spec = &e.spec;
-                            let _ = sh.pacer.lock().expect("pacer").reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight);
+                            let _ = sh.pacer.lock().expect("pacer").reconfigure(
+                                spec.rate_per_sec,
+                                spec.burst,
+                                spec.max_in_flight,
+                            );
                         }
                         target = Some(Arc::new(make_target(&inner, e, now_ms())));
                     }
@@ -407,10 +411,10 @@ async fn refill(
             sh
         }
     };
-    if let Some(until) = sh.pacer.lock().expect("pacer").paused_until() {
-        if until > Instant::now() {
-            return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
-        }
+    if let Some(until) = sh.pacer.lock().expect("pacer").paused_until()
+        && until > Instant::now()
+    {
+        return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
     }
     let claimed = match inner.committer.claim(claim_request(inner, id, spec, 0, now)).await {
         Ok(c) => c,
@@ -471,10 +475,7 @@ async fn release_all(inner: &Inner, queue: &mut VecDeque<Claimed>, at: Millis) {
     if queue.is_empty() {
         return;
     }
-    let releases = queue
-        .drain(..)
-        .map(|c| Release { delivery: c.id, fence: c.fence, next_attempt_at: at })
-        .collect();
+    let releases = queue.drain(..).map(|c| Release { delivery: c.id, fence: c.fence, next_attempt_at: at }).collect();
     if let Err(e) = inner.committer.release(releases).await {
         tracing::warn!(error = %e, "release failed; leases will expire instead");
     }
@@ -536,9 +537,7 @@ pub fn decide(
             reason: None,
             label: format!("pause_endpoint:{reason}"),
         },
-        Verdict::DisableEndpoint { reason } => {
-            dead("endpoint_disabled".into(), format!("disable_endpoint:{reason}"))
-        }
+        Verdict::DisableEndpoint { reason } => dead("endpoint_disabled".into(), format!("disable_endpoint:{reason}")),
     }
 }
 
@@ -627,7 +626,9 @@ async fn attempt(
             DeliveryState::Waiting => inner.metrics.retries_scheduled.inc(),
             _ => {}
         },
-        Err(e) => tracing::error!(delivery = %d.id, error = %e, "cannot record attempt; the lease will expire and it will be retried"),
+        Err(e) => {
+            tracing::error!(delivery = %d.id, error = %e, "cannot record attempt; the lease will expire and it will be retried")
+        }
     }
     tracing::debug!(delivery = %d.id, attempt = number, status = exchange.status, verdict = %decision.label, duration_ms, "attempt");
     shared.pacer.lock().expect("pacer").release();
@@ -784,9 +785,26 @@ fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, ex: &Exc
 }
 
 /// Applies what a verdict means for the whole endpoint: pauses, disables, failure tracking.
-async fn endpoint_effects(inner: &Inner, shared: &Shared, endpoint: &Endpoint, verdict: &Verdict, outcome: &Outcome, now: Millis) {
-    let change = |state: Option<EndpointState>, reason: Option<String>, until: Option<Millis>, failing: Option<Option<Millis>>| {
-        EndpointChange { endpoint: endpoint.id.clone(), state, reason, paused_until: until, failing_since: failing, now }
+async fn endpoint_effects(
+    inner: &Inner,
+    shared: &Shared,
+    endpoint: &Endpoint,
+    verdict: &Verdict,
+    outcome: &Outcome,
+    now: Millis,
+) {
+    let change = |state: Option<EndpointState>,
+                  reason: Option<String>,
+                  until: Option<Millis>,
+                  failing: Option<Option<Millis>>| {
+        EndpointChange {
+            endpoint: endpoint.id.clone(),
+            state,
+            reason,
+            paused_until: until,
+            failing_since: failing,
+            now,
+        }
     };
     let failing = {
         let mut f = shared.failing_since.lock().expect("failing");
@@ -815,12 +833,7 @@ async fn endpoint_effects(inner: &Inner, shared: &Shared, endpoint: &Endpoint, v
                 Outcome::Response { status, .. } => format!("paused by classify plugin (HTTP {status})"),
                 Outcome::Transport(k) => format!("paused by classify plugin ({})", k.as_str()),
             };
-            Some(change(
-                Some(EndpointState::Paused),
-                Some(reason),
-                Some(now + after.as_millis() as i64),
-                failing,
-            ))
+            Some(change(Some(EndpointState::Paused), Some(reason), Some(now + after.as_millis() as i64), failing))
         }
         Verdict::PauseEndpoint { reason } => {
             shared.halted.store(true, Ordering::Release);
@@ -838,14 +851,21 @@ async fn endpoint_effects(inner: &Inner, shared: &Shared, endpoint: &Endpoint, v
         }
         _ => failing.map(|f| change(None, None, None, Some(f))),
     };
-    if let Some(c) = change {
-        if let Err(e) = inner.committer.change_endpoint(c).await {
-            tracing::error!(endpoint = %endpoint.id, error = %e, "cannot record endpoint state");
-        }
+    if let Some(c) = change
+        && let Err(e) = inner.committer.change_endpoint(c).await
+    {
+        tracing::error!(endpoint = %endpoint.id, error = %e, "cannot record endpoint state");
     }
 }
 
-fn disable(inner: &Inner, shared: &Shared, endpoint: &Endpoint, reason: String, failing: Option<Option<Millis>>, now: Millis) -> EndpointChange {
+fn disable(
+    inner: &Inner,
+    shared: &Shared,
+    endpoint: &Endpoint,
+    reason: String,
+    failing: Option<Option<Millis>>,
+    now: Millis,
+) -> EndpointChange {
     shared.halted.store(true, Ordering::Release);
     shared.pacer.lock().expect("pacer").pause_until(Instant::now() + HUMAN_PAUSE);
     inner.metrics.endpoint_disables.inc();
@@ -869,7 +889,10 @@ mod tests {
     #[test]
     fn envelope_keeps_payload_bytes() {
         let e = envelope("evt_1", "a.b", 0, "{\"x\": 1.50}");
-        assert_eq!(e, "{\"id\":\"evt_1\",\"type\":\"a.b\",\"timestamp\":\"1970-01-01T00:00:00Z\",\"data\":{\"x\": 1.50}}");
+        assert_eq!(
+            e,
+            "{\"id\":\"evt_1\",\"type\":\"a.b\",\"timestamp\":\"1970-01-01T00:00:00Z\",\"data\":{\"x\": 1.50}}"
+        );
         serde_json::from_str::<serde_json::Value>(&e).unwrap();
     }
 

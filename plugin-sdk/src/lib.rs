@@ -75,8 +75,8 @@ pub mod __bindings {
 
 use __bindings::herald::plugin::host;
 pub use __bindings::herald::plugin::types::{
-    DeliveryContext, Header, Hooks, Level, Outcome, Pause, PluginInfo, Request, Response,
-    TransformResult, TransportError, TransportErrorKind, Verdict,
+    DeliveryContext, Header, Hooks, Level, Outcome, Pause, PluginInfo, Request, Response, TransformResult,
+    TransportError, TransportErrorKind, Verdict,
 };
 
 /// A Herald plugin. Override the hooks you implement and name them in [`Self::HOOKS`];
@@ -106,11 +106,7 @@ pub trait Plugin {
 
     /// Compute the signature headers for `req` with each raw secret in `secrets`
     /// (newest first). Default: an error, as Herald never calls an undeclared hook.
-    fn sign(
-        ctx: &DeliveryContext,
-        secrets: &[Vec<u8>],
-        req: &Request,
-    ) -> Result<Vec<Header>, String> {
+    fn sign(ctx: &DeliveryContext, secrets: &[Vec<u8>], req: &Request) -> Result<Vec<Header>, String> {
         let _ = (ctx, secrets, req);
         Err("this plugin does not implement sign".to_string())
     }
@@ -185,10 +181,7 @@ impl Outcome {
 }
 
 fn find_header<'a>(headers: &'a [Header], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
+    headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
 }
 
 #[doc(hidden)]
@@ -198,13 +191,8 @@ pub mod __private {
     pub use crate::__bindings::Guest;
 
     pub fn describe<P: Plugin>(crate_name: &str, crate_version: &str) -> PluginInfo {
-        let pick =
-            |own: &str, fallback: &str| if own.is_empty() { fallback } else { own }.to_string();
-        PluginInfo {
-            name: pick(P::NAME, crate_name),
-            version: pick(P::VERSION, crate_version),
-            hooks: P::HOOKS,
-        }
+        let pick = |own: &str, fallback: &str| if own.is_empty() { fallback } else { own }.to_string();
+        PluginInfo { name: pick(P::NAME, crate_name), version: pick(P::VERSION, crate_version), hooks: P::HOOKS }
     }
 }
 
@@ -218,10 +206,7 @@ macro_rules! export {
 
             impl $crate::__private::Guest for __HeraldGuest {
                 fn describe() -> $crate::PluginInfo {
-                    $crate::__private::describe::<$plugin>(
-                        env!("CARGO_PKG_NAME"),
-                        env!("CARGO_PKG_VERSION"),
-                    )
+                    $crate::__private::describe::<$plugin>(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
                 }
                 fn transform(
                     ctx: $crate::DeliveryContext,
@@ -241,7 +226,7 @@ macro_rules! export {
                 }
             }
 
-            $crate::__bindings::__export_plugin_world!(__HeraldGuest with_types_in $crate::__bindings);
+    $crate::__bindings::__export_plugin_world!(__HeraldGuest with_types_in $crate::__bindings);
         };
     };
 }

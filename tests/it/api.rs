@@ -29,7 +29,9 @@ async fn round_trip_tenant_token_endpoint_event() -> anyhow::Result<()> {
     assert_eq!((r.status, r.json["url"].as_str()), (200, Some("http://127.0.0.1:9/hook")));
     assert!(r.json.get("secret").is_none(), "secrets are not listed");
 
-    let r = api.call("PATCH", &format!("/v1/tenants/acme/endpoints/{ep}"), &token, Some(json!({"rate_per_sec": 20}))).await?;
+    let r = api
+        .call("PATCH", &format!("/v1/tenants/acme/endpoints/{ep}"), &token, Some(json!({"rate_per_sec": 20})))
+        .await?;
     assert_eq!((r.status, r.json["rate_per_sec"].as_f64()), (200, Some(20.0)));
 
     let body = r#"{"id": "evt_1", "type": "invoice.paid", "payload": {"amount": 10.50, "z": [1, 2]}}"#;
@@ -105,16 +107,22 @@ async fn fan_out_follows_filters_and_state() -> anyhow::Result<()> {
         assert_eq!(r.json["deliveries"], *want, "{ty}");
     }
     let r = api.get("/v1/tenants/acme/events/e0/deliveries", ADMIN_TOKEN).await?;
-    let mut got: Vec<String> = r.json["data"].as_array().unwrap().iter().map(|d| d["endpoint_id"].as_str().unwrap().to_string()).collect();
+    let mut got: Vec<String> =
+        r.json["data"].as_array().unwrap().iter().map(|d| d["endpoint_id"].as_str().unwrap().to_string()).collect();
     got.sort();
-    let mut want: Vec<String> = [&all, &invoices, &paid].iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
+    let mut want: Vec<String> =
+        [&all, &invoices, &paid].iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
     want.sort();
     assert_eq!(got, want);
 
     // The batch form: all or nothing, one 202.
     let r = api
-        .post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": [
-            {"type": "invoice.paid", "payload": {}}, {"id": "e0", "type": "invoice.paid", "payload": {}}]}))
+        .post(
+            "/v1/tenants/acme/events/batch",
+            ADMIN_TOKEN,
+            json!({"events": [
+            {"type": "invoice.paid", "payload": {}}, {"id": "e0", "type": "invoice.paid", "payload": {}}]}),
+        )
         .await?;
     assert_eq!(r.status, 202, "{}", r.text);
     let data = r.json["data"].as_array().unwrap();
@@ -137,8 +145,20 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing() -> anyhow::Result<()> {
         ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"type": 5, "payload": {}}"#.into(), 400),
         ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"type": "a.b"}"#.into(), 400),
         ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"type": "a b", "payload": {}}"#.into(), 400),
-        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"id": "has space", "type": "a", "payload": {}}"#.into(), 400),
-        ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), r#"{"type": "a", "payload": {}, "extra": 1}"#.into(), 400),
+        (
+            "POST",
+            "/v1/tenants/acme/events",
+            Some(ADMIN_TOKEN),
+            r#"{"id": "has space", "type": "a", "payload": {}}"#.into(),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/events",
+            Some(ADMIN_TOKEN),
+            r#"{"type": "a", "payload": {}, "extra": 1}"#.into(),
+            400,
+        ),
         ("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), format!(r#"{{"type": "a", "payload": "{big}"}}"#), 413),
         ("POST", "/v1/tenants/nobody/events", Some(ADMIN_TOKEN), r#"{"type": "a", "payload": {}}"#.into(), 404),
         ("POST", "/v1/tenants/acme/events", None, r#"{"type": "a", "payload": {}}"#.into(), 401),
@@ -147,12 +167,48 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing() -> anyhow::Result<()> {
         ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "ftp://example.com/x"}"#.into(), 422),
         ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "not a url"}"#.into(), 422),
         ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{}"#.into(), 422),
-        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "rate_per_sec": 0}"#.into(), 422),
-        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "timeout": "90s"}"#.into(), 422),
-        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "secret": "nope"}"#.into(), 422),
-        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "retry": {"factor": 0.5}}"#.into(), 422),
-        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "event_types": ["a b"]}"#.into(), 422),
-        ("POST", "/v1/tenants/acme/endpoints", Some(ADMIN_TOKEN), r#"{"url": "http://a.example", "headers": {"webhook-id": "x"}}"#.into(), 422),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints",
+            Some(ADMIN_TOKEN),
+            r#"{"url": "http://a.example", "rate_per_sec": 0}"#.into(),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints",
+            Some(ADMIN_TOKEN),
+            r#"{"url": "http://a.example", "timeout": "90s"}"#.into(),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints",
+            Some(ADMIN_TOKEN),
+            r#"{"url": "http://a.example", "secret": "nope"}"#.into(),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints",
+            Some(ADMIN_TOKEN),
+            r#"{"url": "http://a.example", "retry": {"factor": 0.5}}"#.into(),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints",
+            Some(ADMIN_TOKEN),
+            r#"{"url": "http://a.example", "event_types": ["a b"]}"#.into(),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints",
+            Some(ADMIN_TOKEN),
+            r#"{"url": "http://a.example", "headers": {"webhook-id": "x"}}"#.into(),
+            422,
+        ),
         ("POST", "/v1/tenants/acme/endpoints", Some(&reader), r#"{"url": "http://a.example"}"#.into(), 403),
         ("POST", "/v1/tenants", Some(&reader), r#"{"id": "x"}"#.into(), 403),
         ("POST", "/v1/tenants", Some(ADMIN_TOKEN), r#"{"id": "Bad Id"}"#.into(), 422),
@@ -162,7 +218,11 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing() -> anyhow::Result<()> {
     for (method, path, token, body, want) in &cases {
         let r = api.raw(method, path, *token, body.clone()).await?;
         assert_eq!(r.status, *want, "{method} {path} {body:.80}: {}", r.text);
-        assert!(r.json["error"]["code"].is_string() && r.json["error"]["message"].is_string(), "JSON error for {path}: {}", r.text);
+        assert!(
+            r.json["error"]["code"].is_string() && r.json["error"]["message"].is_string(),
+            "JSON error for {path}: {}",
+            r.text
+        );
     }
     // Nothing was written: no events at all, one endpoint.
     let r = api.get("/v1/tenants/acme/deliveries", ADMIN_TOKEN).await?;
@@ -176,7 +236,13 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing() -> anyhow::Result<()> {
 async fn private_destinations_are_refused_by_default() -> anyhow::Result<()> {
     let gw = TestGateway::start_with(&[("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "false")]).await?;
     gw.api.tenant("acme").await?;
-    for url in ["http://127.0.0.1:8080/x", "http://169.254.169.254/latest", "http://[::1]/x", "http://10.0.0.1/x", "http://localhost/x"] {
+    for url in [
+        "http://127.0.0.1:8080/x",
+        "http://169.254.169.254/latest",
+        "http://[::1]/x",
+        "http://10.0.0.1/x",
+        "http://localhost/x",
+    ] {
         let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({"url": url})).await?;
         assert_eq!(r.status, 422, "{url}: {}", r.text);
     }
@@ -210,7 +276,8 @@ async fn tenants_cannot_see_each_other() -> anyhow::Result<()> {
     }
     let r = api.post("/v1/tenants/b/events", &ta, json!({"type": "t", "payload": {}})).await?;
     assert_eq!(r.status, 404);
-    let r = api.call("PATCH", &format!("/v1/tenants/a/endpoints/{ep_b}"), &ta, Some(json!({"rate_per_sec": 1}))).await?;
+    let r =
+        api.call("PATCH", &format!("/v1/tenants/a/endpoints/{ep_b}"), &ta, Some(json!({"rate_per_sec": 1}))).await?;
     assert_eq!(r.status, 404);
     let r = api.call("DELETE", &format!("/v1/tenants/a/endpoints/{ep_b}"), &ta, None).await?;
     assert_eq!(r.status, 404);

@@ -55,7 +55,8 @@ impl Cluster {
     async fn post(&self, total: usize) -> anyhow::Result<Vec<String>> {
         let ids: Vec<String> = (0..total).map(|i| format!("evt_{i:05}")).collect();
         for (n, chunk) in ids.chunks(50).enumerate() {
-            let events: Vec<Value> = chunk.iter().map(|id| json!({"id": id, "type": "invoice.paid", "payload": {"id": id}})).collect();
+            let events: Vec<Value> =
+                chunk.iter().map(|id| json!({"id": id, "type": "invoice.paid", "payload": {"id": id}})).collect();
             let api = &self.nodes[n % self.nodes.len()].api;
             let r = api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": events})).await?;
             anyhow::ensure!(r.status == 202, "batch refused: {} {}", r.status, r.text);
@@ -143,7 +144,9 @@ async fn three_nodes_keep_single_flight_and_the_endpoint_pace() -> anyhow::Resul
     for node in &cluster.nodes {
         per_node.push(metric(&node.api, "herald_attempts_total").await?);
     }
-    eprintln!("cluster pace {paced:.3}/s after the burst ({overall:.3}/s overall, {span:.2}s); attempts per node {per_node:?}");
+    eprintln!(
+        "cluster pace {paced:.3}/s after the burst ({overall:.3}/s overall, {span:.2}s); attempts per node {per_node:?}"
+    );
     assert!((paced - RATE).abs() <= RATE * 0.02, "the cluster sent {paced:.3}/s, not {RATE}/s ± 2 %");
     Ok(())
 }
@@ -172,7 +175,8 @@ async fn a_node_killed_mid_run_loses_nothing() -> anyhow::Result<()> {
     let killed_at = Instant::now();
     let at_kill = rx.count();
     assert!(at_kill < total, "the kill came mid-run ({at_kill} of {total} arrived)");
-    let survivors: Vec<&HeraldProcess> = cluster.nodes.iter().enumerate().filter(|(i, _)| *i != busy).map(|(_, n)| n).collect();
+    let survivors: Vec<&HeraldProcess> =
+        cluster.nodes.iter().enumerate().filter(|(i, _)| *i != busy).map(|(_, n)| n).collect();
 
     // Its partition lease (15 s) and delivery leases must lapse first; then the rest
     // arrives at the paced rate.
@@ -183,7 +187,10 @@ async fn a_node_killed_mid_run_loses_nothing() -> anyhow::Result<()> {
     let lost: Vec<&String> = ids.iter().filter(|id| !arrived.contains_key(*id)).collect();
     assert!(lost.is_empty(), "events never delivered: {lost:?}");
     let duplicates = got.len() - total;
-    assert!(duplicates <= max_in_flight, "{duplicates} duplicates, more than the {max_in_flight} that could be in flight");
+    assert!(
+        duplicates <= max_in_flight,
+        "{duplicates} duplicates, more than the {max_in_flight} that could be in flight"
+    );
     let mut recovered = 0;
     for node in &survivors {
         recovered += metric(&node.api, "herald_leases_recovered_total").await?;

@@ -7,7 +7,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
-use tests::{Backend, ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
+use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, TestGateway};
 
 const FAST_RETRY: &str = r#"{"base": "100ms", "factor": 2, "cap": "1s", "jitter": "none", "max_attempts": 5}"#;
 
@@ -51,7 +51,13 @@ async fn retry_then_429_pauses_the_whole_endpoint_then_delivers(b: Backend) -> a
     let rx = FakeReceiver::start().await?;
     rx.script([Answer::status(500), Answer::status(429).header("Retry-After", "5")]);
     setup(&gw, &rx, json!({"max_in_flight": 1})).await?;
-    gw.api.event("acme", json!({"id": "evt_first", "type": "t", "payload": {}})).await?.status.eq(&202).then_some(()).unwrap();
+    gw.api
+        .event("acme", json!({"id": "evt_first", "type": "t", "payload": {}}))
+        .await?
+        .status
+        .eq(&202)
+        .then_some(())
+        .unwrap();
     let got = rx.wait_for(2, Duration::from_secs(10)).await?;
     let paused_at = got[1].at;
     assert_eq!(got[1].status, 429);
@@ -69,9 +75,11 @@ async fn retry_then_429_pauses_the_whole_endpoint_then_delivers(b: Backend) -> a
     assert_eq!(first.len(), 3, "500, 429, then 200");
     let d = wait_state(&gw, "evt_first", "delivered", Duration::from_secs(5)).await?;
     assert_eq!(d["attempts"], 3);
-    let statuses: Vec<_> = d["attempt_history"].as_array().unwrap().iter().map(|a| a["status"].as_u64().unwrap()).collect();
+    let statuses: Vec<_> =
+        d["attempt_history"].as_array().unwrap().iter().map(|a| a["status"].as_u64().unwrap()).collect();
     assert_eq!(statuses, [500, 429, 200]);
-    let attempt_ids: std::collections::HashSet<_> = first.iter().map(|r| r.header("herald-attempt-id").unwrap().to_string()).collect();
+    let attempt_ids: std::collections::HashSet<_> =
+        first.iter().map(|r| r.header("herald-attempt-id").unwrap().to_string()).collect();
     assert_eq!(attempt_ids.len(), 3, "a fresh attempt id every attempt");
     Ok(())
 }
@@ -167,14 +175,25 @@ async fn redirects_are_not_followed_and_transport_failures_are_retried(b: Backen
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let retry = json!({"base": "50ms", "jitter": "none", "max_attempts": 2});
     setup(&gw, &redirecting, json!({"event_types": ["redirect"], "retry": retry})).await?;
-    setup(&gw, &hanging, json!({"event_types": ["hang"], "retry": retry, "timeout": "300ms", "connect_timeout": "300ms"})).await?;
-    gw.api.endpoint("acme", json!({"url": format!("http://{closed}/x"), "event_types": ["refused"], "retry": retry})).await?;
+    setup(
+        &gw,
+        &hanging,
+        json!({"event_types": ["hang"], "retry": retry, "timeout": "300ms", "connect_timeout": "300ms"}),
+    )
+    .await?;
+    gw.api
+        .endpoint("acme", json!({"url": format!("http://{closed}/x"), "event_types": ["refused"], "retry": retry}))
+        .await?;
     for t in ["redirect", "hang", "refused"] {
         gw.api.event("acme", json!({"id": t, "type": t, "payload": {}})).await?;
     }
     for t in ["redirect", "hang", "refused"] {
         let d = wait_state(&gw, t, "dead", Duration::from_secs(10)).await?;
-        assert_eq!((d["reason"].as_str(), d["attempts"].as_u64()), (Some("exhausted"), Some(2)), "{t}: retried, then exhausted: {d}");
+        assert_eq!(
+            (d["reason"].as_str(), d["attempts"].as_u64()),
+            (Some("exhausted"), Some(2)),
+            "{t}: retried, then exhausted: {d}"
+        );
     }
     assert_eq!(target.count(), 0, "the redirect was never followed");
     let d = delivery_of(&gw, "hang").await?;
@@ -223,7 +242,14 @@ async fn requests_carry_a_verifiable_standard_webhooks_signature(b: Backend) -> 
     assert_eq!((v["id"].as_str(), v["type"].as_str()), (Some("evt_sig"), Some("invoice.paid")));
 
     // During rotation both secrets sign.
-    let r = gw.api.post(&format!("/v1/tenants/acme/endpoints/{}/rotate-secret", ep["id"].as_str().unwrap()), ADMIN_TOKEN, json!({})).await?;
+    let r = gw
+        .api
+        .post(
+            &format!("/v1/tenants/acme/endpoints/{}/rotate-secret", ep["id"].as_str().unwrap()),
+            ADMIN_TOKEN,
+            json!({}),
+        )
+        .await?;
     assert_eq!(r.status, 200);
     gw.api.event("acme", json!({"id": "evt_sig2", "type": "invoice.paid", "payload": {}})).await?;
     let got = rx.wait_for(2, Duration::from_secs(5)).await?;

@@ -60,7 +60,8 @@ async fn sigkill_mid_delivery_loses_nothing_and_bounds_duplicates() -> anyhow::R
     let max_in_flight = 8;
     node.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 200, "max_in_flight": max_in_flight})).await?;
     let total = 300;
-    let events: Vec<_> = (0..total).map(|i| json!({"id": format!("evt_{i}"), "type": "t", "payload": {"i": i}})).collect();
+    let events: Vec<_> =
+        (0..total).map(|i| json!({"id": format!("evt_{i}"), "type": "t", "payload": {"i": i}})).collect();
     for chunk in events.chunks(100) {
         let r = node.api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
         assert_eq!(r.status, 202, "{}", r.text);
@@ -83,6 +84,9 @@ async fn sigkill_mid_delivery_loses_nothing_and_bounds_duplicates() -> anyhow::R
     ids.dedup();
     assert_eq!(ids.len(), total, "every acknowledged event arrived");
     let duplicates = arrivals - total;
-    assert!(duplicates <= max_in_flight, "{duplicates} duplicates, more than the {max_in_flight} that could be in flight");
+    assert!(
+        duplicates <= max_in_flight,
+        "{duplicates} duplicates, more than the {max_in_flight} that could be in flight"
+    );
     Ok(())
 }

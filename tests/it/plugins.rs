@@ -12,10 +12,17 @@ use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
 /// A built example plugin; the suite fails (never skips) when it is missing.
 fn plugin_bytes(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../target/wasm32-wasip2/release/{name}.wasm"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; build the plugins first with scripts/build-plugins", path.display()))
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; build the plugins first with scripts/build-plugins", path.display()))
 }
 
-async fn upload(gw: &TestGateway, tenant: &str, name: &str, bytes: Vec<u8>, token: &str) -> anyhow::Result<tests::Reply> {
+async fn upload(
+    gw: &TestGateway,
+    tenant: &str,
+    name: &str,
+    bytes: Vec<u8>,
+    token: &str,
+) -> anyhow::Result<tests::Reply> {
     gw.api.raw("PUT", &format!("/v1/tenants/{tenant}/plugins/{name}"), Some(token), bytes).await
 }
 
@@ -40,7 +47,12 @@ async fn the_transform_plugin_reshapes_the_body() -> anyhow::Result<()> {
     assert_eq!(r.json["hooks"], json!(["transform"]));
     let rx = FakeReceiver::start().await?;
     let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "plugins": {"transform": "chat"}})).await?;
-    gw.api.event("acme", json!({"id": "evt_chat", "type": "user.created", "payload": {"name": "Ada", "email": "ada@example.com"}})).await?;
+    gw.api
+        .event(
+            "acme",
+            json!({"id": "evt_chat", "type": "user.created", "payload": {"name": "Ada", "email": "ada@example.com"}}),
+        )
+        .await?;
     let got = rx.wait_for(1, Duration::from_secs(10)).await?;
     let body = got[0].json();
     let text = body["text"].as_str().unwrap_or_else(|| panic!("not a chat message: {body}"));
@@ -53,9 +65,17 @@ async fn the_transform_plugin_reshapes_the_body() -> anyhow::Result<()> {
     let mut mac = Hmac::<Sha256>::new_from_slice(&key)?;
     mac.update(format!("evt_chat.{ts}.").as_bytes());
     mac.update(&got[0].body);
-    let want = format!("v1,{}", base64::Engine::encode(&base64::engine::general_purpose::STANDARD, mac.finalize().into_bytes()));
+    let want = format!(
+        "v1,{}",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, mac.finalize().into_bytes())
+    );
     assert_eq!(got[0].header("webhook-signature"), Some(want.as_str()));
-    let d = gw.api.wait_for("/v1/tenants/acme/events/evt_chat/deliveries", Duration::from_secs(5), |v| v["data"][0]["state"] == "delivered").await?;
+    let d = gw
+        .api
+        .wait_for("/v1/tenants/acme/events/evt_chat/deliveries", Duration::from_secs(5), |v| {
+            v["data"][0]["state"] == "delivered"
+        })
+        .await?;
     assert_eq!(d["data"][0]["attempts"], 1);
     Ok(())
 }
@@ -69,10 +89,14 @@ async fn the_sign_plugin_replaces_the_signature_scheme() -> anyhow::Result<()> {
     let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "plugins": {"sign": "hexsig"}})).await?;
     gw.api.event("acme", json!({"id": "evt_sig", "type": "invoice.paid", "payload": {"amount": 5}})).await?;
     let got = rx.wait_for(1, Duration::from_secs(10)).await?;
-    let header = got[0].header("x-herald-signature").unwrap_or_else(|| panic!("no signature header: {:?}", got[0].headers));
+    let header =
+        got[0].header("x-herald-signature").unwrap_or_else(|| panic!("no signature header: {:?}", got[0].headers));
     let (t, v1) = header.split_once(',').unwrap();
     let ts = t.strip_prefix("t=").unwrap();
-    let key = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, ep["secret"].as_str().unwrap().trim_start_matches("whsec_"))?;
+    let key = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        ep["secret"].as_str().unwrap().trim_start_matches("whsec_"),
+    )?;
     let mut mac = Hmac::<Sha256>::new_from_slice(&key)?;
     mac.update(format!("{ts}.").as_bytes());
     mac.update(&got[0].body);
@@ -96,19 +120,39 @@ async fn the_classify_plugin_decides_what_a_409_means() -> anyhow::Result<()> {
         let rx = FakeReceiver::start().await?;
         rx.set_default(Answer::status(409));
         let retry = json!({"base": "100ms", "jitter": "none", "max_attempts": 3});
-        gw.api.post(&format!("/v1/tenants/{tenant}/endpoints"), ADMIN_TOKEN, json!({"url": rx.url(), "plugins": {"classify": "c409"}, "retry": retry})).await?;
-        gw.api.post(&format!("/v1/tenants/{tenant}/events"), ADMIN_TOKEN, json!({"id": "e", "type": "t", "payload": {}})).await?;
+        gw.api
+            .post(
+                &format!("/v1/tenants/{tenant}/endpoints"),
+                ADMIN_TOKEN,
+                json!({"url": rx.url(), "plugins": {"classify": "c409"}, "retry": retry}),
+            )
+            .await?;
+        gw.api
+            .post(&format!("/v1/tenants/{tenant}/events"), ADMIN_TOKEN, json!({"id": "e", "type": "t", "payload": {}}))
+            .await?;
         receivers.push(rx);
     }
     // acme: 409 = already processed → delivered after one attempt.
-    let d = gw.api.wait_for("/v1/tenants/acme/events/e/deliveries", Duration::from_secs(10), |v| v["data"][0]["state"] == "delivered").await?;
+    let d = gw
+        .api
+        .wait_for("/v1/tenants/acme/events/e/deliveries", Duration::from_secs(10), |v| {
+            v["data"][0]["state"] == "delivered"
+        })
+        .await?;
     assert_eq!(d["data"][0]["attempts"], 1);
     let id = d["data"][0]["id"].as_str().unwrap();
     let full = gw.api.get(&format!("/v1/tenants/acme/deliveries/{id}"), ADMIN_TOKEN).await?;
     assert_eq!(full.json["attempt_history"][0]["decided_by"], "plugin:c409");
     // beta: 409 = retry after 1 s, until the attempts run out (the built-in table would fail it at once).
-    let d = gw.api.wait_for("/v1/tenants/beta/events/e/deliveries", Duration::from_secs(15), |v| v["data"][0]["state"] == "dead").await?;
-    assert_eq!((d["data"][0]["attempts"].as_u64(), d["data"][0]["reason"].as_str()), (Some(3), Some("exhausted")), "{d}");
+    let d = gw
+        .api
+        .wait_for("/v1/tenants/beta/events/e/deliveries", Duration::from_secs(15), |v| v["data"][0]["state"] == "dead")
+        .await?;
+    assert_eq!(
+        (d["data"][0]["attempts"].as_u64(), d["data"][0]["reason"].as_str()),
+        (Some(3), Some("exhausted")),
+        "{d}"
+    );
     let got = receivers[1].received();
     let gap = got[1].at.duration_since(got[0].at);
     assert!(gap >= Duration::from_millis(950), "the plugin's retry-after was honoured: {gap:?}");
@@ -134,12 +178,26 @@ async fn uploads_are_validated_and_scoped_to_their_tenant() -> anyhow::Result<()
     // Another tenant can neither upload into acme nor see or bind acme's plugin.
     assert_eq!(upload(&gw, "acme", "x", plugin_bytes("transform_chat"), &other).await?.status, 404);
     assert_eq!(gw.api.get("/v1/tenants/acme/plugins", &other).await?.status, 404);
-    let r = gw.api.post("/v1/tenants/other/endpoints", &other, json!({"url": "http://127.0.0.1:9/x", "plugins": {"transform": "chat"}})).await?;
+    let r = gw
+        .api
+        .post(
+            "/v1/tenants/other/endpoints",
+            &other,
+            json!({"url": "http://127.0.0.1:9/x", "plugins": {"transform": "chat"}}),
+        )
+        .await?;
     assert_eq!(r.status, 422, "{}", r.text);
     let r = gw.api.get("/v1/tenants/other/plugins", &other).await?;
     assert_eq!(r.json["data"].as_array().unwrap().len(), 0);
     // A plugin bound to the wrong hook is refused.
-    let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({"url": "http://127.0.0.1:9/x", "plugins": {"sign": "chat"}})).await?;
+    let r = gw
+        .api
+        .post(
+            "/v1/tenants/acme/endpoints",
+            ADMIN_TOKEN,
+            json!({"url": "http://127.0.0.1:9/x", "plugins": {"sign": "chat"}}),
+        )
+        .await?;
     assert_eq!(r.status, 422, "{}", r.text);
     Ok(())
 }
@@ -175,13 +233,18 @@ async fn hot_reload_under_load_loses_nothing_and_a_corrupt_file_keeps_the_old_ve
     std::fs::rename(&tmp, &file)?;
     let swapped = gw
         .api
-        .wait_for("/v1/tenants/acme/plugins", Duration::from_secs(10), |v| !v["data"][0]["sha256"].is_null() && sha(v) != sha1)
+        .wait_for("/v1/tenants/acme/plugins", Duration::from_secs(10), |v| {
+            !v["data"][0]["sha256"].is_null() && sha(v) != sha1
+        })
         .await?;
     let sha2 = sha(&swapped);
     // Now a corrupt file: the old version keeps serving and the error is visible.
     std::fs::write(&tmp, b"\0asm garbage")?;
     std::fs::rename(&tmp, &file)?;
-    let broken = gw.api.wait_for("/v1/tenants/acme/plugins", Duration::from_secs(10), |v| v["data"][0]["error"].is_string()).await?;
+    let broken = gw
+        .api
+        .wait_for("/v1/tenants/acme/plugins", Duration::from_secs(10), |v| v["data"][0]["error"].is_string())
+        .await?;
     assert_eq!(sha(&broken), sha2, "the last good version still serves: {broken}");
     poster.await??;
 

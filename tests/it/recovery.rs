@@ -4,11 +4,12 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tests::{Backend, ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
+use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, TestGateway};
 
 async fn dead_letters(gw: &TestGateway, query: &str, n: usize) -> anyhow::Result<Vec<Value>> {
     let path = format!("/v1/tenants/acme/dead-letters?{query}");
-    let v = gw.api.wait_for(&path, Duration::from_secs(10), |v| v["data"].as_array().is_some_and(|d| d.len() == n)).await?;
+    let v =
+        gw.api.wait_for(&path, Duration::from_secs(10), |v| v["data"].as_array().is_some_and(|d| d.len() == n)).await?;
     Ok(v["data"].as_array().unwrap().clone())
 }
 
@@ -29,7 +30,9 @@ async fn seed_dead_letters(gw: &TestGateway, rx: &FakeReceiver, paid: usize, oth
         gw.api.event("acme", json!({"id": format!("paid_{i}"), "type": "invoice.paid", "payload": {"i": i}})).await?;
     }
     for i in 0..other {
-        gw.api.event("acme", json!({"id": format!("other_{i}"), "type": "invoice.voided", "payload": {"i": i}})).await?;
+        gw.api
+            .event("acme", json!({"id": format!("other_{i}"), "type": "invoice.voided", "payload": {"i": i}}))
+            .await?;
     }
     dead_letters(gw, "limit=1000", paid + other).await?;
     Ok(ep["id"].as_str().unwrap().to_string())
@@ -64,7 +67,8 @@ async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate(b: Backend
     assert_eq!(ids, want, "exactly the selected dead letters, with their original webhook-id");
     for r in &replayed {
         let original = first_round.iter().find(|o| o.header("webhook-id") == r.header("webhook-id")).unwrap();
-        let (t0, t1): (i64, i64) = (original.header("webhook-timestamp").unwrap().parse()?, r.header("webhook-timestamp").unwrap().parse()?);
+        let (t0, t1): (i64, i64) =
+            (original.header("webhook-timestamp").unwrap().parse()?, r.header("webhook-timestamp").unwrap().parse()?);
         assert!(t1 >= t0, "fresh timestamp");
         assert_ne!(original.header("herald-attempt-id"), r.header("herald-attempt-id"));
     }
@@ -92,7 +96,10 @@ async fn a_replay_resumes_after_a_restart() -> anyhow::Result<()> {
     seed_dead_letters(&gw, &rx, 12, 0).await?;
     rx.set_default(Answer::status(200));
     let before = rx.count();
-    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {}, "rate_per_sec": 4, "batch": 2})).await?;
+    let r = gw
+        .api
+        .post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {}, "rate_per_sec": 4, "batch": 2}))
+        .await?;
     assert_eq!(r.status, 202, "{}", r.text);
     let id = r.json["id"].as_str().unwrap().to_string();
     rx.wait_for(before + 3, Duration::from_secs(10)).await?;
@@ -102,7 +109,8 @@ async fn a_replay_resumes_after_a_restart() -> anyhow::Result<()> {
     let gw = TestGateway::start_in(dir, &[]).await?;
     let done = wait_replay(&gw, &id, Duration::from_secs(20)).await?;
     assert_eq!(done["delivered"], 12, "{done}");
-    let mut ids: Vec<String> = rx.received().iter().skip(before).filter_map(|r| r.header("webhook-id").map(String::from)).collect();
+    let mut ids: Vec<String> =
+        rx.received().iter().skip(before).filter_map(|r| r.header("webhook-id").map(String::from)).collect();
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 12);
@@ -128,14 +136,20 @@ async fn replays_need_the_replay_scope_and_stay_in_their_tenant(b: Backend) -> a
     let r = gw.api.post("/v1/tenants/acme/replays", &other, body.clone()).await?;
     assert_eq!(r.status, 404);
     // Naming acme's delivery ids from tenant other selects nothing.
-    let ids: Vec<String> = dead_letters(&gw, "", 2).await?.iter().map(|d| d["id"].as_str().unwrap().to_string()).collect();
+    let ids: Vec<String> =
+        dead_letters(&gw, "", 2).await?.iter().map(|d| d["id"].as_str().unwrap().to_string()).collect();
     let r = gw.api.post("/v1/tenants/other/replays", &other, json!({"ids": ids})).await?;
     assert_eq!((r.status, r.json["selected"].as_u64()), (202, Some(0)), "{}", r.text);
     let r = gw.api.post("/v1/tenants/acme/replays", &replayer, json!({"ids": ids, "rate_per_sec": 100})).await?;
     assert_eq!((r.status, r.json["selected"].as_u64()), (202, Some(2)), "{}", r.text);
     let r = gw.api.get(&format!("/v1/tenants/other/replays/{}", r.json["id"].as_str().unwrap()), &other).await?;
     assert_eq!(r.status, 404);
-    for bad in [json!({}), json!({"ids": []}), json!({"filter": {}, "rate_per_sec": 0}), json!({"filter": {"since": "yesterday"}})] {
+    for bad in [
+        json!({}),
+        json!({"ids": []}),
+        json!({"filter": {}, "rate_per_sec": 0}),
+        json!({"filter": {"since": "yesterday"}}),
+    ] {
         let r = gw.api.post("/v1/tenants/acme/replays", &replayer, bad.clone()).await?;
         assert!(r.status == 422 || r.status == 400, "{bad}: {}", r.text);
     }
@@ -159,7 +173,10 @@ async fn a_disabled_endpoint_refuses_replay_until_re_enabled(b: Backend) -> anyh
     rx.set_default(Answer::status(200));
     let r = gw.api.post(&format!("/v1/tenants/acme/endpoints/{ep}/enable"), ADMIN_TOKEN, json!({})).await?;
     assert_eq!(r.status, 200);
-    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"endpoint": ep}, "rate_per_sec": 100})).await?;
+    let r = gw
+        .api
+        .post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"endpoint": ep}, "rate_per_sec": 100}))
+        .await?;
     assert_eq!(r.status, 202, "{}", r.text);
     let done = wait_replay(&gw, r.json["id"].as_str().unwrap(), Duration::from_secs(10)).await?;
     assert_eq!(done["delivered"], 3, "{done}");
@@ -194,7 +211,8 @@ async fn operational_events_reach_the_operator() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(15);
     let wanted = ["endpoint.paused", "endpoint.disabled", "delivery.dead", "dead_letters.stale"];
     loop {
-        let types: Vec<String> = operator.received().iter().filter_map(|r| r.json()["type"].as_str().map(String::from)).collect();
+        let types: Vec<String> =
+            operator.received().iter().filter_map(|r| r.json()["type"].as_str().map(String::from)).collect();
         if wanted.iter().all(|w| types.iter().any(|t| t == w)) {
             break;
         }
@@ -209,7 +227,8 @@ async fn operational_events_reach_the_operator() -> anyhow::Result<()> {
 }
 
 async fn retention_purges_delivered_work_and_keeps_dead_letters(b: Backend) -> anyhow::Result<()> {
-    let gw = TestGateway::start_on(b, &[("HERALD_RETENTION_DELIVERED", "300ms"), ("HERALD_RETENTION_EVERY", "100ms")]).await?;
+    let gw = TestGateway::start_on(b, &[("HERALD_RETENTION_DELIVERED", "300ms"), ("HERALD_RETENTION_EVERY", "100ms")])
+        .await?;
     let ok = FakeReceiver::start().await?;
     let bad = FakeReceiver::start().await?;
     bad.set_default(Answer::status(422));

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use gateway::model::*;
 use gateway::store::{
-    self, AttemptResult, ClaimRequest, Claimed, Committer, DeliveryFilter, DynStore, EndpointChange, Release, StoreError,
-    WriteOp, WriteResult,
+    self, AttemptResult, ClaimRequest, Claimed, Committer, DeliveryFilter, DynStore, EndpointChange, Release,
+    StoreError, WriteOp, WriteResult,
 };
 use tests::pg::PgSchema;
 
@@ -157,7 +157,14 @@ fn claim_req(endpoint: &str, now: Millis, limit: u32, owner: &str) -> ClaimReque
     }
 }
 
-fn result(c: &Claimed, fence: i64, state: DeliveryState, next: Option<Millis>, status: u16, at: Millis) -> AttemptResult {
+fn result(
+    c: &Claimed,
+    fence: i64,
+    state: DeliveryState,
+    next: Option<Millis>,
+    status: u16,
+    at: Millis,
+) -> AttemptResult {
     let number = c.attempts + 1;
     AttemptResult {
         delivery: c.id.clone(),
@@ -222,7 +229,8 @@ async fn tenants_tokens_and_endpoints(b: Backend) -> anyhow::Result<()> {
     s.insert_endpoint(&endpoint("acme", "ep_b", &["invoice.*"], T0 + 2)).await?;
     s.insert_endpoint(&endpoint("acme", "ep_a", &[], T0 + 1)).await?;
     assert!(matches!(s.insert_endpoint(&endpoint("acme", "ep_a", &[], T0)).await, Err(StoreError::Conflict(_))));
-    let listed: Vec<String> = s.list_endpoints(&TenantId::parse("acme")?).await?.into_iter().map(|e| e.id.to_string()).collect();
+    let listed: Vec<String> =
+        s.list_endpoints(&TenantId::parse("acme")?).await?.into_iter().map(|e| e.id.to_string()).collect();
     assert_eq!(listed, ["ep_a", "ep_b"], "listed by creation");
     let mut e = s.endpoint(&EndpointId::from_stored("ep_b")).await?.expect("endpoint");
     assert_eq!(e.spec, endpoint("acme", "ep_b", &["invoice.*"], 0).spec, "the spec round-trips");
@@ -236,7 +244,8 @@ async fn tenants_tokens_and_endpoints(b: Backend) -> anyhow::Result<()> {
     other.tenant = TenantId::parse("umbrella")?;
     assert!(!s.update_endpoint(&other).await?, "another tenant's endpoint is not updated");
     // The filter change applies to intake at once.
-    ingest(&b, vec![event("acme", "evt_1", "order.created", T0 + 20), event("acme", "evt_2", "invoice.paid", T0 + 21)]).await?;
+    ingest(&b, vec![event("acme", "evt_1", "order.created", T0 + 20), event("acme", "evt_2", "invoice.paid", T0 + 21)])
+        .await?;
     delivery_of(&b, "evt_1", "ep_b").await?;
     assert!(delivery_of(&b, "evt_2", "ep_b").await.is_err(), "ep_b no longer takes invoices");
 
@@ -284,11 +293,18 @@ async fn intake_is_idempotent_and_fans_out_by_filter(b: Backend) -> anyhow::Resu
     assert_eq!((out[3].deliveries, targets(3)), (1, vec!["ep_all".to_string()]));
 
     let again = b.committer.ingest(vec![event("acme", "evt_1", "invoice.paid", T0 + 9)]).await?;
-    assert_eq!((again[0].deliveries, again[0].duplicate, again[0].endpoints.len()), (3, true, 0), "a duplicate reports its deliveries");
+    assert_eq!(
+        (again[0].deliveries, again[0].duplicate, again[0].endpoints.len()),
+        (3, true, 0),
+        "a duplicate reports its deliveries"
+    );
 
     let stored = b.store.get_event(&TenantId::parse("acme")?, &EventId::parse("evt_1")?).await?.expect("event");
     assert_eq!(stored.payload, "{\"id\": \"evt_1\", \"amount\": 1.50}", "payload bytes are kept exactly");
-    assert_eq!((stored.created_at, stored.expires_at, stored.event_type.as_str()), (T0 + 1, T0 + 1 + 24 * HOUR, "invoice.paid"));
+    assert_eq!(
+        (stored.created_at, stored.expires_at, stored.event_type.as_str()),
+        (T0 + 1, T0 + 1 + 24 * HOUR, "invoice.paid")
+    );
     let all = b
         .store
         .list_deliveries(&DeliveryFilter { tenant: Some(TenantId::parse("acme")?), limit: 100, ..Default::default() })
@@ -324,7 +340,10 @@ async fn claim_takes_due_rows_in_order_under_a_fenced_lease(b: Backend) -> anyho
     let got = b.committer.claim(claim_req("ep_a", T0 + 3, 10, "node-2")).await?;
     let ids: Vec<&str> = got.iter().map(|c| c.event_id.as_str()).collect();
     assert_eq!(ids, ["evt_3"], "leased rows are skipped; future ones are not due");
-    assert!(b.committer.claim(claim_req("ep_b", T0 + 100, 10, "node-1")).await?.is_empty(), "other endpoints' rows are not taken");
+    assert!(
+        b.committer.claim(claim_req("ep_b", T0 + 100, 10, "node-1")).await?.is_empty(),
+        "other endpoints' rows are not taken"
+    );
     assert!(b.committer.claim(claim_req("ep_a", T0 + 3, 10, "node-1")).await?.is_empty());
 
     // A released delivery comes back with a fresh fence on the next claim.
@@ -363,7 +382,10 @@ async fn release_hands_deliveries_back(b: Backend) -> anyhow::Result<()> {
     let rel = |c: &Claimed, fence| Release { delivery: c.id.clone(), fence, next_attempt_at: T0 + 500 };
     b.committer.release(vec![rel(&got[0], got[0].fence), rel(&got[1], got[1].fence + 1)]).await?;
     let released = b.store.get_delivery(&got[0].tenant, &got[0].id).await?.expect("delivery").0;
-    assert_eq!((released.state, released.next_attempt_at, released.attempts), (DeliveryState::Waiting, Some(T0 + 500), 0));
+    assert_eq!(
+        (released.state, released.next_attempt_at, released.attempts),
+        (DeliveryState::Waiting, Some(T0 + 500), 0)
+    );
     let kept = b.store.get_delivery(&got[1].tenant, &got[1].id).await?.expect("delivery").0;
     assert_eq!(kept.state, DeliveryState::Delivering, "a release with a stale fence changes nothing");
     assert!(b.committer.claim(claim_req("ep_a", T0 + 499, 5, "node-1")).await?.is_empty(), "not due before its time");
@@ -393,9 +415,15 @@ async fn endpoint_changes_move_its_deliveries(b: Backend) -> anyhow::Result<()> 
     };
 
     // A pause with an end time (429) leaves deliveries where they are.
-    assert_eq!(b.committer.change_endpoint(change("ep_a", EndpointState::Paused, Some(T0 + 60_000), T0 + 10)).await?, 0);
+    assert_eq!(
+        b.committer.change_endpoint(change("ep_a", EndpointState::Paused, Some(T0 + 60_000), T0 + 10)).await?,
+        0
+    );
     let e = b.store.endpoint(&EndpointId::from_stored("ep_a")).await?.expect("endpoint");
-    assert_eq!((e.state, e.paused_until, e.state_reason.as_deref()), (EndpointState::Paused, Some(T0 + 60_000), Some("paused for a test")));
+    assert_eq!(
+        (e.state, e.paused_until, e.state_reason.as_deref()),
+        (EndpointState::Paused, Some(T0 + 60_000), Some("paused for a test"))
+    );
     assert_eq!(state("evt_1", "ep_a").await?, DeliveryState::Queued);
 
     // A pause for a human holds its waiting deliveries; enabling puts them back, due now.
@@ -411,7 +439,10 @@ async fn endpoint_changes_move_its_deliveries(b: Backend) -> anyhow::Result<()> 
     b.committer.change_endpoint(change("ep_a", EndpointState::Paused, None, T0 + 40)).await?;
     assert_eq!(b.committer.change_endpoint(change("ep_a", EndpointState::Disabled, None, T0 + 50)).await?, 2);
     let d = delivery_of(&b, "evt_2", "ep_a").await?;
-    assert_eq!((d.state, d.reason.as_deref(), d.next_attempt_at), (DeliveryState::Dead, Some("endpoint_disabled"), None));
+    assert_eq!(
+        (d.state, d.reason.as_deref(), d.next_attempt_at),
+        (DeliveryState::Dead, Some("endpoint_disabled"), None)
+    );
     assert_eq!(state("evt_0", "ep_a").await?, DeliveryState::Delivering);
     let e = b.store.endpoint(&EndpointId::from_stored("ep_a")).await?.expect("endpoint");
     assert_eq!((e.state, e.updated_at), (EndpointState::Disabled, T0 + 50));
@@ -452,10 +483,22 @@ async fn unfinished_results_settle_against_the_endpoint(b: Backend) -> anyhow::R
         async move { s.get_delivery(&c.tenant, &c.id).await.map(|d| d.expect("delivery").0) }
     };
     let d = get(&off[0]).await?;
-    assert_eq!((d.state, d.reason.as_deref(), d.attempts), (DeliveryState::Dead, Some("endpoint_disabled"), 1), "a retry on a disabled endpoint is dead");
-    assert_eq!(get(&human[0]).await?.state, DeliveryState::Paused, "a retry on an endpoint paused for a human waits for them");
+    assert_eq!(
+        (d.state, d.reason.as_deref(), d.attempts),
+        (DeliveryState::Dead, Some("endpoint_disabled"), 1),
+        "a retry on a disabled endpoint is dead"
+    );
+    assert_eq!(
+        get(&human[0]).await?.state,
+        DeliveryState::Paused,
+        "a retry on an endpoint paused for a human waits for them"
+    );
     let d = get(&limited[0]).await?;
-    assert_eq!((d.state, d.next_attempt_at), (DeliveryState::Waiting, Some(T0 + 1_000)), "a timed pause does not hold retries");
+    assert_eq!(
+        (d.state, d.next_attempt_at),
+        (DeliveryState::Waiting, Some(T0 + 1_000)),
+        "a timed pause does not hold retries"
+    );
 
     // Finished results are recorded as they are.
     let done = result(&off[1], off[1].fence, DeliveryState::Delivered, None, 200, T0 + 3);
@@ -514,7 +557,10 @@ async fn partitions_have_one_owner_at_a_time(b: Backend) -> anyhow::Result<()> {
     assert!(!s.acquire_partition(&ep, "node-a", T0 + 25_003, T0 + 40_000).await?, "only the owner releases");
     s.release_partition(&ep, "node-b").await?;
     assert!(s.acquire_partition(&ep, "node-a", T0 + 25_004, T0 + 40_000).await?, "free after release");
-    assert!(s.acquire_partition(&EndpointId::from_stored("ep_other"), "node-b", T0, T0 + 1).await?, "partitions are per endpoint");
+    assert!(
+        s.acquire_partition(&EndpointId::from_stored("ep_other"), "node-b", T0, T0 + 1).await?,
+        "partitions are per endpoint"
+    );
 
     // Racing nodes: exactly one wins a free partition.
     let (other, _) = b.another_node().await?;
@@ -533,7 +579,8 @@ async fn deliveries_list_with_filters_and_pages(b: Backend) -> anyhow::Result<()
     setup(&b, &[("ep_a", &[]), ("ep_b", &["invoice.*"])]).await?;
     b.store.create_tenant(&tenant("umbrella")).await?;
     b.store.insert_endpoint(&endpoint("umbrella", "ep_u", &[], T0)).await?;
-    let mut events: Vec<NewEvent> = (0..5).map(|i| event("acme", &format!("evt_{i}"), "invoice.paid", T0 + i * 1000)).collect();
+    let mut events: Vec<NewEvent> =
+        (0..5).map(|i| event("acme", &format!("evt_{i}"), "invoice.paid", T0 + i * 1000)).collect();
     events.push(event("acme", "evt_order", "order.created", T0 + 6000));
     events.push(event("umbrella", "evt_0", "invoice.paid", T0));
     ingest(&b, events).await?;
@@ -601,7 +648,10 @@ async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()>
     first.attempt.verdict = "retry".into();
     b.committer.record(vec![first]).await?;
     let d = b.store.get_delivery(&c.tenant, &c.id).await?.expect("delivery").0;
-    assert_eq!((d.state, d.attempts, d.last_status, d.last_error.as_deref()), (DeliveryState::Waiting, 1, None, Some("timeout: no answer")));
+    assert_eq!(
+        (d.state, d.attempts, d.last_status, d.last_error.as_deref()),
+        (DeliveryState::Waiting, 1, None, Some("timeout: no answer"))
+    );
     let c = b.committer.claim(claim_req("ep_a", T0 + 1_000, 1, "node-1")).await?.remove(0);
     assert_eq!((c.attempts, c.fence), (1, 2));
     b.committer.record(vec![result(&c, c.fence, DeliveryState::Delivered, None, 204, T0 + 1_010)]).await?;
@@ -613,7 +663,10 @@ async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()>
     assert_eq!(numbers, [1, 2]);
     let a = &attempts[0];
     assert_eq!((a.started_at, a.duration_ms, a.status, a.response_body.as_deref()), (T0 + 10, 12, None, None));
-    assert_eq!((a.error.as_deref(), a.verdict.as_str(), a.decided_by.as_str()), (Some("timeout: no answer"), "retry", "builtin"));
+    assert_eq!(
+        (a.error.as_deref(), a.verdict.as_str(), a.decided_by.as_str()),
+        (Some("timeout: no answer"), "retry", "builtin")
+    );
     assert_eq!((attempts[1].status, attempts[1].response_body.as_deref()), (Some(204), Some("ok")));
     assert!(attempts.iter().all(|a| a.delivery_id == c.id));
 
@@ -626,7 +679,15 @@ async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &["b"])]).await?;
     assert!(b.store.pending_endpoints().await?.is_empty());
     assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_a")).await?, None);
-    ingest(&b, vec![event("acme", "evt_1", "a", T0 + 5), event("acme", "evt_2", "b", T0 + 7), event("acme", "evt_3", "b", T0 + 3)]).await?;
+    ingest(
+        &b,
+        vec![
+            event("acme", "evt_1", "a", T0 + 5),
+            event("acme", "evt_2", "b", T0 + 7),
+            event("acme", "evt_3", "b", T0 + 3),
+        ],
+    )
+    .await?;
     let mut pending = b.store.pending_endpoints().await?;
     pending.sort();
     assert_eq!(pending, [(EndpointId::from_stored("ep_a"), T0 + 3), (EndpointId::from_stored("ep_b"), T0 + 3)]);
@@ -662,7 +723,11 @@ async fn one_commit_applies_mixed_ops_in_order(b: Backend) -> anyhow::Result<()>
     let WriteResult::Ingest(first) = &results[0] else { panic!("{:?}", results[0]) };
     assert_eq!((first[0].deliveries, first[0].duplicate), (2, false));
     let WriteResult::Ingest(second) = &results[1] else { panic!("{:?}", results[1]) };
-    assert_eq!(second.iter().map(|o| o.duplicate).collect::<Vec<_>>(), [false, true], "earlier ops of the commit are visible");
+    assert_eq!(
+        second.iter().map(|o| o.duplicate).collect::<Vec<_>>(),
+        [false, true],
+        "earlier ops of the commit are visible"
+    );
     let WriteResult::Record(r) = &results[2] else { panic!("{:?}", results[2]) };
     assert_eq!(r, &[true]);
     let WriteResult::Record(r) = &results[3] else { panic!("{:?}", results[3]) };
@@ -694,7 +759,9 @@ async fn concurrent_nodes_never_claim_the_same_delivery(b: Backend) -> anyhow::R
     ingest(&b, (0..total).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
     let (_other_store, other) = b.another_node().await?;
     let mut tasks = Vec::new();
-    for (n, committer) in [b.committer.clone(), other, b.committer.clone(), b.another_node().await?.1].into_iter().enumerate() {
+    for (n, committer) in
+        [b.committer.clone(), other, b.committer.clone(), b.another_node().await?.1].into_iter().enumerate()
+    {
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             loop {
@@ -721,7 +788,9 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     let acme = TenantId::parse("acme")?;
     ingest(&b, (0..5).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
     let failed = b.committer.claim(claim_req("ep_a", T0 + 10, 5, "node-1")).await?;
-    b.committer.record(failed.iter().map(|c| result(c, c.fence, DeliveryState::Dead, None, 422, T0 + 100)).collect()).await?;
+    b.committer
+        .record(failed.iter().map(|c| result(c, c.fence, DeliveryState::Dead, None, 422, T0 + 100)).collect())
+        .await?;
     b.committer.change_endpoint(change("ep_b", EndpointState::Disabled, None, T0 + 50)).await?;
 
     let only_a = DeadLetterFilter { endpoint: Some("ep_a".into()), ..Default::default() };
@@ -757,8 +826,14 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     let queued = |b: &Backend| {
         let s = b.store.clone();
         async move {
-            let f = DeliveryFilter { state: Some(DeliveryState::Queued), endpoint: Some(EndpointId::from_stored("ep_a")), limit: 10, ..Default::default() };
-            let mut due: Vec<Option<Millis>> = s.list_deliveries(&f).await?.into_iter().map(|d| d.next_attempt_at).collect();
+            let f = DeliveryFilter {
+                state: Some(DeliveryState::Queued),
+                endpoint: Some(EndpointId::from_stored("ep_a")),
+                limit: 10,
+                ..Default::default()
+            };
+            let mut due: Vec<Option<Millis>> =
+                s.list_deliveries(&f).await?.into_iter().map(|d| d.next_attempt_at).collect();
             due.sort();
             anyhow::Ok(due)
         }
@@ -768,7 +843,10 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     let progress = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
     assert_eq!((progress.replay.state, progress.replay.sent), (ReplayState::Done, 5));
     assert!(b.store.running_replays().await?.is_empty());
-    assert!(!b.store.finish_replay(&acme, "rpl_1", ReplayState::Cancelled, T0 + 700).await?, "only a running replay finishes");
+    assert!(
+        !b.store.finish_replay(&acme, "rpl_1", ReplayState::Cancelled, T0 + 700).await?,
+        "only a running replay finishes"
+    );
 
     let again = b.committer.claim(claim_req("ep_a", T0 + 600, 2, "node-1")).await?;
     assert_eq!((again[0].attempts, again[0].attempt_base, again[0].deadline), (1, 1, Some(T0 + HOUR)));
@@ -778,7 +856,10 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
 
     let h = b.store.endpoint_health(&EndpointId::from_stored("ep_a"), T0 + 1_000).await?;
     assert_eq!((h.attempts_1h, h.successes_1h, h.attempts_24h, h.successes_24h), (6, 1, 6, 1));
-    assert_eq!((h.last_success_at, h.last_attempt_at, h.backlog, h.dead_letters), (Some(T0 + 600), Some(T0 + 600), 4, 0));
+    assert_eq!(
+        (h.last_success_at, h.last_attempt_at, h.backlog, h.dead_letters),
+        (Some(T0 + 600), Some(T0 + 600), 4, 0)
+    );
 
     // Retention: the delivered one and ep_b's dead letters go; an event goes with its last delivery.
     assert_eq!(b.store.purge(T0 + 10_000, T0 + 10_000, 100).await?, 6);

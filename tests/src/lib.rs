@@ -47,7 +47,13 @@ impl Api {
     }
 
     /// Sends a request with a raw body; `token` goes in `Authorization: Bearer`.
-    pub async fn raw(&self, method: &str, path: &str, token: Option<&str>, body: impl Into<Bytes>) -> anyhow::Result<Reply> {
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: impl Into<Bytes>,
+    ) -> anyhow::Result<Reply> {
         let mut req = http::Request::builder().method(method).uri(format!("{}{}", self.base, path));
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
@@ -109,7 +115,12 @@ impl Api {
     }
 
     /// Polls `GET path` until `done` holds, or fails after `timeout`.
-    pub async fn wait_for(&self, path: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> anyhow::Result<Value> {
+    pub async fn wait_for(
+        &self,
+        path: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> anyhow::Result<Value> {
         let deadline = Instant::now() + timeout;
         loop {
             let r = self.get(path, ADMIN_TOKEN).await?;
@@ -232,10 +243,10 @@ pub fn base_env(dir: &Path) -> Vec<(String, String)> {
 async fn wait_healthy(api: &Api) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(r) = api.raw("GET", "/readyz", None, Bytes::new()).await {
-            if r.status == 200 {
-                return Ok(());
-            }
+        if let Ok(r) = api.raw("GET", "/readyz", None, Bytes::new()).await
+            && r.status == 200
+        {
+            return Ok(());
         }
         if Instant::now() > deadline {
             bail!("herald at {} did not become ready", api.base);
@@ -446,7 +457,13 @@ impl FakeReceiver {
         let answer = {
             let mut s = self.state.lock().unwrap();
             let a = s.script.pop_front().or_else(|| s.default.clone()).unwrap_or(Answer::status(200));
-            s.received.push(Received { at, path: parts.uri.path().to_string(), headers: parts.headers, body, status: a.status });
+            s.received.push(Received {
+                at,
+                path: parts.uri.path().to_string(),
+                headers: parts.headers,
+                body,
+                status: a.status,
+            });
             a
         };
         self.arrived.notify_waiters();

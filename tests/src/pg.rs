@@ -56,7 +56,8 @@ impl Drop for PgSchema {
                 // A node of the test may still hold a transaction open (its runtime may be the
                 // one this drop blocks): end its connections first, and never wait forever.
                 conn.execute(
-                    format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'").as_str(),
+                    format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'")
+                        .as_str(),
                 )
                 .await?;
                 conn.execute("SET lock_timeout = '10s'").await?;
@@ -72,7 +73,8 @@ impl Drop for PgSchema {
 
 /// Connects to `url`, creating its database first if the server does not have it yet.
 async fn connect(url: &str) -> anyhow::Result<PgConnection> {
-    let unreachable = || format!("cannot reach Postgres at {url} (set HERALD_TEST_POSTGRES_URL; scripts/test starts one)");
+    let unreachable =
+        || format!("cannot reach Postgres at {url} (set HERALD_TEST_POSTGRES_URL; scripts/test starts one)");
     let options = PgConnectOptions::from_str(url).with_context(unreachable)?;
     match timeout(options.connect()).await.with_context(unreachable)? {
         Ok(c) => Ok(c),
@@ -80,10 +82,10 @@ async fn connect(url: &str) -> anyhow::Result<PgConnection> {
             let db = options.get_database().unwrap_or("test").to_string();
             let mut admin = timeout(options.clone().database("postgres").connect()).await?.with_context(unreachable)?;
             // Several test processes may race to create it.
-            if let Err(e) = admin.execute(format!("CREATE DATABASE \"{db}\"").as_str()).await {
-                if !matches!(&e, sqlx::Error::Database(d) if d.code().as_deref() == Some("42P04")) {
-                    return Err(e).with_context(unreachable);
-                }
+            if let Err(e) = admin.execute(format!("CREATE DATABASE \"{db}\"").as_str()).await
+                && !matches!(&e, sqlx::Error::Database(d) if d.code().as_deref() == Some("42P04"))
+            {
+                return Err(e).with_context(unreachable);
             }
             timeout(options.connect()).await?.with_context(unreachable)
         }

@@ -41,10 +41,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Identifies the caller from its token.
 pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<(Caller, Vec<Scope>), ApiError> {
     let token = bearer(headers)?;
-    if let Some(admin) = &state.config.admin_token {
-        if constant_time_eq(admin.as_bytes(), token.as_bytes()) {
-            return Ok((Caller::Admin, Scope::ALL.to_vec()));
-        }
+    if let Some(admin) = &state.config.admin_token
+        && constant_time_eq(admin.as_bytes(), token.as_bytes())
+    {
+        return Ok((Caller::Admin, Scope::ALL.to_vec()));
     }
     let hash = hash_token(token);
     let cached = state.tokens.read().expect("token cache").get(&hash).cloned();

@@ -66,19 +66,28 @@ fn validate_url(state: &AppState, raw: &str) -> Result<String, ApiError> {
         url::Host::Domain(d) if d.eq_ignore_ascii_case("localhost") => Some(std::net::Ipv4Addr::LOCALHOST.into()),
         url::Host::Domain(_) => None,
     };
-    if let Some(ip) = ip {
-        if !state.config.delivery.allow_private_destinations && crate::deliver::is_forbidden(ip) {
-            return Err(ApiError::unprocessable(format!(
-                "url: {ip} is a private, loopback or link-local address (see delivery.allow_private_destinations)"
-            )));
-        }
+    if let Some(ip) = ip
+        && !state.config.delivery.allow_private_destinations
+        && crate::deliver::is_forbidden(ip)
+    {
+        return Err(ApiError::unprocessable(format!(
+            "url: {ip} is a private, loopback or link-local address (see delivery.allow_private_destinations)"
+        )));
     }
     Ok(url.to_string())
 }
 
 const RESERVED_HEADERS: &[&str] = &[
-    "host", "content-length", "content-type", "transfer-encoding", "connection", "user-agent",
-    "webhook-id", "webhook-timestamp", "webhook-signature", "webhook-attempt-id",
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "user-agent",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "webhook-attempt-id",
 ];
 
 /// Applies `input` onto `spec` and validates the result as a whole.
@@ -134,9 +143,18 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
             match state.plugins.get(tenant.as_str(), name) {
                 Some(hooks) if hooks.contains(hook) => {}
                 Some(_) => {
-                    return Err(ApiError::unprocessable(format!("plugins.{}: plugin {name:?} does not implement {}", hook.as_str(), hook.as_str())));
+                    return Err(ApiError::unprocessable(format!(
+                        "plugins.{}: plugin {name:?} does not implement {}",
+                        hook.as_str(),
+                        hook.as_str()
+                    )));
                 }
-                None => return Err(ApiError::unprocessable(format!("plugins.{}: no plugin {name:?} in this tenant", hook.as_str()))),
+                None => {
+                    return Err(ApiError::unprocessable(format!(
+                        "plugins.{}: no plugin {name:?} in this tenant",
+                        hook.as_str()
+                    )));
+                }
             }
         }
         spec.plugins = p;
@@ -148,8 +166,9 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
             if RESERVED_HEADERS.contains(&parsed.as_str()) {
                 return Err(ApiError::unprocessable(format!("headers: {name:?} is set by Herald")));
             }
-            axum::http::HeaderValue::from_str(value)
-                .map_err(|_| ApiError::unprocessable(format!("headers: the value of {name:?} is not a header value")))?;
+            axum::http::HeaderValue::from_str(value).map_err(|_| {
+                ApiError::unprocessable(format!("headers: the value of {name:?} is not a header value"))
+            })?;
         }
         spec.headers = h;
     }
@@ -364,7 +383,10 @@ pub async fn rotate_secret(
     let grace_until = now + state.config.delivery.secret_grace.as_millis() as i64;
     let mut secrets: Vec<SecretEntry> = endpoint
         .valid_secrets(now)
-        .map(|s| SecretEntry { secret: s.secret.clone(), expires_at: Some(s.expires_at.unwrap_or(grace_until).min(grace_until)) })
+        .map(|s| SecretEntry {
+            secret: s.secret.clone(),
+            expires_at: Some(s.expires_at.unwrap_or(grace_until).min(grace_until)),
+        })
         .collect();
     secrets.insert(0, SecretEntry { secret: secret.clone(), expires_at: None });
     endpoint.spec.secrets = secrets;

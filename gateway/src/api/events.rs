@@ -80,11 +80,8 @@ pub async fn get_one(
     headers: HeaderMap,
 ) -> Result<([(axum::http::HeaderName, &'static str); 1], String), ApiError> {
     let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
-    let event = state
-        .store
-        .get_event(&tenant, &EventId::from_stored(id))
-        .await?
-        .ok_or_else(|| ApiError::not_found("event"))?;
+    let event =
+        state.store.get_event(&tenant, &EventId::from_stored(id)).await?.ok_or_else(|| ApiError::not_found("event"))?;
     // Built by hand so the payload's bytes come back exactly as they were posted.
     let head = json!({
         "id": event.id,
@@ -119,7 +116,9 @@ fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
         endpoint: q.endpoint.map(EndpointId::from_stored),
         state: q
             .state
-            .map(|s| DeliveryState::parse(&s).ok_or_else(|| ApiError::bad_request(format!("state: unknown state {s:?}"))))
+            .map(|s| {
+                DeliveryState::parse(&s).ok_or_else(|| ApiError::bad_request(format!("state: unknown state {s:?}")))
+            })
             .transpose()?,
         event_type: q.event_type,
         reason: q.reason,
@@ -209,13 +208,15 @@ pub async fn get_delivery(
         .await?
         .ok_or_else(|| ApiError::not_found("delivery"))?;
     let mut out = delivery_view(&delivery);
-    out["attempt_history"] = json!(attempts
-        .iter()
-        .map(|a| json!({
-            "id": a.id, "number": a.number, "started_at": rfc3339(a.started_at), "duration_ms": a.duration_ms,
-            "status": a.status, "response_body": a.response_body, "error": a.error,
-            "verdict": a.verdict, "decided_by": a.decided_by,
-        }))
-        .collect::<Vec<_>>());
+    out["attempt_history"] = json!(
+        attempts
+            .iter()
+            .map(|a| json!({
+                "id": a.id, "number": a.number, "started_at": rfc3339(a.started_at), "duration_ms": a.duration_ms,
+                "status": a.status, "response_body": a.response_body, "error": a.error,
+                "verdict": a.verdict, "decided_by": a.decided_by,
+            }))
+            .collect::<Vec<_>>()
+    );
     Ok(Json(out))
 }

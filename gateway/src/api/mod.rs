@@ -27,6 +27,9 @@ mod tenants;
 
 pub use auth::hash_token;
 
+/// Tells the delivery engine which endpoints got new work.
+pub type Wake = Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>;
+
 /// Shared state of every request handler.
 pub struct AppState {
     pub config: Arc<Config>,
@@ -34,7 +37,7 @@ pub struct AppState {
     pub committer: Committer,
     pub metrics: Arc<Metrics>,
     /// Wakes the delivery engine when intake commits new deliveries.
-    pub wake: Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>,
+    pub wake: Wake,
     pub replayer: crate::replay::Replayer,
     pub plugins: crate::plugin::PluginHost,
     pub(crate) tokens: RwLock<HashMap<String, TokenRecord>>,
@@ -47,7 +50,7 @@ impl AppState {
         store: DynStore,
         committer: Committer,
         metrics: Arc<Metrics>,
-        wake: Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>,
+        wake: Wake,
         replayer: crate::replay::Replayer,
         plugins: crate::plugin::PluginHost,
     ) -> Arc<AppState> {
@@ -136,7 +139,11 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found", m),
             StoreError::Backend(m) => {
                 tracing::error!(error = %m, "storage error");
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", "storage is unavailable; nothing was accepted")
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage_unavailable",
+                    "storage is unavailable; nothing was accepted",
+                )
             }
         }
     }

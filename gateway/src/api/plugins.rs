@@ -14,7 +14,10 @@ use crate::model::Scope;
 use crate::plugin::{Hook, PluginError, PluginInfo};
 
 fn view(p: &PluginInfo) -> Value {
-    let loaded_at = p.loaded_at.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| crate::clock::rfc3339(d.as_millis() as i64));
+    let loaded_at = p
+        .loaded_at
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| crate::clock::rfc3339(d.as_millis() as i64));
     json!({
         "name": p.name,
         "hooks": p.hooks.iter().map(Hook::as_str).collect::<Vec<_>>(),
@@ -30,7 +33,11 @@ fn view(p: &PluginInfo) -> Value {
 impl From<PluginError> for ApiError {
     fn from(e: PluginError) -> Self {
         if e.is_client_error() {
-            let status = if matches!(e, PluginError::TooLarge { .. }) { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::UNPROCESSABLE_ENTITY };
+            let status = if matches!(e, PluginError::TooLarge { .. }) {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::UNPROCESSABLE_ENTITY
+            };
             ApiError::new(status, "invalid_plugin", e.to_string())
         } else {
             tracing::error!(error = %e, "plugin install failed");
@@ -75,6 +82,11 @@ pub async fn get_one(
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
-    let info = state.plugins.list(tenant.as_str()).into_iter().find(|p| p.name == name).ok_or_else(|| ApiError::not_found("plugin"))?;
+    let info = state
+        .plugins
+        .list(tenant.as_str())
+        .into_iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| ApiError::not_found("plugin"))?;
     Ok(Json(view(&info)))
 }

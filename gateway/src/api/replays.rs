@@ -67,13 +67,16 @@ pub async fn create(
     let (ids, filter) = match (input.ids, input.filter) {
         (Some(ids), None) if !ids.is_empty() && ids.len() <= MAX_IDS => (Some(ids), None),
         (Some(_), None) => return Err(ApiError::unprocessable(format!("ids: give 1 to {MAX_IDS} delivery ids"))),
-        (None, Some(f)) => (None, Some(DeadLetterFilter {
-            endpoint: f.endpoint,
-            event_type: f.event_type,
-            reason: f.reason,
-            since: f.since.map(|s| parse_rfc3339("filter.since", &s)).transpose()?,
-            until: f.until.map(|s| parse_rfc3339("filter.until", &s)).transpose()?,
-        })),
+        (None, Some(f)) => (
+            None,
+            Some(DeadLetterFilter {
+                endpoint: f.endpoint,
+                event_type: f.event_type,
+                reason: f.reason,
+                since: f.since.map(|s| parse_rfc3339("filter.since", &s)).transpose()?,
+                until: f.until.map(|s| parse_rfc3339("filter.until", &s)).transpose()?,
+            }),
+        ),
         _ => return Err(ApiError::unprocessable("give either ids or filter")),
     };
     let rate_per_sec = input.rate_per_sec.unwrap_or(10.0);

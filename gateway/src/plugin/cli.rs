@@ -10,8 +10,7 @@ use serde_json::{Map, Value, json};
 use super::runtime::{LogCapture, Runtime};
 use super::types::{Hook, PluginConfig, PluginError};
 use super::{
-    DeliveryContext, Outcome, Pause, Request, Response, TransformResult, TransportError,
-    TransportErrorKind, Verdict,
+    DeliveryContext, Outcome, Pause, Request, Response, TransformResult, TransportError, TransportErrorKind, Verdict,
 };
 
 /// Loads `path` like the server would (compile, world check, `describe`) and returns a
@@ -20,10 +19,7 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
     let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
     let config = cli_config();
     if bytes.len() > config.max_plugin_bytes {
-        return Err(PluginError::TooLarge {
-            size: bytes.len(),
-            limit: config.max_plugin_bytes,
-        });
+        return Err(PluginError::TooLarge { size: bytes.len(), limit: config.max_plugin_bytes });
     }
     let runtime = Runtime::new(&config)?;
     let plugin = runtime.load("cli", "cli", &bytes, HashMap::new())?;
@@ -79,11 +75,10 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
 ///
 /// A failed call is an `Err(PluginError::Call(failure))`.
 pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String, PluginError> {
-    let hook = Hook::parse(hook).ok_or_else(|| {
-        PluginError::Input(format!("unknown hook {hook:?} (transform, classify, sign)"))
-    })?;
-    let input: Value = serde_json::from_str(input_json)
-        .map_err(|e| PluginError::Input(format!("input is not JSON: {e}")))?;
+    let hook = Hook::parse(hook)
+        .ok_or_else(|| PluginError::Input(format!("unknown hook {hook:?} (transform, classify, sign)")))?;
+    let input: Value =
+        serde_json::from_str(input_json).map_err(|e| PluginError::Input(format!("input is not JSON: {e}")))?;
     let ctx = context(input.get("context"))?;
     let plugin_config = string_map(input.get("config"), "config")?;
     let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
@@ -93,33 +88,21 @@ pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String
     let result = match hook {
         Hook::Transform => {
             let req = request(input.get("request"))?;
-            transform_json(
-                plugin
-                    .transform(&ctx, &req, Some(&mut logs))
-                    .map_err(PluginError::Call)?,
-            )
+            transform_json(plugin.transform(&ctx, &req, Some(&mut logs)).map_err(PluginError::Call)?)
         }
         Hook::Classify => {
             let outcome = outcome(input.get("outcome"))?;
-            verdict_json(
-                plugin
-                    .classify(&ctx, &outcome, Some(&mut logs))
-                    .map_err(PluginError::Call)?,
-            )
+            verdict_json(plugin.classify(&ctx, &outcome, Some(&mut logs)).map_err(PluginError::Call)?)
         }
         Hook::Sign => {
             let secrets = secrets(input.get("secrets"))?;
             let req = request(input.get("request"))?;
-            let headers = plugin
-                .sign(&ctx, &secrets, &req, Some(&mut logs))
-                .map_err(PluginError::Call)?;
+            let headers = plugin.sign(&ctx, &secrets, &req, Some(&mut logs)).map_err(PluginError::Call)?;
             json!({ "headers": headers })
         }
     };
-    let logs: Vec<Value> = logs
-        .into_iter()
-        .map(|(level, message)| json!({"level": level, "message": message}))
-        .collect();
+    let logs: Vec<Value> =
+        logs.into_iter().map(|(level, message)| json!({"level": level, "message": message})).collect();
     let out = json!({ "hook": hook.as_str(), "result": result, "logs": logs });
     Ok(serde_json::to_string_pretty(&out).unwrap_or_default())
 }
@@ -138,26 +121,14 @@ fn context(v: Option<&Value>) -> Result<DeliveryContext, PluginError> {
         Some(Value::Object(o)) => o,
         Some(_) => return Err(PluginError::Input("context must be an object".into())),
     };
-    let text = |key: &str, default: &str| {
-        obj.get(key)
-            .and_then(Value::as_str)
-            .unwrap_or(default)
-            .to_string()
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let text = |key: &str, default: &str| obj.get(key).and_then(Value::as_str).unwrap_or(default).to_string();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     Ok(DeliveryContext {
         tenant: text("tenant", "test"),
         endpoint_id: text("endpoint_id", "ep_test"),
         event_id: text("event_id", "evt_test"),
         event_type: text("event_type", "test.event"),
-        attempt: obj
-            .get("attempt")
-            .and_then(Value::as_u64)
-            .unwrap_or(1)
-            .min(u32::MAX as u64) as u32,
+        attempt: obj.get("attempt").and_then(Value::as_u64).unwrap_or(1).min(u32::MAX as u64) as u32,
         timestamp: obj.get("timestamp").and_then(Value::as_u64).unwrap_or(now),
         attempt_id: text("attempt_id", "att_test"),
     })
@@ -185,14 +156,10 @@ fn headers(v: Option<&Value>) -> Result<Vec<(String, String)>, PluginError> {
             .iter()
             .map(|pair| match pair.as_array().map(Vec::as_slice) {
                 Some([Value::String(n), Value::String(v)]) => Ok((n.clone(), v.clone())),
-                _ => Err(PluginError::Input(
-                    "headers entries must be [name, value] strings".into(),
-                )),
+                _ => Err(PluginError::Input("headers entries must be [name, value] strings".into())),
             })
             .collect(),
-        Some(_) => Err(PluginError::Input(
-            "headers must be an object or a list of pairs".into(),
-        )),
+        Some(_) => Err(PluginError::Input("headers must be an object or a list of pairs".into())),
     }
 }
 
@@ -216,17 +183,12 @@ fn request(v: Option<&Value>) -> Result<Request, PluginError> {
         Some(Value::Object(o)) => o,
         Some(_) => return Err(PluginError::Input("request must be an object".into())),
     };
-    Ok(Request {
-        headers: headers(obj.get("headers"))?,
-        body: body(obj)?,
-    })
+    Ok(Request { headers: headers(obj.get("headers"))?, body: body(obj)? })
 }
 
 fn outcome(v: Option<&Value>) -> Result<Outcome, PluginError> {
     let Some(Value::Object(obj)) = v else {
-        return Err(PluginError::Input(
-            "classify needs an \"outcome\" object".into(),
-        ));
+        return Err(PluginError::Input("classify needs an \"outcome\" object".into()));
     };
     if let Some(te) = obj.get("transport_error") {
         let kind = match te.get("kind").and_then(Value::as_str).unwrap_or("other") {
@@ -237,32 +199,20 @@ fn outcome(v: Option<&Value>) -> Result<Outcome, PluginError> {
             "tls" => TransportErrorKind::Tls,
             "other" => TransportErrorKind::Other,
             k => {
-                return Err(PluginError::Input(format!(
-                    "unknown transport error kind {k:?}"
-                )));
+                return Err(PluginError::Input(format!("unknown transport error kind {k:?}")));
             }
         };
-        let message = te
-            .get("message")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let message = te.get("message").and_then(Value::as_str).unwrap_or_default().to_string();
         return Ok(Outcome::TransportError(TransportError { kind, message }));
     }
     let status = obj
         .get("status")
         .and_then(Value::as_u64)
         .and_then(|s| u16::try_from(s).ok())
-        .ok_or_else(|| {
-            PluginError::Input("outcome needs a \"status\" or a \"transport_error\"".into())
-        })?;
+        .ok_or_else(|| PluginError::Input("outcome needs a \"status\" or a \"transport_error\"".into()))?;
     let mut body = body(obj)?;
     body.truncate(1024);
-    Ok(Outcome::Response(Response {
-        status,
-        headers: headers(obj.get("headers"))?,
-        body,
-    }))
+    Ok(Outcome::Response(Response { status, headers: headers(obj.get("headers"))?, body }))
 }
 
 fn secrets(v: Option<&Value>) -> Result<Vec<Vec<u8>>, PluginError> {
@@ -272,9 +222,7 @@ fn secrets(v: Option<&Value>) -> Result<Vec<Vec<u8>>, PluginError> {
     items
         .iter()
         .map(|s| {
-            let s = s
-                .as_str()
-                .ok_or_else(|| PluginError::Input("secrets must be strings".into()))?;
+            let s = s.as_str().ok_or_else(|| PluginError::Input("secrets must be strings".into()))?;
             match s.strip_prefix("whsec_") {
                 Some(b64) => base64::engine::general_purpose::STANDARD
                     .decode(b64)
@@ -290,10 +238,9 @@ fn transform_json(result: TransformResult) -> Value {
         TransformResult::Send(req) => {
             let (text, b64) = match String::from_utf8(req.body) {
                 Ok(text) => (Value::String(text), Value::Null),
-                Err(e) => (
-                    Value::Null,
-                    Value::String(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
-                ),
+                Err(e) => {
+                    (Value::Null, Value::String(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())))
+                }
             };
             json!({ "action": "send", "headers": req.headers, "body": text, "body_base64": b64 })
         }

@@ -22,14 +22,12 @@ mod tests;
 
 pub use cli::{check_file, run_hook_file};
 pub use registry::PluginHost;
-pub use types::{
-    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, is_slug,
-};
+pub use types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, is_slug};
 
 /// The hook data types, generated from `wit/plugin.wit`.
 pub use bindings::herald::plugin::types::{
-    DeliveryContext, Header, Outcome, Pause, Request, Response, TransformResult, TransportError,
-    TransportErrorKind, Verdict,
+    DeliveryContext, Header, Outcome, Pause, Request, Response, TransformResult, TransportError, TransportErrorKind,
+    Verdict,
 };
 
 /// The one place the WIT becomes Rust on the host side.

@@ -19,8 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::runtime::{LoadedPlugin, Runtime};
 use super::types::{
-    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, check_slug,
-    is_slug,
+    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, check_slug, is_slug,
 };
 use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
 
@@ -37,9 +36,7 @@ pub struct PluginHost {
 
 impl std::fmt::Debug for PluginHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PluginHost")
-            .field("dir", &self.inner.config.dir)
-            .finish_non_exhaustive()
+        f.debug_struct("PluginHost").field("dir", &self.inner.config.dir).finish_non_exhaustive()
     }
 }
 
@@ -73,8 +70,7 @@ impl PluginHost {
     pub fn start(mut config: PluginConfig) -> Result<PluginHost, PluginError> {
         std::fs::create_dir_all(&config.dir).map_err(|e| PluginError::io(&config.dir, e))?;
         // Watcher events carry absolute, symlink-free paths: match them.
-        config.dir =
-            std::fs::canonicalize(&config.dir).map_err(|e| PluginError::io(&config.dir, e))?;
+        config.dir = std::fs::canonicalize(&config.dir).map_err(|e| PluginError::io(&config.dir, e))?;
         let runtime = Runtime::new(&config)?;
         let inner = Arc::new(Inner {
             runtime,
@@ -99,9 +95,7 @@ impl PluginHost {
         ctx: &DeliveryContext,
         request: &Request,
     ) -> Result<TransformResult, PluginFailure> {
-        self.with_plugin(tenant, name, Hook::Transform, |p| {
-            p.transform(ctx, request, None)
-        })
+        self.with_plugin(tenant, name, Hook::Transform, |p| p.transform(ctx, request, None))
     }
 
     /// Calls `classify` of `tenant`'s plugin `name`. `Ok(Verdict::Default)` and any
@@ -113,9 +107,7 @@ impl PluginHost {
         ctx: &DeliveryContext,
         outcome: &Outcome,
     ) -> Result<Verdict, PluginFailure> {
-        self.with_plugin(tenant, name, Hook::Classify, |p| {
-            p.classify(ctx, outcome, None)
-        })
+        self.with_plugin(tenant, name, Hook::Classify, |p| p.classify(ctx, outcome, None))
     }
 
     /// Calls `sign` of `tenant`'s plugin `name` with the raw bytes of each valid
@@ -128,20 +120,13 @@ impl PluginHost {
         secrets: &[Vec<u8>],
         request: &Request,
     ) -> Result<Vec<Header>, PluginFailure> {
-        self.with_plugin(tenant, name, Hook::Sign, |p| {
-            p.sign(ctx, secrets, request, None)
-        })
+        self.with_plugin(tenant, name, Hook::Sign, |p| p.sign(ctx, secrets, request, None))
     }
 
     /// The hooks of `tenant`'s plugin `name`, if a version of it is serving.
     pub fn get(&self, tenant: &str, name: &str) -> Option<HookSet> {
         let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
-        tenants
-            .get(tenant)?
-            .get(name)?
-            .current
-            .as_ref()
-            .map(|p| p.hooks)
+        tenants.get(tenant)?.get(name)?.current.as_ref().map(|p| p.hooks)
     }
 
     /// Every plugin of `tenant`, serving or broken, sorted by name.
@@ -149,12 +134,7 @@ impl PluginHost {
         let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
         let mut list: Vec<PluginInfo> = tenants
             .get(tenant)
-            .map(|plugins| {
-                plugins
-                    .iter()
-                    .map(|(name, slot)| info(tenant, name, slot))
-                    .collect()
-            })
+            .map(|plugins| plugins.iter().map(|(name, slot)| info(tenant, name, slot)).collect())
             .unwrap_or_default();
         list.sort_by(|a, b| a.name.cmp(&b.name));
         list
@@ -163,12 +143,7 @@ impl PluginHost {
     /// Validates `bytes` (size, compiles, right world, `describe` works and declares a
     /// hook), writes `<dir>/<tenant>/<name>.wasm` atomically (temp file + fsync +
     /// rename) and starts serving it. The watcher then sees a file it already has.
-    pub async fn install(
-        &self,
-        tenant: &str,
-        name: &str,
-        bytes: Vec<u8>,
-    ) -> Result<PluginInfo, PluginError> {
+    pub async fn install(&self, tenant: &str, name: &str, bytes: Vec<u8>) -> Result<PluginInfo, PluginError> {
         let host = self.clone();
         let (tenant, name) = (tenant.to_string(), name.to_string());
         tokio::task::spawn_blocking(move || host.install_blocking(&tenant, &name, &bytes))
@@ -178,25 +153,14 @@ impl PluginHost {
 
     /// [`PluginHost::install`] on the current thread (compiles: keep it off the async
     /// runtime).
-    pub fn install_blocking(
-        &self,
-        tenant: &str,
-        name: &str,
-        bytes: &[u8],
-    ) -> Result<PluginInfo, PluginError> {
+    pub fn install_blocking(&self, tenant: &str, name: &str, bytes: &[u8]) -> Result<PluginInfo, PluginError> {
         check_slug("tenant", tenant)?;
         check_slug("plugin name", name)?;
         let limit = self.inner.config.max_plugin_bytes;
         if bytes.len() > limit {
-            return Err(PluginError::TooLarge {
-                size: bytes.len(),
-                limit,
-            });
+            return Err(PluginError::TooLarge { size: bytes.len(), limit });
         }
-        let plugin =
-            self.inner
-                .runtime
-                .load(tenant, name, bytes, self.plugin_config(tenant, name))?;
+        let plugin = self.inner.runtime.load(tenant, name, bytes, self.plugin_config(tenant, name))?;
         let dir = self.inner.config.dir.join(tenant);
         write_atomically(&dir, &format!("{name}.wasm"), bytes)?;
         tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin installed");
@@ -253,11 +217,7 @@ impl PluginHost {
                 }
             }
         }
-        let mut tenants = self
-            .inner
-            .tenants
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
         for (tenant, plugins) in tenants.iter_mut() {
             plugins.retain(|name, _| seen.iter().any(|(t, n)| t == tenant && n == name));
         }
@@ -298,20 +258,11 @@ impl PluginHost {
     /// Loads the file of (tenant, name) if its content changed: swaps it in, or keeps
     /// the old version and records the error; forgets the plugin if the file is gone.
     fn reload(&self, tenant: &str, name: &str) {
-        let path = self
-            .inner
-            .config
-            .dir
-            .join(tenant)
-            .join(format!("{name}.wasm"));
+        let path = self.inner.config.dir.join(tenant).join(format!("{name}.wasm"));
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut tenants = self
-                    .inner
-                    .tenants
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner());
+                let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
                 if let Some(plugins) = tenants.get_mut(tenant)
                     && plugins.remove(name).is_some()
                 {
@@ -320,11 +271,7 @@ impl PluginHost {
                 return;
             }
             Err(e) => {
-                self.swap(
-                    tenant,
-                    name,
-                    Err(format!("cannot read {}: {e}", path.display())),
-                );
+                self.swap(tenant, name, Err(format!("cannot read {}: {e}", path.display())));
                 return;
             }
         };
@@ -334,14 +281,9 @@ impl PluginHost {
         }
         let limit = self.inner.config.max_plugin_bytes;
         let loaded = if bytes.len() > limit {
-            Err(PluginError::TooLarge {
-                size: bytes.len(),
-                limit,
-            })
+            Err(PluginError::TooLarge { size: bytes.len(), limit })
         } else {
-            self.inner
-                .runtime
-                .load(tenant, name, &bytes, self.plugin_config(tenant, name))
+            self.inner.runtime.load(tenant, name, &bytes, self.plugin_config(tenant, name))
         };
         match loaded {
             Ok(plugin) => {
@@ -362,20 +304,12 @@ impl PluginHost {
     }
 
     fn swap(&self, tenant: &str, name: &str, loaded: Result<Arc<LoadedPlugin>, String>) {
-        let mut tenants = self
-            .inner
-            .tenants
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        let slot = tenants
-            .entry(tenant.to_string())
-            .or_default()
-            .entry(name.to_string())
-            .or_insert_with(|| Slot {
-                current: None,
-                error: None,
-                stats: Arc::default(),
-            });
+        let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
+        let slot = tenants.entry(tenant.to_string()).or_default().entry(name.to_string()).or_insert_with(|| Slot {
+            current: None,
+            error: None,
+            stats: Arc::default(),
+        });
         match loaded {
             Ok(plugin) => {
                 slot.current = Some(plugin);
@@ -387,12 +321,7 @@ impl PluginHost {
 
     fn plugin_config(&self, tenant: &str, name: &str) -> HashMap<String, String> {
         let key = (tenant.to_string(), name.to_string());
-        self.inner
-            .config
-            .plugin_config
-            .get(&key)
-            .cloned()
-            .unwrap_or_default()
+        self.inner.config.plugin_config.get(&key).cloned().unwrap_or_default()
     }
 
     /// `<dir>/<tenant>/<name>.wasm` with slug tenant and name, else `None`.
@@ -431,11 +360,7 @@ impl PluginHost {
             tracing::warn!(error = %e, dir = %self.inner.config.dir.display(), "cannot watch the plugin directory; hot reload is off");
             return;
         }
-        *self
-            .inner
-            ._watcher
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(watcher);
+        *self.inner._watcher.lock().unwrap_or_else(|e| e.into_inner()) = Some(watcher);
         let weak = Arc::downgrade(&self.inner);
         let debounce = self.inner.config.reload_debounce;
         let spawned = std::thread::Builder::new()
@@ -452,10 +377,7 @@ impl PluginHost {
 fn debounce_loop(rx: mpsc::Receiver<PathBuf>, host: Weak<Inner>, debounce: Duration) {
     let mut pending: HashMap<PathBuf, Instant> = HashMap::new();
     loop {
-        let wait = pending
-            .values()
-            .min()
-            .map(|due| due.saturating_duration_since(Instant::now()));
+        let wait = pending.values().min().map(|due| due.saturating_duration_since(Instant::now()));
         let received = match wait {
             Some(wait) => rx.recv_timeout(wait),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -469,11 +391,7 @@ fn debounce_loop(rx: mpsc::Receiver<PathBuf>, host: Weak<Inner>, debounce: Durat
             Err(RecvTimeoutError::Disconnected) => return,
         }
         let now = Instant::now();
-        let due: Vec<PathBuf> = pending
-            .iter()
-            .filter(|(_, at)| **at <= now)
-            .map(|(p, _)| p.clone())
-            .collect();
+        let due: Vec<PathBuf> = pending.iter().filter(|(_, at)| **at <= now).map(|(p, _)| p.clone()).collect();
         let Some(inner) = host.upgrade() else { return };
         let host = PluginHost { inner };
         for path in due {
@@ -499,9 +417,7 @@ fn info(tenant: &str, name: &str, slot: &Slot) -> PluginInfo {
         sha256: current.map(|p| p.sha256.clone()).unwrap_or_default(),
         size: current.map(|p| p.size).unwrap_or(0),
         plugin_name: current.map(|p| p.plugin_name.clone()).unwrap_or_default(),
-        plugin_version: current
-            .map(|p| p.plugin_version.clone())
-            .unwrap_or_default(),
+        plugin_version: current.map(|p| p.plugin_version.clone()).unwrap_or_default(),
         loaded_at: current.map(|p| p.loaded_at),
         error: slot.error.clone(),
     }

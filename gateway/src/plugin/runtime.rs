@@ -30,9 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{
-    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap, UpdateDeadline,
-};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::herald::plugin::{host, types as wit};
@@ -53,13 +51,7 @@ const MAX_REASON: usize = 1024;
 /// The longest pause a plugin may ask for: seven days.
 const MAX_PAUSE_SECS: u32 = 7 * 24 * 3600;
 /// Headers the sender owns: removed from what plugins return.
-const RESERVED_HEADERS: [&str; 5] = [
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "upgrade",
-];
+const RESERVED_HEADERS: [&str; 5] = ["host", "content-length", "transfer-encoding", "connection", "upgrade"];
 
 /// The engine, linker and call limits shared by every plugin of one host.
 pub(crate) struct Runtime {
@@ -84,8 +76,7 @@ impl Runtime {
     pub(crate) fn new(cfg: &PluginConfig) -> Result<Arc<Runtime>, PluginError> {
         let engine = build_engine(cfg).map_err(|e| PluginError::Engine(e.to_string()))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| PluginError::Engine(e.to_string()))?;
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
         Bindings::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
         spawn_epoch_ticker(&engine)?;
@@ -98,11 +89,7 @@ impl Runtime {
             max_output_bytes: cfg.max_output_bytes,
             warm_per_plugin: cfg.warm_instances_per_plugin,
         };
-        Ok(Arc::new(Runtime {
-            engine,
-            linker,
-            limits,
-        }))
+        Ok(Arc::new(Runtime { engine, linker, limits }))
     }
 
     /// Compiles and validates a plugin: a component of the right world whose
@@ -115,14 +102,10 @@ impl Runtime {
         bytes: &[u8],
         config: HashMap<String, String>,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| PluginError::Invalid(root_message(&e)))?;
-        let instance_pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
-        let pre =
-            PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
+        let component = Component::new(&self.engine, bytes).map_err(|e| PluginError::Invalid(root_message(&e)))?;
+        let instance_pre =
+            self.linker.instantiate_pre(&component).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
+        let pre = PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
         let mut plugin = LoadedPlugin {
             runtime: Arc::clone(self),
             pre,
@@ -155,9 +138,7 @@ impl Runtime {
             sign: info.hooks.contains(wit::Hooks::SIGN),
         };
         if plugin.hooks.is_empty() {
-            return Err(PluginError::Rejected(
-                "describe declares no hook".to_string(),
-            ));
+            return Err(PluginError::Rejected("describe declares no hook".to_string()));
         }
         plugin.plugin_name = truncate(info.name, 128);
         plugin.plugin_version = truncate(info.version, 128);
@@ -166,13 +147,9 @@ impl Runtime {
 
     /// The import names of a compiled component (for `herald plugin check`).
     pub(crate) fn imports(&self, bytes: &[u8]) -> Result<Vec<String>, PluginError> {
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| PluginError::Invalid(root_message(&e)))?;
+        let component = Component::new(&self.engine, bytes).map_err(|e| PluginError::Invalid(root_message(&e)))?;
         let ty = component.component_type();
-        Ok(ty
-            .imports(&self.engine)
-            .map(|(name, _)| name.to_string())
-            .collect())
+        Ok(ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect())
     }
 }
 
@@ -254,14 +231,10 @@ impl LoadedPlugin {
         let result = self.call(ctx, logs, |b, s| b.call_transform(s, ctx, request))?;
         match result.map_err(|e| PluginFailure::Guest(truncate(e, MAX_REASON)))? {
             TransformResult::Send(req) => Ok(TransformResult::Send(self.check_request(req)?)),
-            TransformResult::Drop(reason)
-                if reason.len() > self.runtime.limits.max_output_bytes =>
-            {
+            TransformResult::Drop(reason) if reason.len() > self.runtime.limits.max_output_bytes => {
                 Err(PluginFailure::OutputTooLarge)
             }
-            TransformResult::Drop(reason) => {
-                Ok(TransformResult::Drop(truncate(reason, MAX_REASON)))
-            }
+            TransformResult::Drop(reason) => Ok(TransformResult::Drop(truncate(reason, MAX_REASON))),
         }
     }
 
@@ -297,20 +270,11 @@ impl LoadedPlugin {
     }
 
     fn require(&self, hook: Hook) -> Result<(), PluginFailure> {
-        if self.hooks.contains(hook) {
-            Ok(())
-        } else {
-            Err(PluginFailure::HookNotImplemented)
-        }
+        if self.hooks.contains(hook) { Ok(()) } else { Err(PluginFailure::HookNotImplemented) }
     }
 
     fn check_request(&self, mut req: Request) -> Result<Request, PluginFailure> {
-        let size = req.body.len()
-            + req
-                .headers
-                .iter()
-                .map(|(n, v)| n.len() + v.len())
-                .sum::<usize>();
+        let size = req.body.len() + req.headers.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>();
         if size > self.runtime.limits.max_output_bytes {
             return Err(PluginFailure::OutputTooLarge);
         }
@@ -334,8 +298,7 @@ impl LoadedPlugin {
         };
         let capture = logs.is_some();
         inst.store.data_mut().begin_call(ctx, capture);
-        inst.store
-            .set_epoch_deadline(self.runtime.limits.deadline_ticks);
+        inst.store.set_epoch_deadline(self.runtime.limits.deadline_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
         state.end_call();
@@ -358,16 +321,11 @@ impl LoadedPlugin {
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         let limits = self.runtime.limits;
-        store
-            .epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(&limits)));
+        store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(&limits)));
         store.data_mut().deadline.start();
         store.set_epoch_deadline(limits.deadline_ticks);
         match self.pre.instantiate(&mut store) {
-            Ok(bindings) => Ok(WarmInstance {
-                store,
-                bindings,
-                calls: 0,
-            }),
+            Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0 }),
             Err(err) if is_pool_exhausted(&err) => Err(PluginFailure::Busy),
             Err(err) => Err(failure_from(&err, store.data().limiter.exceeded)),
         }
@@ -407,9 +365,7 @@ impl HostState {
         let wasi = WasiCtxBuilder::new()
             .wall_clock(ContextClock(Arc::clone(&clock)))
             .monotonic_clock(FrozenClock)
-            .secure_random(wasmtime_wasi::Deterministic::new(vec![
-                0x5a, 0x17, 0xc3, 0x88,
-            ]))
+            .secure_random(wasmtime_wasi::Deterministic::new(vec![0x5a, 0x17, 0xc3, 0x88]))
             .insecure_random(wasmtime_wasi::Deterministic::new(vec![0x42]))
             .insecure_random_seed(0)
             .allow_tcp(false)
@@ -419,10 +375,7 @@ impl HostState {
         HostState {
             wasi,
             table: ResourceTable::new(),
-            limiter: MemoryLimiter {
-                limit: memory_limit,
-                exceeded: false,
-            },
+            limiter: MemoryLimiter { limit: memory_limit, exceeded: false },
             config: Arc::clone(&plugin.config),
             tenant: Arc::clone(&plugin.tenant),
             plugin: Arc::clone(&plugin.name),
@@ -460,10 +413,7 @@ impl HostState {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 
@@ -543,9 +493,7 @@ impl Deadline {
             return UpdateDeadline::Interrupt;
         };
         match self.cpu_mark.replace(cpu) {
-            Some(mark) if cpu.saturating_sub(mark) >= limits.call_timeout / 2 => {
-                UpdateDeadline::Interrupt
-            }
+            Some(mark) if cpu.saturating_sub(mark) >= limits.call_timeout / 2 => UpdateDeadline::Interrupt,
             _ => UpdateDeadline::Continue(limits.deadline_ticks),
         }
     }
@@ -554,10 +502,7 @@ impl Deadline {
 #[cfg(unix)]
 fn thread_cpu_time() -> Option<Duration> {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Some(Duration::new(
-        u64::try_from(t.tv_sec).ok()?,
-        u32::try_from(t.tv_nsec).ok()?,
-    ))
+    Some(Duration::new(u64::try_from(t.tv_sec).ok()?, u32::try_from(t.tv_nsec).ok()?))
 }
 
 #[cfg(not(unix))]
@@ -573,12 +518,7 @@ struct MemoryLimiter {
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _max: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.limit {
             self.exceeded = true;
             return Ok(false);
@@ -586,12 +526,7 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         Ok(true)
     }
 
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _max: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
     }
 }
@@ -635,8 +570,7 @@ fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> PluginFailure {
 }
 
 fn is_pool_exhausted(err: &wasmtime::Error) -> bool {
-    err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
-        .is_some()
+    err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some()
 }
 
 fn root_message(err: &wasmtime::Error) -> String {
@@ -651,9 +585,9 @@ fn root_message(err: &wasmtime::Error) -> String {
 /// Reasons over the output cap are an error; within it they are cut to 1 KiB.
 fn check_verdict(verdict: Verdict, max_output_bytes: usize) -> Result<Verdict, PluginFailure> {
     let reason_len = match &verdict {
-        Verdict::Fail(r)
-        | Verdict::DisableEndpoint(r)
-        | Verdict::PauseEndpoint(super::Pause { reason: r, .. }) => r.len(),
+        Verdict::Fail(r) | Verdict::DisableEndpoint(r) | Verdict::PauseEndpoint(super::Pause { reason: r, .. }) => {
+            r.len()
+        }
         _ => 0,
     };
     if reason_len > max_output_bytes {
@@ -681,15 +615,10 @@ fn check_headers(headers: &[Header]) -> Result<(), PluginFailure> {
     for (name, value) in headers {
         let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
         if name.is_empty() || name.len() > 256 || !name.bytes().all(token) {
-            return Err(PluginFailure::InvalidOutput(format!(
-                "bad header name {:?}",
-                truncate(name.clone(), 64)
-            )));
+            return Err(PluginFailure::InvalidOutput(format!("bad header name {:?}", truncate(name.clone(), 64))));
         }
         if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-            return Err(PluginFailure::InvalidOutput(format!(
-                "control character in header {name}"
-            )));
+            return Err(PluginFailure::InvalidOutput(format!("control character in header {name}")));
         }
     }
     Ok(())

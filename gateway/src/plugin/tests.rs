@@ -21,35 +21,17 @@ const DELIVERED: &str = "(i32.store8 (i32.const 128) (i32.const 0)) (i32.const 1
 
 impl Default for Guest {
     fn default() -> Self {
-        Guest {
-            hooks: 7,
-            pages: 1,
-            data: "",
-            transform: "unreachable",
-            classify: DELIVERED,
-            sign: "unreachable",
-        }
+        Guest { hooks: 7, pages: 1, data: "", transform: "unreachable", classify: DELIVERED, sign: "unreachable" }
     }
 }
 
 impl Guest {
     fn classify(body: &'static str) -> Self {
-        Guest {
-            hooks: 2,
-            classify: body,
-            ..Guest::default()
-        }
+        Guest { hooks: 2, classify: body, ..Guest::default() }
     }
 
     fn wasm(&self) -> Vec<u8> {
-        let Guest {
-            hooks,
-            pages,
-            data,
-            transform,
-            classify,
-            sign,
-        } = self;
+        let Guest { hooks, pages, data, transform, classify, sign } = self;
         let text = format!(
             r#"(component
   (import "herald:plugin/host@0.1.0" (instance $host
@@ -134,10 +116,7 @@ fn test_host(configure: impl FnOnce(&mut PluginConfig)) -> TestHost {
     config.max_output_bytes = 64 << 10;
     config.watch = false;
     configure(&mut config);
-    TestHost {
-        host: PluginHost::start(config).unwrap(),
-        _dir: dir,
-    }
+    TestHost { host: PluginHost::start(config).unwrap(), _dir: dir }
 }
 
 fn ctx() -> DeliveryContext {
@@ -153,18 +132,11 @@ fn ctx() -> DeliveryContext {
 }
 
 fn outcome(status: u16) -> Outcome {
-    Outcome::Response(Response {
-        status,
-        headers: vec![],
-        body: b"conflict".to_vec(),
-    })
+    Outcome::Response(Response { status, headers: vec![], body: b"conflict".to_vec() })
 }
 
 fn request() -> Request {
-    Request {
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: br#"{"a":1}"#.to_vec(),
-    }
+    Request { headers: vec![("content-type".into(), "application/json".into())], body: br#"{"a":1}"#.to_vec() }
 }
 
 fn classify_with(guest: Guest) -> Result<Verdict, PluginFailure> {
@@ -176,37 +148,18 @@ fn classify_with(guest: Guest) -> Result<Verdict, PluginFailure> {
 #[test]
 fn a_well_behaved_plugin_is_installed_listed_and_called() {
     let t = test_host(|_| {});
-    let info = t
-        .host
-        .install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm())
-        .unwrap();
-    assert_eq!(
-        info.hooks,
-        HookSet {
-            classify: true,
-            ..HookSet::default()
-        }
-    );
-    assert_eq!(
-        (info.plugin_name.as_str(), info.plugin_version.as_str()),
-        ("wat-plugin", "0.0.1")
-    );
+    let info = t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
+    assert_eq!(info.hooks, HookSet { classify: true, ..HookSet::default() });
+    assert_eq!((info.plugin_name.as_str(), info.plugin_version.as_str()), ("wat-plugin", "0.0.1"));
     assert_eq!(info.sha256.len(), 64);
     assert!(t._dir.path().join("acme/p.wasm").is_file());
 
     for _ in 0..3 {
-        assert_eq!(
-            t.host.classify("acme", "p", &ctx(), &outcome(409)),
-            Ok(Verdict::Delivered)
-        );
+        assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
     }
     assert_eq!(t.host.get("acme", "p"), Some(info.hooks));
     assert_eq!(t.host.list("acme"), vec![info]);
-    assert_eq!(
-        t.host
-            .sign("acme", "p", &ctx(), &[b"k".to_vec()], &request()),
-        Err(PluginFailure::HookNotImplemented)
-    );
+    assert_eq!(t.host.sign("acme", "p", &ctx(), &[b"k".to_vec()], &request()), Err(PluginFailure::HookNotImplemented));
     let metrics = t.host.metrics();
     let classify = metrics.iter().find(|m| m.hook == Hook::Classify).unwrap();
     assert_eq!((classify.calls, classify.failures), (3, 0));
@@ -215,13 +168,8 @@ fn a_well_behaved_plugin_is_installed_listed_and_called() {
 #[test]
 fn tenants_cannot_reach_each_others_plugins() {
     let t = test_host(|_| {});
-    t.host
-        .install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm())
-        .unwrap();
-    assert_eq!(
-        t.host.classify("globex", "p", &ctx(), &outcome(409)),
-        Err(PluginFailure::NotFound)
-    );
+    t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
+    assert_eq!(t.host.classify("globex", "p", &ctx(), &outcome(409)), Err(PluginFailure::NotFound));
     assert_eq!(t.host.get("globex", "p"), None);
     assert!(t.host.list("globex").is_empty());
 }
@@ -231,68 +179,36 @@ fn an_infinite_loop_times_out_quickly() {
     let started = Instant::now();
     let result = classify_with(Guest::classify("(loop $l (br $l)) (i32.const 128)"));
     assert_eq!(result, Err(PluginFailure::Timeout));
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
 }
 
 #[test]
 fn a_memory_bomb_hits_the_cap() {
     let bomb = "(if (i32.eq (memory.grow (i32.const 1000)) (i32.const -1)) (then unreachable)) (i32.const 128)";
-    assert_eq!(
-        classify_with(Guest::classify(bomb)),
-        Err(PluginFailure::Memory)
-    );
+    assert_eq!(classify_with(Guest::classify(bomb)), Err(PluginFailure::Memory));
 }
 
 #[test]
 fn a_trap_is_contained_and_the_next_call_gets_a_fresh_instance() {
     let flaky = "(if (i32.eqz (i32.load (i32.const 256))) (then (i32.store (i32.const 256) (i32.const 1)) unreachable)) (i32.store8 (i32.const 128) (i32.const 0)) (i32.const 128)";
     let t = test_host(|_| {});
-    t.host
-        .install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm())
-        .unwrap();
-    t.host
-        .install_blocking("acme", "flaky", &Guest::classify(flaky).wasm())
-        .unwrap();
-    let failure = t
-        .host
-        .classify("acme", "flaky", &ctx(), &outcome(409))
-        .unwrap_err();
-    assert!(
-        matches!(&failure, PluginFailure::Trap(msg) if msg.contains("unreachable")),
-        "{failure:?}"
-    );
+    t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
+    t.host.install_blocking("acme", "flaky", &Guest::classify(flaky).wasm()).unwrap();
+    let failure = t.host.classify("acme", "flaky", &ctx(), &outcome(409)).unwrap_err();
+    assert!(matches!(&failure, PluginFailure::Trap(msg) if msg.contains("unreachable")), "{failure:?}");
     assert!(failure.reason().starts_with("plugin:trap: "));
     // A fresh instance starts from the initial memory image, so it traps again: the
     // trapped instance was never reused.
-    assert!(matches!(
-        t.host.classify("acme", "flaky", &ctx(), &outcome(409)),
-        Err(PluginFailure::Trap(_))
-    ));
-    assert_eq!(
-        t.host.classify("acme", "p", &ctx(), &outcome(409)),
-        Ok(Verdict::Delivered)
-    );
-    let traps = t
-        .host
-        .failures_by_kind()
-        .into_iter()
-        .find(|(k, _)| *k == "trap")
-        .unwrap()
-        .1;
+    assert!(matches!(t.host.classify("acme", "flaky", &ctx(), &outcome(409)), Err(PluginFailure::Trap(_))));
+    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+    let traps = t.host.failures_by_kind().into_iter().find(|(k, _)| *k == "trap").unwrap().1;
     assert_eq!(traps, 2);
 }
 
 #[test]
 fn malformed_output_is_rejected() {
     let bad_discriminant = "(i32.store8 (i32.const 128) (i32.const 9)) (i32.const 128)";
-    assert!(matches!(
-        classify_with(Guest::classify(bad_discriminant)),
-        Err(PluginFailure::InvalidOutput(_))
-    ));
+    assert!(matches!(classify_with(Guest::classify(bad_discriminant)), Err(PluginFailure::InvalidOutput(_))));
 
     let bad_utf8 = Guest {
         data: r#"(data (i32.const 300) "\ff\fe")"#,
@@ -300,22 +216,13 @@ fn malformed_output_is_rejected() {
             "(i32.store8 (i32.const 128) (i32.const 2)) (i32.store (i32.const 132) (i32.const 300)) (i32.store (i32.const 136) (i32.const 2)) (i32.const 128)",
         )
     };
-    assert!(matches!(
-        classify_with(bad_utf8),
-        Err(PluginFailure::InvalidOutput(_))
-    ));
+    assert!(matches!(classify_with(bad_utf8), Err(PluginFailure::InvalidOutput(_))));
 
     let out_of_bounds = "(i32.store8 (i32.const 128) (i32.const 2)) (i32.store (i32.const 132) (i32.const -256)) (i32.store (i32.const 136) (i32.const 100)) (i32.const 128)";
-    assert!(matches!(
-        classify_with(Guest::classify(out_of_bounds)),
-        Err(PluginFailure::InvalidOutput(_))
-    ));
+    assert!(matches!(classify_with(Guest::classify(out_of_bounds)), Err(PluginFailure::InvalidOutput(_))));
 
     let endless_pause = "(i32.store8 (i32.const 128) (i32.const 3)) (i32.store (i32.const 132) (i32.const -1)) (i32.store (i32.const 140) (i32.const 0)) (i32.const 128)";
-    assert!(matches!(
-        classify_with(Guest::classify(endless_pause)),
-        Err(PluginFailure::InvalidOutput(_))
-    ));
+    assert!(matches!(classify_with(Guest::classify(endless_pause)), Err(PluginFailure::InvalidOutput(_))));
 }
 
 /// `sign` returning `ok([(name at 500, value at 65536 of `len` bytes)])`.
@@ -323,35 +230,24 @@ const SIGN_ONE_HEADER: &str = "(i32.store8 (i32.const 160) (i32.const 0)) (i32.s
   (i32.store (i32.const 400) (i32.const 500)) (i32.store (i32.const 404) (i32.const 8)) (i32.store (i32.const 408) (i32.const 65536)) (i32.store (i32.const 412) (i32.load (i32.const 600))) (i32.const 160)";
 
 fn sign_with(name: &'static str, value_len: &'static str) -> Result<Vec<Header>, PluginFailure> {
-    let data: &'static str = Box::leak(format!(r#"(data (i32.const 500) "{name}") (data (i32.const 600) "{value_len}") (data (i32.const 65536) "abc")"#).into_boxed_str());
-    let guest = Guest {
-        hooks: 4,
-        pages: 5,
-        data,
-        sign: SIGN_ONE_HEADER,
-        ..Guest::default()
-    };
+    let data: &'static str = Box::leak(
+        format!(
+            r#"(data (i32.const 500) "{name}") (data (i32.const 600) "{value_len}") (data (i32.const 65536) "abc")"#
+        )
+        .into_boxed_str(),
+    );
+    let guest = Guest { hooks: 4, pages: 5, data, sign: SIGN_ONE_HEADER, ..Guest::default() };
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "s", &guest.wasm()).unwrap();
-    t.host
-        .sign("acme", "s", &ctx(), &[b"key".to_vec()], &request())
+    t.host.sign("acme", "s", &ctx(), &[b"key".to_vec()], &request())
 }
 
 #[test]
 fn sign_output_is_checked() {
-    assert_eq!(
-        sign_with("x-sig-aa", r"\03\00\00\00"),
-        Ok(vec![("x-sig-aa".to_string(), "abc".to_string())])
-    );
+    assert_eq!(sign_with("x-sig-aa", r"\03\00\00\00"), Ok(vec![("x-sig-aa".to_string(), "abc".to_string())]));
     // 200 000 bytes of value: over the 64 KiB output cap.
-    assert_eq!(
-        sign_with("x-sig-aa", r"\40\0d\03\00"),
-        Err(PluginFailure::OutputTooLarge)
-    );
-    assert!(matches!(
-        sign_with("bad name", r"\03\00\00\00"),
-        Err(PluginFailure::InvalidOutput(_))
-    ));
+    assert_eq!(sign_with("x-sig-aa", r"\40\0d\03\00"), Err(PluginFailure::OutputTooLarge));
+    assert!(matches!(sign_with("bad name", r"\03\00\00\00"), Err(PluginFailure::InvalidOutput(_))));
 }
 
 #[test]
@@ -365,28 +261,12 @@ fn transform_can_send_drop_or_refuse() {
       (i32.store (i32.const 196) (i32.const 300)) (i32.store (i32.const 200) (i32.const 3)) (i32.const 192)";
     let t = test_host(|_| {});
     for (name, body) in [("echo", echo), ("drop", drop), ("refuse", refuse)] {
-        let guest = Guest {
-            hooks: 1,
-            data: r#"(data (i32.const 300) "bye")"#,
-            transform: body,
-            ..Guest::default()
-        };
-        t.host
-            .install_blocking("acme", name, &guest.wasm())
-            .unwrap();
+        let guest = Guest { hooks: 1, data: r#"(data (i32.const 300) "bye")"#, transform: body, ..Guest::default() };
+        t.host.install_blocking("acme", name, &guest.wasm()).unwrap();
     }
-    assert_eq!(
-        t.host.transform("acme", "echo", &ctx(), &request()),
-        Ok(TransformResult::Send(request()))
-    );
-    assert_eq!(
-        t.host.transform("acme", "drop", &ctx(), &request()),
-        Ok(TransformResult::Drop("bye".into()))
-    );
-    let refused = t
-        .host
-        .transform("acme", "refuse", &ctx(), &request())
-        .unwrap_err();
+    assert_eq!(t.host.transform("acme", "echo", &ctx(), &request()), Ok(TransformResult::Send(request())));
+    assert_eq!(t.host.transform("acme", "drop", &ctx(), &request()), Ok(TransformResult::Drop("bye".into())));
+    let refused = t.host.transform("acme", "refuse", &ctx(), &request()).unwrap_err();
     assert_eq!(refused, PluginFailure::Guest("bye".into()));
     assert_eq!(refused.reason(), "plugin:error: bye");
 }
@@ -410,19 +290,12 @@ fn uploads_are_validated_before_anything_is_written() {
         assert!(err.is_client_error(), "{err}");
         errors.push(err);
     }
-    assert!(matches!(
-        errors[0],
-        PluginError::InvalidName { what: "tenant", .. }
-    ));
+    assert!(matches!(errors[0], PluginError::InvalidName { what: "tenant", .. }));
     assert!(matches!(errors[1], PluginError::InvalidName { .. }));
     assert!(matches!(errors[2], PluginError::TooLarge { .. }));
     assert!(matches!(errors[3], PluginError::Invalid(_)));
     assert!(matches!(errors[4], PluginError::Invalid(_)));
-    assert!(
-        matches!(errors[5], PluginError::WrongWorld(_)),
-        "{}",
-        errors[5]
-    );
+    assert!(matches!(errors[5], PluginError::WrongWorld(_)), "{}", errors[5]);
     assert!(matches!(errors[6], PluginError::Rejected(_)));
     assert!(!t._dir.path().join("acme").join("p.wasm").exists());
     assert!(t.host.list("acme").is_empty());
@@ -431,71 +304,40 @@ fn uploads_are_validated_before_anything_is_written() {
 #[test]
 fn a_broken_file_leaves_the_old_version_serving_with_its_error_visible() {
     let t = test_host(|_| {});
-    let v1 = t
-        .host
-        .install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm())
-        .unwrap();
+    let v1 = t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
     std::fs::write(t._dir.path().join("acme/p.wasm"), b"garbage").unwrap();
     t.host.rescan().unwrap();
     let listed = t.host.list("acme");
     assert_eq!(listed[0].sha256, v1.sha256);
-    assert!(
-        listed[0]
-            .error
-            .as_deref()
-            .unwrap_or("")
-            .contains("not a valid WebAssembly component"),
-        "{listed:?}"
-    );
-    assert_eq!(
-        t.host.classify("acme", "p", &ctx(), &outcome(409)),
-        Ok(Verdict::Delivered)
-    );
+    assert!(listed[0].error.as_deref().unwrap_or("").contains("not a valid WebAssembly component"), "{listed:?}");
+    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
 
     std::fs::remove_file(t._dir.path().join("acme/p.wasm")).unwrap();
     t.host.rescan().unwrap();
-    assert_eq!(
-        t.host.classify("acme", "p", &ctx(), &outcome(409)),
-        Err(PluginFailure::NotFound)
-    );
+    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Err(PluginFailure::NotFound));
 }
 
 #[test]
 fn the_watcher_hot_reloads_changed_files() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("acme")).unwrap();
-    std::fs::write(
-        dir.path().join("acme/p.wasm"),
-        Guest::classify(DELIVERED).wasm(),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("acme/p.wasm"), Guest::classify(DELIVERED).wasm()).unwrap();
     let mut config = PluginConfig::new(dir.path());
     config.max_instances = 16;
     config.reload_debounce = Duration::from_millis(50);
     let host = PluginHost::start(config).unwrap();
-    assert_eq!(
-        host.classify("acme", "p", &ctx(), &outcome(409)),
-        Ok(Verdict::Delivered)
-    );
+    assert_eq!(host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
 
     let retry = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1)) (i32.store (i32.const 136) (i32.const 30)) (i32.const 128)";
     let tmp = dir.path().join("acme/.p.tmp");
     std::fs::write(&tmp, Guest::classify(retry).wasm()).unwrap();
     std::fs::rename(&tmp, dir.path().join("acme/p.wasm")).unwrap();
     std::fs::create_dir_all(dir.path().join("globex")).unwrap();
-    std::fs::write(
-        dir.path().join("globex/q.wasm"),
-        Guest::classify(DELIVERED).wasm(),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("globex/q.wasm"), Guest::classify(DELIVERED).wasm()).unwrap();
 
     let deadline = Instant::now() + Duration::from_secs(20);
     while host.classify("acme", "p", &ctx(), &outcome(409)) != Ok(Verdict::Retry(Some(30))) {
-        assert!(
-            Instant::now() < deadline,
-            "reload not seen: {:?}",
-            host.list("acme")
-        );
+        assert!(Instant::now() < deadline, "reload not seen: {:?}", host.list("acme"));
         std::thread::sleep(Duration::from_millis(20));
     }
     while host.get("globex", "q").is_none() {
@@ -519,26 +361,15 @@ fn plugin_config_and_logs_reach_the_cli_runner() {
     let report = check_file(&path).unwrap();
     assert!(report.contains("hooks:   classify"), "{report}");
 
-    let out = run_hook_file(
-        &path,
-        "classify",
-        r#"{"outcome": {"status": 409, "body": "dup"}}"#,
-    )
-    .unwrap();
+    let out = run_hook_file(&path, "classify", r#"{"outcome": {"status": 409, "body": "dup"}}"#).unwrap();
     let out: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(out["result"]["verdict"], "default");
     assert_eq!(out["logs"][0]["message"], "hello");
     assert_eq!(out["logs"][0]["level"], "info");
 
     let err = run_hook_file(&path, "sign", r#"{"secrets": ["k"]}"#).unwrap_err();
-    assert!(
-        matches!(err, PluginError::Call(PluginFailure::HookNotImplemented)),
-        "{err}"
-    );
-    assert!(matches!(
-        run_hook_file(&path, "classify", "{}"),
-        Err(PluginError::Input(_))
-    ));
+    assert!(matches!(err, PluginError::Call(PluginFailure::HookNotImplemented)), "{err}");
+    assert!(matches!(run_hook_file(&path, "classify", "{}"), Err(PluginError::Input(_))));
 }
 
 #[test]
@@ -547,10 +378,7 @@ fn calls_from_many_threads_survive_concurrent_swaps() {
     assert_shareable::<PluginHost>();
 
     let retry = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1)) (i32.store (i32.const 136) (i32.const 30)) (i32.const 128)";
-    let versions = [
-        Guest::classify(DELIVERED).wasm(),
-        Guest::classify(retry).wasm(),
-    ];
+    let versions = [Guest::classify(DELIVERED).wasm(), Guest::classify(retry).wasm()];
     let t = test_host(|c| c.max_instances = 64);
     t.host.install_blocking("acme", "p", &versions[0]).unwrap();
     std::thread::scope(|s| {
@@ -559,18 +387,13 @@ fn calls_from_many_threads_survive_concurrent_swaps() {
                 s.spawn(|| {
                     for _ in 0..300 {
                         let verdict = t.host.classify("acme", "p", &ctx(), &outcome(409)).unwrap();
-                        assert!(
-                            matches!(verdict, Verdict::Delivered | Verdict::Retry(Some(30))),
-                            "{verdict:?}"
-                        );
+                        assert!(matches!(verdict, Verdict::Delivered | Verdict::Retry(Some(30))), "{verdict:?}");
                     }
                 })
             })
             .collect();
         for i in 0..6 {
-            t.host
-                .install_blocking("acme", "p", &versions[i % 2])
-                .unwrap();
+            t.host.install_blocking("acme", "p", &versions[i % 2]).unwrap();
         }
         callers.into_iter().for_each(|c| c.join().unwrap());
     });

@@ -242,10 +242,7 @@ impl PluginFailure {
     ];
 
     pub(crate) fn kind_index(&self) -> usize {
-        Self::KINDS
-            .iter()
-            .position(|k| *k == self.kind())
-            .unwrap_or(0)
+        Self::KINDS.iter().position(|k| *k == self.kind()).unwrap_or(0)
     }
 }
 
@@ -303,27 +300,16 @@ impl PluginError {
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        PluginError::Io {
-            path: path.into(),
-            source,
-        }
+        PluginError::Io { path: path.into(), source }
     }
 }
 
 /// Whether `s` is a valid tenant or plugin name: 1-64 characters of `[a-z0-9_-]`.
 pub fn is_slug(s: &str) -> bool {
     (1..=64).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 pub(crate) fn check_slug(what: &'static str, value: &str) -> Result<(), PluginError> {
-    if is_slug(value) {
-        Ok(())
-    } else {
-        Err(PluginError::InvalidName {
-            what,
-            value: value.to_string(),
-        })
-    }
+    if is_slug(value) { Ok(()) } else { Err(PluginError::InvalidName { what, value: value.to_string() }) }
 }

@@ -26,10 +26,10 @@ pub enum StoreError {
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        if let sqlx::Error::Database(db) = &e {
-            if db.is_unique_violation() {
-                return StoreError::Conflict(db.message().to_string());
-            }
+        if let sqlx::Error::Database(db) = &e
+            && db.is_unique_violation()
+        {
+            return StoreError::Conflict(db.message().to_string());
         }
         StoreError::Backend(e.to_string())
     }
@@ -193,7 +193,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Dead letters of `tenant` matching a replay selection: how many, and the endpoints
     /// among them that are not active (a replay to those is refused).
-    async fn dead_selection(&self, tenant: &TenantId, ids: Option<&[String]>, filter: Option<&DeadLetterFilter>) -> Result<(u64, Vec<EndpointId>)> {
+    async fn dead_selection(
+        &self,
+        tenant: &TenantId,
+        ids: Option<&[String]>,
+        filter: Option<&DeadLetterFilter>,
+    ) -> Result<(u64, Vec<EndpointId>)> {
         let _ = (tenant, ids, filter);
         Err(unsupported("replays"))
     }
@@ -213,7 +218,13 @@ pub trait Store: Send + Sync + 'static {
     /// `now + n × spacing_ms`, retries counted afresh, deadline `deadline`. Advances the
     /// cursor and marks the replay done when nothing is left. Returns the endpoints touched
     /// and how many were re-queued.
-    async fn replay_batch(&self, replay_id: &str, now: Millis, spacing_ms: f64, deadline: Millis) -> Result<(Vec<EndpointId>, u32)> {
+    async fn replay_batch(
+        &self,
+        replay_id: &str,
+        now: Millis,
+        spacing_ms: f64,
+        deadline: Millis,
+    ) -> Result<(Vec<EndpointId>, u32)> {
         let _ = (replay_id, now, spacing_ms, deadline);
         Err(unsupported("replays"))
     }
@@ -279,10 +290,7 @@ impl Committer {
     /// Submits one write and waits until it is committed (or failed).
     pub async fn submit(&self, op: WriteOp) -> Result<WriteResult> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send((op, reply))
-            .await
-            .map_err(|_| StoreError::Backend("committer stopped".into()))?;
+        self.tx.send((op, reply)).await.map_err(|_| StoreError::Backend("committer stopped".into()))?;
         rx.await.map_err(|_| StoreError::Backend("committer stopped".into()))?
     }
 

@@ -188,10 +188,8 @@ impl Store for PostgresStore {
     }
 
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
-        let row = sqlx::query("SELECT * FROM endpoints WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
+        let row =
+            sqlx::query("SELECT * FROM endpoints WHERE id = $1").bind(id.as_str()).fetch_optional(&self.pool).await?;
         row.as_ref().map(endpoint_from_row).transpose()
     }
 
@@ -374,7 +372,12 @@ impl Store for PostgresStore {
         Ok(Some(rx))
     }
 
-    async fn dead_selection(&self, tenant: &TenantId, ids: Option<&[String]>, filter: Option<&DeadLetterFilter>) -> Result<(u64, Vec<EndpointId>)> {
+    async fn dead_selection(
+        &self,
+        tenant: &TenantId,
+        ids: Option<&[String]>,
+        filter: Option<&DeadLetterFilter>,
+    ) -> Result<(u64, Vec<EndpointId>)> {
         let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
         push_dead_selection(&mut q, tenant, ids, filter, "");
         let n: i64 = q.build_query_scalar().fetch_one(&self.pool).await?;
@@ -441,7 +444,13 @@ impl Store for PostgresStore {
         rows.iter().map(replay_from_row).collect()
     }
 
-    async fn replay_batch(&self, replay_id: &str, now: Millis, spacing_ms: f64, deadline: Millis) -> Result<(Vec<EndpointId>, u32)> {
+    async fn replay_batch(
+        &self,
+        replay_id: &str,
+        now: Millis,
+        spacing_ms: f64,
+        deadline: Millis,
+    ) -> Result<(Vec<EndpointId>, u32)> {
         let mut tx = self.pool.begin().await?;
         // Every node resumes running replays: the row lock makes their batches take turns,
         // each continuing from the cursor the previous one committed.
@@ -616,7 +625,7 @@ impl Store for PostgresStore {
         let mut replays = 0;
         loop {
             let mut tx = self.pool.begin().await?;
-            let outcome = match apply_all(&mut *tx, &ops, &self.channel).await {
+            let outcome = match apply_all(&mut tx, &ops, &self.channel).await {
                 Ok(results) => tx.commit().await.map(|()| results),
                 // Dropping the transaction rolls it back.
                 Err(e) => Err(e),
@@ -748,12 +757,7 @@ fn decode_error(e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Erro
 /// Stores new events and fans each out to its tenant's subscribed endpoints, then tells the
 /// other nodes which endpoints got work (delivered when the transaction commits).
 async fn ingest(conn: &mut PgConnection, events: &[&NewEvent], channel: &str) -> sqlx::Result<Vec<IngestOutcome>> {
-    let tenants: Vec<&str> = events
-        .iter()
-        .map(|e| e.tenant.as_str())
-        .collect::<HashSet<_>>()
-        .into_iter()
-        .collect();
+    let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect::<HashSet<_>>().into_iter().collect();
     let rows = sqlx::query(
         "SELECT tenant_id, id, event_types FROM endpoints WHERE tenant_id = ANY($1) AND state <> 'disabled' \
          ORDER BY created_at, id",
@@ -849,11 +853,7 @@ async fn ingest(conn: &mut PgConnection, events: &[&NewEvent], channel: &str) ->
     let mut woken: Vec<&str> = rows.iter().map(|r| r.2).collect::<HashSet<_>>().into_iter().collect();
     woken.sort_unstable();
     for chunk in woken.chunks(IDS_PER_NOTIFY) {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(channel)
-            .bind(chunk.join(","))
-            .execute(&mut *conn)
-            .await?;
+        sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(chunk.join(",")).execute(&mut *conn).await?;
     }
     Ok(out)
 }
@@ -952,7 +952,8 @@ async fn record_distinct(conn: &mut PgConnection, results: &[&AttemptResult]) ->
         .await?;
     let updated: HashSet<String> = rows.iter().map(|r| r.try_get("id")).collect::<sqlx::Result<_>>()?;
     let accepted: Vec<bool> = results.iter().map(|r| updated.contains(r.delivery.as_str())).collect();
-    let attempts: Vec<&Attempt> = results.iter().zip(&accepted).filter(|(_, ok)| **ok).map(|(r, _)| &r.attempt).collect();
+    let attempts: Vec<&Attempt> =
+        results.iter().zip(&accepted).filter(|(_, ok)| **ok).map(|(r, _)| &r.attempt).collect();
     if !attempts.is_empty() {
         sqlx::query(
             "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \

@@ -29,10 +29,7 @@ impl SqliteStore {
             .foreign_keys(true)
             .pragma("temp_store", "memory")
             .pragma("cache_size", "-65536");
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max_connections)
-            .connect_with(options.clone())
-            .await?;
+        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
         let writer = SqliteConnection::connect_with(&options).await?;
         Ok(SqliteStore { pool, writer: Mutex::new(writer) })
@@ -158,10 +155,8 @@ impl Store for SqliteStore {
     }
 
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
-        let row = sqlx::query("SELECT * FROM endpoints WHERE id = ?")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
+        let row =
+            sqlx::query("SELECT * FROM endpoints WHERE id = ?").bind(id.as_str()).fetch_optional(&self.pool).await?;
         row.as_ref().map(endpoint_from_row).transpose()
     }
 
@@ -356,7 +351,12 @@ impl Store for SqliteStore {
         Ok(None)
     }
 
-    async fn dead_selection(&self, tenant: &TenantId, ids: Option<&[String]>, filter: Option<&DeadLetterFilter>) -> Result<(u64, Vec<EndpointId>)> {
+    async fn dead_selection(
+        &self,
+        tenant: &TenantId,
+        ids: Option<&[String]>,
+        filter: Option<&DeadLetterFilter>,
+    ) -> Result<(u64, Vec<EndpointId>)> {
         let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
         push_dead_selection(&mut q, tenant, ids, filter, "");
         let n: i64 = q.build_query_scalar().fetch_one(&self.pool).await?;
@@ -423,7 +423,13 @@ impl Store for SqliteStore {
         rows.iter().map(replay_from_row).collect()
     }
 
-    async fn replay_batch(&self, replay_id: &str, now: Millis, spacing_ms: f64, deadline: Millis) -> Result<(Vec<EndpointId>, u32)> {
+    async fn replay_batch(
+        &self,
+        replay_id: &str,
+        now: Millis,
+        spacing_ms: f64,
+        deadline: Millis,
+    ) -> Result<(Vec<EndpointId>, u32)> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query("SELECT * FROM replays WHERE id = ?").bind(replay_id).fetch_optional(&mut *tx).await?;
         let Some(row) = row else { return Err(StoreError::NotFound(format!("replay {replay_id}"))) };
@@ -475,13 +481,15 @@ impl Store for SqliteStore {
     }
 
     async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
-        let done = sqlx::query("UPDATE replays SET state = ?, updated_at = ? WHERE id = ? AND tenant_id = ? AND state = 'running'")
-            .bind(state.as_str())
-            .bind(now)
-            .bind(id)
-            .bind(tenant.as_str())
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query(
+            "UPDATE replays SET state = ?, updated_at = ? WHERE id = ? AND tenant_id = ? AND state = 'running'",
+        )
+        .bind(state.as_str())
+        .bind(now)
+        .bind(id)
+        .bind(tenant.as_str())
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -533,10 +541,11 @@ impl Store for SqliteStore {
         .bind(endpoint.as_str())
         .fetch_one(&self.pool)
         .await?;
-        let last_attempt: Option<i64> = sqlx::query_scalar("SELECT MAX(started_at) FROM attempts WHERE endpoint_id = ?")
-            .bind(endpoint.as_str())
-            .fetch_one(&self.pool)
-            .await?;
+        let last_attempt: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(started_at) FROM attempts WHERE endpoint_id = ?")
+                .bind(endpoint.as_str())
+                .fetch_one(&self.pool)
+                .await?;
         let b = sqlx::query(
             "SELECT COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')) AS backlog, \
              COUNT(*) FILTER (WHERE state = 'dead') AS dead FROM deliveries WHERE endpoint_id = ?",
@@ -792,7 +801,8 @@ async fn claim(conn: &mut SqliteConnection, req: ClaimRequest) -> Result<Vec<Cla
         })
         .collect::<Result<Vec<_>>>()?;
     for chunk in claimed.chunks(ROWS_PER_INSERT * 5) {
-        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("UPDATE deliveries SET state = 'delivering', lease_owner = ");
+        let mut q: QueryBuilder<'_, Sqlite> =
+            QueryBuilder::new("UPDATE deliveries SET state = 'delivering', lease_owner = ");
         q.push_bind(req.owner.as_str())
             .push(", lease_until = ")
             .push_bind(req.lease_until)

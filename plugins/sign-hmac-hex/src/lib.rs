@@ -21,11 +21,7 @@ const DEFAULT_HEADER: &str = "x-herald-signature";
 impl Plugin for SignHmacHex {
     const HOOKS: Hooks = Hooks::SIGN;
 
-    fn sign(
-        ctx: &DeliveryContext,
-        secrets: &[Vec<u8>],
-        req: &Request,
-    ) -> Result<Vec<Header>, String> {
+    fn sign(ctx: &DeliveryContext, secrets: &[Vec<u8>], req: &Request) -> Result<Vec<Header>, String> {
         if secrets.is_empty() {
             return Err("the endpoint has no signing secret".to_string());
         }
@@ -39,8 +35,7 @@ fn signature(timestamp: u64, secrets: &[Vec<u8>], body: &[u8]) -> String {
     let ts = timestamp.to_string();
     let mut value = format!("t={ts}");
     for secret in secrets {
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts keys of any length");
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts keys of any length");
         mac.update(ts.as_bytes());
         mac.update(b".");
         mac.update(body);
@@ -60,10 +55,7 @@ mod tests {
     fn matches_a_known_vector() {
         // python3 -c 'import hmac,hashlib; print(hmac.new(b"secret", b"1700000000.{\"a\":1}", hashlib.sha256).hexdigest())'
         let sig = signature(1_700_000_000, &[b"secret".to_vec()], br#"{"a":1}"#);
-        assert_eq!(
-            sig,
-            "t=1700000000,v1=49f24e537407743fa4a0242bb63b94b9a47ee99cbbe071ccd8a22550ae411686"
-        );
+        assert_eq!(sig, "t=1700000000,v1=49f24e537407743fa4a0242bb63b94b9a47ee99cbbe071ccd8a22550ae411686");
     }
 
     #[test]

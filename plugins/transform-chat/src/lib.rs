@@ -24,8 +24,7 @@ impl Plugin for TransformChat {
             let reason = format!("event type {} is skipped", ctx.event_type);
             return Ok(TransformResult::Drop(reason));
         }
-        let mut envelope: Value =
-            serde_json::from_slice(&req.body).map_err(|e| format!("body is not JSON: {e}"))?;
+        let mut envelope: Value = serde_json::from_slice(&req.body).map_err(|e| format!("body is not JSON: {e}"))?;
         let mut data = envelope.get_mut("data").map(Value::take).unwrap_or(Value::Null);
         if let Some(keys) = config("redact") {
             let keys: Vec<&str> = list(&keys).collect();

@@ -150,7 +150,8 @@ fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
     cfg.plugin_config.insert(("bench".into(), "chat".into()), HashMap::from([("redact".into(), "email".into())]));
     let host = PluginHost::start(cfg)?;
     for (name, file) in [("c409", "classify_409"), ("hexsig", "sign_hmac_hex"), ("chat", "transform_chat")] {
-        let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm"))).context("build the plugins first: scripts/build-plugins")?;
+        let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm")))
+            .context("build the plugins first: scripts/build-plugins")?;
         host.install_blocking("bench", name, &bytes)?;
     }
     let ctx = DeliveryContext {
@@ -248,9 +249,12 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {
-                for (name, file) in [("chat", "transform_chat"), ("c409", "classify_409"), ("hexsig", "sign_hmac_hex")] {
-                    let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm"))).context("build the plugins first: scripts/build-plugins")?;
-                    let r = api.raw("PUT", &format!("/v1/tenants/bench/plugins/{name}"), Some(ADMIN_TOKEN), bytes).await?;
+                for (name, file) in [("chat", "transform_chat"), ("c409", "classify_409"), ("hexsig", "sign_hmac_hex")]
+                {
+                    let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm")))
+                        .context("build the plugins first: scripts/build-plugins")?;
+                    let r =
+                        api.raw("PUT", &format!("/v1/tenants/bench/plugins/{name}"), Some(ADMIN_TOKEN), bytes).await?;
                     if r.status != 200 {
                         bail!("upload {name}: {} {}", r.status, r.text);
                     }
@@ -294,7 +298,13 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                 let ty = format!("fast.{}", i % endpoints);
                 tasks.push(tokio::spawn(async move {
                     let id = format!("evt_{i}");
-                    let r = client.post("/v1/tenants/bench/events", ADMIN_TOKEN, json!({"id": id, "type": ty, "payload": {"n": i}})).await?;
+                    let r = client
+                        .post(
+                            "/v1/tenants/bench/events",
+                            ADMIN_TOKEN,
+                            json!({"id": id, "type": ty, "payload": {"n": i}}),
+                        )
+                        .await?;
                     if r.status != 202 {
                         bail!("{} {}", r.status, r.text);
                     }
@@ -304,7 +314,8 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                 if hanging && i % 10 == 0 {
                     let api = api.clone();
                     tasks.push(tokio::spawn(async move {
-                        api.post("/v1/tenants/bench/events", ADMIN_TOKEN, json!({"type": "slow", "payload": {}})).await?;
+                        api.post("/v1/tenants/bench/events", ADMIN_TOKEN, json!({"type": "slow", "payload": {}}))
+                            .await?;
                         anyhow::Ok(())
                     }));
                 }
@@ -317,7 +328,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let acks = acks.lock().unwrap();
             let mut l: Vec<f64> = acks
                 .iter()
-                .map(|(id, ack)| got.get(id).map_or(f64::NAN, |at| at.saturating_duration_since(*ack).as_secs_f64() * 1000.0))
+                .map(|(id, ack)| {
+                    got.get(id).map_or(f64::NAN, |at| at.saturating_duration_since(*ack).as_secs_f64() * 1000.0)
+                })
                 .collect();
             l.sort_by(f64::total_cmp);
             out.insert("p50_ms".into(), percentile(&l, 0.5));
@@ -325,7 +338,8 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("hanging_requests".into(), hang_rx.count() as f64);
         }
         Scenario::Pacing { rate, seconds } => {
-            api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": rate, "burst": 1, "max_in_flight": 64})).await?;
+            api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": rate, "burst": 1, "max_in_flight": 64}))
+                .await?;
             let total = (rate * seconds as f64) as usize + 1;
             let batch: Vec<Value> = (0..total).map(|i| json!({"type": "t", "payload": {"n": i}})).collect();
             for chunk in batch.chunks(1000) {
