@@ -287,3 +287,35 @@ mod postgres {
         super::retention_purges_delivered_work_and_keeps_dead_letters(super::Backend::Postgres).await
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn herald_replay_follows_a_replay_to_its_end() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    seed_dead_letters(&gw, &rx, 4, 2).await?;
+    rx.set_default(Answer::status(200));
+    let bin = tests::herald_binary()?;
+    let api = gw.api.base.clone();
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(bin)
+            .args(["replay", "--api", &api, "--token", ADMIN_TOKEN, "--tenant", "acme", "--type", "invoice.paid"])
+            .args(["--rate", "50", "--batch", "2"])
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(30), run).await???;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "herald replay failed: {stderr}");
+    assert!(stderr.contains("4 dead letters selected") && stderr.contains("####"), "progress shown: {stderr}");
+    let result: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!((result["delivered"].as_u64(), result["failed"].as_u64()), (Some(4), Some(0)), "{result}");
+    // A refused replay is a clear error and a failed command.
+    let bin = tests::herald_binary()?;
+    let api = gw.api.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(bin).args(["replay", "--api", &api, "--token", "wrong", "--tenant", "acme"]).output()
+    })
+    .await??;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"), "{}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
