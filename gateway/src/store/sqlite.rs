@@ -621,6 +621,9 @@ async fn apply_all(conn: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<Vec
     let mut results: Vec<Option<WriteResult>> = Vec::with_capacity(ops.len());
     let mut records: Vec<(usize, usize)> = Vec::new();
     let mut pending: Vec<AttemptResult> = Vec::new();
+    // Consecutive intakes (one per HTTP request, usually) become one multi-row intake.
+    let mut intakes: Vec<(usize, usize)> = Vec::new();
+    let mut events: Vec<NewEvent> = Vec::new();
     for (i, op) in ops.into_iter().enumerate() {
         match op {
             WriteOp::Record(rs) => {
@@ -628,9 +631,18 @@ async fn apply_all(conn: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<Vec
                 pending.extend(rs);
                 results.push(None);
             }
-            other => results.push(Some(apply_one(conn, other).await?)),
+            WriteOp::Ingest(evs) => {
+                intakes.push((i, evs.len()));
+                events.extend(evs);
+                results.push(None);
+            }
+            other => {
+                flush_intakes(conn, &mut intakes, &mut events, &mut results).await?;
+                results.push(Some(apply_one(conn, other).await?));
+            }
         }
     }
+    flush_intakes(conn, &mut intakes, &mut events, &mut results).await?;
     if !pending.is_empty() {
         let mut accepted = record(conn, pending).await?.into_iter();
         for (i, n) in records {
@@ -638,6 +650,23 @@ async fn apply_all(conn: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<Vec
         }
     }
     Ok(results.into_iter().map(|r| r.expect("every op answered")).collect())
+}
+
+/// Stores the intakes gathered so far in one go and answers each op with its share.
+async fn flush_intakes(
+    conn: &mut SqliteConnection,
+    intakes: &mut Vec<(usize, usize)>,
+    events: &mut Vec<NewEvent>,
+    results: &mut [Option<WriteResult>],
+) -> Result<()> {
+    if intakes.is_empty() {
+        return Ok(());
+    }
+    let mut outcomes = ingest(conn, std::mem::take(events)).await?.into_iter();
+    for (i, n) in intakes.drain(..) {
+        results[i] = Some(WriteResult::Ingest(outcomes.by_ref().take(n).collect()));
+    }
+    Ok(())
 }
 
 async fn apply_one(conn: &mut SqliteConnection, op: WriteOp) -> Result<WriteResult> {
