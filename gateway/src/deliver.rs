@@ -160,7 +160,7 @@ impl Deliverer {
                     .wrap_connector(http);
                 Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(60))
-                    .pool_max_idle_per_host(64)
+                    .pool_max_idle_per_host(1024)
                     .build(https)
             })
             .clone()

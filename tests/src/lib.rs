@@ -440,9 +440,9 @@ impl FakeReceiver {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.arrived.notified();
-            let got = self.received();
-            if got.len() >= n {
-                return Ok(got);
+            // Count first: cloning everything received on every arrival is quadratic.
+            if self.count() >= n {
+                return Ok(self.received());
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 bail!("receiver got {} of {n} requests within {timeout:?}", self.count());
