@@ -37,6 +37,8 @@ const HUMAN_PAUSE: Duration = Duration::from_secs(365 * 86_400);
 /// How long a node holds an endpoint's partition, and when it renews it.
 const PARTITION_LEASE: Duration = Duration::from_secs(15);
 const PARTITION_RENEW_BEFORE: Duration = Duration::from_secs(5);
+/// How long an idle partition waits for new work before it retires.
+const IDLE_LINGER: Duration = Duration::from_secs(10);
 /// How often a busy partition re-reads its endpoint (rate changes, pauses by other nodes).
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
@@ -267,7 +269,17 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
                 }
                 Refill::Idle(wake_at) => {
                     let busy = shared.as_ref().is_some_and(|s| s.pacer.lock().expect("pacer").in_flight() > 0);
-                    if wake_at.is_none() && !busy && retire(&inner, &id) {
+                    if wake_at.is_none() && !busy {
+                        // Linger before retiring: a partition that came and went with every
+                        // event would re-take its lease (a write) and respawn each time.
+                        if tokio::time::timeout(IDLE_LINGER, notify.notified()).await.is_ok() {
+                            continue;
+                        }
+                        retire(&inner, &id);
+                        // Work that arrived between the timeout and the retirement.
+                        if matches!(inner.store.next_due(&id).await, Ok(Some(_))) {
+                            ensure_partition(&inner, &id);
+                        }
                         return;
                     }
                     let sleep = wake_at.map(|at| Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64));

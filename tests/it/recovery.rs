@@ -163,9 +163,11 @@ async fn a_disabled_endpoint_refuses_replay_until_re_enabled(b: Backend) -> anyh
     rx.set_default(Answer::status(410));
     let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 100, "max_in_flight": 1})).await?;
     let ep = ep["id"].as_str().unwrap().to_string();
-    for i in 0..3 {
-        gw.api.event("acme", json!({"id": format!("e{i}"), "type": "t", "payload": {}})).await?;
-    }
+    // All three in one commit, before the 410 disables the endpoint (intake skips disabled
+    // endpoints).
+    let events: Vec<Value> = (0..3).map(|i| json!({"id": format!("e{i}"), "type": "t", "payload": {}})).collect();
+    let r = gw.api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": events})).await?;
+    assert_eq!(r.status, 202, "{}", r.text);
     let dead = dead_letters(&gw, "", 3).await?;
     assert!(dead.iter().all(|d| d["reason"] == "endpoint_disabled"), "{dead:?}");
     let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"endpoint": ep}})).await?;
