@@ -621,11 +621,9 @@ async fn apply_all(conn: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<Vec
     let mut results: Vec<Option<WriteResult>> = Vec::with_capacity(ops.len());
     let mut records: Vec<(usize, usize)> = Vec::new();
     let mut pending: Vec<AttemptResult> = Vec::new();
-    // Consecutive intakes (one per HTTP request, usually) become one multi-row intake, and
-    // consecutive claims (one per busy endpoint) one read and one write.
+    // Consecutive intakes (one per HTTP request, usually) become one multi-row intake.
     let mut intakes: Vec<(usize, usize)> = Vec::new();
     let mut events: Vec<NewEvent> = Vec::new();
-    let mut claims: Vec<(usize, ClaimRequest)> = Vec::new();
     for (i, op) in ops.into_iter().enumerate() {
         match op {
             WriteOp::Record(rs) => {
@@ -634,25 +632,17 @@ async fn apply_all(conn: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<Vec
                 results.push(None);
             }
             WriteOp::Ingest(evs) => {
-                flush_claims(conn, &mut claims, &mut results).await?;
                 intakes.push((i, evs.len()));
                 events.extend(evs);
                 results.push(None);
             }
-            WriteOp::Claim(req) => {
-                flush_intakes(conn, &mut intakes, &mut events, &mut results).await?;
-                claims.push((i, req));
-                results.push(None);
-            }
             other => {
                 flush_intakes(conn, &mut intakes, &mut events, &mut results).await?;
-                flush_claims(conn, &mut claims, &mut results).await?;
                 results.push(Some(apply_one(conn, other).await?));
             }
         }
     }
     flush_intakes(conn, &mut intakes, &mut events, &mut results).await?;
-    flush_claims(conn, &mut claims, &mut results).await?;
     if !pending.is_empty() {
         let mut accepted = record(conn, pending).await?.into_iter();
         for (i, n) in records {
@@ -660,22 +650,6 @@ async fn apply_all(conn: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<Vec
         }
     }
     Ok(results.into_iter().map(|r| r.expect("every op answered")).collect())
-}
-
-/// Runs the claims gathered so far together and answers each op with its own.
-async fn flush_claims(
-    conn: &mut SqliteConnection,
-    claims: &mut Vec<(usize, ClaimRequest)>,
-    results: &mut [Option<WriteResult>],
-) -> Result<()> {
-    if claims.is_empty() {
-        return Ok(());
-    }
-    let (slots, reqs): (Vec<usize>, Vec<ClaimRequest>) = claims.drain(..).unzip();
-    for (i, claimed) in slots.into_iter().zip(claim_many(conn, reqs).await?) {
-        results[i] = Some(WriteResult::Claim(claimed));
-    }
-    Ok(())
 }
 
 /// Stores the intakes gathered so far in one go and answers each op with its share.
@@ -872,78 +846,6 @@ async fn claim(conn: &mut SqliteConnection, req: ClaimRequest) -> Result<Vec<Cla
         q.build().execute(&mut *conn).await?;
     }
     Ok(claimed)
-}
-
-/// Claims for several endpoints at once: one read (a `UNION ALL` of each endpoint's own
-/// ordered, limited selection, so a deep backlog costs no more than for a single claim) and
-/// one multi-row lease write. Requests for the same endpoint in one batch are served one
-/// after the other (the second gets nothing the first took).
-async fn claim_many(conn: &mut SqliteConnection, reqs: Vec<ClaimRequest>) -> Result<Vec<Vec<Claimed>>> {
-    let mut seen = std::collections::HashSet::new();
-    if reqs.len() == 1 || !reqs.iter().all(|r| seen.insert(r.endpoint.clone())) {
-        let mut out = Vec::with_capacity(reqs.len());
-        for req in reqs {
-            out.push(claim(conn, req).await?);
-        }
-        return Ok(out);
-    }
-    let mut by_endpoint: HashMap<String, Vec<(i64, Claimed)>> = HashMap::new();
-    for chunk in reqs.chunks(ROWS_PER_INSERT) {
-        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("");
-        for (n, req) in chunk.iter().enumerate() {
-            if n > 0 {
-                q.push(" UNION ALL ");
-            }
-            q.push(
-                "SELECT * FROM (SELECT d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, \
-                 d.deadline, d.fence, d.endpoint_id, d.next_attempt_at AS due, e.payload, e.created_at, e.expires_at \
-                 FROM deliveries d JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
-                 WHERE d.endpoint_id = ",
-            )
-            .push_bind(req.endpoint.as_str())
-            .push(" AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ")
-            .push_bind(req.now)
-            .push(" ORDER BY d.next_attempt_at, d.id LIMIT ")
-            .push_bind(i64::from(req.limit))
-            .push(")");
-        }
-        for r in q.build().fetch_all(&mut *conn).await? {
-            let c = Claimed {
-                id: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
-                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-                event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
-                event_type: r.try_get("event_type")?,
-                payload: r.try_get("payload")?,
-                event_created_at: r.try_get("created_at")?,
-                expires_at: r.try_get("expires_at")?,
-                attempts: r.try_get::<i64, _>("attempts")? as u32,
-                attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
-                deadline: r.try_get("deadline")?,
-                fence: r.try_get::<i64, _>("fence")? + 1,
-            };
-            by_endpoint.entry(r.try_get("endpoint_id")?).or_default().push((r.try_get("due")?, c));
-        }
-    }
-    let mut out = Vec::with_capacity(reqs.len());
-    let mut leases: Vec<(String, &ClaimRequest)> = Vec::new();
-    for req in &reqs {
-        let mut rows = by_endpoint.remove(req.endpoint.as_str()).unwrap_or_default();
-        rows.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
-        leases.extend(rows.iter().map(|(_, c)| (c.id.to_string(), req)));
-        out.push(rows.into_iter().map(|(_, c)| c).collect::<Vec<_>>());
-    }
-    for chunk in leases.chunks(ROWS_PER_INSERT * 5) {
-        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
-            "UPDATE deliveries SET state = 'delivering', lease_owner = v.column2, lease_until = v.column3, \
-             fence = fence + 1, updated_at = v.column4 FROM (",
-        );
-        q.push_values(chunk, |mut b, (id, req)| {
-            b.push_bind(id.as_str()).push_bind(req.owner.as_str()).push_bind(req.lease_until).push_bind(req.now);
-        });
-        q.push(") AS v WHERE deliveries.id = v.column1");
-        q.build().execute(&mut *conn).await?;
-    }
-    Ok(out)
 }
 
 /// Records attempt results in multi-row statements; a result applies only while its fence
