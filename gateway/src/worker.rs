@@ -224,10 +224,8 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
                 queue.extend(h.await.unwrap_or_default());
             }
             release_all(&inner, &mut queue, now_ms()).await;
-            if retire(&inner, &id) {
-                return;
-            }
-            continue;
+            retire(&inner, &id);
+            return;
         }
         if !queue.is_empty() {
             if refreshed.elapsed() >= REFRESH_EVERY {
@@ -298,10 +296,8 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
                     continue;
                 }
                 Refill::Gone => {
-                    if retire(&inner, &id) {
-                        return;
-                    }
-                    continue;
+                    retire(&inner, &id);
+                    return;
                 }
             }
         }
@@ -337,9 +333,8 @@ async fn partition(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
 /// Removes the partition from the map; the periodic scan or the next poke starts it again
 /// when work arrives. Its partition lease is kept until it expires, so a partition that
 /// restarts here at once never races another node for it.
-fn retire(inner: &Inner, id: &EndpointId) -> bool {
+fn retire(inner: &Inner, id: &EndpointId) {
     inner.partitions.lock().expect("partition map").remove(id);
-    true
 }
 
 /// Keeps this node's lease on the endpoint's partition, renewing it ahead of expiry.
