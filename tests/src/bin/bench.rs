@@ -54,9 +54,11 @@ enum Scenario {
         rate: u64,
         #[arg(long, default_value_t = 10)]
         seconds: u64,
-        /// Add an endpoint that never answers, among `endpoints` healthy ones.
-        #[arg(long, default_value_t = false)]
-        hanging: bool,
+        /// Add one more endpoint that gets an extra event for every tenth one: `fast`
+        /// answers at once (the baseline), `hang` never answers (the isolation case). Both
+        /// put the same load on Herald; only the extra endpoint's behaviour differs.
+        #[arg(long, value_enum)]
+        extra: Option<Extra>,
         #[arg(long, default_value_t = 1)]
         endpoints: usize,
     },
@@ -72,6 +74,12 @@ enum Scenario {
         #[arg(long, default_value_t = 30)]
         seconds: u64,
     },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+enum Extra {
+    Fast,
+    Hang,
 }
 
 #[tokio::main]
@@ -278,14 +286,16 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("deliveries_per_s".into(), total as f64 / secs);
             out.insert("seconds".into(), secs);
         }
-        Scenario::Latency { rate, seconds, hanging, endpoints } => {
+        Scenario::Latency { rate, seconds, extra, endpoints } => {
             for i in 0..endpoints {
                 api.endpoint("bench", json!({"url": rx.url(), "event_types": [format!("fast.{i}")], "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16})).await?;
             }
-            let hang_rx = FakeReceiver::start().await?;
-            hang_rx.set_default(Answer::hang());
-            if hanging {
-                api.endpoint("bench", json!({"url": hang_rx.url(), "event_types": ["slow"], "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "timeout": "30s"})).await?;
+            let extra_rx = FakeReceiver::start().await?;
+            if extra == Some(Extra::Hang) {
+                extra_rx.set_default(Answer::hang());
+            }
+            if extra.is_some() {
+                api.endpoint("bench", json!({"url": extra_rx.url(), "event_types": ["slow"], "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "timeout": "30s"})).await?;
             }
             let total = (rate * seconds) as usize;
             let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
@@ -311,7 +321,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                     acks.lock().unwrap().insert(id, Instant::now());
                     anyhow::Ok(())
                 }));
-                if hanging && i % 10 == 0 {
+                if extra.is_some() && i % 10 == 0 {
                     let api = api.clone();
                     tasks.push(tokio::spawn(async move {
                         api.post("/v1/tenants/bench/events", ADMIN_TOKEN, json!({"type": "slow", "payload": {}}))
@@ -335,7 +345,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             l.sort_by(f64::total_cmp);
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
-            out.insert("hanging_requests".into(), hang_rx.count() as f64);
+            out.insert("extra_requests".into(), extra_rx.count() as f64);
         }
         Scenario::Pacing { rate, seconds } => {
             api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": rate, "burst": 1, "max_in_flight": 64}))

@@ -1,21 +1,22 @@
 //! The embedded SQLite store: WAL with `synchronous=FULL`, one dedicated writer connection
-//! (driven by the group committer) and a pool of readers.
+//! on its own thread (driven by the group committer, see [`writer`]) and a pool of readers.
 
-use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
-use sqlx::{Connection, Executor, QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
-use tokio::sync::Mutex;
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::*;
 
 pub struct SqliteStore {
     pool: SqlitePool,
-    writer: Mutex<SqliteConnection>,
+    writer: writer::Writer,
 }
+
+mod writer;
+use writer::settle;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -28,11 +29,13 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true)
             .pragma("temp_store", "memory")
-            .pragma("cache_size", "-65536");
+            .pragma("cache_size", "-65536")
+            // The writer's checkpointer thread copies the WAL back; no commit does it inline.
+            .pragma("wal_autocheckpoint", "0");
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
-        let writer = SqliteConnection::connect_with(&options).await?;
-        Ok(SqliteStore { pool, writer: Mutex::new(writer) })
+        let writer = writer::Writer::open(options.get_filename())?;
+        Ok(SqliteStore { pool, writer })
     }
 }
 
@@ -596,370 +599,8 @@ impl Store for SqliteStore {
     }
 
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
-        let mut conn = self.writer.lock().await;
-        conn.execute("BEGIN IMMEDIATE").await?;
-        match apply_all(&mut conn, ops).await {
-            Ok(results) => {
-                if let Err(e) = conn.execute("COMMIT").await {
-                    let _ = conn.execute("ROLLBACK").await;
-                    return Err(e.into());
-                }
-                Ok(results)
-            }
-            Err(e) => {
-                let _ = conn.execute("ROLLBACK").await;
-                Err(e)
-            }
-        }
+        self.writer.apply(ops).await
     }
-}
-
-/// Applies a batch of ops inside the open transaction. Every `Record` op is folded into one
-/// multi-row write at the end (order among them and against the other ops does not matter:
-/// unfinished deliveries settle against the endpoint state at commit time either way).
-async fn apply_all(conn: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
-    let mut results: Vec<Option<WriteResult>> = Vec::with_capacity(ops.len());
-    let mut records: Vec<(usize, usize)> = Vec::new();
-    let mut pending: Vec<AttemptResult> = Vec::new();
-    // Consecutive intakes (one per HTTP request, usually) become one multi-row intake.
-    let mut intakes: Vec<(usize, usize)> = Vec::new();
-    let mut events: Vec<NewEvent> = Vec::new();
-    for (i, op) in ops.into_iter().enumerate() {
-        match op {
-            WriteOp::Record(rs) => {
-                records.push((i, rs.len()));
-                pending.extend(rs);
-                results.push(None);
-            }
-            WriteOp::Ingest(evs) => {
-                intakes.push((i, evs.len()));
-                events.extend(evs);
-                results.push(None);
-            }
-            other => {
-                flush_intakes(conn, &mut intakes, &mut events, &mut results).await?;
-                results.push(Some(apply_one(conn, other).await?));
-            }
-        }
-    }
-    flush_intakes(conn, &mut intakes, &mut events, &mut results).await?;
-    if !pending.is_empty() {
-        let mut accepted = record(conn, pending).await?.into_iter();
-        for (i, n) in records {
-            results[i] = Some(WriteResult::Record(accepted.by_ref().take(n).collect()));
-        }
-    }
-    Ok(results.into_iter().map(|r| r.expect("every op answered")).collect())
-}
-
-/// Stores the intakes gathered so far in one go and answers each op with its share.
-async fn flush_intakes(
-    conn: &mut SqliteConnection,
-    intakes: &mut Vec<(usize, usize)>,
-    events: &mut Vec<NewEvent>,
-    results: &mut [Option<WriteResult>],
-) -> Result<()> {
-    if intakes.is_empty() {
-        return Ok(());
-    }
-    let mut outcomes = ingest(conn, std::mem::take(events)).await?.into_iter();
-    for (i, n) in intakes.drain(..) {
-        results[i] = Some(WriteResult::Ingest(outcomes.by_ref().take(n).collect()));
-    }
-    Ok(())
-}
-
-async fn apply_one(conn: &mut SqliteConnection, op: WriteOp) -> Result<WriteResult> {
-    Ok(match op {
-        WriteOp::Ingest(events) => WriteResult::Ingest(ingest(conn, events).await?),
-        WriteOp::Claim(req) => WriteResult::Claim(claim(conn, req).await?),
-        WriteOp::Record(results) => WriteResult::Record(record(conn, results).await?),
-        WriteOp::Release(releases) => {
-            for r in releases {
-                sqlx::query(&format!(
-                    "UPDATE deliveries SET state = {}, next_attempt_at = ?, lease_owner = NULL, \
-                     lease_until = NULL, reason = CASE WHEN {} = 'dead' THEN 'endpoint_disabled' END \
-                     WHERE id = ? AND fence = ? AND state = 'delivering'",
-                    settle("'waiting'"),
-                    settle("'waiting'")
-                ))
-                .bind(r.next_attempt_at)
-                .bind(r.delivery.as_str())
-                .bind(r.fence)
-                .execute(&mut *conn)
-                .await?;
-            }
-            WriteResult::Release
-        }
-        WriteOp::Endpoint(change) => WriteResult::Endpoint(change_endpoint(conn, change).await?),
-    })
-}
-
-/// Rows per multi-row INSERT: few statements per group commit, far below SQLite's
-/// parameter limit.
-const ROWS_PER_INSERT: usize = 100;
-
-/// Stores new events and fans each out to the tenant's subscribed endpoints, with
-/// multi-row statements (the per-statement cost dominates otherwise).
-async fn ingest(conn: &mut SqliteConnection, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {
-    let mut subscribers: HashMap<TenantId, Vec<(String, Vec<String>)>> = HashMap::new();
-    for ev in &events {
-        if subscribers.contains_key(&ev.tenant) {
-            continue;
-        }
-        let rows = sqlx::query("SELECT id, event_types FROM endpoints WHERE tenant_id = ? AND state != 'disabled'")
-            .bind(ev.tenant.as_str())
-            .fetch_all(&mut *conn)
-            .await?;
-        let eps = rows
-            .iter()
-            .map(|r| {
-                let types: String = r.try_get("event_types")?;
-                let types = serde_json::from_str(&types).map_err(|e| StoreError::Backend(e.to_string()))?;
-                Ok((r.try_get::<String, _>("id")?, types))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        subscribers.insert(ev.tenant.clone(), eps);
-    }
-
-    // Which (tenant, id) pairs are new? ON CONFLICT DO NOTHING returns only inserted rows.
-    let mut inserted: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
-    for chunk in events.chunks(ROWS_PER_INSERT) {
-        let mut q: QueryBuilder<'_, Sqlite> =
-            QueryBuilder::new("INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at) ");
-        q.push_values(chunk, |mut b, ev| {
-            b.push_bind(ev.tenant.as_str())
-                .push_bind(ev.id.as_str())
-                .push_bind(ev.event_type.as_str())
-                .push_bind(ev.payload.as_str())
-                .push_bind(ev.created_at)
-                .push_bind(ev.expires_at);
-        });
-        q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, id");
-        for r in q.build().fetch_all(&mut *conn).await? {
-            inserted.insert((r.try_get("tenant_id")?, r.try_get("id")?));
-        }
-    }
-
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
-    let mut out = Vec::with_capacity(events.len());
-    let mut rows: Vec<(String, &NewEvent, &str)> = Vec::new();
-    let mut fresh: HashMap<(String, String), u32> = HashMap::new();
-    for ev in &events {
-        // The first occurrence of a pair in the batch is the one that was inserted.
-        let key = (ev.tenant.to_string(), ev.id.to_string());
-        if !inserted.remove(&key) {
-            if let Some(n) = fresh.get(&key) {
-                out.push(IngestOutcome { deliveries: *n, endpoints: Vec::new(), duplicate: true });
-                continue;
-            }
-            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE tenant_id = ? AND event_id = ?")
-                .bind(ev.tenant.as_str())
-                .bind(ev.id.as_str())
-                .fetch_one(&mut *conn)
-                .await?;
-            out.push(IngestOutcome { deliveries: n as u32, endpoints: Vec::new(), duplicate: true });
-            continue;
-        }
-        let mut targets = Vec::new();
-        for (endpoint, types) in &subscribers[&ev.tenant] {
-            if type_filter_matches(types, &ev.event_type) {
-                rows.push((DeliveryId::generate(ev.created_at, &mut rng).to_string(), ev, endpoint.as_str()));
-                targets.push(EndpointId::from_stored(endpoint.as_str()));
-            }
-        }
-        fresh.insert(key, targets.len() as u32);
-        out.push(IngestOutcome { deliveries: targets.len() as u32, endpoints: targets, duplicate: false });
-    }
-    for chunk in rows.chunks(ROWS_PER_INSERT) {
-        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
-            "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-             next_attempt_at, created_at, updated_at) ",
-        );
-        q.push_values(chunk, |mut b, (id, ev, endpoint)| {
-            b.push_bind(id.as_str())
-                .push_bind(ev.tenant.as_str())
-                .push_bind(ev.id.as_str())
-                .push_bind(*endpoint)
-                .push_bind(ev.event_type.as_str())
-                .push_bind("queued")
-                .push_bind(0i64)
-                .push_bind(ev.created_at)
-                .push_bind(ev.created_at)
-                .push_bind(ev.created_at);
-        });
-        q.build().execute(&mut *conn).await?;
-    }
-    Ok(out)
-}
-
-async fn claim(conn: &mut SqliteConnection, req: ClaimRequest) -> Result<Vec<Claimed>> {
-    // Read the due rows with their events, then lease them: two statements per claim. The
-    // writer holds the write lock (BEGIN IMMEDIATE), so nothing changes in between.
-    let rows = sqlx::query(
-        "SELECT d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
-         e.payload, e.created_at, e.expires_at FROM deliveries d \
-         JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
-         WHERE d.endpoint_id = ? AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ? \
-         ORDER BY d.next_attempt_at, d.id LIMIT ?",
-    )
-    .bind(req.endpoint.as_str())
-    .bind(req.now)
-    .bind(i64::from(req.limit))
-    .fetch_all(&mut *conn)
-    .await?;
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let claimed = rows
-        .iter()
-        .map(|r| {
-            Ok(Claimed {
-                id: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
-                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-                event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
-                event_type: r.try_get("event_type")?,
-                payload: r.try_get("payload")?,
-                event_created_at: r.try_get("created_at")?,
-                expires_at: r.try_get("expires_at")?,
-                attempts: r.try_get::<i64, _>("attempts")? as u32,
-                attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
-                deadline: r.try_get("deadline")?,
-                fence: r.try_get::<i64, _>("fence")? + 1,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    for chunk in claimed.chunks(ROWS_PER_INSERT * 5) {
-        let mut q: QueryBuilder<'_, Sqlite> =
-            QueryBuilder::new("UPDATE deliveries SET state = 'delivering', lease_owner = ");
-        q.push_bind(req.owner.as_str())
-            .push(", lease_until = ")
-            .push_bind(req.lease_until)
-            .push(", fence = fence + 1, updated_at = ")
-            .push_bind(req.now)
-            .push(" WHERE id IN (");
-        let mut ids = q.separated(", ");
-        for c in chunk {
-            ids.push_bind(c.id.as_str());
-        }
-        ids.push_unseparated(")");
-        q.build().execute(&mut *conn).await?;
-    }
-    Ok(claimed)
-}
-
-/// Records attempt results in multi-row statements; a result applies only while its fence
-/// still matches. Returns, per result, whether it was accepted.
-async fn record(conn: &mut SqliteConnection, results: Vec<AttemptResult>) -> Result<Vec<bool>> {
-    // One result per lease: a second result for the same delivery in this batch is refused,
-    // exactly as it would be in a later commit (the first one ends the lease).
-    let mut seen = std::collections::HashSet::with_capacity(results.len());
-    let first: Vec<bool> = results.iter().map(|r| seen.insert(r.delivery.as_str())).collect();
-    let unique: Vec<&AttemptResult> = results.iter().zip(&first).filter(|(_, f)| **f).map(|(r, _)| r).collect();
-    let mut accepted: HashMap<String, String> = HashMap::with_capacity(results.len());
-    let unfinished = "v.column3 IN ('waiting', 'queued')";
-    let settled = settle("v.column3");
-    for chunk in unique.chunks(ROWS_PER_INSERT) {
-        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(format!(
-            "UPDATE deliveries SET state = CASE WHEN {unfinished} THEN {settled} ELSE v.column3 END, \
-             attempts = v.column4, next_attempt_at = v.column5, \
-             reason = CASE WHEN {unfinished} AND {settled} = 'dead' THEN 'endpoint_disabled' ELSE v.column6 END, \
-             last_status = v.column7, last_error = v.column8, lease_owner = NULL, lease_until = NULL, \
-             updated_at = v.column9 FROM ("
-        ));
-        q.push_values(chunk, |mut b, r| {
-            let a = &r.attempt;
-            b.push_bind(r.delivery.as_str())
-                .push_bind(r.fence)
-                .push_bind(r.state.as_str())
-                .push_bind(i64::from(a.number))
-                .push_bind(r.next_attempt_at)
-                .push_bind(r.reason.as_deref())
-                .push_bind(a.status.map(i64::from))
-                .push_bind(a.error.as_deref())
-                .push_bind(a.started_at + a.duration_ms as i64);
-        });
-        q.push(
-            ") AS v WHERE deliveries.id = v.column1 AND deliveries.fence = v.column2 \
-             AND deliveries.state = 'delivering' RETURNING deliveries.id, deliveries.endpoint_id",
-        );
-        for row in q.build().fetch_all(&mut *conn).await? {
-            accepted.insert(row.try_get("id")?, row.try_get("endpoint_id")?);
-        }
-    }
-    let kept: Vec<(&AttemptResult, &String)> =
-        unique.iter().filter_map(|r| accepted.get(r.delivery.as_str()).map(|ep| (*r, ep))).collect();
-    for chunk in kept.chunks(ROWS_PER_INSERT) {
-        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
-            "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
-             error, verdict, decided_by, endpoint_id) ",
-        );
-        q.push_values(chunk, |mut b, (r, endpoint)| {
-            let a = &r.attempt;
-            b.push_bind(a.id.as_str())
-                .push_bind(a.delivery_id.as_str())
-                .push_bind(i64::from(a.number))
-                .push_bind(a.started_at)
-                .push_bind(a.duration_ms as i64)
-                .push_bind(a.status.map(i64::from))
-                .push_bind(a.response_body.as_deref())
-                .push_bind(a.error.as_deref())
-                .push_bind(a.verdict.as_str())
-                .push_bind(a.decided_by.as_str())
-                .push_bind(endpoint.as_str());
-        });
-        q.build().execute(&mut *conn).await?;
-    }
-    Ok(results.iter().zip(first).map(|(r, f)| f && accepted.contains_key(r.delivery.as_str())).collect())
-}
-
-/// What a delivery that is not finished becomes, given its endpoint's state right now:
-/// dead on a disabled endpoint, paused on an endpoint paused for a human, else `$wanted`.
-const SETTLE_STATE: &str = "CASE (SELECT CASE WHEN e.state = 'paused' AND e.paused_until IS NOT NULL \
-     THEN 'active' ELSE e.state END FROM endpoints e WHERE e.id = deliveries.endpoint_id) \
-     WHEN 'disabled' THEN 'dead' WHEN 'paused' THEN 'paused' ELSE $wanted END";
-
-fn settle(wanted: &str) -> String {
-    SETTLE_STATE.replace("$wanted", wanted)
-}
-
-async fn change_endpoint(conn: &mut SqliteConnection, c: EndpointChange) -> Result<u64> {
-    let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("UPDATE endpoints SET updated_at = ");
-    q.push_bind(c.now);
-    if let Some(state) = c.state {
-        q.push(", state = ")
-            .push_bind(state.as_str())
-            .push(", state_reason = ")
-            .push_bind(c.reason.clone())
-            .push(", paused_until = ")
-            .push_bind(c.paused_until);
-    }
-    if let Some(f) = c.failing_since {
-        q.push(", failing_since = ").push_bind(f);
-    }
-    q.push(" WHERE id = ").push_bind(c.endpoint.as_str());
-    q.build().execute(&mut *conn).await?;
-    let affected = match (c.state, c.paused_until) {
-        (None, _) | (Some(EndpointState::Paused), Some(_)) => return Ok(0),
-        (Some(EndpointState::Disabled), _) => sqlx::query(
-            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_disabled', next_attempt_at = NULL, \
-             updated_at = ? WHERE endpoint_id = ? AND state IN ('queued', 'waiting', 'paused')",
-        ),
-        (Some(EndpointState::Paused), None) => sqlx::query(
-            "UPDATE deliveries SET state = 'paused', updated_at = ? \
-             WHERE endpoint_id = ? AND state IN ('queued', 'waiting')",
-        ),
-        (Some(EndpointState::Active), _) => sqlx::query(
-            "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?1, updated_at = ?1 \
-             WHERE endpoint_id = ?2 AND state = 'paused'",
-        ),
-    }
-    .bind(c.now)
-    .bind(c.endpoint.as_str())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    Ok(affected)
 }
 
 fn replay_from_row(r: &SqliteRow) -> Result<Replay> {
