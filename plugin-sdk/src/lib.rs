@@ -114,8 +114,23 @@ pub trait Plugin {
 
 /// Reads a key of this plugin's configuration (set by the operator for this tenant
 /// and plugin in Herald's TOML). `None` when unset.
+///
+/// An instance only ever serves one loaded version of one tenant's plugin, whose
+/// configuration is fixed when Herald loads it, so each key is asked of the host once
+/// per instance and then answered from memory (a host call per lookup cost more than
+/// some hooks' whole work).
 pub fn config(key: &str) -> Option<String> {
-    host::get_config(key)
+    thread_local! {
+        static CACHE: std::cell::RefCell<Vec<(String, Option<String>)>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    CACHE.with_borrow_mut(|cache| {
+        if let Some((_, value)) = cache.iter().find(|(k, _)| k == key) {
+            return value.clone();
+        }
+        let value = host::get_config(key);
+        cache.push((key.to_string(), value.clone()));
+        value
+    })
 }
 
 /// Log lines, recorded in Herald's structured log with the tenant, plugin and attempt.

@@ -170,10 +170,13 @@ fn build_engine(cfg: &PluginConfig) -> wasmtime::Result<Engine> {
         .epoch_interruption(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
         .memory_init_cow(true)
-        // Reserve only what the cap allows (bounds checks stay explicit) so that a
-        // thousand slots cost gigabytes, not terabytes, of address space.
-        .memory_reservation(cfg.memory_limit as u64)
-        .memory_guard_size(64 << 10)
+        // A 4 GiB reservation plus a guard region covers every 32-bit address a guest
+        // can form, so compiled code needs no bounds check on each load and store
+        // (explicit checks made the example plugins' calls 7–11 % slower). It is address
+        // space only (PROT_NONE, never committed): 2 memories × 1000 slots ≈ 8 TiB of the
+        // 128 TiB a process has. The memory cap is enforced on growth, not by the mapping.
+        .memory_reservation(4 << 30)
+        .memory_guard_size(32 << 20)
         .memory_reservation_for_growth(0)
         .max_wasm_stack(512 << 10);
     Engine::new(&config)

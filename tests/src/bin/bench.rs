@@ -47,6 +47,9 @@ enum Scenario {
         /// Bind the three example plugins (transform, classify, sign) to every endpoint.
         #[arg(long, default_value_t = false)]
         plugins: bool,
+        /// With `--plugins`: bind only these hooks (comma-separated), to cost each one.
+        #[arg(long, value_delimiter = ',', default_value = "transform,classify,sign")]
+        hooks: Vec<String>,
     },
     /// Time from 202 to arrival at the receiver, posting at a fixed rate.
     Latency {
@@ -142,6 +145,26 @@ async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, temp
 /// Records arrival instants by webhook-id.
 fn arrivals(rx: &FakeReceiver) -> HashMap<String, Instant> {
     rx.received().into_iter().filter_map(|r| Some((r.header("webhook-id")?.to_string(), r.at))).collect()
+}
+
+/// User plus system CPU time of a process so far, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let ticks = match TICKS.get() {
+        Some(t) => *t,
+        None => {
+            let out = std::process::Command::new("getconf").arg("CLK_TCK").output()?;
+            let t: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().context("getconf CLK_TCK")?;
+            *TICKS.get_or_init(|| t)
+        }
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let rest = stat.rsplit_once(") ").context("/proc/<pid>/stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11).context("utime")?.parse()?;
+    let stime: f64 = fields.get(12).context("stime")?.parse()?;
+    Ok((utime + stime) / ticks)
 }
 
 fn wasm_dir() -> std::path::PathBuf {
@@ -253,7 +276,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins } => {
+        Scenario::Deliver { events, endpoints, plugins, hooks } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {
@@ -267,11 +290,16 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                         bail!("upload {name}: {} {}", r.status, r.text);
                     }
                 }
-                bindings = json!({"transform": "chat", "classify": "c409", "sign": "hexsig"});
+                let all = json!({"transform": "chat", "classify": "c409", "sign": "hexsig"});
+                bindings = json!({});
+                for hook in &hooks {
+                    bindings[hook] = all.get(hook).with_context(|| format!("unknown hook {hook}"))?.clone();
+                }
             }
             for _ in 0..endpoints {
                 api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings})).await?;
             }
+            let cpu_before = cpu_seconds(node.pid())?;
             let start = Instant::now();
             let batch: Vec<Value> = (0..events).map(|i| json!({"type": "invoice.paid", "payload": {"n": i}})).collect();
             for chunk in batch.chunks(1000) {
@@ -285,6 +313,10 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let secs = start.elapsed().as_secs_f64();
             out.insert("deliveries_per_s".into(), total as f64 / secs);
             out.insert("seconds".into(), secs);
+            // CPU the (first) node spent per delivery: steadier than throughput on a shared
+            // 2-core machine, where the load generator and receiver compete for the cores.
+            let cpu = cpu_seconds(node.pid())? - cpu_before;
+            out.insert("node_cpu_us_per_delivery".into(), cpu * 1e6 / total as f64);
         }
         Scenario::Latency { rate, seconds, extra, endpoints } => {
             for i in 0..endpoints {
