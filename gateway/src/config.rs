@@ -502,9 +502,12 @@ mod tests {
         assert_eq!(c.admin_token.as_deref(), Some("12345"));
     }
 
+    /// TOML text, environment overrides, and the key the error must name.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
     #[test]
     fn errors_name_the_key() {
-        let cases: &[(&str, &[(&str, &str)], &str)] = &[
+        let cases: &[Case<'_>] = &[
             ("[delivery]\ntimeout = \"ten\"\n", &[], "delivery.timeout"),
             ("[delivery]\ntimeout = \"60s\"\n", &[], "delivery.timeout"),
             ("[server]\nlisten = \"nowhere\"\n", &[], "server.listen"),

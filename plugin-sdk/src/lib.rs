@@ -38,6 +38,7 @@
 //!
 //! impl Plugin for AlreadyProcessed {
 //!     const HOOKS: Hooks = Hooks::CLASSIFY;
+//!     const CLASSIFY_STATUSES: Option<&'static [u16]> = Some(&[409]);
 //!
 //!     fn classify(ctx: &DeliveryContext, outcome: &Outcome) -> Verdict {
 //!         if outcome.status() != Some(409) {
@@ -88,6 +89,11 @@ pub trait Plugin {
     const NAME: &'static str = "";
     /// The version reported by `describe`; the crate version when empty.
     const VERSION: &'static str = "";
+    /// The response statuses [`Self::classify`] has an opinion on; `None` (the default)
+    /// means every outcome. With `Some(&[409])`, Herald calls `classify` only for 409s
+    /// and transport errors and judges every other response with its built-in table,
+    /// saving a call per delivery.
+    const CLASSIFY_STATUSES: Option<&'static [u16]> = None;
 
     /// Reshape the request (body and headers), or drop the delivery with
     /// `TransformResult::Drop(reason)`. An `Err` fails the attempt, which is retried.
@@ -207,7 +213,12 @@ pub mod __private {
 
     pub fn describe<P: Plugin>(crate_name: &str, crate_version: &str) -> PluginInfo {
         let pick = |own: &str, fallback: &str| if own.is_empty() { fallback } else { own }.to_string();
-        PluginInfo { name: pick(P::NAME, crate_name), version: pick(P::VERSION, crate_version), hooks: P::HOOKS }
+        PluginInfo {
+            name: pick(P::NAME, crate_name),
+            version: pick(P::VERSION, crate_version),
+            hooks: P::HOOKS,
+            classify_statuses: P::CLASSIFY_STATUSES.map(<[u16]>::to_vec),
+        }
     }
 }
 

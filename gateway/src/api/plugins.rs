@@ -25,6 +25,7 @@ fn view(p: &PluginInfo) -> Value {
         "size": p.size,
         "plugin_name": p.plugin_name,
         "plugin_version": p.plugin_version,
+        "classify_statuses": p.classify_statuses,
         "loaded_at": loaded_at,
         "error": p.error,
     })

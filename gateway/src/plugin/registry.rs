@@ -418,6 +418,7 @@ fn info(tenant: &str, name: &str, slot: &Slot) -> PluginInfo {
         size: current.map(|p| p.size).unwrap_or(0),
         plugin_name: current.map(|p| p.plugin_name.clone()).unwrap_or_default(),
         plugin_version: current.map(|p| p.plugin_version.clone()).unwrap_or_default(),
+        classify_statuses: current.and_then(|p| p.classify_statuses.clone()),
         loaded_at: current.map(|p| p.loaded_at),
         error: slot.error.clone(),
     }

@@ -115,6 +115,7 @@ impl Runtime {
             hooks: HookSet::default(),
             plugin_name: String::new(),
             plugin_version: String::new(),
+            classify_statuses: None,
             sha256: hex::encode(Sha256::digest(bytes)),
             size: bytes.len() as u64,
             loaded_at: SystemTime::now(),
@@ -142,6 +143,17 @@ impl Runtime {
         }
         plugin.plugin_name = truncate(info.name, 128);
         plugin.plugin_version = truncate(info.version, 128);
+        if let Some(mut statuses) = info.classify_statuses {
+            if !plugin.hooks.classify {
+                return Err(PluginError::Rejected("describe lists classify statuses without the classify hook".into()));
+            }
+            if let Some(bad) = statuses.iter().find(|s| !(100..=599).contains(*s)) {
+                return Err(PluginError::Rejected(format!("describe lists {bad}, which is not an HTTP status")));
+            }
+            statuses.sort_unstable();
+            statuses.dedup();
+            plugin.classify_statuses = Some(statuses);
+        }
         Ok(Arc::new(plugin))
     }
 
@@ -207,6 +219,8 @@ pub(crate) struct LoadedPlugin {
     pub(crate) hooks: HookSet,
     pub(crate) plugin_name: String,
     pub(crate) plugin_version: String,
+    /// The only response statuses `classify` is called for (`None`: every outcome).
+    pub(crate) classify_statuses: Option<Vec<u16>>,
     pub(crate) sha256: String,
     pub(crate) size: u64,
     pub(crate) loaded_at: SystemTime,
@@ -249,6 +263,9 @@ impl LoadedPlugin {
         logs: Option<&mut LogCapture>,
     ) -> Result<Verdict, PluginFailure> {
         self.require(Hook::Classify)?;
+        if !self.wants(outcome) {
+            return Ok(Verdict::Default);
+        }
         let verdict = self.call(ctx, logs, |b, s| b.call_classify(s, ctx, outcome))?;
         check_verdict(verdict, self.runtime.limits.max_output_bytes)
     }
@@ -270,6 +287,14 @@ impl LoadedPlugin {
         }
         check_headers(&headers)?;
         Ok(strip_reserved(headers))
+    }
+
+    /// Does `classify` have an opinion on `outcome`? Transport errors always go to it.
+    pub(crate) fn wants(&self, outcome: &Outcome) -> bool {
+        match (&self.classify_statuses, outcome) {
+            (Some(statuses), Outcome::Response(r)) => statuses.binary_search(&r.status).is_ok(),
+            _ => true,
+        }
     }
 
     fn require(&self, hook: Hook) -> Result<(), PluginFailure> {

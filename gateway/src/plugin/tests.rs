@@ -40,7 +40,8 @@ impl Guest {
     (export "log" (func (param "level" $level) (param "message" string)))))
   (type $hooks' (flags "transform" "classify" "sign"))
   (export $hooks "hooks" (type $hooks'))
-  (type $info' (record (field "name" string) (field "version" string) (field "hooks" $hooks)))
+  (type $info' (record (field "name" string) (field "version" string) (field "hooks" $hooks)
+    (field "classify-statuses" (option (list u16)))))
   (export $info "plugin-info" (type $info'))
   (type $header (tuple string string))
   (type $ctx' (record (field "tenant" string) (field "endpoint-id" string) (field "event-id" string)
@@ -163,6 +164,38 @@ fn a_well_behaved_plugin_is_installed_listed_and_called() {
     let metrics = t.host.metrics();
     let classify = metrics.iter().find(|m| m.hook == Hook::Classify).unwrap();
     assert_eq!((classify.calls, classify.failures), (3, 0));
+}
+
+/// `describe` declaring the statuses `classify` has an opinion on: `{statuses}` as u16 LE bytes.
+fn with_statuses(hooks: u8, statuses: &'static str, count: u8) -> Guest {
+    let data: &'static str = Box::leak(
+        format!(r#"(data (i32.const 20) "\01\00\00\00\60\00\00\00\{count:02x}\00\00\00") (data (i32.const 96) "{statuses}")"#)
+            .into_boxed_str(),
+    );
+    Guest { hooks, data, ..Guest::classify(DELIVERED) }
+}
+
+#[test]
+fn classify_is_only_called_for_the_statuses_it_declares() {
+    let t = test_host(|_| {});
+    // 409 (0x0199) only; the plugin itself answers "delivered" to anything.
+    let info = t.host.install_blocking("acme", "p", &with_statuses(2, r"\99\01", 1).wasm()).unwrap();
+    assert_eq!(info.classify_statuses, Some(vec![409]));
+    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(500)), Ok(Verdict::Default), "not called: built-in table");
+    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(200)), Ok(Verdict::Default));
+    let timeout = Outcome::TransportError(TransportError { kind: TransportErrorKind::Timeout, message: "t".into() });
+    assert_eq!(
+        t.host.classify("acme", "p", &ctx(), &timeout),
+        Ok(Verdict::Delivered),
+        "transport errors always go to it"
+    );
+
+    let bad = [(with_statuses(2, r"\e7\03", 1), "999"), (with_statuses(1, r"\99\01", 1), "without the classify hook")];
+    for (guest, why) in bad {
+        let err = t.host.install_blocking("acme", "q", &guest.wasm()).unwrap_err().to_string();
+        assert!(err.contains(why), "{err}");
+    }
 }
 
 #[test]

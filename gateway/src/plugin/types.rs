@@ -150,6 +150,9 @@ pub struct PluginInfo {
     pub plugin_name: String,
     /// See `plugin_name`.
     pub plugin_version: String,
+    /// The response statuses the serving version's `classify` is called for; `None`:
+    /// every outcome.
+    pub classify_statuses: Option<Vec<u16>>,
     /// When the serving version was loaded.
     pub loaded_at: Option<SystemTime>,
     /// Why the newest file on disk is not serving, when it failed to load. The previous
@@ -166,7 +169,8 @@ pub struct PluginMetrics {
     pub name: String,
     /// The hook.
     pub hook: Hook,
-    /// Calls started.
+    /// Calls started (a `classify` answered by the plugin's declared status filter,
+    /// without entering it, counts too).
     pub calls: u64,
     /// Calls that failed (any [`PluginFailure`]).
     pub failures: u64,

@@ -17,6 +17,7 @@ const DEFAULT_RETRY_AFTER_SECS: u32 = 60;
 
 impl Plugin for Classify409 {
     const HOOKS: Hooks = Hooks::CLASSIFY;
+    const CLASSIFY_STATUSES: Option<&'static [u16]> = Some(&[409]);
 
     fn classify(ctx: &DeliveryContext, outcome: &Outcome) -> Verdict {
         if outcome.status() != Some(409) {

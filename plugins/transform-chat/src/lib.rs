@@ -8,8 +8,12 @@
 //!   (e.g. `"email,card_number"`);
 //! - `skip_types` = comma-separated event types (or `prefix.*`) to drop.
 
+use std::collections::HashMap;
+use std::io::Write as _;
+
 use plugin_sdk::{DeliveryContext, Hooks, Plugin, Request, TransformResult, config};
-use serde_json::{Value, json};
+use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// The plugin; see the crate docs.
 struct TransformChat;
@@ -24,27 +28,40 @@ impl Plugin for TransformChat {
             let reason = format!("event type {} is skipped", ctx.event_type);
             return Ok(TransformResult::Drop(reason));
         }
-        let mut envelope: Value = serde_json::from_slice(&req.body).map_err(|e| format!("body is not JSON: {e}"))?;
-        let mut data = envelope.get_mut("data").map(Value::take).unwrap_or(Value::Null);
+        let key = match config("style").as_deref() {
+            Some("discord") => "content",
+            None | Some("slack") => "text",
+            Some(other) => return Err(format!("unknown style {other:?}")),
+        };
+        // Only `data` is parsed; the envelope's other fields are in the context.
+        let envelope: HashMap<&str, &RawValue> =
+            serde_json::from_slice(&req.body).map_err(|e| format!("body is not JSON: {e}"))?;
+        let mut data: Value = match envelope.get("data") {
+            Some(raw) => serde_json::from_str(raw.get()).map_err(|e| e.to_string())?,
+            None => Value::Null,
+        };
         if let Some(keys) = config("redact") {
             let keys: Vec<&str> = list(&keys).collect();
             redact(&mut data, &keys);
         }
-        let text = message_text(ctx, &data);
-        let message = match config("style").as_deref() {
-            Some("discord") => json!({ "content": text }),
-            None | Some("slack") => json!({ "text": text }),
-            Some(other) => return Err(format!("unknown style {other:?}")),
-        };
-        req.body = serde_json::to_vec(&message).map_err(|e| e.to_string())?;
+        let text = message_text(ctx, &data)?;
+        let mut body = Vec::with_capacity(text.len() + 16);
+        write!(body, "{{\"{key}\":").map_err(|e| e.to_string())?;
+        serde_json::to_writer(&mut body, &text).map_err(|e| e.to_string())?;
+        body.push(b'}');
+        req.body = body;
         req.set_header("content-type", "application/json");
         Ok(TransformResult::Send(req))
     }
 }
 
-fn message_text(ctx: &DeliveryContext, data: &Value) -> String {
-    let pretty = serde_json::to_string_pretty(data).unwrap_or_default();
-    format!("*{}* `{}`\n```{}```", ctx.event_type, ctx.event_id, pretty)
+/// ``*type* `id` `` and the (redacted) data, pretty-printed in a code block.
+fn message_text(ctx: &DeliveryContext, data: &Value) -> Result<String, String> {
+    let mut text = Vec::with_capacity(256);
+    write!(text, "*{}* `{}`\n```", ctx.event_type, ctx.event_id).map_err(|e| e.to_string())?;
+    serde_json::to_writer_pretty(&mut text, data).map_err(|e| e.to_string())?;
+    text.extend_from_slice(b"```");
+    String::from_utf8(text).map_err(|e| e.to_string())
 }
 
 fn list(csv: &str) -> impl Iterator<Item = &str> {
@@ -80,6 +97,7 @@ plugin_sdk::export!(TransformChat);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn redacts_at_any_depth() {
