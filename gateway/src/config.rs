@@ -360,6 +360,11 @@ impl RawConfig {
         {
             return Err(invalid("store.url", "must start with sqlite:// or postgres://"));
         }
+        if self.store.url.starts_with("sqlite:")
+            && (self.store.url.contains(":memory:") || self.store.url.contains("mode=memory"))
+        {
+            return Err(invalid("store.url", "an in-memory SQLite database is not durable; name a file"));
+        }
         let delivery = DeliveryConfig {
             allow_private_destinations: self.delivery.allow_private_destinations,
             connect_timeout: duration("delivery.connect_timeout", &self.delivery.connect_timeout)?,
@@ -514,6 +519,7 @@ mod tests {
             ("[server]\nlisten_on = \"x\"\n", &[], "listen_on"),
             ("[retry]\njitter = \"sometimes\"\n", &[], "retry.jitter"),
             ("[store]\nurl = \"mysql://x\"\n", &[], "store.url"),
+            ("[store]\nurl = \"sqlite::memory:\"\n", &[], "store.url"),
             ("", &[("HERALD_SERVER_NOPE", "1")], "HERALD_SERVER_NOPE"),
             ("", &[("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "maybe")], "HERALD_DELIVERY"),
         ];

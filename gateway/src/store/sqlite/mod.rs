@@ -30,8 +30,12 @@ impl SqliteStore {
             .foreign_keys(true)
             .pragma("temp_store", "memory")
             .pragma("cache_size", "-65536")
-            // The writer's checkpointer thread copies the WAL back; no commit does it inline.
+            // The writer's checkpointer thread copies the WAL back; no pool commit does it inline.
             .pragma("wal_autocheckpoint", "0");
+        // The writer has its own connection: an in-memory database would be another one.
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            return Err(StoreError::Backend("an in-memory SQLite database is not durable; name a file".into()));
+        }
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
         let writer = writer::Writer::open(options.get_filename())?;
