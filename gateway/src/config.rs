@@ -360,9 +360,7 @@ impl RawConfig {
         {
             return Err(invalid("store.url", "must start with sqlite:// or postgres://"));
         }
-        if self.store.url.starts_with("sqlite:")
-            && (self.store.url.contains(":memory:") || self.store.url.contains("mode=memory"))
-        {
+        if crate::store::sqlite::is_in_memory(&self.store.url) {
             return Err(invalid("store.url", "an in-memory SQLite database is not durable; name a file"));
         }
         let delivery = DeliveryConfig {

@@ -24,13 +24,17 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
     let runtime = Runtime::new(&config)?;
     let plugin = runtime.load("cli", "cli", &bytes, HashMap::new())?;
     let imports = runtime.imports(&bytes)?;
-    let mut hooks: Vec<String> = plugin.hooks.iter().map(|h| h.as_str().to_string()).collect();
-    if let Some(statuses) = &plugin.classify_statuses {
-        let list: Vec<String> = statuses.iter().map(u16::to_string).collect();
-        for h in hooks.iter_mut().filter(|h| *h == "classify") {
-            *h = format!("classify (statuses {} and transport errors)", list.join(" "));
-        }
-    }
+    let hooks: Vec<String> = plugin
+        .hooks
+        .iter()
+        .map(|hook| match (hook, &plugin.classify_statuses) {
+            (Hook::Classify, Some(statuses)) => {
+                let list: Vec<String> = statuses.iter().map(u16::to_string).collect();
+                format!("classify (statuses {} and transport errors)", list.join(" "))
+            }
+            _ => hook.as_str().to_string(),
+        })
+        .collect();
     Ok(format!(
         "ok: {path}\n  plugin:  {name} {version}\n  world:   herald:plugin/plugin@0.1.0\n  hooks:   {hooks}\n  size:    {size} bytes\n  sha256:  {sha}\n  imports: {imports}\n",
         path = path.display(),

@@ -149,15 +149,8 @@ fn arrivals(rx: &FakeReceiver) -> HashMap<String, Instant> {
 
 /// User plus system CPU time of a process so far, from `/proc/<pid>/stat`.
 fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let ticks = match TICKS.get() {
-        Some(t) => *t,
-        None => {
-            let out = std::process::Command::new("getconf").arg("CLK_TCK").output()?;
-            let t: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().context("getconf CLK_TCK")?;
-            *TICKS.get_or_init(|| t)
-        }
-    };
+    let out = std::process::Command::new("getconf").arg("CLK_TCK").output()?;
+    let ticks: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().context("getconf CLK_TCK")?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
     let rest = stat.rsplit_once(") ").context("/proc/<pid>/stat")?.1;

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::*;
@@ -20,21 +20,32 @@ use writer::settle;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
+/// Settings of every connection to the file (the sqlx pool, the writer and its
+/// checkpointer): durable commits, enforced references, a 64 MiB page cache.
+const PRAGMAS: [(&str, &str); 4] =
+    [("synchronous", "FULL"), ("foreign_keys", "ON"), ("temp_store", "MEMORY"), ("cache_size", "-65536")];
+/// How long a connection waits for another one's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Does `url` name an in-memory SQLite database? Such a store is not durable, and the
+/// writer's own connection would open a different database than the pool's.
+pub(crate) fn is_in_memory(url: &str) -> bool {
+    url.starts_with("sqlite:") && (url.contains(":memory:") || url.contains("mode=memory"))
+}
+
 impl SqliteStore {
     pub async fn open(url: &str, max_connections: u32) -> Result<Self> {
-        let options = SqliteConnectOptions::from_str(url)?
+        if is_in_memory(url) {
+            return Err(StoreError::Backend("an in-memory SQLite database is not durable; name a file".into()));
+        }
+        let mut options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true)
-            .pragma("temp_store", "memory")
-            .pragma("cache_size", "-65536")
+            .busy_timeout(BUSY_TIMEOUT)
             // The writer's checkpointer thread copies the WAL back; no pool commit does it inline.
             .pragma("wal_autocheckpoint", "0");
-        // The writer has its own connection: an in-memory database would be another one.
-        if url.contains(":memory:") || url.contains("mode=memory") {
-            return Err(StoreError::Backend("an in-memory SQLite database is not durable; name a file".into()));
+        for (key, value) in PRAGMAS {
+            options = options.pragma(key, value);
         }
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;

@@ -30,16 +30,7 @@ pub(super) struct Writer {
 impl Writer {
     /// Opens the writer connection on `path` (already migrated) and starts its thread.
     pub(super) fn open(path: &Path) -> Result<Writer> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Backend(format!("SQLite refused WAL mode (got {mode}) for {}", path.display())));
-        }
-        conn.execute_batch(
-            "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; \
-             PRAGMA cache_size = -65536;",
-        )?;
+        let conn = connect(path)?;
         // The checkpointer thread copies the WAL back as it grows; the writer checkpoints
         // inline only past this size, when little is left to copy, so that its next
         // transaction can start the WAL over (only a writer can, and only once all of it
@@ -86,9 +77,7 @@ const WAL_RESTART_FRAMES: i64 = 2000;
 /// time under load). Returns the signal the writer gives after each commit; the thread
 /// ends when the writer drops it.
 fn spawn_checkpointer(path: &Path) -> Result<std_mpsc::SyncSender<()>> {
-    let conn = Connection::open(path)?;
-    conn.busy_timeout(Duration::from_secs(10))?;
-    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0;")?;
+    let conn = connect(path)?;
     let (dirty, rx) = std_mpsc::sync_channel::<()>(1);
     std::thread::Builder::new()
         .name("herald-sqlite-checkpoint".into())
@@ -113,6 +102,16 @@ fn spawn_checkpointer(path: &Path) -> Result<std_mpsc::SyncSender<()>> {
         })
         .map_err(|e| StoreError::Backend(format!("cannot start the SQLite checkpoint thread: {e}")))?;
     Ok(dirty)
+}
+
+/// A connection to the (already migrated, already WAL) file with the store's settings.
+fn connect(path: &Path) -> Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(super::BUSY_TIMEOUT)?;
+    for (key, value) in super::PRAGMAS {
+        conn.pragma_update(None, key, value)?;
+    }
+    Ok(conn)
 }
 
 impl From<rusqlite::Error> for StoreError {
