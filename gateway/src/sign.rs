@@ -68,12 +68,12 @@ impl Secret {
         Ok(Secret(key))
     }
 
-    /// A new random 32-byte key. Requires a cryptographically secure generator.
     /// The raw key bytes (for signing plugins).
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
 
+    /// A new random 32-byte key. Requires a cryptographically secure generator.
     pub fn generate(rng: &mut (impl Rng + CryptoRng)) -> Secret {
         let mut key = vec![0u8; GENERATED_SECRET_LEN];
         rng.fill(&mut key[..]);

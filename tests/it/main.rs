@@ -1,5 +1,14 @@
 //! Herald's integration tests: one binary, real servers on 127.0.0.1, real SQLite files.
 
+//!
+//! Where a new test goes: a behaviour seen through the HTTP API (status codes, validation,
+//! auth) in `api`; anything about sending to receivers (pacing, retries, 429, signatures) in
+//! `delivery`; dead letters, replays and lease recovery in `recovery`; several nodes on one
+//! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
+//! `plugins`; a `Store` method in `store`'s conformance suite (it runs on both backends);
+//! a rule about the source tree itself in `tidy`. Pure policies test themselves in their
+//! own module, not here.
+
 mod api;
 mod cluster;
 mod delivery;
@@ -7,3 +16,4 @@ mod durability;
 mod plugins;
 mod recovery;
 mod store;
+mod tidy;

@@ -1,4 +1,4 @@
-//! Persistence: the `Store` trait, its SQLite (and later Postgres) implementations, and the
+//! Persistence: the `Store` trait, its SQLite and Postgres implementations, and the
 //! group committer that folds many concurrent writes into one durable transaction.
 //! Architecture invariant: this is the only module that speaks SQL.
 

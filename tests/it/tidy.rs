@@ -1,0 +1,82 @@
+//! ARCHITECTURE.md's invariants as tests (rust-analyzer's tidy habit): each I/O library is
+//! imported by the one module that owns it, so a stray `use` fails here, not in review.
+
+use std::path::{Path, PathBuf};
+
+/// (crate as written in a path, where under `gateway/src` it may appear).
+const OWNERS: &[(&str, &[&str])] = &[
+    ("wasmtime", &["plugin/"]),
+    ("wasmtime_wasi", &["plugin/"]),
+    ("sqlx", &["store/"]),
+    ("rusqlite", &["store/"]),
+    // The webhook client in `deliver`, the operator CLI's client, and the API's own listener.
+    ("hyper", &["deliver.rs", "deliver/", "cli.rs", "api/"]),
+    ("hyper_util", &["deliver.rs", "deliver/", "cli.rs", "api/"]),
+    ("axum", &["api/", "app.rs"]),
+];
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read gateway/src") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Lines of `text` that name `krate` as a path root (`use krate::…`, `krate::x`), ignoring
+/// comments.
+fn mentions(text: &str, krate: &str) -> Vec<usize> {
+    let needle = format!("{krate}::");
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let code = line.split("//").next().unwrap_or("");
+            code.match_indices(&needle).any(|(at, _)| {
+                // Not a suffix of a longer name (`hyper_util::` is not `util::`) or a path
+                // segment (`crate::hyper::`).
+                at == 0 || !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':')
+            })
+        })
+        .map(|(n, _)| n + 1)
+        .collect()
+}
+
+fn strays() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    assert!(files.len() > 20, "found only {} sources under {}", files.len(), root.display());
+    let mut found = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(&root).expect("under src").to_string_lossy().replace('\\', "/");
+        let text = std::fs::read_to_string(&file).expect("read source");
+        for (krate, owners) in OWNERS {
+            if owners.iter().any(|o| rel.starts_with(o)) {
+                continue;
+            }
+            for line in mentions(&text, krate) {
+                found.push(format!("gateway/src/{rel}:{line} uses `{krate}`, owned by {owners:?}"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn each_io_library_is_imported_by_its_owner_only() {
+    let found = strays();
+    assert!(found.is_empty(), "architecture invariants broken:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_scan_sees_paths_and_ignores_comments() {
+    assert_eq!(
+        mentions("use wasmtime::Engine;\n// wasmtime::x\nlet e = wasmtime::Engine::default();", "wasmtime"),
+        [1, 3]
+    );
+    assert_eq!(mentions("use hyper_util::rt;", "hyper"), Vec::<usize>::new());
+    assert_eq!(mentions("crate::sqlx::x", "sqlx"), Vec::<usize>::new());
+}
