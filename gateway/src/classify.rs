@@ -31,39 +31,75 @@ pub enum TransportErrorKind {
     Other,
 }
 
-/// What one delivery attempt produced.
+/// What one delivery attempt produced: the one outcome vocabulary, from `deliver` (which
+/// produces it) through the classifier and plugins to the recorded attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The receiver answered.
-    Response {
-        /// HTTP status code.
-        status: u16,
-        /// The parsed `Retry-After` header, if present and valid.
-        retry_after: Option<Duration>,
-    },
+    Response(Response),
     /// No response was received.
-    Transport(TransportErrorKind),
+    Transport {
+        /// What went wrong, as the classification table speaks of it.
+        kind: TransportErrorKind,
+        /// The error chain, for the attempt record.
+        detail: String,
+    },
 }
 
-/// What to do about an outcome.
+/// A receiver's answer, as much of it as Herald keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// HTTP status code.
+    pub status: u16,
+    /// The parsed `Retry-After` header, if present and valid.
+    pub retry_after: Option<Duration>,
+    /// Response headers; captured only when a classify plugin will read them.
+    pub headers: Vec<(String, String)>,
+    /// The first [`BODY_PREFIX`](crate::deliver::BODY_PREFIX) bytes of the body (lossy UTF-8).
+    pub body_prefix: String,
+}
+
+impl Outcome {
+    /// An answer with only a status and `Retry-After` (what the built-in table reads).
+    pub fn status(status: u16, retry_after: Option<Duration>) -> Outcome {
+        Outcome::Response(Response { status, retry_after, headers: Vec::new(), body_prefix: String::new() })
+    }
+
+    /// The HTTP status, if the receiver answered.
+    pub fn http_status(&self) -> Option<u16> {
+        match self {
+            Outcome::Response(r) => Some(r.status),
+            Outcome::Transport { .. } => None,
+        }
+    }
+}
+
+/// What to do about an outcome. One word per meaning: a timed pause (`PauseFor`) is
+/// rate limiting and resumes by itself; a hold (`HoldForHuman`) waits for someone to fix
+/// the endpoint and re-enable it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// The receiver has the event.
     Delivered,
-    /// Try again later.
+    /// Try this delivery again later.
     Retry {
         /// A delay requested by the receiver; `None` means "use the backoff schedule".
         after: Option<Duration>,
-        /// Also pause the whole endpoint partition for `after` (rate limiting).
-        pause_endpoint: bool,
+    },
+    /// Pause the whole endpoint for `after` (e.g. a `429`), and retry this delivery then.
+    PauseFor {
+        /// How long the endpoint sends nothing.
+        after: Duration,
+        /// Why, for the operator (kept with the endpoint's state).
+        reason: String,
     },
     /// Give up on this delivery: dead-letter it with `reason`.
     Fail {
         /// Dead-letter reason, e.g. `permanent:404`.
         reason: String,
     },
-    /// Pause the endpoint until a human intervenes; keep its deliveries.
-    PauseEndpoint {
+    /// Hold the endpoint until a human re-enables it (credentials, TLS); keep its deliveries.
+    HoldForHuman {
         /// Why, for the operator.
         reason: String,
     },
@@ -81,9 +117,9 @@ pub struct UnknownTransportErrorKind(pub String);
 
 /// Applies the built-in classification table to an outcome.
 pub fn classify(outcome: &Outcome) -> Verdict {
-    match *outcome {
-        Outcome::Response { status, retry_after } => classify_status(status, retry_after),
-        Outcome::Transport(kind) => classify_transport(kind),
+    match outcome {
+        Outcome::Response(r) => classify_status(r.status, r.retry_after),
+        Outcome::Transport { kind, .. } => classify_transport(*kind),
     }
 }
 
@@ -144,9 +180,12 @@ impl FromStr for TransportErrorKind {
 fn classify_status(status: u16, retry_after: Option<Duration>) -> Verdict {
     match status {
         200..=299 => Verdict::Delivered,
-        429 => Verdict::Retry { after: retry_after.or(Some(DEFAULT_429_PAUSE)), pause_endpoint: true },
+        429 => Verdict::PauseFor {
+            after: retry_after.unwrap_or(DEFAULT_429_PAUSE),
+            reason: "rate limited (429)".to_owned(),
+        },
         408 | 500..=599 => retry(retry_after),
-        401 | 403 => Verdict::PauseEndpoint { reason: format!("credentials: HTTP {status}") },
+        401 | 403 => Verdict::HoldForHuman { reason: format!("credentials: HTTP {status}") },
         410 => Verdict::DisableEndpoint { reason: format!("gone: HTTP {status}") },
         400..=499 => Verdict::Fail { reason: format!("permanent:{status}") },
         // 3xx: the failure is recorded and the redirect never followed. 1xx as a final
@@ -159,13 +198,13 @@ fn classify_transport(kind: TransportErrorKind) -> Verdict {
     use TransportErrorKind::*;
     match kind {
         Timeout | ConnectTimeout | ConnectionRefused | ConnectionReset | Dns | Other => retry(None),
-        Tls => Verdict::PauseEndpoint { reason: "tls".to_owned() },
+        Tls => Verdict::HoldForHuman { reason: "tls".to_owned() },
         Blocked => Verdict::Fail { reason: "blocked_destination".to_owned() },
     }
 }
 
 fn retry(after: Option<Duration>) -> Verdict {
-    Verdict::Retry { after, pause_endpoint: false }
+    Verdict::Retry { after }
 }
 
 #[cfg(test)]
@@ -177,11 +216,15 @@ mod tests {
     }
 
     fn resp(status: u16, retry_after: Option<Duration>) -> Outcome {
-        Outcome::Response { status, retry_after }
+        Outcome::status(status, retry_after)
     }
 
-    fn retry_v(after: Option<Duration>, pause_endpoint: bool) -> Verdict {
-        Verdict::Retry { after, pause_endpoint }
+    fn retry_v(after: Option<Duration>) -> Verdict {
+        Verdict::Retry { after }
+    }
+
+    fn pause_for(after: Duration) -> Verdict {
+        Verdict::PauseFor { after, reason: "rate limited (429)".to_owned() }
     }
 
     fn fail(reason: &str) -> Verdict {
@@ -189,7 +232,7 @@ mod tests {
     }
 
     fn pause(reason: &str) -> Verdict {
-        Verdict::PauseEndpoint { reason: reason.to_owned() }
+        Verdict::HoldForHuman { reason: reason.to_owned() }
     }
 
     #[test]
@@ -201,16 +244,16 @@ mod tests {
             (201, ra, Verdict::Delivered),
             (204, None, Verdict::Delivered),
             (299, None, Verdict::Delivered),
-            (429, None, retry_v(Some(secs(60)), true)),
-            (429, ra, retry_v(ra, true)),
-            (429, Some(Duration::ZERO), retry_v(Some(Duration::ZERO), true)),
-            (408, None, retry_v(None, false)),
-            (408, ra, retry_v(ra, false)),
-            (500, None, retry_v(None, false)),
-            (502, ra, retry_v(ra, false)),
-            (503, ra, retry_v(ra, false)),
-            (504, None, retry_v(None, false)),
-            (599, ra, retry_v(ra, false)),
+            (429, None, pause_for(secs(60))),
+            (429, ra, pause_for(secs(5))),
+            (429, Some(Duration::ZERO), pause_for(Duration::ZERO)),
+            (408, None, retry_v(None)),
+            (408, ra, retry_v(ra)),
+            (500, None, retry_v(None)),
+            (502, ra, retry_v(ra)),
+            (503, ra, retry_v(ra)),
+            (504, None, retry_v(None)),
+            (599, ra, retry_v(ra)),
             (401, None, pause("credentials: HTTP 401")),
             (403, ra, pause("credentials: HTTP 403")),
             (410, None, disable),
@@ -221,19 +264,19 @@ mod tests {
             (413, ra, fail("permanent:413")),
             (451, None, fail("permanent:451")),
             (499, None, fail("permanent:499")),
-            (300, None, retry_v(None, false)),
-            (301, None, retry_v(None, false)),
-            (302, ra, retry_v(None, false)),
-            (307, None, retry_v(None, false)),
-            (308, None, retry_v(None, false)),
-            (100, None, retry_v(None, false)),
-            (101, None, retry_v(None, false)),
-            (199, ra, retry_v(None, false)),
-            (0, None, retry_v(None, false)),
-            (99, None, retry_v(None, false)),
-            (600, ra, retry_v(None, false)),
-            (999, None, retry_v(None, false)),
-            (u16::MAX, None, retry_v(None, false)),
+            (300, None, retry_v(None)),
+            (301, None, retry_v(None)),
+            (302, ra, retry_v(None)),
+            (307, None, retry_v(None)),
+            (308, None, retry_v(None)),
+            (100, None, retry_v(None)),
+            (101, None, retry_v(None)),
+            (199, ra, retry_v(None)),
+            (0, None, retry_v(None)),
+            (99, None, retry_v(None)),
+            (600, ra, retry_v(None)),
+            (999, None, retry_v(None)),
+            (u16::MAX, None, retry_v(None)),
         ];
         for (status, retry_after, want) in cases {
             assert_eq!(classify(&resp(status, retry_after)), want, "HTTP {status}");
@@ -246,12 +289,12 @@ mod tests {
             let v = classify(&resp(status, None));
             let ok = match (status, &v) {
                 (200..=299, Verdict::Delivered) => true,
-                (401 | 403, Verdict::PauseEndpoint { .. }) => true,
+                (401 | 403, Verdict::HoldForHuman { .. }) => true,
                 (410, Verdict::DisableEndpoint { .. }) => true,
-                (408 | 429, Verdict::Retry { .. }) => true,
+                (408, Verdict::Retry { .. }) | (429, Verdict::PauseFor { .. }) => true,
                 (400..=499, Verdict::Fail { reason }) => reason == &format!("permanent:{status}"),
                 (200..=299 | 400..=499, _) => false,
-                (_, Verdict::Retry { after: None, pause_endpoint: false }) => true,
+                (_, Verdict::Retry { after: None }) => true,
                 _ => false,
             };
             assert!(ok, "HTTP {status} → {v:?}");
@@ -262,18 +305,18 @@ mod tests {
     fn transport_table() {
         use TransportErrorKind::*;
         let cases = [
-            (Timeout, retry_v(None, false)),
-            (ConnectTimeout, retry_v(None, false)),
-            (ConnectionRefused, retry_v(None, false)),
-            (ConnectionReset, retry_v(None, false)),
-            (Dns, retry_v(None, false)),
-            (Other, retry_v(None, false)),
+            (Timeout, retry_v(None)),
+            (ConnectTimeout, retry_v(None)),
+            (ConnectionRefused, retry_v(None)),
+            (ConnectionReset, retry_v(None)),
+            (Dns, retry_v(None)),
+            (Other, retry_v(None)),
             (Tls, pause("tls")),
             (Blocked, fail("blocked_destination")),
         ];
         assert_eq!(cases.len(), TransportErrorKind::ALL.len());
         for (kind, want) in cases {
-            assert_eq!(classify(&Outcome::Transport(kind)), want, "{kind}");
+            assert_eq!(classify(&Outcome::Transport { kind, detail: String::new() }), want, "{kind}");
         }
     }
 

@@ -6,7 +6,12 @@ use crate::model::Millis;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> Millis {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
+    wall().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
+}
+
+/// The wall clock (e.g. to read an HTTP date against).
+pub fn wall() -> SystemTime {
+    SystemTime::now()
 }
 
 /// Formats milliseconds since the epoch as RFC 3339 (UTC).

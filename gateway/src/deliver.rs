@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 
-use crate::classify::TransportErrorKind;
+use crate::classify::{self, Outcome, Response, TransportErrorKind};
 
 /// How much of a response body is kept with the attempt.
 pub const BODY_PREFIX: usize = 1024;
@@ -65,22 +65,9 @@ pub struct Outgoing {
     pub body: Bytes,
     pub connect_timeout: Duration,
     pub timeout: Duration,
-}
-
-/// What the endpoint answered.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub retry_after: Option<String>,
-    pub body_prefix: String,
-}
-
-/// The result of one attempt: an answer, or a transport failure with its kind and detail.
-#[derive(Debug, Clone)]
-pub enum Sent {
-    Answer(Answer),
-    Failed(TransportErrorKind, String),
+    /// Keep the response headers (only a classify plugin reads them; copying them on
+    /// every answer is wasted work otherwise).
+    pub keep_headers: bool,
 }
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
@@ -167,16 +154,16 @@ impl Deliverer {
     }
 
     /// Sends one request; never follows redirects; never outlives `timeout`.
-    pub async fn send(&self, out: Outgoing) -> Sent {
+    pub async fn send(&self, out: Outgoing) -> Outcome {
         let uri: http::Uri = match out.url.parse() {
             Ok(u) => u,
-            Err(e) => return Sent::Failed(TransportErrorKind::Other, format!("bad url: {e}")),
+            Err(e) => return failed(TransportErrorKind::Other, format!("bad url: {e}")),
         };
         if let Some(ip) = uri.host().and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
             && !self.allow_private
             && is_forbidden(ip)
         {
-            return Sent::Failed(TransportErrorKind::Blocked, Blocked(ip).to_string());
+            return failed(TransportErrorKind::Blocked, Blocked(ip).to_string());
         }
         let mut builder = http::Request::post(uri);
         for (k, v) in &out.headers {
@@ -184,28 +171,39 @@ impl Deliverer {
         }
         let request = match builder.body(Full::new(out.body)) {
             Ok(r) => r,
-            Err(e) => return Sent::Failed(TransportErrorKind::Other, format!("bad request: {e}")),
+            Err(e) => return failed(TransportErrorKind::Other, format!("bad request: {e}")),
         };
         let client = self.client(out.connect_timeout);
-        match tokio::time::timeout(out.timeout, exchange(client, request)).await {
-            Ok(sent) => sent,
-            Err(_) => Sent::Failed(TransportErrorKind::Timeout, format!("no answer within {:?}", out.timeout)),
+        match tokio::time::timeout(out.timeout, exchange(client, request, out.keep_headers)).await {
+            Ok(outcome) => outcome,
+            Err(_) => failed(TransportErrorKind::Timeout, format!("no answer within {:?}", out.timeout)),
         }
     }
 }
 
-async fn exchange(client: HttpsClient, request: http::Request<Full<Bytes>>) -> Sent {
+fn failed(kind: TransportErrorKind, detail: String) -> Outcome {
+    Outcome::Transport { kind, detail }
+}
+
+async fn exchange(client: HttpsClient, request: http::Request<Full<Bytes>>, keep_headers: bool) -> Outcome {
     let response = match client.request(request).await {
         Ok(r) => r,
-        Err(e) => return Sent::Failed(kind_of(&e), error_chain(&e)),
+        Err(e) => return failed(kind_of(&e), error_chain(&e)),
     };
     let status = response.status().as_u16();
-    let headers: Vec<(String, String)> = response
+    let headers: Vec<(String, String)> = match keep_headers {
+        true => response
+            .headers()
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect(),
+        false => Vec::new(),
+    };
+    let retry_after = response
         .headers()
-        .iter()
-        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
-        .collect();
-    let retry_after = response.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(String::from);
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| classify::parse_retry_after(v, crate::clock::wall()));
     let mut body = response.into_body();
     let mut kept = Vec::with_capacity(256);
     let mut read = 0usize;
@@ -221,7 +219,8 @@ async fn exchange(client: HttpsClient, request: http::Request<Full<Bytes>>) -> S
             Some(Err(_)) | None => break,
         }
     }
-    Sent::Answer(Answer { status, headers, retry_after, body_prefix: String::from_utf8_lossy(&kept).into_owned() })
+    let body_prefix = String::from_utf8_lossy(&kept).into_owned();
+    Outcome::Response(Response { status, retry_after, headers, body_prefix })
 }
 
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {

@@ -13,6 +13,7 @@
 //!   …) are generated from the WIT by the one `bindgen!` below.
 
 mod cli;
+mod convert;
 mod registry;
 mod runtime;
 mod types;
@@ -21,6 +22,7 @@ mod types;
 mod tests;
 
 pub use cli::{check_file, run_hook_file};
+pub use convert::verdict;
 pub use registry::PluginHost;
 pub use types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, is_slug};
 

@@ -276,7 +276,7 @@ pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
 /// (up to `max_batch` ops) into one transaction, and answers each caller after the commit.
 #[derive(Clone)]
 pub struct Committer {
-    tx: mpsc::Sender<(WriteOp, oneshot::Sender<Result<WriteResult>>)>,
+    tx: mpsc::Sender<Pending>,
 }
 
 impl Committer {
@@ -289,9 +289,24 @@ impl Committer {
 
     /// Submits one write and waits until it is committed (or failed).
     pub async fn submit(&self, op: WriteOp) -> Result<WriteResult> {
+        self.submit_all(vec![op]).await?.pop().ok_or_else(|| StoreError::Backend("committer answered nothing".into()))
+    }
+
+    /// Submits writes that commit in the same transaction, in order, and waits for them.
+    pub async fn submit_all(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send((op, reply)).await.map_err(|_| StoreError::Backend("committer stopped".into()))?;
+        self.tx.send((ops, reply)).await.map_err(|_| StoreError::Backend("committer stopped".into()))?;
         rx.await.map_err(|_| StoreError::Backend("committer stopped".into()))?
+    }
+
+    /// Records one attempt's result together with its endpoint's change (applied first, so
+    /// the result settles against the endpoint's new state). True when the fence held.
+    pub async fn record_with(&self, change: Option<EndpointChange>, result: AttemptResult) -> Result<bool> {
+        let ops = change.map(WriteOp::Endpoint).into_iter().chain([WriteOp::Record(vec![result])]).collect();
+        match self.submit_all(ops).await?.pop() {
+            Some(WriteResult::Record(v)) => Ok(v.first() == Some(&true)),
+            other => Err(StoreError::Backend(format!("committer answered with the wrong kind: {other:?}"))),
+        }
     }
 
     pub async fn ingest(&self, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {
@@ -331,25 +346,32 @@ fn unexpected(r: WriteResult) -> StoreError {
     StoreError::Backend(format!("committer answered with the wrong kind: {r:?}"))
 }
 
-type Pending = (WriteOp, oneshot::Sender<Result<WriteResult>>);
+/// Writes that commit together, and who waits for them.
+type Pending = (Vec<WriteOp>, oneshot::Sender<Result<Vec<WriteResult>>>);
 
 async fn commit_loop(store: DynStore, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
     while rx.recv_many(&mut batch, max_batch).await > 0 {
-        let (ops, replies): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
+        let mut ops = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        for (group, reply) in batch.drain(..) {
+            replies.push((group.len(), reply));
+            ops.extend(group);
+        }
         let started = std::time::Instant::now();
         let size = ops.len();
         let applied = store.apply(ops).await;
         tracing::trace!(ops = size, micros = started.elapsed().as_micros() as u64, "group commit");
         match applied {
             Ok(results) => {
-                for (reply, r) in replies.into_iter().zip(results) {
-                    let _ = reply.send(Ok(r));
+                let mut results = results.into_iter();
+                for (n, reply) in replies {
+                    let _ = reply.send(Ok(results.by_ref().take(n).collect()));
                 }
             }
             Err(e) => {
                 tracing::error!(error = %e, "group commit failed");
-                for reply in replies {
+                for (_, reply) in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
                 // Do not spin on a broken database.

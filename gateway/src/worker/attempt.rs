@@ -1,0 +1,300 @@
+//! One delivery attempt's I/O: build the request (envelope, transform and sign plugins,
+//! headers), send it through `deliver`, judge the outcome (classify plugin or the built-in
+//! table), apply what [`decide`](super::decide) says to the endpoint, and record the result
+//! and the endpoint's change in one commit. It never paces and never claims.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::decide::{EndpointAction, EndpointEffect, decide, endpoint_effect};
+use super::partition::{Shared, Target};
+use super::{HUMAN_PAUSE, Inner};
+use crate::classify::{self, Outcome, Verdict};
+use crate::clock::{now_ms, rfc3339};
+use crate::deliver::Outgoing;
+use crate::model::{Attempt, DeliveryState, Endpoint, EndpointState, Millis, new_id};
+use crate::plugin;
+use crate::sign::{self, Secret};
+use crate::store::{AttemptResult, Claimed, EndpointChange};
+
+/// The JSON envelope a receiver gets by default; the payload bytes are kept exactly.
+pub fn envelope(event_id: &str, event_type: &str, created_at: Millis, payload: &str) -> String {
+    let s = |v: &str| serde_json::to_string(v).expect("string serializes");
+    format!(
+        "{{\"id\":{},\"type\":{},\"timestamp\":{},\"data\":{}}}",
+        s(event_id),
+        s(event_type),
+        s(&rfc3339(created_at)),
+        payload
+    )
+}
+
+/// What an attempt produced before classification.
+enum Exchange {
+    /// The request went out; this is what came back (an answer or a transport failure).
+    Answered(Outcome),
+    /// A plugin decided instead: it dropped the delivery, or it failed before sending.
+    Decided { verdict: Verdict, by: String, error: Option<String> },
+}
+
+/// Runs one attempt of `d` to its recorded end, then frees its pacer and global slots.
+pub(super) async fn run(
+    inner: Arc<Inner>,
+    shared: Arc<Shared>,
+    target: Arc<Target>,
+    d: Claimed,
+    _slot: OwnedSemaphorePermit,
+    mut rng: StdRng,
+) {
+    inner.metrics.in_flight.inc();
+    let started = now_ms();
+    let clock = Instant::now();
+    let number = d.attempts + 1;
+    let attempt_id = new_id("att", started, &mut rng);
+    let ctx = plugin::DeliveryContext {
+        tenant: d.tenant.to_string(),
+        endpoint_id: target.endpoint.id.to_string(),
+        event_id: d.event_id.to_string(),
+        event_type: d.event_type.clone(),
+        attempt: number,
+        timestamp: started.div_euclid(1000).max(0) as u64,
+        attempt_id: attempt_id.clone(),
+    };
+    let exchange = send(&inner, &target, &d, &ctx).await;
+    let duration_ms = clock.elapsed().as_millis() as u64;
+    let (verdict, decided_by, status, response_body, error) = match exchange {
+        Exchange::Answered(outcome) => {
+            let (verdict, by) = judge(&inner, &target, &ctx, &outcome);
+            match outcome {
+                Outcome::Response(r) => (verdict, by, Some(r.status), Some(r.body_prefix), None),
+                Outcome::Transport { kind, detail } => (verdict, by, None, None, Some(format!("{kind}: {detail}"))),
+            }
+        }
+        Exchange::Decided { verdict, by, error } => (verdict, by, None, None, error),
+    };
+    let now = now_ms();
+    // The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
+    let deadline = d
+        .deadline
+        .unwrap_or_else(|| d.expires_at.min(d.event_created_at.saturating_add(target.policy.ttl().as_millis() as i64)));
+    let budgeted = number.saturating_sub(d.attempt_base);
+    let decision = decide(&verdict, budgeted, now, deadline, &target.policy, &mut rng);
+    let effect = {
+        let mut failing = shared.failing_since.lock().expect("failing");
+        let effect = endpoint_effect(&verdict, *failing, now, inner.config.delivery.disable_after);
+        if let Some(f) = effect.failing_since {
+            *failing = f;
+        }
+        effect
+    };
+    let change = apply_effect(&inner, &shared, &target.endpoint, &effect, now);
+    let result = AttemptResult {
+        delivery: d.id.clone(),
+        fence: d.fence,
+        state: decision.state,
+        next_attempt_at: decision.next_attempt_at,
+        reason: decision.reason.clone(),
+        attempt: Attempt {
+            id: attempt_id,
+            delivery_id: d.id.clone(),
+            number,
+            started_at: started,
+            duration_ms,
+            status,
+            response_body,
+            error,
+            verdict: decision.label.clone(),
+            decided_by,
+        },
+    };
+    // The endpoint's change and the result commit together, the change first, so the
+    // result settles against the endpoint's new state.
+    match inner.committer.record_with(change, result).await {
+        Ok(false) => {
+            inner.metrics.fenced_results.inc();
+            tracing::warn!(delivery = %d.id, "lease lost before the result was recorded");
+        }
+        Ok(true) => match decision.state {
+            DeliveryState::Delivered => inner.metrics.delivered.inc(),
+            DeliveryState::Dead => {
+                inner.metrics.dead_lettered.inc();
+                let data = serde_json::json!({
+                    "delivery_id": d.id, "event_id": d.event_id, "event_type": d.event_type,
+                    "endpoint_id": target.endpoint.id, "reason": decision.reason, "attempts": number,
+                });
+                inner.ops.emit(&d.tenant, "delivery.dead", format!("delivery.dead.{}.{}", d.id, number), data);
+            }
+            DeliveryState::Waiting => inner.metrics.retries_scheduled.inc(),
+            _ => {}
+        },
+        Err(e) => {
+            tracing::error!(delivery = %d.id, error = %e, "cannot record attempt; the lease will expire and it will be retried")
+        }
+    }
+    tracing::debug!(delivery = %d.id, attempt = number, status, verdict = %decision.label, duration_ms, "attempt");
+    shared.pacer.lock().expect("pacer").release();
+    shared.freed.notify_one();
+    inner.metrics.in_flight_done.inc();
+}
+
+/// Builds the request (transform and sign plugins included) and sends it.
+async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::DeliveryContext) -> Exchange {
+    let spec = &target.endpoint.spec;
+    let tenant = d.tenant.as_str();
+    let failed = |inner: &Inner, name: &str, f: plugin::PluginFailure| {
+        inner.metrics.plugin_failures.inc();
+        tracing::warn!(plugin = name, tenant, error = %f, "plugin call failed");
+        Exchange::Decided {
+            verdict: Verdict::Retry { after: None },
+            by: format!("plugin:{name}"),
+            error: Some(f.reason()),
+        }
+    };
+    let mut request = plugin::Request {
+        headers: std::iter::once(("content-type".to_string(), "application/json".to_string()))
+            .chain(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .collect(),
+        body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
+    };
+    if let Some(name) = &spec.plugins.transform {
+        match inner.plugins.transform(tenant, name, ctx, &request) {
+            Ok(plugin::TransformResult::Send(r)) => request = r,
+            Ok(plugin::TransformResult::Drop(reason)) => {
+                return Exchange::Decided {
+                    verdict: Verdict::Fail { reason: format!("dropped:{reason}") },
+                    by: format!("plugin:{name}"),
+                    error: None,
+                };
+            }
+            Err(f) => return failed(inner, name, f),
+        }
+    }
+    let timestamp = ctx.timestamp as i64;
+    // A sign plugin reads the request as the transform left it; otherwise it is ours to take.
+    let mut headers = match spec.plugins.sign {
+        Some(_) => request.headers.clone(),
+        None => std::mem::take(&mut request.headers),
+    };
+    headers.retain(|(k, _)| !is_herald_header(k));
+    headers.extend([
+        ("user-agent".to_string(), concat!("herald/", env!("CARGO_PKG_VERSION")).to_string()),
+        (sign::HEADER_ID.to_string(), d.event_id.to_string()),
+        (sign::HEADER_TIMESTAMP.to_string(), timestamp.to_string()),
+        ("herald-attempt-id".to_string(), ctx.attempt_id.clone()),
+        ("herald-delivery-id".to_string(), d.id.to_string()),
+    ]);
+    match &spec.plugins.sign {
+        Some(name) => {
+            let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
+            match inner.plugins.sign(tenant, name, ctx, &keys, &request) {
+                Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_herald_header(k))),
+                Err(f) => return failed(inner, name, f),
+            }
+        }
+        None => {
+            let secrets: Vec<&Secret> = target.secrets.iter().collect();
+            let sig = sign::signature_header(&secrets, d.event_id.as_str(), timestamp, &request.body);
+            headers.push((sign::HEADER_SIGNATURE.to_string(), sig));
+        }
+    }
+    let outcome = inner
+        .deliverer
+        .send(Outgoing {
+            url: spec.url.clone(),
+            headers,
+            body: Bytes::from(request.body),
+            connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
+            timeout: Duration::from_millis(spec.timeout_ms),
+            keep_headers: spec.plugins.classify.is_some(),
+        })
+        .await;
+    inner.metrics.attempts.inc();
+    Exchange::Answered(outcome)
+}
+
+/// Headers only Herald sets: a plugin's copies are dropped.
+fn is_herald_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n == "user-agent" || n.starts_with("webhook-") || n.starts_with("herald-")
+}
+
+/// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.
+fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, outcome: &Outcome) -> (Verdict, String) {
+    let builtin = || (classify::classify(outcome), "builtin".to_string());
+    let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
+    match inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into()) {
+        Ok(v) => plugin::verdict(v, name).map(|v| (v, format!("plugin:{name}"))).unwrap_or_else(builtin),
+        Err(f) => {
+            inner.metrics.plugin_failures.inc();
+            tracing::warn!(plugin = %name, tenant = %ctx.tenant, error = %f, "classify failed; using the built-in table");
+            (classify::classify(outcome), format!("builtin (plugin:{name} failed: {f})"))
+        }
+    }
+}
+
+/// Applies an endpoint effect to the partition (pacer, halt), metrics, logs and
+/// operational events; returns the change to commit with the attempt's result.
+fn apply_effect(
+    inner: &Inner,
+    shared: &Shared,
+    endpoint: &Endpoint,
+    effect: &EndpointEffect,
+    now: Millis,
+) -> Option<EndpointChange> {
+    let change = |state, reason, paused_until| EndpointChange {
+        endpoint: endpoint.id.clone(),
+        state,
+        reason,
+        paused_until,
+        failing_since: effect.failing_since,
+        now,
+    };
+    let halt = |kind: &str, reason: &str| {
+        shared.halted.store(true, Ordering::Release);
+        shared.pacer.lock().expect("pacer").pause_until(Instant::now() + HUMAN_PAUSE);
+        let data = serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.spec.url, "reason": reason });
+        inner.ops.emit(&endpoint.tenant, kind, format!("{kind}.{}.{now}", endpoint.id), data);
+    };
+    match &effect.action {
+        EndpointAction::None => effect.failing_since.map(|_| change(None, None, None)),
+        EndpointAction::PauseFor { until, after, reason } => {
+            shared.pacer.lock().expect("pacer").pause_until(Instant::now() + *after);
+            inner.metrics.endpoint_pauses.inc();
+            tracing::info!(endpoint = %endpoint.id, pause_ms = after.as_millis() as u64, reason, "pausing endpoint");
+            Some(change(Some(EndpointState::Paused), Some(reason.clone()), Some(*until)))
+        }
+        EndpointAction::HoldForHuman { reason } => {
+            halt("endpoint.paused", reason);
+            inner.metrics.endpoint_pauses.inc();
+            tracing::warn!(endpoint = %endpoint.id, reason, "endpoint paused until re-enabled");
+            Some(change(Some(EndpointState::Paused), Some(reason.clone()), None))
+        }
+        EndpointAction::Disable { reason } => {
+            halt("endpoint.disabled", reason);
+            inner.metrics.endpoint_disables.inc();
+            tracing::warn!(endpoint = %endpoint.id, reason, "endpoint disabled");
+            Some(change(Some(EndpointState::Disabled), Some(reason.clone()), None))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_keeps_payload_bytes() {
+        let e = envelope("evt_1", "a.b", 0, "{\"x\": 1.50}");
+        assert_eq!(
+            e,
+            "{\"id\":\"evt_1\",\"type\":\"a.b\",\"timestamp\":\"1970-01-01T00:00:00Z\",\"data\":{\"x\": 1.50}}"
+        );
+        serde_json::from_str::<serde_json::Value>(&e).unwrap();
+    }
+}

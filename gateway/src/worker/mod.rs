@@ -1,0 +1,190 @@
+//! The delivery engine: the one place that composes the pure policies (`pace`, `lease`,
+//! `classify`, `schedule`, `sign`, and its own `decide`) with I/O (`store`, `deliver`,
+//! `plugin`). One partition task per endpoint with work claims leased batches, paces them on
+//! absolute deadlines, sends them with bounded concurrency, and records each result through
+//! the group committer.
+//!
+//! - this file: the engine's lifecycle, the scan for due work and lease recovery;
+//! - [`partition`]: one endpoint's task (lease, claim, pace, dispatch);
+//! - [`attempt`]: one attempt's I/O (envelope, plugins, headers, send, judge, record);
+//! - [`decide`]: what a verdict means for the delivery and its endpoint (pure).
+
+mod attempt;
+mod decide;
+mod partition;
+
+pub use attempt::envelope;
+pub use decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_effect};
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::time::Instant;
+
+use crate::clock::now_ms;
+use crate::config::Config;
+use crate::deliver::Deliverer;
+use crate::metrics::Metrics;
+use crate::model::{EndpointId, Millis, new_id};
+use crate::ops::Ops;
+use crate::plugin::PluginHost;
+use crate::store::{Committer, DynStore};
+
+/// How often the engine looks for due work it was not told about (retries coming due,
+/// work added by other nodes) and for abandoned leases.
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+const RECOVER_EVERY: Duration = Duration::from_secs(5);
+/// A pause that needs a human lasts until someone re-enables the endpoint.
+const HUMAN_PAUSE: Duration = Duration::from_secs(365 * 86_400);
+/// How long a node holds an endpoint's partition, and when it renews it.
+const PARTITION_LEASE: Duration = Duration::from_secs(15);
+const PARTITION_RENEW_BEFORE: Duration = Duration::from_secs(5);
+/// How long an idle partition waits for new work before it retires.
+const IDLE_LINGER: Duration = Duration::from_secs(10);
+/// How often a busy partition re-reads its endpoint (rate changes, pauses by other nodes).
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// Handle to the running engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: DynStore,
+    committer: Committer,
+    deliverer: Deliverer,
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    owner: String,
+    partitions: Mutex<HashMap<EndpointId, Arc<Notify>>>,
+    global: Arc<Semaphore>,
+    scan: Notify,
+    shutdown: watch::Receiver<bool>,
+    ops: Ops,
+    plugins: PluginHost,
+}
+
+impl Engine {
+    /// Starts the engine; it stops taking new work when `shutdown` turns true.
+    pub async fn start(
+        store: DynStore,
+        committer: Committer,
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+        ops: Ops,
+        plugins: PluginHost,
+        shutdown: watch::Receiver<bool>,
+    ) -> Engine {
+        let mut rng = StdRng::from_rng(&mut rand::rng());
+        let owner = new_id("node", now_ms(), &mut rng);
+        let inner = Arc::new(Inner {
+            deliverer: Deliverer::new(config.delivery.allow_private_destinations),
+            global: Arc::new(Semaphore::new(config.delivery.max_in_flight_total)),
+            store,
+            committer,
+            config,
+            metrics,
+            owner,
+            partitions: Mutex::default(),
+            scan: Notify::new(),
+            shutdown,
+            ops,
+            plugins,
+        });
+        // A single SQLite node owns every lease in its file: whatever was in flight when
+        // the previous process died can be retried at once. Shared stores wait for expiry.
+        let horizon = if inner.config.store_url.starts_with("sqlite:") { Millis::MAX } else { now_ms() };
+        match inner.store.recover_leases(horizon, now_ms()).await {
+            Ok(n) if n > 0 => {
+                inner.metrics.leases_recovered.add(n);
+                tracing::info!(recovered = n, "recovered abandoned leases");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "lease recovery failed"),
+        }
+        match inner.store.subscribe().await {
+            Ok(Some(mut rx)) => {
+                let listener = inner.clone();
+                tokio::spawn(async move {
+                    while let Some(ids) = rx.recv().await {
+                        for id in &ids {
+                            ensure_partition(&listener, id);
+                        }
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "cannot listen for other nodes' work; scanning only"),
+        }
+        tokio::spawn(dispatch(inner.clone()));
+        Engine { inner }
+    }
+
+    /// Tells the engine that these endpoints have new work.
+    pub fn poke(&self, endpoints: &[EndpointId]) {
+        for id in endpoints {
+            ensure_partition(&self.inner, id);
+        }
+    }
+
+    /// Asks the engine to look for due work now.
+    pub fn scan(&self) {
+        self.inner.scan.notify_one();
+    }
+}
+
+fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
+    let mut parts = inner.partitions.lock().expect("partition map");
+    if let Some(n) = parts.get(id) {
+        n.notify_one();
+        return;
+    }
+    let notify = Arc::new(Notify::new());
+    parts.insert(id.clone(), notify.clone());
+    tokio::spawn(partition::run(inner.clone(), id.clone(), notify));
+}
+
+/// The engine's background loop: every [`SCAN_EVERY`] (or when asked) it starts a
+/// partition for each endpoint with work coming due, and every [`RECOVER_EVERY`] it hands
+/// abandoned leases back.
+async fn dispatch(inner: Arc<Inner>) {
+    let mut shutdown = inner.shutdown.clone();
+    let mut last_recover = Instant::now();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        match inner.store.pending_endpoints().await {
+            Ok(pending) => {
+                let now = now_ms();
+                for (id, due) in pending {
+                    if due <= now + SCAN_EVERY.as_millis() as i64 {
+                        ensure_partition(&inner, &id);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "scan for due work failed"),
+        }
+        if last_recover.elapsed() >= RECOVER_EVERY {
+            last_recover = Instant::now();
+            match inner.store.recover_leases(now_ms(), now_ms()).await {
+                Ok(n) if n > 0 => {
+                    inner.metrics.leases_recovered.add(n);
+                    tracing::warn!(recovered = n, "recovered abandoned leases");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "lease recovery failed"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(SCAN_EVERY) => {}
+            _ = inner.scan.notified() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}

@@ -1,0 +1,426 @@
+//! One endpoint's partition task: it holds the endpoint's partition lease, claims leased
+//! batches of due deliveries (ahead of need), paces them with the endpoint's `Pacer`, and
+//! spawns an [`attempt`](super::attempt) for each permit. It never judges an outcome.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{
+    IDLE_LINGER, Inner, PARTITION_LEASE, PARTITION_RENEW_BEFORE, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition,
+};
+use crate::clock::now_ms;
+use crate::lease;
+use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
+use crate::pace::{Pacer, Permit};
+use crate::schedule::RetryPolicy;
+use crate::sign::Secret;
+use crate::store::{ClaimRequest, Claimed, Release};
+
+/// What a partition shares with its in-flight attempts.
+pub(super) struct Shared {
+    pub(super) pacer: Mutex<Pacer>,
+    pub(super) freed: Notify,
+    /// The endpoint was held for a human or disabled: stop sending.
+    pub(super) halted: AtomicBool,
+    pub(super) failing_since: Mutex<Option<Millis>>,
+}
+
+/// What an attempt needs to know about its endpoint, fixed for one claim.
+pub(super) struct Target {
+    pub(super) endpoint: Endpoint,
+    pub(super) policy: RetryPolicy,
+    pub(super) secrets: Vec<Secret>,
+}
+
+/// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
+/// engine shuts down. Each turn of the loop is a list of named steps.
+pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
+    let mut p = Partition::new(inner, id, notify);
+    loop {
+        p.collect_prefetch(false).await;
+        if *p.inner.shutdown.borrow() {
+            p.hand_back(now_ms()).await;
+            return;
+        }
+        if !p.hold().await {
+            // Another node paces this endpoint; look again when its lease may have lapsed.
+            p.hand_back(now_ms()).await;
+            p.retire();
+            return;
+        }
+        if !p.queue.is_empty() {
+            if !p.refresh_if_stale().await {
+                continue;
+            }
+            p.prefetch_if_low();
+        }
+        if p.queue.is_empty() {
+            match p.refill_or_idle().await {
+                Flow::Send => {}
+                Flow::Again => continue,
+                Flow::Stop => return,
+            }
+        }
+        if let Flow::Stop = p.send_next().await {
+            return;
+        }
+    }
+}
+
+/// What the partition loop does after a step.
+enum Flow {
+    /// Go on to the next step.
+    Send,
+    /// Start the loop over.
+    Again,
+    /// The partition ends.
+    Stop,
+}
+
+/// One partition's state, owned by its task.
+struct Partition {
+    inner: Arc<Inner>,
+    id: EndpointId,
+    /// Poked when the endpoint gets new work or changes.
+    notify: Arc<Notify>,
+    /// Claimed deliveries not yet sent, in claim order.
+    queue: VecDeque<Claimed>,
+    /// Created by the first successful refill; shared with in-flight attempts.
+    shared: Option<Arc<Shared>>,
+    /// The endpoint's settings as of the last refill or refresh.
+    target: Option<Arc<Target>>,
+    /// A claim running ahead of need, so the queue never runs dry while the pacer has slots.
+    prefetch: Option<JoinHandle<Vec<Claimed>>>,
+    /// Until when this node's partition lease is known to hold.
+    held: Option<Instant>,
+    refreshed: Instant,
+    rng: StdRng,
+}
+
+enum Refill {
+    Claimed(Arc<Target>),
+    /// Nothing due; the earliest due time, if any work is waiting.
+    Idle(Option<Millis>),
+    /// The endpoint is gone, disabled or held for a human.
+    Gone,
+}
+
+impl Partition {
+    fn new(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) -> Partition {
+        Partition {
+            inner,
+            id,
+            notify,
+            queue: VecDeque::new(),
+            shared: None,
+            target: None,
+            prefetch: None,
+            held: None,
+            refreshed: Instant::now(),
+            rng: StdRng::from_rng(&mut rand::rng()),
+        }
+    }
+
+    /// Adds a finished prefetch to the queue; with `wait`, or when the queue is empty,
+    /// waits for a running one.
+    async fn collect_prefetch(&mut self, wait: bool) {
+        let ready = self.prefetch.as_ref().is_some_and(|h| wait || h.is_finished() || self.queue.is_empty());
+        if ready && let Some(h) = self.prefetch.take() {
+            match h.await {
+                Ok(claimed) => self.queue.extend(claimed),
+                Err(e) => tracing::error!(endpoint = %self.id, error = %e, "prefetch claim task failed"),
+            }
+        }
+    }
+
+    /// Hands every claimed-but-unsent delivery back (a running prefetch's too), due at `at`.
+    async fn hand_back(&mut self, at: Millis) {
+        self.collect_prefetch(true).await;
+        release_all(&self.inner, &mut self.queue, at).await;
+    }
+
+    /// Removes the partition from the map; the periodic scan or the next poke starts it
+    /// again when work arrives. Its partition lease is kept until it expires, so a partition
+    /// that restarts here at once never races another node for it.
+    fn retire(&self) {
+        self.inner.partitions.lock().expect("partition map").remove(&self.id);
+    }
+
+    /// Keeps this node's lease on the endpoint's partition, renewing it ahead of expiry.
+    async fn hold(&mut self) -> bool {
+        if self.held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE) {
+            return true;
+        }
+        let now = now_ms();
+        let until = now + PARTITION_LEASE.as_millis() as i64;
+        match self.inner.store.acquire_partition(&self.id, &self.inner.owner, now, until).await {
+            Ok(true) => {
+                // Count from before the call so the local view never outlives the stored lease.
+                self.held = Some(Instant::now() + PARTITION_LEASE - Duration::from_millis(500));
+                true
+            }
+            Ok(false) => {
+                self.held = None;
+                false
+            }
+            Err(e) => {
+                tracing::warn!(endpoint = %self.id, error = %e, "cannot renew partition lease");
+                self.held.is_some_and(|until| until > Instant::now())
+            }
+        }
+    }
+
+    /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`]. False when
+    /// the endpoint stopped being sendable and the queue was handed back.
+    async fn refresh_if_stale(&mut self) -> bool {
+        if self.refreshed.elapsed() < REFRESH_EVERY {
+            return true;
+        }
+        self.refreshed = Instant::now();
+        match self.inner.store.endpoint(&self.id).await {
+            Ok(Some(e)) if sendable(&e, now_ms()) => {
+                if let Some(sh) = &self.shared {
+                    let spec = &e.spec;
+                    let mut pacer = sh.pacer.lock().expect("pacer");
+                    if let Err(err) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
+                        tracing::warn!(endpoint = %self.id, error = %err, "keeping previous pacing");
+                    }
+                }
+                self.target = Some(Arc::new(make_target(&self.inner, e, now_ms())));
+                true
+            }
+            Ok(_) => {
+                // Disabled, paused or gone: hand the queue back; the refill decides.
+                release_all(&self.inner, &mut self.queue, now_ms()).await;
+                false
+            }
+            Err(e) => {
+                tracing::warn!(endpoint = %self.id, error = %e, "cannot refresh endpoint");
+                true
+            }
+        }
+    }
+
+    /// Starts the next claim while half the current one is still queued.
+    fn prefetch_if_low(&mut self) {
+        let (None, Some(tg)) = (&self.prefetch, &self.target) else { return };
+        let req = claim_request(&self.inner, &self.id, &tg.endpoint.spec, self.queue.len() as u32, now_ms());
+        if self.queue.len() > req.limit as usize / 2 {
+            return;
+        }
+        let committer = self.inner.committer.clone();
+        let id = self.id.clone();
+        self.prefetch = Some(tokio::spawn(async move {
+            committer.claim(req).await.unwrap_or_else(|e| {
+                tracing::warn!(endpoint = %id, error = %e, "prefetch claim failed");
+                Vec::new()
+            })
+        }));
+    }
+
+    /// Claims more work; when there is none, waits for it (or lingers and retires).
+    async fn refill_or_idle(&mut self) -> Flow {
+        match self.refill().await {
+            Refill::Claimed(t) => {
+                self.target = Some(t);
+                self.refreshed = Instant::now();
+                Flow::Send
+            }
+            Refill::Idle(wake_at) => self.idle(wake_at).await,
+            Refill::Gone => {
+                self.retire();
+                Flow::Stop
+            }
+        }
+    }
+
+    /// Nothing to send: sleep until `wake_at`, a poke or a freed slot; with nothing waiting
+    /// and nothing in flight, linger, then retire.
+    async fn idle(&mut self, wake_at: Option<Millis>) -> Flow {
+        let busy = self.shared.as_ref().is_some_and(|s| s.pacer.lock().expect("pacer").in_flight() > 0);
+        if wake_at.is_none() && !busy {
+            // Linger before retiring: a partition that came and went with every event would
+            // re-take its lease (a write) and respawn each time.
+            if tokio::time::timeout(IDLE_LINGER, self.notify.notified()).await.is_ok() {
+                return Flow::Again;
+            }
+            self.retire();
+            // Work that arrived between the timeout and the retirement.
+            if matches!(self.inner.store.next_due(&self.id).await, Ok(Some(_))) {
+                ensure_partition(&self.inner, &self.id);
+            }
+            return Flow::Stop;
+        }
+        let sleep = wake_at.map(|at| Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64));
+        let freed = async {
+            match &self.shared {
+                Some(s) => s.freed.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(sleep.unwrap_or(SCAN_EVERY)) => {}
+            _ = self.notify.notified() => {}
+            _ = freed => {}
+        }
+        Flow::Again
+    }
+
+    /// Reads the endpoint, (re)configures the pacer and claims a batch of due deliveries.
+    async fn refill(&mut self) -> Refill {
+        let (inner, id) = (&self.inner, &self.id);
+        let endpoint = match inner.store.endpoint(id).await {
+            Ok(Some(e)) => e,
+            Ok(None) => return Refill::Gone,
+            Err(e) => {
+                tracing::warn!(endpoint = %id, error = %e, "cannot read endpoint");
+                return Refill::Idle(Some(now_ms() + 1_000));
+            }
+        };
+        let now = now_ms();
+        match (endpoint.state, endpoint.paused_until) {
+            (EndpointState::Disabled, _) | (EndpointState::Paused, None) => return Refill::Gone,
+            (EndpointState::Paused, Some(until)) if until > now => return Refill::Idle(Some(until)),
+            _ => {}
+        }
+        let Some(sh) = self.configure(&endpoint) else { return Refill::Gone };
+        if let Some(until) = sh.pacer.lock().expect("pacer").paused_until()
+            && until > Instant::now()
+        {
+            return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
+        }
+        let (inner, id) = (&self.inner, &self.id);
+        let claimed = match inner.committer.claim(claim_request(inner, id, &endpoint.spec, 0, now)).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(endpoint = %id, error = %e, "claim failed");
+                return Refill::Idle(Some(now_ms() + 500));
+            }
+        };
+        if claimed.is_empty() {
+            return match inner.store.next_due(id).await {
+                Ok(due) => Refill::Idle(due),
+                Err(_) => Refill::Idle(Some(now_ms() + 1_000)),
+            };
+        }
+        self.queue.extend(claimed);
+        Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, now)))
+    }
+
+    /// The partition's shared state, created on first use and re-paced to `endpoint`'s
+    /// settings afterwards. `None` when the stored pacing is invalid.
+    fn configure(&mut self, endpoint: &Endpoint) -> Option<Arc<Shared>> {
+        let spec = &endpoint.spec;
+        if let Some(sh) = &self.shared {
+            if let Err(e) =
+                sh.pacer.lock().expect("pacer").reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight)
+            {
+                tracing::warn!(endpoint = %self.id, error = %e, "keeping previous pacing");
+            }
+            sh.halted.store(false, Ordering::Release);
+            return Some(sh.clone());
+        }
+        let pacer = match Pacer::try_new(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(endpoint = %self.id, error = %e, "invalid pacing");
+                return None;
+            }
+        };
+        let sh = Arc::new(Shared {
+            pacer: Mutex::new(pacer),
+            freed: Notify::new(),
+            halted: AtomicBool::new(false),
+            failing_since: Mutex::new(endpoint.failing_since),
+        });
+        self.shared = Some(sh.clone());
+        Some(sh)
+    }
+
+    /// Asks the pacer, and sends the next delivery when it allows; otherwise waits as it says.
+    async fn send_next(&mut self) -> Flow {
+        let (Some(sh), Some(tg)) = (self.shared.clone(), self.target.clone()) else { return Flow::Again };
+        if sh.halted.load(Ordering::Acquire) {
+            release_all(&self.inner, &mut self.queue, now_ms()).await;
+            return Flow::Again;
+        }
+        let permit = sh.pacer.lock().expect("pacer").poll(Instant::now());
+        match permit {
+            Permit::Go => {
+                let Some(delivery) = self.queue.pop_front() else { return Flow::Again };
+                let Ok(slot) = self.inner.global.clone().acquire_owned().await else { return Flow::Stop };
+                let seed = StdRng::from_rng(&mut self.rng);
+                tokio::spawn(attempt::run(self.inner.clone(), sh, tg, delivery, slot, seed));
+            }
+            Permit::WaitUntil(at) => tokio::time::sleep_until(at).await,
+            Permit::Full => {
+                let _ = tokio::time::timeout(SCAN_EVERY, sh.freed.notified()).await;
+            }
+            Permit::Paused(until) => {
+                let resume_at = now_ms() + until.saturating_duration_since(Instant::now()).as_millis() as i64;
+                release_all(&self.inner, &mut self.queue, resume_at).await;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = self.notify.notified() => {}
+                }
+            }
+        }
+        Flow::Again
+    }
+}
+
+/// The next claim of a partition that still holds `queued` unsent deliveries: about a
+/// second of its rate, leased long enough to send all of them at that rate.
+fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u32, now: Millis) -> ClaimRequest {
+    let limit = lease::claim_size(spec.rate_per_sec, spec.burst, spec.max_in_flight);
+    let timeout = Duration::from_millis(spec.timeout_ms);
+    let margin = inner.config.delivery.lease_margin;
+    ClaimRequest {
+        endpoint: id.clone(),
+        now,
+        limit,
+        owner: inner.owner.clone(),
+        lease_until: lease::lease_until(now, queued + limit, spec.rate_per_sec, timeout, margin),
+    }
+}
+
+/// May this endpoint be sent to at `now`?
+fn sendable(e: &Endpoint, now: Millis) -> bool {
+    match e.state {
+        EndpointState::Active => true,
+        EndpointState::Paused => e.paused_until.is_some_and(|until| until <= now),
+        EndpointState::Disabled => false,
+    }
+}
+
+/// The endpoint's effective retry policy and signing secrets at `now`.
+fn make_target(inner: &Inner, endpoint: Endpoint, now: Millis) -> Target {
+    let policy = endpoint
+        .spec
+        .retry
+        .to_override()
+        .ok()
+        .and_then(|o| inner.config.retry.with_override(&o).ok())
+        .unwrap_or_else(|| inner.config.retry.clone());
+    let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
+    Target { endpoint, policy, secrets }
+}
+
+/// Hands claimed-but-unsent deliveries back, due at `at`.
+async fn release_all(inner: &Inner, queue: &mut VecDeque<Claimed>, at: Millis) {
+    if queue.is_empty() {
+        return;
+    }
+    let releases = queue.drain(..).map(|c| Release { delivery: c.id, fence: c.fence, next_attempt_at: at }).collect();
+    if let Err(e) = inner.committer.release(releases).await {
+        tracing::warn!(error = %e, "release failed; leases will expire instead");
+    }
+}
