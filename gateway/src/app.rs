@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -29,7 +30,11 @@ pub enum AppError {
     Plugins(#[from] crate::plugin::PluginError),
 }
 
-/// Runs a node on `listener` until `shutdown` resolves.
+/// How long a stopping node waits for in-flight attempts: the default request deadline
+/// plus room to record the results.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+/// Runs a node on `listener` until `shutdown` resolves, then drains its engine.
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -63,6 +68,9 @@ pub async fn run(
         let _ = stop.send(true);
     };
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
+    // In-flight attempts record their results, and partitions hand unsent claims back,
+    // before the node exits.
+    engine.drain(SHUTDOWN_GRACE).await;
     Ok(())
 }
 

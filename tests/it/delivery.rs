@@ -259,6 +259,30 @@ async fn requests_carry_a_verifiable_standard_webhooks_signature(b: Backend) -> 
     Ok(())
 }
 
+/// A stopping node lets the attempt in flight finish and record its result: nothing is left
+/// `delivering` for a lease to time out, and nothing is sent twice after a restart.
+#[tokio::test]
+async fn shutdown_waits_for_attempts_in_flight_to_record() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(Answer::status(200).delay(Duration::from_secs(2)));
+    setup(&gw, &rx, json!({})).await?;
+    assert_eq!(gw.api.event("acme", json!({"id": "evt_inflight", "type": "t", "payload": {}})).await?.status, 202);
+    rx.wait_for(1, Duration::from_secs(10)).await?;
+    let id = delivery_of(&gw, "evt_inflight").await?["id"].as_str().unwrap_or_default().to_string();
+    let url = format!("sqlite://{}", gw.dir.path().join("herald.db").display());
+    let _dir = gw.stop().await;
+
+    let store = gateway::store::open(&url, 1).await?;
+    let tenant = gateway::model::TenantId::from_stored("acme");
+    let (delivery, attempts) =
+        store.get_delivery(&tenant, &gateway::model::DeliveryId::from_stored(id)).await?.expect("delivery");
+    assert_eq!(delivery.state, gateway::model::DeliveryState::Delivered, "{delivery:?}");
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(rx.count(), 1);
+    Ok(())
+}
+
 /// Every engine test runs on both stores.
 mod sqlite {
     #[tokio::test]

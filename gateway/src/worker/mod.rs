@@ -17,6 +17,8 @@ pub use attempt::envelope;
 pub use decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_effect};
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,6 +69,8 @@ struct Inner {
     shutdown: watch::Receiver<bool>,
     ops: Ops,
     plugins: PluginHost,
+    /// Partition and attempt tasks, so shutdown can wait for them to finish.
+    tasks: Arc<Tasks>,
 }
 
 impl Engine {
@@ -95,6 +99,7 @@ impl Engine {
             shutdown,
             ops,
             plugins,
+            tasks: Arc::default(),
         });
         // A single SQLite node owns every lease in its file: whatever was in flight when
         // the previous process died can be retried at once. Shared stores wait for expiry.
@@ -136,6 +141,67 @@ impl Engine {
     pub fn scan(&self) {
         self.inner.scan.notify_one();
     }
+
+    /// After `shutdown` turned true: wakes every partition so it hands its unsent claims
+    /// back, and waits up to `grace` for them and for in-flight attempts to record their
+    /// results. False when something was still running at the deadline (its leases then
+    /// expire, or a restarted SQLite node recovers them at once).
+    pub async fn drain(&self, grace: Duration) -> bool {
+        for notify in self.inner.partitions.lock().expect("partition map").values() {
+            notify.notify_one();
+        }
+        let drained = tokio::time::timeout(grace, self.inner.tasks.idle()).await.is_ok();
+        if !drained {
+            tracing::warn!(running = self.inner.tasks.live(), "shutdown grace ran out with attempts in flight");
+        }
+        drained
+    }
+}
+
+/// Counts running engine tasks (mini-redis's shutdown latch, with a count for the log).
+#[derive(Default)]
+struct Tasks {
+    live: AtomicUsize,
+    finished: Notify,
+}
+
+/// Decrements the count when its task ends, however it ends.
+struct TaskDone(Arc<Tasks>);
+
+impl Tasks {
+    fn spawn(self: &Arc<Self>, task: impl Future<Output = ()> + Send + 'static) {
+        self.live.fetch_add(1, Ordering::AcqRel);
+        let done = TaskDone(self.clone());
+        tokio::spawn(async move {
+            let _done = done;
+            task.await;
+        });
+    }
+
+    fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no task is running.
+    async fn idle(&self) {
+        loop {
+            let finished = self.finished.notified();
+            tokio::pin!(finished);
+            finished.as_mut().enable();
+            if self.live() == 0 {
+                return;
+            }
+            finished.await;
+        }
+    }
+}
+
+impl Drop for TaskDone {
+    fn drop(&mut self) {
+        if self.0.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.finished.notify_waiters();
+        }
+    }
 }
 
 fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
@@ -146,7 +212,7 @@ fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
     }
     let notify = Arc::new(Notify::new());
     parts.insert(id.clone(), notify.clone());
-    tokio::spawn(partition::run(inner.clone(), id.clone(), notify));
+    inner.tasks.spawn(partition::run(inner.clone(), id.clone(), notify));
 }
 
 /// The engine's background loop: every [`SCAN_EVERY`] (or when asked) it starts a

@@ -358,7 +358,7 @@ impl Partition {
                 let Some(delivery) = self.queue.pop_front() else { return Flow::Again };
                 let Ok(slot) = self.inner.global.clone().acquire_owned().await else { return Flow::Stop };
                 let seed = StdRng::from_rng(&mut self.rng);
-                tokio::spawn(attempt::run(self.inner.clone(), sh, tg, delivery, slot, seed));
+                self.inner.tasks.spawn(attempt::run(self.inner.clone(), sh, tg, delivery, slot, seed));
             }
             Permit::WaitUntil(at) => tokio::time::sleep_until(at).await,
             Permit::Full => {
