@@ -683,7 +683,7 @@ async fn exchange(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Del
     }
     let timestamp = ctx.timestamp as i64;
     let mut headers = request.headers.clone();
-    headers.retain(|(k, _)| !is_herald_header(k));
+    headers.retain(|(k, _)| !crate::deliver::headers::is_reserved(k));
     headers.extend([
         ("user-agent".to_string(), concat!("herald/", env!("CARGO_PKG_VERSION")).to_string()),
         (sign::HEADER_ID.to_string(), d.event_id.to_string()),
@@ -695,7 +695,9 @@ async fn exchange(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Del
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
             match inner.plugins.sign(tenant, name, ctx, &keys, &request) {
-                Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_herald_header(k))),
+                Ok(extra) => {
+                    headers.extend(extra.into_iter().filter(|(k, _)| !crate::deliver::headers::is_reserved(k)))
+                }
                 Err(f) => return failed(inner, name, f),
             }
         }
@@ -737,12 +739,6 @@ async fn exchange(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Del
             answer: None,
         },
     }
-}
-
-/// Headers only Herald sets: a plugin's copies are dropped.
-fn is_herald_header(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    n == "user-agent" || n.starts_with("webhook-") || n.starts_with("herald-")
 }
 
 /// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.

@@ -4,6 +4,8 @@ mod api;
 mod cluster;
 mod delivery;
 mod durability;
+mod limits;
 mod plugins;
+mod props;
 mod recovery;
 mod store;
