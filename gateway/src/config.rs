@@ -337,9 +337,23 @@ fn apply_env(doc: &mut toml::Table, env: impl IntoIterator<Item = (String, Strin
     Ok(())
 }
 
-/// Parses a duration written like `"250ms"`, `"30s"`, `"15m"`, `"24h"`.
+/// The longest duration any setting accepts (100 years). Every duration is stored and
+/// added to timestamps as `i64` milliseconds; this bound keeps that arithmetic far from
+/// overflow, so a huge value is refused instead of wrapping (e.g. to a few ms, or negative).
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Parses a duration written like `"250ms"`, `"30s"`, `"15m"`, `"24h"`, up to [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
+    let d = humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))?;
+    if d > MAX_DURATION {
+        return Err(format!("duration {text:?} is longer than the maximum of 100 years"));
+    }
+    Ok(d)
+}
+
+/// [`parse_duration`] in whole milliseconds (exact: the bound keeps it within `u64`).
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    parse_duration(text).map(|d| u64::try_from(d.as_millis()).expect("MAX_DURATION fits in u64 milliseconds"))
 }
 
 fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
@@ -372,12 +386,8 @@ impl RawConfig {
             max_in_flight_total: self.delivery.max_in_flight_total as usize,
             secret_grace: duration("delivery.secret_grace", &self.delivery.secret_grace)?,
         };
-        if delivery.timeout > MAX_TIMEOUT || delivery.timeout.is_zero() {
-            return Err(invalid("delivery.timeout", "must be between 1ms and 30s"));
-        }
-        if delivery.connect_timeout > delivery.timeout || delivery.connect_timeout.is_zero() {
-            return Err(invalid("delivery.connect_timeout", "must be positive and at most delivery.timeout"));
-        }
+        crate::model::check_timeouts(delivery.timeout, delivery.connect_timeout, MAX_TIMEOUT)
+            .map_err(|e| invalid(&format!("delivery.{}", e.field), e.reason))?;
         if delivery.max_in_flight_total == 0 {
             return Err(invalid("delivery.max_in_flight_total", "must be at least 1"));
         }
@@ -449,10 +459,8 @@ impl RawOperator {
     fn validate(self) -> Result<OperatorConfig, ConfigError> {
         let url = Some(self.url).filter(|u| !u.is_empty());
         if let Some(u) = &url {
-            let parsed = url::Url::parse(u).map_err(|e| invalid("operator.url", format!("{u:?}: {e}")))?;
-            if !matches!(parsed.scheme(), "http" | "https") {
-                return Err(invalid("operator.url", "must be http or https"));
-            }
+            // The operator's own endpoint may be private: the operator chose it.
+            crate::model::validate_url(u, true).map_err(|e| invalid("operator.url", e.reason))?;
             crate::sign::Secret::parse(&self.secret).map_err(|e| {
                 invalid("operator.secret", format!("a whsec_ secret is required with operator.url: {e}"))
             })?;
@@ -513,6 +521,9 @@ mod tests {
         let cases: &[Case<'_>] = &[
             ("[delivery]\ntimeout = \"ten\"\n", &[], "delivery.timeout"),
             ("[delivery]\ntimeout = \"60s\"\n", &[], "delivery.timeout"),
+            ("[delivery]\ntimeout = \"18446744073709552s\"\n", &[], "delivery.timeout"),
+            ("[retry]\nttl = \"10000000000000000s\"\n", &[], "retry.ttl"),
+            ("[delivery]\nconnect_timeout = \"20s\"\n", &[], "delivery.connect_timeout"),
             ("[server]\nlisten = \"nowhere\"\n", &[], "server.listen"),
             ("[server]\nlisten_on = \"x\"\n", &[], "listen_on"),
             ("[retry]\njitter = \"sometimes\"\n", &[], "retry.jitter"),

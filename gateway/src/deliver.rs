@@ -20,6 +20,8 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::classify::{self, Outcome, Response, TransportErrorKind};
 
+pub mod headers;
+
 /// How much of a response body is kept with the attempt.
 pub const BODY_PREFIX: usize = 1024;
 /// How much of a response body is read (to keep the connection reusable) before giving up on it.

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::model::{EventId, Millis, NewEvent, TenantId, validate_event_type};
+use crate::model::{EventId, Millis, NewEvent, TenantId, event_fingerprint, validate_event_type};
 use crate::store::{Committer, IngestOutcome, StoreError};
 
 /// Why an event was refused before anything was written.
@@ -15,6 +15,10 @@ pub enum IntakeError {
     Invalid(String),
     #[error("payload is {size} bytes, over the limit of {limit}")]
     TooLarge { size: usize, limit: usize },
+    #[error("payload nests deeper than {limit} levels of arrays and objects")]
+    TooDeep { limit: usize },
+    #[error("event {id:?} was already posted with a different type or payload")]
+    Conflict { id: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -38,6 +42,11 @@ pub struct BatchIn<'a> {
     #[serde(borrow)]
     pub events: Vec<EventIn<'a>>,
 }
+
+/// How deeply a payload may nest arrays and objects. Below the JSON parser's own limit
+/// (128 levels for the whole body), so a deep payload gets this clear refusal, not a parse
+/// error; and receivers and plugins never see a document deeper than this.
+pub const MAX_PAYLOAD_DEPTH: usize = 100;
 
 /// Limits and defaults intake applies.
 #[derive(Debug, Clone, Copy)]
@@ -69,9 +78,51 @@ pub fn prepare(
         id,
         event_type: input.event_type.clone(),
         payload: payload.to_string(),
+        fingerprint: event_fingerprint(&input.event_type, payload),
         created_at: now,
         expires_at: now.saturating_add(limits.ttl_ms),
     })
+}
+
+/// Parses one posted event's body (`{"type": …, "payload": …}`), nesting limit first.
+pub fn parse_one(body: &[u8]) -> Result<EventIn<'_>, IntakeError> {
+    parse(body, 1)
+}
+
+/// Parses `body` as `T` after checking that nothing in it nests deeper than
+/// [`MAX_PAYLOAD_DEPTH`] plus the `envelope` levels around each payload.
+fn parse<'a, T: Deserialize<'a>>(body: &'a [u8], envelope: usize) -> Result<T, IntakeError> {
+    if nesting_depth(body) > MAX_PAYLOAD_DEPTH + envelope {
+        return Err(IntakeError::TooDeep { limit: MAX_PAYLOAD_DEPTH });
+    }
+    serde_json::from_slice(body).map_err(|e| IntakeError::Invalid(format!("invalid JSON body: {e}")))
+}
+
+/// The deepest nesting of arrays and objects in a JSON text (brackets inside strings do
+/// not count). Linear and allocation-free, so it runs before any parsing.
+pub fn nesting_depth(json: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in json {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// Parses and validates a whole batch: one bad event refuses the batch, nothing is written.
@@ -82,8 +133,8 @@ pub fn prepare_batch(
     now: Millis,
     rng: &mut impl rand::Rng,
 ) -> Result<Vec<NewEvent>, IntakeError> {
-    let batch: BatchIn<'_> =
-        serde_json::from_slice(body).map_err(|e| IntakeError::Invalid(format!("invalid JSON body: {e}")))?;
+    // `{"events": [{"payload": …}]}`: three levels around each payload.
+    let batch: BatchIn<'_> = parse(body, 3)?;
     if batch.events.is_empty() {
         return Err(IntakeError::Invalid("events must not be empty".into()));
     }
@@ -107,7 +158,46 @@ pub fn prepare_batch(
         .collect()
 }
 
-/// Stores the events durably (group commit) and reports each one's deliveries.
-pub async fn accept(committer: &Committer, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>, IntakeError> {
-    Ok(committer.ingest(events).await?)
+/// Stores the events durably (group commit) and reports each one's deliveries. An event
+/// that reuses a stored id with another type or payload refuses the whole request: the
+/// store writes none of it.
+pub async fn accept(
+    committer: &Committer,
+    events: Vec<NewEvent>,
+) -> Result<Vec<(EventId, IngestOutcome)>, IntakeError> {
+    let ids: Vec<EventId> = events.iter().map(|e| e.id.clone()).collect();
+    let outcomes = committer.ingest(events).await?;
+    if let Some(i) = outcomes.iter().position(|o| o.conflict) {
+        return Err(IntakeError::Conflict { id: ids[i].to_string() });
+    }
+    Ok(ids.into_iter().zip(outcomes).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_counts_brackets_outside_strings() {
+        let cases: &[(&str, usize)] = &[
+            ("1", 0),
+            ("{}", 1),
+            (r#"{"a": [1, {"b": []}]}"#, 4),
+            (r#"{"a": "[[[{{{"}"#, 1),
+            (r#"{"a": "\"[[["}"#, 1),
+            (r#"["\\", [[]]]"#, 3),
+        ];
+        for (json, want) in cases {
+            assert_eq!(nesting_depth(json.as_bytes()), *want, "{json}");
+        }
+    }
+
+    #[test]
+    fn too_deep_payloads_are_refused_before_parsing() {
+        let deep = |n: usize| format!(r#"{{"type": "a.b", "payload": {}{}}}"#, "[".repeat(n), "]".repeat(n));
+        assert!(parse_one(deep(MAX_PAYLOAD_DEPTH).as_bytes()).is_ok());
+        let err = parse_one(deep(MAX_PAYLOAD_DEPTH + 1).as_bytes()).unwrap_err();
+        assert!(matches!(err, IntakeError::TooDeep { .. }), "{err}");
+        assert!(matches!(parse_one(deep(100_000).as_bytes()), Err(IntakeError::TooDeep { .. })));
+    }
 }

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::RetryOverride;
 
+mod spec;
+pub use spec::*;
+
 /// Milliseconds since the Unix epoch: how every instant is stored.
 pub type Millis = i64;
 
@@ -361,8 +364,22 @@ pub struct NewEvent {
     pub event_type: String,
     /// The payload bytes exactly as received.
     pub payload: String,
+    /// [`event_fingerprint`] of type and payload: tells a repeat from a conflicting reuse
+    /// of the same id.
+    pub fingerprint: String,
     pub created_at: Millis,
     pub expires_at: Millis,
+}
+
+/// The sha256 hex of an event's type and payload bytes. A type never contains a newline,
+/// so the two parts cannot be confused.
+pub fn event_fingerprint(event_type: &str, payload: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(event_type.as_bytes());
+    h.update(b"\n");
+    h.update(payload.as_bytes());
+    hex::encode(h.finalize())
 }
 
 #[derive(Debug, Clone, Serialize)]

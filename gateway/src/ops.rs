@@ -67,17 +67,7 @@ impl Ops {
             }
             Some(_) => {}
             None => {
-                let e = Endpoint {
-                    id,
-                    tenant,
-                    spec,
-                    state: EndpointState::Active,
-                    state_reason: None,
-                    paused_until: None,
-                    failing_since: None,
-                    created_at: now,
-                    updated_at: now,
-                };
+                let e = Endpoint::new(id, tenant, spec, now);
                 match store.insert_endpoint(&e).await {
                     Ok(()) | Err(StoreError::Conflict(_)) => {}
                     Err(e) => return Err(e),
@@ -99,6 +89,7 @@ impl Ops {
                 tenant: TenantId::from_stored(OPS_TENANT),
                 id,
                 event_type: event_type.into(),
+                fingerprint: event_fingerprint(event_type, &payload),
                 payload,
                 created_at: now,
                 expires_at: now + self.ttl_ms,

@@ -134,6 +134,7 @@ fn event(tenant: &str, id: &str, event_type: &str, at: Millis) -> NewEvent {
         id: EventId::parse(id).unwrap(),
         event_type: event_type.into(),
         payload: format!("{{\"id\": \"{id}\", \"amount\": 1.50}}"),
+        fingerprint: gateway::model::event_fingerprint(event_type, &format!("{{\"id\": \"{id}\", \"amount\": 1.50}}")),
         created_at: at,
         expires_at: at + 24 * HOUR,
     }

@@ -37,6 +37,7 @@ pub struct Reply {
     pub status: u16,
     pub json: Value,
     pub text: String,
+    pub headers: http::HeaderMap,
 }
 
 impl Api {
@@ -63,10 +64,11 @@ impl Api {
             .await
             .context("API request timed out")??;
         let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
         let bytes = resp.into_body().collect().await?.to_bytes();
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Ok(Reply { status, json, text })
+        Ok(Reply { status, json, text, headers })
     }
 
     pub async fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> anyhow::Result<Reply> {

@@ -4,15 +4,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, AppState, auth, body_bytes, parse_json, rfc3339};
-use crate::config::parse_duration;
+use super::extract::{JsonBody, Manage, Path, Read, TenantAuth};
+use super::{ApiError, AppState, rfc3339};
+use crate::config::parse_duration_ms;
 use crate::model::*;
 use crate::sign::Secret;
 use crate::store::EndpointChange;
@@ -20,7 +19,7 @@ use crate::store::EndpointChange;
 /// An endpoint as posted (create) or patched: every field optional.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct EndpointIn {
+pub(crate) struct EndpointIn {
     url: Option<String>,
     description: Option<String>,
     event_types: Option<Vec<String>>,
@@ -37,7 +36,7 @@ struct EndpointIn {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RetryIn {
+pub(crate) struct RetryIn {
     base: Option<String>,
     factor: Option<f64>,
     cap: Option<String>,
@@ -47,82 +46,36 @@ struct RetryIn {
 }
 
 fn duration_ms(field: &str, text: &str) -> Result<u64, ApiError> {
-    parse_duration(text).map(|d| d.as_millis() as u64).map_err(|e| ApiError::unprocessable(format!("{field}: {e}")))
+    parse_duration_ms(text).map_err(|e| ApiError::unprocessable(format!("{field}: {e}")))
 }
 
-/// Refuses destinations the SSRF guard would refuse anyway, when they are IP literals.
-fn validate_url(state: &AppState, raw: &str) -> Result<String, ApiError> {
-    let url = url::Url::parse(raw).map_err(|e| ApiError::unprocessable(format!("url: {raw:?} is not a URL ({e})")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(ApiError::unprocessable(format!("url: scheme must be http or https, not {:?}", url.scheme())));
-    }
-    let host = url.host().ok_or_else(|| ApiError::unprocessable("url: missing host"))?;
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(ApiError::unprocessable("url: credentials in the URL are not allowed; use headers"));
-    }
-    let ip = match host {
-        url::Host::Ipv4(ip) => Some(std::net::IpAddr::V4(ip)),
-        url::Host::Ipv6(ip) => Some(std::net::IpAddr::V6(ip)),
-        url::Host::Domain(d) if d.eq_ignore_ascii_case("localhost") => Some(std::net::Ipv4Addr::LOCALHOST.into()),
-        url::Host::Domain(_) => None,
-    };
-    if let Some(ip) = ip
-        && !state.config.delivery.allow_private_destinations
-        && crate::deliver::is_forbidden(ip)
-    {
-        return Err(ApiError::unprocessable(format!(
-            "url: {ip} is a private, loopback or link-local address (see delivery.allow_private_destinations)"
-        )));
-    }
-    Ok(url.to_string())
-}
-
-const RESERVED_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "content-type",
-    "transfer-encoding",
-    "connection",
-    "user-agent",
-    "webhook-id",
-    "webhook-timestamp",
-    "webhook-signature",
-    "webhook-attempt-id",
-];
-
-/// Applies `input` onto `spec` and validates the result as a whole.
+/// Maps `input` onto `spec`, checks the plugin bindings against the tenant's plugins, and
+/// validates the result as a whole (`EndpointSpec::validate`, shared with config and ops).
 fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: EndpointIn) -> Result<(), ApiError> {
     if let Some(url) = input.url {
-        spec.url = validate_url(state, &url)?;
+        // Normalised (and checked again below with the rest).
+        spec.url = validate_url(&url, state.config.delivery.allow_private_destinations)?;
     }
     if let Some(d) = input.description {
         spec.description = d;
     }
     if let Some(types) = input.event_types {
-        for t in &types {
-            validate_type_filter(t).map_err(ApiError::unprocessable)?;
-        }
         spec.event_types = types;
     }
     spec.rate_per_sec = input.rate_per_sec.unwrap_or(spec.rate_per_sec);
     spec.burst = input.burst.unwrap_or(spec.burst);
     spec.max_in_flight = input.max_in_flight.unwrap_or(spec.max_in_flight);
-    crate::pace::Pacer::try_new(spec.rate_per_sec, spec.burst, spec.max_in_flight)
-        .map_err(|e| ApiError::unprocessable(format!("pacing: {e}")))?;
     if let Some(t) = input.timeout {
         spec.timeout_ms = duration_ms("timeout", &t)?;
     }
-    if let Some(t) = input.connect_timeout {
-        spec.connect_timeout_ms = duration_ms("connect_timeout", &t)?;
-    }
-    if spec.timeout_ms == 0 || spec.timeout_ms > crate::config::MAX_TIMEOUT.as_millis() as u64 {
-        return Err(ApiError::unprocessable("timeout: must be between 1ms and 30s"));
-    }
-    if spec.connect_timeout_ms == 0 || spec.connect_timeout_ms > spec.timeout_ms {
-        return Err(ApiError::unprocessable("connect_timeout: must be positive and at most timeout"));
+    match input.connect_timeout {
+        Some(t) => spec.connect_timeout_ms = duration_ms("connect_timeout", &t)?,
+        // Unset, the connect deadline never outlasts the total one: `{"timeout": "2s"}`
+        // connects within 2s rather than being refused for the 3s default.
+        None => spec.connect_timeout_ms = spec.connect_timeout_ms.min(spec.timeout_ms),
     }
     if let Some(r) = input.retry {
-        let doc = RetryOverrideDoc {
+        spec.retry = RetryOverrideDoc {
             base_ms: r.base.map(|v| duration_ms("retry.base", &v)).transpose()?.or(spec.retry.base_ms),
             factor: r.factor.or(spec.retry.factor),
             cap_ms: r.cap.map(|v| duration_ms("retry.cap", &v)).transpose()?.or(spec.retry.cap_ms),
@@ -130,51 +83,46 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
             max_attempts: r.max_attempts.or(spec.retry.max_attempts),
             ttl_ms: r.ttl.map(|v| duration_ms("retry.ttl", &v)).transpose()?.or(spec.retry.ttl_ms),
         };
-        let over = doc.to_override().map_err(ApiError::unprocessable)?;
-        state.config.retry.with_override(&over).map_err(|e| ApiError::unprocessable(format!("retry: {e}")))?;
-        spec.retry = doc;
     }
     if let Some(p) = input.plugins {
-        // Bindings resolve within the tenant only: another tenant's plugin is as unknown
-        // as one that does not exist.
-        use crate::plugin::Hook;
-        for (hook, name) in [(Hook::Transform, &p.transform), (Hook::Classify, &p.classify), (Hook::Sign, &p.sign)] {
-            let Some(name) = name else { continue };
-            match state.plugins.get(tenant.as_str(), name) {
-                Some(hooks) if hooks.contains(hook) => {}
-                Some(_) => {
-                    return Err(ApiError::unprocessable(format!(
-                        "plugins.{}: plugin {name:?} does not implement {}",
-                        hook.as_str(),
-                        hook.as_str()
-                    )));
-                }
-                None => {
-                    return Err(ApiError::unprocessable(format!(
-                        "plugins.{}: no plugin {name:?} in this tenant",
-                        hook.as_str()
-                    )));
-                }
-            }
-        }
+        check_bindings(state, tenant, &p)?;
         spec.plugins = p;
     }
     if let Some(h) = input.headers {
-        for (name, value) in &h {
-            let parsed = axum::http::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| ApiError::unprocessable(format!("headers: {name:?} is not a header name")))?;
-            if RESERVED_HEADERS.contains(&parsed.as_str()) {
-                return Err(ApiError::unprocessable(format!("headers: {name:?} is set by Herald")));
-            }
-            axum::http::HeaderValue::from_str(value).map_err(|_| {
-                ApiError::unprocessable(format!("headers: the value of {name:?} is not a header value"))
-            })?;
-        }
         spec.headers = h;
     }
     if let Some(s) = input.secret {
-        Secret::parse(&s).map_err(|e| ApiError::unprocessable(format!("secret: {e}")))?;
         spec.secrets = vec![SecretEntry { secret: s, expires_at: None }];
+    }
+    let rules = SpecRules {
+        retry: &state.config.retry,
+        max_timeout: crate::config::MAX_TIMEOUT,
+        allow_private_destinations: state.config.delivery.allow_private_destinations,
+    };
+    spec.validate(&rules)?;
+    Ok(())
+}
+
+/// Bindings resolve within the tenant only: another tenant's plugin is as unknown as one
+/// that does not exist.
+fn check_bindings(state: &AppState, tenant: &TenantId, p: &PluginBindings) -> Result<(), ApiError> {
+    use crate::plugin::Hook;
+    for (hook, name) in [(Hook::Transform, &p.transform), (Hook::Classify, &p.classify), (Hook::Sign, &p.sign)] {
+        let Some(name) = name else { continue };
+        let field = format!("plugins.{}", hook.as_str());
+        match state.plugins.get(tenant.as_str(), name) {
+            Some(hooks) if hooks.contains(hook) => {}
+            Some(_) => {
+                return Err(ApiError::unprocessable(format!(
+                    "{field}: plugin {name:?} does not implement {}",
+                    hook.as_str()
+                )));
+            }
+            None => {
+                check_text(&field, name, 64)?;
+                return Err(ApiError::unprocessable(format!("{field}: no plugin {name:?} in this tenant")));
+            }
+        }
     }
     Ok(())
 }
@@ -216,15 +164,11 @@ async fn load(state: &AppState, tenant: &TenantId, id: &str) -> Result<Endpoint,
     }
 }
 
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    JsonBody(input): JsonBody<EndpointIn>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Manage).await?;
-    let body = body_bytes(body)?;
-    let input: EndpointIn = parse_json(&body)?;
     if input.url.is_none() {
         return Err(ApiError::unprocessable("url: required"));
     }
@@ -238,6 +182,7 @@ pub async fn create(
         rate_per_sec: d.rate_per_sec,
         burst: d.burst,
         max_in_flight: d.max_in_flight,
+        // Both bounded by the config's checks (at most 30s).
         timeout_ms: state.config.delivery.timeout.as_millis() as u64,
         connect_timeout_ms: state.config.delivery.connect_timeout.as_millis() as u64,
         retry: RetryOverrideDoc::default(),
@@ -246,39 +191,26 @@ pub async fn create(
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
     };
     apply(&state, &tenant, &mut spec, input)?;
-    let endpoint = Endpoint {
-        id: EndpointId::generate(now, &mut rng),
-        tenant,
-        spec,
-        state: EndpointState::Active,
-        state_reason: None,
-        paused_until: None,
-        failing_since: None,
-        created_at: now,
-        updated_at: now,
-    };
+    let endpoint = Endpoint::new(EndpointId::generate(now, &mut rng), tenant, spec, now);
     state.store.insert_endpoint(&endpoint).await?;
     let mut out = view(&endpoint);
     out["secret"] = json!(endpoint.spec.secrets[0].secret);
     Ok((StatusCode::CREATED, Json(out)))
 }
 
-pub async fn list(
+pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let eps = state.store.list_endpoints(&tenant).await?;
     Ok(Json(json!({ "data": eps.iter().map(view).collect::<Vec<_>>() })))
 }
 
-pub async fn get_one(
+pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Path((_, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let endpoint = load(&state, &tenant, &id).await?;
     let now = crate::clock::now_ms();
     let h = state.store.endpoint_health(&endpoint.id, now).await?;
@@ -303,15 +235,12 @@ pub async fn get_one(
     Ok(Json(out))
 }
 
-pub async fn patch(
+pub(crate) async fn patch(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path((_, id)): Path<(String, String)>,
+    JsonBody(input): JsonBody<EndpointIn>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Manage).await?;
-    let body = body_bytes(body)?;
-    let input: EndpointIn = parse_json(&body)?;
     let mut endpoint = load(&state, &tenant, &id).await?;
     apply(&state, &tenant, &mut endpoint.spec, input)?;
     endpoint.updated_at = crate::clock::now_ms();
@@ -321,12 +250,11 @@ pub async fn patch(
     Ok(Json(view(&endpoint)))
 }
 
-pub async fn delete(
+pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path((_, id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Manage).await?;
     let endpoint = load(&state, &tenant, &id).await?;
     if !state.store.delete_endpoint(&tenant, &endpoint.id, crate::clock::now_ms()).await? {
         return Err(ApiError::not_found("endpoint"));
@@ -334,12 +262,11 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn enable(
+pub(crate) async fn enable(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path((_, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Manage).await?;
     let endpoint = load(&state, &tenant, &id).await?;
     state
         .committer
@@ -358,19 +285,16 @@ pub async fn enable(
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RotateIn {
+pub(crate) struct RotateIn {
     secret: Option<String>,
 }
 
-pub async fn rotate_secret(
+pub(crate) async fn rotate_secret(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path((_, id)): Path<(String, String)>,
+    JsonBody(input): JsonBody<RotateIn>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Manage).await?;
-    let body = body_bytes(body)?;
-    let input: RotateIn = if body.is_empty() { RotateIn::default() } else { parse_json(&body)? };
     let secret = match input.secret {
         Some(s) => {
             Secret::parse(&s).map_err(|e| ApiError::unprocessable(format!("secret: {e}")))?;
@@ -395,12 +319,11 @@ pub async fn rotate_secret(
     Ok(Json(json!({ "secret": secret, "previous_valid_until": rfc3339(grace_until) })))
 }
 
-pub async fn secret(
+pub(crate) async fn secret(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path((_, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Manage).await?;
     let endpoint = load(&state, &tenant, &id).await?;
     let now = crate::clock::now_ms();
     let secrets: Vec<Value> = endpoint

@@ -3,15 +3,14 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, AppState, auth, body_bytes, parse_json, parse_rfc3339, rfc3339};
-use crate::intake::{self, EventIn, IntakeLimits};
+use super::extract::{EventsWrite, Path, Query, RawBody, Read, TenantAuth};
+use super::{ApiError, AppState, parse_rfc3339, rfc3339};
+use crate::intake::{self, IntakeLimits};
 use crate::model::*;
 use crate::store::{DeliveryFilter, IngestOutcome};
 
@@ -28,58 +27,51 @@ fn outcome_json(id: &EventId, o: &IngestOutcome) -> Value {
 }
 
 /// `POST /v1/tenants/{tenant}/events`: 202 only after the event and its deliveries commit.
-pub async fn create(
+/// The body stays raw bytes: the payload is borrowed from it, never re-serialised.
+pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
+    RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::EventsWrite).await?;
-    let body = body_bytes(body)?;
-    let input: EventIn<'_> = parse_json(&body)?;
+    let input = intake::parse_one(&body)?;
     let event = intake::prepare(&tenant, &input, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
-    let id = event.id.clone();
     let outcomes = intake::accept(&state.committer, vec![event]).await?;
     after_accept(&state, &outcomes);
-    Ok((StatusCode::ACCEPTED, Json(outcome_json(&id, &outcomes[0]))))
+    let (id, outcome) = &outcomes[0];
+    Ok((StatusCode::ACCEPTED, Json(outcome_json(id, outcome))))
 }
 
 /// `POST /v1/tenants/{tenant}/events/batch`: `{"events": [...]}`, all or nothing.
-pub async fn create_batch(
+pub(crate) async fn create_batch(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
+    RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::EventsWrite).await?;
-    let body = body_bytes(body)?;
     let events = intake::prepare_batch(&tenant, &body, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
-    let ids: Vec<EventId> = events.iter().map(|e| e.id.clone()).collect();
     let outcomes = intake::accept(&state.committer, events).await?;
     after_accept(&state, &outcomes);
-    let data: Vec<Value> = ids.iter().zip(&outcomes).map(|(id, o)| outcome_json(id, o)).collect();
+    let data: Vec<Value> = outcomes.iter().map(|(id, o)| outcome_json(id, o)).collect();
     Ok((StatusCode::ACCEPTED, Json(json!({ "data": data }))))
 }
 
-fn after_accept(state: &AppState, outcomes: &[IngestOutcome]) {
-    let fresh = outcomes.iter().filter(|o| !o.duplicate);
+fn after_accept(state: &AppState, outcomes: &[(EventId, IngestOutcome)]) {
+    let fresh = outcomes.iter().map(|(_, o)| o).filter(|o| !o.duplicate);
     let (events, deliveries) = fresh.fold((0u64, 0u64), |(e, d), o| (e + 1, d + u64::from(o.deliveries)));
     state.metrics.events_accepted.add(events);
     state.metrics.deliveries_created.add(deliveries);
     if deliveries > 0 {
-        let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|o| o.endpoints.iter().cloned()).collect();
+        let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|(_, o)| o.endpoints.iter().cloned()).collect();
         endpoints.sort_unstable();
         endpoints.dedup();
         (state.wake)(&endpoints);
     }
 }
 
-pub async fn get_one(
+pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Path((_, id)): Path<(String, String)>,
 ) -> Result<([(axum::http::HeaderName, &'static str); 1], String), ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let event =
         state.store.get_event(&tenant, &EventId::from_stored(id)).await?.ok_or_else(|| ApiError::not_found("event"))?;
     // Built by hand so the payload's bytes come back exactly as they were posted.
@@ -151,13 +143,12 @@ fn page(items: Vec<Delivery>, limit: u32) -> Value {
     json!({ "data": items.iter().map(delivery_view).collect::<Vec<_>>(), "next_after": next })
 }
 
-pub async fn event_deliveries(
+pub(crate) async fn event_deliveries(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Path((_, id)): Path<(String, String)>,
     Query(q): Query<ListQuery>,
-    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let event_id = EventId::from_stored(id);
     if state.store.get_event(&tenant, &event_id).await?.is_none() {
         return Err(ApiError::not_found("event"));
@@ -168,25 +159,21 @@ pub async fn event_deliveries(
     Ok(Json(page(items, f.limit)))
 }
 
-pub async fn list_deliveries(
+pub(crate) async fn list_deliveries(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
     Query(q): Query<ListQuery>,
-    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let f = filter(tenant, q)?;
     let items = state.store.list_deliveries(&f).await?;
     Ok(Json(page(items, f.limit)))
 }
 
-pub async fn dead_letters(
+pub(crate) async fn dead_letters(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
     Query(q): Query<ListQuery>,
-    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let mut f = filter(tenant.clone(), q)?;
     f.state = Some(DeliveryState::Dead);
     let items = state.store.list_deliveries(&f).await?;
@@ -196,12 +183,11 @@ pub async fn dead_letters(
     Ok(Json(out))
 }
 
-pub async fn get_delivery(
+pub(crate) async fn get_delivery(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Path((_, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let (delivery, attempts) = state
         .store
         .get_delivery(&tenant, &DeliveryId::from_stored(id))

@@ -21,6 +21,7 @@ use crate::store::{Committer, DynStore, StoreError};
 mod auth;
 mod endpoints;
 mod events;
+mod extract;
 mod plugins;
 mod replays;
 mod tenants;
@@ -97,6 +98,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/tenants/{tenant}/replays/{id}/cancel", post(replays::cancel))
         .route("/v1/tenants/{tenant}/plugins", get(plugins::list))
         .route("/v1/tenants/{tenant}/plugins/{name}", put(plugins::upload).get(plugins::get_one))
+        // Runs on matched routes only, before their extractors.
+        .route_layer(axum::middleware::from_fn(extract::check_uri))
+        // Axum adds the `Allow` header to this body.
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+        })
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -153,6 +160,8 @@ impl From<IntakeError> for ApiError {
     fn from(e: IntakeError) -> Self {
         match e {
             IntakeError::Invalid(m) => ApiError::bad_request(m),
+            e @ IntakeError::TooDeep { .. } => ApiError::unprocessable(e.to_string()),
+            e @ IntakeError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string()),
             e @ IntakeError::TooLarge { .. } => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.to_string())
             }
@@ -161,23 +170,10 @@ impl From<IntakeError> for ApiError {
     }
 }
 
-/// Parses a JSON body into `T`, mapping every failure (including an oversized body) to a
-/// JSON 4xx.
-pub(crate) fn parse_json<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
-}
-
-/// The raw body, or a JSON error for a body over the limit.
-pub(crate) fn body_bytes(
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<axum::body::Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.body_text())
-        } else {
-            ApiError::bad_request(e.body_text())
-        }
-    })
+impl From<crate::model::SpecError> for ApiError {
+    fn from(e: crate::model::SpecError) -> Self {
+        ApiError::unprocessable(e.to_string())
+    }
 }
 
 pub(crate) use crate::clock::rfc3339;

@@ -3,14 +3,12 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use super::{ApiError, AppState, auth, body_bytes};
-use crate::model::Scope;
+use super::extract::{Manage, Path, RawBody, Read, TenantAuth};
+use super::{ApiError, AppState};
 use crate::plugin::{Hook, PluginError, PluginInfo};
 
 fn view(p: &PluginInfo) -> Value {
@@ -48,14 +46,12 @@ impl From<PluginError> for ApiError {
 }
 
 /// `PUT /v1/tenants/{tenant}/plugins/{name}` with the `.wasm` bytes as the body.
-pub async fn upload(
+pub(crate) async fn upload(
     State(state): State<Arc<AppState>>,
-    Path((tenant, name)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path((_, name)): Path<(String, String)>,
+    RawBody(body): RawBody,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Manage).await?;
-    let body = body_bytes(body)?;
     if body.len() > state.config.plugins.max_plugin_bytes {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -67,22 +63,19 @@ pub async fn upload(
     Ok(Json(view(&info)))
 }
 
-pub async fn list(
+pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let items: Vec<Value> = state.plugins.list(tenant.as_str()).iter().map(view).collect();
     Ok(Json(json!({ "data": items })))
 }
 
-pub async fn get_one(
+pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
-    Path((tenant, name)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Path((_, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let info = state
         .plugins
         .list(tenant.as_str())

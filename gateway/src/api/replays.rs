@@ -3,14 +3,13 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, AppState, auth, body_bytes, parse_json, parse_rfc3339, rfc3339};
+use super::extract::{JsonBody, Path, Read, Replay as ReplayScope, TenantAuth};
+use super::{ApiError, AppState, parse_rfc3339, rfc3339};
 use crate::model::*;
 
 /// Most delivery ids one replay may name.
@@ -18,7 +17,7 @@ const MAX_IDS: usize = 10_000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ReplayIn {
+pub(crate) struct ReplayIn {
     ids: Option<Vec<String>>,
     filter: Option<FilterIn>,
     rate_per_sec: Option<f64>,
@@ -27,7 +26,7 @@ struct ReplayIn {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FilterIn {
+pub(crate) struct FilterIn {
     endpoint: Option<String>,
     #[serde(rename = "type")]
     event_type: Option<String>,
@@ -55,28 +54,36 @@ fn view(p: &ReplayProgress) -> Value {
     })
 }
 
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TenantAuth { tenant, .. }: TenantAuth<ReplayScope>,
+    JsonBody(input): JsonBody<ReplayIn>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Replay).await?;
-    let body = body_bytes(body)?;
-    let input: ReplayIn = parse_json(&body)?;
     let (ids, filter) = match (input.ids, input.filter) {
-        (Some(ids), None) if !ids.is_empty() && ids.len() <= MAX_IDS => (Some(ids), None),
+        (Some(ids), None) if !ids.is_empty() && ids.len() <= MAX_IDS => {
+            for id in &ids {
+                check_text("ids[]", id, MAX_FILTER_TEXT)?;
+            }
+            (Some(ids), None)
+        }
         (Some(_), None) => return Err(ApiError::unprocessable(format!("ids: give 1 to {MAX_IDS} delivery ids"))),
-        (None, Some(f)) => (
-            None,
-            Some(DeadLetterFilter {
-                endpoint: f.endpoint,
-                event_type: f.event_type,
-                reason: f.reason,
-                since: f.since.map(|s| parse_rfc3339("filter.since", &s)).transpose()?,
-                until: f.until.map(|s| parse_rfc3339("filter.until", &s)).transpose()?,
-            }),
-        ),
+        (None, Some(f)) => {
+            for (field, value) in
+                [("filter.endpoint", &f.endpoint), ("filter.type", &f.event_type), ("filter.reason", &f.reason)]
+            {
+                check_text(field, value.as_deref().unwrap_or_default(), MAX_FILTER_TEXT)?;
+            }
+            (
+                None,
+                Some(DeadLetterFilter {
+                    endpoint: f.endpoint,
+                    event_type: f.event_type,
+                    reason: f.reason,
+                    since: f.since.map(|s| parse_rfc3339("filter.since", &s)).transpose()?,
+                    until: f.until.map(|s| parse_rfc3339("filter.until", &s)).transpose()?,
+                }),
+            )
+        }
         _ => return Err(ApiError::unprocessable("give either ids or filter")),
     };
     let rate_per_sec = input.rate_per_sec.unwrap_or(10.0);
@@ -118,22 +125,20 @@ pub async fn create(
     Ok((StatusCode::ACCEPTED, Json(view(&progress))))
 }
 
-pub async fn get_one(
+pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Path((_, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Read).await?;
     let p = state.store.get_replay(&tenant, &id).await?.ok_or_else(|| ApiError::not_found("replay"))?;
     Ok(Json(view(&p)))
 }
 
-pub async fn cancel(
+pub(crate) async fn cancel(
     State(state): State<Arc<AppState>>,
-    Path((tenant, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    TenantAuth { tenant, .. }: TenantAuth<ReplayScope>,
+    Path((_, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Replay).await?;
     if state.store.get_replay(&tenant, &id).await?.is_none() {
         return Err(ApiError::not_found("replay"));
     }

@@ -3,36 +3,34 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use base64::Engine;
 use rand::RngCore;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, AppState, auth, body_bytes, parse_json, rfc3339};
-use crate::model::{Scope, Tenant, TenantId, TokenRecord};
+use super::extract::{Admin, JsonBody, Manage, TenantAuth};
+use super::{ApiError, AppState, auth, rfc3339};
+use crate::model::{MAX_TENANT_NAME, Scope, Tenant, TenantId, TokenRecord, check_text};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TenantIn {
+pub(crate) struct TenantIn {
     id: String,
     #[serde(default)]
     name: Option<String>,
 }
 
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    _: Admin,
+    JsonBody(input): JsonBody<TenantIn>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    auth::admin(&state, &headers).await?;
-    let body = body_bytes(body)?;
-    let input: TenantIn = parse_json(&body)?;
-    let id = TenantId::parse(&input.id).map_err(|e| ApiError::unprocessable(e.0))?;
-    let tenant = Tenant { name: input.name.unwrap_or_else(|| id.to_string()), id, created_at: crate::clock::now_ms() };
+    let id = TenantId::parse(&input.id).map_err(|e| ApiError::unprocessable(format!("id: {}", e.0)))?;
+    let name = input.name.unwrap_or_else(|| id.to_string());
+    check_text("name", &name, MAX_TENANT_NAME)?;
+    let tenant = Tenant { name, id, created_at: crate::clock::now_ms() };
     state.store.create_tenant(&tenant).await?;
     Ok((
         StatusCode::CREATED,
@@ -40,35 +38,41 @@ pub async fn create(
     ))
 }
 
+/// `{"scopes": [...]}`: the scopes must be named; a token is never widened by default.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TokenIn {
+pub(crate) struct TokenIn {
     #[serde(default)]
     scopes: Option<Vec<String>>,
 }
 
-pub async fn create_token(
+/// The distinct scopes named, each known and given once.
+fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
+    let names =
+        names.ok_or_else(|| ApiError::unprocessable("scopes: required (events:write, read, manage, replay)"))?;
+    if names.is_empty() || names.len() > Scope::ALL.len() {
+        return Err(ApiError::unprocessable(format!("scopes: name 1 to {} scopes", Scope::ALL.len())));
+    }
+    let mut out: Vec<Scope> = Vec::with_capacity(names.len());
+    for n in &names {
+        let scope = Scope::parse(n).ok_or_else(|| {
+            ApiError::unprocessable(format!("scopes: unknown scope {n:?} (events:write, read, manage, replay)"))
+        })?;
+        if out.contains(&scope) {
+            return Err(ApiError::unprocessable(format!("scopes: {n:?} is named twice")));
+        }
+        out.push(scope);
+    }
+    Ok(out)
+}
+
+pub(crate) async fn create_token(
     State(state): State<Arc<AppState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    _: Admin,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    JsonBody(input): JsonBody<TokenIn>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    auth::admin(&state, &headers).await?;
-    let tenant = auth::tenant(&state, &headers, &tenant, Scope::Manage).await?;
-    let body = body_bytes(body)?;
-    let input: TokenIn = if body.is_empty() { TokenIn { scopes: None } } else { parse_json(&body)? };
-    let scopes = match input.scopes {
-        None => Scope::ALL.to_vec(),
-        Some(names) if names.is_empty() => return Err(ApiError::unprocessable("scopes must not be empty")),
-        Some(names) => names
-            .iter()
-            .map(|n| {
-                Scope::parse(n).ok_or_else(|| {
-                    ApiError::unprocessable(format!("unknown scope {n:?} (events:write, read, manage, replay)"))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-    };
+    let scopes = scopes(input.scopes)?;
     let mut raw = [0u8; 32];
     rand::rng().fill_bytes(&mut raw);
     let token = format!("hrld_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw));
@@ -78,11 +82,13 @@ pub async fn create_token(
     Ok((StatusCode::CREATED, Json(json!({ "token": token, "tenant": record.tenant, "scopes": scopes }))))
 }
 
-pub async fn ready(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
+pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
     state.store.get_tenant(&TenantId::from_stored("-")).await?;
     Ok("ready")
 }
 
-pub async fn metrics(State(state): State<Arc<AppState>>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+pub(crate) async fn metrics(
+    State(state): State<Arc<AppState>>,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
 }

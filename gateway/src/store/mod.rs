@@ -46,6 +46,28 @@ pub struct IngestOutcome {
     pub endpoints: Vec<EndpointId>,
     /// The (tenant, id) was already stored: nothing new was written.
     pub duplicate: bool,
+    /// The (tenant, id) was already stored with a different type or payload. Then nothing
+    /// of the whole op (request) it came in was written.
+    pub conflict: bool,
+}
+
+/// The fingerprint of a stored event: its column, or for an event stored before the
+/// column existed (NULL), computed from its type and payload.
+pub(crate) fn stored_fingerprint(
+    fingerprint: Option<String>,
+    event_type: Option<String>,
+    payload: Option<String>,
+) -> String {
+    fingerprint.unwrap_or_else(|| event_fingerprint(&event_type.unwrap_or_default(), &payload.unwrap_or_default()))
+}
+
+impl IngestOutcome {
+    /// The outcomes of an op of `n` events refused because event `at` conflicts.
+    pub fn refused(n: usize, at: usize) -> Vec<IngestOutcome> {
+        (0..n)
+            .map(|i| IngestOutcome { deliveries: 0, endpoints: Vec::new(), duplicate: false, conflict: i == at })
+            .collect()
+    }
 }
 
 /// Claim due deliveries of one endpoint under a lease.

@@ -712,9 +712,24 @@ async fn apply_all(conn: &mut PgConnection, ops: &[WriteOp], channel: &str) -> s
                     .collect();
                 i += run.len();
                 let events: Vec<&NewEvent> = run.iter().flat_map(|evs| evs.iter()).collect();
-                let mut outcomes = ingest(conn, &events, channel).await?.into_iter();
-                for evs in run {
-                    results.push(WriteResult::Ingest(outcomes.by_ref().take(evs.len()).collect()));
+                match ingest(conn, &events, channel).await? {
+                    Ok(outcomes) => {
+                        let mut outcomes = outcomes.into_iter();
+                        for evs in run {
+                            results.push(WriteResult::Ingest(outcomes.by_ref().take(evs.len()).collect()));
+                        }
+                    }
+                    // Rare: some request reuses an id with another payload. Its folded run
+                    // wrote nothing; take the requests one by one so only that one is refused.
+                    Err(_) => {
+                        for evs in run {
+                            let events: Vec<&NewEvent> = evs.iter().collect();
+                            let outcomes = ingest(conn, &events, channel).await?;
+                            results.push(WriteResult::Ingest(
+                                outcomes.unwrap_or_else(|at| IngestOutcome::refused(evs.len(), at)),
+                            ));
+                        }
+                    }
                 }
             }
             WriteOp::Record(_) => {
@@ -755,8 +770,14 @@ fn decode_error(e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Erro
 }
 
 /// Stores new events and fans each out to its tenant's subscribed endpoints, then tells the
-/// other nodes which endpoints got work (delivered when the transaction commits).
-async fn ingest(conn: &mut PgConnection, events: &[&NewEvent], channel: &str) -> sqlx::Result<Vec<IngestOutcome>> {
+/// other nodes which endpoints got work (delivered when the transaction commits). When an
+/// event reuses a stored id with another type or payload, it writes nothing and answers
+/// `Err(index)` of that event.
+async fn ingest(
+    conn: &mut PgConnection,
+    events: &[&NewEvent],
+    channel: &str,
+) -> sqlx::Result<Result<Vec<IngestOutcome>, usize>> {
     let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect::<HashSet<_>>().into_iter().collect();
     let rows = sqlx::query(
         "SELECT tenant_id, id, event_types FROM endpoints WHERE tenant_id = ANY($1) AND state <> 'disabled' \
@@ -776,8 +797,8 @@ async fn ingest(conn: &mut PgConnection, events: &[&NewEvent], channel: &str) ->
     // UNNEST keeps the batch's order, so the first occurrence of a pair is the one inserted.
     let column = |f: fn(&NewEvent) -> &str| events.iter().map(|e| f(e)).collect::<Vec<&str>>();
     let inserted = sqlx::query(
-        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[]) \
+        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::text[]) \
          ON CONFLICT DO NOTHING RETURNING tenant_id, id",
     )
     .bind(column(|e| e.tenant.as_str()))
@@ -786,19 +807,31 @@ async fn ingest(conn: &mut PgConnection, events: &[&NewEvent], channel: &str) ->
     .bind(column(|e| e.payload.as_str()))
     .bind(events.iter().map(|e| e.created_at).collect::<Vec<_>>())
     .bind(events.iter().map(|e| e.expires_at).collect::<Vec<_>>())
+    .bind(column(|e| e.fingerprint.as_str()))
     .fetch_all(&mut *conn)
     .await?;
     let mut inserted: HashSet<(String, String)> =
         inserted.iter().map(|r| Ok((r.try_get("tenant_id")?, r.try_get("id")?))).collect::<sqlx::Result<_>>()?;
+    let fresh: Vec<bool> =
+        events.iter().map(|ev| inserted.remove(&(ev.tenant.to_string(), ev.id.to_string()))).collect();
+    if let Some(at) = first_conflict(conn, events, &fresh).await? {
+        let gone: Vec<&&NewEvent> = events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e).collect();
+        sqlx::query("DELETE FROM events e USING UNNEST($1::text[], $2::text[]) AS v(t, i) WHERE e.tenant_id = v.t AND e.id = v.i")
+            .bind(gone.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
+            .bind(gone.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
+            .execute(&mut *conn)
+            .await?;
+        return Ok(Err(at));
+    }
 
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
     let mut out = Vec::with_capacity(events.len());
     let mut rows: Vec<(String, &NewEvent, &str)> = Vec::new();
     let mut duplicates: Vec<usize> = Vec::new();
     for (i, ev) in events.iter().enumerate() {
-        if !inserted.remove(&(ev.tenant.to_string(), ev.id.to_string())) {
+        if !fresh[i] {
             duplicates.push(i);
-            out.push(IngestOutcome { deliveries: 0, endpoints: Vec::new(), duplicate: true });
+            out.push(IngestOutcome { deliveries: 0, endpoints: Vec::new(), duplicate: true, conflict: false });
             continue;
         }
         let mut targets = Vec::new();
@@ -808,7 +841,12 @@ async fn ingest(conn: &mut PgConnection, events: &[&NewEvent], channel: &str) ->
                 targets.push(EndpointId::from_stored(endpoint.as_str()));
             }
         }
-        out.push(IngestOutcome { deliveries: targets.len() as u32, endpoints: targets, duplicate: false });
+        out.push(IngestOutcome {
+            deliveries: targets.len() as u32,
+            endpoints: targets,
+            duplicate: false,
+            conflict: false,
+        });
     }
     if !rows.is_empty() {
         sqlx::query(
@@ -855,7 +893,35 @@ async fn ingest(conn: &mut PgConnection, events: &[&NewEvent], channel: &str) ->
     for chunk in woken.chunks(IDS_PER_NOTIFY) {
         sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(chunk.join(",")).execute(&mut *conn).await?;
     }
-    Ok(out)
+    Ok(Ok(out))
+}
+
+/// The first event that was not inserted (`fresh`) and whose stored type or payload
+/// differ. Reads after the insert, so an event a concurrent transaction committed counts.
+async fn first_conflict(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[bool]) -> sqlx::Result<Option<usize>> {
+    let repeats: Vec<usize> = (0..events.len()).filter(|&i| !fresh[i]).collect();
+    if repeats.is_empty() {
+        return Ok(None);
+    }
+    let rows = sqlx::query(
+        "SELECT e.tenant_id, e.id, e.fingerprint, CASE WHEN e.fingerprint IS NULL THEN e.type END AS type, \
+         CASE WHEN e.fingerprint IS NULL THEN e.payload END AS payload FROM events e \
+         JOIN UNNEST($1::text[], $2::text[]) AS v(t, i) ON e.tenant_id = v.t AND e.id = v.i",
+    )
+    .bind(repeats.iter().map(|&i| events[i].tenant.as_str()).collect::<Vec<_>>())
+    .bind(repeats.iter().map(|&i| events[i].id.as_str()).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut stored: HashMap<(String, String), String> = HashMap::new();
+    for r in &rows {
+        let fingerprint =
+            crate::store::stored_fingerprint(r.try_get("fingerprint")?, r.try_get("type")?, r.try_get("payload")?);
+        stored.insert((r.try_get("tenant_id")?, r.try_get("id")?), fingerprint);
+    }
+    Ok(repeats.into_iter().find(|&i| {
+        let key = (events[i].tenant.to_string(), events[i].id.to_string());
+        stored.get(&key).is_some_and(|f| *f != events[i].fingerprint)
+    }))
 }
 
 /// Leases the due deliveries of one endpoint. Rows another node is claiming or recording

@@ -18,6 +18,7 @@ use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
 use crate::clock::{now_ms, rfc3339};
 use crate::deliver::Outgoing;
+use crate::deliver::headers::is_reserved;
 use crate::model::{Attempt, DeliveryState, Endpoint, EndpointState, Millis, new_id};
 use crate::plugin;
 use crate::sign::{self, Secret};
@@ -181,7 +182,7 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         Some(_) => request.headers.clone(),
         None => std::mem::take(&mut request.headers),
     };
-    headers.retain(|(k, _)| !is_herald_header(k));
+    headers.retain(|(k, _)| !is_reserved(k));
     headers.extend([
         ("user-agent".to_string(), concat!("herald/", env!("CARGO_PKG_VERSION")).to_string()),
         (sign::HEADER_ID.to_string(), d.event_id.to_string()),
@@ -193,7 +194,7 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
             match inner.plugins.sign(tenant, name, ctx, &keys, &request) {
-                Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_herald_header(k))),
+                Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
                 Err(f) => return failed(inner, name, f),
             }
         }
@@ -216,12 +217,6 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         .await;
     inner.metrics.attempts.inc();
     Exchange::Answered(outcome)
-}
-
-/// Headers only Herald sets: a plugin's copies are dropped.
-fn is_herald_header(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    n == "user-agent" || n.starts_with("webhook-") || n.starts_with("herald-")
 }
 
 /// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.

@@ -184,30 +184,67 @@ impl Subscribers {
 
 /// Stores new events and fans each out to the tenant's subscribed endpoints. A (tenant,
 /// id) already stored, even earlier in this same commit, is a duplicate: nothing is written
-/// and it answers with the deliveries the first one got.
+/// and it answers with the deliveries the first one got. If its type or payload differ, the
+/// op is refused whole: a savepoint takes back what it wrote.
 fn ingest(
     tx: &Transaction<'_>,
     events: Vec<NewEvent>,
     subscribers: &mut Subscribers,
     rng: &mut StdRng,
 ) -> Result<Vec<IngestOutcome>> {
+    tx.prepare_cached("SAVEPOINT ingest")?.execute([])?;
+    let out = match ingest_op(tx, &events, subscribers, rng)? {
+        Ok(out) => out,
+        Err(at) => {
+            tx.prepare_cached("ROLLBACK TO ingest")?.execute([])?;
+            IngestOutcome::refused(events.len(), at)
+        }
+    };
+    tx.prepare_cached("RELEASE ingest")?.execute([])?;
+    Ok(out)
+}
+
+/// [`ingest`] inside its savepoint: `Err(i)` when event `i` conflicts with a stored one.
+fn ingest_op(
+    tx: &Transaction<'_>,
+    events: &[NewEvent],
+    subscribers: &mut Subscribers,
+    rng: &mut StdRng,
+) -> Result<std::result::Result<Vec<IngestOutcome>, usize>> {
     let mut insert_event = tx.prepare_cached(
-        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
     )?;
     let mut insert_delivery = tx.prepare_cached(
         "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
          next_attempt_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'queued', 0, ?6, ?6, ?6)",
     )?;
     let mut count = tx.prepare_cached("SELECT COUNT(*) FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2")?;
+    let mut stored = tx.prepare_cached(
+        "SELECT fingerprint, CASE WHEN fingerprint IS NULL THEN type END, \
+         CASE WHEN fingerprint IS NULL THEN payload END FROM events WHERE tenant_id = ?1 AND id = ?2",
+    )?;
     let mut out = Vec::with_capacity(events.len());
-    for ev in &events {
+    for (i, ev) in events.iter().enumerate() {
         let (tenant, id) = (ev.tenant.as_str(), ev.id.as_str());
-        let inserted =
-            insert_event.execute(params![tenant, id, ev.event_type, ev.payload, ev.created_at, ev.expires_at])?;
+        let inserted = insert_event.execute(params![
+            tenant,
+            id,
+            ev.event_type,
+            ev.payload,
+            ev.created_at,
+            ev.expires_at,
+            ev.fingerprint
+        ])?;
         if inserted == 0 {
+            let (fingerprint, event_type, payload) = stored.query_row(params![tenant, id], |r| {
+                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, Option<String>>(2)?))
+            })?;
+            if crate::store::stored_fingerprint(fingerprint, event_type, payload) != ev.fingerprint {
+                return Ok(Err(i));
+            }
             let n: i64 = count.query_row(params![tenant, id], |r| r.get(0))?;
-            out.push(IngestOutcome { deliveries: n as u32, endpoints: Vec::new(), duplicate: true });
+            out.push(IngestOutcome { deliveries: n as u32, endpoints: Vec::new(), duplicate: true, conflict: false });
             continue;
         }
         let mut targets = Vec::new();
@@ -225,9 +262,14 @@ fn ingest(
                 targets.push(EndpointId::from_stored(endpoint.as_str()));
             }
         }
-        out.push(IngestOutcome { deliveries: targets.len() as u32, endpoints: targets, duplicate: false });
+        out.push(IngestOutcome {
+            deliveries: targets.len() as u32,
+            endpoints: targets,
+            duplicate: false,
+            conflict: false,
+        });
     }
-    Ok(out)
+    Ok(Ok(out))
 }
 
 /// Leases up to `limit` due deliveries of one endpoint, oldest due first, bumping each

@@ -1,0 +1,203 @@
+//! Request extractors: who is calling (the admin, or a tenant token with a scope on an
+//! existing tenant), JSON bodies, path and query parameters. Each refuses with the one
+//! JSON error shape, so handlers start with what they need instead of a preamble.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::Response;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::{ApiError, AppState, auth};
+use crate::model::{Scope, TenantId};
+
+/// A scope a route needs, as a type: `TenantAuth<Manage>`.
+pub trait ScopeMarker: Send + Sync + 'static {
+    const SCOPE: Scope;
+}
+
+macro_rules! scopes {
+    ($($(#[$doc:meta])* $name:ident => $scope:expr;)*) => {$(
+        $(#[$doc])*
+        pub struct $name;
+        impl ScopeMarker for $name {
+            const SCOPE: Scope = $scope;
+        }
+    )*};
+}
+
+scopes! {
+    /// `events:write`: post events.
+    EventsWrite => Scope::EventsWrite;
+    /// `read`: read anything of the tenant.
+    Read => Scope::Read;
+    /// `manage`: endpoints, plugins, secrets.
+    Manage => Scope::Manage;
+    /// `replay`: start and cancel replays.
+    Replay => Scope::Replay;
+}
+
+/// The `{tenant}` of the path, once the bearer token is known to reach it with scope `S`
+/// and the tenant exists. Another tenant's token gets `404`, as if it did not exist.
+pub struct TenantAuth<S: ScopeMarker> {
+    pub tenant: TenantId,
+    _scope: PhantomData<S>,
+}
+
+impl<S: ScopeMarker> FromRequestParts<Arc<AppState>> for TenantAuth<S> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let params = RawPathParams::from_request_parts(parts, state).await.map_err(path_error)?;
+        let tenant = params.iter().find(|(k, _)| *k == "tenant").map(|(_, v)| v.to_string()).unwrap_or_default();
+        let tenant = auth::tenant(state, &parts.headers, &tenant, S::SCOPE).await?;
+        Ok(TenantAuth { tenant, _scope: PhantomData })
+    }
+}
+
+/// The caller holds the admin token.
+pub struct Admin;
+
+impl FromRequestParts<Arc<AppState>> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        auth::admin(state, &parts.headers).await.map(|()| Admin)
+    }
+}
+
+/// The body as bytes, for routes that parse it themselves (events borrow their payload
+/// from it; plugins are binary); a body over the limit is a JSON `413`.
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state).await.map(RawBody).map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.body_text())
+            } else {
+                ApiError::bad_request(e.body_text())
+            }
+        })
+    }
+}
+
+/// A JSON object body deserialised into `T`. An empty body reads as `{}`; anything but an
+/// object (`[]`, a string, …) is refused rather than coerced, and so is a NUL character in
+/// any string or key, which not every store can hold.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let RawBody(body) = RawBody::from_request(req, state).await?;
+        let value: Value = if body.is_empty() {
+            Value::Object(Default::default())
+        } else {
+            serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+        };
+        if !value.is_object() {
+            return Err(ApiError::bad_request("the body must be a JSON object"));
+        }
+        if let Some(at) = find_nul(&value, String::new()) {
+            return Err(ApiError::unprocessable(format!("{at}: must not contain a NUL character")));
+        }
+        serde_json::from_value(value)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// Where the first NUL character sits in a JSON document (a dotted path), if anywhere.
+fn find_nul(value: &Value, at: String) -> Option<String> {
+    let here = |at: &str| if at.is_empty() { "body".to_string() } else { at.to_string() };
+    match value {
+        Value::String(s) if s.contains('\0') => Some(here(&at)),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| find_nul(v, format!("{at}[{i}]"))),
+        Value::Object(map) => map.iter().find_map(|(k, v)| {
+            let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+            if k.contains('\0') { Some(here(&at)) } else { find_nul(v, path) }
+        }),
+        _ => None,
+    }
+}
+
+/// Path parameters; a bad one (invalid UTF-8, wrong shape) is a JSON `400 invalid_path`.
+pub struct Path<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state).await.map(|p| Path(p.0)).map_err(path_error)
+    }
+}
+
+fn path_error(e: impl ToString) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.to_string())
+}
+
+/// Query parameters into `T` (which denies unknown fields): a bad value, a repeated key
+/// or an unknown parameter is a JSON `400 invalid_query`.
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| Query(q.0))
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))
+    }
+}
+
+/// Routes that read query parameters (through [`Query`]); every other route refuses one.
+const ROUTES_WITH_QUERY: &[&str] = &[
+    "/v1/tenants/{tenant}/deliveries",
+    "/v1/tenants/{tenant}/dead-letters",
+    "/v1/tenants/{tenant}/events/{id}/deliveries",
+];
+
+/// Middleware on every matched route: refuses a NUL (`%00`) anywhere in the path or query,
+/// which no store can hold as text, and a query string on a route that reads none, so a
+/// misspelt filter is an error rather than silently ignored.
+pub async fn check_uri(matched: axum::extract::MatchedPath, req: Request, next: Next) -> Response {
+    use axum::response::IntoResponse;
+    let uri = req.uri();
+    if uri.path().contains("%00") {
+        return path_error("a path segment contains a NUL character").into_response();
+    }
+    if let Some(q) = uri.query() {
+        if q.contains("%00") {
+            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", "a query value contains a NUL character")
+                .into_response();
+        }
+        if !q.is_empty() && !ROUTES_WITH_QUERY.contains(&matched.as_str()) {
+            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", "this route takes no query parameters")
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nul_is_found_with_its_path() {
+        assert_eq!(find_nul(&json!({"a": "ok", "b": {"c": ["x", "y\u{0}"]}}), String::new()), Some("b.c[1]".into()));
+        assert_eq!(find_nul(&json!({"k\u{0}": 1}), String::new()), Some("body".into()));
+        assert_eq!(find_nul(&json!({"a": [1, "two", {"b": null}]}), String::new()), None);
+    }
+}

@@ -1,0 +1,218 @@
+//! Validation of what tenants and producers store: the size limits of every stored text
+//! field and the rules of an endpoint's spec, shared by the API, `config` and `ops`. Pure:
+//! no I/O, no clock.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use super::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, TenantId, validate_type_filter};
+use crate::schedule::RetryPolicy;
+
+/// Longest endpoint URL, in bytes.
+pub const MAX_URL: usize = 2048;
+/// Longest endpoint description, in bytes.
+pub const MAX_DESCRIPTION: usize = 1024;
+/// Most entries in an endpoint's `event_types` filter.
+pub const MAX_EVENT_TYPES: usize = 100;
+/// Most custom headers on an endpoint.
+pub const MAX_HEADERS: usize = 20;
+/// Longest custom header name, in bytes.
+pub const MAX_HEADER_NAME: usize = 128;
+/// Longest custom header value, in bytes (sent on every attempt).
+pub const MAX_HEADER_VALUE: usize = 2048;
+/// Longest tenant name, in bytes.
+pub const MAX_TENANT_NAME: usize = 256;
+/// Longest free-text filter value (a replay's `endpoint`, `type`, `reason`), in bytes.
+pub const MAX_FILTER_TEXT: usize = 256;
+
+/// A refused field: which one, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct SpecError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl SpecError {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        SpecError { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// What an endpoint spec is checked against that comes from configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct SpecRules<'a> {
+    /// The node's retry policy, which a per-endpoint override must still make valid.
+    pub retry: &'a RetryPolicy,
+    /// The longest total request deadline allowed.
+    pub max_timeout: Duration,
+    /// Whether IP-literal URLs may name private, loopback or link-local addresses.
+    pub allow_private_destinations: bool,
+}
+
+/// Free text every backend stores alike: at most `max` bytes and no NUL (Postgres `text`
+/// cannot hold one; Rust strings are valid UTF-8 already).
+pub fn check_text(field: &str, value: &str, max: usize) -> Result<(), SpecError> {
+    if value.len() > max {
+        return Err(SpecError::new(field, format!("is {} bytes, over the limit of {max}", value.len())));
+    }
+    if value.contains('\0') {
+        return Err(SpecError::new(field, "must not contain a NUL character"));
+    }
+    Ok(())
+}
+
+/// A webhook URL: http(s), a host, no credentials, at most [`MAX_URL`] bytes, and (unless
+/// allowed) no IP literal the SSRF guard would refuse anyway. Returns it normalised.
+pub fn validate_url(raw: &str, allow_private: bool) -> Result<String, SpecError> {
+    let err = |reason: String| SpecError::new("url", reason);
+    check_text("url", raw, MAX_URL)?;
+    let url = url::Url::parse(raw).map_err(|e| err(format!("{raw:?} is not a URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(err(format!("scheme must be http or https, not {:?}", url.scheme())));
+    }
+    let host = url.host().ok_or_else(|| err("missing host".into()))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(err("credentials in the URL are not allowed; use headers".into()));
+    }
+    let ip = match host {
+        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
+        url::Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
+        url::Host::Domain(d) if d.eq_ignore_ascii_case("localhost") => Some(Ipv4Addr::LOCALHOST.into()),
+        url::Host::Domain(_) => None,
+    };
+    if let Some(ip) = ip
+        && !allow_private
+        && crate::deliver::is_forbidden(ip)
+    {
+        return Err(err(format!(
+            "{ip} is a private, loopback or link-local address (see delivery.allow_private_destinations)"
+        )));
+    }
+    // Normalising percent-encodes, so the stored form is checked too.
+    let normalised = url.to_string();
+    check_text("url", &normalised, MAX_URL)?;
+    Ok(normalised)
+}
+
+/// Total and connect deadlines: `0 < connect ≤ timeout ≤ max`.
+pub fn check_timeouts(timeout: Duration, connect: Duration, max: Duration) -> Result<(), SpecError> {
+    if timeout.is_zero() || timeout > max {
+        return Err(SpecError::new("timeout", format!("must be between 1ms and {}", humantime::format_duration(max))));
+    }
+    if connect.is_zero() || connect > timeout {
+        return Err(SpecError::new("connect_timeout", "must be positive and at most timeout"));
+    }
+    Ok(())
+}
+
+/// One custom header: a valid name that neither Herald nor the HTTP layer owns (nor
+/// `content-type`, which belongs to the body's producer), and a valid value, both within
+/// their size limits.
+pub fn check_header(name: &str, value: &str) -> Result<(), SpecError> {
+    if name.len() > MAX_HEADER_NAME {
+        return Err(SpecError::new("headers", format!("a name is over the limit of {MAX_HEADER_NAME} bytes")));
+    }
+    let parsed = http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| SpecError::new("headers", format!("{name:?} is not a header name")))?;
+    let field = format!("headers.{name}");
+    if crate::deliver::headers::is_reserved(parsed.as_str()) || parsed == http::header::CONTENT_TYPE {
+        return Err(SpecError::new(field, "is set by Herald or the HTTP client; choose another name"));
+    }
+    check_text(&field, value, MAX_HEADER_VALUE)?;
+    http::HeaderValue::from_str(value).map_err(|_| SpecError::new(field, "is not a valid header value"))?;
+    Ok(())
+}
+
+impl EndpointSpec {
+    /// Checks the whole spec: URL, description, filter, pacing, deadlines, retry override,
+    /// custom headers and secrets. Plugin bindings are resolved by the caller, which knows
+    /// the tenant's plugins.
+    pub fn validate(&self, rules: &SpecRules<'_>) -> Result<(), SpecError> {
+        validate_url(&self.url, rules.allow_private_destinations)?;
+        check_text("description", &self.description, MAX_DESCRIPTION)?;
+        if self.event_types.len() > MAX_EVENT_TYPES {
+            return Err(SpecError::new("event_types", format!("at most {MAX_EVENT_TYPES} entries")));
+        }
+        for t in &self.event_types {
+            validate_type_filter(t).map_err(|reason| SpecError::new("event_types", reason))?;
+        }
+        crate::pace::Pacer::try_new(self.rate_per_sec, self.burst, self.max_in_flight)
+            .map_err(|e| SpecError::new("pacing", e.to_string()))?;
+        check_timeouts(
+            Duration::from_millis(self.timeout_ms),
+            Duration::from_millis(self.connect_timeout_ms),
+            rules.max_timeout,
+        )?;
+        let over = self.retry.to_override().map_err(|reason| SpecError::new("retry", reason))?;
+        rules.retry.with_override(&over).map_err(|e| SpecError::new("retry", e.to_string()))?;
+        if self.headers.len() > MAX_HEADERS {
+            return Err(SpecError::new("headers", format!("at most {MAX_HEADERS} custom headers")));
+        }
+        for (name, value) in &self.headers {
+            check_header(name, value)?;
+        }
+        for s in &self.secrets {
+            crate::sign::Secret::parse(&s.secret).map_err(|e| SpecError::new("secret", e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Endpoint {
+    /// A new, active endpoint with a spec the caller has validated.
+    pub fn new(id: EndpointId, tenant: TenantId, spec: EndpointSpec, now: Millis) -> Endpoint {
+        Endpoint {
+            id,
+            tenant,
+            spec,
+            state: EndpointState::Active,
+            state_reason: None,
+            paused_until: None,
+            failing_since: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_limits_and_nul() {
+        assert!(check_text("f", "ok", 2).is_ok());
+        assert_eq!(check_text("f", "abc", 2).unwrap_err().field, "f");
+        assert!(check_text("f", "a\0", 9).is_err());
+    }
+
+    #[test]
+    fn headers_policy_and_limits() {
+        assert!(check_header("x-api-key", "v").is_ok());
+        for bad in ["herald-tenant", "Webhook-Id", "host", "content-type", "user-agent", "bad name"] {
+            assert!(check_header(bad, "v").is_err(), "{bad}");
+        }
+        assert!(check_header("x-big", &"v".repeat(MAX_HEADER_VALUE + 1)).is_err());
+        assert!(check_header(&"x".repeat(MAX_HEADER_NAME + 1), "v").is_err());
+    }
+
+    #[test]
+    fn urls() {
+        assert!(validate_url("https://example.com/hook", false).is_ok());
+        assert!(validate_url("http://127.0.0.1/hook", false).is_err());
+        assert!(validate_url("http://127.0.0.1/hook", true).is_ok());
+        assert!(validate_url(&format!("https://example.com/{}", "a".repeat(MAX_URL)), false).is_err());
+        assert!(validate_url("ftp://example.com", false).is_err());
+        assert!(validate_url("https://u:p@example.com", false).is_err());
+    }
+
+    #[test]
+    fn timeouts() {
+        let s = Duration::from_secs;
+        assert!(check_timeouts(s(2), s(2), s(30)).is_ok());
+        assert_eq!(check_timeouts(s(31), s(1), s(30)).unwrap_err().field, "timeout");
+        assert_eq!(check_timeouts(s(2), s(3), s(30)).unwrap_err().field, "connect_timeout");
+        assert_eq!(check_timeouts(s(2), s(0), s(30)).unwrap_err().field, "connect_timeout");
+    }
+}
