@@ -121,7 +121,7 @@ async fn fan_out_follows_filters_and_state() -> anyhow::Result<()> {
             "/v1/tenants/acme/events/batch",
             ADMIN_TOKEN,
             json!({"events": [
-            {"type": "invoice.paid", "payload": {}}, {"id": "e0", "type": "invoice.paid", "payload": {}}]}),
+            {"type": "invoice.paid", "payload": {}}, {"id": "e0", "type": "invoice.paid", "payload": {"i": 0}}]}),
         )
         .await?;
     assert_eq!(r.status, 202, "{}", r.text);

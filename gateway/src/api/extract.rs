@@ -168,8 +168,8 @@ const ROUTES_WITH_QUERY: &[&str] = &[
 ];
 
 /// Middleware on every matched route: refuses a NUL (`%00`) anywhere in the path or query,
-/// which no store can hold as text, and a query string on a route that reads none, so a
-/// misspelt filter is an error rather than silently ignored.
+/// which no store can hold as text, and a query string on an API route that reads none, so
+/// a misspelt filter is an error rather than silently ignored.
 pub async fn check_uri(matched: axum::extract::MatchedPath, req: Request, next: Next) -> Response {
     use axum::response::IntoResponse;
     let uri = req.uri();
@@ -181,7 +181,9 @@ pub async fn check_uri(matched: axum::extract::MatchedPath, req: Request, next: 
             return ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", "a query value contains a NUL character")
                 .into_response();
         }
-        if !q.is_empty() && !ROUTES_WITH_QUERY.contains(&matched.as_str()) {
+        // Probes and scrapers (`/healthz`, `/metrics`) may add a query; the API may not.
+        let api_route = matched.as_str().starts_with("/v1/");
+        if !q.is_empty() && api_route && !ROUTES_WITH_QUERY.contains(&matched.as_str()) {
             return ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", "this route takes no query parameters")
                 .into_response();
         }
