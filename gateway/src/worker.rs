@@ -586,7 +586,7 @@ async fn attempt(
     let duration_ms = clock.elapsed().as_millis() as u64;
     let (verdict, decided_by) = match exchange.verdict.clone() {
         Some(v) => v,
-        None => judge(&inner, &target, &ctx, &exchange),
+        None => judge(&inner, &target, &ctx, &exchange).await,
     };
     let now = now_ms();
     // The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
@@ -666,7 +666,7 @@ async fn exchange(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Del
         body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
     };
     if let Some(name) = &spec.plugins.transform {
-        match inner.plugins.transform(tenant, name, ctx, &request) {
+        match inner.plugins.transform(tenant, name, ctx, &request).await {
             Ok(plugin::TransformResult::Send(r)) => request = r,
             Ok(plugin::TransformResult::Drop(reason)) => {
                 return Exchange {
@@ -694,7 +694,7 @@ async fn exchange(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Del
     match &spec.plugins.sign {
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
-            match inner.plugins.sign(tenant, name, ctx, &keys, &request) {
+            match inner.plugins.sign(tenant, name, ctx, &keys, &request).await {
                 Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_herald_header(k))),
                 Err(f) => return failed(inner, name, f),
             }
@@ -746,7 +746,7 @@ fn is_herald_header(name: &str) -> bool {
 }
 
 /// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.
-fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, ex: &Exchange) -> (Verdict, String) {
+async fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, ex: &Exchange) -> (Verdict, String) {
     let builtin = || (classify::classify(&ex.outcome), "builtin".to_string());
     let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
     let outcome = match (&ex.answer, &ex.outcome) {
@@ -771,7 +771,7 @@ fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, ex: &Exc
         (None, Outcome::Response { .. }) => return builtin(),
     };
     let by = format!("plugin:{name}");
-    match inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome) {
+    match inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome).await {
         Ok(plugin::Verdict::Default) => builtin(),
         Ok(plugin::Verdict::Delivered) => (Verdict::Delivered, by),
         Ok(plugin::Verdict::Retry(after)) => {

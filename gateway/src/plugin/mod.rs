@@ -13,6 +13,7 @@
 //!   …) are generated from the WIT by the one `bindgen!` below.
 
 mod cli;
+mod pool;
 mod registry;
 mod runtime;
 mod types;

@@ -140,10 +140,16 @@ fn request() -> Request {
     Request { headers: vec![("content-type".into(), "application/json".into())], body: br#"{"a":1}"#.to_vec() }
 }
 
+/// Waits for a hook call the way a test thread can: hook calls are async (they run
+/// on the host's call pool).
+fn block<F: std::future::Future>(call: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(call)
+}
+
 fn classify_with(guest: Guest) -> Result<Verdict, PluginFailure> {
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "p", &guest.wasm()).unwrap();
-    t.host.classify("acme", "p", &ctx(), &outcome(409))
+    block(t.host.classify("acme", "p", &ctx(), &outcome(409)))
 }
 
 #[test]
@@ -156,11 +162,14 @@ fn a_well_behaved_plugin_is_installed_listed_and_called() {
     assert!(t._dir.path().join("acme/p.wasm").is_file());
 
     for _ in 0..3 {
-        assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+        assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
     }
     assert_eq!(t.host.get("acme", "p"), Some(info.hooks));
     assert_eq!(t.host.list("acme"), vec![info]);
-    assert_eq!(t.host.sign("acme", "p", &ctx(), &[b"k".to_vec()], &request()), Err(PluginFailure::HookNotImplemented));
+    assert_eq!(
+        block(t.host.sign("acme", "p", &ctx(), &[b"k".to_vec()], &request())),
+        Err(PluginFailure::HookNotImplemented)
+    );
     let metrics = t.host.metrics();
     let classify = metrics.iter().find(|m| m.hook == Hook::Classify).unwrap();
     assert_eq!((classify.calls, classify.failures), (3, 0));
@@ -182,12 +191,16 @@ fn classify_is_only_called_for_the_statuses_it_declares() {
     // 409 only; the plugin itself answers "delivered" to anything.
     let info = t.host.install_blocking("acme", "p", &with_statuses(2, &[409]).wasm()).unwrap();
     assert_eq!(info.classify_statuses, Some(vec![409]));
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(500)), Ok(Verdict::Default), "not called: built-in table");
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(200)), Ok(Verdict::Default));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
+    assert_eq!(
+        block(t.host.classify("acme", "p", &ctx(), &outcome(500))),
+        Ok(Verdict::Default),
+        "not called: built-in table"
+    );
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(200))), Ok(Verdict::Default));
     let timeout = Outcome::TransportError(TransportError { kind: TransportErrorKind::Timeout, message: "t".into() });
     assert_eq!(
-        t.host.classify("acme", "p", &ctx(), &timeout),
+        block(t.host.classify("acme", "p", &ctx(), &timeout)),
         Ok(Verdict::Delivered),
         "transport errors always go to it"
     );
@@ -203,7 +216,7 @@ fn classify_is_only_called_for_the_statuses_it_declares() {
 fn tenants_cannot_reach_each_others_plugins() {
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
-    assert_eq!(t.host.classify("globex", "p", &ctx(), &outcome(409)), Err(PluginFailure::NotFound));
+    assert_eq!(block(t.host.classify("globex", "p", &ctx(), &outcome(409))), Err(PluginFailure::NotFound));
     assert_eq!(t.host.get("globex", "p"), None);
     assert!(t.host.list("globex").is_empty());
 }
@@ -228,13 +241,13 @@ fn a_trap_is_contained_and_the_next_call_gets_a_fresh_instance() {
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
     t.host.install_blocking("acme", "flaky", &Guest::classify(flaky).wasm()).unwrap();
-    let failure = t.host.classify("acme", "flaky", &ctx(), &outcome(409)).unwrap_err();
+    let failure = block(t.host.classify("acme", "flaky", &ctx(), &outcome(409))).unwrap_err();
     assert!(matches!(&failure, PluginFailure::Trap(msg) if msg.contains("unreachable")), "{failure:?}");
     assert!(failure.reason().starts_with("plugin:trap: "));
     // A fresh instance starts from the initial memory image, so it traps again: the
     // trapped instance was never reused.
-    assert!(matches!(t.host.classify("acme", "flaky", &ctx(), &outcome(409)), Err(PluginFailure::Trap(_))));
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+    assert!(matches!(block(t.host.classify("acme", "flaky", &ctx(), &outcome(409))), Err(PluginFailure::Trap(_))));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
     let traps = t.host.failures_by_kind().into_iter().find(|(k, _)| *k == "trap").unwrap().1;
     assert_eq!(traps, 2);
 }
@@ -273,7 +286,7 @@ fn sign_with(name: &'static str, value_len: &'static str) -> Result<Vec<Header>,
     let guest = Guest { hooks: 4, pages: 5, data, sign: SIGN_ONE_HEADER, ..Guest::default() };
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "s", &guest.wasm()).unwrap();
-    t.host.sign("acme", "s", &ctx(), &[b"key".to_vec()], &request())
+    block(t.host.sign("acme", "s", &ctx(), &[b"key".to_vec()], &request()))
 }
 
 #[test]
@@ -298,9 +311,9 @@ fn transform_can_send_drop_or_refuse() {
         let guest = Guest { hooks: 1, data: r#"(data (i32.const 300) "bye")"#, transform: body, ..Guest::default() };
         t.host.install_blocking("acme", name, &guest.wasm()).unwrap();
     }
-    assert_eq!(t.host.transform("acme", "echo", &ctx(), &request()), Ok(TransformResult::Send(request())));
-    assert_eq!(t.host.transform("acme", "drop", &ctx(), &request()), Ok(TransformResult::Drop("bye".into())));
-    let refused = t.host.transform("acme", "refuse", &ctx(), &request()).unwrap_err();
+    assert_eq!(block(t.host.transform("acme", "echo", &ctx(), &request())), Ok(TransformResult::Send(request())));
+    assert_eq!(block(t.host.transform("acme", "drop", &ctx(), &request())), Ok(TransformResult::Drop("bye".into())));
+    let refused = block(t.host.transform("acme", "refuse", &ctx(), &request())).unwrap_err();
     assert_eq!(refused, PluginFailure::Guest("bye".into()));
     assert_eq!(refused.reason(), "plugin:error: bye");
 }
@@ -344,11 +357,11 @@ fn a_broken_file_leaves_the_old_version_serving_with_its_error_visible() {
     let listed = t.host.list("acme");
     assert_eq!(listed[0].sha256, v1.sha256);
     assert!(listed[0].error.as_deref().unwrap_or("").contains("not a valid WebAssembly component"), "{listed:?}");
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
 
     std::fs::remove_file(t._dir.path().join("acme/p.wasm")).unwrap();
     t.host.rescan().unwrap();
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Err(PluginFailure::NotFound));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Err(PluginFailure::NotFound));
 }
 
 #[test]
@@ -360,7 +373,7 @@ fn the_watcher_hot_reloads_changed_files() {
     config.max_instances = 16;
     config.reload_debounce = Duration::from_millis(50);
     let host = PluginHost::start(config).unwrap();
-    assert_eq!(host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+    assert_eq!(block(host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
 
     let retry = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1)) (i32.store (i32.const 136) (i32.const 30)) (i32.const 128)";
     let tmp = dir.path().join("acme/.p.tmp");
@@ -370,7 +383,7 @@ fn the_watcher_hot_reloads_changed_files() {
     std::fs::write(dir.path().join("globex/q.wasm"), Guest::classify(DELIVERED).wasm()).unwrap();
 
     let deadline = Instant::now() + Duration::from_secs(20);
-    while host.classify("acme", "p", &ctx(), &outcome(409)) != Ok(Verdict::Retry(Some(30))) {
+    while block(host.classify("acme", "p", &ctx(), &outcome(409))) != Ok(Verdict::Retry(Some(30))) {
         assert!(Instant::now() < deadline, "reload not seen: {:?}", host.list("acme"));
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -420,7 +433,7 @@ fn calls_from_many_threads_survive_concurrent_swaps() {
             .map(|_| {
                 s.spawn(|| {
                     for _ in 0..300 {
-                        let verdict = t.host.classify("acme", "p", &ctx(), &outcome(409)).unwrap();
+                        let verdict = block(t.host.classify("acme", "p", &ctx(), &outcome(409))).unwrap();
                         assert!(matches!(verdict, Verdict::Delivered | Verdict::Retry(Some(30))), "{verdict:?}");
                     }
                 })
