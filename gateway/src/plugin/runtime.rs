@@ -646,7 +646,8 @@ fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> PluginFailure {
         Some(trap) => PluginFailure::Trap(truncate(trap.to_string(), 200)),
         // Not a trap: the canonical ABI refused what the guest handed back (bad
         // UTF-8, out-of-bounds list, unknown discriminant, …).
-        None => PluginFailure::InvalidOutput(truncate(root_message(err), 200)),
+        // The root cause only: the context above it is a wasm backtrace.
+        None => PluginFailure::InvalidOutput(truncate(err.root_cause().to_string(), 200)),
     }
 }
 
@@ -726,4 +727,36 @@ pub(crate) fn truncate(mut s: String, max: usize) -> String {
         s.truncate(end);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_cpu_time_so_a_preempted_call_is_not_cut() {
+        let limits = Limits {
+            deadline_ticks: 10,
+            call_timeout: Duration::from_millis(10),
+            memory_limit: 0,
+            max_output_bytes: 0,
+            warm_per_plugin: 0,
+        };
+        let spin = |cpu: Duration| {
+            let start = thread_cpu_time().unwrap();
+            while thread_cpu_time().unwrap() - start < cpu {}
+        };
+        let mut deadline = Deadline::default();
+        deadline.start();
+        // Preempted for longer than the budget before running at all (wall time passes,
+        // no CPU is spent): not cut.
+        std::thread::sleep(Duration::from_millis(15));
+        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Continue(_)));
+        // Then 6 ms of CPU: 6 of 10 spent, still legal (a rule that judged only the
+        // window since the last expiry would stop it here).
+        spin(Duration::from_millis(6));
+        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Continue(n) if n <= 4));
+        spin(Duration::from_millis(5));
+        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Interrupt));
+    }
 }
