@@ -80,6 +80,7 @@ async fn start_plugins(config: &Config) -> Result<PluginHost, AppError> {
     pc.call_timeout = config.plugins.call_timeout;
     pc.memory_limit = config.plugins.memory_limit_bytes;
     pc.max_plugin_bytes = config.plugins.max_plugin_bytes;
+    pc.call_threads = config.plugins.call_threads;
     pc.plugin_config = config.plugins.plugin_config.clone();
     let host = tokio::task::spawn_blocking(move || PluginHost::start(pc))
         .await

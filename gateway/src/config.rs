@@ -182,6 +182,7 @@ pub struct RawPlugins {
     pub call_timeout: String,
     pub memory_limit_mib: u32,
     pub max_plugin_bytes: u64,
+    pub call_threads: u32,
     /// `[plugins.config.<tenant>.<plugin>]`: each plugin's own settings.
     pub config: std::collections::BTreeMap<
         String,
@@ -196,6 +197,7 @@ impl Default for RawPlugins {
             call_timeout: "10ms".into(),
             memory_limit_mib: 16,
             max_plugin_bytes: 8 << 20,
+            call_threads: 0,
             config: Default::default(),
         }
     }
@@ -277,6 +279,8 @@ pub struct PluginsConfig {
     pub call_timeout: Duration,
     pub memory_limit_bytes: usize,
     pub max_plugin_bytes: usize,
+    /// Threads of the plugin call pool; 0: one per CPU, at least 2.
+    pub call_threads: usize,
     /// Each plugin's own settings, by (tenant, plugin name).
     pub plugin_config: std::collections::HashMap<(String, String), std::collections::HashMap<String, String>>,
 }
@@ -433,6 +437,7 @@ impl RawConfig {
                 call_timeout: duration("plugins.call_timeout", &self.plugins.call_timeout)?,
                 memory_limit_bytes: (self.plugins.memory_limit_mib as usize) << 20,
                 max_plugin_bytes: self.plugins.max_plugin_bytes as usize,
+                call_threads: self.plugins.call_threads as usize,
                 plugin_config: self
                     .plugins
                     .config

@@ -260,3 +260,87 @@ async fn hot_reload_under_load_loses_nothing_and_a_corrupt_file_keeps_the_old_ve
     assert_eq!((ids.len(), rx.count()), (total, total), "none lost, none doubled");
     Ok(())
 }
+
+/// What `herald plugin run` says about the hostile guest's `transform` for `event_type`.
+async fn cli_transform(path: PathBuf, event_type: &str) -> String {
+    let input = json!({"context": {"event_type": event_type}}).to_string();
+    // A plain thread, as the `herald` binary runs it (not inside this test's runtime).
+    let run = move || gateway::plugin::run_hook_file(&path, "transform", &input);
+    let result = tokio::task::spawn_blocking(move || std::thread::spawn(run).join().unwrap()).await.unwrap();
+    match result {
+        Ok(out) => serde_json::from_str::<serde_json::Value>(&out).unwrap()["result"]["action"].to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_plugin_fails_its_attempts_cleanly_and_frees_its_slots() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    for tenant in ["evil", "acme"] {
+        gw.api.tenant(tenant).await?;
+    }
+    assert_eq!(upload(&gw, "evil", "hostile", plugin_bytes("hostile"), ADMIN_TOKEN).await?.status, 200);
+    let (evil_rx, acme_rx) = (FakeReceiver::start().await?, FakeReceiver::start().await?);
+    // Two slots: two stuck attempts would stop this endpoint for good.
+    gw.api
+        .endpoint(
+            "evil",
+            json!({"url": evil_rx.url(), "max_in_flight": 2, "rate_per_sec": 1000, "burst": 100,
+                   "plugins": {"transform": "hostile"}, "retry": {"max_attempts": 1}}),
+        )
+        .await?;
+    gw.api.endpoint("acme", json!({"url": acme_rx.url(), "rate_per_sec": 1000, "burst": 100})).await?;
+
+    // The reason each misbehaviour is recorded with; `None`: delivered.
+    let modes: [(&str, Option<&str>); 6] = [
+        ("print", None),
+        ("panic", Some("plugin:trap: wasm trap: wasm `unreachable` instruction executed")),
+        ("exit", Some("plugin:trap: exit(1)")),
+        ("socket", Some("plugin:error: socket: ")),
+        ("spin", Some("plugin:timeout")),
+        ("ok", None),
+    ];
+    for round in 0..3 {
+        for (mode, _) in &modes {
+            gw.api
+                .event("evil", json!({"id": format!("{mode}{round}"), "type": format!("x.{mode}"), "payload": {}}))
+                .await?;
+            gw.api.event("acme", json!({"id": format!("{mode}{round}"), "type": "t", "payload": {}})).await?;
+        }
+    }
+    acme_rx.wait_for(18, Duration::from_secs(20)).await?;
+    // Every attempt ended recorded (after each failure the slot came back, or the
+    // later events would never be sent).
+    evil_rx.wait_for(6, Duration::from_secs(20)).await?;
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wasm32-wasip2/release/hostile.wasm");
+    for (mode, want) in modes {
+        for round in 0..3 {
+            let list = gw
+                .api
+                .wait_for(&format!("/v1/tenants/evil/events/{mode}{round}/deliveries"), Duration::from_secs(20), |v| {
+                    matches!(v["data"][0]["state"].as_str(), Some("delivered" | "dead"))
+                })
+                .await?;
+            let id = list["data"][0]["id"].as_str().unwrap();
+            let d = gw.api.get(&format!("/v1/tenants/evil/deliveries/{id}"), ADMIN_TOKEN).await?.json;
+            let attempt = &d["attempt_history"][0];
+            match want {
+                None => assert_eq!(d["state"], "delivered", "{mode}: {d}"),
+                Some(reason) => {
+                    assert_eq!((d["state"].as_str(), d["attempts"].as_u64()), (Some("dead"), Some(1)), "{mode}: {d}");
+                    let error = attempt["error"].as_str().unwrap_or_default();
+                    assert!(error.starts_with(reason), "{mode}: {error}");
+                    assert_eq!(attempt["decided_by"], "plugin:hostile", "{mode}: {d}");
+                }
+            }
+        }
+        // `herald plugin run` reports the same as the server recorded.
+        let cli = cli_transform(path.clone(), &format!("x.{mode}")).await;
+        match want {
+            None => assert_eq!(cli, "\"send\"", "{mode}"),
+            Some(reason) => assert!(cli.starts_with(reason), "{mode}: the CLI says {cli}"),
+        }
+    }
+    assert_eq!(evil_rx.count(), 6, "print and ok, three rounds each");
+    Ok(())
+}

@@ -3,11 +3,12 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
-use super::extract::{Manage, Path, RawBody, Read, TenantAuth};
+use super::extract::{Manage, Path, Read, TenantAuth};
 use super::{ApiError, AppState};
 use crate::plugin::{Hook, PluginError, PluginInfo};
 
@@ -46,19 +47,37 @@ impl From<PluginError> for ApiError {
 }
 
 /// `PUT /v1/tenants/{tenant}/plugins/{name}` with the `.wasm` bytes as the body.
+///
+/// The body is a stream, read only after the token is checked (the `TenantAuth` extractor
+/// runs first) and only up to the plugin size limit: an unauthenticated or oversized upload
+/// costs no memory.
 pub(crate) async fn upload(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
     Path((_, name)): Path<(String, String)>,
-    RawBody(body): RawBody,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    if body.len() > state.config.plugins.max_plugin_bytes {
-        return Err(ApiError::new(
+    let limit = state.config.plugins.max_plugin_bytes;
+    let too_large = || {
+        ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_plugin",
-            format!("plugin is {} bytes, over the limit of {}", body.len(), state.config.plugins.max_plugin_bytes),
-        ));
+            format!("plugin is over the limit of {limit} bytes"),
+        )
+    };
+    let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
     }
+    let body = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        // The only error besides the limit is the client's connection failing mid-body.
+        if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
+            too_large()
+        } else {
+            ApiError::bad_request(format!("cannot read the body: {e}"))
+        }
+    })?;
     let info = state.plugins.install(tenant.as_str(), &name, body.to_vec()).await?;
     Ok(Json(view(&info)))
 }

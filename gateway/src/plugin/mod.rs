@@ -14,6 +14,7 @@
 
 mod cli;
 mod convert;
+mod pool;
 mod registry;
 mod runtime;
 mod types;

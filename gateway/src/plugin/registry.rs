@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use notify::Watcher as _;
 use sha2::{Digest, Sha256};
 
+use super::pool::CallPool;
 use super::runtime::{LoadedPlugin, Runtime};
 use super::types::{
     Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, check_slug, is_slug,
@@ -26,9 +27,10 @@ use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict}
 /// The plugin host: a registry of tenants' plugins and the sandbox that runs them.
 /// Cheap to clone; every clone shares one registry and one engine.
 ///
-/// Hook calls are synchronous CPU work bounded by the call deadline (10 ms by
-/// default); they are fine to call from async code. Loading, installing and reloading
-/// compile code and belong on a blocking thread (`install` does that itself).
+/// Hook calls are `async`: each runs on the host's call pool (dedicated threads, a fair
+/// turn per tenant, see `pool`), never on the caller's thread, and always ends with an
+/// output or a [`PluginFailure`]. Loading, installing and reloading compile code and
+/// belong on a blocking thread (`install` does that itself).
 #[derive(Clone)]
 pub struct PluginHost {
     inner: Arc<Inner>,
@@ -42,6 +44,7 @@ impl std::fmt::Debug for PluginHost {
 
 struct Inner {
     runtime: Arc<Runtime>,
+    pool: CallPool,
     config: PluginConfig,
     tenants: RwLock<HashMap<String, HashMap<String, Slot>>>,
     failures_by_kind: [AtomicU64; PluginFailure::KINDS.len()],
@@ -72,8 +75,10 @@ impl PluginHost {
         // Watcher events carry absolute, symlink-free paths: match them.
         config.dir = std::fs::canonicalize(&config.dir).map_err(|e| PluginError::io(&config.dir, e))?;
         let runtime = Runtime::new(&config)?;
+        let pool = CallPool::new(config.call_threads())?;
         let inner = Arc::new(Inner {
             runtime,
+            pool,
             config,
             tenants: RwLock::new(HashMap::new()),
             failures_by_kind: Default::default(),
@@ -88,31 +93,34 @@ impl PluginHost {
     }
 
     /// Calls `transform` of `tenant`'s plugin `name`.
-    pub fn transform(
+    pub async fn transform(
         &self,
         tenant: &str,
         name: &str,
         ctx: &DeliveryContext,
         request: &Request,
     ) -> Result<TransformResult, PluginFailure> {
-        self.with_plugin(tenant, name, Hook::Transform, |p| p.transform(ctx, request, None))
+        let (ctx, request) = (ctx.clone(), request.clone());
+        self.with_plugin(tenant, name, Hook::Transform, |_| None, move |p| p.transform(&ctx, &request, None)).await
     }
 
     /// Calls `classify` of `tenant`'s plugin `name`. `Ok(Verdict::Default)` and any
     /// `Err` both mean: use the built-in table.
-    pub fn classify(
+    pub async fn classify(
         &self,
         tenant: &str,
         name: &str,
         ctx: &DeliveryContext,
         outcome: &Outcome,
     ) -> Result<Verdict, PluginFailure> {
-        self.with_plugin(tenant, name, Hook::Classify, |p| p.classify(ctx, outcome, None))
+        let unwanted = |p: &LoadedPlugin| (p.hooks.classify && !p.wants(outcome)).then_some(Verdict::Default);
+        let (ctx, outcome) = (ctx.clone(), outcome.clone());
+        self.with_plugin(tenant, name, Hook::Classify, unwanted, move |p| p.classify(&ctx, &outcome, None)).await
     }
 
     /// Calls `sign` of `tenant`'s plugin `name` with the raw bytes of each valid
     /// secret (newest first); returns the headers to set.
-    pub fn sign(
+    pub async fn sign(
         &self,
         tenant: &str,
         name: &str,
@@ -120,7 +128,8 @@ impl PluginHost {
         secrets: &[Vec<u8>],
         request: &Request,
     ) -> Result<Vec<Header>, PluginFailure> {
-        self.with_plugin(tenant, name, Hook::Sign, |p| p.sign(ctx, secrets, request, None))
+        let (ctx, secrets, request) = (ctx.clone(), secrets.to_vec(), request.clone());
+        self.with_plugin(tenant, name, Hook::Sign, |_| None, move |p| p.sign(&ctx, &secrets, &request, None)).await
     }
 
     /// The hooks of `tenant`'s plugin `name`, if a version of it is serving.
@@ -224,12 +233,15 @@ impl PluginHost {
         Ok(())
     }
 
-    fn with_plugin<R>(
+    /// Looks the plugin up, answers at once when `inline` can (no guest code runs), else
+    /// runs `call` on the call pool; counts the call and any failure.
+    async fn with_plugin<R: Send + 'static>(
         &self,
         tenant: &str,
         name: &str,
         hook: Hook,
-        f: impl FnOnce(&LoadedPlugin) -> Result<R, PluginFailure>,
+        inline: impl FnOnce(&LoadedPlugin) -> Option<R>,
+        call: impl FnOnce(&LoadedPlugin) -> Result<R, PluginFailure> + Send + 'static,
     ) -> Result<R, PluginFailure> {
         let found = {
             let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
@@ -241,7 +253,13 @@ impl PluginHost {
         let result = match &found {
             Some((Some(plugin), stats)) => {
                 stats.calls[hook.index()].fetch_add(1, Ordering::Relaxed);
-                f(plugin)
+                match inline(plugin) {
+                    Some(answer) => Ok(answer),
+                    None => {
+                        let plugin = Arc::clone(plugin);
+                        self.inner.pool.run(&Arc::clone(&plugin.tenant), move || call(&plugin)).await
+                    }
+                }
             }
             _ => Err(PluginFailure::NotFound),
         };

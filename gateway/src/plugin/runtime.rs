@@ -14,8 +14,9 @@
 //!   (pools hang off the version, so tenants never share an instance);
 //! - the previous call returned normally: a trap, timeout or memory-cap hit discards
 //!   the instance, so no half-updated guest state is ever re-entered;
-//! - before each call the store's per-call state (deadline, clock, log budget, attempt
-//!   id) is reset; the memory cap is a property of the store and still applies;
+//! - before each call the store's per-call state (deadline, WASI context with its clock
+//!   and random seeded by the attempt, log budget, attempt id) is reset; the memory cap
+//!   and the hostcall fuel are properties of the store and still apply;
 //! - WASI grants nothing, so an instance holds no handle to anything outside itself;
 //! - an instance is retired after [`MAX_CALLS_PER_INSTANCE`] calls, bounding whatever
 //!   a leaky plugin accumulates in its own heap.
@@ -24,10 +25,11 @@
 //! version; the SDK documents that plugins must not rely on that either way.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use rand::{RngCore as _, SeedableRng as _};
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap, UpdateDeadline};
@@ -50,6 +52,9 @@ const MAX_LOG_LINES_PER_CALL: u32 = 32;
 const MAX_REASON: usize = 1024;
 /// The longest pause a plugin may ask for: seven days.
 const MAX_PAUSE_SECS: u32 = 7 * 24 * 3600;
+/// Most headers one call may return: a list of many tiny headers is as costly to check,
+/// store and send as a big body, and no webhook needs more.
+pub(crate) const MAX_HEADERS: usize = 64;
 /// Headers the sender owns: removed from what plugins return.
 const RESERVED_HEADERS: [&str; 5] = ["host", "content-length", "transfer-encoding", "connection", "upgrade"];
 
@@ -348,6 +353,11 @@ impl LoadedPlugin {
         let state = HostState::new(self, self.runtime.limits.memory_limit);
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
+        // What the host copies out of the guest in one host call (a log line, or the
+        // result of a hook: strings and lists, aliased or not) is bounded by the output
+        // cap, not by wasmtime's default of 128 MiB: a guest returning many aliases of
+        // one buffer is refused after copying at most the cap.
+        store.set_hostcall_fuel(self.runtime.limits.max_output_bytes.saturating_add(64 << 10));
         let limits = self.runtime.limits;
         store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(&limits)));
         store.data_mut().deadline.start();
@@ -380,7 +390,6 @@ pub(crate) struct HostState {
     tenant: Arc<str>,
     plugin: Arc<str>,
     attempt_id: String,
-    clock: Arc<AtomicU64>,
     deadline: Deadline,
     log_lines: u32,
     capture: bool,
@@ -389,26 +398,14 @@ pub(crate) struct HostState {
 
 impl HostState {
     fn new(plugin: &LoadedPlugin, memory_limit: usize) -> Self {
-        let clock = Arc::new(AtomicU64::new(0));
-        let wasi = WasiCtxBuilder::new()
-            .wall_clock(ContextClock(Arc::clone(&clock)))
-            .monotonic_clock(FrozenClock)
-            .secure_random(wasmtime_wasi::Deterministic::new(vec![0x5a, 0x17, 0xc3, 0x88]))
-            .insecure_random(wasmtime_wasi::Deterministic::new(vec![0x42]))
-            .insecure_random_seed(0)
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
         HostState {
-            wasi,
+            wasi: wasi_context(0, ""),
             table: ResourceTable::new(),
             limiter: MemoryLimiter { limit: memory_limit, exceeded: false },
             config: Arc::clone(&plugin.config),
             tenant: Arc::clone(&plugin.tenant),
             plugin: Arc::clone(&plugin.name),
             attempt_id: String::new(),
-            clock,
             deadline: Deadline::default(),
             log_lines: 0,
             capture: false,
@@ -419,7 +416,7 @@ impl HostState {
     fn begin_call(&mut self, ctx: &DeliveryContext, capture: bool) {
         self.attempt_id.clear();
         self.attempt_id.push_str(&ctx.attempt_id);
-        self.clock.store(ctx.timestamp, Ordering::Relaxed);
+        self.wasi = wasi_context(ctx.timestamp, &ctx.attempt_id);
         self.deadline.start();
         self.log_lines = 0;
         self.capture = capture;
@@ -436,6 +433,50 @@ impl HostState {
                 "plugin log lines dropped"
             );
         }
+    }
+}
+
+/// WASI for one call, granting nothing: no files, environment, sockets or name
+/// lookups (those calls fail with an error the guest sees); stdin is empty and
+/// stdout/stderr are discarded (a plugin logs through `log`); the wall clock reads the
+/// attempt's `timestamp`, the monotonic clock is frozen; random sources are ChaCha
+/// streams seeded from the attempt id, so they differ per attempt and repeat for the
+/// same attempt id. Built afresh for every call (about a microsecond), so no call sees
+/// the random state another left behind.
+fn wasi_context(timestamp: u64, attempt_id: &str) -> WasiCtx {
+    let seed = |domain: &str| -> [u8; 32] {
+        Sha256::new().chain_update(domain).chain_update([0]).chain_update(attempt_id).finalize().into()
+    };
+    let insecure_seed = seed("herald:wasi-insecure-seed");
+    WasiCtxBuilder::new()
+        .wall_clock(ContextClock(timestamp))
+        .monotonic_clock(FrozenClock)
+        .secure_random(AttemptRng(rand::rngs::StdRng::from_seed(seed("herald:wasi-random"))))
+        .insecure_random(AttemptRng(rand::rngs::StdRng::from_seed(seed("herald:wasi-insecure-random"))))
+        .insecure_random_seed(u128::from_le_bytes(insecure_seed[..16].try_into().unwrap_or_default()))
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build()
+}
+
+/// A ChaCha stream behind the RNG trait of wasmtime-wasi's `rand` version.
+struct AttemptRng(rand::rngs::StdRng);
+
+impl rand_core::TryRng for AttemptRng {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        Ok(self.0.next_u32())
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        Ok(self.0.next_u64())
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        self.0.fill_bytes(dst);
+        Ok(())
     }
 }
 
@@ -492,24 +533,25 @@ impl host::Host for HostState {
     }
 }
 
-/// The time budget of a call. The epoch deadline measures wall time, which a busy
-/// host (a compile, other calls) can eat by preempting the calling thread; so when it
-/// expires, the call is only stopped once the thread has also *spent* the budget on
-/// the CPU: the first expiry samples the thread's CPU clock and grants one more
-/// window, a later expiry stops the call if it used at least half that window on the
-/// CPU. A spinning guest thus stops after 1-2x `call_timeout`; a starved one gets at
-/// most 10x `call_timeout` of wall time. Without a thread CPU clock the wall deadline
-/// alone applies.
+/// The time budget of a call: `call_timeout` of CPU time spent by the call's thread.
+/// The epoch deadline measures wall time, which a busy host can eat by preempting the
+/// thread; so when it expires, the call is stopped only if the thread has spent the
+/// whole budget on the CPU since the call started, and otherwise gets a new epoch
+/// deadline for the CPU time it has left (at least one tick). A spinning guest thus
+/// stops after `call_timeout` of CPU plus at most one tick (1 ms); a legal call is never
+/// cut for having been preempted, however early; a starved one is stopped after 10x
+/// `call_timeout` of wall time. Without a thread CPU clock the wall deadline alone
+/// applies.
 #[derive(Default)]
 struct Deadline {
     started: Option<Instant>,
-    cpu_mark: Option<Duration>,
+    cpu_start: Option<Duration>,
 }
 
 impl Deadline {
     fn start(&mut self) {
         self.started = Some(Instant::now());
-        self.cpu_mark = None;
+        self.cpu_start = thread_cpu_time();
     }
 
     fn on_expiry(&mut self, limits: &Limits) -> UpdateDeadline {
@@ -517,13 +559,15 @@ impl Deadline {
         if wall >= limits.call_timeout.saturating_mul(10) {
             return UpdateDeadline::Interrupt;
         }
-        let Some(cpu) = thread_cpu_time() else {
+        let (Some(start), Some(now)) = (self.cpu_start, thread_cpu_time()) else {
             return UpdateDeadline::Interrupt;
         };
-        match self.cpu_mark.replace(cpu) {
-            Some(mark) if cpu.saturating_sub(mark) >= limits.call_timeout / 2 => UpdateDeadline::Interrupt,
-            _ => UpdateDeadline::Continue(limits.deadline_ticks),
+        let left = limits.call_timeout.saturating_sub(now.saturating_sub(start));
+        if left.is_zero() {
+            return UpdateDeadline::Interrupt;
         }
+        let ticks = left.as_nanos().div_ceil(EPOCH_TICK.as_nanos().max(1));
+        UpdateDeadline::Continue(u64::try_from(ticks).unwrap_or(u64::MAX).max(1))
     }
 }
 
@@ -560,14 +604,14 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
 }
 
 /// WASI's wall clock reads the attempt's timestamp, nothing ambient.
-struct ContextClock(Arc<AtomicU64>);
+struct ContextClock(u64);
 
 impl wasmtime_wasi::HostWallClock for ContextClock {
     fn resolution(&self) -> Duration {
         Duration::from_secs(1)
     }
     fn now(&self) -> Duration {
-        Duration::from_secs(self.0.load(Ordering::Relaxed))
+        Duration::from_secs(self.0)
     }
 }
 
@@ -587,13 +631,23 @@ fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> PluginFailure {
     if memory_exceeded {
         return PluginFailure::Memory;
     }
+    // `exit()` in a guest (Rust's `std::process::exit`, or the abort after a panic on
+    // some toolchains) is the guest ending the call: a trap with its status.
+    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return PluginFailure::Trap(format!("exit({})", exit.0));
+    }
+    // wasmtime's error type for this is private; its message is stable API text.
+    if err.chain().any(|e| e.to_string().contains("fuel allocated for hostcalls has been exhausted")) {
+        return PluginFailure::OutputTooLarge;
+    }
     match err.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => PluginFailure::Timeout,
         Some(Trap::StackOverflow) => PluginFailure::Trap("stack overflow".to_string()),
         Some(trap) => PluginFailure::Trap(truncate(trap.to_string(), 200)),
         // Not a trap: the canonical ABI refused what the guest handed back (bad
         // UTF-8, out-of-bounds list, unknown discriminant, …).
-        None => PluginFailure::InvalidOutput(truncate(root_message(err), 200)),
+        // The root cause only: the context above it is a wasm backtrace.
+        None => PluginFailure::InvalidOutput(truncate(err.root_cause().to_string(), 200)),
     }
 }
 
@@ -638,15 +692,19 @@ fn check_verdict(verdict: Verdict, max_output_bytes: usize) -> Result<Verdict, P
     })
 }
 
-/// Header names must be HTTP tokens and values free of control characters.
+/// At most [`MAX_HEADERS`]; names must be HTTP tokens and values visible ASCII or
+/// spaces, as the WIT says (no control characters, no raw UTF-8).
 fn check_headers(headers: &[Header]) -> Result<(), PluginFailure> {
+    if headers.len() > MAX_HEADERS {
+        return Err(PluginFailure::InvalidOutput(format!("{} headers (at most {MAX_HEADERS})", headers.len())));
+    }
     for (name, value) in headers {
         let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
         if name.is_empty() || name.len() > 256 || !name.bytes().all(token) {
             return Err(PluginFailure::InvalidOutput(format!("bad header name {:?}", truncate(name.clone(), 64))));
         }
-        if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-            return Err(PluginFailure::InvalidOutput(format!("control character in header {name}")));
+        if !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(PluginFailure::InvalidOutput(format!("header {name}: values must be visible ASCII or spaces")));
         }
     }
     Ok(())
@@ -669,4 +727,36 @@ pub(crate) fn truncate(mut s: String, max: usize) -> String {
         s.truncate(end);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_cpu_time_so_a_preempted_call_is_not_cut() {
+        let limits = Limits {
+            deadline_ticks: 10,
+            call_timeout: Duration::from_millis(10),
+            memory_limit: 0,
+            max_output_bytes: 0,
+            warm_per_plugin: 0,
+        };
+        let spin = |cpu: Duration| {
+            let start = thread_cpu_time().unwrap();
+            while thread_cpu_time().unwrap() - start < cpu {}
+        };
+        let mut deadline = Deadline::default();
+        deadline.start();
+        // Preempted for longer than the budget before running at all (wall time passes,
+        // no CPU is spent): not cut.
+        std::thread::sleep(Duration::from_millis(15));
+        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Continue(_)));
+        // Then 6 ms of CPU: 6 of 10 spent, still legal (a rule that judged only the
+        // window since the last expiry would stop it here).
+        spin(Duration::from_millis(6));
+        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Continue(n) if n <= 4));
+        spin(Duration::from_millis(5));
+        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Interrupt));
+    }
 }

@@ -64,13 +64,19 @@ impl Guest {
   (type $verdict' (variant (case "delivered") (case "retry" (option u32)) (case "fail" string)
     (case "pause-endpoint" $pause) (case "disable-endpoint" string) (case "default")))
   (export $verdict "verdict" (type $verdict'))
+  (import "wasi:random/random@0.2.0" (instance $random (export "get-random-u64" (func (result u64)))))
+  (import "wasi:cli/exit@0.2.0" (instance $exit (export "exit" (func (param "status" (result))))))
 
   (core module $libc (memory (export "memory") {pages}))
   (core instance $libc (instantiate $libc))
   (core func $log (canon lower (func $host "log") (memory (core memory $libc "memory"))))
+  (core func $random (canon lower (func $random "get-random-u64")))
+  (core func $exit (canon lower (func $exit "exit")))
   (core module $m
     (import "libc" "memory" (memory {pages}))
     (import "host" "log" (func $log (param i32 i32 i32)))
+    (import "wasi" "random" (func $random (result i64)))
+    (import "wasi" "exit" (func $exit (param i32)))
     (global $heap (mut i32) (i32.const 8192))
     (func (export "realloc") (param i32 i32 i32 i32) (result i32)
       (local $p i32)
@@ -90,7 +96,8 @@ impl Guest {
     (func (export "sign") (param i32) (result i32) {sign}))
   (core instance $i (instantiate $m
     (with "libc" (instance $libc))
-    (with "host" (instance (export "log" (func $log))))))
+    (with "host" (instance (export "log" (func $log))))
+    (with "wasi" (instance (export "random" (func $random)) (export "exit" (func $exit))))))
   (func (export "describe") (result $info)
     (canon lift (core func $i "describe") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
   (func (export "transform") (param "ctx" $ctx) (param "req" $request) (result (result $tr (error string)))
@@ -140,10 +147,16 @@ fn request() -> Request {
     Request { headers: vec![("content-type".into(), "application/json".into())], body: br#"{"a":1}"#.to_vec() }
 }
 
+/// Waits for a hook call the way a test thread can: hook calls are async (they run
+/// on the host's call pool).
+fn block<F: std::future::Future>(call: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(call)
+}
+
 fn classify_with(guest: Guest) -> Result<Verdict, PluginFailure> {
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "p", &guest.wasm()).unwrap();
-    t.host.classify("acme", "p", &ctx(), &outcome(409))
+    block(t.host.classify("acme", "p", &ctx(), &outcome(409)))
 }
 
 #[test]
@@ -156,11 +169,14 @@ fn a_well_behaved_plugin_is_installed_listed_and_called() {
     assert!(t._dir.path().join("acme/p.wasm").is_file());
 
     for _ in 0..3 {
-        assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+        assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
     }
     assert_eq!(t.host.get("acme", "p"), Some(info.hooks));
     assert_eq!(t.host.list("acme"), vec![info]);
-    assert_eq!(t.host.sign("acme", "p", &ctx(), &[b"k".to_vec()], &request()), Err(PluginFailure::HookNotImplemented));
+    assert_eq!(
+        block(t.host.sign("acme", "p", &ctx(), &[b"k".to_vec()], &request())),
+        Err(PluginFailure::HookNotImplemented)
+    );
     let metrics = t.host.metrics();
     let classify = metrics.iter().find(|m| m.hook == Hook::Classify).unwrap();
     assert_eq!((classify.calls, classify.failures), (3, 0));
@@ -182,12 +198,16 @@ fn classify_is_only_called_for_the_statuses_it_declares() {
     // 409 only; the plugin itself answers "delivered" to anything.
     let info = t.host.install_blocking("acme", "p", &with_statuses(2, &[409]).wasm()).unwrap();
     assert_eq!(info.classify_statuses, Some(vec![409]));
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(500)), Ok(Verdict::Default), "not called: built-in table");
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(200)), Ok(Verdict::Default));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
+    assert_eq!(
+        block(t.host.classify("acme", "p", &ctx(), &outcome(500))),
+        Ok(Verdict::Default),
+        "not called: built-in table"
+    );
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(200))), Ok(Verdict::Default));
     let timeout = Outcome::TransportError(TransportError { kind: TransportErrorKind::Timeout, message: "t".into() });
     assert_eq!(
-        t.host.classify("acme", "p", &ctx(), &timeout),
+        block(t.host.classify("acme", "p", &ctx(), &timeout)),
         Ok(Verdict::Delivered),
         "transport errors always go to it"
     );
@@ -203,7 +223,7 @@ fn classify_is_only_called_for_the_statuses_it_declares() {
 fn tenants_cannot_reach_each_others_plugins() {
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
-    assert_eq!(t.host.classify("globex", "p", &ctx(), &outcome(409)), Err(PluginFailure::NotFound));
+    assert_eq!(block(t.host.classify("globex", "p", &ctx(), &outcome(409))), Err(PluginFailure::NotFound));
     assert_eq!(t.host.get("globex", "p"), None);
     assert!(t.host.list("globex").is_empty());
 }
@@ -228,13 +248,13 @@ fn a_trap_is_contained_and_the_next_call_gets_a_fresh_instance() {
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
     t.host.install_blocking("acme", "flaky", &Guest::classify(flaky).wasm()).unwrap();
-    let failure = t.host.classify("acme", "flaky", &ctx(), &outcome(409)).unwrap_err();
+    let failure = block(t.host.classify("acme", "flaky", &ctx(), &outcome(409))).unwrap_err();
     assert!(matches!(&failure, PluginFailure::Trap(msg) if msg.contains("unreachable")), "{failure:?}");
     assert!(failure.reason().starts_with("plugin:trap: "));
     // A fresh instance starts from the initial memory image, so it traps again: the
     // trapped instance was never reused.
-    assert!(matches!(t.host.classify("acme", "flaky", &ctx(), &outcome(409)), Err(PluginFailure::Trap(_))));
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+    assert!(matches!(block(t.host.classify("acme", "flaky", &ctx(), &outcome(409))), Err(PluginFailure::Trap(_))));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
     let traps = t.host.failures_by_kind().into_iter().find(|(k, _)| *k == "trap").unwrap().1;
     assert_eq!(traps, 2);
 }
@@ -264,16 +284,21 @@ const SIGN_ONE_HEADER: &str = "(i32.store8 (i32.const 160) (i32.const 0)) (i32.s
   (i32.store (i32.const 400) (i32.const 500)) (i32.store (i32.const 404) (i32.const 8)) (i32.store (i32.const 408) (i32.const 65536)) (i32.store (i32.const 412) (i32.load (i32.const 600))) (i32.const 160)";
 
 fn sign_with(name: &'static str, value_len: &'static str) -> Result<Vec<Header>, PluginFailure> {
+    sign_value(name, value_len, "abc")
+}
+
+/// [`sign_with`] with the value bytes (WAT string syntax) at 65536.
+fn sign_value(name: &str, value_len: &str, value: &str) -> Result<Vec<Header>, PluginFailure> {
     let data: &'static str = Box::leak(
         format!(
-            r#"(data (i32.const 500) "{name}") (data (i32.const 600) "{value_len}") (data (i32.const 65536) "abc")"#
+            r#"(data (i32.const 500) "{name}") (data (i32.const 600) "{value_len}") (data (i32.const 65536) "{value}")"#
         )
         .into_boxed_str(),
     );
     let guest = Guest { hooks: 4, pages: 5, data, sign: SIGN_ONE_HEADER, ..Guest::default() };
     let t = test_host(|_| {});
     t.host.install_blocking("acme", "s", &guest.wasm()).unwrap();
-    t.host.sign("acme", "s", &ctx(), &[b"key".to_vec()], &request())
+    block(t.host.sign("acme", "s", &ctx(), &[b"key".to_vec()], &request()))
 }
 
 #[test]
@@ -298,9 +323,9 @@ fn transform_can_send_drop_or_refuse() {
         let guest = Guest { hooks: 1, data: r#"(data (i32.const 300) "bye")"#, transform: body, ..Guest::default() };
         t.host.install_blocking("acme", name, &guest.wasm()).unwrap();
     }
-    assert_eq!(t.host.transform("acme", "echo", &ctx(), &request()), Ok(TransformResult::Send(request())));
-    assert_eq!(t.host.transform("acme", "drop", &ctx(), &request()), Ok(TransformResult::Drop("bye".into())));
-    let refused = t.host.transform("acme", "refuse", &ctx(), &request()).unwrap_err();
+    assert_eq!(block(t.host.transform("acme", "echo", &ctx(), &request())), Ok(TransformResult::Send(request())));
+    assert_eq!(block(t.host.transform("acme", "drop", &ctx(), &request())), Ok(TransformResult::Drop("bye".into())));
+    let refused = block(t.host.transform("acme", "refuse", &ctx(), &request())).unwrap_err();
     assert_eq!(refused, PluginFailure::Guest("bye".into()));
     assert_eq!(refused.reason(), "plugin:error: bye");
 }
@@ -344,11 +369,11 @@ fn a_broken_file_leaves_the_old_version_serving_with_its_error_visible() {
     let listed = t.host.list("acme");
     assert_eq!(listed[0].sha256, v1.sha256);
     assert!(listed[0].error.as_deref().unwrap_or("").contains("not a valid WebAssembly component"), "{listed:?}");
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
 
     std::fs::remove_file(t._dir.path().join("acme/p.wasm")).unwrap();
     t.host.rescan().unwrap();
-    assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)), Err(PluginFailure::NotFound));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Err(PluginFailure::NotFound));
 }
 
 #[test]
@@ -360,7 +385,7 @@ fn the_watcher_hot_reloads_changed_files() {
     config.max_instances = 16;
     config.reload_debounce = Duration::from_millis(50);
     let host = PluginHost::start(config).unwrap();
-    assert_eq!(host.classify("acme", "p", &ctx(), &outcome(409)), Ok(Verdict::Delivered));
+    assert_eq!(block(host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
 
     let retry = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1)) (i32.store (i32.const 136) (i32.const 30)) (i32.const 128)";
     let tmp = dir.path().join("acme/.p.tmp");
@@ -370,7 +395,7 @@ fn the_watcher_hot_reloads_changed_files() {
     std::fs::write(dir.path().join("globex/q.wasm"), Guest::classify(DELIVERED).wasm()).unwrap();
 
     let deadline = Instant::now() + Duration::from_secs(20);
-    while host.classify("acme", "p", &ctx(), &outcome(409)) != Ok(Verdict::Retry(Some(30))) {
+    while block(host.classify("acme", "p", &ctx(), &outcome(409))) != Ok(Verdict::Retry(Some(30))) {
         assert!(Instant::now() < deadline, "reload not seen: {:?}", host.list("acme"));
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -420,7 +445,7 @@ fn calls_from_many_threads_survive_concurrent_swaps() {
             .map(|_| {
                 s.spawn(|| {
                     for _ in 0..300 {
-                        let verdict = t.host.classify("acme", "p", &ctx(), &outcome(409)).unwrap();
+                        let verdict = block(t.host.classify("acme", "p", &ctx(), &outcome(409))).unwrap();
                         assert!(matches!(verdict, Verdict::Delivered | Verdict::Retry(Some(30))), "{verdict:?}");
                     }
                 })
@@ -433,4 +458,137 @@ fn calls_from_many_threads_survive_concurrent_swaps() {
     });
     let m = t.host.metrics();
     assert_eq!((m[0].calls, m[0].failures), (1200, 0));
+}
+
+/// `classify` answering `retry(some(<low 32 bits of wasi:random get-random-u64>))`.
+const RANDOM_RETRY: &str = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1))
+  (i32.store (i32.const 136) (i32.wrap_i64 (call $random))) (i32.const 128)";
+
+fn ctx_of(attempt_id: &str) -> DeliveryContext {
+    DeliveryContext { attempt_id: attempt_id.into(), ..ctx() }
+}
+
+#[test]
+fn wasi_random_is_seeded_by_the_attempt_id() {
+    let t = test_host(|_| {});
+    t.host.install_blocking("acme", "r", &Guest::classify(RANDOM_RETRY).wasm()).unwrap();
+    let draw = |id: &str| match block(t.host.classify("acme", "r", &ctx_of(id), &outcome(409))) {
+        Ok(Verdict::Retry(Some(n))) => n,
+        other => panic!("{other:?}"),
+    };
+    let first = draw("att_a");
+    // The same (warm) instance again: a fresh stream per call, the same for the same id.
+    assert_eq!(draw("att_a"), first);
+    let others: Vec<u32> = ["att_b", "att_c", "att_d"].iter().map(|id| draw(id)).collect();
+    assert!(others.iter().all(|n| *n != first), "{first} vs {others:?}");
+    assert_ne!(others[0], others[1]);
+}
+
+#[test]
+fn guest_exit_is_a_trap_with_its_status() {
+    let exit = Guest::classify("(call $exit (i32.const 1)) (i32.const 128)");
+    assert_eq!(classify_with(exit), Err(PluginFailure::Trap("exit(1)".into())));
+}
+
+#[test]
+fn header_values_must_be_visible_ascii_and_headers_are_capped() {
+    assert_eq!(sign_value("x-sig-aa", r"\03\00\00\00", "a b"), Ok(vec![("x-sig-aa".into(), "a b".into())]));
+    for (len, value) in [(r"\02\00\00\00", r"\c3\a9"), (r"\03\00\00\00", r"a\09b"), (r"\03\00\00\00", r"a\7fb")] {
+        let got = sign_value("x-sig-aa", len, value);
+        assert!(
+            matches!(&got, Err(PluginFailure::InvalidOutput(m)) if m.contains("visible ASCII")),
+            "{value}: {got:?}"
+        );
+    }
+    let most = sign_headers(64, 3);
+    assert!(matches!(&most, Ok(h) if h.len() == 64), "{most:?}");
+    let too_many = sign_headers(65, 3);
+    assert!(matches!(&too_many, Err(PluginFailure::InvalidOutput(m)) if m.contains("65 headers")), "{too_many:?}");
+}
+
+/// `sign` returning `count` headers named `x-sig-aa`, every value aliasing the same
+/// `value_len` bytes of memory at 65536.
+fn sign_headers(count: u32, value_len: u32) -> Result<Vec<Header>, PluginFailure> {
+    let entry: String =
+        [500u32, 8, 65536, value_len].iter().flat_map(|v| v.to_le_bytes()).map(|b| format!("\\{b:02x}")).collect();
+    let list = entry.repeat(count as usize);
+    let data = format!(
+        r#"(data (i32.const 500) "x-sig-aa") (data (i32.const 65536) "abc") (data (i32.const 131072) "{list}")"#
+    );
+    let body = format!(
+        "(i32.store8 (i32.const 160) (i32.const 0)) (i32.store (i32.const 164) (i32.const 131072)) (i32.store (i32.const 168) (i32.const {count})) (i32.const 160)"
+    );
+    let guest = Guest {
+        hooks: 4,
+        pages: 4,
+        data: Box::leak(data.into_boxed_str()),
+        sign: Box::leak(body.into_boxed_str()),
+        ..Guest::default()
+    };
+    let t = test_host(|_| {});
+    t.host.install_blocking("acme", "s", &guest.wasm()).unwrap();
+    block(t.host.sign("acme", "s", &ctx(), &[b"key".to_vec()], &request()))
+}
+
+#[test]
+fn aliased_output_is_refused_before_the_host_copies_it() {
+    // 2000 headers whose values all alias one 60 KiB buffer: 120 MB if the host copied
+    // them all (wasmtime's own limit is 128 MiB). The hostcall fuel, set from the 64 KiB
+    // output cap, stops the copy after about that much.
+    let started = Instant::now();
+    assert_eq!(sign_headers(2000, 60 << 10), Err(PluginFailure::OutputTooLarge));
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+
+    // The same bound holds for every host call, not only for a hook's result: a log
+    // line over the output cap is refused rather than copied (and then truncated).
+    let log = |len: u32| Guest {
+        pages: 6,
+        ..Guest::classify(Box::leak(
+            format!("(call $log (i32.const 2) (i32.const 131072) (i32.const {len})) {DELIVERED}").into_boxed_str(),
+        ))
+    };
+    assert_eq!(classify_with(log(60 << 10)), Ok(Verdict::Delivered));
+    assert_eq!(classify_with(log(200 << 10)), Err(PluginFailure::OutputTooLarge));
+}
+
+#[test]
+fn a_tenant_spinning_at_its_budget_leaves_a_call_thread_to_the_others() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    // Two call threads; a long budget so that "before any spin ends" is unambiguous.
+    let t = test_host(|c| {
+        c.call_threads = 2;
+        c.call_timeout = Duration::from_millis(300);
+    });
+    t.host.install_blocking("evil", "spin", &Guest::classify("(loop $l (br $l)) (i32.const 128)").wasm()).unwrap();
+    t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    runtime.block_on(async {
+        let spins_done = Arc::new(AtomicUsize::new(0));
+        let spins: Vec<_> = (0..2)
+            .map(|_| {
+                let (host, done) = (t.host.clone(), Arc::clone(&spins_done));
+                tokio::spawn(async move {
+                    let result = host.classify("evil", "spin", &ctx(), &outcome(409)).await;
+                    done.fetch_add(1, Ordering::SeqCst);
+                    result
+                })
+            })
+            .collect();
+        // Both spins are submitted once both are counted (counting and submitting
+        // happen in one poll).
+        let submitted = Instant::now();
+        while t.host.metrics().iter().find(|m| m.tenant == "evil").map_or(0, |m| m.calls) < 2 {
+            assert!(submitted.elapsed() < Duration::from_secs(10), "spins not submitted");
+            tokio::task::yield_now().await;
+        }
+        // evil may hold one of the two threads, so acme's call runs at once instead of
+        // waiting for a spin to use up its budget.
+        assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)).await, Ok(Verdict::Delivered));
+        assert_eq!(spins_done.load(Ordering::SeqCst), 0, "acme waited for a spinning call");
+        for spin in spins {
+            assert_eq!(spin.await.unwrap(), Err(PluginFailure::Timeout));
+        }
+    });
 }

@@ -24,6 +24,10 @@ pub struct PluginConfig {
     /// Most plugin instances alive at once across all plugins (pooling allocator
     /// slots: warm instances kept for reuse plus calls in flight). Default 1000.
     pub max_instances: u32,
+    /// Threads that run hook calls (the call pool), off the async runtime; tenants take
+    /// turns on them and no tenant holds them all. 0 (the default): one per CPU, at
+    /// least 2.
+    pub call_threads: usize,
     /// Warm instances kept per loaded plugin version for reuse. Default 4.
     pub warm_instances_per_plugin: usize,
     /// How long the file watcher waits for a file to stop changing. Default 200 ms.
@@ -45,10 +49,21 @@ impl PluginConfig {
             max_output_bytes: 4 << 20,
             max_plugin_bytes: 8 << 20,
             max_instances: 1000,
+            call_threads: 0,
             warm_instances_per_plugin: 4,
             reload_debounce: Duration::from_millis(200),
             watch: true,
             plugin_config: HashMap::new(),
+        }
+    }
+}
+
+impl PluginConfig {
+    /// The call pool's size: `call_threads`, or one per CPU (at least 2) when 0.
+    pub fn call_threads(&self) -> usize {
+        match self.call_threads {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()).max(2),
+            n => n,
         }
     }
 }

@@ -71,7 +71,7 @@ pub(super) async fn run(
     let duration_ms = clock.elapsed().as_millis() as u64;
     let (verdict, decided_by, status, response_body, error) = match exchange {
         Exchange::Answered(outcome) => {
-            let (verdict, by) = judge(&inner, &target, &ctx, &outcome);
+            let (verdict, by) = judge(&inner, &target, &ctx, &outcome).await;
             match outcome {
                 Outcome::Response(r) => (verdict, by, Some(r.status), Some(r.body_prefix), None),
                 Outcome::Transport { kind, detail } => (verdict, by, None, None, Some(format!("{kind}: {detail}"))),
@@ -164,7 +164,7 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
     };
     if let Some(name) = &spec.plugins.transform {
-        match inner.plugins.transform(tenant, name, ctx, &request) {
+        match inner.plugins.transform(tenant, name, ctx, &request).await {
             Ok(plugin::TransformResult::Send(r)) => request = r,
             Ok(plugin::TransformResult::Drop(reason)) => {
                 return Exchange::Decided {
@@ -193,7 +193,7 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
     match &spec.plugins.sign {
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
-            match inner.plugins.sign(tenant, name, ctx, &keys, &request) {
+            match inner.plugins.sign(tenant, name, ctx, &keys, &request).await {
                 Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
                 Err(f) => return failed(inner, name, f),
             }
@@ -220,10 +220,10 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
 }
 
 /// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.
-fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, outcome: &Outcome) -> (Verdict, String) {
+async fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, outcome: &Outcome) -> (Verdict, String) {
     let builtin = || (classify::classify(outcome), "builtin".to_string());
     let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
-    match inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into()) {
+    match inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into()).await {
         Ok(v) => plugin::verdict(v, name).map(|v| (v, format!("plugin:{name}"))).unwrap_or_else(builtin),
         Err(f) => {
             inner.metrics.plugin_failures.inc();

@@ -70,6 +70,21 @@ enum Scenario {
         #[arg(long, default_value_t = 20_000)]
         calls: usize,
     },
+    /// Plugin isolation, in one run: tenant `bench` posts at a steady `rate` to an
+    /// endpoint with the example transform plugin, first alone (baseline), then while
+    /// tenant `evil` posts `attack_rate` events/s to `evil_endpoints` endpoints whose
+    /// transform spins until its budget stops it. Reports each phase's delivery p50/p99
+    /// (202 to arrival), `/healthz` p99 (polled every 20 ms) and the node's CPU.
+    IsolationPlugins {
+        #[arg(long, default_value_t = 50)]
+        rate: u64,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 100)]
+        attack_rate: u64,
+        #[arg(long, default_value_t = 7)]
+        evil_endpoints: usize,
+    },
     /// Achieved rate of one endpoint paced at `rate`/s over `seconds`.
     Pacing {
         #[arg(long, default_value_t = 100.0)]
@@ -209,9 +224,12 @@ fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
         out.insert(format!("{label}_p50_us"), percentile(&us, 0.5));
         out.insert(format!("{label}_p99_us"), percentile(&us, 0.99));
     };
-    time("classify", &mut || drop(host.classify("bench", "c409", &ctx, &outcome).expect("classify")));
-    time("sign", &mut || drop(host.sign("bench", "hexsig", &ctx, &secrets, &request).expect("sign")));
-    time("transform", &mut || drop(host.transform("bench", "chat", &ctx, &request).expect("transform")));
+    // Each call goes through the host's call pool, as in the server: the thread hop is
+    // part of its cost.
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    time("classify", &mut || drop(rt.block_on(host.classify("bench", "c409", &ctx, &outcome)).expect("classify")));
+    time("sign", &mut || drop(rt.block_on(host.sign("bench", "hexsig", &ctx, &secrets, &request)).expect("sign")));
+    time("transform", &mut || drop(rt.block_on(host.transform("bench", "chat", &ctx, &request)).expect("transform")));
     Ok(out)
 }
 
@@ -392,7 +410,134 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("achieved_rate".into(), achieved);
             out.insert("error_pct".into(), (achieved - rate) / rate * 100.0);
         }
+        Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints } => {
+            isolation_plugins(&api, &rx, node.pid(), rate, seconds, attack_rate, evil_endpoints, &mut out).await?;
+        }
         Scenario::PluginCalls { .. } => unreachable!("handled above"),
     }
     Ok(out)
+}
+
+async fn upload_plugin(api: &tests::Api, tenant: &str, name: &str, file: &str) -> anyhow::Result<()> {
+    let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm")))
+        .context("build the plugins first: scripts/build-plugins")?;
+    let r = api.raw("PUT", &format!("/v1/tenants/{tenant}/plugins/{name}"), Some(ADMIN_TOKEN), bytes).await?;
+    if r.status != 200 {
+        bail!("upload {name}: {} {}", r.status, r.text);
+    }
+    Ok(())
+}
+
+/// See [`Scenario::IsolationPlugins`].
+#[allow(clippy::too_many_arguments)]
+async fn isolation_plugins(
+    api: &tests::Api,
+    rx: &FakeReceiver,
+    pid: u32,
+    rate: u64,
+    seconds: u64,
+    attack_rate: u64,
+    evil_endpoints: usize,
+    out: &mut HashMap<String, f64>,
+) -> anyhow::Result<()> {
+    upload_plugin(api, "bench", "chat", "transform_chat").await?;
+    api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "plugins": {"transform": "chat"}})).await?;
+    api.tenant("evil").await?;
+    upload_plugin(api, "evil", "spin", "hostile").await?;
+    let evil_rx = FakeReceiver::start().await?;
+    for _ in 0..evil_endpoints {
+        api.endpoint("evil", json!({"url": evil_rx.url(), "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "plugins": {"transform": "spin"}, "retry": {"max_attempts": 1}})).await?;
+    }
+    for phase in ["base", "attack"] {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let attack = (phase == "attack").then(|| {
+            let (api, stop) = (api.clone(), stop.clone());
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / attack_rate as f64)).into())
+                        .await;
+                    let r = api
+                        .post("/v1/tenants/evil/events", ADMIN_TOKEN, json!({"type": "x.spin", "payload": {}}))
+                        .await?;
+                    if r.status != 202 {
+                        bail!("{} {}", r.status, r.text);
+                    }
+                    i += 1;
+                }
+                anyhow::Ok(i)
+            })
+        });
+        let health = {
+            let (api, stop) = (api.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut ms = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let r = api.raw("GET", "/healthz", None, Vec::new()).await?;
+                    if r.status != 200 {
+                        bail!("healthz {}", r.status);
+                    }
+                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                anyhow::Ok(ms)
+            })
+        };
+        if attack.is_some() {
+            // Let the spinning calls queue up before measuring.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let cpu_before = cpu_seconds(pid)?;
+        let mut latencies = steady(api, rx, phase, rate, seconds).await?;
+        out.insert(format!("{phase}_node_cpu_pct"), (cpu_seconds(pid)? - cpu_before) / seconds as f64 * 100.0);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut health = health.await??;
+        if let Some(attack) = attack {
+            out.insert("attack_events".into(), attack.await?? as f64);
+        }
+        latencies.sort_by(f64::total_cmp);
+        health.sort_by(f64::total_cmp);
+        out.insert(format!("{phase}_p50_ms"), percentile(&latencies, 0.5));
+        out.insert(format!("{phase}_p99_ms"), percentile(&latencies, 0.99));
+        out.insert(format!("{phase}_healthz_p99_ms"), percentile(&health, 0.99));
+    }
+    out.insert("p99_ratio".into(), out["attack_p99_ms"] / out["base_p99_ms"]);
+    Ok(())
+}
+
+/// Posts `rate` events/s of type `<phase>` for `seconds` to tenant `bench` and returns
+/// each event's time from 202 to arrival at `rx`, in ms.
+async fn steady(api: &tests::Api, rx: &FakeReceiver, phase: &str, rate: u64, seconds: u64) -> anyhow::Result<Vec<f64>> {
+    let total = (rate * seconds) as usize;
+    let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
+    let start = Instant::now();
+    let before = rx.count();
+    let mut tasks = Vec::new();
+    for i in 0..total {
+        tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / rate as f64)).into()).await;
+        let (api, acks) = (api.clone(), acks.clone());
+        let id = format!("{phase}_{i}");
+        tasks.push(tokio::spawn(async move {
+            let r = api
+                .post("/v1/tenants/bench/events", ADMIN_TOKEN, json!({"id": id, "type": "t", "payload": {"n": i}}))
+                .await?;
+            if r.status != 202 {
+                bail!("{} {}", r.status, r.text);
+            }
+            acks.lock().unwrap().insert(id, Instant::now());
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    rx.wait_for(before + total, Duration::from_secs(60)).await?;
+    let got = arrivals(rx);
+    let acks = acks.lock().unwrap();
+    Ok(acks
+        .iter()
+        .map(|(id, ack)| got.get(id).map_or(f64::NAN, |at| at.saturating_duration_since(*ack).as_secs_f64() * 1000.0))
+        .collect())
 }
