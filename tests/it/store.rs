@@ -899,6 +899,21 @@ mod backend_specific {
         Ok(())
     }
 
+    /// The database, its WAL and its shared-memory index hold secrets: owner-only files.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_files_are_private() -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let b = Backend::sqlite().await?;
+        setup(&b, &[("ep_a", &[])]).await?;
+        ingest(&b, vec![event("acme", "evt_1", "a", T0)]).await?;
+        let Storage::Dir(dir) = &b._storage else { unreachable!() };
+        for name in ["herald.db", "herald.db-wal", "herald.db-shm"] {
+            let mode = std::fs::metadata(dir.path().join(name))?.permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{name} has mode {mode:o}");
+        }
+        Ok(())
+    }
+
     /// The writer never copies the WAL back inline until it is large, and the checkpointer
     /// thread can never finish while the writer keeps appending: only the writer's own
     /// inline checkpoint lets the WAL start over. Under commits that never pause, with

@@ -22,7 +22,7 @@ use tokio::sync::{Notify, oneshot};
 
 pub mod pg;
 
-pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 
 /// A JSON client for Herald's API.
 #[derive(Clone)]

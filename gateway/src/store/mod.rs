@@ -268,7 +268,9 @@ pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         Ok(Arc::new(postgres::PostgresStore::open(url, max_connections).await?))
     } else {
-        Err(StoreError::Backend(format!("unsupported store url {url:?}")))
+        // The scheme only: the rest of a URL may hold a password.
+        let scheme = url.split(':').next().unwrap_or_default();
+        Err(StoreError::Backend(format!("unsupported store url scheme {scheme:?}")))
     }
 }
 

@@ -47,11 +47,23 @@ impl SqliteStore {
         for (key, value) in PRAGMAS {
             options = options.pragma(key, value);
         }
+        create_private(options.get_filename())?;
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
         let writer = writer::Writer::open(options.get_filename())?;
         Ok(SqliteStore { pool, writer })
     }
+}
+
+/// Creates the database file, if missing, readable by its owner only (0600). It holds
+/// token hashes, signing secrets and payloads; SQLite gives the `-wal` and `-shm` files it
+/// creates the database file's permissions, so they are private too.
+fn create_private(path: &std::path::Path) -> Result<()> {
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    open.open(path).map(drop).map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", path.display())))
 }
 
 const DELIVERY_COLUMNS: &str = "id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
