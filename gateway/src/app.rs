@@ -62,7 +62,7 @@ pub async fn run(
         shutdown.await;
         let _ = stop.send(true);
     };
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
+    crate::listen::serve(listener, router(state), config.server, shutdown).await?;
     Ok(())
 }
 

@@ -12,6 +12,7 @@ pub mod config;
 pub mod deliver;
 pub mod intake;
 pub mod lease;
+pub mod listen;
 pub mod metrics;
 pub mod model;
 pub mod ops;

@@ -4,6 +4,7 @@ mod api;
 mod cluster;
 mod delivery;
 mod durability;
+mod edges;
 mod plugins;
 mod recovery;
 mod store;
