@@ -7,4 +7,5 @@ mod durability;
 mod edges;
 mod plugins;
 mod recovery;
+mod secrets;
 mod store;
