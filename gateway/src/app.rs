@@ -67,7 +67,7 @@ pub async fn run(
         shutdown.await;
         let _ = stop.send(true);
     };
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
+    crate::api::listen::serve(listener, router(state), config.server.clone(), shutdown).await?;
     // In-flight attempts record their results, and partitions hand unsent claims back,
     // before the node exits.
     engine.drain(SHUTDOWN_GRACE).await;

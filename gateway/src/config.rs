@@ -77,11 +77,21 @@ pub struct RawServer {
     pub listen: String,
     pub admin_token: String,
     pub max_payload_bytes: u64,
+    pub header_read_timeout: String,
+    pub idle_timeout: String,
+    pub max_connections: u32,
 }
 
 impl Default for RawServer {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:8080".into(), admin_token: String::new(), max_payload_bytes: 1 << 20 }
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            admin_token: String::new(),
+            max_payload_bytes: 1 << 20,
+            header_read_timeout: "10s".into(),
+            idle_timeout: "60s".into(),
+            max_connections: 512,
+        }
     }
 }
 
@@ -216,14 +226,16 @@ impl Default for RawLog {
     }
 }
 
-/// The validated configuration the rest of Herald reads.
+/// The validated configuration the rest of Herald reads. Its `Debug` (what
+/// `herald check-config` prints) shows no secret: they are [`Redacted`] or [`StoreUrl`].
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
     /// `None`: admin routes refuse every request.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Redacted>,
     pub max_payload_bytes: usize,
-    pub store_url: String,
+    pub server: ServerLimits,
+    pub store_url: StoreUrl,
     pub store_max_connections: u32,
     pub intake_max_batch: usize,
     pub max_events_per_request: usize,
@@ -237,11 +249,89 @@ pub struct Config {
     pub log_json: bool,
 }
 
+/// How the API listener treats connections: every one must send its request head within
+/// `header_read_timeout`, an idle keep-alive connection is closed after `idle_timeout`, and
+/// at most `max_connections` are served at once (the rest wait in the kernel's backlog).
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+}
+
+/// A secret from the configuration: usable through [`Redacted::expose`], never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Redacted(String);
+
+impl Redacted {
+    pub fn new(secret: impl Into<String>) -> Self {
+        Redacted(secret.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+/// The store URL: reads as the full URL (`Deref<Target = str>`), prints (`Display`,
+/// `Debug`) without its password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreUrl(String);
+
+impl StoreUrl {
+    pub fn new(url: impl Into<String>) -> Self {
+        StoreUrl(url.into())
+    }
+
+    /// The URL with any password (in the userinfo or a `password` query parameter) masked.
+    pub fn redacted(&self) -> String {
+        let Ok(mut url) = url::Url::parse(&self.0) else { return self.0.clone() };
+        if url.password().is_some() {
+            let _ = url.set_password(Some("***"));
+        }
+        if url.query_pairs().any(|(k, _)| k.eq_ignore_ascii_case("password")) {
+            let pairs: Vec<(String, String)> = url
+                .query_pairs()
+                .map(|(k, v)| {
+                    let v = if k.eq_ignore_ascii_case("password") { "***".into() } else { v.into_owned() };
+                    (k.into_owned(), v)
+                })
+                .collect();
+            url.query_pairs_mut().clear().extend_pairs(pairs);
+        }
+        url.to_string()
+    }
+}
+
+impl std::ops::Deref for StoreUrl {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.redacted())
+    }
+}
+
 /// Where operational events go (`url: None`: nowhere) and when dead letters are stale.
 #[derive(Debug, Clone)]
 pub struct OperatorConfig {
     pub url: Option<String>,
-    pub secret: String,
+    pub secret: Redacted,
     pub stale_after: Duration,
     pub check_every: Duration,
 }
@@ -288,6 +378,13 @@ pub struct PluginsConfig {
 /// The longest total request deadline an endpoint may ask for.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The shortest admin token accepted: a guessable admin token is every tenant's token.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
+
+/// Variables of the `herald` command-line client (`herald replay`), not configuration
+/// keys: `serve` ignores them, so one shell can run both.
+pub const CLIENT_VARS: [&str; 2] = ["HERALD_API", "HERALD_TOKEN"];
+
 impl Config {
     /// Reads `path` (if any), applies `HERALD_*` variables from `env`, and validates.
     pub fn load(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
@@ -315,6 +412,9 @@ fn apply_env(doc: &mut toml::Table, env: impl IntoIterator<Item = (String, Strin
     let defaults = toml::Table::try_from(RawConfig::default()).expect("defaults serialize");
     for (name, value) in env {
         let Some(rest) = name.strip_prefix("HERALD_") else { continue };
+        if CLIENT_VARS.contains(&name.as_str()) {
+            continue;
+        }
         let rest = rest.to_ascii_lowercase();
         let found = defaults.iter().find_map(|(section, keys)| {
             let key = rest.strip_prefix(section.as_str())?.strip_prefix('_')?;
@@ -417,11 +517,13 @@ impl RawConfig {
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }
+        let admin_token = self.server.admin_token()?;
         Ok(Config {
             listen,
-            admin_token: Some(self.server.admin_token).filter(|t| !t.is_empty()),
+            admin_token,
             max_payload_bytes: self.server.max_payload_bytes as usize,
-            store_url: self.store.url,
+            server: self.server.limits()?,
+            store_url: StoreUrl::new(self.store.url),
             store_max_connections: self.store.max_connections.max(1),
             intake_max_batch: self.intake.max_batch as usize,
             max_events_per_request: self.intake.max_events_per_request.max(1) as usize,
@@ -460,6 +562,40 @@ impl RawConfig {
     }
 }
 
+impl RawServer {
+    fn admin_token(&self) -> Result<Option<Redacted>, ConfigError> {
+        let token = &self.admin_token;
+        if token.is_empty() {
+            return Ok(None);
+        }
+        if token.chars().count() < MIN_ADMIN_TOKEN_CHARS || token.trim() != token {
+            return Err(invalid(
+                "server.admin_token",
+                format!("must be at least {MIN_ADMIN_TOKEN_CHARS} characters, without surrounding spaces"),
+            ));
+        }
+        Ok(Some(Redacted::new(token.clone())))
+    }
+
+    fn limits(&self) -> Result<ServerLimits, ConfigError> {
+        let limits = ServerLimits {
+            header_read_timeout: duration("server.header_read_timeout", &self.header_read_timeout)?,
+            idle_timeout: duration("server.idle_timeout", &self.idle_timeout)?,
+            max_connections: self.max_connections as usize,
+        };
+        if limits.header_read_timeout.is_zero() {
+            return Err(invalid("server.header_read_timeout", "must be positive"));
+        }
+        if limits.idle_timeout.is_zero() {
+            return Err(invalid("server.idle_timeout", "must be positive"));
+        }
+        if limits.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        Ok(limits)
+    }
+}
+
 impl RawOperator {
     fn validate(self) -> Result<OperatorConfig, ConfigError> {
         let url = Some(self.url).filter(|u| !u.is_empty());
@@ -472,7 +608,7 @@ impl RawOperator {
         }
         Ok(OperatorConfig {
             url,
-            secret: self.secret,
+            secret: Redacted::new(self.secret),
             stale_after: duration("operator.stale_after", &self.stale_after)?,
             check_every: duration("operator.check_every", &self.check_every)?,
         })
@@ -494,7 +630,7 @@ mod tests {
     fn defaults_without_a_file() {
         let c = Config::load(None, Vec::new()).unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(c.store_url, "sqlite://herald.db");
+        assert_eq!(&*c.store_url, "sqlite://herald.db");
         assert_eq!(c.delivery.timeout, Duration::from_secs(10));
         assert_eq!(c.delivery.connect_timeout, Duration::from_secs(3));
         assert!(c.admin_token.is_none());
@@ -508,14 +644,43 @@ mod tests {
             &[
                 ("HERALD_SERVER_LISTEN", "127.0.0.1:9000"),
                 ("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "true"),
-                ("HERALD_SERVER_ADMIN_TOKEN", "12345"),
+                ("HERALD_SERVER_ADMIN_TOKEN", LONG_TOKEN),
                 ("PATH", "/bin"),
             ],
         )
         .unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
         assert!(c.delivery.allow_private_destinations);
-        assert_eq!(c.admin_token.as_deref(), Some("12345"));
+        assert_eq!(c.admin_token.as_ref().map(Redacted::expose), Some(LONG_TOKEN));
+    }
+
+    const LONG_TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn client_variables_are_not_config_keys() {
+        let c = load("", &[("HERALD_TOKEN", "hrld_x"), ("HERALD_API", "http://127.0.0.1:1")]).unwrap();
+        assert!(c.admin_token.is_none());
+    }
+
+    #[test]
+    fn debug_output_shows_no_secret() {
+        let whsec = "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0";
+        let c = load(
+            "",
+            &[
+                ("HERALD_SERVER_ADMIN_TOKEN", LONG_TOKEN),
+                ("HERALD_OPERATOR_URL", "https://ops.example.com/hook"),
+                ("HERALD_OPERATOR_SECRET", whsec),
+                ("HERALD_STORE_URL", "postgres://herald:pg-pass-1@127.0.0.1/db?password=pg-pass-2"),
+            ],
+        )
+        .unwrap();
+        let printed = format!("{c:#?} {}", c.store_url);
+        for secret in [LONG_TOKEN, whsec, "pg-pass-1", "pg-pass-2"] {
+            assert!(!printed.contains(secret), "{secret} printed in {printed}");
+        }
+        assert!(printed.contains("postgres://herald:***@127.0.0.1/db"), "{printed}");
+        assert_eq!(&*c.store_url, "postgres://herald:pg-pass-1@127.0.0.1/db?password=pg-pass-2");
     }
 
     /// TOML text, environment overrides, and the key the error must name.
@@ -536,6 +701,11 @@ mod tests {
             ("[store]\nurl = \"sqlite::memory:\"\n", &[], "store.url"),
             ("", &[("HERALD_SERVER_NOPE", "1")], "HERALD_SERVER_NOPE"),
             ("", &[("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "maybe")], "HERALD_DELIVERY"),
+            ("[server]\nadmin_token = \"short\"\n", &[], "server.admin_token"),
+            ("", &[("HERALD_SERVER_ADMIN_TOKEN", &LONG_TOKEN[1..])], "server.admin_token"),
+            ("[server]\nidle_timeout = \"0s\"\n", &[], "server.idle_timeout"),
+            ("[server]\nheader_read_timeout = \"soon\"\n", &[], "server.header_read_timeout"),
+            ("[server]\nmax_connections = 0\n", &[], "server.max_connections"),
         ];
         for (toml, env, key) in cases {
             let err = load(toml, env).unwrap_err().to_string();

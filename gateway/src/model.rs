@@ -176,10 +176,27 @@ pub struct Tenant {
 /// A stored token: only its hash is kept.
 #[derive(Debug, Clone)]
 pub struct TokenRecord {
+    /// `tok_` and the first 16 hex digits of the hash: names the token in lists and
+    /// revocations without revealing it.
+    pub id: String,
     pub hash: String,
     pub tenant: TenantId,
     pub scopes: Vec<Scope>,
     pub created_at: Millis,
+    /// When it last authenticated a request, to the minute (`None`: never).
+    pub last_used_at: Option<Millis>,
+}
+
+impl TokenRecord {
+    /// A new, never used token with the given sha256 hex `hash`.
+    pub fn new(hash: String, tenant: TenantId, scopes: Vec<Scope>, created_at: Millis) -> TokenRecord {
+        TokenRecord { id: Self::id_of(&hash), hash, tenant, scopes, created_at, last_used_at: None }
+    }
+
+    /// The id of the token whose hash is `hash` (the migrations derive it the same way).
+    pub fn id_of(hash: &str) -> String {
+        format!("tok_{}", hash.get(..16).unwrap_or(hash))
+    }
 }
 
 /// One signing secret; during rotation the previous one stays valid until `expires_at`.

@@ -56,7 +56,7 @@ impl Ops {
             retry: RetryOverrideDoc::default(),
             plugins: PluginBindings::default(),
             headers: Default::default(),
-            secrets: vec![SecretEntry { secret: config.secret.clone(), expires_at: None }],
+            secrets: vec![SecretEntry { secret: config.secret.expose().to_string(), expires_at: None }],
         };
         let id = EndpointId::from_stored(OPS_ENDPOINT);
         match store.endpoint(&id).await? {

@@ -217,16 +217,28 @@ async fn tenants_tokens_and_endpoints(b: Backend) -> anyhow::Result<()> {
     assert_eq!((got.name.as_str(), got.created_at), ("acme inc", T0));
     assert!(s.get_tenant(&TenantId::parse("nobody")?).await?.is_none());
 
-    let token = TokenRecord {
-        hash: "ab".repeat(32),
-        tenant: TenantId::parse("acme")?,
-        scopes: vec![Scope::EventsWrite, Scope::Read],
-        created_at: T0,
-    };
+    let acme = TenantId::parse("acme")?;
+    let token = TokenRecord::new("ab".repeat(32), acme.clone(), vec![Scope::EventsWrite, Scope::Read], T0);
     s.insert_token(&token).await?;
     let found = s.find_token(&token.hash).await?.expect("token");
     assert_eq!((found.tenant.as_str(), found.scopes), ("acme", vec![Scope::EventsWrite, Scope::Read]));
+    assert_eq!((found.id.as_str(), found.last_used_at), ("tok_abababababababab", None));
     assert!(s.find_token("cd").await?.is_none());
+
+    // Listed oldest first with their last use; revoked by id, only within their tenant.
+    s.create_tenant(&tenant("other")).await?;
+    let second = TokenRecord::new("cd".repeat(32), acme.clone(), vec![Scope::Manage], T0 + 1);
+    s.insert_token(&second).await?;
+    s.touch_token(&token.hash, T0 + 60_000).await?;
+    s.touch_token(&token.hash, T0 + 5).await?;
+    let listed = s.list_tokens(&acme).await?;
+    let summary: Vec<_> = listed.iter().map(|t| (t.id.as_str(), t.last_used_at)).collect();
+    assert_eq!(summary, [("tok_abababababababab", Some(T0 + 60_000)), ("tok_cdcdcdcdcdcdcdcd", None)]);
+    assert!(!s.revoke_token(&TenantId::parse("other")?, &token.id).await?, "another tenant's token");
+    assert!(s.revoke_token(&acme, &token.id).await?);
+    assert!(!s.revoke_token(&acme, &token.id).await?, "already revoked");
+    assert!(s.find_token(&token.hash).await?.is_none());
+    assert_eq!(s.list_tokens(&acme).await?.len(), 1);
 
     s.insert_endpoint(&endpoint("acme", "ep_b", &["invoice.*"], T0 + 2)).await?;
     s.insert_endpoint(&endpoint("acme", "ep_a", &[], T0 + 1)).await?;
@@ -897,6 +909,21 @@ mod backend_specific {
         ingest(&b, vec![event("acme", "evt_4", "a", T0)]).await?;
         tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
         assert!(tokio::time::timeout(Duration::from_millis(300), rx_c.recv()).await.is_err(), "schemas are separate");
+        Ok(())
+    }
+
+    /// The database, its WAL and its shared-memory index hold secrets: owner-only files.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_files_are_private() -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let b = Backend::sqlite().await?;
+        setup(&b, &[("ep_a", &[])]).await?;
+        ingest(&b, vec![event("acme", "evt_1", "a", T0)]).await?;
+        let Storage::Dir(dir) = &b._storage else { unreachable!() };
+        for name in ["herald.db", "herald.db-wal", "herald.db-shm"] {
+            let mode = std::fs::metadata(dir.path().join(name))?.permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{name} has mode {mode:o}");
+        }
         Ok(())
     }
 

@@ -9,7 +9,7 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("wasmtime_wasi", &["plugin/"]),
     ("sqlx", &["store/"]),
     ("rusqlite", &["store/"]),
-    // The webhook client in `deliver`, the operator CLI's client, and the API's own listener.
+    // The webhook client in `deliver`, the operator CLI's client, and the API's listener.
     ("hyper", &["deliver.rs", "deliver/", "cli.rs", "api/"]),
     ("hyper_util", &["deliver.rs", "deliver/", "cli.rs", "api/"]),
     ("axum", &["api/", "app.rs"]),

@@ -22,7 +22,7 @@ use tokio::sync::{Notify, oneshot};
 
 pub mod pg;
 
-pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 
 /// A JSON client for Herald's API.
 #[derive(Clone)]
@@ -280,9 +280,23 @@ pub struct HeraldProcess {
 impl HeraldProcess {
     /// Starts `herald serve` on `dir` (its SQLite file lives there) on a free port.
     pub async fn start(binary: &Path, dir: &Path, env: &[(&str, &str)]) -> anyhow::Result<HeraldProcess> {
+        Self::start_logged(binary, dir, env, None).await
+    }
+
+    /// Like `start`, with the node's stdout and stderr (its logs) written to `log`.
+    pub async fn start_logged(
+        binary: &Path,
+        dir: &Path,
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> anyhow::Result<HeraldProcess> {
         let port = free_port()?;
         let mut cmd = std::process::Command::new(binary);
         cmd.arg("serve").current_dir(dir).env_clear().stdin(std::process::Stdio::null());
+        if let Some(log) = log {
+            let file = std::fs::File::create(log)?;
+            cmd.stdout(file.try_clone()?).stderr(file);
+        }
         for (k, v) in base_env(dir) {
             cmd.env(k, v);
         }

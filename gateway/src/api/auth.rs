@@ -4,7 +4,7 @@ use axum::http::{HeaderMap, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::{ApiError, AppState};
-use crate::model::{Scope, TenantId};
+use crate::model::{Millis, Scope, TenantId, TokenRecord};
 
 /// Who is calling.
 #[derive(Debug, Clone)]
@@ -34,29 +34,69 @@ fn unauthorized(m: &str) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Compares the sha256 digests of two tokens in constant time: the digests have a fixed
+/// length, so neither a token's length nor its first differing byte shows in the timing.
+fn same_token(a: &str, b: &str) -> bool {
+    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Identifies the caller from its token.
 pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<(Caller, Vec<Scope>), ApiError> {
     let token = bearer(headers)?;
     if let Some(admin) = &state.config.admin_token
-        && constant_time_eq(admin.as_bytes(), token.as_bytes())
+        && same_token(admin.expose(), token)
     {
         return Ok((Caller::Admin, Scope::ALL.to_vec()));
     }
-    let hash = hash_token(token);
-    let cached = state.tokens.read().expect("token cache").get(&hash).cloned();
-    let record = match cached {
-        Some(r) => r,
-        None => {
-            let r = state.store.find_token(&hash).await?.ok_or_else(|| unauthorized("unknown token"))?;
-            state.tokens.write().expect("token cache").insert(hash, r.clone());
-            r
-        }
-    };
+    let record = tenant_token(state, hash_token(token)).await?;
+    note_use(state, &record.hash);
     Ok((Caller::Tenant(record.tenant), record.scopes))
+}
+
+/// The stored token with `hash`. A SQLite node is the only node of its store, so it caches
+/// tokens and drops one from the cache as it revokes it. Nodes sharing Postgres read the
+/// token on every request instead (one primary-key lookup): a revocation on any node is
+/// then refused by every other from its next request, with no window in which a
+/// notification is still on its way, as a cache invalidated by NOTIFY would leave.
+async fn tenant_token(state: &AppState, hash: String) -> Result<TokenRecord, ApiError> {
+    let Some(cache) = &state.tokens else {
+        return state.store.find_token(&hash).await?.ok_or_else(|| unauthorized("unknown token"));
+    };
+    if let Some(r) = cache.read().expect("token cache").get(&hash) {
+        return Ok(r.clone());
+    }
+    let r = state.store.find_token(&hash).await?.ok_or_else(|| unauthorized("unknown token"))?;
+    cache.write().expect("token cache").insert(hash, r.clone());
+    Ok(r)
+}
+
+/// How stale a token's `last_used_at` may be: one write per token per minute per node.
+const LAST_USE_PRECISION: Millis = 60_000;
+
+/// Records the token's use in the background, at most once per `LAST_USE_PRECISION`.
+fn note_use(state: &AppState, hash: &str) {
+    let now = crate::clock::now_ms();
+    {
+        let mut written = state.token_use.lock().expect("token use");
+        if written.get(hash).is_some_and(|&at| now - at < LAST_USE_PRECISION) {
+            return;
+        }
+        written.insert(hash.to_string(), now);
+    }
+    let (store, hash) = (state.store.clone(), hash.to_string());
+    tokio::spawn(async move {
+        if let Err(e) = store.touch_token(&hash, now).await {
+            tracing::warn!(error = %e, "cannot record a token's last use");
+        }
+    });
+}
+
+/// Drops a revoked token from this node's cache.
+pub fn forget(state: &AppState, id: &str) {
+    if let Some(cache) = &state.tokens {
+        cache.write().expect("token cache").retain(|_, r| r.id != id);
+    }
 }
 
 /// Requires the admin token.

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use serde_json::json;
 
 use crate::config::Config;
@@ -22,6 +22,7 @@ mod auth;
 mod endpoints;
 mod events;
 mod extract;
+pub(crate) mod listen;
 mod plugins;
 mod replays;
 mod tenants;
@@ -41,7 +42,10 @@ pub struct AppState {
     pub wake: Wake,
     pub replayer: crate::replay::Replayer,
     pub plugins: crate::plugin::PluginHost,
-    pub(crate) tokens: RwLock<HashMap<String, TokenRecord>>,
+    /// Tenant tokens by hash, and when each one's last use was written. `None` on a shared
+    /// store: see `auth::caller`.
+    pub(crate) tokens: Option<RwLock<HashMap<String, TokenRecord>>>,
+    pub(crate) token_use: std::sync::Mutex<HashMap<String, crate::model::Millis>>,
     pub(crate) tenants: RwLock<HashSet<TenantId>>,
 }
 
@@ -55,6 +59,7 @@ impl AppState {
         replayer: crate::replay::Replayer,
         plugins: crate::plugin::PluginHost,
     ) -> Arc<AppState> {
+        let tokens = config.store_url.starts_with("sqlite:").then(RwLock::default);
         Arc::new(AppState {
             config,
             store,
@@ -63,7 +68,8 @@ impl AppState {
             wake,
             replayer,
             plugins,
-            tokens: RwLock::default(),
+            tokens,
+            token_use: Default::default(),
             tenants: RwLock::default(),
         })
     }
@@ -77,7 +83,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(tenants::ready))
         .route("/metrics", get(tenants::metrics))
         .route("/v1/tenants", post(tenants::create))
-        .route("/v1/tenants/{tenant}/tokens", post(tenants::create_token))
+        .route("/v1/tenants/{tenant}/tokens", post(tenants::create_token).get(tenants::list_tokens))
+        .route("/v1/tenants/{tenant}/tokens/{id}", delete(tenants::revoke_token))
         .route("/v1/tenants/{tenant}/endpoints", post(endpoints::create).get(endpoints::list))
         .route(
             "/v1/tenants/{tenant}/endpoints/{id}",

@@ -10,7 +10,7 @@ use rand::RngCore;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::extract::{Admin, JsonBody, Manage, TenantAuth};
+use super::extract::{Admin, JsonBody, Manage, Path, TenantAuth};
 use super::{ApiError, AppState, auth, rfc3339};
 use crate::model::{MAX_TENANT_NAME, Scope, Tenant, TenantId, TokenRecord, check_text};
 
@@ -76,10 +76,46 @@ pub(crate) async fn create_token(
     let mut raw = [0u8; 32];
     rand::rng().fill_bytes(&mut raw);
     let token = format!("hrld_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw));
-    let record = TokenRecord { hash: auth::hash_token(&token), tenant, scopes, created_at: crate::clock::now_ms() };
+    let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, crate::clock::now_ms());
     state.store.insert_token(&record).await?;
-    let scopes: Vec<&str> = record.scopes.iter().map(|s| s.as_str()).collect();
-    Ok((StatusCode::CREATED, Json(json!({ "token": token, "tenant": record.tenant, "scopes": scopes }))))
+    let mut out = token_view(&record);
+    out["token"] = json!(token);
+    out["tenant"] = json!(record.tenant);
+    Ok((StatusCode::CREATED, Json(out)))
+}
+
+/// A token as listed: never the token itself, nor its hash.
+fn token_view(t: &TokenRecord) -> Value {
+    let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
+    json!({
+        "id": t.id,
+        "scopes": scopes,
+        "created_at": rfc3339(t.created_at),
+        "last_used_at": t.last_used_at.map(rfc3339),
+    })
+}
+
+pub(crate) async fn list_tokens(
+    State(state): State<Arc<AppState>>,
+    _: Admin,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+) -> Result<Json<Value>, ApiError> {
+    let tokens = state.store.list_tokens(&tenant).await?;
+    Ok(Json(json!({ "data": tokens.iter().map(token_view).collect::<Vec<_>>() })))
+}
+
+/// Deletes a token; from the next request on, it is refused on every node (see `auth`).
+pub(crate) async fn revoke_token(
+    State(state): State<Arc<AppState>>,
+    _: Admin,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path((_, id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    if !state.store.revoke_token(&tenant, &id).await? {
+        return Err(ApiError::not_found("token"));
+    }
+    auth::forget(&state, &id);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {

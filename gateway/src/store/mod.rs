@@ -176,6 +176,12 @@ pub trait Store: Send + Sync + 'static {
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
     async fn insert_token(&self, token: &TokenRecord) -> Result<()>;
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    /// A tenant's tokens, oldest first.
+    async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>>;
+    /// Deletes the tenant's token `id`; false when it has no such token.
+    async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool>;
+    /// Records that the token authenticated a request at `at` (never moves backwards).
+    async fn touch_token(&self, hash: &str, at: Millis) -> Result<()>;
 
     async fn insert_endpoint(&self, endpoint: &Endpoint) -> Result<()>;
     /// Any tenant's endpoint by id (the engine's view).
@@ -283,6 +289,34 @@ fn unsupported(what: &str) -> StoreError {
 
 pub type DynStore = Arc<dyn Store>;
 
+/// The columns of a `tokens` row, as both backends select them into [`TokenRow`].
+const TOKEN_COLUMNS: &str = "id, hash, tenant_id, scopes, created_at, last_used_at";
+
+/// A `tokens` row, decoded the same way from either backend.
+#[derive(sqlx::FromRow)]
+struct TokenRow {
+    id: String,
+    hash: String,
+    tenant_id: String,
+    /// Space-separated scope names.
+    scopes: String,
+    created_at: Millis,
+    last_used_at: Option<Millis>,
+}
+
+impl TokenRow {
+    fn into_record(self) -> TokenRecord {
+        TokenRecord {
+            id: self.id,
+            hash: self.hash,
+            tenant: TenantId::from_stored(self.tenant_id),
+            scopes: self.scopes.split(' ').filter_map(Scope::parse).collect(),
+            created_at: self.created_at,
+            last_used_at: self.last_used_at,
+        }
+    }
+}
+
 /// Opens the store named by `url` and applies its migrations.
 pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
     if url.starts_with("sqlite:") {
@@ -290,7 +324,9 @@ pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         Ok(Arc::new(postgres::PostgresStore::open(url, max_connections).await?))
     } else {
-        Err(StoreError::Backend(format!("unsupported store url {url:?}")))
+        // The scheme only: the rest of a URL may hold a password.
+        let scheme = url.split(':').next().unwrap_or_default();
+        Err(StoreError::Backend(format!("unsupported store url scheme {scheme:?}")))
     }
 }
 

@@ -140,7 +140,8 @@ impl Store for PostgresStore {
 
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
         let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
-        sqlx::query("INSERT INTO tokens (hash, tenant_id, scopes, created_at) VALUES ($1, $2, $3, $4)")
+        sqlx::query("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(&t.id)
             .bind(&t.hash)
             .bind(t.tenant.as_str())
             .bind(scopes.join(" "))
@@ -151,20 +152,39 @@ impl Store for PostgresStore {
     }
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        let row = sqlx::query("SELECT hash, tenant_id, scopes, created_at FROM tokens WHERE hash = $1")
+        let row = sqlx::query_as::<_, TokenRow>(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = $1"))
             .bind(hash)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|r| {
-            let scopes: String = r.try_get("scopes")?;
-            Ok(TokenRecord {
-                hash: r.try_get("hash")?,
-                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-                scopes: scopes.split(' ').filter_map(Scope::parse).collect(),
-                created_at: r.try_get("created_at")?,
-            })
-        })
-        .transpose()
+        Ok(row.map(TokenRow::into_record))
+    }
+
+    async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
+        let rows = sqlx::query_as::<_, TokenRow>(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE tenant_id = $1 ORDER BY created_at, id"
+        ))
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(TokenRow::into_record).collect())
+    }
+
+    async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM tokens WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant.as_str())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
+        sqlx::query("UPDATE tokens SET last_used_at = GREATEST(COALESCE(last_used_at, 0), $2) WHERE hash = $1")
+            .bind(hash)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {

@@ -37,6 +37,10 @@ enum Scenario {
         events: usize,
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
+        /// Post with a tenant token instead of the admin token: on Postgres every request
+        /// then reads its token from the store (no cache, so revocations hold at once).
+        #[arg(long, default_value_t = false)]
+        tenant_token: bool,
     },
     /// End-to-end deliveries/s: events posted in batches, delivered to a fast receiver.
     Deliver {
@@ -253,14 +257,16 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
     let rx = FakeReceiver::start().await?;
     let mut out = HashMap::new();
     match s.clone() {
-        Scenario::Intake { events, concurrency } => {
+        Scenario::Intake { events, concurrency, tenant_token } => {
             api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": 1, "max_in_flight": 1})).await?;
+            let token: Arc<str> =
+                if tenant_token { api.token("bench", &["events:write"]).await?.into() } else { ADMIN_TOKEN.into() };
             let latencies = Arc::new(Mutex::new(Vec::with_capacity(events)));
             let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             let start = Instant::now();
             let mut tasks = Vec::new();
             for _ in 0..concurrency {
-                let (api, latencies, next) = (api.clone(), latencies.clone(), next.clone());
+                let (api, latencies, next, token) = (api.clone(), latencies.clone(), next.clone(), token.clone());
                 tasks.push(tokio::spawn(async move {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -269,7 +275,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                         }
                         let body = format!(r#"{{"id":"evt_{i}","type":"invoice.paid","payload":{{"n":{i},"customer":"cus_123","amount":1999}}}}"#);
                         let t = Instant::now();
-                        let r = api.raw("POST", "/v1/tenants/bench/events", Some(ADMIN_TOKEN), body).await?;
+                        let r = api.raw("POST", "/v1/tenants/bench/events", Some(&token), body).await?;
                         if r.status != 202 {
                             bail!("{} {}", r.status, r.text);
                         }

@@ -47,11 +47,23 @@ impl SqliteStore {
         for (key, value) in PRAGMAS {
             options = options.pragma(key, value);
         }
+        create_private(options.get_filename())?;
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
         let writer = writer::Writer::open(options.get_filename())?;
         Ok(SqliteStore { pool, writer })
     }
+}
+
+/// Creates the database file, if missing, readable by its owner only (0600). It holds
+/// token hashes, signing secrets and payloads; SQLite gives the `-wal` and `-shm` files it
+/// creates the database file's permissions, so they are private too.
+fn create_private(path: &std::path::Path) -> Result<()> {
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    open.open(path).map(drop).map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", path.display())))
 }
 
 const DELIVERY_COLUMNS: &str = "id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
@@ -125,7 +137,8 @@ impl Store for SqliteStore {
 
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
         let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
-        sqlx::query("INSERT INTO tokens (hash, tenant_id, scopes, created_at) VALUES (?, ?, ?, ?)")
+        sqlx::query("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES (?, ?, ?, ?, ?)")
+            .bind(&t.id)
             .bind(&t.hash)
             .bind(t.tenant.as_str())
             .bind(scopes.join(" "))
@@ -136,20 +149,39 @@ impl Store for SqliteStore {
     }
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        let row = sqlx::query("SELECT hash, tenant_id, scopes, created_at FROM tokens WHERE hash = ?")
+        let row = sqlx::query_as::<_, TokenRow>(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = ?1"))
             .bind(hash)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|r| {
-            let scopes: String = r.try_get("scopes")?;
-            Ok(TokenRecord {
-                hash: r.try_get("hash")?,
-                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-                scopes: scopes.split(' ').filter_map(Scope::parse).collect(),
-                created_at: r.try_get("created_at")?,
-            })
-        })
-        .transpose()
+        Ok(row.map(TokenRow::into_record))
+    }
+
+    async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
+        let rows = sqlx::query_as::<_, TokenRow>(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE tenant_id = ?1 ORDER BY created_at, id"
+        ))
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(TokenRow::into_record).collect())
+    }
+
+    async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM tokens WHERE tenant_id = ?1 AND id = ?2")
+            .bind(tenant.as_str())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
+        sqlx::query("UPDATE tokens SET last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE hash = ?1")
+            .bind(hash)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {

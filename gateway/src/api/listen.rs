@@ -1,0 +1,263 @@
+//! The API listener: accepts connections under a cap and serves each with HTTP/1.1, closing
+//! a connection that is too slow to send a request head or idle too long. It knows nothing
+//! of routes (those are the rest of `api`) and never talks to webhook endpoints.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use crate::config::ServerLimits;
+
+/// Serves `app` on `listener` until `shutdown` resolves, then lets every open connection
+/// finish its request in flight (idle ones close at once) and returns.
+///
+/// At most `limits.max_connections` connections are served at once: the next one is not
+/// accepted until a slot frees, so it waits in the kernel's backlog instead of costing a
+/// file descriptor and a task (about 1,100 idle connections once starved `/healthz` on a
+/// node limited to 1,024 files).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ServerLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (closing, closed) = watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            _ = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: the condition passes, the
+                    // listener stays. Back off a little rather than spin.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        tokio::spawn(connection(stream, app.clone(), limits, permit, closed.clone()));
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    // Every connection holds a slot until it ends: all slots back means all ended.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = slots.acquire_many(all).await;
+    Ok(())
+}
+
+/// Serves one connection until it ends, times out, or the node shuts down.
+async fn connection(
+    stream: TcpStream,
+    app: Router,
+    limits: ServerLimits,
+    _slot: OwnedSemaphorePermit,
+    mut closing: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let activity = Arc::new(Activity::new(Instant::now()));
+    let io = TokioIo::new(Watched { inner: stream, activity: activity.clone() });
+    let requests = activity.clone();
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let busy = Busy::start(requests.clone());
+        let mut app = app.clone();
+        async move {
+            let response = app.call(req).await;
+            drop(busy);
+            response
+        }
+    });
+    // Our own timers below judge the head and idle phases; hyper's would conflate them.
+    let conn = http1::Builder::new().header_read_timeout(None).serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut shutting_down = false;
+    loop {
+        let deadline = activity.deadline(limits, Instant::now());
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "API connection ended with an error");
+                }
+                return;
+            }
+            _ = closing.changed(), if !shutting_down => {
+                shutting_down = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                if activity.expired(limits, Instant::now()) {
+                    // Nothing is in flight: dropping the connection just closes the socket.
+                    tracing::debug!("closing a slow or idle API connection");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Where a connection is between requests: what its deadline is measured from.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Waiting for a request head, since the connection opened or the head's first byte.
+    Head(Instant),
+    /// Keep-alive: no request in flight and no byte of the next one, since the instant.
+    Idle(Instant),
+    /// Requests being handled: no deadline here.
+    Busy(usize),
+}
+
+/// A connection's phase, updated by its reads and its requests.
+struct Activity(Mutex<Phase>);
+
+impl Activity {
+    fn new(now: Instant) -> Self {
+        Activity(Mutex::new(Phase::Head(now)))
+    }
+
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes arrived: on an idle connection, the next request's head has begun.
+    fn read(&self, now: Instant) {
+        let mut phase = self.phase();
+        if let Phase::Idle(_) = *phase {
+            *phase = Phase::Head(now);
+        }
+    }
+
+    /// When the current phase runs out (re-checked then, as the phase may have moved).
+    fn deadline(&self, limits: ServerLimits, now: Instant) -> Instant {
+        match *self.phase() {
+            Phase::Head(since) => since + limits.header_read_timeout,
+            Phase::Idle(since) => since + limits.idle_timeout,
+            Phase::Busy(_) => now + limits.idle_timeout,
+        }
+    }
+
+    fn expired(&self, limits: ServerLimits, now: Instant) -> bool {
+        now >= self.deadline(limits, now) && !matches!(*self.phase(), Phase::Busy(_))
+    }
+}
+
+/// Marks a request in flight on its connection for as long as it lives.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn start(activity: Arc<Activity>) -> Busy {
+        {
+            let mut phase = activity.phase();
+            *phase = match *phase {
+                Phase::Busy(n) => Phase::Busy(n + 1),
+                _ => Phase::Busy(1),
+            };
+        }
+        Busy(activity)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut phase = self.0.phase();
+        *phase = match *phase {
+            Phase::Busy(n) if n > 1 => Phase::Busy(n - 1),
+            _ => Phase::Idle(Instant::now()),
+        };
+    }
+}
+
+/// A socket that reports every read to its connection's [`Activity`].
+struct Watched {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.read(Instant::now());
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: ServerLimits = ServerLimits {
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        max_connections: 1,
+    };
+
+    #[test]
+    fn each_phase_has_its_deadline() {
+        let t0 = Instant::now();
+        let a = Arc::new(Activity::new(t0));
+        // A new connection must send its head within the header timeout.
+        assert_eq!(a.deadline(LIMITS, t0), t0 + LIMITS.header_read_timeout);
+        assert!(!a.expired(LIMITS, t0 + Duration::from_secs(9)));
+        assert!(a.expired(LIMITS, t0 + Duration::from_secs(10)));
+        // In flight: never expired, however long.
+        let busy = Busy::start(a.clone());
+        assert!(!a.expired(LIMITS, t0 + Duration::from_secs(3600)));
+        drop(busy);
+        // Idle after the response: the idle timeout, from then.
+        let idle_since = match *a.phase() {
+            Phase::Idle(t) => t,
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(a.deadline(LIMITS, idle_since), idle_since + LIMITS.idle_timeout);
+        // A byte of the next request: the header timeout again, from that byte.
+        let t1 = idle_since + Duration::from_secs(5);
+        a.read(t1);
+        assert_eq!(a.deadline(LIMITS, t1), t1 + LIMITS.header_read_timeout);
+        // Further bytes do not extend it (a slowloris client gains nothing).
+        a.read(t1 + Duration::from_secs(9));
+        assert!(a.expired(LIMITS, t1 + Duration::from_secs(10)));
+    }
+}
