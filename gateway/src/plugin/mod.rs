@@ -8,11 +8,14 @@
 //! failed `classify`).
 //!
 //! - [`PluginHost`] — start, call hooks, list, install, counters.
-//! - [`check_file`] / [`run_hook_file`] — `herald plugin check|run`.
+//! - [`check_file`] / [`run_hook_file`] — `herald plugin check|run`;
+//!   [`compile_child`] — the hidden `herald plugin compile` the server compiles in.
 //! - The hook data types ([`DeliveryContext`], [`Request`], [`Outcome`], [`Verdict`],
 //!   …) are generated from the WIT by the one `bindgen!` below.
 
 mod cli;
+mod compile;
+mod inspect;
 mod registry;
 mod runtime;
 mod types;
@@ -21,8 +24,11 @@ mod types;
 mod tests;
 
 pub use cli::{check_file, run_hook_file};
+pub use compile::{EXIT_INVALID, compile_child};
 pub use registry::PluginHost;
-pub use types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, is_slug};
+pub use types::{
+    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, StructureLimits, is_slug,
+};
 
 /// The hook data types, generated from `wit/plugin.wit`.
 pub use bindings::herald::plugin::types::{
