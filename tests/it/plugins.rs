@@ -400,3 +400,25 @@ async fn after_a_restart_every_tenant_loads_and_a_delivery_waits_for_its_plugin(
     assert!(std::fs::read_dir(dir.path().join("plugin-cache"))?.count() >= 12, "compiled artifacts cached again");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_compile_over_its_memory_or_time_limit_is_refused_and_the_node_serves_on() -> anyhow::Result<()> {
+    let bin = tests::herald_binary()?;
+    for (key, value, expected) in [
+        ("HERALD_PLUGINS_COMPILE_MEMORY_MIB", "4", "compiling needed more than 4 MiB"),
+        ("HERALD_PLUGINS_COMPILE_TIMEOUT", "1ms", "compiling took longer than"),
+    ] {
+        let dir = tempfile::tempdir()?;
+        let node = tests::HeraldProcess::start(&bin, dir.path(), &[(key, value)]).await?;
+        node.api.tenant("acme").await?;
+        let path = "/v1/tenants/acme/plugins/chat";
+        let r = node.api.raw("PUT", path, Some(ADMIN_TOKEN), plugin_bytes("transform_chat")).await?;
+        assert_eq!(r.status, 422, "{key}: {}", r.text);
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(expected), "{key}: {message}");
+        assert!(!dir.path().join("plugins/acme/chat.wasm").exists());
+        let health = node.api.raw("GET", "/healthz", None, "").await?;
+        assert_eq!(health.status, 200);
+    }
+    Ok(())
+}
