@@ -149,6 +149,13 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
                         hook.as_str()
                     )));
                 }
+                None if state.plugins.loading(tenant.as_str(), name) => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "plugin_loading",
+                        format!("plugins.{}: plugin {name:?} is still loading; try again shortly", hook.as_str()),
+                    ));
+                }
                 None => {
                     return Err(ApiError::unprocessable(format!(
                         "plugins.{}: no plugin {name:?} in this tenant",

@@ -301,10 +301,11 @@ impl PluginHost {
         }
     }
 
-    /// Registers every plugin file as loading, and returns them in load order: tenants
-    /// take turns, so one tenant's many plugins cannot delay another's.
+    /// Registers every plugin file as loading, and returns them in load order: by name,
+    /// tenants taking turns, so one tenant's many plugins cannot delay another's.
     fn register_files(&self) -> Result<Vec<(String, String)>, PluginError> {
-        let files = self.plugin_files()?;
+        let mut files = self.plugin_files()?;
+        files.sort();
         let mut by_tenant: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
         {
             let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
