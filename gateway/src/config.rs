@@ -548,6 +548,9 @@ mod tests {
         assert_eq!(c.store_url, "sqlite://herald.db");
         assert_eq!(c.delivery.timeout, Duration::from_secs(10));
         assert_eq!(c.delivery.connect_timeout, Duration::from_secs(3));
+        // The instance pool is sized from the limits: calls in flight, loads, and as
+        // many warm instances again.
+        assert_eq!(c.plugins.max_instances, 2 * (1024 + 1 + 16));
         assert!(c.admin_token.is_none());
         assert!(!c.delivery.allow_private_destinations);
     }
@@ -584,6 +587,9 @@ mod tests {
             ("[store]\nurl = \"sqlite::memory:\"\n", &[], "store.url"),
             ("", &[("HERALD_SERVER_NOPE", "1")], "HERALD_SERVER_NOPE"),
             ("", &[("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "maybe")], "HERALD_DELIVERY"),
+            ("[plugins]\nmax_tenant_bytes = 1000\n", &[], "plugins.max_tenant_bytes"),
+            ("[plugins]\ncompile_timeout = \"soon\"\n", &[], "plugins.compile_timeout"),
+            ("[plugins]\nwarm_idle = \"idle\"\n", &[], "plugins.warm_idle"),
         ];
         for (toml, env, key) in cases {
             let err = load(toml, env).unwrap_err().to_string();
