@@ -74,14 +74,26 @@ pub async fn run(
     Ok(())
 }
 
-/// Loads every tenant's plugins (compiling off the async runtime) and starts the watcher.
+/// Starts the plugin host: it loads every tenant's plugins in the background (serving
+/// does not wait for them) and watches the directory.
 async fn start_plugins(config: &Config) -> Result<PluginHost, AppError> {
-    let mut pc = PluginConfig::new(config.plugins.dir.clone());
-    pc.call_timeout = config.plugins.call_timeout;
-    pc.memory_limit = config.plugins.memory_limit_bytes;
-    pc.max_plugin_bytes = config.plugins.max_plugin_bytes;
-    pc.call_threads = config.plugins.call_threads;
-    pc.plugin_config = config.plugins.plugin_config.clone();
+    let c = &config.plugins;
+    let mut pc = PluginConfig::new(c.dir.clone());
+    pc.call_timeout = c.call_timeout;
+    pc.memory_limit = c.memory_limit_bytes;
+    pc.max_plugin_bytes = c.max_plugin_bytes;
+    pc.max_plugins_per_tenant = c.max_plugins_per_tenant;
+    pc.max_tenant_bytes = c.max_tenant_bytes;
+    pc.structure = c.structure;
+    pc.cache_dir = Some(c.cache_dir.clone());
+    pc.compiler_exe = c.compiler_exe.clone();
+    pc.compile_concurrency = c.compile_concurrency;
+    pc.compile_timeout = c.compile_timeout;
+    pc.compile_memory = c.compile_memory_bytes;
+    pc.max_instances = c.max_instances;
+    pc.warm_idle = c.warm_idle;
+    pc.call_threads = c.call_threads;
+    pc.plugin_config = c.plugin_config.clone();
     let host = tokio::task::spawn_blocking(move || PluginHost::start(pc))
         .await
         .map_err(|e| AppError::Io(std::io::Error::other(e)))??;

@@ -193,6 +193,17 @@ pub struct RawPlugins {
     pub memory_limit_mib: u32,
     pub max_plugin_bytes: u64,
     pub call_threads: u32,
+    pub max_plugins_per_tenant: u32,
+    pub max_tenant_bytes: u64,
+    pub max_function_bytes: u64,
+    pub max_functions: u32,
+    pub max_modules: u32,
+    pub cache_dir: String,
+    pub compile_concurrency: u32,
+    pub compile_timeout: String,
+    pub compile_memory_mib: u32,
+    pub max_instances: u32,
+    pub warm_idle: String,
     /// `[plugins.config.<tenant>.<plugin>]`: each plugin's own settings.
     pub config: std::collections::BTreeMap<
         String,
@@ -208,6 +219,17 @@ impl Default for RawPlugins {
             memory_limit_mib: 16,
             max_plugin_bytes: 8 << 20,
             call_threads: 0,
+            max_plugins_per_tenant: 20,
+            max_tenant_bytes: 32 << 20,
+            max_function_bytes: 512 << 10,
+            max_functions: 20_000,
+            max_modules: 16,
+            cache_dir: "plugins.cache".into(),
+            compile_concurrency: 1,
+            compile_timeout: "20s".into(),
+            compile_memory_mib: 512,
+            max_instances: 0,
+            warm_idle: "30s".into(),
             config: Default::default(),
         }
     }
@@ -371,6 +393,19 @@ pub struct PluginsConfig {
     pub max_plugin_bytes: usize,
     /// Threads of the plugin call pool; 0: one per CPU, at least 2.
     pub call_threads: usize,
+    pub max_plugins_per_tenant: usize,
+    pub max_tenant_bytes: usize,
+    pub structure: crate::plugin::StructureLimits,
+    pub cache_dir: PathBuf,
+    /// The `herald` binary that compiles plugins in a child process; set by `herald
+    /// serve` (not a config key). `None`: compile in this process.
+    pub compiler_exe: Option<PathBuf>,
+    pub compile_concurrency: usize,
+    pub compile_timeout: Duration,
+    pub compile_memory_bytes: u64,
+    /// Instance pool slots, sized from the limits when the key is 0.
+    pub max_instances: u32,
+    pub warm_idle: Duration,
     /// Each plugin's own settings, by (tenant, plugin name).
     pub plugin_config: std::collections::HashMap<(String, String), std::collections::HashMap<String, String>>,
 }
@@ -514,6 +549,15 @@ impl RawConfig {
         if self.server.max_payload_bytes == 0 {
             return Err(invalid("server.max_payload_bytes", "must be at least 1"));
         }
+        if self.plugins.max_plugins_per_tenant == 0 || self.plugins.max_tenant_bytes < self.plugins.max_plugin_bytes {
+            return Err(invalid(
+                "plugins.max_tenant_bytes",
+                "a tenant must fit at least one plugin (max_plugins_per_tenant >= 1, max_tenant_bytes >= max_plugin_bytes)",
+            ));
+        }
+        if self.plugins.cache_dir.is_empty() {
+            return Err(invalid("plugins.cache_dir", "must name a directory (outside plugins.dir)"));
+        }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }
@@ -540,6 +584,26 @@ impl RawConfig {
                 memory_limit_bytes: (self.plugins.memory_limit_mib as usize) << 20,
                 max_plugin_bytes: self.plugins.max_plugin_bytes as usize,
                 call_threads: self.plugins.call_threads as usize,
+                max_plugins_per_tenant: self.plugins.max_plugins_per_tenant as usize,
+                max_tenant_bytes: self.plugins.max_tenant_bytes as usize,
+                structure: crate::plugin::StructureLimits {
+                    max_function_bytes: self.plugins.max_function_bytes as usize,
+                    max_functions: self.plugins.max_functions as usize,
+                    max_modules: self.plugins.max_modules as usize,
+                },
+                cache_dir: PathBuf::from(&self.plugins.cache_dir),
+                compiler_exe: None,
+                compile_concurrency: self.plugins.compile_concurrency.max(1) as usize,
+                compile_timeout: duration("plugins.compile_timeout", &self.plugins.compile_timeout)?,
+                compile_memory_bytes: u64::from(self.plugins.compile_memory_mib) << 20,
+                max_instances: match self.plugins.max_instances {
+                    // Warm instances may take half the pool, so the other half must
+                    // cover every call that can run at once (one per delivery in
+                    // flight) and the loads and uploads beside them.
+                    0 => (self.delivery.max_in_flight_total + self.plugins.compile_concurrency + 16).saturating_mul(2),
+                    n => n,
+                },
+                warm_idle: duration("plugins.warm_idle", &self.plugins.warm_idle)?,
                 plugin_config: self
                     .plugins
                     .config
@@ -633,6 +697,9 @@ mod tests {
         assert_eq!(&*c.store_url, "sqlite://herald.db");
         assert_eq!(c.delivery.timeout, Duration::from_secs(10));
         assert_eq!(c.delivery.connect_timeout, Duration::from_secs(3));
+        // The instance pool is sized from the limits: calls in flight, loads, and as
+        // many warm instances again.
+        assert_eq!(c.plugins.max_instances, 2 * (1024 + 1 + 16));
         assert!(c.admin_token.is_none());
         assert!(!c.delivery.allow_private_destinations);
     }
@@ -706,6 +773,9 @@ mod tests {
             ("[server]\nidle_timeout = \"0s\"\n", &[], "server.idle_timeout"),
             ("[server]\nheader_read_timeout = \"soon\"\n", &[], "server.header_read_timeout"),
             ("[server]\nmax_connections = 0\n", &[], "server.max_connections"),
+            ("[plugins]\nmax_tenant_bytes = 1000\n", &[], "plugins.max_tenant_bytes"),
+            ("[plugins]\ncompile_timeout = \"soon\"\n", &[], "plugins.compile_timeout"),
+            ("[plugins]\nwarm_idle = \"idle\"\n", &[], "plugins.warm_idle"),
         ];
         for (toml, env, key) in cases {
             let err = load(toml, env).unwrap_err().to_string();

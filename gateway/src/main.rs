@@ -78,14 +78,29 @@ enum PluginCommand {
         #[arg(long)]
         input: PathBuf,
     },
+    /// Compile a plugin into a cached artifact, within limits (the server runs this as a
+    /// child process; exit code 2: not a valid component).
+    #[command(hide = true)]
+    Compile {
+        /// Heap limit in bytes (RLIMIT_DATA).
+        #[arg(long)]
+        max_memory: u64,
+        /// CPU time limit in seconds (RLIMIT_CPU).
+        #[arg(long)]
+        max_cpu_secs: u64,
+        input: PathBuf,
+        output: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve { config } => {
-            let config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;
+            let mut config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;
             init_logging(&config);
+            // Compile plugins in a child of this very binary (memory limit, timeout).
+            config.plugins.compiler_exe = Some(std::env::current_exe().context("cannot find the herald binary")?);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(async {
                 let listener = tokio::net::TcpListener::bind(config.listen)
@@ -140,6 +155,16 @@ fn main() -> anyhow::Result<()> {
             let input = std::fs::read_to_string(&input).with_context(|| format!("cannot read {}", input.display()))?;
             println!("{}", gateway::plugin::run_hook_file(&file, &hook, &input)?);
             Ok(())
+        }
+        Command::Plugin { command: PluginCommand::Compile { max_memory, max_cpu_secs, input, output } } => {
+            match gateway::plugin::compile_child(&input, &output, max_memory, max_cpu_secs) {
+                Ok(()) => Ok(()),
+                Err(e @ gateway::plugin::PluginError::Invalid(_)) => {
+                    eprintln!("{e}");
+                    std::process::exit(gateway::plugin::EXIT_INVALID)
+                }
+                Err(e) => Err(e.into()),
+            }
         }
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;

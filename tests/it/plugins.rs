@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use serde_json::json;
 use sha2::Sha256;
-use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway};
+use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway, with_custom_section};
 
 /// A built example plugin; the suite fails (never skips) when it is missing.
 fn plugin_bytes(name: &str) -> Vec<u8> {
@@ -24,18 +24,6 @@ async fn upload(
     token: &str,
 ) -> anyhow::Result<tests::Reply> {
     gw.api.raw("PUT", &format!("/v1/tenants/{tenant}/plugins/{name}"), Some(token), bytes).await
-}
-
-/// Appends a custom section: the same plugin with other bytes (another version).
-fn with_custom_section(mut bytes: Vec<u8>, tag: &str) -> Vec<u8> {
-    let name = b"herald-test";
-    let payload_len = 1 + name.len() + tag.len();
-    bytes.push(0);
-    bytes.push(payload_len as u8);
-    bytes.push(name.len() as u8);
-    bytes.extend_from_slice(name);
-    bytes.extend_from_slice(tag.as_bytes());
-    bytes
 }
 
 #[tokio::test]
@@ -342,5 +330,179 @@ async fn a_hostile_plugin_fails_its_attempts_cleanly_and_frees_its_slots() -> an
         }
     }
     assert_eq!(evil_rx.count(), 6, "print and ok, three rounds each");
+    Ok(())
+}
+
+/// A core module with one function of `code_bytes` bytes of code (`i32.const 1; drop`
+/// repeated), encoded by hand: the payload of a compile bomb.
+fn huge_function_module(code_bytes: usize) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn section(id: u8, payload: &[u8], out: &mut Vec<u8>) {
+        out.push(id);
+        leb(payload.len(), out);
+        out.extend_from_slice(payload);
+    }
+    let mut body = vec![0]; // no locals
+    for _ in 0..code_bytes / 3 {
+        body.extend_from_slice(&[0x41, 0x01, 0x1a]);
+    }
+    body.push(0x0b);
+    let mut code = vec![1];
+    leb(body.len(), &mut code);
+    code.extend_from_slice(&body);
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module); // one type: () -> ()
+    section(3, &[1, 0], &mut module); // one function of that type
+    section(10, &code, &mut module);
+    module
+}
+
+/// A real plugin carrying, at its end, a core module it never instantiates (a component
+/// core-module section), whose one function is `code_bytes` long.
+fn compile_bomb(code_bytes: usize) -> Vec<u8> {
+    let module = huge_function_module(code_bytes);
+    let mut bytes = plugin_bytes("classify_409");
+    bytes.push(1);
+    let mut n = module.len();
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        bytes.push(if n == 0 { byte } else { byte | 0x80 });
+        if n == 0 {
+            break;
+        }
+    }
+    bytes.extend_from_slice(&module);
+    bytes
+}
+
+#[tokio::test]
+async fn compile_bombs_and_tenants_over_their_limits_are_refused_while_others_deliver() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_PLUGINS_MAX_PLUGINS_PER_TENANT", "2")]).await?;
+    gw.api.tenant("acme").await?;
+    gw.api.tenant("globex").await?;
+
+    // 4 MB in one function: before compiling, refused in well under the seconds
+    // (and gigabytes) a compile would take.
+    let bomb = compile_bomb(4 << 20);
+    let started = Instant::now();
+    let r = upload(&gw, "acme", "bomb", bomb.clone(), ADMIN_TOKEN).await?;
+    assert_eq!((r.status, r.json["error"]["code"].as_str()), (422, Some("invalid_plugin")), "{}", r.text);
+    let message = r.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("refused before compiling") && message.contains("a function of"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert!(!gw.dir.path().join("plugins/acme/bomb.wasm").exists());
+    // The same plugin with a small extra module is fine: the limit is what refused it.
+    assert_eq!(upload(&gw, "acme", "fine", compile_bomb(3000), ADMIN_TOKEN).await?.status, 200);
+
+    // `herald plugin check` refuses it the same way, at once.
+    let file = gw.dir.path().join("bomb.wasm");
+    std::fs::write(&file, &bomb)?;
+    let started = Instant::now();
+    let out = std::process::Command::new(tests::herald_binary()?).args(["plugin", "check"]).arg(&file).output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("refused before compiling"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+
+    // acme's second plugin fits; its third is over plugins.max_plugins_per_tenant.
+    assert_eq!(upload(&gw, "acme", "c409", plugin_bytes("classify_409"), ADMIN_TOKEN).await?.status, 200);
+    let r = upload(&gw, "acme", "chat", plugin_bytes("transform_chat"), ADMIN_TOKEN).await?;
+    assert_eq!((r.status, r.json["error"]["code"].as_str()), (422, Some("plugin_limit")), "{}", r.text);
+    assert!(r.text.contains("max_plugins_per_tenant"), "{}", r.text);
+
+    // Another tenant uploads and delivers through its plugin as usual.
+    assert_eq!(upload(&gw, "globex", "chat", plugin_bytes("transform_chat"), ADMIN_TOKEN).await?.status, 200);
+    let rx = FakeReceiver::start().await?;
+    gw.api.endpoint("globex", json!({"url": rx.url(), "plugins": {"transform": "chat"}})).await?;
+    gw.api.event("globex", json!({"id": "evt_g", "type": "user.created", "payload": {"name": "Ada"}})).await?;
+    let got = rx.wait_for(1, Duration::from_secs(10)).await?;
+    assert!(got[0].json()["text"].is_string(), "{:?}", got[0].json());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_every_tenant_loads_and_a_delivery_waits_for_its_plugin() -> anyhow::Result<()> {
+    let bin = tests::herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    // Fewer instance slots than one tenant has plugins.
+    let env = [("HERALD_PLUGINS_MAX_INSTANCES", "6"), ("HERALD_PLUGINS_MAX_PLUGINS_PER_TENANT", "20")];
+    let mut node = tests::HeraldProcess::start(&bin, dir.path(), &env).await?;
+    let api = node.api.clone();
+    api.tenant("aaa").await?;
+    api.tenant("zzz").await?;
+    let chat = plugin_bytes("transform_chat");
+    // Distinct bytes, so each is compiled on its own.
+    for (tenant, n) in [("aaa", 8), ("zzz", 4)] {
+        for i in 0..n {
+            let path = format!("/v1/tenants/{tenant}/plugins/p{i}");
+            let r = api
+                .raw("PUT", &path, Some(ADMIN_TOKEN), with_custom_section(chat.clone(), &format!("{tenant}{i}")))
+                .await?;
+            assert_eq!(r.status, 200, "{path}: {}", r.text);
+        }
+    }
+    let rx = FakeReceiver::start().await?;
+    let retry = json!({"base": "1s", "jitter": "none", "max_attempts": 2});
+    api.endpoint("zzz", json!({"url": rx.url(), "plugins": {"transform": "p3"}, "retry": retry})).await?;
+    node.kill();
+
+    // Without the compile cache every plugin compiles again, in the background, tenants
+    // taking turns: zzz's p3 is among the last, and the node serves before it is ready.
+    std::fs::remove_dir_all(dir.path().join("plugin-cache"))?;
+    let node = tests::HeraldProcess::start(&bin, dir.path(), &env).await?;
+    let api = node.api.clone();
+    api.event("zzz", json!({"id": "evt_wait", "type": "user.created", "payload": {"name": "Ada"}})).await?;
+    let listed = api.get("/v1/tenants/zzz/plugins/p3", ADMIN_TOKEN).await?;
+    assert_eq!(listed.json["loading"], true, "the delivery is to wait for a loading plugin: {}", listed.text);
+
+    let got = rx.wait_for(1, Duration::from_secs(60)).await?;
+    assert!(got[0].json()["text"].is_string(), "went through the plugin: {:?}", got[0].json());
+    let d = api
+        .wait_for("/v1/tenants/zzz/events/evt_wait/deliveries", Duration::from_secs(10), |v| {
+            v["data"][0]["state"] == "delivered"
+        })
+        .await?;
+    assert_eq!(d["data"][0]["attempts"], 1, "waiting cost no attempt: {d}");
+    let plugins = api
+        .wait_for("/v1/tenants/aaa/plugins", Duration::from_secs(60), |v| {
+            v["data"].as_array().is_some_and(|a| a.iter().all(|p| p["loading"] == false))
+        })
+        .await?;
+    let all = plugins["data"].as_array().unwrap();
+    assert_eq!(all.len(), 8);
+    assert!(all.iter().all(|p| p["error"].is_null() && p["hooks"] == json!(["transform"])), "{plugins}");
+    assert!(std::fs::read_dir(dir.path().join("plugin-cache"))?.count() >= 12, "compiled artifacts cached again");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_compile_over_its_memory_or_time_limit_is_refused_and_the_node_serves_on() -> anyhow::Result<()> {
+    let bin = tests::herald_binary()?;
+    for (key, value, expected) in [
+        ("HERALD_PLUGINS_COMPILE_MEMORY_MIB", "4", "compiling needed more than 4 MiB"),
+        ("HERALD_PLUGINS_COMPILE_TIMEOUT", "1ms", "compiling took longer than"),
+    ] {
+        let dir = tempfile::tempdir()?;
+        let node = tests::HeraldProcess::start(&bin, dir.path(), &[(key, value)]).await?;
+        node.api.tenant("acme").await?;
+        let path = "/v1/tenants/acme/plugins/chat";
+        let r = node.api.raw("PUT", path, Some(ADMIN_TOKEN), plugin_bytes("transform_chat")).await?;
+        assert_eq!(r.status, 422, "{key}: {}", r.text);
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(expected), "{key}: {message}");
+        assert!(!dir.path().join("plugins/acme/chat.wasm").exists());
+        let health = node.api.raw("GET", "/healthz", None, "").await?;
+        assert_eq!(health.status, 200);
+    }
     Ok(())
 }

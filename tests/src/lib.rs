@@ -238,6 +238,7 @@ pub fn base_env(dir: &Path) -> Vec<(String, String)> {
         ("HERALD_STORE_URL".into(), format!("sqlite://{}", dir.join("herald.db").display())),
         ("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS".into(), "true".into()),
         ("HERALD_PLUGINS_DIR".into(), dir.join("plugins").display().to_string()),
+        ("HERALD_PLUGINS_CACHE_DIR".into(), dir.join("plugin-cache").display().to_string()),
         ("HERALD_LOG_LEVEL".into(), "warn".into()),
     ]
 }
@@ -255,6 +256,19 @@ async fn wait_healthy(api: &Api) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Appends a custom section to a component: the same plugin with other bytes (another
+/// version, another SHA-256).
+pub fn with_custom_section(mut bytes: Vec<u8>, tag: &str) -> Vec<u8> {
+    let name = b"herald-test";
+    let payload_len = 1 + name.len() + tag.len();
+    bytes.push(0);
+    bytes.push(payload_len as u8);
+    bytes.push(name.len() as u8);
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(tag.as_bytes());
+    bytes
 }
 
 /// Path of the `herald` binary built alongside the running test or benchmark.

@@ -118,6 +118,13 @@ fn check_bindings(state: &AppState, tenant: &TenantId, p: &PluginBindings) -> Re
                     hook.as_str()
                 )));
             }
+            None if state.plugins.loading(tenant.as_str(), name) => {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "plugin_loading",
+                    format!("{field}: plugin {name:?} is still loading; try again shortly"),
+                ));
+            }
             None => {
                 check_text(&field, name, 64)?;
                 return Err(ApiError::unprocessable(format!("{field}: no plugin {name:?} in this tenant")));

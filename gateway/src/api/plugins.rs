@@ -26,12 +26,16 @@ fn view(p: &PluginInfo) -> Value {
         "plugin_version": p.plugin_version,
         "classify_statuses": p.classify_statuses,
         "loaded_at": loaded_at,
+        "loading": p.loading,
         "error": p.error,
     })
 }
 
 impl From<PluginError> for ApiError {
     fn from(e: PluginError) -> Self {
+        if let PluginError::TenantLimit { .. } = e {
+            return ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "plugin_limit", e.to_string());
+        }
         if e.is_client_error() {
             let status = if matches!(e, PluginError::TooLarge { .. }) {
                 StatusCode::PAYLOAD_TOO_LARGE

@@ -23,7 +23,7 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
     }
     let runtime = Runtime::new(&config)?;
     let plugin = runtime.load("cli", "cli", &bytes, HashMap::new())?;
-    let imports = runtime.imports(&bytes)?;
+    let imports = runtime.imports(&plugin);
     let hooks: Vec<String> = plugin
         .hooks
         .iter()

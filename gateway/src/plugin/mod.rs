@@ -8,12 +8,15 @@
 //! failed `classify`).
 //!
 //! - [`PluginHost`] — start, call hooks, list, install, counters.
-//! - [`check_file`] / [`run_hook_file`] — `herald plugin check|run`.
+//! - [`check_file`] / [`run_hook_file`] — `herald plugin check|run`;
+//!   [`compile_child`] — the hidden `herald plugin compile` the server compiles in.
 //! - The hook data types ([`DeliveryContext`], [`Request`], [`Outcome`], [`Verdict`],
 //!   …) are generated from the WIT by the one `bindgen!` below.
 
 mod cli;
+mod compile;
 mod convert;
+mod inspect;
 mod pool;
 mod registry;
 mod runtime;
@@ -23,9 +26,12 @@ mod types;
 mod tests;
 
 pub use cli::{check_file, run_hook_file};
+pub use compile::{EXIT_INVALID, compile_child};
 pub use convert::verdict;
 pub use registry::PluginHost;
-pub use types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, is_slug};
+pub use types::{
+    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, StructureLimits, is_slug,
+};
 
 /// The hook data types, generated from `wit/plugin.wit`.
 pub use bindings::herald::plugin::types::{

@@ -5,6 +5,12 @@
 //! tenant can never reach another tenant's plugin; a swap replaces an `Arc`, so calls
 //! in flight finish on the version they started with; a file that fails to load never
 //! replaces a serving version.
+//!
+//! Loading never blocks the caller of [`PluginHost::start`]: it registers every file as
+//! `loading` and a background thread loads them (cached artifacts first, tenants in
+//! turn), so a restart serves at once and a tenant's plugin waits behind no other
+//! tenant's compiles. Deliveries bound to a loading plugin wait (see
+//! [`PluginHost::loading`]).
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -47,6 +53,9 @@ struct Inner {
     pool: CallPool,
     config: PluginConfig,
     tenants: RwLock<HashMap<String, HashMap<String, Slot>>>,
+    /// Held from a tenant-limit check to the write it allows, so that two concurrent
+    /// uploads cannot both fit in the last place.
+    installing: Mutex<()>,
     failures_by_kind: [AtomicU64; PluginFailure::KINDS.len()],
     /// Kept only to stop watching when the host is dropped.
     _watcher: Mutex<Option<notify::RecommendedWatcher>>,
@@ -57,7 +66,15 @@ struct Inner {
 struct Slot {
     current: Option<Arc<LoadedPlugin>>,
     error: Option<String>,
+    /// A file with no serving version yet is being loaded.
+    loading: bool,
     stats: Arc<Stats>,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot { current: None, error: None, loading: false, stats: Arc::default() }
+    }
 }
 
 #[derive(Default)]
@@ -67,13 +84,28 @@ struct Stats {
 }
 
 impl PluginHost {
-    /// Builds the engine, loads every `<dir>/<tenant>/<name>.wasm` (a file that fails
-    /// to load is recorded with its error, not fatal) and, when `config.watch`, starts
-    /// the hot-reload watcher. Blocking: compiles every plugin.
+    /// Builds the engine, registers every `<dir>/<tenant>/<name>.wasm` as loading and
+    /// loads them on a background thread (a file that fails to load is recorded with
+    /// its error, not fatal), starts the idle-instance sweeper and, when
+    /// `config.watch`, the hot-reload watcher. Returns without compiling anything;
+    /// [`PluginHost::wait_loaded`] waits for the initial load.
     pub fn start(mut config: PluginConfig) -> Result<PluginHost, PluginError> {
         std::fs::create_dir_all(&config.dir).map_err(|e| PluginError::io(&config.dir, e))?;
         // Watcher events carry absolute, symlink-free paths: match them.
         config.dir = std::fs::canonicalize(&config.dir).map_err(|e| PluginError::io(&config.dir, e))?;
+        if let Some(cache) = &config.cache_dir {
+            std::fs::create_dir_all(cache).map_err(|e| PluginError::io(cache, e))?;
+            let cache = std::fs::canonicalize(cache).map_err(|e| PluginError::io(cache, e))?;
+            // Artifacts are loaded as native code: never from where plugins are dropped.
+            if cache.starts_with(&config.dir) || config.dir.starts_with(&cache) {
+                return Err(PluginError::Engine(format!(
+                    "the compile cache {} must be outside the plugins directory {}",
+                    cache.display(),
+                    config.dir.display()
+                )));
+            }
+            config.cache_dir = Some(cache);
+        }
         let runtime = Runtime::new(&config)?;
         let pool = CallPool::new(config.call_threads())?;
         let inner = Arc::new(Inner {
@@ -81,15 +113,49 @@ impl PluginHost {
             pool,
             config,
             tenants: RwLock::new(HashMap::new()),
+            installing: Mutex::new(()),
             failures_by_kind: Default::default(),
             _watcher: Mutex::new(None),
         });
         let host = PluginHost { inner };
-        host.rescan()?;
+        let files = host.register_files()?;
+        host.start_loader(files)?;
+        host.start_sweeper();
         if host.inner.config.watch {
             host.start_watcher();
         }
         Ok(host)
+    }
+
+    /// Whether `tenant`'s plugin `name` has a file that is still being loaded, with no
+    /// version serving yet: calls would fail `not_found`, so deliveries should wait.
+    pub fn loading(&self, tenant: &str, name: &str) -> bool {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        tenants.get(tenant).and_then(|p| p.get(name)).is_some_and(|slot| slot.loading && slot.current.is_none())
+    }
+
+    /// Waits until no plugin is loading, for at most `timeout`; returns whether none is.
+    pub fn wait_loaded(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let any = {
+                let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+                tenants.values().flat_map(|p| p.values()).any(|slot| slot.loading)
+            };
+            if !any {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Warm instances kept over all plugins (each holds an instance slot).
+    pub fn warm_instances(&self) -> usize {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        tenants.values().flat_map(|p| p.values()).filter_map(|s| s.current.as_ref()).map(|p| p.warm_count()).sum()
     }
 
     /// Calls `transform` of `tenant`'s plugin `name`.
@@ -149,9 +215,10 @@ impl PluginHost {
         list
     }
 
-    /// Validates `bytes` (size, compiles, right world, `describe` works and declares a
-    /// hook), writes `<dir>/<tenant>/<name>.wasm` atomically (temp file + fsync +
-    /// rename) and starts serving it. The watcher then sees a file it already has.
+    /// Validates `bytes` (tenant limits, size, structure, compiles, right world,
+    /// `describe` works and declares a hook), writes `<dir>/<tenant>/<name>.wasm`
+    /// atomically (temp file + fsync + rename) and starts serving it. The watcher then
+    /// sees a file it already has.
     pub async fn install(&self, tenant: &str, name: &str, bytes: Vec<u8>) -> Result<PluginInfo, PluginError> {
         let host = self.clone();
         let (tenant, name) = (tenant.to_string(), name.to_string());
@@ -169,9 +236,13 @@ impl PluginHost {
         if bytes.len() > limit {
             return Err(PluginError::TooLarge { size: bytes.len(), limit });
         }
+        self.check_tenant_limits(tenant, name, bytes.len())?;
         let plugin = self.inner.runtime.load(tenant, name, bytes, self.plugin_config(tenant, name))?;
         let dir = self.inner.config.dir.join(tenant);
+        let installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_tenant_limits(tenant, name, bytes.len())?;
         write_atomically(&dir, &format!("{name}.wasm"), bytes)?;
+        drop(installing);
         tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin installed");
         self.swap(tenant, name, Ok(plugin));
         let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
@@ -213,24 +284,126 @@ impl PluginHost {
     /// Re-reads every plugin file under the directory (what the watcher does for one
     /// file, for all of them). Blocking.
     pub fn rescan(&self) -> Result<(), PluginError> {
-        let dir = &self.inner.config.dir;
-        let mut seen = Vec::new();
-        for tenant_dir in read_dir(dir)? {
-            if !tenant_dir.is_dir() {
-                continue;
-            }
-            for file in read_dir(&tenant_dir)? {
-                if let Some((tenant, name)) = self.parse_path(&file) {
-                    self.reload(&tenant, &name);
-                    seen.push((tenant, name));
-                }
+        let seen = self.plugin_files()?;
+        for (tenant, name) in &seen {
+            self.reload(tenant, name);
+        }
+        self.forget_all_but(&seen);
+        Ok(())
+    }
+
+    /// Every `(tenant, name)` with a plugin file on disk.
+    fn plugin_files(&self) -> Result<Vec<(String, String)>, PluginError> {
+        let mut files = Vec::new();
+        for tenant_dir in read_dir(&self.inner.config.dir)? {
+            if tenant_dir.is_dir() {
+                files.extend(read_dir(&tenant_dir)?.iter().filter_map(|f| self.parse_path(f)));
             }
         }
+        Ok(files)
+    }
+
+    fn forget_all_but(&self, seen: &[(String, String)]) {
         let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
         for (tenant, plugins) in tenants.iter_mut() {
             plugins.retain(|name, _| seen.iter().any(|(t, n)| t == tenant && n == name));
         }
-        Ok(())
+    }
+
+    /// Registers every plugin file as loading, and returns them in load order: by name,
+    /// tenants taking turns, so one tenant's many plugins cannot delay another's.
+    fn register_files(&self) -> Result<Vec<(String, String)>, PluginError> {
+        let mut files = self.plugin_files()?;
+        files.sort();
+        let mut by_tenant: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+        {
+            let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
+            for (tenant, name) in &files {
+                let slots = tenants.entry(tenant.clone()).or_default();
+                slots.entry(name.clone()).or_insert_with(Slot::new).loading = true;
+                by_tenant.entry(tenant).or_default().push(name);
+            }
+        }
+        let rounds = by_tenant.values().map(Vec::len).max().unwrap_or(0);
+        Ok((0..rounds)
+            .flat_map(|i| {
+                by_tenant.iter().filter_map(move |(t, names)| names.get(i).map(|n| (t.to_string(), n.to_string())))
+            })
+            .collect())
+    }
+
+    /// Loads `files` on a thread of its own. Two passes: what the compile cache holds
+    /// (milliseconds each) before anything that must be compiled.
+    fn start_loader(&self, files: Vec<(String, String)>) -> Result<(), PluginError> {
+        let host = self.clone();
+        std::thread::Builder::new()
+            .name("herald-plugin-load".into())
+            .spawn(move || {
+                let (cached, uncached): (Vec<_>, Vec<_>) =
+                    files.into_iter().partition(|(tenant, name)| host.is_cached(tenant, name));
+                for (tenant, name) in cached.iter().chain(&uncached) {
+                    host.reload(tenant, name);
+                }
+                tracing::info!(plugins = cached.len() + uncached.len(), compiled = uncached.len(), "plugins loaded");
+            })
+            .map(|_| ())
+            .map_err(|e| PluginError::Engine(format!("cannot start the plugin loader thread: {e}")))
+    }
+
+    fn is_cached(&self, tenant: &str, name: &str) -> bool {
+        let path = self.inner.config.dir.join(tenant).join(format!("{name}.wasm"));
+        std::fs::read(path).is_ok_and(|bytes| self.inner.runtime.is_cached(&bytes))
+    }
+
+    /// Drops warm instances idle for `warm_idle`, on a thread that ends with the host.
+    fn start_sweeper(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        let idle = self.inner.config.warm_idle;
+        let every = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let spawned = std::thread::Builder::new().name("herald-plugin-sweep".into()).spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let Some(inner) = weak.upgrade() else { return };
+                let Some(cutoff) = Instant::now().checked_sub(idle) else { continue };
+                let plugins: Vec<Arc<LoadedPlugin>> = {
+                    let tenants = inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+                    tenants.values().flat_map(|p| p.values()).filter_map(|s| s.current.clone()).collect()
+                };
+                plugins.iter().for_each(|p| p.drop_idle(cutoff));
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the plugin sweeper thread; idle instances are kept");
+        }
+    }
+
+    /// Refuses an upload of `size` bytes as `name` that would take `tenant` past its
+    /// plugin count or total size. Counted from the files on disk, which include
+    /// plugins still loading or broken; a replaced file does not count twice.
+    fn check_tenant_limits(&self, tenant: &str, name: &str, size: usize) -> Result<(), PluginError> {
+        let config = &self.inner.config;
+        let dir = config.dir.join(tenant);
+        let others: Vec<u64> = read_dir(&dir)
+            .unwrap_or_default()
+            .iter()
+            .filter(|path| self.parse_path(path).is_some_and(|(_, n)| n != name))
+            .map(|path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
+            .collect();
+        let limits = [
+            ("plugins", "max_plugins_per_tenant", others.len() + 1, config.max_plugins_per_tenant),
+            (
+                "bytes of plugins",
+                "max_tenant_bytes",
+                others.iter().sum::<u64>() as usize + size,
+                config.max_tenant_bytes,
+            ),
+        ];
+        match limits.into_iter().find(|(_, _, have, limit)| have > limit) {
+            Some((what, key, have, limit)) => {
+                Err(PluginError::TenantLimit { tenant: tenant.to_string(), what, key, have, limit })
+            }
+            None => Ok(()),
+        }
     }
 
     /// Looks the plugin up, answers at once when `inline` can (no guest code runs), else
@@ -289,13 +462,19 @@ impl PluginHost {
                 return;
             }
             Err(e) => {
-                self.swap(tenant, name, Err(format!("cannot read {}: {e}", path.display())));
+                self.swap(tenant, name, Err(Some(format!("cannot read {}: {e}", path.display()))));
                 return;
             }
         };
         let sha256 = hex::encode(Sha256::digest(&bytes));
-        if self.serving_sha256(tenant, name).as_deref() == Some(sha256.as_str()) {
-            return;
+        match self.serving_sha256(tenant, name) {
+            Some(serving) if serving == sha256 => {
+                self.swap(tenant, name, Err(None));
+                return;
+            }
+            Some(_) => {}
+            // Nothing serves it yet: its deliveries wait for this load.
+            None => self.mark_loading(tenant, name),
         }
         let limit = self.inner.config.max_plugin_bytes;
         let loaded = if bytes.len() > limit {
@@ -310,7 +489,7 @@ impl PluginHost {
             }
             Err(e) => {
                 tracing::warn!(tenant, plugin = name, error = %e, "plugin failed to load; the previous version keeps serving");
-                self.swap(tenant, name, Err(e.to_string()));
+                self.swap(tenant, name, Err(Some(e.to_string())));
             }
         }
     }
@@ -321,19 +500,23 @@ impl PluginHost {
         slot.current.as_ref().map(|p| p.sha256.clone())
     }
 
-    fn swap(&self, tenant: &str, name: &str, loaded: Result<Arc<LoadedPlugin>, String>) {
+    fn mark_loading(&self, tenant: &str, name: &str) {
         let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
-        let slot = tenants.entry(tenant.to_string()).or_default().entry(name.to_string()).or_insert_with(|| Slot {
-            current: None,
-            error: None,
-            stats: Arc::default(),
-        });
+        tenants.entry(tenant.to_string()).or_default().entry(name.to_string()).or_insert_with(Slot::new).loading = true;
+    }
+
+    /// Ends a load: the new version serves, or the error (if any) is recorded and the
+    /// previous version keeps serving.
+    fn swap(&self, tenant: &str, name: &str, loaded: Result<Arc<LoadedPlugin>, Option<String>>) {
+        let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
+        let slot = tenants.entry(tenant.to_string()).or_default().entry(name.to_string()).or_insert_with(Slot::new);
+        slot.loading = false;
         match loaded {
             Ok(plugin) => {
                 slot.current = Some(plugin);
                 slot.error = None;
             }
-            Err(error) => slot.error = Some(error),
+            Err(error) => slot.error = error.or(slot.error.take()),
         }
     }
 
@@ -438,6 +621,7 @@ fn info(tenant: &str, name: &str, slot: &Slot) -> PluginInfo {
         plugin_version: current.map(|p| p.plugin_version.clone()).unwrap_or_default(),
         classify_statuses: current.and_then(|p| p.classify_statuses.clone()),
         loaded_at: current.map(|p| p.loaded_at),
+        loading: slot.loading,
         error: slot.error.clone(),
     }
 }
@@ -449,7 +633,7 @@ fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, PluginError> {
 
 /// Writes `dir/file` so that readers see the old or the new content, never a mix:
 /// a hidden temp file in the same directory, fsync, rename, fsync the directory.
-fn write_atomically(dir: &Path, file: &str, bytes: &[u8]) -> Result<(), PluginError> {
+pub(super) fn write_atomically(dir: &Path, file: &str, bytes: &[u8]) -> Result<(), PluginError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     std::fs::create_dir_all(dir).map_err(|e| PluginError::io(dir, e))?;
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);

@@ -21,23 +21,31 @@
 //! - an instance is retired after [`MAX_CALLS_PER_INSTANCE`] calls, bounding whatever
 //!   a leaky plugin accumulates in its own heap.
 //!
+//! Warm instances hold pooling-allocator slots, so they are kept only while they are
+//! used: none is kept from the `describe` call at load, one idle for `warm_idle` is
+//! dropped by the registry's sweeper, and all plugins together keep at most half the
+//! slots warm. A loaded plugin that serves no calls holds no slot, however many a
+//! tenant installs.
+//!
 //! What a plugin may observe is that its globals can survive between calls of the same
 //! version; the SDK documents that plugins must not rely on that either way.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rand::{RngCore as _, SeedableRng as _};
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::herald::plugin::{host, types as wit};
 use super::bindings::{Plugin as Bindings, PluginPre};
-use super::types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure};
+use super::compile::Compiler;
+use super::types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, StructureLimits};
 use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
 
 /// A warm instance serves at most this many calls before it is replaced.
@@ -63,6 +71,11 @@ pub(crate) struct Runtime {
     engine: Engine,
     linker: Linker<HostState>,
     limits: Limits,
+    structure: StructureLimits,
+    compiler: Compiler,
+    /// Warm instances kept, over every plugin; at most `max_warm`.
+    warm_total: AtomicUsize,
+    max_warm: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -80,6 +93,7 @@ impl Runtime {
     /// is dropped.
     pub(crate) fn new(cfg: &PluginConfig) -> Result<Arc<Runtime>, PluginError> {
         let engine = build_engine(cfg).map_err(|e| PluginError::Engine(e.to_string()))?;
+        let compiler = Compiler::new(&engine, cfg)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
         Bindings::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
@@ -94,12 +108,20 @@ impl Runtime {
             max_output_bytes: cfg.max_output_bytes,
             warm_per_plugin: cfg.warm_instances_per_plugin,
         };
-        Ok(Arc::new(Runtime { engine, linker, limits }))
+        Ok(Arc::new(Runtime {
+            engine,
+            linker,
+            limits,
+            structure: cfg.structure,
+            compiler,
+            warm_total: AtomicUsize::new(0),
+            max_warm: (cfg.max_instances as usize / 2).max(1),
+        }))
     }
 
-    /// Compiles and validates a plugin: a component of the right world whose
-    /// `describe` succeeds and declares at least one hook. CPU-heavy: call it off the
-    /// async runtime.
+    /// Checks, compiles (or maps from the cache) and validates a plugin: a component
+    /// of the right world within the structural limits, whose `describe` succeeds and
+    /// declares at least one hook. CPU-heavy: call it off the async runtime.
     pub(crate) fn load(
         self: &Arc<Self>,
         tenant: &str,
@@ -107,7 +129,9 @@ impl Runtime {
         bytes: &[u8],
         config: HashMap<String, String>,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
-        let component = Component::new(&self.engine, bytes).map_err(|e| PluginError::Invalid(root_message(&e)))?;
+        super::inspect::inspect(bytes, &self.structure)?;
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let component = self.compiler.component(bytes, &sha256)?;
         let instance_pre =
             self.linker.instantiate_pre(&component).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
         let pre = PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
@@ -121,7 +145,7 @@ impl Runtime {
             plugin_name: String::new(),
             plugin_version: String::new(),
             classify_statuses: None,
-            sha256: hex::encode(Sha256::digest(bytes)),
+            sha256,
             size: bytes.len() as u64,
             loaded_at: SystemTime::now(),
             warm: Mutex::new(Vec::new()),
@@ -138,6 +162,8 @@ impl Runtime {
         let info = plugin
             .call(&load_ctx, None, |b, store| b.call_describe(store))
             .map_err(|f| PluginError::Rejected(format!("describe failed: plugin:{f}")))?;
+        // Loading is not a use: keep no slot for a plugin nobody calls yet.
+        plugin.drop_warm(|_| true);
         plugin.hooks = HookSet {
             transform: info.hooks.contains(wit::Hooks::TRANSFORM),
             classify: info.hooks.contains(wit::Hooks::CLASSIFY),
@@ -162,12 +188,25 @@ impl Runtime {
         Ok(Arc::new(plugin))
     }
 
-    /// The import names of a compiled component (for `herald plugin check`).
-    pub(crate) fn imports(&self, bytes: &[u8]) -> Result<Vec<String>, PluginError> {
-        let component = Component::new(&self.engine, bytes).map_err(|e| PluginError::Invalid(root_message(&e)))?;
-        let ty = component.component_type();
-        Ok(ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect())
+    /// Whether the compile cache holds an artifact of `bytes` (loading is then cheap).
+    pub(crate) fn is_cached(&self, bytes: &[u8]) -> bool {
+        self.compiler.is_cached(&hex::encode(Sha256::digest(bytes)))
     }
+
+    /// The import names of a loaded plugin (for `herald plugin check`).
+    pub(crate) fn imports(&self, plugin: &LoadedPlugin) -> Vec<String> {
+        let ty = plugin.pre.instance_pre().component().component_type();
+        ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect()
+    }
+}
+
+/// The engine `herald plugin compile` compiles with: the server's code-generation
+/// settings (so its artifacts load there), without the instance pool.
+pub(crate) fn compile_engine() -> wasmtime::Result<Engine> {
+    let mut config = engine_config();
+    // One core: the node's other core keeps serving while a plugin compiles.
+    config.parallel_compilation(false);
+    Engine::new(&config)
 }
 
 fn build_engine(cfg: &PluginConfig) -> wasmtime::Result<Engine> {
@@ -182,10 +221,16 @@ fn build_engine(cfg: &PluginConfig) -> wasmtime::Result<Engine> {
         .max_tables_per_component(8)
         .max_memory_size(cfg.memory_limit)
         .total_stacks(0);
+    let mut config = engine_config();
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&config)
+}
+
+/// What compiled code depends on; shared by the server and the compiler child.
+fn engine_config() -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
         .memory_init_cow(true)
         // A 4 GiB reservation plus a guard region covers every 32-bit address a guest
         // can form, so compiled code needs no bounds check on each load and store
@@ -196,7 +241,7 @@ fn build_engine(cfg: &PluginConfig) -> wasmtime::Result<Engine> {
         .memory_guard_size(32 << 20)
         .memory_reservation_for_growth(0)
         .max_wasm_stack(512 << 10);
-    Engine::new(&config)
+    config
 }
 
 fn spawn_epoch_ticker(engine: &Engine) -> Result<(), PluginError> {
@@ -236,6 +281,8 @@ struct WarmInstance {
     store: Store<HostState>,
     bindings: Bindings,
     calls: u32,
+    /// When it last went back to the warm pool.
+    idle_since: Instant,
 }
 
 /// Log lines of one call, kept when the caller asks (the CLI does).
@@ -326,7 +373,10 @@ impl LoadedPlugin {
     ) -> Result<R, PluginFailure> {
         let warm = self.warm.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut inst = match warm {
-            Some(inst) => inst,
+            Some(inst) => {
+                self.runtime.warm_total.fetch_sub(1, Ordering::Relaxed);
+                inst
+            }
             None => self.instantiate()?,
         };
         let capture = logs.is_some();
@@ -363,20 +413,51 @@ impl LoadedPlugin {
         store.data_mut().deadline.start();
         store.set_epoch_deadline(limits.deadline_ticks);
         match self.pre.instantiate(&mut store) {
-            Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0 }),
+            Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0, idle_since: Instant::now() }),
             Err(err) if is_pool_exhausted(&err) => Err(PluginFailure::Busy),
             Err(err) => Err(failure_from(&err, store.data().limiter.exceeded)),
         }
     }
 
-    fn recycle(&self, inst: WarmInstance) {
+    fn recycle(&self, mut inst: WarmInstance) {
         if inst.calls >= MAX_CALLS_PER_INSTANCE {
             return;
         }
         let mut warm = self.warm.lock().unwrap_or_else(|e| e.into_inner());
-        if warm.len() < self.runtime.limits.warm_per_plugin {
-            warm.push(inst);
+        let runtime = &self.runtime;
+        if warm.len() >= runtime.limits.warm_per_plugin {
+            return;
         }
+        // Take a place in the budget of all plugins first; give it back if it is full.
+        if runtime.warm_total.fetch_add(1, Ordering::Relaxed) >= runtime.max_warm {
+            runtime.warm_total.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        inst.idle_since = Instant::now();
+        warm.push(inst);
+    }
+
+    /// Drops the warm instances unused since before `cutoff`, freeing their slots.
+    pub(crate) fn drop_idle(&self, cutoff: Instant) {
+        self.drop_warm(|inst| inst.idle_since < cutoff);
+    }
+
+    /// How many warm instances this version keeps.
+    pub(crate) fn warm_count(&self) -> usize {
+        self.warm.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    fn drop_warm(&self, drop_it: impl Fn(&WarmInstance) -> bool) {
+        let mut warm = self.warm.lock().unwrap_or_else(|e| e.into_inner());
+        let before = warm.len();
+        warm.retain(|inst| !drop_it(inst));
+        self.runtime.warm_total.fetch_sub(before - warm.len(), Ordering::Relaxed);
+    }
+}
+
+impl Drop for LoadedPlugin {
+    fn drop(&mut self) {
+        self.drop_warm(|_| true);
     }
 }
 
@@ -655,7 +736,7 @@ fn is_pool_exhausted(err: &wasmtime::Error) -> bool {
     err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some()
 }
 
-fn root_message(err: &wasmtime::Error) -> String {
+pub(crate) fn root_message(err: &wasmtime::Error) -> String {
     let mut msg = err.to_string();
     for cause in err.chain().skip(1) {
         msg.push_str(": ");

@@ -12,6 +12,8 @@ struct Guest {
     hooks: u8,
     pages: u32,
     data: &'static str,
+    /// More component items, e.g. core modules nobody instantiates.
+    extra: &'static str,
     transform: &'static str,
     classify: &'static str,
     sign: &'static str,
@@ -21,7 +23,15 @@ const DELIVERED: &str = "(i32.store8 (i32.const 128) (i32.const 0)) (i32.const 1
 
 impl Default for Guest {
     fn default() -> Self {
-        Guest { hooks: 7, pages: 1, data: "", transform: "unreachable", classify: DELIVERED, sign: "unreachable" }
+        Guest {
+            hooks: 7,
+            pages: 1,
+            data: "",
+            extra: "",
+            transform: "unreachable",
+            classify: DELIVERED,
+            sign: "unreachable",
+        }
     }
 }
 
@@ -31,7 +41,7 @@ impl Guest {
     }
 
     fn wasm(&self) -> Vec<u8> {
-        let Guest { hooks, pages, data, transform, classify, sign } = self;
+        let Guest { hooks, pages, data, extra, transform, classify, sign } = self;
         let text = format!(
             r#"(component
   (import "herald:plugin/host@0.1.0" (instance $host
@@ -68,6 +78,7 @@ impl Guest {
   (import "wasi:cli/exit@0.2.0" (instance $exit (export "exit" (func (param "status" (result))))))
 
   (core module $libc (memory (export "memory") {pages}))
+  {extra}
   (core instance $libc (instantiate $libc))
   (core func $log (canon lower (func $host "log") (memory (core memory $libc "memory"))))
   (core func $random (canon lower (func $random "get-random-u64")))
@@ -385,6 +396,7 @@ fn the_watcher_hot_reloads_changed_files() {
     config.max_instances = 16;
     config.reload_debounce = Duration::from_millis(50);
     let host = PluginHost::start(config).unwrap();
+    assert!(host.wait_loaded(Duration::from_secs(20)));
     assert_eq!(block(host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
 
     let retry = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1)) (i32.store (i32.const 136) (i32.const 30)) (i32.const 128)";
@@ -591,4 +603,158 @@ fn a_tenant_spinning_at_its_budget_leaves_a_call_thread_to_the_others() {
             assert_eq!(spin.await.unwrap(), Err(PluginFailure::Timeout));
         }
     });
+}
+
+/// A well-behaved classifier that also carries a core module nobody instantiates, with
+/// one function of `instructions` × 3 bytes: what a compile bomb looks like.
+fn bomb(instructions: usize) -> Vec<u8> {
+    let body = "i32.const 1 drop ".repeat(instructions);
+    let extra = format!("(core module $bomb (func (export \"f\") {body}))");
+    Guest { extra: Box::leak(extra.into_boxed_str()), ..Guest::classify(DELIVERED) }.wasm()
+}
+
+#[test]
+fn a_compile_bomb_is_refused_before_compiling_at_upload_and_by_the_cli() {
+    let t = test_host(|c| c.structure.max_function_bytes = 64 << 10);
+    let started = Instant::now();
+    let err = t.host.install_blocking("acme", "bomb", &bomb(30_000)).unwrap_err();
+    assert!(matches!(&err, PluginError::Structure(m) if m.contains("a function of 90")), "{err}");
+    assert!(err.is_client_error());
+    assert!(started.elapsed() < Duration::from_secs(1), "took {:?}", started.elapsed());
+    assert!(!t._dir.path().join("acme/bomb.wasm").exists());
+    // Under the limit, the same shape is an ordinary plugin.
+    t.host.install_blocking("acme", "small", &bomb(1_000)).unwrap();
+
+    let counted = test_host(|c| c.structure.max_modules = 2);
+    let err = counted.host.install_blocking("acme", "p", &bomb(10)).unwrap_err();
+    assert!(matches!(&err, PluginError::Structure(m) if m.contains("core modules")), "{err}");
+
+    // The CLI's default limit (512 KiB) and a 600 KB function.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bomb.wasm");
+    std::fs::write(&path, bomb(200_000)).unwrap();
+    let started = Instant::now();
+    let err = check_file(&path).unwrap_err();
+    assert!(matches!(&err, PluginError::Structure(_)), "{err}");
+    assert!(err.to_string().contains("refused before compiling"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(1), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn a_component_of_another_world_is_refused_before_compiling() {
+    let t = test_host(|_| {});
+    let imports_more = r#"(component (import "acme:evil/net" (instance)) (core module $m (func (export "f"))) (core instance $i (instantiate $m)) (func (export "describe") (canon lift (core func $i "f"))))"#;
+    let err = t.host.install_blocking("acme", "p", &wat::parse_str(imports_more).unwrap()).unwrap_err();
+    assert!(matches!(&err, PluginError::WrongWorld(m) if m.contains("acme:evil/net")), "{err}");
+}
+
+#[test]
+fn a_tenant_is_held_to_its_plugin_count_and_size() {
+    let wasm = Guest::classify(DELIVERED).wasm();
+    let t = test_host(|c| {
+        c.max_plugins_per_tenant = 2;
+        c.max_tenant_bytes = wasm.len() * 2 + 10;
+    });
+    t.host.install_blocking("acme", "a", &wasm).unwrap();
+    t.host.install_blocking("acme", "b", &wasm).unwrap();
+    t.host.install_blocking("acme", "b", &wasm).unwrap(); // replacing is not adding
+    let err = t.host.install_blocking("acme", "c", &wasm).unwrap_err();
+    assert!(matches!(err, PluginError::TenantLimit { key: "max_plugins_per_tenant", have: 3, limit: 2, .. }), "{err}");
+    assert!(err.to_string().contains("plugins.max_plugins_per_tenant is 2"), "{err}");
+    assert!(!t._dir.path().join("acme/c.wasm").exists());
+    // Another tenant is not affected.
+    t.host.install_blocking("globex", "c", &wasm).unwrap();
+    assert_eq!(block(t.host.classify("globex", "c", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
+
+    // Bytes: a bigger version of `b` would take acme past its total.
+    let bigger = Guest {
+        data: r#"(data (i32.const 2000) "0123456789abcdefghijklmnopqrstuvwxyz")"#,
+        ..Guest::classify(DELIVERED)
+    };
+    let err = t.host.install_blocking("acme", "b", &bigger.wasm()).unwrap_err();
+    assert!(matches!(err, PluginError::TenantLimit { key: "max_tenant_bytes", .. }), "{err}");
+    assert_eq!(t.host.list("acme").len(), 2);
+}
+
+#[test]
+fn idle_plugins_hold_no_instance_slot() {
+    // Far more plugins than slots: loading keeps no instance, so every upload works.
+    let t = test_host(|c| {
+        c.max_instances = 8;
+        c.warm_idle = Duration::from_millis(100);
+    });
+    for i in 0..40 {
+        let tenant = if i % 2 == 0 { "acme" } else { "globex" };
+        t.host.install_blocking(tenant, &format!("p{i}"), &Guest::classify(DELIVERED).wasm()).unwrap();
+    }
+    assert_eq!(t.host.warm_instances(), 0);
+    for i in 0..40 {
+        let tenant = if i % 2 == 0 { "acme" } else { "globex" };
+        assert_eq!(
+            block(t.host.classify(tenant, &format!("p{i}"), &ctx(), &outcome(409))),
+            Ok(Verdict::Delivered),
+            "p{i}"
+        );
+    }
+    // At most half the pool stays warm, and an idle instance is dropped.
+    let warm = t.host.warm_instances();
+    assert!((1..=4).contains(&warm), "{warm} warm");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t.host.warm_instances() > 0 {
+        assert!(Instant::now() < deadline, "idle instances kept");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_restart_loads_from_the_compile_cache_in_the_background() {
+    let plugins = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let config = |max_instances| {
+        let mut c = PluginConfig::new(plugins.path());
+        c.cache_dir = Some(cache.path().to_path_buf());
+        c.max_instances = max_instances;
+        c.max_plugins_per_tenant = 100;
+        c.watch = false;
+        c
+    };
+    let host = PluginHost::start(config(64)).unwrap();
+    for i in 0..30 {
+        host.install_blocking("acme", &format!("p{i}"), &with_statuses(2, &[400 + i]).wasm()).unwrap();
+    }
+    host.install_blocking("zeta", "z", &Guest::classify(DELIVERED).wasm()).unwrap();
+    drop(host);
+    let artifacts = std::fs::read_dir(cache.path()).unwrap().count();
+    assert_eq!(artifacts, 31, "one compiled artifact per distinct plugin");
+
+    // Fewer slots than acme has plugins: zeta's plugin loads all the same.
+    let host = PluginHost::start(config(8)).unwrap();
+    assert!(host.wait_loaded(Duration::from_secs(20)), "{:?}", host.list("zeta"));
+    assert_eq!(block(host.classify("zeta", "z", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
+    assert_eq!(host.list("acme").len(), 30);
+    assert!(host.list("acme").iter().all(|p| p.error.is_none() && !p.loading));
+    assert_eq!(block(host.classify("acme", "p9", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 31, "nothing compiled again");
+
+    // A corrupt artifact is dropped and compiled again. (Replaced, never rewritten in
+    // place: a mapped artifact that shrinks would fault the process that maps it.)
+    drop(host);
+    for entry in std::fs::read_dir(cache.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, b"not an artifact").unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    let host = PluginHost::start(config(8)).unwrap();
+    assert!(host.wait_loaded(Duration::from_secs(60)));
+    assert_eq!(block(host.classify("zeta", "z", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
+}
+
+#[test]
+fn the_compile_cache_must_be_outside_the_plugins_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = PluginConfig::new(dir.path());
+    config.cache_dir = Some(dir.path().join("acme"));
+    let err = PluginHost::start(config).unwrap_err();
+    assert!(err.to_string().contains("must be outside the plugins directory"), "{err}");
 }

@@ -21,8 +21,28 @@ pub struct PluginConfig {
     pub max_output_bytes: usize,
     /// Cap on the size of a `.wasm` file. Default 8 MiB.
     pub max_plugin_bytes: usize,
+    /// Plugins one tenant may upload. Default 20.
+    pub max_plugins_per_tenant: usize,
+    /// Total bytes of one tenant's uploaded plugins. Default 32 MiB.
+    pub max_tenant_bytes: usize,
+    /// Structural limits checked before anything is compiled.
+    pub structure: StructureLimits,
+    /// Compiled artifacts are cached here, keyed by the component's SHA-256 and the
+    /// engine's configuration. `None`: compile in memory every time (the CLI).
+    /// Must be a directory only Herald writes: artifacts are loaded as trusted code.
+    pub cache_dir: Option<PathBuf>,
+    /// The `herald` binary to compile in (`herald plugin compile`, a child process
+    /// with a memory limit and a timeout). `None`: compile in this process.
+    pub compiler_exe: Option<PathBuf>,
+    /// Compiles running at once, uploads and background loads together. Default 1.
+    pub compile_concurrency: usize,
+    /// Wall-clock limit of one compile in the child process. Default 20 s.
+    pub compile_timeout: Duration,
+    /// Data (heap) limit of the compiling child process, in bytes. Default 512 MiB.
+    pub compile_memory: u64,
     /// Most plugin instances alive at once across all plugins (pooling allocator
-    /// slots: warm instances kept for reuse plus calls in flight). Default 1000.
+    /// slots: calls in flight plus warm instances, which may take at most half).
+    /// Default 1000.
     pub max_instances: u32,
     /// Threads that run hook calls (the call pool), off the async runtime; tenants take
     /// turns on them and no tenant holds them all. 0 (the default): one per CPU, at
@@ -30,6 +50,8 @@ pub struct PluginConfig {
     pub call_threads: usize,
     /// Warm instances kept per loaded plugin version for reuse. Default 4.
     pub warm_instances_per_plugin: usize,
+    /// A warm instance unused for this long is dropped, freeing its slot. Default 30 s.
+    pub warm_idle: Duration,
     /// How long the file watcher waits for a file to stop changing. Default 200 ms.
     pub reload_debounce: Duration,
     /// Watch `dir` and hot-reload changed plugins. Default true.
@@ -48,9 +70,18 @@ impl PluginConfig {
             memory_limit: 16 << 20,
             max_output_bytes: 4 << 20,
             max_plugin_bytes: 8 << 20,
+            max_plugins_per_tenant: 20,
+            max_tenant_bytes: 32 << 20,
+            structure: StructureLimits::default(),
+            cache_dir: None,
+            compiler_exe: None,
+            compile_concurrency: 1,
+            compile_timeout: Duration::from_secs(20),
+            compile_memory: 512 << 20,
             max_instances: 1000,
             call_threads: 0,
             warm_instances_per_plugin: 4,
+            warm_idle: Duration::from_secs(30),
             reload_debounce: Duration::from_millis(200),
             watch: true,
             plugin_config: HashMap::new(),
@@ -65,6 +96,26 @@ impl PluginConfig {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()).max(2),
             n => n,
         }
+    }
+}
+
+/// Cheap structural limits on a component, checked by parsing (not compiling) it, so
+/// that a compile bomb is refused for the price of reading its bytes. Compile time
+/// and memory grow with the size of single functions far more than with their sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StructureLimits {
+    /// Largest function body, in bytes. Default 512 KiB (the example plugins' largest
+    /// is under 40 KiB).
+    pub max_function_bytes: usize,
+    /// Most functions, over all core modules. Default 20 000.
+    pub max_functions: usize,
+    /// Most core modules in the component, nested ones included. Default 16.
+    pub max_modules: usize,
+}
+
+impl Default for StructureLimits {
+    fn default() -> Self {
+        StructureLimits { max_function_bytes: 512 << 10, max_functions: 20_000, max_modules: 16 }
     }
 }
 
@@ -170,6 +221,9 @@ pub struct PluginInfo {
     pub classify_statuses: Option<Vec<u16>>,
     /// When the serving version was loaded.
     pub loaded_at: Option<SystemTime>,
+    /// The file is being loaded in the background (after a start or a file change);
+    /// deliveries bound to it wait until it serves.
+    pub loading: bool,
     /// Why the newest file on disk is not serving, when it failed to load. The previous
     /// version, if any, keeps serving.
     pub error: Option<String>,
@@ -284,9 +338,29 @@ pub enum PluginError {
         /// The limit.
         limit: usize,
     },
+    /// The tenant would pass one of its plugin limits.
+    #[error("tenant {tenant} would have {have} {what}; plugins.{key} is {limit}")]
+    TenantLimit {
+        /// The tenant.
+        tenant: String,
+        /// `plugins` or `bytes of plugins`.
+        what: &'static str,
+        /// The config key of the limit.
+        key: &'static str,
+        /// What the tenant would have.
+        have: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The bytes are not a WebAssembly component Herald can compile.
     #[error("not a valid WebAssembly component: {0}")]
     Invalid(String),
+    /// The component is valid but over a structural limit, checked before compiling.
+    #[error("component refused before compiling: {0}")]
+    Structure(String),
+    /// Compiling took longer or needed more memory than allowed.
+    #[error("compile refused: {0}")]
+    CompileLimit(String),
     /// The component does not target `herald:plugin/plugin@0.1.0`.
     #[error("component does not fit the herald:plugin@0.1.0 world: {0}")]
     WrongWorld(String),

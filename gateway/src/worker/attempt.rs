@@ -22,7 +22,7 @@ use crate::deliver::headers::is_reserved;
 use crate::model::{Attempt, DeliveryState, Endpoint, EndpointState, Millis, new_id};
 use crate::plugin;
 use crate::sign::{self, Secret};
-use crate::store::{AttemptResult, Claimed, EndpointChange};
+use crate::store::{AttemptResult, Claimed, EndpointChange, Release};
 
 /// The JSON envelope a receiver gets by default; the payload bytes are kept exactly.
 pub fn envelope(event_id: &str, event_type: &str, created_at: Millis, payload: &str) -> String {
@@ -53,6 +53,11 @@ pub(super) async fn run(
     _slot: OwnedSemaphorePermit,
     mut rng: StdRng,
 ) {
+    if wait_for_plugins(&inner, &target, &d).await {
+        shared.pacer.lock().expect("pacer").release();
+        shared.freed.notify_one();
+        return;
+    }
     inner.metrics.in_flight.inc();
     let started = now_ms();
     let clock = Instant::now();
@@ -142,6 +147,26 @@ pub(super) async fn run(
     shared.pacer.lock().expect("pacer").release();
     shared.freed.notify_one();
     inner.metrics.in_flight_done.inc();
+}
+
+/// How soon a delivery waiting for a loading plugin is tried again.
+const PLUGIN_LOADING_RETRY_MS: Millis = 250;
+
+/// Hands `d` back, due shortly and without an attempt, when a plugin bound to its
+/// endpoint is still loading (after a start or a new file): calling it now would fail
+/// `plugin:not_found`, which is not the delivery's fault.
+async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
+    let bound = &target.endpoint.spec.plugins;
+    let mut names = [&bound.transform, &bound.classify, &bound.sign].into_iter().flatten();
+    if !names.any(|name| inner.plugins.loading(d.tenant.as_str(), name)) {
+        return false;
+    }
+    let release =
+        Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: now_ms() + PLUGIN_LOADING_RETRY_MS };
+    if let Err(e) = inner.committer.release(vec![release]).await {
+        tracing::warn!(delivery = %d.id, error = %e, "release failed; the lease will expire instead");
+    }
+    true
 }
 
 /// Builds the request (transform and sign plugins included) and sends it.

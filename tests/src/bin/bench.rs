@@ -89,6 +89,13 @@ enum Scenario {
         #[arg(long, default_value_t = 7)]
         evil_endpoints: usize,
     },
+    /// Restart of a node with `plugins` installed plugins (distinct, all compiled and
+    /// cached): ms from spawn to `/readyz`, to every plugin serving, and to the first
+    /// delivery through the plugin loaded last.
+    Restart {
+        #[arg(long, default_value_t = 100)]
+        plugins: usize,
+    },
     /// Achieved rate of one endpoint paced at `rate`/s over `seconds`.
     Pacing {
         #[arg(long, default_value_t = 100.0)]
@@ -241,6 +248,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
     if let Scenario::PluginCalls { calls } = s {
         let calls = *calls;
         return tokio::task::spawn_blocking(move || plugin_calls(calls)).await?;
+    }
+    if let Scenario::Restart { plugins } = s {
+        return restart(*plugins).await;
     }
     let (schema, _dir, node) = node(store_url).await?;
     let mut _others = Vec::new();
@@ -419,7 +429,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
         Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints } => {
             isolation_plugins(&api, &rx, node.pid(), rate, seconds, attack_rate, evil_endpoints, &mut out).await?;
         }
-        Scenario::PluginCalls { .. } => unreachable!("handled above"),
+        Scenario::PluginCalls { .. } | Scenario::Restart { .. } => unreachable!("handled above"),
     }
     Ok(out)
 }
@@ -546,4 +556,57 @@ async fn steady(api: &tests::Api, rx: &FakeReceiver, phase: &str, rate: u64, sec
         .iter()
         .map(|(id, ack)| got.get(id).map_or(f64::NAN, |at| at.saturating_duration_since(*ack).as_secs_f64() * 1000.0))
         .collect())
+}
+
+/// Installs `plugins` distinct copies of the transform example (each compiled once, into
+/// the node's compile cache), then kills the node and times its restart.
+async fn restart(plugins: usize) -> anyhow::Result<HashMap<String, f64>> {
+    let bin = herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    let limit = plugins.to_string();
+    let env = [("HERALD_LOG_LEVEL", "error"), ("HERALD_PLUGINS_MAX_PLUGINS_PER_TENANT", limit.as_str())];
+    let mut node = HeraldProcess::start(&bin, dir.path(), &env).await?;
+    let api = node.api.clone();
+    api.tenant("bench").await?;
+    let chat = std::fs::read(wasm_dir().join("transform_chat.wasm"))
+        .context("build the plugins first: scripts/build-plugins")?;
+    for i in 0..plugins {
+        let bytes = tests::with_custom_section(chat.clone(), &format!("v{i}"));
+        let r = api.raw("PUT", &format!("/v1/tenants/bench/plugins/p{i:03}"), Some(ADMIN_TOKEN), bytes).await?;
+        if r.status != 200 {
+            bail!("upload p{i:03}: {} {}", r.status, r.text);
+        }
+    }
+    let rx = FakeReceiver::start().await?;
+    let last = format!("p{:03}", plugins.saturating_sub(1));
+    api.endpoint("bench", json!({"url": rx.url(), "plugins": {"transform": last}})).await?;
+    node.kill();
+
+    let started = Instant::now();
+    let node = HeraldProcess::start(&bin, dir.path(), &env).await?;
+    let ready = started.elapsed();
+    let api = node.api.clone();
+    api.event("bench", json!({"type": "user.created", "payload": {"name": "Ada"}})).await?;
+    let mut all_loaded = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while all_loaded.is_none() || rx.count() == 0 {
+        if Instant::now() > deadline {
+            bail!("restart: not ready after 60 s");
+        }
+        if all_loaded.is_none() {
+            let list = api.get("/v1/tenants/bench/plugins", ADMIN_TOKEN).await?;
+            let items = list.json["data"].as_array().cloned().unwrap_or_default();
+            if items.len() == plugins && items.iter().all(|p| p["loading"] == false && p["error"].is_null()) {
+                all_loaded = Some(started.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let first_delivery = rx.received()[0].at.duration_since(started);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    Ok(HashMap::from([
+        ("ready_ms".to_string(), ms(ready)),
+        ("all_plugins_ms".to_string(), ms(all_loaded.unwrap_or_default())),
+        ("first_delivery_ms".to_string(), ms(first_delivery)),
+    ]))
 }
