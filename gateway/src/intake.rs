@@ -5,7 +5,9 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::model::{EventId, Millis, NewEvent, TenantId, event_fingerprint, validate_event_type};
+use crate::model::{
+    DeliveryId, EventId, Millis, NewEvent, TenantId, event_fingerprint, type_filter_matches, validate_event_type,
+};
 use crate::store::{Committer, IngestOutcome, StoreError};
 
 /// Why an event was refused before anything was written.
@@ -54,6 +56,23 @@ pub struct IntakeLimits {
     pub max_payload_bytes: usize,
     pub max_events_per_request: usize,
     pub ttl_ms: Millis,
+}
+
+/// The deliveries a new event fans out to: one per subscriber of its tenant (in the order
+/// given) whose event-type filter matches, each with a fresh time-ordered id. Pure; both
+/// stores call it inside the transaction that stores the event, so a subscription change
+/// and the fan-out never interleave.
+pub fn fan_out<'s>(
+    event_type: &str,
+    created_at: Millis,
+    subscribers: &'s [(String, Vec<String>)],
+    rng: &mut impl rand::Rng,
+) -> Vec<(DeliveryId, &'s str)> {
+    subscribers
+        .iter()
+        .filter(|(_, types)| type_filter_matches(types, event_type))
+        .map(|(endpoint, _)| (DeliveryId::generate(created_at, rng), endpoint.as_str()))
+        .collect()
 }
 
 /// Validates one posted event into a `NewEvent` stamped with `now`.
@@ -175,7 +194,28 @@ pub async fn accept(
 
 #[cfg(test)]
 mod tests {
+    use rand::SeedableRng;
+
     use super::*;
+
+    #[test]
+    fn fan_out_keeps_subscriber_order_and_matches_filters() {
+        let subs = |list: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
+            list.iter().map(|(id, types)| (id.to_string(), types.iter().map(|t| t.to_string()).collect())).collect()
+        };
+        let subscribers = subs(&[
+            ("ep_all", &[]),
+            ("ep_inv", &["invoice.*"]),
+            ("ep_user", &["user.created"]),
+            ("ep_paid", &["invoice.paid"]),
+        ]);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let out = fan_out("invoice.paid", 1_000, &subscribers, &mut rng);
+        let endpoints: Vec<&str> = out.iter().map(|(_, e)| *e).collect();
+        assert_eq!(endpoints, ["ep_all", "ep_inv", "ep_paid"]);
+        assert!(out[0].0 != out[1].0 && out[1].0 != out[2].0, "fresh ids: {out:?}");
+        assert!(fan_out("order.shipped", 1_000, &subscribers[1..], &mut rng).is_empty());
+    }
 
     #[test]
     fn depth_counts_brackets_outside_strings() {

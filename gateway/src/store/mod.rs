@@ -11,6 +11,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::model::*;
 
 pub mod postgres;
+mod rows;
+mod sql;
 pub mod sqlite;
 
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
@@ -216,8 +218,7 @@ pub trait Store: Send + Sync + 'static {
     /// Endpoints other nodes added work for, as they commit it (`None`: single-node store).
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Vec<EndpointId>>>>;
 
-    // Dead-letter recovery, health and retention (issue 6). Defaults refuse, so a backend
-    // that lacks them fails loudly rather than silently.
+    // Dead-letter recovery, health and retention.
 
     /// Dead letters of `tenant` matching a replay selection: how many, and the endpoints
     /// among them that are not active (a replay to those is refused).
@@ -226,22 +227,11 @@ pub trait Store: Send + Sync + 'static {
         tenant: &TenantId,
         ids: Option<&[String]>,
         filter: Option<&DeadLetterFilter>,
-    ) -> Result<(u64, Vec<EndpointId>)> {
-        let _ = (tenant, ids, filter);
-        Err(unsupported("replays"))
-    }
-    async fn create_replay(&self, replay: &Replay) -> Result<()> {
-        let _ = replay;
-        Err(unsupported("replays"))
-    }
-    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
-        let _ = (tenant, id);
-        Err(unsupported("replays"))
-    }
+    ) -> Result<(u64, Vec<EndpointId>)>;
+    async fn create_replay(&self, replay: &Replay) -> Result<()>;
+    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>>;
     /// Replays still running (to resume after a restart).
-    async fn running_replays(&self) -> Result<Vec<Replay>> {
-        Err(unsupported("replays"))
-    }
+    async fn running_replays(&self) -> Result<Vec<Replay>>;
     /// Re-queues the replay's next batch of dead letters after its cursor: the n-th due at
     /// `now + n × spacing_ms`, retries counted afresh, deadline `deadline`. Advances the
     /// cursor and marks the replay done when nothing is left. Returns the endpoints touched
@@ -252,70 +242,20 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
         spacing_ms: f64,
         deadline: Millis,
-    ) -> Result<(Vec<EndpointId>, u32)> {
-        let _ = (replay_id, now, spacing_ms, deadline);
-        Err(unsupported("replays"))
-    }
+    ) -> Result<(Vec<EndpointId>, u32)>;
     /// Moves a running replay to `state`; false if it was not running.
-    async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
-        let _ = (tenant, id, state, now);
-        Err(unsupported("replays"))
-    }
+    async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool>;
     /// Dead letters of a tenant counted by reason.
-    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
-        let _ = tenant;
-        Err(unsupported("dead-letter counts"))
-    }
+    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>>;
     /// Per tenant: the oldest unresolved dead letter, if older than `older_than`, and the count.
-    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
-        let _ = older_than;
-        Err(unsupported("dead-letter age"))
-    }
-    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
-        let _ = (endpoint, now);
-        Err(unsupported("endpoint health"))
-    }
+    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>>;
+    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health>;
     /// Deletes up to `limit` finished deliveries (delivered before `delivered_before`, dead
     /// before `dead_before`) with their attempts, then events left without deliveries.
-    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
-        let _ = (delivered_before, dead_before, limit);
-        Err(unsupported("retention"))
-    }
-}
-
-fn unsupported(what: &str) -> StoreError {
-    StoreError::Backend(format!("{what} are not supported by this store"))
+    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64>;
 }
 
 pub type DynStore = Arc<dyn Store>;
-
-/// The columns of a `tokens` row, as both backends select them into [`TokenRow`].
-const TOKEN_COLUMNS: &str = "id, hash, tenant_id, scopes, created_at, last_used_at";
-
-/// A `tokens` row, decoded the same way from either backend.
-#[derive(sqlx::FromRow)]
-struct TokenRow {
-    id: String,
-    hash: String,
-    tenant_id: String,
-    /// Space-separated scope names.
-    scopes: String,
-    created_at: Millis,
-    last_used_at: Option<Millis>,
-}
-
-impl TokenRow {
-    fn into_record(self) -> TokenRecord {
-        TokenRecord {
-            id: self.id,
-            hash: self.hash,
-            tenant: TenantId::from_stored(self.tenant_id),
-            scopes: self.scopes.split(' ').filter_map(Scope::parse).collect(),
-            created_at: self.created_at,
-            last_used_at: self.last_used_at,
-        }
-    }
-}
 
 /// Opens the store named by `url` and applies its migrations.
 pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {

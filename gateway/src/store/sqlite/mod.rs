@@ -8,6 +8,11 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
+use super::rows::{
+    self, ATTEMPT_ORDER, AttemptRow, DELIVERY_COLUMNS, DeliveryRow, EndpointRow, EventRow, ReplayRow, TOKEN_COLUMNS,
+    TenantRow, TokenRow,
+};
+use super::sql;
 use super::*;
 
 pub struct SqliteStore {
@@ -16,7 +21,6 @@ pub struct SqliteStore {
 }
 
 mod writer;
-use writer::settle;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -66,44 +70,6 @@ fn create_private(path: &std::path::Path) -> Result<()> {
     open.open(path).map(drop).map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", path.display())))
 }
 
-const DELIVERY_COLUMNS: &str = "id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-     next_attempt_at, reason, last_status, last_error, created_at, updated_at";
-
-fn delivery_from_row(r: &SqliteRow) -> Result<Delivery> {
-    let state: String = r.try_get("state")?;
-    Ok(Delivery {
-        id: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
-        tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-        event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
-        endpoint_id: EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?),
-        event_type: r.try_get("event_type")?,
-        state: DeliveryState::parse(&state).ok_or_else(|| StoreError::Backend(format!("bad state {state}")))?,
-        attempts: r.try_get::<i64, _>("attempts")? as u32,
-        next_attempt_at: r.try_get("next_attempt_at")?,
-        reason: r.try_get("reason")?,
-        last_status: r.try_get::<Option<i64>, _>("last_status")?.map(|s| s as u16),
-        last_error: r.try_get("last_error")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
-    })
-}
-
-fn endpoint_from_row(r: &SqliteRow) -> Result<Endpoint> {
-    let spec: String = r.try_get("spec")?;
-    let state: String = r.try_get("state")?;
-    Ok(Endpoint {
-        id: EndpointId::from_stored(r.try_get::<String, _>("id")?),
-        tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-        spec: serde_json::from_str(&spec).map_err(|e| StoreError::Backend(format!("endpoint spec: {e}")))?,
-        state: EndpointState::parse(&state).ok_or_else(|| StoreError::Backend(format!("bad state {state}")))?,
-        state_reason: r.try_get("state_reason")?,
-        paused_until: r.try_get("paused_until")?,
-        failing_since: r.try_get("failing_since")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
-    })
-}
-
 fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("serializable")
 }
@@ -121,18 +87,11 @@ impl Store for SqliteStore {
     }
 
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
-        let row = sqlx::query("SELECT id, name, created_at FROM tenants WHERE id = ?")
+        let row = sqlx::query_as::<_, TenantRow>("SELECT id, name, created_at FROM tenants WHERE id = ?")
             .bind(id.as_str())
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|r| {
-            Ok(Tenant {
-                id: TenantId::from_stored(r.try_get::<String, _>("id")?),
-                name: r.try_get("name")?,
-                created_at: r.try_get("created_at")?,
-            })
-        })
-        .transpose()
+        Ok(row.map(Tenant::from))
     }
 
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
@@ -153,7 +112,7 @@ impl Store for SqliteStore {
             .bind(hash)
             .fetch_optional(&self.pool)
             .await?;
-        Ok(row.map(TokenRow::into_record))
+        Ok(row.map(TokenRecord::from))
     }
 
     async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
@@ -163,7 +122,7 @@ impl Store for SqliteStore {
         .bind(tenant.as_str())
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(TokenRow::into_record).collect())
+        Ok(rows.into_iter().map(TokenRecord::from).collect())
     }
 
     async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
@@ -205,17 +164,20 @@ impl Store for SqliteStore {
     }
 
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
-        let row =
-            sqlx::query("SELECT * FROM endpoints WHERE id = ?").bind(id.as_str()).fetch_optional(&self.pool).await?;
-        row.as_ref().map(endpoint_from_row).transpose()
+        let row = sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE id = ?")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(Endpoint::try_from).transpose()
     }
 
     async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
-        let rows = sqlx::query("SELECT * FROM endpoints WHERE tenant_id = ? ORDER BY created_at, id")
-            .bind(tenant.as_str())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(endpoint_from_row).collect()
+        let rows =
+            sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE tenant_id = ? ORDER BY created_at, id")
+                .bind(tenant.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+        rows::all(rows)
     }
 
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
@@ -253,89 +215,36 @@ impl Store for SqliteStore {
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
-        let row = sqlx::query("SELECT * FROM events WHERE tenant_id = ? AND id = ?")
+        let row = sqlx::query_as::<_, EventRow>("SELECT * FROM events WHERE tenant_id = ? AND id = ?")
             .bind(tenant.as_str())
             .bind(id.as_str())
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|r| {
-            Ok(Event {
-                id: EventId::from_stored(r.try_get::<String, _>("id")?),
-                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-                event_type: r.try_get("type")?,
-                payload: r.try_get("payload")?,
-                created_at: r.try_get("created_at")?,
-                expires_at: r.try_get("expires_at")?,
-            })
-        })
-        .transpose()
+        Ok(row.map(Event::from))
     }
 
     async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<Delivery>> {
         let mut q: QueryBuilder<'_, Sqlite> =
             QueryBuilder::new(format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE 1 = 1"));
-        if let Some(t) = &f.tenant {
-            q.push(" AND tenant_id = ").push_bind(t.as_str());
-        }
-        if let Some(e) = &f.event {
-            q.push(" AND event_id = ").push_bind(e.as_str());
-        }
-        if let Some(e) = &f.endpoint {
-            q.push(" AND endpoint_id = ").push_bind(e.as_str());
-        }
-        if let Some(s) = f.state {
-            q.push(" AND state = ").push_bind(s.as_str());
-        }
-        if let Some(t) = &f.event_type {
-            q.push(" AND event_type = ").push_bind(t.as_str());
-        }
-        if let Some(r) = &f.reason {
-            q.push(" AND reason = ").push_bind(r.as_str());
-        }
-        if let Some(s) = f.since {
-            q.push(" AND updated_at >= ").push_bind(s);
-        }
-        if let Some(u) = f.until {
-            q.push(" AND updated_at < ").push_bind(u);
-        }
-        if let Some(a) = &f.after {
-            q.push(" AND id > ").push_bind(a.as_str());
-        }
-        q.push(" ORDER BY id LIMIT ").push_bind(i64::from(f.limit.max(1)));
-        let rows = q.build().fetch_all(&self.pool).await?;
-        rows.iter().map(delivery_from_row).collect()
+        sql::push_delivery_filter(&mut q, f);
+        rows::all(q.build_query_as::<DeliveryRow>().fetch_all(&self.pool).await?)
     }
 
     async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>> {
-        let row = sqlx::query(&format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ? AND tenant_id = ?"))
-            .bind(id.as_str())
-            .bind(tenant.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query_as::<_, DeliveryRow>(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ? AND tenant_id = ?"
+        ))
+        .bind(id.as_str())
+        .bind(tenant.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
         let Some(row) = row else { return Ok(None) };
-        let delivery = delivery_from_row(&row)?;
-        let rows = sqlx::query("SELECT * FROM attempts WHERE delivery_id = ? ORDER BY started_at, number")
-            .bind(id.as_str())
-            .fetch_all(&self.pool)
-            .await?;
-        let attempts = rows
-            .iter()
-            .map(|r| {
-                Ok(Attempt {
-                    id: r.try_get("id")?,
-                    delivery_id: DeliveryId::from_stored(r.try_get::<String, _>("delivery_id")?),
-                    number: r.try_get::<i64, _>("number")? as u32,
-                    started_at: r.try_get("started_at")?,
-                    duration_ms: r.try_get::<i64, _>("duration_ms")? as u64,
-                    status: r.try_get::<Option<i64>, _>("status")?.map(|s| s as u16),
-                    response_body: r.try_get("response_body")?,
-                    error: r.try_get("error")?,
-                    verdict: r.try_get("verdict")?,
-                    decided_by: r.try_get("decided_by")?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Some((delivery, attempts)))
+        let attempts =
+            sqlx::query_as::<_, AttemptRow>(&format!("SELECT * FROM attempts WHERE delivery_id = ? {ATTEMPT_ORDER}"))
+                .bind(id.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(Some((row.try_into()?, attempts.into_iter().map(Attempt::from).collect())))
     }
 
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
@@ -408,13 +317,13 @@ impl Store for SqliteStore {
         filter: Option<&DeadLetterFilter>,
     ) -> Result<(u64, Vec<EndpointId>)> {
         let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
-        push_dead_selection(&mut q, tenant, ids, filter, "");
+        sql::push_dead_selection(&mut q, tenant, ids, filter, "", push_id_list);
         let n: i64 = q.build_query_scalar().fetch_one(&self.pool).await?;
         let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
             "SELECT DISTINCT e.id FROM deliveries JOIN endpoints e ON e.id = deliveries.endpoint_id \
              WHERE e.state != 'active'",
         );
-        push_dead_selection(&mut q, tenant, ids, filter, "");
+        sql::push_dead_selection(&mut q, tenant, ids, filter, "", push_id_list);
         let blocked: Vec<String> = q.build_query_scalar().fetch_all(&self.pool).await?;
         Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
     }
@@ -442,13 +351,13 @@ impl Store for SqliteStore {
     }
 
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
-        let row = sqlx::query("SELECT * FROM replays WHERE id = ? AND tenant_id = ?")
+        let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = ? AND tenant_id = ?")
             .bind(id)
             .bind(tenant.as_str())
             .fetch_optional(&self.pool)
             .await?;
         let Some(row) = row else { return Ok(None) };
-        let replay = replay_from_row(&row)?;
+        let replay = Replay::try_from(row)?;
         let counts = sqlx::query("SELECT state, COUNT(*) AS n FROM deliveries WHERE replay_id = ? GROUP BY state")
             .bind(id)
             .fetch_all(&self.pool)
@@ -467,10 +376,10 @@ impl Store for SqliteStore {
     }
 
     async fn running_replays(&self) -> Result<Vec<Replay>> {
-        let rows = sqlx::query("SELECT * FROM replays WHERE state = 'running' ORDER BY created_at")
+        let rows = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE state = 'running' ORDER BY created_at")
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(replay_from_row).collect()
+        rows::all(rows)
     }
 
     async fn replay_batch(
@@ -481,14 +390,24 @@ impl Store for SqliteStore {
         deadline: Millis,
     ) -> Result<(Vec<EndpointId>, u32)> {
         let mut tx = self.pool.begin().await?;
-        let row = sqlx::query("SELECT * FROM replays WHERE id = ?").bind(replay_id).fetch_optional(&mut *tx).await?;
+        let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = ?")
+            .bind(replay_id)
+            .fetch_optional(&mut *tx)
+            .await?;
         let Some(row) = row else { return Err(StoreError::NotFound(format!("replay {replay_id}"))) };
-        let replay = replay_from_row(&row)?;
+        let replay = Replay::try_from(row)?;
         if replay.state != ReplayState::Running {
             return Ok((Vec::new(), 0));
         }
         let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("SELECT id, endpoint_id FROM deliveries WHERE 1 = 1");
-        push_dead_selection(&mut q, &replay.tenant, replay.ids.as_deref(), replay.filter.as_ref(), &replay.cursor);
+        sql::push_dead_selection(
+            &mut q,
+            &replay.tenant,
+            replay.ids.as_deref(),
+            replay.filter.as_ref(),
+            &replay.cursor,
+            push_id_list,
+        );
         q.push(" ORDER BY id LIMIT ").push_bind(i64::from(replay.batch));
         let picked = q.build().fetch_all(&mut *tx).await?;
         let mut endpoints = Vec::new();
@@ -499,7 +418,7 @@ impl Store for SqliteStore {
             sqlx::query(&format!(
                 "UPDATE deliveries SET state = {}, next_attempt_at = ?, attempt_base = attempts, deadline = ?, \
                  replay_id = ?, reason = NULL, updated_at = ? WHERE id = ? AND state = 'dead'",
-                settle("'queued'")
+                sql::settle("deliveries", "'queued'")
             ))
             .bind(due)
             .bind(deadline)
@@ -585,17 +504,13 @@ impl Store for SqliteStore {
         .bind(now - 86_400_000)
         .fetch_one(&self.pool)
         .await?;
-        let last_success: Option<i64> = sqlx::query_scalar(
-            "SELECT MAX(started_at) FROM attempts WHERE endpoint_id = ? AND status BETWEEN 200 AND 299",
+        let last = sqlx::query(
+            "SELECT MAX(started_at) FILTER (WHERE status BETWEEN 200 AND 299) AS success, MAX(started_at) AS attempt \
+             FROM attempts WHERE endpoint_id = ?",
         )
         .bind(endpoint.as_str())
         .fetch_one(&self.pool)
         .await?;
-        let last_attempt: Option<i64> =
-            sqlx::query_scalar("SELECT MAX(started_at) FROM attempts WHERE endpoint_id = ?")
-                .bind(endpoint.as_str())
-                .fetch_one(&self.pool)
-                .await?;
         let b = sqlx::query(
             "SELECT COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')) AS backlog, \
              COUNT(*) FILTER (WHERE state = 'dead') AS dead FROM deliveries WHERE endpoint_id = ?",
@@ -609,8 +524,8 @@ impl Store for SqliteStore {
             successes_1h: n(&r, "s1")?,
             attempts_24h: n(&r, "a24")?,
             successes_24h: n(&r, "s24")?,
-            last_success_at: last_success,
-            last_attempt_at: last_attempt,
+            last_success_at: last.try_get("success")?,
+            last_attempt_at: last.try_get("attempt")?,
             backlog: n(&b, "backlog")?,
             dead_letters: n(&b, "dead")?,
         })
@@ -650,63 +565,12 @@ impl Store for SqliteStore {
     }
 }
 
-fn replay_from_row(r: &SqliteRow) -> Result<Replay> {
-    let state: String = r.try_get("state")?;
-    fn parse<T: serde::de::DeserializeOwned>(v: Option<String>) -> Result<Option<T>> {
-        v.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Backend(format!("replay: {e}")))).transpose()
+/// SQLite's "id is one of these": one bound parameter per id.
+fn push_id_list<'a>(q: &mut QueryBuilder<'a, Sqlite>, ids: &'a [String]) {
+    q.push(" AND deliveries.id IN (");
+    let mut sep = q.separated(", ");
+    for id in ids {
+        sep.push_bind(id.as_str());
     }
-    Ok(Replay {
-        id: r.try_get("id")?,
-        tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-        state: ReplayState::parse(&state).ok_or_else(|| StoreError::Backend(format!("bad replay state {state}")))?,
-        ids: parse(r.try_get("ids")?)?,
-        filter: parse(r.try_get("filter")?)?,
-        rate_per_sec: r.try_get("rate_per_sec")?,
-        batch: r.try_get::<i64, _>("batch")? as u32,
-        selected: r.try_get::<i64, _>("selected")? as u64,
-        sent: r.try_get::<i64, _>("sent")? as u64,
-        cursor: r.try_get("cursor")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
-    })
-}
-
-/// Restricts a query on `deliveries` to a tenant's dead letters selected by explicit ids or
-/// a filter, after `cursor` (a delivery id; empty for none).
-fn push_dead_selection<'a>(
-    q: &mut QueryBuilder<'a, Sqlite>,
-    tenant: &'a TenantId,
-    ids: Option<&'a [String]>,
-    filter: Option<&'a DeadLetterFilter>,
-    cursor: &'a str,
-) {
-    q.push(" AND deliveries.state = 'dead' AND deliveries.tenant_id = ").push_bind(tenant.as_str());
-    if !cursor.is_empty() {
-        q.push(" AND deliveries.id > ").push_bind(cursor);
-    }
-    if let Some(ids) = ids {
-        q.push(" AND deliveries.id IN (");
-        let mut sep = q.separated(", ");
-        for id in ids {
-            sep.push_bind(id.as_str());
-        }
-        sep.push_unseparated(")");
-    }
-    if let Some(f) = filter {
-        if let Some(e) = &f.endpoint {
-            q.push(" AND deliveries.endpoint_id = ").push_bind(e.as_str());
-        }
-        if let Some(t) = &f.event_type {
-            q.push(" AND deliveries.event_type = ").push_bind(t.as_str());
-        }
-        if let Some(r) = &f.reason {
-            q.push(" AND deliveries.reason = ").push_bind(r.as_str());
-        }
-        if let Some(s) = f.since {
-            q.push(" AND deliveries.updated_at >= ").push_bind(s);
-        }
-        if let Some(u) = f.until {
-            q.push(" AND deliveries.updated_at < ").push_bind(u);
-        }
-    }
+    sep.push_unseparated(")");
 }

@@ -18,7 +18,9 @@ use rand::rngs::StdRng;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
+use super::super::sql;
 use super::super::*;
+use crate::intake::fan_out;
 
 type Job = (Vec<WriteOp>, oneshot::Sender<Result<Vec<WriteResult>>>);
 
@@ -248,19 +250,9 @@ fn ingest_op(
             continue;
         }
         let mut targets = Vec::new();
-        for (endpoint, types) in subscribers.of(tx, &ev.tenant)? {
-            if type_filter_matches(types, &ev.event_type) {
-                let delivery = DeliveryId::generate(ev.created_at, rng);
-                insert_delivery.execute(params![
-                    delivery.as_str(),
-                    tenant,
-                    id,
-                    endpoint,
-                    ev.event_type,
-                    ev.created_at
-                ])?;
-                targets.push(EndpointId::from_stored(endpoint.as_str()));
-            }
+        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, subscribers.of(tx, &ev.tenant)?, rng) {
+            insert_delivery.execute(params![delivery.as_str(), tenant, id, endpoint, ev.event_type, ev.created_at])?;
+            targets.push(EndpointId::from_stored(endpoint));
         }
         out.push(IngestOutcome {
             deliveries: targets.len() as u32,
@@ -311,22 +303,12 @@ fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<Vec<Claimed>> {
     Ok(claimed)
 }
 
-/// What a delivery that is not finished becomes, given its endpoint's state right now:
-/// dead on a disabled endpoint, paused on an endpoint paused for a human, else `$wanted`.
-const SETTLE_STATE: &str = "CASE (SELECT CASE WHEN e.state = 'paused' AND e.paused_until IS NOT NULL \
-     THEN 'active' ELSE e.state END FROM endpoints e WHERE e.id = deliveries.endpoint_id) \
-     WHEN 'disabled' THEN 'dead' WHEN 'paused' THEN 'paused' ELSE $wanted END";
-
-pub(super) fn settle(wanted: &str) -> String {
-    SETTLE_STATE.replace("$wanted", wanted)
-}
-
 /// Records attempt results; a result applies only while its fence still matches and the
 /// delivery is still leased, so a second result for one lease (in this commit or a later
 /// one) is refused. Returns, per result, whether it was accepted.
 fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>> {
     let unfinished = "?3 IN ('waiting', 'queued')";
-    let settled = settle("?3");
+    let settled = sql::settle("deliveries", "?3");
     let mut update = tx.prepare_cached(&format!(
         "UPDATE deliveries SET state = CASE WHEN {unfinished} THEN {settled} ELSE ?3 END, \
          attempts = ?4, next_attempt_at = ?5, \
@@ -381,7 +363,7 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
 
 /// Hands claimed-but-unsent deliveries back, due at their `next_attempt_at`.
 fn release(tx: &Transaction<'_>, releases: Vec<Release>) -> Result<()> {
-    let settled = settle("'waiting'");
+    let settled = sql::settle("deliveries", "'waiting'");
     let mut update = tx.prepare_cached(&format!(
         "UPDATE deliveries SET state = {settled}, next_attempt_at = ?1, lease_owner = NULL, lease_until = NULL, \
          reason = CASE WHEN {settled} = 'dead' THEN 'endpoint_disabled' END \

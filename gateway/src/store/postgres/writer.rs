@@ -1,0 +1,431 @@
+//! The Postgres store's write path: one group commit is one transaction of array-bound
+//! (`UNNEST`) multi-row statements, claims `FOR UPDATE SKIP LOCKED`, and intake's
+//! `NOTIFY`. It differs from SQLite's on purpose (round trips cost more than statements
+//! here); what both share lives in `store::sql` and `store::rows`.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
+
+use super::super::sql;
+use super::super::*;
+use super::IDS_PER_NOTIFY;
+use crate::intake::fan_out;
+
+/// Deadlocks and serialization failures between nodes' commits: the whole batch can be
+/// replayed (it was rolled back as a unit).
+pub(super) fn is_transient(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001")))
+}
+
+/// Applies the ops in order. Runs of consecutive intakes and of consecutive results are
+/// folded into single statements: every statement is a round trip to the server.
+pub(super) async fn apply_all(
+    conn: &mut PgConnection,
+    ops: &[WriteOp],
+    channel: &str,
+) -> sqlx::Result<Vec<WriteResult>> {
+    let mut results = Vec::with_capacity(ops.len());
+    let mut i = 0;
+    while i < ops.len() {
+        match &ops[i] {
+            WriteOp::Ingest(_) => {
+                let run: Vec<&[NewEvent]> = ops[i..]
+                    .iter()
+                    .map_while(|op| match op {
+                        WriteOp::Ingest(events) => Some(events.as_slice()),
+                        _ => None,
+                    })
+                    .collect();
+                i += run.len();
+                let events: Vec<&NewEvent> = run.iter().flat_map(|evs| evs.iter()).collect();
+                match ingest(conn, &events, channel).await? {
+                    Ok(outcomes) => {
+                        let mut outcomes = outcomes.into_iter();
+                        for evs in run {
+                            results.push(WriteResult::Ingest(outcomes.by_ref().take(evs.len()).collect()));
+                        }
+                    }
+                    // Rare: some request reuses an id with another payload. Its folded run
+                    // wrote nothing; take the requests one by one so only that one is refused.
+                    Err(_) => {
+                        for evs in run {
+                            let events: Vec<&NewEvent> = evs.iter().collect();
+                            let outcomes = ingest(conn, &events, channel).await?;
+                            results.push(WriteResult::Ingest(
+                                outcomes.unwrap_or_else(|at| IngestOutcome::refused(evs.len(), at)),
+                            ));
+                        }
+                    }
+                }
+            }
+            WriteOp::Record(_) => {
+                let run: Vec<&[AttemptResult]> = ops[i..]
+                    .iter()
+                    .map_while(|op| match op {
+                        WriteOp::Record(results) => Some(results.as_slice()),
+                        _ => None,
+                    })
+                    .collect();
+                i += run.len();
+                let all: Vec<&AttemptResult> = run.iter().flat_map(|rs| rs.iter()).collect();
+                let mut accepted = record(conn, &all).await?.into_iter();
+                for rs in run {
+                    results.push(WriteResult::Record(accepted.by_ref().take(rs.len()).collect()));
+                }
+            }
+            WriteOp::Claim(req) => {
+                i += 1;
+                results.push(WriteResult::Claim(claim(conn, req).await?));
+            }
+            WriteOp::Release(releases) => {
+                i += 1;
+                release(conn, releases).await?;
+                results.push(WriteResult::Release);
+            }
+            WriteOp::Endpoint(change) => {
+                i += 1;
+                results.push(WriteResult::Endpoint(change_endpoint(conn, change).await?));
+            }
+        }
+    }
+    Ok(results)
+}
+
+fn decode_error(e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
+    sqlx::Error::Decode(Box::new(e))
+}
+
+/// Stores new events and fans each out to its tenant's subscribed endpoints, then tells the
+/// other nodes which endpoints got work (delivered when the transaction commits). When an
+/// event reuses a stored id with another type or payload, it writes nothing and answers
+/// `Err(index)` of that event.
+async fn ingest(
+    conn: &mut PgConnection,
+    events: &[&NewEvent],
+    channel: &str,
+) -> sqlx::Result<Result<Vec<IngestOutcome>, usize>> {
+    let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect::<HashSet<_>>().into_iter().collect();
+    let rows = sqlx::query(
+        "SELECT tenant_id, id, event_types FROM endpoints WHERE tenant_id = ANY($1) AND state <> 'disabled' \
+         ORDER BY created_at, id",
+    )
+    .bind(&tenants)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut subscribers: HashMap<String, Vec<(String, Vec<String>)>> = HashMap::new();
+    for r in &rows {
+        let types: String = r.try_get("event_types")?;
+        let types: Vec<String> = serde_json::from_str(&types).map_err(decode_error)?;
+        subscribers.entry(r.try_get("tenant_id")?).or_default().push((r.try_get("id")?, types));
+    }
+
+    // Which (tenant, id) pairs are new? ON CONFLICT DO NOTHING returns only inserted rows;
+    // UNNEST keeps the batch's order, so the first occurrence of a pair is the one inserted.
+    let column = |f: fn(&NewEvent) -> &str| events.iter().map(|e| f(e)).collect::<Vec<&str>>();
+    let inserted = sqlx::query(
+        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::text[]) \
+         ON CONFLICT DO NOTHING RETURNING tenant_id, id",
+    )
+    .bind(column(|e| e.tenant.as_str()))
+    .bind(column(|e| e.id.as_str()))
+    .bind(column(|e| e.event_type.as_str()))
+    .bind(column(|e| e.payload.as_str()))
+    .bind(events.iter().map(|e| e.created_at).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.expires_at).collect::<Vec<_>>())
+    .bind(column(|e| e.fingerprint.as_str()))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut inserted: HashSet<(String, String)> =
+        inserted.iter().map(|r| Ok((r.try_get("tenant_id")?, r.try_get("id")?))).collect::<sqlx::Result<_>>()?;
+    let fresh: Vec<bool> =
+        events.iter().map(|ev| inserted.remove(&(ev.tenant.to_string(), ev.id.to_string()))).collect();
+    if let Some(at) = first_conflict(conn, events, &fresh).await? {
+        let gone: Vec<&&NewEvent> = events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e).collect();
+        sqlx::query("DELETE FROM events e USING UNNEST($1::text[], $2::text[]) AS v(t, i) WHERE e.tenant_id = v.t AND e.id = v.i")
+            .bind(gone.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
+            .bind(gone.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
+            .execute(&mut *conn)
+            .await?;
+        return Ok(Err(at));
+    }
+
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
+    let mut out = Vec::with_capacity(events.len());
+    let mut rows: Vec<(String, &NewEvent, &str)> = Vec::new();
+    let mut duplicates: Vec<usize> = Vec::new();
+    for (i, ev) in events.iter().enumerate() {
+        if !fresh[i] {
+            duplicates.push(i);
+            out.push(IngestOutcome { deliveries: 0, endpoints: Vec::new(), duplicate: true, conflict: false });
+            continue;
+        }
+        let mut targets = Vec::new();
+        let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
+        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, of_tenant, &mut rng) {
+            rows.push((delivery.to_string(), ev, endpoint));
+            targets.push(EndpointId::from_stored(endpoint));
+        }
+        out.push(IngestOutcome {
+            deliveries: targets.len() as u32,
+            endpoints: targets,
+            duplicate: false,
+            conflict: false,
+        });
+    }
+    if !rows.is_empty() {
+        sqlx::query(
+            "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+             next_attempt_at, created_at, updated_at) \
+             SELECT id, tenant_id, event_id, endpoint_id, event_type, 'queued', 0, at, at, at \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[]) \
+             AS v(id, tenant_id, event_id, endpoint_id, event_type, at)",
+        )
+        .bind(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.1.tenant.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.1.id.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.1.event_type.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.1.created_at).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !duplicates.is_empty() {
+        // Counted after this batch's own deliveries are in, so a duplicate within the batch
+        // reports the deliveries of its first occurrence.
+        let counts = sqlx::query(
+            "SELECT v.tenant_id, v.event_id, COUNT(d.id) AS n \
+             FROM (SELECT DISTINCT * FROM UNNEST($1::text[], $2::text[]) AS u(tenant_id, event_id)) v \
+             LEFT JOIN deliveries d ON d.tenant_id = v.tenant_id AND d.event_id = v.event_id \
+             GROUP BY v.tenant_id, v.event_id",
+        )
+        .bind(duplicates.iter().map(|&i| events[i].tenant.as_str()).collect::<Vec<_>>())
+        .bind(duplicates.iter().map(|&i| events[i].id.as_str()).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut n: HashMap<(String, String), i64> = HashMap::new();
+        for r in &counts {
+            n.insert((r.try_get("tenant_id")?, r.try_get("event_id")?), r.try_get("n")?);
+        }
+        for i in duplicates {
+            let key = (events[i].tenant.to_string(), events[i].id.to_string());
+            out[i].deliveries = n.get(&key).copied().unwrap_or(0) as u32;
+        }
+    }
+
+    let mut woken: Vec<&str> = rows.iter().map(|r| r.2).collect::<HashSet<_>>().into_iter().collect();
+    woken.sort_unstable();
+    for chunk in woken.chunks(IDS_PER_NOTIFY) {
+        sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(chunk.join(",")).execute(&mut *conn).await?;
+    }
+    Ok(Ok(out))
+}
+
+/// The first event that was not inserted (`fresh`) and whose stored type or payload
+/// differ. Reads after the insert, so an event a concurrent transaction committed counts.
+async fn first_conflict(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[bool]) -> sqlx::Result<Option<usize>> {
+    let repeats: Vec<usize> = (0..events.len()).filter(|&i| !fresh[i]).collect();
+    if repeats.is_empty() {
+        return Ok(None);
+    }
+    let rows = sqlx::query(
+        "SELECT e.tenant_id, e.id, e.fingerprint, CASE WHEN e.fingerprint IS NULL THEN e.type END AS type, \
+         CASE WHEN e.fingerprint IS NULL THEN e.payload END AS payload FROM events e \
+         JOIN UNNEST($1::text[], $2::text[]) AS v(t, i) ON e.tenant_id = v.t AND e.id = v.i",
+    )
+    .bind(repeats.iter().map(|&i| events[i].tenant.as_str()).collect::<Vec<_>>())
+    .bind(repeats.iter().map(|&i| events[i].id.as_str()).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut stored: HashMap<(String, String), String> = HashMap::new();
+    for r in &rows {
+        let fingerprint =
+            crate::store::stored_fingerprint(r.try_get("fingerprint")?, r.try_get("type")?, r.try_get("payload")?);
+        stored.insert((r.try_get("tenant_id")?, r.try_get("id")?), fingerprint);
+    }
+    Ok(repeats.into_iter().find(|&i| {
+        let key = (events[i].tenant.to_string(), events[i].id.to_string());
+        stored.get(&key).is_some_and(|f| *f != events[i].fingerprint)
+    }))
+}
+
+/// Leases the due deliveries of one endpoint. Rows another node is claiming or recording
+/// right now are skipped, never waited for.
+async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Vec<Claimed>> {
+    let rows = sqlx::query(
+        "WITH picked AS (SELECT id FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting') \
+         AND next_attempt_at <= $2 ORDER BY next_attempt_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+         UPDATE deliveries d SET state = 'delivering', lease_owner = $4, lease_until = $5, fence = d.fence + 1, \
+         updated_at = $2 FROM picked, events e \
+         WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
+         RETURNING d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
+         d.next_attempt_at, \
+         e.payload, e.created_at AS event_created_at, e.expires_at",
+    )
+    .bind(req.endpoint.as_str())
+    .bind(req.now)
+    .bind(i64::from(req.limit))
+    .bind(&req.owner)
+    .bind(req.lease_until)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut claimed = rows
+        .iter()
+        .map(|r| {
+            Ok((
+                r.try_get::<i64, _>("next_attempt_at")?,
+                Claimed {
+                    id: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
+                    tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+                    event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
+                    event_type: r.try_get("event_type")?,
+                    payload: r.try_get("payload")?,
+                    event_created_at: r.try_get("event_created_at")?,
+                    expires_at: r.try_get("expires_at")?,
+                    attempts: r.try_get::<i64, _>("attempts")? as u32,
+                    attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
+                    deadline: r.try_get("deadline")?,
+                    fence: r.try_get("fence")?,
+                },
+            ))
+        })
+        .collect::<sqlx::Result<Vec<_>>>()?;
+    // RETURNING gives no order guarantee: keep the schedule's.
+    claimed.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
+    Ok(claimed.into_iter().map(|(_, c)| c).collect())
+}
+
+/// Records results whose fence still matches, and their attempts. A delivery appearing
+/// twice starts a new statement, so results apply in order as if one by one.
+async fn record(conn: &mut PgConnection, results: &[&AttemptResult]) -> sqlx::Result<Vec<bool>> {
+    let mut accepted = Vec::with_capacity(results.len());
+    let mut start = 0;
+    while start < results.len() {
+        let mut seen = HashSet::new();
+        let end = results[start..]
+            .iter()
+            .position(|r| !seen.insert(r.delivery.as_str()))
+            .map_or(results.len(), |n| start + n);
+        accepted.extend(record_distinct(conn, &results[start..end]).await?);
+        start = end;
+    }
+    Ok(accepted)
+}
+
+async fn record_distinct(conn: &mut PgConnection, results: &[&AttemptResult]) -> sqlx::Result<Vec<bool>> {
+    // An unfinished delivery settles against its endpoint's state at commit time (a
+    // concurrent disable or human pause wins over a retry).
+    let sql = format!(
+        "UPDATE deliveries d SET \
+         state = CASE WHEN v.state IN ('waiting', 'queued') THEN {settled} ELSE v.state END, \
+         attempts = v.attempts, next_attempt_at = v.next_attempt_at, \
+         reason = CASE WHEN v.state IN ('waiting', 'queued') AND {settled} = 'dead' THEN 'endpoint_disabled' \
+         ELSE v.reason END, \
+         last_status = v.last_status, last_error = v.last_error, lease_owner = NULL, lease_until = NULL, \
+         updated_at = v.updated_at \
+         FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::int8[], $6::text[], $7::int8[], \
+         $8::text[], $9::int8[]) \
+         AS v(id, fence, state, attempts, next_attempt_at, reason, last_status, last_error, updated_at) \
+         WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering' RETURNING d.id",
+        settled = sql::settle("d", "v.state"),
+    );
+    let rows = sqlx::query(&sql)
+        .bind(results.iter().map(|r| r.delivery.as_str()).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| r.fence).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| r.state.as_str()).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| i64::from(r.attempt.number)).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| r.next_attempt_at).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| r.reason.as_deref()).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| r.attempt.status.map(i64::from)).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| r.attempt.error.as_deref()).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| r.attempt.started_at + r.attempt.duration_ms as i64).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+    let updated: HashSet<String> = rows.iter().map(|r| r.try_get("id")).collect::<sqlx::Result<_>>()?;
+    let accepted: Vec<bool> = results.iter().map(|r| updated.contains(r.delivery.as_str())).collect();
+    let attempts: Vec<&Attempt> =
+        results.iter().zip(&accepted).filter(|(_, ok)| **ok).map(|(r, _)| &r.attempt).collect();
+    if !attempts.is_empty() {
+        sqlx::query(
+            "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
+             error, verdict, decided_by, endpoint_id) \
+             SELECT v.*, (SELECT endpoint_id FROM deliveries d WHERE d.id = v.delivery_id) \
+             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], \
+             $7::text[], $8::text[], $9::text[], $10::text[]) \
+             AS v(id, delivery_id, number, started_at, duration_ms, status, response_body, error, verdict, decided_by)",
+        )
+        .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.delivery_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| i64::from(a.number)).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.started_at).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.duration_ms as i64).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.status.map(i64::from)).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.response_body.as_deref()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.error.as_deref()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.verdict.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.decided_by.as_str()).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(accepted)
+}
+
+/// Hands claimed deliveries back (fenced), settling them against their endpoint's state.
+async fn release(conn: &mut PgConnection, releases: &[Release]) -> sqlx::Result<()> {
+    if releases.is_empty() {
+        return Ok(());
+    }
+    let settled = sql::settle("d", "'waiting'");
+    sqlx::query(&format!(
+        "UPDATE deliveries d SET state = {settled}, next_attempt_at = v.at, lease_owner = NULL, \
+         lease_until = NULL, reason = CASE WHEN {settled} = 'dead' THEN 'endpoint_disabled' END \
+         FROM UNNEST($1::text[], $2::int8[], $3::int8[]) AS v(id, fence, at) \
+         WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering'"
+    ))
+    .bind(releases.iter().map(|r| r.delivery.as_str()).collect::<Vec<_>>())
+    .bind(releases.iter().map(|r| r.fence).collect::<Vec<_>>())
+    .bind(releases.iter().map(|r| r.next_attempt_at).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+async fn change_endpoint(conn: &mut PgConnection, c: &EndpointChange) -> sqlx::Result<u64> {
+    let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new("UPDATE endpoints SET updated_at = ");
+    q.push_bind(c.now);
+    if let Some(state) = c.state {
+        q.push(", state = ")
+            .push_bind(state.as_str())
+            .push(", state_reason = ")
+            .push_bind(c.reason.clone())
+            .push(", paused_until = ")
+            .push_bind(c.paused_until);
+    }
+    if let Some(f) = c.failing_since {
+        q.push(", failing_since = ").push_bind(f);
+    }
+    q.push(" WHERE id = ").push_bind(c.endpoint.as_str());
+    q.build().execute(&mut *conn).await?;
+    let affected = match (c.state, c.paused_until) {
+        (None, _) | (Some(EndpointState::Paused), Some(_)) => return Ok(0),
+        (Some(EndpointState::Disabled), _) => sqlx::query(
+            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_disabled', next_attempt_at = NULL, \
+             updated_at = $1 WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused')",
+        ),
+        (Some(EndpointState::Paused), None) => sqlx::query(
+            "UPDATE deliveries SET state = 'paused', updated_at = $1 \
+             WHERE endpoint_id = $2 AND state IN ('queued', 'waiting')",
+        ),
+        (Some(EndpointState::Active), _) => sqlx::query(
+            "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, updated_at = $1 \
+             WHERE endpoint_id = $2 AND state = 'paused'",
+        ),
+    }
+    .bind(c.now)
+    .bind(c.endpoint.as_str())
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok(affected)
+}

@@ -1,0 +1,237 @@
+//! Row decoding shared by both backends: one flat `FromRow` struct per table as selected,
+//! and its conversion into the domain type. The column types are the same on SQLite and
+//! Postgres (TEXT and 64-bit integers), so each struct decodes from either; a backend
+//! only writes the SQL.
+
+use super::{Result, StoreError};
+use crate::model::*;
+
+/// The columns of a `deliveries` row, as both backends select them into [`DeliveryRow`].
+pub(super) const DELIVERY_COLUMNS: &str = "id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+     next_attempt_at, reason, last_status, last_error, created_at, updated_at";
+
+/// The columns of a `tokens` row, as both backends select them into [`TokenRow`].
+pub(super) const TOKEN_COLUMNS: &str = "id, hash, tenant_id, scopes, created_at, last_used_at";
+
+/// Attempts of a delivery, oldest first (a replayed delivery's numbers keep counting up).
+pub(super) const ATTEMPT_ORDER: &str = "ORDER BY started_at, number";
+
+fn corrupt(what: &str, value: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("stored {what} is invalid: {value}"))
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct TenantRow {
+    id: String,
+    name: String,
+    created_at: Millis,
+}
+
+impl From<TenantRow> for Tenant {
+    fn from(r: TenantRow) -> Tenant {
+        Tenant { id: TenantId::from_stored(r.id), name: r.name, created_at: r.created_at }
+    }
+}
+
+/// A `tokens` row.
+#[derive(sqlx::FromRow)]
+pub(super) struct TokenRow {
+    id: String,
+    hash: String,
+    tenant_id: String,
+    /// Space-separated scope names.
+    scopes: String,
+    created_at: Millis,
+    last_used_at: Option<Millis>,
+}
+
+impl From<TokenRow> for TokenRecord {
+    fn from(r: TokenRow) -> TokenRecord {
+        TokenRecord {
+            id: r.id,
+            hash: r.hash,
+            tenant: TenantId::from_stored(r.tenant_id),
+            scopes: r.scopes.split(' ').filter_map(Scope::parse).collect(),
+            created_at: r.created_at,
+            last_used_at: r.last_used_at,
+        }
+    }
+}
+
+/// An `endpoints` row (`SELECT *`).
+#[derive(sqlx::FromRow)]
+pub(super) struct EndpointRow {
+    id: String,
+    tenant_id: String,
+    /// JSON `EndpointSpec`.
+    spec: String,
+    state: String,
+    state_reason: Option<String>,
+    paused_until: Option<Millis>,
+    failing_since: Option<Millis>,
+    created_at: Millis,
+    updated_at: Millis,
+}
+
+impl TryFrom<EndpointRow> for Endpoint {
+    type Error = StoreError;
+
+    fn try_from(r: EndpointRow) -> Result<Endpoint> {
+        Ok(Endpoint {
+            id: EndpointId::from_stored(r.id),
+            tenant: TenantId::from_stored(r.tenant_id),
+            spec: serde_json::from_str(&r.spec).map_err(|e| corrupt("endpoint spec", e))?,
+            state: EndpointState::parse(&r.state).ok_or_else(|| corrupt("endpoint state", &r.state))?,
+            state_reason: r.state_reason,
+            paused_until: r.paused_until,
+            failing_since: r.failing_since,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+/// An `events` row.
+#[derive(sqlx::FromRow)]
+pub(super) struct EventRow {
+    id: String,
+    tenant_id: String,
+    #[sqlx(rename = "type")]
+    event_type: String,
+    payload: String,
+    created_at: Millis,
+    expires_at: Millis,
+}
+
+impl From<EventRow> for Event {
+    fn from(r: EventRow) -> Event {
+        Event {
+            id: EventId::from_stored(r.id),
+            tenant: TenantId::from_stored(r.tenant_id),
+            event_type: r.event_type,
+            payload: r.payload,
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+        }
+    }
+}
+
+/// A `deliveries` row as [`DELIVERY_COLUMNS`] selects it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DeliveryRow {
+    id: String,
+    tenant_id: String,
+    event_id: String,
+    endpoint_id: String,
+    event_type: String,
+    state: String,
+    attempts: i64,
+    next_attempt_at: Option<Millis>,
+    reason: Option<String>,
+    last_status: Option<i64>,
+    last_error: Option<String>,
+    created_at: Millis,
+    updated_at: Millis,
+}
+
+impl TryFrom<DeliveryRow> for Delivery {
+    type Error = StoreError;
+
+    fn try_from(r: DeliveryRow) -> Result<Delivery> {
+        Ok(Delivery {
+            id: DeliveryId::from_stored(r.id),
+            tenant: TenantId::from_stored(r.tenant_id),
+            event_id: EventId::from_stored(r.event_id),
+            endpoint_id: EndpointId::from_stored(r.endpoint_id),
+            event_type: r.event_type,
+            state: DeliveryState::parse(&r.state).ok_or_else(|| corrupt("delivery state", &r.state))?,
+            attempts: r.attempts as u32,
+            next_attempt_at: r.next_attempt_at,
+            reason: r.reason,
+            last_status: r.last_status.map(|s| s as u16),
+            last_error: r.last_error,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+/// An `attempts` row (`SELECT *`).
+#[derive(sqlx::FromRow)]
+pub(super) struct AttemptRow {
+    id: String,
+    delivery_id: String,
+    number: i64,
+    started_at: Millis,
+    duration_ms: i64,
+    status: Option<i64>,
+    response_body: Option<String>,
+    error: Option<String>,
+    verdict: String,
+    decided_by: String,
+}
+
+impl From<AttemptRow> for Attempt {
+    fn from(r: AttemptRow) -> Attempt {
+        Attempt {
+            id: r.id,
+            delivery_id: DeliveryId::from_stored(r.delivery_id),
+            number: r.number as u32,
+            started_at: r.started_at,
+            duration_ms: r.duration_ms as u64,
+            status: r.status.map(|s| s as u16),
+            response_body: r.response_body,
+            error: r.error,
+            verdict: r.verdict,
+            decided_by: r.decided_by,
+        }
+    }
+}
+
+/// A `replays` row (`SELECT *`).
+#[derive(sqlx::FromRow)]
+pub(super) struct ReplayRow {
+    id: String,
+    tenant_id: String,
+    state: String,
+    /// JSON array of delivery ids.
+    ids: Option<String>,
+    /// JSON `DeadLetterFilter`.
+    filter: Option<String>,
+    rate_per_sec: f64,
+    batch: i64,
+    selected: i64,
+    sent: i64,
+    cursor: String,
+    created_at: Millis,
+    updated_at: Millis,
+}
+
+impl TryFrom<ReplayRow> for Replay {
+    type Error = StoreError;
+
+    fn try_from(r: ReplayRow) -> Result<Replay> {
+        fn parse<T: serde::de::DeserializeOwned>(v: Option<String>) -> Result<Option<T>> {
+            v.map(|t| serde_json::from_str(&t).map_err(|e| corrupt("replay", e))).transpose()
+        }
+        Ok(Replay {
+            id: r.id,
+            tenant: TenantId::from_stored(r.tenant_id),
+            state: ReplayState::parse(&r.state).ok_or_else(|| corrupt("replay state", &r.state))?,
+            ids: parse(r.ids)?,
+            filter: parse(r.filter)?,
+            rate_per_sec: r.rate_per_sec,
+            batch: r.batch as u32,
+            selected: r.selected as u64,
+            sent: r.sent as u64,
+            cursor: r.cursor,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+/// Decodes every row of a `Vec` through its conversion.
+pub(super) fn all<R, T: TryFrom<R, Error = StoreError>>(rows: Vec<R>) -> Result<Vec<T>> {
+    rows.into_iter().map(T::try_from).collect()
+}

@@ -1,0 +1,133 @@
+//! SQL both backends share: how an unfinished delivery settles against its endpoint's
+//! state, and the delivery and dead-letter filters, built once for either dialect
+//! (`QueryBuilder` writes `?` or `$n` itself). The write paths stay per backend.
+
+use sqlx::{Database, Encode, QueryBuilder, Type};
+
+use super::DeliveryFilter;
+use crate::model::{DeadLetterFilter, TenantId};
+
+/// What a delivery row (named `row`) that is not finished becomes, given its endpoint's
+/// state right now: dead on a disabled endpoint, paused on an endpoint paused for a human
+/// (no `paused_until`), else `wanted` (an SQL expression).
+pub(super) fn settle(row: &str, wanted: &str) -> String {
+    format!(
+        "CASE (SELECT CASE WHEN e.state = 'paused' AND e.paused_until IS NOT NULL THEN 'active' ELSE e.state END \
+         FROM endpoints e WHERE e.id = {row}.endpoint_id) \
+         WHEN 'disabled' THEN 'dead' WHEN 'paused' THEN 'paused' ELSE {wanted} END"
+    )
+}
+
+/// Restricts a query on `deliveries` (after a `WHERE`) to `f`, ordered by id and limited.
+pub(super) fn push_delivery_filter<'a, DB>(q: &mut QueryBuilder<'a, DB>, f: &'a DeliveryFilter)
+where
+    DB: Database,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    let text = [
+        (" AND tenant_id = ", f.tenant.as_ref().map(|t| t.as_str())),
+        (" AND event_id = ", f.event.as_ref().map(|e| e.as_str())),
+        (" AND endpoint_id = ", f.endpoint.as_ref().map(|e| e.as_str())),
+        (" AND state = ", f.state.map(|s| s.as_str())),
+        (" AND event_type = ", f.event_type.as_deref()),
+        (" AND reason = ", f.reason.as_deref()),
+        (" AND id > ", f.after.as_ref().map(|a| a.as_str())),
+    ];
+    for (condition, value) in text {
+        if let Some(v) = value {
+            q.push(condition).push_bind(v);
+        }
+    }
+    push_window(q, "", f.since, f.until);
+    q.push(" ORDER BY id LIMIT ").push_bind(i64::from(f.limit.max(1)));
+}
+
+/// Restricts a query on `deliveries` (after a `WHERE`) to a tenant's dead letters selected
+/// by explicit ids or a filter, after `cursor` (a delivery id; empty for none).
+/// `push_ids` writes the dialect's "id is one of these" predicate.
+pub(super) fn push_dead_selection<'a, DB>(
+    q: &mut QueryBuilder<'a, DB>,
+    tenant: &'a TenantId,
+    ids: Option<&'a [String]>,
+    filter: Option<&'a DeadLetterFilter>,
+    cursor: &'a str,
+    push_ids: impl FnOnce(&mut QueryBuilder<'a, DB>, &'a [String]),
+) where
+    DB: Database,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    q.push(" AND deliveries.state = 'dead' AND deliveries.tenant_id = ").push_bind(tenant.as_str());
+    if !cursor.is_empty() {
+        q.push(" AND deliveries.id > ").push_bind(cursor);
+    }
+    if let Some(ids) = ids {
+        push_ids(q, ids);
+    }
+    let Some(f) = filter else { return };
+    let text = [
+        (" AND deliveries.endpoint_id = ", f.endpoint.as_deref()),
+        (" AND deliveries.event_type = ", f.event_type.as_deref()),
+        (" AND deliveries.reason = ", f.reason.as_deref()),
+    ];
+    for (condition, value) in text {
+        if let Some(v) = value {
+            q.push(condition).push_bind(v);
+        }
+    }
+    push_window(q, "deliveries.", f.since, f.until);
+}
+
+/// `updated_at` in `[since, until)`.
+fn push_window<'a, DB>(q: &mut QueryBuilder<'a, DB>, prefix: &str, since: Option<i64>, until: Option<i64>)
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    if let Some(s) = since {
+        q.push(format_args!(" AND {prefix}updated_at >= ")).push_bind(s);
+    }
+    if let Some(u) = until {
+        q.push(format_args!(" AND {prefix}updated_at < ")).push_bind(u);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DeliveryState, EndpointId};
+
+    #[test]
+    fn filters_write_each_condition_once_in_either_dialect() {
+        let f = DeliveryFilter {
+            tenant: Some(TenantId::from_stored("acme")),
+            endpoint: Some(EndpointId::from_stored("ep_1")),
+            state: Some(DeliveryState::Dead),
+            since: Some(5),
+            limit: 10,
+            ..Default::default()
+        };
+        let mut q: QueryBuilder<'_, sqlx::Sqlite> = QueryBuilder::new("SELECT id FROM deliveries WHERE 1 = 1");
+        push_delivery_filter(&mut q, &f);
+        assert_eq!(
+            q.sql(),
+            "SELECT id FROM deliveries WHERE 1 = 1 AND tenant_id = ? AND endpoint_id = ? AND state = ? \
+             AND updated_at >= ? ORDER BY id LIMIT ?"
+        );
+        let mut q: QueryBuilder<'_, sqlx::Postgres> = QueryBuilder::new("SELECT id FROM deliveries WHERE 1 = 1");
+        push_delivery_filter(&mut q, &f);
+        assert_eq!(
+            q.sql(),
+            "SELECT id FROM deliveries WHERE 1 = 1 AND tenant_id = $1 AND endpoint_id = $2 AND state = $3 \
+             AND updated_at >= $4 ORDER BY id LIMIT $5"
+        );
+    }
+
+    #[test]
+    fn settle_names_its_row() {
+        let s = settle("d", "'waiting'");
+        assert!(s.contains("WHERE e.id = d.endpoint_id"), "{s}");
+        assert!(s.ends_with("ELSE 'waiting' END"), "{s}");
+    }
+}
