@@ -506,3 +506,31 @@ async fn a_compile_over_its_memory_or_time_limit_is_refused_and_the_node_serves_
     }
     Ok(())
 }
+
+/// Sends the head of a `PUT` upload declaring `length` body bytes, then only 1 KiB of
+/// them, and returns the status line Herald answers with while the rest never comes.
+async fn upload_head(gw: &TestGateway, token: Option<&str>, length: usize) -> anyhow::Result<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(gw.addr).await?;
+    let auth = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let head = format!("PUT /v1/tenants/acme/plugins/p HTTP/1.1\r\nhost: x\r\n{auth}content-length: {length}\r\n\r\n");
+    conn.write_all(head.as_bytes()).await?;
+    conn.write_all(&[0u8; 1024]).await?;
+    let mut status = String::new();
+    let mut reader = tokio::io::BufReader::new(conn);
+    tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut status)).await??;
+    Ok(status.trim_end().to_string())
+}
+
+#[tokio::test]
+async fn uploads_are_authenticated_before_their_body_is_read() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    // Herald answers without waiting for the 4 MiB it was promised (within the 8 MiB
+    // plugin limit): it did not read the body of a request it was going to refuse.
+    assert_eq!(upload_head(&gw, None, 4 << 20).await?, "HTTP/1.1 401 Unauthorized");
+    assert_eq!(upload_head(&gw, Some("wrong"), 4 << 20).await?, "HTTP/1.1 401 Unauthorized");
+    // Over the limit, the declared length alone is refused.
+    assert_eq!(upload_head(&gw, Some(ADMIN_TOKEN), 15 << 20).await?, "HTTP/1.1 413 Payload Too Large");
+    Ok(())
+}

@@ -62,7 +62,7 @@ const MAX_REASON: usize = 1024;
 const MAX_PAUSE_SECS: u32 = 7 * 24 * 3600;
 /// Most headers one call may return: a list of many tiny headers is as costly to check,
 /// store and send as a big body, and no webhook needs more.
-pub(crate) const MAX_HEADERS: usize = 64;
+const MAX_HEADERS: usize = 64;
 /// Headers the sender owns: removed from what plugins return.
 const RESERVED_HEADERS: [&str; 5] = ["host", "content-length", "transfer-encoding", "connection", "upgrade"];
 
@@ -522,8 +522,8 @@ impl HostState {
 /// stdout/stderr are discarded (a plugin logs through `log`); the wall clock reads the
 /// attempt's `timestamp`, the monotonic clock is frozen; random sources are ChaCha
 /// streams seeded from the attempt id, so they differ per attempt and repeat for the
-/// same attempt id. Built afresh for every call (about a microsecond), so no call sees
-/// the random state another left behind.
+/// same attempt id. Built afresh for every call, so no call sees the random state
+/// another left behind.
 fn wasi_context(timestamp: u64, attempt_id: &str) -> WasiCtx {
     let seed = |domain: &str| -> [u8; 32] {
         Sha256::new().chain_update(domain).chain_update([0]).chain_update(attempt_id).finalize().into()
@@ -717,7 +717,8 @@ fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> PluginFailure {
     if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
         return PluginFailure::Trap(format!("exit({})", exit.0));
     }
-    // wasmtime's error type for this is private; its message is stable API text.
+    // wasmtime's error type for this is private, so it is recognised by its message
+    // (`aliased_output_is_refused_before_the_host_copies_it` notices if that changes).
     if err.chain().any(|e| e.to_string().contains("fuel allocated for hostcalls has been exhausted")) {
         return PluginFailure::OutputTooLarge;
     }

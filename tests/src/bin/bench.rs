@@ -88,6 +88,10 @@ enum Scenario {
         attack_rate: u64,
         #[arg(long, default_value_t = 7)]
         evil_endpoints: usize,
+        /// Bind the transform plugin to tenant `bench`'s endpoint (`false`: no plugin, so
+        /// only the rest of the node is shared with the spinning tenant).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        victim_plugin: bool,
     },
     /// Restart of a node with `plugins` installed plugins (distinct, all compiled and
     /// cached): ms from spawn to `/readyz`, to every plugin serving, and to the first
@@ -426,8 +430,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("achieved_rate".into(), achieved);
             out.insert("error_pct".into(), (achieved - rate) / rate * 100.0);
         }
-        Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints } => {
-            isolation_plugins(&api, &rx, node.pid(), rate, seconds, attack_rate, evil_endpoints, &mut out).await?;
+        Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints, victim_plugin } => {
+            let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin };
+            isolation_plugins(&api, &rx, node.pid(), rate, seconds, load, &mut out).await?;
         }
         Scenario::PluginCalls { .. } | Scenario::Restart { .. } => unreachable!("handled above"),
     }
@@ -444,20 +449,33 @@ async fn upload_plugin(api: &tests::Api, tenant: &str, name: &str, file: &str) -
     Ok(())
 }
 
+/// The spinning tenant's load in [`Scenario::IsolationPlugins`].
+struct Attack {
+    rate: u64,
+    endpoints: usize,
+    victim_plugin: bool,
+}
+
 /// See [`Scenario::IsolationPlugins`].
-#[allow(clippy::too_many_arguments)]
 async fn isolation_plugins(
     api: &tests::Api,
     rx: &FakeReceiver,
     pid: u32,
     rate: u64,
     seconds: u64,
-    attack_rate: u64,
-    evil_endpoints: usize,
+    Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin }: Attack,
     out: &mut HashMap<String, f64>,
 ) -> anyhow::Result<()> {
-    upload_plugin(api, "bench", "chat", "transform_chat").await?;
-    api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "plugins": {"transform": "chat"}})).await?;
+    let mut bindings = json!({});
+    if victim_plugin {
+        upload_plugin(api, "bench", "chat", "transform_chat").await?;
+        bindings = json!({"transform": "chat"});
+    }
+    api.endpoint(
+        "bench",
+        json!({"url": rx.url(), "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "plugins": bindings}),
+    )
+    .await?;
     api.tenant("evil").await?;
     upload_plugin(api, "evil", "spin", "hostile").await?;
     let evil_rx = FakeReceiver::start().await?;
