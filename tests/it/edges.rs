@@ -49,8 +49,8 @@ async fn healthz_on(stream: &mut TcpStream) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_connections_are_closed_after_their_timeouts() -> anyhow::Result<()> {
     let gw = TestGateway::start_with(&[
-        ("HERALD_SERVER_IDLE_TIMEOUT", "400ms"),
-        ("HERALD_SERVER_HEADER_READ_TIMEOUT", "800ms"),
+        ("HERALD_SERVER_IDLE_TIMEOUT", "600ms"),
+        ("HERALD_SERVER_HEADER_READ_TIMEOUT", "1s"),
     ])
     .await?;
 
@@ -58,19 +58,19 @@ async fn idle_and_slow_connections_are_closed_after_their_timeouts() -> anyhow::
     let mut idle = TcpStream::connect(gw.addr).await?;
     healthz_on(&mut idle).await?;
     let took = closed_within(&mut idle, Duration::from_secs(5)).await?;
-    assert!(took >= Duration::from_millis(300), "closed after {took:?}, before the idle timeout");
+    assert!(took >= Duration::from_millis(450), "closed after {took:?}, before the idle timeout");
 
     // Requests closer together than the idle timeout keep a connection open.
     let mut busy = TcpStream::connect(gw.addr).await?;
     for _ in 0..6 {
         healthz_on(&mut busy).await?;
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     // A connection that never sends a request head is closed after the header timeout.
     let mut silent = TcpStream::connect(gw.addr).await?;
     let took = closed_within(&mut silent, Duration::from_secs(5)).await?;
-    assert!(took >= Duration::from_millis(600), "closed after {took:?}");
+    assert!(took >= Duration::from_millis(800), "closed after {took:?}");
 
     // Slowloris: a header line every 100 ms never completes the head; sending does not
     // extend the deadline.
@@ -132,7 +132,7 @@ async fn normal_requests_succeed_while_hundreds_of_idle_and_slow_connections_are
     let (trickled, slowest) = tokio::join!(trickle, normal);
     trickled?;
     let slowest = slowest?;
-    assert!(slowest < Duration::from_secs(1), "a normal request took {slowest:?}");
+    assert!(slowest < Duration::from_secs(2), "a normal request took {slowest:?}");
     Ok(())
 }
 

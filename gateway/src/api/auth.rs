@@ -92,11 +92,12 @@ fn note_use(state: &AppState, hash: &str) {
     });
 }
 
-/// Drops a revoked token from this node's cache.
+/// Drops a revoked token from this node's cache and its last-use bookkeeping.
 pub fn forget(state: &AppState, id: &str) {
     if let Some(cache) = &state.tokens {
         cache.write().expect("token cache").retain(|_, r| r.id != id);
     }
+    state.token_use.lock().expect("token use").retain(|hash, _| TokenRecord::id_of(hash) != id);
 }
 
 /// Requires the admin token.
