@@ -67,7 +67,7 @@ pub async fn run(
         shutdown.await;
         let _ = stop.send(true);
     };
-    crate::api::listen::serve(listener, router(state), config.server.clone(), shutdown).await?;
+    crate::api::listen::serve(listener, router(state), config.server, shutdown).await?;
     // In-flight attempts record their results, and partitions hand unsent claims back,
     // before the node exits.
     engine.drain(SHUTDOWN_GRACE).await;

@@ -1,5 +1,4 @@
 //! Herald's integration tests: one binary, real servers on 127.0.0.1, real SQLite files.
-
 //!
 //! Where a new test goes: a behaviour seen through the HTTP API (status codes, validation,
 //! auth) in `api`; anything about sending to receivers (pacing, retries, 429, signatures) in
@@ -8,6 +7,9 @@
 //! `plugins`; a `Store` method in `store`'s conformance suite (it runs on both backends);
 //! a rule about the source tree itself in `tidy`. Pure policies test themselves in their
 //! own module, not here.
+
+// Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
 mod api;
 mod cluster;

@@ -3,6 +3,9 @@
 //! benchmarks), `FakeReceiver` (a scriptable webhook receiver that records what it gets) and
 //! `Api` (a small JSON client). Every wait has a timeout.
 
+// Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -132,7 +132,7 @@ fn context(v: Option<&Value>) -> Result<DeliveryContext, PluginError> {
         Some(_) => return Err(PluginError::Input("context must be an object".into())),
     };
     let text = |key: &str, default: &str| obj.get(key).and_then(Value::as_str).unwrap_or(default).to_string();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let now = crate::clock::now_ms().div_euclid(1000).max(0) as u64;
     Ok(DeliveryContext {
         tenant: text("tenant", "test"),
         endpoint_id: text("endpoint_id", "ep_test"),

@@ -147,7 +147,7 @@ impl Runtime {
             classify_statuses: None,
             sha256,
             size: bytes.len() as u64,
-            loaded_at: SystemTime::now(),
+            loaded_at: crate::clock::wall(),
             warm: Mutex::new(Vec::new()),
         };
         let load_ctx = DeliveryContext {

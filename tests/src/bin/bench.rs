@@ -3,6 +3,9 @@
 //! `target/release/herald-bench intake --events 20000 --concurrency 64 --runs 3`.
 //! Every scenario is bounded in count and time.
 
+// Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
