@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::decide::{EndpointAction, EndpointEffect, decide, endpoint_effect};
+use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_effect};
 use super::partition::{Shared, Target};
 use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
@@ -44,7 +44,8 @@ enum Exchange {
     Decided { verdict: Verdict, by: String, error: Option<String> },
 }
 
-/// Runs one attempt of `d` to its recorded end, then frees its pacer and global slots.
+/// Runs one attempt of `d` to its recorded end, then frees its pacer and global slots:
+/// send, judge, decide (delivery and endpoint), record both in one commit.
 pub(super) async fn run(
     inner: Arc<Inner>,
     shared: Arc<Shared>,
@@ -53,74 +54,128 @@ pub(super) async fn run(
     _slot: OwnedSemaphorePermit,
     mut rng: StdRng,
 ) {
-    if wait_for_plugins(&inner, &target, &d).await {
-        shared.pacer.lock().expect("pacer").release();
-        shared.freed.notify_one();
-        return;
+    if !wait_for_plugins(&inner, &target, &d).await {
+        inner.metrics.in_flight.inc();
+        let started = now_ms();
+        let clock = Instant::now();
+        let attempt_id = new_id("att", started, &mut rng);
+        let ctx = context(&target, &d, started, attempt_id);
+        let exchange = send(&inner, &target, &d, &ctx).await;
+        let duration_ms = clock.elapsed().as_millis() as u64;
+        let judged = judge_exchange(&inner, &target, &ctx, exchange).await;
+        let now = now_ms();
+        let decision = decide(
+            &judged.verdict,
+            ctx.attempt.saturating_sub(d.attempt_base),
+            now,
+            deadline(&target, &d),
+            &target.policy,
+            &mut rng,
+        );
+        let change = endpoint_change(&inner, &shared, &target.endpoint, &judged.verdict, now);
+        let attempt = Attempt {
+            id: ctx.attempt_id,
+            delivery_id: d.id.clone(),
+            number: ctx.attempt,
+            started_at: started,
+            duration_ms,
+            status: judged.status,
+            response_body: judged.response_body,
+            error: judged.error,
+            verdict: decision.label.clone(),
+            decided_by: judged.by,
+        };
+        record(&inner, &target, &d, decision, attempt, change).await;
+        inner.metrics.in_flight_done.inc();
     }
-    inner.metrics.in_flight.inc();
-    let started = now_ms();
-    let clock = Instant::now();
-    let number = d.attempts + 1;
-    let attempt_id = new_id("att", started, &mut rng);
-    let ctx = plugin::DeliveryContext {
+    shared.pacer.lock().expect("pacer").release();
+    shared.freed.notify_one();
+}
+
+/// What a plugin may know of the attempt.
+fn context(target: &Target, d: &Claimed, started: Millis, attempt_id: String) -> plugin::DeliveryContext {
+    plugin::DeliveryContext {
         tenant: d.tenant.to_string(),
         endpoint_id: target.endpoint.id.to_string(),
         event_id: d.event_id.to_string(),
         event_type: d.event_type.clone(),
-        attempt: number,
+        attempt: d.attempts + 1,
         timestamp: started.div_euclid(1000).max(0) as u64,
-        attempt_id: attempt_id.clone(),
-    };
-    let exchange = send(&inner, &target, &d, &ctx).await;
-    let duration_ms = clock.elapsed().as_millis() as u64;
-    let (verdict, decided_by, status, response_body, error) = match exchange {
+        attempt_id,
+    }
+}
+
+/// The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
+fn deadline(target: &Target, d: &Claimed) -> Millis {
+    d.deadline
+        .unwrap_or_else(|| d.expires_at.min(d.event_created_at.saturating_add(target.policy.ttl().as_millis() as i64)))
+}
+
+/// An exchange judged: the verdict, who gave it, and what the attempt record keeps.
+struct Judged {
+    verdict: Verdict,
+    by: String,
+    status: Option<u16>,
+    response_body: Option<String>,
+    error: Option<String>,
+}
+
+async fn judge_exchange(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, ex: Exchange) -> Judged {
+    match ex {
         Exchange::Answered(outcome) => {
-            let (verdict, by) = judge(&inner, &target, &ctx, &outcome).await;
+            let (verdict, by) = judge(inner, target, ctx, &outcome).await;
             match outcome {
-                Outcome::Response(r) => (verdict, by, Some(r.status), Some(r.body_prefix), None),
-                Outcome::Transport { kind, detail } => (verdict, by, None, None, Some(format!("{kind}: {detail}"))),
+                Outcome::Response(r) => {
+                    Judged { verdict, by, status: Some(r.status), response_body: Some(r.body_prefix), error: None }
+                }
+                Outcome::Transport { kind, detail } => {
+                    Judged { verdict, by, status: None, response_body: None, error: Some(format!("{kind}: {detail}")) }
+                }
             }
         }
-        Exchange::Decided { verdict, by, error } => (verdict, by, None, None, error),
-    };
-    let now = now_ms();
-    // The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
-    let deadline = d
-        .deadline
-        .unwrap_or_else(|| d.expires_at.min(d.event_created_at.saturating_add(target.policy.ttl().as_millis() as i64)));
-    let budgeted = number.saturating_sub(d.attempt_base);
-    let decision = decide(&verdict, budgeted, now, deadline, &target.policy, &mut rng);
+        Exchange::Decided { verdict, by, error } => Judged { verdict, by, status: None, response_body: None, error },
+    }
+}
+
+/// The endpoint effect of `verdict`, applied to the partition (under its failure-tracking
+/// lock, so concurrent attempts see each other's changes); the change to commit, if any.
+fn endpoint_change(
+    inner: &Inner,
+    shared: &Shared,
+    endpoint: &Endpoint,
+    verdict: &Verdict,
+    now: Millis,
+) -> Option<EndpointChange> {
     let effect = {
         let mut failing = shared.failing_since.lock().expect("failing");
-        let effect = endpoint_effect(&verdict, *failing, now, inner.config.delivery.disable_after);
+        let effect = endpoint_effect(verdict, *failing, now, inner.config.delivery.disable_after);
         if let Some(f) = effect.failing_since {
             *failing = f;
         }
         effect
     };
-    let change = apply_effect(&inner, &shared, &target.endpoint, &effect, now);
+    apply_effect(inner, shared, endpoint, &effect, now)
+}
+
+/// Commits the result with the endpoint's change (the change first, so the result settles
+/// against the endpoint's new state), then counts it and announces a dead letter.
+async fn record(
+    inner: &Inner,
+    target: &Target,
+    d: &Claimed,
+    decision: Decision,
+    attempt: Attempt,
+    change: Option<EndpointChange>,
+) {
+    let (number, duration_ms, status) = (attempt.number, attempt.duration_ms, attempt.status);
     let result = AttemptResult {
         delivery: d.id.clone(),
         fence: d.fence,
         state: decision.state,
         next_attempt_at: decision.next_attempt_at,
         reason: decision.reason.clone(),
-        attempt: Attempt {
-            id: attempt_id,
-            delivery_id: d.id.clone(),
-            number,
-            started_at: started,
-            duration_ms,
-            status,
-            response_body,
-            error,
-            verdict: decision.label.clone(),
-            decided_by,
-        },
+        attempt,
     };
-    // The endpoint's change and the result commit together, the change first, so the
-    // result settles against the endpoint's new state.
     match inner.committer.record_with(change, result).await {
         Ok(false) => {
             inner.metrics.fenced_results.inc();
@@ -144,9 +199,6 @@ pub(super) async fn run(
         }
     }
     tracing::debug!(delivery = %d.id, attempt = number, status, verdict = %decision.label, duration_ms, "attempt");
-    shared.pacer.lock().expect("pacer").release();
-    shared.freed.notify_one();
-    inner.metrics.in_flight_done.inc();
 }
 
 /// How soon a delivery waiting for a loading plugin is tried again.
