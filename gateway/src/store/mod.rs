@@ -64,6 +64,16 @@ pub(crate) fn stored_fingerprint(
 }
 
 impl IngestOutcome {
+    /// A new event fanned out to `endpoints`.
+    pub fn stored(endpoints: Vec<EndpointId>) -> IngestOutcome {
+        IngestOutcome { deliveries: endpoints.len() as u32, endpoints, duplicate: false, conflict: false }
+    }
+
+    /// A repeat of a stored event that got `deliveries` deliveries the first time.
+    pub fn duplicate(deliveries: u32) -> IngestOutcome {
+        IngestOutcome { deliveries, endpoints: Vec::new(), duplicate: true, conflict: false }
+    }
+
     /// The outcomes of an op of `n` events refused because event `at` conflicts.
     pub fn refused(n: usize, at: usize) -> Vec<IngestOutcome> {
         (0..n)

@@ -158,7 +158,7 @@ async fn ingest(
     for (i, ev) in events.iter().enumerate() {
         if !fresh[i] {
             duplicates.push(i);
-            out.push(IngestOutcome { deliveries: 0, endpoints: Vec::new(), duplicate: true, conflict: false });
+            out.push(IngestOutcome::duplicate(0));
             continue;
         }
         let mut targets = Vec::new();
@@ -167,12 +167,7 @@ async fn ingest(
             rows.push((delivery.to_string(), ev, endpoint));
             targets.push(EndpointId::from_stored(endpoint));
         }
-        out.push(IngestOutcome {
-            deliveries: targets.len() as u32,
-            endpoints: targets,
-            duplicate: false,
-            conflict: false,
-        });
+        out.push(IngestOutcome::stored(targets));
     }
     if !rows.is_empty() {
         sqlx::query(

@@ -255,7 +255,7 @@ fn ingest_op(
                 return Ok(Err(i));
             }
             let n: i64 = count.query_row(params![tenant, id], |r| r.get(0))?;
-            out.push(IngestOutcome { deliveries: n as u32, endpoints: Vec::new(), duplicate: true, conflict: false });
+            out.push(IngestOutcome::duplicate(n as u32));
             continue;
         }
         let mut targets = Vec::new();
@@ -263,12 +263,7 @@ fn ingest_op(
             insert_delivery.execute(params![delivery.as_str(), tenant, id, endpoint, ev.event_type, ev.created_at])?;
             targets.push(EndpointId::from_stored(endpoint));
         }
-        out.push(IngestOutcome {
-            deliveries: targets.len() as u32,
-            endpoints: targets,
-            duplicate: false,
-            conflict: false,
-        });
+        out.push(IngestOutcome::stored(targets));
     }
     Ok(Ok(out))
 }
