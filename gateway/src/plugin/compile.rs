@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::runtime::root_message;
+use super::output::root_message;
 use super::types::{PluginConfig, PluginError};
 
 /// How often the parent looks at a compiling child. Compiles take 100 ms and more,

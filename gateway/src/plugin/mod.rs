@@ -17,9 +17,11 @@ mod cli;
 mod compile;
 mod convert;
 mod inspect;
+mod output;
 mod pool;
 mod registry;
 mod runtime;
+mod sandbox;
 mod types;
 
 #[cfg(test)]

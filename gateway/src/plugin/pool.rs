@@ -11,16 +11,29 @@
 //! call per turn; and no tenant may hold every thread at once (at most `threads - 1`
 //! with two or more threads). So one tenant whose plugins spin at their budget leaves a
 //! thread free for the others, who then wait for at most one call per busy tenant.
-//! The threads also run at a lower scheduling priority (nice +10 on Linux), so when
-//! the cores are contended the API and the delivery engine win them.
+//!
+//! Priority: a call is normally short (microseconds) and part of a delivery, so call
+//! threads run at normal priority. A call that has spent [`DEMOTE_AFTER`] of CPU
+//! is a long one: its thread drops to `SCHED_IDLE` (Linux) for the rest of the call,
+//! so any other thread that wakes (the API, the engine, another tenant's short call)
+//! takes the core from it at once. A lower nice value is not enough for that: the
+//! scheduler lets the running thread finish its slice (about 1.5 ms here) first. After
+//! the call the thread returns to normal priority; where that is not permitted (no
+//! `CAP_SYS_NICE` and `RLIMIT_NICE` 0, as in most containers) the thread retires and
+//! the pool starts a fresh one.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::types::{PluginError, PluginFailure};
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// CPU time after which a call counts as long and its thread yields priority.
+pub(super) const DEMOTE_AFTER: Duration = Duration::from_millis(1);
 
 /// A bounded pool of call threads with one FIFO queue per tenant.
 pub(crate) struct CallPool {
@@ -40,23 +53,19 @@ struct State {
     /// Tenants with queued calls, in turn order.
     turns: VecDeque<Arc<str>>,
     running: HashMap<Arc<str>, usize>,
+    /// Threads that retired (stuck at idle priority) and are not yet replaced.
+    retired: usize,
     closed: bool,
 }
 
 impl CallPool {
-    /// Starts `threads` call threads (at least one) at a lowered priority.
+    /// Starts `threads` call threads (at least one).
     pub(crate) fn new(threads: usize) -> Result<CallPool, PluginError> {
         let threads = threads.max(1);
         let shared =
             Arc::new(Shared { state: Mutex::default(), ready: Condvar::new(), per_tenant: (threads - 1).max(1) });
-        for i in 0..threads {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name(format!("herald-plugin-{i}"))
-                .spawn(move || {
-                    lower_priority();
-                    serve(&shared);
-                })
+        for _ in 0..threads {
+            spawn_thread(&shared)
                 .map_err(|e| PluginError::Engine(format!("cannot start a plugin call thread: {e}")))?;
         }
         Ok(CallPool { shared })
@@ -78,6 +87,8 @@ impl CallPool {
             }
             let result = std::panic::catch_unwind(AssertUnwindSafe(call))
                 .unwrap_or_else(|_| Err(PluginFailure::Trap("host error".to_string())));
+            // Before answering: the caller's next call finds the thread as it will stay.
+            restore_priority();
             let _ = tx.send(result);
         });
         self.submit(tenant, job);
@@ -85,6 +96,7 @@ impl CallPool {
     }
 
     fn submit(&self, tenant: &Arc<str>, job: Job) {
+        self.replace_retired();
         let mut state = self.shared.lock();
         let queue = state.queues.entry(Arc::clone(tenant)).or_default();
         queue.push_back(job);
@@ -93,6 +105,22 @@ impl CallPool {
         }
         drop(state);
         self.shared.ready.notify_one();
+    }
+}
+
+impl CallPool {
+    /// Starts a thread for each one that retired. Done here, on the caller's thread,
+    /// because a thread inherits its creator's scheduling policy.
+    fn replace_retired(&self) {
+        let mut state = self.shared.lock();
+        while state.retired > 0 {
+            state.retired -= 1;
+            if let Err(e) = spawn_thread(&self.shared) {
+                state.retired += 1;
+                tracing::error!(error = %e, "cannot replace a plugin call thread");
+                break;
+            }
+        }
     }
 }
 
@@ -136,6 +164,15 @@ impl State {
     }
 }
 
+fn spawn_thread(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let shared = Arc::clone(shared);
+    std::thread::Builder::new().name("herald-plugin-call".into()).spawn(move || {
+        PRIORITY.set(Priority::Normal);
+        serve(&shared);
+    })?;
+    Ok(())
+}
+
 fn serve(shared: &Shared) {
     let mut state = shared.lock();
     loop {
@@ -144,6 +181,11 @@ fn serve(shared: &Shared) {
             job();
             state = shared.lock();
             state.done(&tenant);
+            if PRIORITY.get() == Priority::Stuck {
+                state.retired += 1;
+                shared.ready.notify_one();
+                return;
+            }
             // A tenant at its share may now be eligible again.
             shared.ready.notify_one();
             continue;
@@ -155,16 +197,50 @@ fn serve(shared: &Shared) {
     }
 }
 
-/// Nice +10 for the calling thread: under contention the scheduler prefers the API and
-/// engine threads. Best effort: failing to lower priority changes nothing else.
+#[derive(Clone, Copy, PartialEq)]
+enum Priority {
+    /// Not a call thread (the loader, the CLI): never demoted.
+    Other,
+    Normal,
+    Demoted,
+    /// Demoted, and not permitted back: the thread retires after this call.
+    Stuck,
+}
+
+thread_local! {
+    static PRIORITY: Cell<Priority> = const { Cell::new(Priority::Other) };
+}
+
+/// Called from a running call once it has spent [`DEMOTE_AFTER`] of CPU: a call
+/// thread drops to idle priority for the rest of the call. Best effort.
+pub(super) fn demote_long_call() {
+    if PRIORITY.get() == Priority::Normal && set_idle_policy(true) {
+        PRIORITY.set(Priority::Demoted);
+    }
+}
+
+/// Back to normal priority after a call, or `Stuck` when that is not permitted.
+fn restore_priority() {
+    if PRIORITY.get() == Priority::Demoted {
+        PRIORITY.set(if set_idle_policy(false) { Priority::Normal } else { Priority::Stuck });
+    }
+}
+
+/// `SCHED_IDLE` on, or back to `SCHED_OTHER`, for the calling thread.
 #[cfg(target_os = "linux")]
-fn lower_priority() {
-    let tid = rustix::thread::gettid();
-    let _ = rustix::process::setpriority_process(Some(tid), 10);
+#[allow(unsafe_code)]
+fn set_idle_policy(idle: bool) -> bool {
+    let policy = if idle { libc::SCHED_IDLE } else { libc::SCHED_OTHER };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread and `param` is a valid sched_param that
+    // outlives the call.
+    unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
 }
 
 #[cfg(not(target_os = "linux"))]
-fn lower_priority() {}
+fn set_idle_policy(_idle: bool) -> bool {
+    false
+}
 
 #[cfg(test)]
 mod tests {

@@ -152,6 +152,12 @@ impl PluginHost {
         }
     }
 
+    /// Whether the epoch ticker sleeps (no call for a while).
+    #[cfg(test)]
+    pub(crate) fn ticker_sleeping(&self) -> bool {
+        self.inner.runtime.ticker_sleeping()
+    }
+
     /// Warm instances kept over all plugins (each holds an instance slot).
     pub fn warm_instances(&self) -> usize {
         let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());

@@ -31,41 +31,26 @@
 //! version; the SDK documents that plugins must not rely on that either way.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use rand::{RngCore as _, SeedableRng as _};
 use sha2::{Digest, Sha256};
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap, UpdateDeadline};
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 
-use super::bindings::herald::plugin::{host, types as wit};
+use super::bindings::herald::plugin::types as wit;
 use super::bindings::{Plugin as Bindings, PluginPre};
 use super::compile::Compiler;
+use super::output::{
+    MAX_REASON, check_headers, check_verdict, failure_from, is_pool_exhausted, root_message, strip_reserved, truncate,
+};
+use super::sandbox::{self, EPOCH_TICK, HostState};
 use super::types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, StructureLimits};
 use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
 
 /// A warm instance serves at most this many calls before it is replaced.
 pub(crate) const MAX_CALLS_PER_INSTANCE: u32 = 10_000;
-/// How often the epoch advances; the granularity of call deadlines.
-const EPOCH_TICK: Duration = Duration::from_millis(1);
-/// A log line longer than this is truncated.
-const MAX_LOG_LINE: usize = 1024;
-/// Log lines past this many in one call are counted, not written.
-const MAX_LOG_LINES_PER_CALL: u32 = 32;
-/// Reasons and names in plugin output longer than this are truncated.
-const MAX_REASON: usize = 1024;
-/// The longest pause a plugin may ask for: seven days.
-const MAX_PAUSE_SECS: u32 = 7 * 24 * 3600;
-/// Most headers one call may return: a list of many tiny headers is as costly to check,
-/// store and send as a big body, and no webhook needs more.
-const MAX_HEADERS: usize = 64;
-/// Headers the sender owns: removed from what plugins return.
-const RESERVED_HEADERS: [&str; 5] = ["host", "content-length", "transfer-encoding", "connection", "upgrade"];
-
 /// The engine, linker and call limits shared by every plugin of one host.
 pub(crate) struct Runtime {
     engine: Engine,
@@ -76,11 +61,14 @@ pub(crate) struct Runtime {
     /// Warm instances kept, over every plugin; at most `max_warm`.
     warm_total: AtomicUsize,
     max_warm: usize,
+    ticker: Arc<Ticker>,
 }
 
 #[derive(Clone, Copy)]
 struct Limits {
-    deadline_ticks: u64,
+    /// Ticks to the first deadline check: the budget, or the point where a call counts
+    /// as long if that comes first (see `Deadline`).
+    first_check_ticks: u64,
     call_timeout: Duration,
     memory_limit: usize,
     max_output_bytes: usize,
@@ -98,11 +86,13 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
         Bindings::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
-        spawn_epoch_ticker(&engine)?;
+        sandbox::link_insecure_seed(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
+        let ticker = Ticker::start(&engine)?;
         let tick = EPOCH_TICK.as_nanos().max(1);
-        let deadline_ticks = (cfg.call_timeout.as_nanos().div_ceil(tick) as u64).max(1);
+        let first_check = cfg.call_timeout.min(super::pool::DEMOTE_AFTER);
+        let first_check_ticks = (first_check.as_nanos().div_ceil(tick) as u64).max(1);
         let limits = Limits {
-            deadline_ticks,
+            first_check_ticks,
             call_timeout: cfg.call_timeout,
             memory_limit: cfg.memory_limit,
             max_output_bytes: cfg.max_output_bytes,
@@ -114,6 +104,7 @@ impl Runtime {
             limits,
             structure: cfg.structure,
             compiler,
+            ticker,
             warm_total: AtomicUsize::new(0),
             max_warm: (cfg.max_instances as usize / 2).max(1),
         }))
@@ -188,6 +179,11 @@ impl Runtime {
         Ok(Arc::new(plugin))
     }
 
+    #[cfg(test)]
+    pub(crate) fn ticker_sleeping(&self) -> bool {
+        self.ticker.parked.load(Ordering::SeqCst)
+    }
+
     /// Whether the compile cache holds an artifact of `bytes` (loading is then cheap).
     pub(crate) fn is_cached(&self, bytes: &[u8]) -> bool {
         self.compiler.is_cached(&hex::encode(Sha256::digest(bytes)))
@@ -244,19 +240,72 @@ fn engine_config() -> wasmtime::Config {
     config
 }
 
-fn spawn_epoch_ticker(engine: &Engine) -> Result<(), PluginError> {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("herald-plugin-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(EPOCH_TICK);
-            }
-        })
-        .map(|_| ())
-        .map_err(|e| PluginError::Engine(format!("cannot start the epoch thread: {e}")))
+/// Advances the engine's epoch every [`EPOCH_TICK`] while calls may be running, and
+/// sleeps while none has run for [`TICKER_IDLE`] ticks: an idle host does not wake a
+/// thousand times a second, and a busy one pays no wake-up per call.
+pub(crate) struct Ticker {
+    active: AtomicUsize,
+    parked: AtomicBool,
+    thread: std::thread::Thread,
+}
+
+/// Ticks without a call before the ticker sleeps.
+const TICKER_IDLE: u32 = 100;
+
+impl Ticker {
+    /// Starts the ticker thread; it ends once the engine is dropped.
+    fn start(engine: &Engine) -> Result<Arc<Ticker>, PluginError> {
+        let weak = engine.weak();
+        let (tx, rx) = std::sync::mpsc::channel::<Arc<Ticker>>();
+        let handle = std::thread::Builder::new()
+            .name("herald-plugin-epoch".into())
+            .spawn(move || {
+                let Ok(ticker) = rx.recv() else { return };
+                let mut idle = 0;
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    idle = if ticker.active.load(Ordering::SeqCst) == 0 { idle + 1 } else { 0 };
+                    if idle < TICKER_IDLE {
+                        std::thread::sleep(EPOCH_TICK);
+                        continue;
+                    }
+                    ticker.parked.store(true, Ordering::SeqCst);
+                    // Re-checked after announcing the sleep: a call that began in
+                    // between either is seen here or sees `parked` and wakes us.
+                    if ticker.active.load(Ordering::SeqCst) == 0 {
+                        // Bounded, so the thread notices a dropped engine.
+                        std::thread::park_timeout(Duration::from_secs(1));
+                    }
+                    ticker.parked.store(false, Ordering::SeqCst);
+                    idle = 0;
+                }
+            })
+            .map_err(|e| PluginError::Engine(format!("cannot start the epoch thread: {e}")))?;
+        let ticker = Arc::new(Ticker {
+            active: AtomicUsize::new(0),
+            parked: AtomicBool::new(false),
+            thread: handle.thread().clone(),
+        });
+        tx.send(Arc::clone(&ticker)).map_err(|_| PluginError::Engine("the epoch thread ended at start".into()))?;
+        Ok(ticker)
+    }
+
+    /// Marks a call running (the epoch must advance) until the guard drops.
+    fn enter(&self) -> TickerGuard<'_> {
+        if self.active.fetch_add(1, Ordering::SeqCst) == 0 && self.parked.load(Ordering::SeqCst) {
+            self.thread.unpark();
+        }
+        TickerGuard(self)
+    }
+}
+
+struct TickerGuard<'a>(&'a Ticker);
+
+impl Drop for TickerGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// One immutable version of one tenant's plugin.
@@ -371,6 +420,8 @@ impl LoadedPlugin {
         logs: Option<&mut LogCapture>,
         f: impl FnOnce(&Bindings, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginFailure> {
+        // Instantiation runs guest code too: both are under the deadline.
+        let _ticking = self.runtime.ticker.enter();
         let warm = self.warm.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut inst = match warm {
             Some(inst) => {
@@ -381,7 +432,7 @@ impl LoadedPlugin {
         };
         let capture = logs.is_some();
         inst.store.data_mut().begin_call(ctx, capture);
-        inst.store.set_epoch_deadline(self.runtime.limits.deadline_ticks);
+        inst.store.set_epoch_deadline(self.runtime.limits.first_check_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
         state.end_call();
@@ -400,7 +451,7 @@ impl LoadedPlugin {
     }
 
     fn instantiate(&self) -> Result<WarmInstance, PluginFailure> {
-        let state = HostState::new(self, self.runtime.limits.memory_limit);
+        let state = HostState::new(&self.tenant, &self.name, &self.config, self.runtime.limits.memory_limit);
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         // What the host copies out of the guest in one host call (a log line, or the
@@ -409,9 +460,9 @@ impl LoadedPlugin {
         // one buffer is refused after copying at most the cap.
         store.set_hostcall_fuel(self.runtime.limits.max_output_bytes.saturating_add(64 << 10));
         let limits = self.runtime.limits;
-        store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(&limits)));
+        store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(limits.call_timeout)));
         store.data_mut().deadline.start();
-        store.set_epoch_deadline(limits.deadline_ticks);
+        store.set_epoch_deadline(limits.first_check_ticks);
         match self.pre.instantiate(&mut store) {
             Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0, idle_since: Instant::now() }),
             Err(err) if is_pool_exhausted(&err) => Err(PluginFailure::Busy),
@@ -458,387 +509,5 @@ impl LoadedPlugin {
 impl Drop for LoadedPlugin {
     fn drop(&mut self) {
         self.drop_warm(|_| true);
-    }
-}
-
-/// Per-store host state: WASI (granting nothing), the memory limiter, and the
-/// current call's context for logs, config and the clock.
-pub(crate) struct HostState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limiter: MemoryLimiter,
-    config: Arc<HashMap<String, String>>,
-    tenant: Arc<str>,
-    plugin: Arc<str>,
-    attempt_id: String,
-    deadline: Deadline,
-    log_lines: u32,
-    capture: bool,
-    captured: LogCapture,
-}
-
-impl HostState {
-    fn new(plugin: &LoadedPlugin, memory_limit: usize) -> Self {
-        HostState {
-            wasi: wasi_context(0, ""),
-            table: ResourceTable::new(),
-            limiter: MemoryLimiter { limit: memory_limit, exceeded: false },
-            config: Arc::clone(&plugin.config),
-            tenant: Arc::clone(&plugin.tenant),
-            plugin: Arc::clone(&plugin.name),
-            attempt_id: String::new(),
-            deadline: Deadline::default(),
-            log_lines: 0,
-            capture: false,
-            captured: Vec::new(),
-        }
-    }
-
-    fn begin_call(&mut self, ctx: &DeliveryContext, capture: bool) {
-        self.attempt_id.clear();
-        self.attempt_id.push_str(&ctx.attempt_id);
-        self.wasi = wasi_context(ctx.timestamp, &ctx.attempt_id);
-        self.deadline.start();
-        self.log_lines = 0;
-        self.capture = capture;
-        self.limiter.exceeded = false;
-    }
-
-    fn end_call(&mut self) {
-        if self.log_lines > MAX_LOG_LINES_PER_CALL {
-            tracing::warn!(
-                tenant = %self.tenant,
-                plugin = %self.plugin,
-                attempt_id = %self.attempt_id,
-                dropped = self.log_lines - MAX_LOG_LINES_PER_CALL,
-                "plugin log lines dropped"
-            );
-        }
-    }
-}
-
-/// WASI for one call, granting nothing: no files, environment, sockets or name
-/// lookups (those calls fail with an error the guest sees); stdin is empty and
-/// stdout/stderr are discarded (a plugin logs through `log`); the wall clock reads the
-/// attempt's `timestamp`, the monotonic clock is frozen; random sources are ChaCha
-/// streams seeded from the attempt id, so they differ per attempt and repeat for the
-/// same attempt id. Built afresh for every call, so no call sees the random state
-/// another left behind.
-fn wasi_context(timestamp: u64, attempt_id: &str) -> WasiCtx {
-    let seed = |domain: &str| -> [u8; 32] {
-        Sha256::new().chain_update(domain).chain_update([0]).chain_update(attempt_id).finalize().into()
-    };
-    let insecure_seed = seed("herald:wasi-insecure-seed");
-    WasiCtxBuilder::new()
-        .wall_clock(ContextClock(timestamp))
-        .monotonic_clock(FrozenClock)
-        .secure_random(AttemptRng(rand::rngs::StdRng::from_seed(seed("herald:wasi-random"))))
-        .insecure_random(AttemptRng(rand::rngs::StdRng::from_seed(seed("herald:wasi-insecure-random"))))
-        .insecure_random_seed(u128::from_le_bytes(insecure_seed[..16].try_into().unwrap_or_default()))
-        .allow_tcp(false)
-        .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        .build()
-}
-
-/// A ChaCha stream behind the RNG trait of wasmtime-wasi's `rand` version.
-struct AttemptRng(rand::rngs::StdRng);
-
-impl rand_core::TryRng for AttemptRng {
-    type Error = Infallible;
-
-    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
-        Ok(self.0.next_u32())
-    }
-
-    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
-        Ok(self.0.next_u64())
-    }
-
-    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
-        self.0.fill_bytes(dst);
-        Ok(())
-    }
-}
-
-impl WasiView for HostState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
-    }
-}
-
-impl wit::Host for HostState {}
-
-impl host::Host for HostState {
-    fn log(&mut self, level: wit::Level, message: String) {
-        self.log_lines += 1;
-        if self.log_lines > MAX_LOG_LINES_PER_CALL {
-            return;
-        }
-        let message = truncate(message, MAX_LOG_LINE);
-        let (tenant, plugin, attempt_id) = (&*self.tenant, &*self.plugin, self.attempt_id.as_str());
-        macro_rules! emit {
-            ($lvl:expr) => {
-                tracing::event!(target: "herald::plugin::guest", $lvl, tenant, plugin, attempt_id, "{message}")
-            };
-        }
-        let name = match level {
-            wit::Level::Trace => {
-                emit!(tracing::Level::TRACE);
-                "trace"
-            }
-            wit::Level::Debug => {
-                emit!(tracing::Level::DEBUG);
-                "debug"
-            }
-            wit::Level::Info => {
-                emit!(tracing::Level::INFO);
-                "info"
-            }
-            wit::Level::Warn => {
-                emit!(tracing::Level::WARN);
-                "warn"
-            }
-            wit::Level::Error => {
-                emit!(tracing::Level::ERROR);
-                "error"
-            }
-        };
-        if self.capture {
-            self.captured.push((name, message));
-        }
-    }
-
-    fn get_config(&mut self, key: String) -> Option<String> {
-        self.config.get(&key).cloned()
-    }
-}
-
-/// The time budget of a call: `call_timeout` of CPU time spent by the call's thread.
-/// The epoch deadline measures wall time, which a busy host can eat by preempting the
-/// thread; so when it expires, the call is stopped only if the thread has spent the
-/// whole budget on the CPU since the call started, and otherwise gets a new epoch
-/// deadline for the CPU time it has left (at least one tick). A spinning guest thus
-/// stops after `call_timeout` of CPU plus at most one tick (1 ms); a legal call is never
-/// cut for having been preempted, however early; a starved one is stopped after 10x
-/// `call_timeout` of wall time. Without a thread CPU clock the wall deadline alone
-/// applies.
-#[derive(Default)]
-struct Deadline {
-    started: Option<Instant>,
-    cpu_start: Option<Duration>,
-}
-
-impl Deadline {
-    fn start(&mut self) {
-        self.started = Some(Instant::now());
-        self.cpu_start = thread_cpu_time();
-    }
-
-    fn on_expiry(&mut self, limits: &Limits) -> UpdateDeadline {
-        let wall = self.started.map(|s| s.elapsed()).unwrap_or(Duration::MAX);
-        if wall >= limits.call_timeout.saturating_mul(10) {
-            return UpdateDeadline::Interrupt;
-        }
-        let (Some(start), Some(now)) = (self.cpu_start, thread_cpu_time()) else {
-            return UpdateDeadline::Interrupt;
-        };
-        let left = limits.call_timeout.saturating_sub(now.saturating_sub(start));
-        if left.is_zero() {
-            return UpdateDeadline::Interrupt;
-        }
-        let ticks = left.as_nanos().div_ceil(EPOCH_TICK.as_nanos().max(1));
-        UpdateDeadline::Continue(u64::try_from(ticks).unwrap_or(u64::MAX).max(1))
-    }
-}
-
-#[cfg(unix)]
-fn thread_cpu_time() -> Option<Duration> {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Some(Duration::new(u64::try_from(t.tv_sec).ok()?, u32::try_from(t.tv_nsec).ok()?))
-}
-
-#[cfg(not(unix))]
-fn thread_cpu_time() -> Option<Duration> {
-    None
-}
-
-/// Caps linear memory and remembers that the cap was hit, so that the trap a guest
-/// raises after a failed allocation is reported as `memory`, not as a generic trap.
-struct MemoryLimiter {
-    limit: usize,
-    exceeded: bool,
-}
-
-impl wasmtime::ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.limit {
-            self.exceeded = true;
-            return Ok(false);
-        }
-        Ok(true)
-    }
-
-    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= 100_000)
-    }
-}
-
-/// WASI's wall clock reads the attempt's timestamp, nothing ambient.
-struct ContextClock(u64);
-
-impl wasmtime_wasi::HostWallClock for ContextClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-    fn now(&self) -> Duration {
-        Duration::from_secs(self.0)
-    }
-}
-
-/// WASI's monotonic clock does not move.
-struct FrozenClock;
-
-impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
-    fn resolution(&self) -> u64 {
-        1_000_000_000
-    }
-    fn now(&self) -> u64 {
-        0
-    }
-}
-
-fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> PluginFailure {
-    if memory_exceeded {
-        return PluginFailure::Memory;
-    }
-    // `exit()` in a guest (Rust's `std::process::exit`, or the abort after a panic on
-    // some toolchains) is the guest ending the call: a trap with its status.
-    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
-        return PluginFailure::Trap(format!("exit({})", exit.0));
-    }
-    // wasmtime's error type for this is private, so it is recognised by its message
-    // (`aliased_output_is_refused_before_the_host_copies_it` notices if that changes).
-    if err.chain().any(|e| e.to_string().contains("fuel allocated for hostcalls has been exhausted")) {
-        return PluginFailure::OutputTooLarge;
-    }
-    match err.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => PluginFailure::Timeout,
-        Some(Trap::StackOverflow) => PluginFailure::Trap("stack overflow".to_string()),
-        Some(trap) => PluginFailure::Trap(truncate(trap.to_string(), 200)),
-        // Not a trap: the canonical ABI refused what the guest handed back (bad
-        // UTF-8, out-of-bounds list, unknown discriminant, …).
-        // The root cause only: the context above it is a wasm backtrace.
-        None => PluginFailure::InvalidOutput(truncate(err.root_cause().to_string(), 200)),
-    }
-}
-
-fn is_pool_exhausted(err: &wasmtime::Error) -> bool {
-    err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some()
-}
-
-pub(crate) fn root_message(err: &wasmtime::Error) -> String {
-    let mut msg = err.to_string();
-    for cause in err.chain().skip(1) {
-        msg.push_str(": ");
-        msg.push_str(&cause.to_string());
-    }
-    msg
-}
-
-/// Reasons over the output cap are an error; within it they are cut to 1 KiB.
-fn check_verdict(verdict: Verdict, max_output_bytes: usize) -> Result<Verdict, PluginFailure> {
-    let reason_len = match &verdict {
-        Verdict::Fail(r) | Verdict::DisableEndpoint(r) | Verdict::PauseEndpoint(super::Pause { reason: r, .. }) => {
-            r.len()
-        }
-        _ => 0,
-    };
-    if reason_len > max_output_bytes {
-        return Err(PluginFailure::OutputTooLarge);
-    }
-    Ok(match verdict {
-        Verdict::Fail(reason) => Verdict::Fail(truncate(reason, MAX_REASON)),
-        Verdict::DisableEndpoint(reason) => Verdict::DisableEndpoint(truncate(reason, MAX_REASON)),
-        Verdict::PauseEndpoint(p) if p.secs == 0 || p.secs > MAX_PAUSE_SECS => {
-            return Err(PluginFailure::InvalidOutput(format!(
-                "pause-endpoint of {} s (allowed: 1..={MAX_PAUSE_SECS})",
-                p.secs
-            )));
-        }
-        Verdict::PauseEndpoint(mut p) => {
-            p.reason = truncate(p.reason, MAX_REASON);
-            Verdict::PauseEndpoint(p)
-        }
-        other => other,
-    })
-}
-
-/// At most [`MAX_HEADERS`]; names must be HTTP tokens and values visible ASCII or
-/// spaces, as the WIT says (no control characters, no raw UTF-8).
-fn check_headers(headers: &[Header]) -> Result<(), PluginFailure> {
-    if headers.len() > MAX_HEADERS {
-        return Err(PluginFailure::InvalidOutput(format!("{} headers (at most {MAX_HEADERS})", headers.len())));
-    }
-    for (name, value) in headers {
-        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-        if name.is_empty() || name.len() > 256 || !name.bytes().all(token) {
-            return Err(PluginFailure::InvalidOutput(format!("bad header name {:?}", truncate(name.clone(), 64))));
-        }
-        if !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-            return Err(PluginFailure::InvalidOutput(format!("header {name}: values must be visible ASCII or spaces")));
-        }
-    }
-    Ok(())
-}
-
-/// Drops the headers the sender owns (`host`, `content-length`, …): a plugin reshapes
-/// the message, never the destination or the framing.
-fn strip_reserved(mut headers: Vec<Header>) -> Vec<Header> {
-    headers.retain(|(n, _)| !RESERVED_HEADERS.iter().any(|r| n.eq_ignore_ascii_case(r)));
-    headers
-}
-
-/// Cuts `s` to at most `max` bytes, on a character boundary.
-pub(crate) fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_budget_is_cpu_time_so_a_preempted_call_is_not_cut() {
-        let limits = Limits {
-            deadline_ticks: 10,
-            call_timeout: Duration::from_millis(10),
-            memory_limit: 0,
-            max_output_bytes: 0,
-            warm_per_plugin: 0,
-        };
-        let spin = |cpu: Duration| {
-            let start = thread_cpu_time().unwrap();
-            while thread_cpu_time().unwrap() - start < cpu {}
-        };
-        let mut deadline = Deadline::default();
-        deadline.start();
-        // Preempted for longer than the budget before running at all (wall time passes,
-        // no CPU is spent): not cut.
-        std::thread::sleep(Duration::from_millis(15));
-        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Continue(_)));
-        // Then 6 ms of CPU: 6 of 10 spent, still legal (a rule that judged only the
-        // window since the last expiry would stop it here).
-        spin(Duration::from_millis(6));
-        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Continue(n) if n <= 4));
-        spin(Duration::from_millis(5));
-        assert!(matches!(deadline.on_expiry(&limits), UpdateDeadline::Interrupt));
     }
 }

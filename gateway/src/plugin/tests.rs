@@ -76,6 +76,7 @@ impl Guest {
   (export $verdict "verdict" (type $verdict'))
   (import "wasi:random/random@0.2.0" (instance $random (export "get-random-u64" (func (result u64)))))
   (import "wasi:cli/exit@0.2.0" (instance $exit (export "exit" (func (param "status" (result))))))
+  (import "wasi:random/insecure-seed@0.2.0" (instance $seed (export "insecure-seed" (func (result (tuple u64 u64))))))
 
   (core module $libc (memory (export "memory") {pages}))
   {extra}
@@ -83,11 +84,13 @@ impl Guest {
   (core func $log (canon lower (func $host "log") (memory (core memory $libc "memory"))))
   (core func $random (canon lower (func $random "get-random-u64")))
   (core func $exit (canon lower (func $exit "exit")))
+  (core func $seed (canon lower (func $seed "insecure-seed") (memory (core memory $libc "memory"))))
   (core module $m
     (import "libc" "memory" (memory {pages}))
     (import "host" "log" (func $log (param i32 i32 i32)))
     (import "wasi" "random" (func $random (result i64)))
     (import "wasi" "exit" (func $exit (param i32)))
+    (import "wasi" "seed" (func $seed (param i32)))
     (global $heap (mut i32) (i32.const 8192))
     (func (export "realloc") (param i32 i32 i32 i32) (result i32)
       (local $p i32)
@@ -108,7 +111,7 @@ impl Guest {
   (core instance $i (instantiate $m
     (with "libc" (instance $libc))
     (with "host" (instance (export "log" (func $log))))
-    (with "wasi" (instance (export "random" (func $random)) (export "exit" (func $exit))))))
+    (with "wasi" (instance (export "random" (func $random)) (export "exit" (func $exit)) (export "seed" (func $seed))))))
   (func (export "describe") (result $info)
     (canon lift (core func $i "describe") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
   (func (export "transform") (param "ctx" $ctx) (param "req" $request) (result (result $tr (error string)))
@@ -245,6 +248,21 @@ fn an_infinite_loop_times_out_quickly() {
     let result = classify_with(Guest::classify("(loop $l (br $l)) (i32.const 128)"));
     assert_eq!(result, Err(PluginFailure::Timeout));
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn an_idle_host_stops_ticking_and_a_call_wakes_it_in_time() {
+    let t = test_host(|_| {});
+    t.host.install_blocking("acme", "spin", &Guest::classify("(loop $l (br $l)) (i32.const 128)").wasm()).unwrap();
+    let idle_since = Instant::now();
+    while !t.host.ticker_sleeping() {
+        assert!(idle_since.elapsed() < Duration::from_secs(10), "the epoch ticker never slept");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The deadline still holds: the call wakes the ticker instead of waiting for it.
+    let started = Instant::now();
+    assert_eq!(block(t.host.classify("acme", "spin", &ctx(), &outcome(409))), Err(PluginFailure::Timeout));
+    assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
 }
 
 #[test]
@@ -476,14 +494,24 @@ fn calls_from_many_threads_survive_concurrent_swaps() {
 const RANDOM_RETRY: &str = "(i32.store8 (i32.const 128) (i32.const 1)) (i32.store8 (i32.const 132) (i32.const 1))
   (i32.store (i32.const 136) (i32.wrap_i64 (call $random))) (i32.const 128)";
 
+/// `classify` answering `retry(some(<low 32 bits of wasi:random insecure-seed>))`.
+const SEED_RETRY: &str = "(call $seed (i32.const 256)) (i32.store8 (i32.const 128) (i32.const 1))
+  (i32.store8 (i32.const 132) (i32.const 1)) (i32.store (i32.const 136) (i32.load (i32.const 256))) (i32.const 128)";
+
 fn ctx_of(attempt_id: &str) -> DeliveryContext {
     DeliveryContext { attempt_id: attempt_id.into(), ..ctx() }
 }
 
 #[test]
 fn wasi_random_is_seeded_by_the_attempt_id() {
+    for guest in [RANDOM_RETRY, SEED_RETRY] {
+        draws_differ_per_attempt_and_repeat_per_id(guest);
+    }
+}
+
+fn draws_differ_per_attempt_and_repeat_per_id(guest: &'static str) {
     let t = test_host(|_| {});
-    t.host.install_blocking("acme", "r", &Guest::classify(RANDOM_RETRY).wasm()).unwrap();
+    t.host.install_blocking("acme", "r", &Guest::classify(guest).wasm()).unwrap();
     let draw = |id: &str| match block(t.host.classify("acme", "r", &ctx_of(id), &outcome(409))) {
         Ok(Verdict::Retry(Some(n))) => n,
         other => panic!("{other:?}"),
@@ -601,6 +629,61 @@ fn a_tenant_spinning_at_its_budget_leaves_a_call_thread_to_the_others() {
         assert_eq!(spins_done.load(Ordering::SeqCst), 0, "acme waited for a spinning call");
         for spin in spins {
             assert_eq!(spin.await.unwrap(), Err(PluginFailure::Timeout));
+        }
+    });
+}
+
+/// The scheduling policy of each plugin call thread of this process (0 normal, 5 idle).
+#[cfg(target_os = "linux")]
+fn call_thread_policies() -> Vec<u32> {
+    let mut policies = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("herald-plugin-c") {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        // Fields after the command's closing parenthesis start at field 3; policy is 41.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        policies.push(after.split(' ').nth(41 - 3).unwrap().parse().unwrap());
+    }
+    policies
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_long_call_runs_at_idle_priority_and_its_thread_comes_back_normal() {
+    let t = test_host(|c| {
+        c.call_threads = 2;
+        c.call_timeout = Duration::from_millis(200);
+    });
+    t.host.install_blocking("evil", "spin", &Guest::classify("(loop $l (br $l)) (i32.const 128)").wasm()).unwrap();
+    t.host.install_blocking("acme", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
+    assert_eq!(call_thread_policies(), [0, 0]);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    runtime.block_on(async {
+        let host = t.host.clone();
+        let spin = tokio::spawn(async move { host.classify("evil", "spin", &ctx(), &outcome(409)).await });
+        let started = Instant::now();
+        while !call_thread_policies().contains(&5) {
+            assert!(!spin.is_finished(), "the spinning call ended at normal priority");
+            assert!(started.elapsed() < Duration::from_secs(10), "no call thread was demoted");
+            tokio::task::yield_now().await;
+        }
+        // A short call is not demoted, and runs while the long one holds a thread.
+        assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)).await, Ok(Verdict::Delivered));
+        assert_eq!(spin.await.unwrap(), Err(PluginFailure::Timeout));
+        // Every call thread is back at normal priority: restored, or (where that is not
+        // permitted) retired and replaced, at the next call, by one at normal priority.
+        let ended = Instant::now();
+        loop {
+            assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)).await, Ok(Verdict::Delivered));
+            let policies = call_thread_policies();
+            if policies == [0, 0] {
+                break;
+            }
+            assert!(ended.elapsed() < Duration::from_secs(5), "{policies:?}");
+            tokio::task::yield_now().await;
         }
     });
 }

@@ -1,0 +1,401 @@
+//! What one store (one warm instance) of a plugin holds on the host side: WASI granting
+//! nothing, the memory cap, the time budget, and the current call's inputs.
+//!
+//! The WASI context is built once per instance. What must differ per call (the
+//! attempt's timestamp and the random streams seeded by its attempt id) sits in a
+//! [`CallInputs`] cell that the context's clock and random sources read, and that
+//! [`HostState::begin_call`] resets. The streams are seeded lazily, on the first draw
+//! of a call, so the many plugins that never ask for randomness never pay for it.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::{RngCore as _, SeedableRng as _};
+use sha2::{Digest, Sha256};
+use wasmtime::UpdateDeadline;
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::DeliveryContext;
+use super::bindings::herald::plugin::{host, types as wit};
+use super::output::truncate;
+use super::pool::{DEMOTE_AFTER, demote_long_call};
+use super::runtime::LogCapture;
+
+/// How often the epoch advances; the granularity of call deadlines.
+pub(super) const EPOCH_TICK: Duration = Duration::from_millis(1);
+/// A log line longer than this is truncated.
+const MAX_LOG_LINE: usize = 1024;
+/// Log lines past this many in one call are counted, not written.
+const MAX_LOG_LINES_PER_CALL: u32 = 32;
+/// The most random bytes one WASI call may ask for (wasmtime's default is 64 MiB, all
+/// allocated on the host before the memory cap could apply).
+const MAX_RANDOM_BYTES: u64 = 64 << 10;
+/// The WASI interface whose one function [`link_insecure_seed`] replaces.
+const INSECURE_SEED: &str = "wasi:random/insecure-seed@0.2.12";
+
+/// Per-store host state: WASI (granting nothing), the memory limiter, and the
+/// current call's context for logs, config, the clock and randomness.
+pub(crate) struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    inputs: Arc<CallInputs>,
+    pub(super) limiter: MemoryLimiter,
+    config: Arc<HashMap<String, String>>,
+    tenant: Arc<str>,
+    plugin: Arc<str>,
+    pub(super) deadline: Deadline,
+    log_lines: u32,
+    capture: bool,
+    pub(super) captured: LogCapture,
+}
+
+impl HostState {
+    pub(super) fn new(
+        tenant: &Arc<str>,
+        plugin: &Arc<str>,
+        config: &Arc<HashMap<String, String>>,
+        memory_limit: usize,
+    ) -> Self {
+        let inputs = Arc::new(CallInputs::default());
+        HostState {
+            wasi: wasi_context(&inputs),
+            table: ResourceTable::new(),
+            inputs,
+            limiter: MemoryLimiter { limit: memory_limit, exceeded: false },
+            config: Arc::clone(config),
+            tenant: Arc::clone(tenant),
+            plugin: Arc::clone(plugin),
+            deadline: Deadline::default(),
+            log_lines: 0,
+            capture: false,
+            captured: Vec::new(),
+        }
+    }
+
+    /// Resets what a call may observe: its timestamp, fresh random streams for its
+    /// attempt id, its time budget, its log budget.
+    pub(super) fn begin_call(&mut self, ctx: &DeliveryContext, capture: bool) {
+        self.inputs.begin(ctx.timestamp, &ctx.attempt_id);
+        self.deadline.start();
+        self.log_lines = 0;
+        self.capture = capture;
+        self.limiter.exceeded = false;
+    }
+
+    pub(super) fn end_call(&mut self) {
+        if self.log_lines > MAX_LOG_LINES_PER_CALL {
+            let attempt_id = self.inputs.attempt_id();
+            tracing::warn!(
+                tenant = %self.tenant,
+                plugin = %self.plugin,
+                attempt_id = %attempt_id,
+                dropped = self.log_lines - MAX_LOG_LINES_PER_CALL,
+                "plugin log lines dropped"
+            );
+        }
+    }
+}
+
+/// The inputs of the current call that WASI's sources read.
+#[derive(Default)]
+struct CallInputs {
+    timestamp: AtomicU64,
+    random: Mutex<AttemptRandom>,
+}
+
+/// The attempt id and its random streams, each seeded on first use in a call.
+#[derive(Default)]
+struct AttemptRandom {
+    attempt_id: String,
+    secure: Option<rand::rngs::StdRng>,
+    insecure: Option<rand::rngs::StdRng>,
+}
+
+#[derive(Clone, Copy)]
+enum Stream {
+    Secure,
+    Insecure,
+}
+
+impl CallInputs {
+    fn begin(&self, timestamp: u64, attempt_id: &str) {
+        self.timestamp.store(timestamp, Ordering::Relaxed);
+        let mut random = self.lock();
+        random.attempt_id.clear();
+        random.attempt_id.push_str(attempt_id);
+        random.secure = None;
+        random.insecure = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AttemptRandom> {
+        self.random.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn attempt_id(&self) -> String {
+        self.lock().attempt_id.clone()
+    }
+
+    /// The attempt's seed for one use: random sources repeat for the same attempt id
+    /// and differ between attempts.
+    fn seed(&self, domain: &str) -> [u8; 32] {
+        seed(domain, &self.lock().attempt_id)
+    }
+
+    fn draw<R>(&self, stream: Stream, f: impl FnOnce(&mut rand::rngs::StdRng) -> R) -> R {
+        let mut random = self.lock();
+        let AttemptRandom { attempt_id, secure, insecure } = &mut *random;
+        let (slot, domain) = match stream {
+            Stream::Secure => (secure, "herald:wasi-random"),
+            Stream::Insecure => (insecure, "herald:wasi-insecure-random"),
+        };
+        f(slot.get_or_insert_with(|| rand::rngs::StdRng::from_seed(seed(domain, attempt_id))))
+    }
+}
+
+fn seed(domain: &str, attempt_id: &str) -> [u8; 32] {
+    Sha256::new().chain_update(domain).chain_update([0]).chain_update(attempt_id).finalize().into()
+}
+
+/// WASI granting nothing: no files, environment, sockets or name lookups (those calls
+/// fail with an error the guest sees); stdin is empty and stdout/stderr are discarded
+/// (a plugin logs through `log`); the wall clock reads the attempt's `timestamp`, the
+/// monotonic clock is frozen; random sources are ChaCha streams seeded from the
+/// attempt id.
+fn wasi_context(inputs: &Arc<CallInputs>) -> WasiCtx {
+    let rng = |stream| AttemptRng { inputs: Arc::clone(inputs), stream };
+    WasiCtxBuilder::new()
+        .wall_clock(ContextClock(Arc::clone(inputs)))
+        .monotonic_clock(FrozenClock)
+        .secure_random(rng(Stream::Secure))
+        .insecure_random(rng(Stream::Insecure))
+        .max_random_size(MAX_RANDOM_BYTES)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build()
+}
+
+/// `wasi:random/insecure-seed` answers from the attempt id too. wasmtime-wasi keeps that
+/// seed as a fixed value in the context, which is built once per instance, so the host
+/// function is replaced by one that reads the current call's inputs.
+pub(super) fn link_insecure_seed(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    linker.instance(INSECURE_SEED)?.func_wrap("insecure-seed", |store, (): ()| {
+        let state: &HostState = store.data();
+        let seed = state.inputs.seed("herald:wasi-insecure-seed");
+        let half = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+        Ok(((half(&seed[..8]), half(&seed[8..16])),))
+    })?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// One of the attempt's random streams behind the RNG trait of wasmtime-wasi's `rand`.
+struct AttemptRng {
+    inputs: Arc<CallInputs>,
+    stream: Stream,
+}
+
+impl rand_core::TryRng for AttemptRng {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        Ok(self.inputs.draw(self.stream, |r| r.next_u32()))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        Ok(self.inputs.draw(self.stream, |r| r.next_u64()))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        self.inputs.draw(self.stream, |r| r.fill_bytes(dst));
+        Ok(())
+    }
+}
+
+/// WASI's wall clock reads the attempt's timestamp, nothing ambient.
+struct ContextClock(Arc<CallInputs>);
+
+impl wasmtime_wasi::HostWallClock for ContextClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::from_secs(self.0.timestamp.load(Ordering::Relaxed))
+    }
+}
+
+/// WASI's monotonic clock does not move.
+struct FrozenClock;
+
+impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl wit::Host for HostState {}
+
+impl host::Host for HostState {
+    fn log(&mut self, level: wit::Level, message: String) {
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES_PER_CALL {
+            return;
+        }
+        let message = truncate(message, MAX_LOG_LINE);
+        let attempt_id = self.inputs.attempt_id();
+        let (tenant, plugin, attempt_id) = (&*self.tenant, &*self.plugin, attempt_id.as_str());
+        macro_rules! emit {
+            ($lvl:expr) => {
+                tracing::event!(target: "herald::plugin::guest", $lvl, tenant, plugin, attempt_id, "{message}")
+            };
+        }
+        let name = match level {
+            wit::Level::Trace => {
+                emit!(tracing::Level::TRACE);
+                "trace"
+            }
+            wit::Level::Debug => {
+                emit!(tracing::Level::DEBUG);
+                "debug"
+            }
+            wit::Level::Info => {
+                emit!(tracing::Level::INFO);
+                "info"
+            }
+            wit::Level::Warn => {
+                emit!(tracing::Level::WARN);
+                "warn"
+            }
+            wit::Level::Error => {
+                emit!(tracing::Level::ERROR);
+                "error"
+            }
+        };
+        if self.capture {
+            self.captured.push((name, message));
+        }
+    }
+
+    fn get_config(&mut self, key: String) -> Option<String> {
+        self.config.get(&key).cloned()
+    }
+}
+
+/// The time budget of a call: `call_timeout` of CPU time spent by the call's thread.
+/// The epoch deadline measures wall time, which a busy host can eat by preempting the
+/// thread; so when it expires, the call is stopped only if the thread has spent the
+/// whole budget on the CPU since the call started, and otherwise gets a new epoch
+/// deadline for the CPU time it has left (at least one tick). A spinning guest thus
+/// stops after `call_timeout` of CPU plus at most one tick (1 ms); a legal call is never
+/// cut for having been preempted, however early; a starved one is stopped after 10x
+/// `call_timeout` of wall time. Without a thread CPU clock the wall deadline alone
+/// applies.
+#[derive(Default)]
+pub(super) struct Deadline {
+    started: Option<Instant>,
+    cpu_start: Option<Duration>,
+}
+
+impl Deadline {
+    pub(super) fn start(&mut self) {
+        self.started = Some(Instant::now());
+        self.cpu_start = thread_cpu_time();
+    }
+
+    pub(super) fn on_expiry(&mut self, call_timeout: Duration) -> UpdateDeadline {
+        let wall = self.started.map(|s| s.elapsed()).unwrap_or(Duration::MAX);
+        if wall >= call_timeout.saturating_mul(10) {
+            return UpdateDeadline::Interrupt;
+        }
+        let (Some(start), Some(now)) = (self.cpu_start, thread_cpu_time()) else {
+            return UpdateDeadline::Interrupt;
+        };
+        let used = now.saturating_sub(start);
+        let left = call_timeout.saturating_sub(used);
+        if left.is_zero() {
+            return UpdateDeadline::Interrupt;
+        }
+        // A long call gives way to everything else on the node (see `pool`); until it
+        // has run that long, it is checked again when it might have.
+        let next = if used >= DEMOTE_AFTER {
+            demote_long_call();
+            left
+        } else {
+            left.min(DEMOTE_AFTER - used)
+        };
+        let ticks = next.as_nanos().div_ceil(EPOCH_TICK.as_nanos().max(1));
+        UpdateDeadline::Continue(u64::try_from(ticks).unwrap_or(u64::MAX).max(1))
+    }
+}
+
+#[cfg(unix)]
+pub(super) fn thread_cpu_time() -> Option<Duration> {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Some(Duration::new(u64::try_from(t.tv_sec).ok()?, u32::try_from(t.tv_nsec).ok()?))
+}
+
+#[cfg(not(unix))]
+pub(super) fn thread_cpu_time() -> Option<Duration> {
+    None
+}
+
+/// Caps linear memory and remembers that the cap was hit, so that the trap a guest
+/// raises after a failed allocation is reported as `memory`, not as a generic trap.
+pub(super) struct MemoryLimiter {
+    limit: usize,
+    pub(super) exceeded: bool,
+}
+
+impl wasmtime::ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.exceeded = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_cpu_time_so_a_preempted_call_is_not_cut() {
+        let budget = Duration::from_millis(10);
+        let spin = |cpu: Duration| {
+            let start = thread_cpu_time().unwrap();
+            while thread_cpu_time().unwrap() - start < cpu {}
+        };
+        let mut deadline = Deadline::default();
+        deadline.start();
+        // Preempted for longer than the budget before running at all (wall time passes,
+        // no CPU is spent): not cut.
+        std::thread::sleep(Duration::from_millis(15));
+        assert!(matches!(deadline.on_expiry(budget), UpdateDeadline::Continue(_)));
+        // Then 6 ms of CPU: 6 of 10 spent, still legal (a rule that judged only the
+        // window since the last expiry would stop it here).
+        spin(Duration::from_millis(6));
+        assert!(matches!(deadline.on_expiry(budget), UpdateDeadline::Continue(n) if n <= 4));
+        spin(Duration::from_millis(5));
+        assert!(matches!(deadline.on_expiry(budget), UpdateDeadline::Interrupt));
+    }
+}
