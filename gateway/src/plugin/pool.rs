@@ -212,10 +212,16 @@ thread_local! {
 }
 
 /// Called from a running call once it has spent [`DEMOTE_AFTER`] of CPU: a call
-/// thread drops to idle priority for the rest of the call. Best effort.
-pub(super) fn demote_long_call() {
-    if PRIORITY.get() == Priority::Normal && set_idle_policy(true) {
-        PRIORITY.set(Priority::Demoted);
+/// thread drops to idle priority for the rest of the call. Best effort; returns
+/// whether the thread now runs at idle priority.
+pub(super) fn demote_long_call() -> bool {
+    match PRIORITY.get() {
+        Priority::Normal if set_idle_policy(true) => {
+            PRIORITY.set(Priority::Demoted);
+            true
+        }
+        Priority::Demoted | Priority::Stuck => true,
+        _ => false,
     }
 }
 

@@ -57,6 +57,8 @@ struct Inner {
     /// uploads cannot both fit in the last place.
     installing: Mutex<()>,
     failures_by_kind: [AtomicU64; PluginFailure::KINDS.len()],
+    /// Signalled whenever a load ends, for deliveries waiting on a loading plugin.
+    loads_ended: tokio::sync::Notify,
     /// Kept only to stop watching when the host is dropped.
     _watcher: Mutex<Option<notify::RecommendedWatcher>>,
 }
@@ -115,6 +117,7 @@ impl PluginHost {
             tenants: RwLock::new(HashMap::new()),
             installing: Mutex::new(()),
             failures_by_kind: Default::default(),
+            loads_ended: tokio::sync::Notify::new(),
             _watcher: Mutex::new(None),
         });
         let host = PluginHost { inner };
@@ -132,6 +135,24 @@ impl PluginHost {
     pub fn loading(&self, tenant: &str, name: &str) -> bool {
         let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
         tenants.get(tenant).and_then(|p| p.get(name)).is_some_and(|slot| slot.loading && slot.current.is_none())
+    }
+
+    /// Waits until `tenant`'s plugin `name` is no longer [`loading`](Self::loading), for
+    /// at most `timeout`; returns whether it has finished (serving or failed).
+    pub async fn until_loaded(&self, tenant: &str, name: &str, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let ended = self.inner.loads_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the check, so a load ending in between is not missed.
+            ended.as_mut().enable();
+            if !self.loading(tenant, name) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// Waits until no plugin is loading, for at most `timeout`; returns whether none is.
@@ -524,6 +545,8 @@ impl PluginHost {
             }
             Err(error) => slot.error = error.or(slot.error.take()),
         }
+        drop(tenants);
+        self.inner.loads_ended.notify_waiters();
     }
 
     fn plugin_config(&self, tenant: &str, name: &str) -> HashMap<String, String> {

@@ -302,23 +302,26 @@ impl host::Host for HostState {
 /// deadline for the CPU time it has left (at least one tick). A spinning guest thus
 /// stops after `call_timeout` of CPU plus at most one tick (1 ms); a legal call is never
 /// cut for having been preempted, however early; a starved one is stopped after 10x
-/// `call_timeout` of wall time. Without a thread CPU clock the wall deadline alone
-/// applies.
+/// `call_timeout` of wall time, or 100x once it runs at idle priority (which a
+/// saturated node may starve for a while; see `pool`). Without a thread CPU clock the
+/// wall deadline alone applies.
 #[derive(Default)]
 pub(super) struct Deadline {
     started: Option<Instant>,
     cpu_start: Option<Duration>,
+    demoted: bool,
 }
 
 impl Deadline {
     pub(super) fn start(&mut self) {
         self.started = Some(Instant::now());
         self.cpu_start = thread_cpu_time();
+        self.demoted = false;
     }
 
     pub(super) fn on_expiry(&mut self, call_timeout: Duration) -> UpdateDeadline {
         let wall = self.started.map(|s| s.elapsed()).unwrap_or(Duration::MAX);
-        if wall >= call_timeout.saturating_mul(10) {
+        if wall >= call_timeout.saturating_mul(if self.demoted { 100 } else { 10 }) {
             return UpdateDeadline::Interrupt;
         }
         let (Some(start), Some(now)) = (self.cpu_start, thread_cpu_time()) else {
@@ -332,7 +335,7 @@ impl Deadline {
         // A long call gives way to everything else on the node (see `pool`); until it
         // has run that long, it is checked again when it might have.
         let next = if used >= DEMOTE_AFTER {
-            demote_long_call();
+            self.demoted = self.demoted || demote_long_call();
             left
         } else {
             left.min(DEMOTE_AFTER - used)

@@ -13,7 +13,8 @@ pub struct PluginConfig {
     pub dir: PathBuf,
     /// Time budget of one hook call (epoch deadline, checked against the thread's CPU
     /// time so that a preempted call is not blamed: a spinning plugin is stopped after
-    /// 1-2x this, a starved one after at most 10x). Default 10 ms.
+    /// this plus one 1 ms tick, a starved one after 10x of wall time, or 100x once it
+    /// has run 1 ms and yielded its priority). Default 10 ms.
     pub call_timeout: Duration,
     /// Linear memory cap of one plugin instance, in bytes. Default 16 MiB.
     pub memory_limit: usize,

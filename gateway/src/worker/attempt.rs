@@ -203,22 +203,29 @@ async fn record(
 
 /// How soon a delivery waiting for a loading plugin is tried again.
 const PLUGIN_LOADING_RETRY_MS: Millis = 250;
+/// How long an attempt waits in place for a loading plugin before handing back.
+const PLUGIN_LOADING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Hands `d` back, due shortly and without an attempt, when a plugin bound to its
-/// endpoint is still loading (after a start or a new file): calling it now would fail
-/// `plugin:not_found`, which is not the delivery's fault.
+/// Waits, without an attempt, while a plugin bound to `d`'s endpoint is still loading
+/// (after a start or a new file): calling it now would fail `plugin:not_found`, which is
+/// not the delivery's fault. The delivery goes out as soon as the load ends; after
+/// [`PLUGIN_LOADING_WAIT`] it is handed back, due shortly, and the slot freed.
 async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
     let bound = &target.endpoint.spec.plugins;
-    let mut names = [&bound.transform, &bound.classify, &bound.sign].into_iter().flatten();
-    if !names.any(|name| inner.plugins.loading(d.tenant.as_str(), name)) {
-        return false;
+    let tenant = d.tenant.as_str();
+    let deadline = tokio::time::Instant::now() + PLUGIN_LOADING_WAIT;
+    for name in [&bound.transform, &bound.classify, &bound.sign].into_iter().flatten() {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if !inner.plugins.until_loaded(tenant, name, left).await {
+            let release =
+                Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: now_ms() + PLUGIN_LOADING_RETRY_MS };
+            if let Err(e) = inner.committer.release(vec![release]).await {
+                tracing::warn!(delivery = %d.id, error = %e, "release failed; the lease will expire instead");
+            }
+            return true;
+        }
     }
-    let release =
-        Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: now_ms() + PLUGIN_LOADING_RETRY_MS };
-    if let Err(e) = inner.committer.release(vec![release]).await {
-        tracing::warn!(delivery = %d.id, error = %e, "release failed; the lease will expire instead");
-    }
-    true
+    false
 }
 
 /// Builds the request (transform and sign plugins included) and sends it.
