@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::model::*;
 
 pub mod postgres;
+mod queries;
 mod rows;
 mod sql;
 pub mod sqlite;
