@@ -50,7 +50,7 @@ impl<'a, DB: Database> Sql<'a, DB> {
     /// The statement's text and its arguments, for `sqlx::query_with` and friends.
     pub(super) fn take(self) -> Result<(String, DB::Arguments<'a>)> {
         match self.failed {
-            Some(e) => Err(StoreError::Backend(format!("cannot bind a value: {e}"))),
+            Some(e) => Err(StoreError::backend(format!("cannot bind a value: {e}"))),
             None => Ok((self.text, self.args)),
         }
     }

@@ -50,7 +50,7 @@ impl PostgresStore {
             .connect_with(options)
             .await?;
         // The migrator takes an advisory lock, so nodes starting together migrate once.
-        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
+        MIGRATOR.run(&pool).await.map_err(|e| StoreError::backend(format!("migrations: {e}")))?;
         let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()").fetch_one(&pool).await?;
         let channel = match schema {
             Some(s) if CHANNEL.len() + 1 + s.len() <= MAX_CHANNEL => format!("{CHANNEL}:{s}"),

@@ -38,7 +38,7 @@ pub(crate) fn is_in_memory(url: &str) -> bool {
 impl SqliteStore {
     pub async fn open(url: &str, max_connections: u32) -> Result<Self> {
         if is_in_memory(url) {
-            return Err(StoreError::Backend("an in-memory SQLite database is not durable; name a file".into()));
+            return Err(StoreError::backend("an in-memory SQLite database is not durable; name a file"));
         }
         let mut options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
@@ -51,7 +51,7 @@ impl SqliteStore {
         }
         create_private(options.get_filename())?;
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
-        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
+        MIGRATOR.run(&pool).await.map_err(|e| StoreError::backend(format!("migrations: {e}")))?;
         let writer = writer::Writer::open(options.get_filename())?;
         Ok(SqliteStore { q: Queries { pool }, writer })
     }
@@ -65,7 +65,7 @@ fn create_private(path: &std::path::Path) -> Result<()> {
     open.write(true).create(true).truncate(false);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-    open.open(path).map(drop).map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", path.display())))
+    open.open(path).map(drop).map_err(|e| StoreError::backend(format!("cannot create {}: {e}", path.display())))
 }
 
 #[async_trait]
