@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::model::EndpointId;
 use crate::ops::{self, Ops};
-use crate::plugin::{PluginConfig, PluginHost};
+use crate::plugin::PluginHost;
 use crate::replay::Replayer;
 use crate::worker::Engine;
 
@@ -77,23 +77,7 @@ pub async fn run(
 /// Starts the plugin host: it loads every tenant's plugins in the background (serving
 /// does not wait for them) and watches the directory.
 async fn start_plugins(config: &Config) -> Result<PluginHost, AppError> {
-    let c = &config.plugins;
-    let mut pc = PluginConfig::new(c.dir.clone());
-    pc.call_timeout = c.call_timeout;
-    pc.memory_limit = c.memory_limit_bytes;
-    pc.max_plugin_bytes = c.max_plugin_bytes;
-    pc.max_plugins_per_tenant = c.max_plugins_per_tenant;
-    pc.max_tenant_bytes = c.max_tenant_bytes;
-    pc.structure = c.structure;
-    pc.cache_dir = Some(c.cache_dir.clone());
-    pc.compiler_exe = c.compiler_exe.clone();
-    pc.compile_concurrency = c.compile_concurrency;
-    pc.compile_timeout = c.compile_timeout;
-    pc.compile_memory = c.compile_memory_bytes;
-    pc.max_instances = c.max_instances;
-    pc.warm_idle = c.warm_idle;
-    pc.call_threads = c.call_threads;
-    pc.plugin_config = c.plugin_config.clone();
+    let pc = config.plugins.clone();
     let host = tokio::task::spawn_blocking(move || PluginHost::start(pc))
         .await
         .map_err(|e| AppError::Io(std::io::Error::other(e)))??;

@@ -6,9 +6,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
+use crate::plugin::{PluginConfig, StructureLimits};
 use crate::schedule::{Jitter, RetryPolicy};
+
+mod raw;
+pub use raw::*;
 
 /// A configuration problem, naming the key and the reason.
 #[derive(Debug, thiserror::Error)]
@@ -23,229 +25,6 @@ pub enum ConfigError {
 
 fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.to_string(), reason: reason.into() }
-}
-
-/// The configuration as written: every key optional, defaults filled by serde.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawConfig {
-    pub server: RawServer,
-    pub store: RawStore,
-    pub intake: RawIntake,
-    pub delivery: RawDelivery,
-    pub retry: RawRetry,
-    pub endpoint_defaults: RawEndpointDefaults,
-    pub plugins: RawPlugins,
-    pub operator: RawOperator,
-    pub retention: RawRetention,
-    pub log: RawLog,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawOperator {
-    pub url: String,
-    pub secret: String,
-    pub stale_after: String,
-    pub check_every: String,
-}
-
-impl Default for RawOperator {
-    fn default() -> Self {
-        Self { url: String::new(), secret: String::new(), stale_after: "1h".into(), check_every: "1m".into() }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawRetention {
-    pub delivered: String,
-    pub dead: String,
-    pub every: String,
-    pub batch: u32,
-}
-
-impl Default for RawRetention {
-    fn default() -> Self {
-        Self { delivered: "7d".into(), dead: "30d".into(), every: "1m".into(), batch: 1000 }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawServer {
-    pub listen: String,
-    pub admin_token: String,
-    pub max_payload_bytes: u64,
-    pub header_read_timeout: String,
-    pub idle_timeout: String,
-    pub max_connections: u32,
-}
-
-impl Default for RawServer {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:8080".into(),
-            admin_token: String::new(),
-            max_payload_bytes: 1 << 20,
-            header_read_timeout: "10s".into(),
-            idle_timeout: "60s".into(),
-            max_connections: 512,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawStore {
-    pub url: String,
-    pub max_connections: u32,
-}
-
-impl Default for RawStore {
-    fn default() -> Self {
-        Self { url: "sqlite://herald.db".into(), max_connections: 8 }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawIntake {
-    pub max_batch: u32,
-    pub max_events_per_request: u32,
-}
-
-impl Default for RawIntake {
-    fn default() -> Self {
-        Self { max_batch: 1024, max_events_per_request: 1000 }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawDelivery {
-    pub allow_private_destinations: bool,
-    pub connect_timeout: String,
-    pub timeout: String,
-    pub lease_margin: String,
-    pub disable_after: String,
-    pub max_in_flight_total: u32,
-    pub secret_grace: String,
-}
-
-impl Default for RawDelivery {
-    fn default() -> Self {
-        Self {
-            allow_private_destinations: false,
-            connect_timeout: "3s".into(),
-            timeout: "10s".into(),
-            lease_margin: "30s".into(),
-            disable_after: "24h".into(),
-            max_in_flight_total: 1024,
-            secret_grace: "24h".into(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawRetry {
-    pub base: String,
-    pub factor: f64,
-    pub cap: String,
-    pub jitter: String,
-    pub max_attempts: u32,
-    pub ttl: String,
-}
-
-impl Default for RawRetry {
-    fn default() -> Self {
-        Self {
-            base: "30s".into(),
-            factor: 2.0,
-            cap: "6h".into(),
-            jitter: "full".into(),
-            max_attempts: 10,
-            ttl: "24h".into(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawEndpointDefaults {
-    pub rate_per_sec: f64,
-    pub burst: u32,
-    pub max_in_flight: u32,
-}
-
-impl Default for RawEndpointDefaults {
-    fn default() -> Self {
-        Self { rate_per_sec: 10.0, burst: 10, max_in_flight: 4 }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawPlugins {
-    pub dir: String,
-    pub call_timeout: String,
-    pub memory_limit_mib: u32,
-    pub max_plugin_bytes: u64,
-    pub call_threads: u32,
-    pub max_plugins_per_tenant: u32,
-    pub max_tenant_bytes: u64,
-    pub max_function_bytes: u64,
-    pub max_functions: u32,
-    pub max_modules: u32,
-    pub cache_dir: String,
-    pub compile_concurrency: u32,
-    pub compile_timeout: String,
-    pub compile_memory_mib: u32,
-    pub max_instances: u32,
-    pub warm_idle: String,
-    /// `[plugins.config.<tenant>.<plugin>]`: each plugin's own settings.
-    pub config: std::collections::BTreeMap<
-        String,
-        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
-    >,
-}
-
-impl Default for RawPlugins {
-    fn default() -> Self {
-        Self {
-            dir: "plugins.d".into(),
-            call_timeout: "10ms".into(),
-            memory_limit_mib: 16,
-            max_plugin_bytes: 8 << 20,
-            call_threads: 0,
-            max_plugins_per_tenant: 20,
-            max_tenant_bytes: 32 << 20,
-            max_function_bytes: 512 << 10,
-            max_functions: 20_000,
-            max_modules: 16,
-            cache_dir: "plugins.cache".into(),
-            compile_concurrency: 1,
-            compile_timeout: "20s".into(),
-            compile_memory_mib: 512,
-            max_instances: 0,
-            warm_idle: "30s".into(),
-            config: Default::default(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawLog {
-    pub level: String,
-    pub format: String,
-}
-
-impl Default for RawLog {
-    fn default() -> Self {
-        Self { level: "info".into(), format: "text".into() }
-    }
 }
 
 /// The validated configuration the rest of Herald reads. Its `Debug` (what
@@ -264,7 +43,7 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     pub retry: RetryPolicy,
     pub endpoint_defaults: EndpointDefaults,
-    pub plugins: PluginsConfig,
+    pub plugins: PluginConfig,
     pub operator: OperatorConfig,
     pub retention: RetentionConfig,
     pub log_level: String,
@@ -385,31 +164,6 @@ pub struct EndpointDefaults {
     pub max_in_flight: u32,
 }
 
-#[derive(Debug, Clone)]
-pub struct PluginsConfig {
-    pub dir: PathBuf,
-    pub call_timeout: Duration,
-    pub memory_limit_bytes: usize,
-    pub max_plugin_bytes: usize,
-    /// Threads of the plugin call pool; 0: one per CPU, at least 2.
-    pub call_threads: usize,
-    pub max_plugins_per_tenant: usize,
-    pub max_tenant_bytes: usize,
-    pub structure: crate::plugin::StructureLimits,
-    pub cache_dir: PathBuf,
-    /// The `herald` binary that compiles plugins in a child process; set by `herald
-    /// serve` (not a config key). `None`: compile in this process.
-    pub compiler_exe: Option<PathBuf>,
-    pub compile_concurrency: usize,
-    pub compile_timeout: Duration,
-    pub compile_memory_bytes: u64,
-    /// Instance pool slots, sized from the limits when the key is 0.
-    pub max_instances: u32,
-    pub warm_idle: Duration,
-    /// Each plugin's own settings, by (tenant, plugin name).
-    pub plugin_config: std::collections::HashMap<(String, String), std::collections::HashMap<String, String>>,
-}
-
 /// The longest total request deadline an endpoint may ask for.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -507,121 +261,152 @@ impl RawConfig {
             .listen
             .parse()
             .map_err(|e| invalid("server.listen", format!("{:?} is not host:port ({e})", self.server.listen)))?;
-        if !(self.store.url.starts_with("sqlite:")
-            || self.store.url.starts_with("postgres:")
-            || self.store.url.starts_with("postgresql:"))
-        {
-            return Err(invalid("store.url", "must start with sqlite:// or postgres://"));
-        }
-        if crate::store::sqlite::is_in_memory(&self.store.url) {
-            return Err(invalid("store.url", "an in-memory SQLite database is not durable; name a file"));
-        }
-        let delivery = DeliveryConfig {
-            allow_private_destinations: self.delivery.allow_private_destinations,
-            connect_timeout: duration("delivery.connect_timeout", &self.delivery.connect_timeout)?,
-            timeout: duration("delivery.timeout", &self.delivery.timeout)?,
-            lease_margin: duration("delivery.lease_margin", &self.delivery.lease_margin)?,
-            disable_after: duration("delivery.disable_after", &self.delivery.disable_after)?,
-            max_in_flight_total: self.delivery.max_in_flight_total as usize,
-            secret_grace: duration("delivery.secret_grace", &self.delivery.secret_grace)?,
-        };
-        crate::model::check_timeouts(delivery.timeout, delivery.connect_timeout, MAX_TIMEOUT)
-            .map_err(|e| invalid(&format!("delivery.{}", e.field), e.reason))?;
-        if delivery.max_in_flight_total == 0 {
-            return Err(invalid("delivery.max_in_flight_total", "must be at least 1"));
-        }
-        let jitter: Jitter = self.retry.jitter.parse().map_err(|e| invalid("retry.jitter", format!("{e}")))?;
-        let retry = RetryPolicy::try_new(
-            duration("retry.base", &self.retry.base)?,
-            self.retry.factor,
-            duration("retry.cap", &self.retry.cap)?,
-            jitter,
-            self.retry.max_attempts,
-            duration("retry.ttl", &self.retry.ttl)?,
-        )
-        .map_err(|e| invalid("retry", e.to_string()))?;
-        let d = &self.endpoint_defaults;
-        crate::pace::Pacer::try_new(d.rate_per_sec, d.burst, d.max_in_flight)
-            .map_err(|e| invalid("endpoint_defaults", e.to_string()))?;
+        let store_url = self.store.url()?;
+        let delivery = self.delivery.validate()?;
+        let retry = self.retry.validate()?;
+        let endpoint_defaults = self.endpoint_defaults.validate()?;
         if self.intake.max_batch == 0 {
             return Err(invalid("intake.max_batch", "must be at least 1"));
         }
         if self.server.max_payload_bytes == 0 {
             return Err(invalid("server.max_payload_bytes", "must be at least 1"));
         }
-        if self.plugins.max_plugins_per_tenant == 0 || self.plugins.max_tenant_bytes < self.plugins.max_plugin_bytes {
-            return Err(invalid(
-                "plugins.max_tenant_bytes",
-                "a tenant must fit at least one plugin (max_plugins_per_tenant >= 1, max_tenant_bytes >= max_plugin_bytes)",
-            ));
-        }
-        if self.plugins.cache_dir.is_empty() {
-            return Err(invalid("plugins.cache_dir", "must name a directory (outside plugins.dir)"));
-        }
+        let plugins = self.plugins.validate(self.delivery.max_in_flight_total)?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }
-        let admin_token = self.server.admin_token()?;
         Ok(Config {
             listen,
-            admin_token,
+            admin_token: self.server.admin_token()?,
             max_payload_bytes: self.server.max_payload_bytes as usize,
             server: self.server.limits()?,
-            store_url: StoreUrl::new(self.store.url),
+            store_url,
             store_max_connections: self.store.max_connections.max(1),
             intake_max_batch: self.intake.max_batch as usize,
             max_events_per_request: self.intake.max_events_per_request.max(1) as usize,
             delivery,
             retry,
-            endpoint_defaults: EndpointDefaults {
-                rate_per_sec: d.rate_per_sec,
-                burst: d.burst,
-                max_in_flight: d.max_in_flight,
-            },
-            plugins: PluginsConfig {
-                dir: PathBuf::from(self.plugins.dir),
-                call_timeout: duration("plugins.call_timeout", &self.plugins.call_timeout)?,
-                memory_limit_bytes: (self.plugins.memory_limit_mib as usize) << 20,
-                max_plugin_bytes: self.plugins.max_plugin_bytes as usize,
-                call_threads: self.plugins.call_threads as usize,
-                max_plugins_per_tenant: self.plugins.max_plugins_per_tenant as usize,
-                max_tenant_bytes: self.plugins.max_tenant_bytes as usize,
-                structure: crate::plugin::StructureLimits {
-                    max_function_bytes: self.plugins.max_function_bytes as usize,
-                    max_functions: self.plugins.max_functions as usize,
-                    max_modules: self.plugins.max_modules as usize,
-                },
-                cache_dir: PathBuf::from(&self.plugins.cache_dir),
-                compiler_exe: None,
-                compile_concurrency: self.plugins.compile_concurrency.max(1) as usize,
-                compile_timeout: duration("plugins.compile_timeout", &self.plugins.compile_timeout)?,
-                compile_memory_bytes: u64::from(self.plugins.compile_memory_mib) << 20,
-                max_instances: match self.plugins.max_instances {
-                    // Warm instances may take half the pool, so the other half must
-                    // cover every call that can run at once (one per delivery in
-                    // flight) and the loads and uploads beside them.
-                    0 => (self.delivery.max_in_flight_total + self.plugins.compile_concurrency + 16).saturating_mul(2),
-                    n => n,
-                },
-                warm_idle: duration("plugins.warm_idle", &self.plugins.warm_idle)?,
-                plugin_config: self
-                    .plugins
-                    .config
-                    .into_iter()
-                    .flat_map(|(tenant, plugins)| {
-                        plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
-                    })
-                    .collect(),
-            },
+            endpoint_defaults,
+            plugins,
             operator: self.operator.validate()?,
-            retention: RetentionConfig {
-                delivered: duration("retention.delivered", &self.retention.delivered)?,
-                dead: duration("retention.dead", &self.retention.dead)?,
-                every: duration("retention.every", &self.retention.every)?,
-                batch: self.retention.batch.max(1),
-            },
+            retention: self.retention.validate()?,
             log_level: self.log.level,
             log_json: self.log.format == "json",
+        })
+    }
+}
+
+impl RawStore {
+    fn url(&self) -> Result<StoreUrl, ConfigError> {
+        let url = &self.url;
+        if !(url.starts_with("sqlite:") || url.starts_with("postgres:") || url.starts_with("postgresql:")) {
+            return Err(invalid("store.url", "must start with sqlite:// or postgres://"));
+        }
+        if crate::store::sqlite::is_in_memory(url) {
+            return Err(invalid("store.url", "an in-memory SQLite database is not durable; name a file"));
+        }
+        Ok(StoreUrl::new(url.clone()))
+    }
+}
+
+impl RawDelivery {
+    fn validate(&self) -> Result<DeliveryConfig, ConfigError> {
+        let delivery = DeliveryConfig {
+            allow_private_destinations: self.allow_private_destinations,
+            connect_timeout: duration("delivery.connect_timeout", &self.connect_timeout)?,
+            timeout: duration("delivery.timeout", &self.timeout)?,
+            lease_margin: duration("delivery.lease_margin", &self.lease_margin)?,
+            disable_after: duration("delivery.disable_after", &self.disable_after)?,
+            max_in_flight_total: self.max_in_flight_total as usize,
+            secret_grace: duration("delivery.secret_grace", &self.secret_grace)?,
+        };
+        crate::model::check_timeouts(delivery.timeout, delivery.connect_timeout, MAX_TIMEOUT)
+            .map_err(|e| invalid(&format!("delivery.{}", e.field), e.reason))?;
+        if delivery.max_in_flight_total == 0 {
+            return Err(invalid("delivery.max_in_flight_total", "must be at least 1"));
+        }
+        Ok(delivery)
+    }
+}
+
+impl RawRetry {
+    fn validate(&self) -> Result<RetryPolicy, ConfigError> {
+        let jitter: Jitter = self.jitter.parse().map_err(|e| invalid("retry.jitter", format!("{e}")))?;
+        RetryPolicy::try_new(
+            duration("retry.base", &self.base)?,
+            self.factor,
+            duration("retry.cap", &self.cap)?,
+            jitter,
+            self.max_attempts,
+            duration("retry.ttl", &self.ttl)?,
+        )
+        .map_err(|e| invalid("retry", e.to_string()))
+    }
+}
+
+impl RawEndpointDefaults {
+    fn validate(&self) -> Result<EndpointDefaults, ConfigError> {
+        crate::pace::Pacer::try_new(self.rate_per_sec, self.burst, self.max_in_flight)
+            .map_err(|e| invalid("endpoint_defaults", e.to_string()))?;
+        Ok(EndpointDefaults { rate_per_sec: self.rate_per_sec, burst: self.burst, max_in_flight: self.max_in_flight })
+    }
+}
+
+impl RawPlugins {
+    /// The plugin host's settings; `max_in_flight_total` sizes the instance pool when
+    /// `max_instances` is 0.
+    fn validate(self, max_in_flight_total: u32) -> Result<PluginConfig, ConfigError> {
+        if self.max_plugins_per_tenant == 0 || self.max_tenant_bytes < self.max_plugin_bytes {
+            return Err(invalid(
+                "plugins.max_tenant_bytes",
+                "a tenant must fit at least one plugin (max_plugins_per_tenant >= 1, max_tenant_bytes >= max_plugin_bytes)",
+            ));
+        }
+        if self.cache_dir.is_empty() {
+            return Err(invalid("plugins.cache_dir", "must name a directory (outside plugins.dir)"));
+        }
+        let mut c = PluginConfig::new(self.dir);
+        c.call_timeout = duration("plugins.call_timeout", &self.call_timeout)?;
+        c.memory_limit = (self.memory_limit_mib as usize) << 20;
+        c.max_plugin_bytes = self.max_plugin_bytes as usize;
+        c.call_threads = self.call_threads as usize;
+        c.max_plugins_per_tenant = self.max_plugins_per_tenant as usize;
+        c.max_tenant_bytes = self.max_tenant_bytes as usize;
+        c.structure = StructureLimits {
+            max_function_bytes: self.max_function_bytes as usize,
+            max_functions: self.max_functions as usize,
+            max_modules: self.max_modules as usize,
+        };
+        c.cache_dir = Some(PathBuf::from(self.cache_dir));
+        c.compile_concurrency = self.compile_concurrency.max(1) as usize;
+        c.compile_timeout = duration("plugins.compile_timeout", &self.compile_timeout)?;
+        c.compile_memory = u64::from(self.compile_memory_mib) << 20;
+        c.max_instances = match self.max_instances {
+            // Warm instances may take half the pool, so the other half must cover every
+            // call that can run at once (one per delivery in flight) and the loads and
+            // uploads beside them.
+            0 => (max_in_flight_total + self.compile_concurrency + 16).saturating_mul(2),
+            n => n,
+        };
+        c.warm_idle = duration("plugins.warm_idle", &self.warm_idle)?;
+        c.plugin_config = self
+            .config
+            .into_iter()
+            .flat_map(|(tenant, plugins)| {
+                plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
+            })
+            .collect();
+        Ok(c)
+    }
+}
+
+impl RawRetention {
+    fn validate(&self) -> Result<RetentionConfig, ConfigError> {
+        Ok(RetentionConfig {
+            delivered: duration("retention.delivered", &self.delivered)?,
+            dead: duration("retention.dead", &self.dead)?,
+            every: duration("retention.every", &self.every)?,
+            batch: self.batch.max(1),
         })
     }
 }
@@ -680,122 +465,4 @@ impl RawOperator {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("herald.toml");
-        std::fs::write(&path, toml).unwrap();
-        Config::load(Some(&path), env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-    }
-
-    #[test]
-    fn defaults_without_a_file() {
-        let c = Config::load(None, Vec::new()).unwrap();
-        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(&*c.store_url, "sqlite://herald.db");
-        assert_eq!(c.delivery.timeout, Duration::from_secs(10));
-        assert_eq!(c.delivery.connect_timeout, Duration::from_secs(3));
-        // The instance pool is sized from the limits: calls in flight, loads, and as
-        // many warm instances again.
-        assert_eq!(c.plugins.max_instances, 2 * (1024 + 1 + 16));
-        assert!(c.admin_token.is_none());
-        assert!(!c.delivery.allow_private_destinations);
-    }
-
-    #[test]
-    fn env_overrides_file() {
-        let c = load(
-            "[server]\nlisten = \"127.0.0.1:1\"\n",
-            &[
-                ("HERALD_SERVER_LISTEN", "127.0.0.1:9000"),
-                ("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "true"),
-                ("HERALD_SERVER_ADMIN_TOKEN", LONG_TOKEN),
-                ("PATH", "/bin"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
-        assert!(c.delivery.allow_private_destinations);
-        assert_eq!(c.admin_token.as_ref().map(Redacted::expose), Some(LONG_TOKEN));
-    }
-
-    const LONG_TOKEN: &str = "0123456789abcdef0123456789abcdef";
-
-    #[test]
-    fn client_variables_are_not_config_keys() {
-        let c = load("", &[("HERALD_TOKEN", "hrld_x"), ("HERALD_API", "http://127.0.0.1:1")]).unwrap();
-        assert!(c.admin_token.is_none());
-    }
-
-    #[test]
-    fn debug_output_shows_no_secret() {
-        let whsec = "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0";
-        let c = load(
-            "",
-            &[
-                ("HERALD_SERVER_ADMIN_TOKEN", LONG_TOKEN),
-                ("HERALD_OPERATOR_URL", "https://ops.example.com/hook"),
-                ("HERALD_OPERATOR_SECRET", whsec),
-                ("HERALD_STORE_URL", "postgres://herald:pg-pass-1@127.0.0.1/db?password=pg-pass-2"),
-            ],
-        )
-        .unwrap();
-        let printed = format!("{c:#?} {}", c.store_url);
-        for secret in [LONG_TOKEN, whsec, "pg-pass-1", "pg-pass-2"] {
-            assert!(!printed.contains(secret), "{secret} printed in {printed}");
-        }
-        assert!(printed.contains("postgres://herald:***@127.0.0.1/db"), "{printed}");
-        assert_eq!(&*c.store_url, "postgres://herald:pg-pass-1@127.0.0.1/db?password=pg-pass-2");
-    }
-
-    /// TOML text, environment overrides, and the key the error must name.
-    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
-
-    #[test]
-    fn errors_name_the_key() {
-        let cases: &[Case<'_>] = &[
-            ("[delivery]\ntimeout = \"ten\"\n", &[], "delivery.timeout"),
-            ("[delivery]\ntimeout = \"60s\"\n", &[], "delivery.timeout"),
-            ("[delivery]\ntimeout = \"18446744073709552s\"\n", &[], "delivery.timeout"),
-            ("[retry]\nttl = \"10000000000000000s\"\n", &[], "retry.ttl"),
-            ("[delivery]\nconnect_timeout = \"20s\"\n", &[], "delivery.connect_timeout"),
-            ("[server]\nlisten = \"nowhere\"\n", &[], "server.listen"),
-            ("[server]\nlisten_on = \"x\"\n", &[], "listen_on"),
-            ("[retry]\njitter = \"sometimes\"\n", &[], "retry.jitter"),
-            ("[store]\nurl = \"mysql://x\"\n", &[], "store.url"),
-            ("[store]\nurl = \"sqlite::memory:\"\n", &[], "store.url"),
-            ("", &[("HERALD_SERVER_NOPE", "1")], "HERALD_SERVER_NOPE"),
-            ("", &[("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "maybe")], "HERALD_DELIVERY"),
-            ("[server]\nadmin_token = \"short\"\n", &[], "server.admin_token"),
-            ("", &[("HERALD_SERVER_ADMIN_TOKEN", &LONG_TOKEN[1..])], "server.admin_token"),
-            ("[server]\nidle_timeout = \"0s\"\n", &[], "server.idle_timeout"),
-            ("[server]\nheader_read_timeout = \"soon\"\n", &[], "server.header_read_timeout"),
-            ("[server]\nmax_connections = 0\n", &[], "server.max_connections"),
-            ("[plugins]\nmax_tenant_bytes = 1000\n", &[], "plugins.max_tenant_bytes"),
-            ("[plugins]\ncompile_timeout = \"soon\"\n", &[], "plugins.compile_timeout"),
-            ("[plugins]\nwarm_idle = \"idle\"\n", &[], "plugins.warm_idle"),
-        ];
-        for (toml, env, key) in cases {
-            let err = load(toml, env).unwrap_err().to_string();
-            assert!(err.contains(key), "{toml:?} {env:?}: {err}");
-        }
-    }
-
-    #[test]
-    fn example_file_is_valid_and_matches_defaults() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/herald.example.toml");
-        let text = std::fs::read_to_string(&path).unwrap();
-        let from_file: toml::Table = text.parse().unwrap();
-        let defaults = toml::Table::try_from(RawConfig::default()).unwrap();
-        // Every key is documented, with its default value.
-        for (section, keys) in &defaults {
-            for (key, value) in keys.as_table().unwrap() {
-                let documented = from_file.get(section).and_then(|s| s.get(key));
-                assert_eq!(documented, Some(value), "{section}.{key}");
-            }
-        }
-        Config::load(Some(&path), Vec::new()).unwrap();
-    }
-}
+mod tests;

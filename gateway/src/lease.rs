@@ -24,11 +24,6 @@ pub fn lease_until(now: Millis, claimed: u32, rate_per_sec: f64, timeout: Durati
     now.saturating_add(drain_ms).saturating_add(timeout.as_millis() as i64).saturating_add(margin.as_millis() as i64)
 }
 
-/// Is a lease that ends at `lease_until` abandoned at `now`?
-pub fn is_abandoned(lease_until: Millis, now: Millis) -> bool {
-    lease_until < now
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,7 +45,5 @@ mod tests {
         assert_eq!(lease_until(0, 0, 10.0, t, m), 40_000);
         // Absurdly slow rates are capped rather than overflowing.
         assert!(lease_until(0, 512, 1e-9, t, m) <= 86_400_000 + 40_000);
-        assert!(is_abandoned(10, 11));
-        assert!(!is_abandoned(10, 10));
     }
 }

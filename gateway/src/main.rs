@@ -1,4 +1,4 @@
-//! The `herald` command line: `serve`, `plugin check|run`.
+//! The `herald` command line: `serve`, `replay`, `plugin check|run` (and the hidden `plugin compile`), `check-config`.
 
 use std::path::PathBuf;
 
@@ -21,38 +21,7 @@ enum Command {
         config: Option<PathBuf>,
     },
     /// Replay dead letters of a tenant through a running Herald, with a progress bar.
-    Replay {
-        /// Herald's API address.
-        #[arg(long, default_value = "http://127.0.0.1:8080", env = "HERALD_API")]
-        api: String,
-        /// A token with the `replay` scope (or the admin token).
-        #[arg(long, env = "HERALD_TOKEN")]
-        token: String,
-        #[arg(long)]
-        tenant: String,
-        /// Explicit delivery ids (comma-separated); otherwise the filter below selects.
-        #[arg(long, value_delimiter = ',')]
-        ids: Vec<String>,
-        #[arg(long)]
-        endpoint: Option<String>,
-        #[arg(long = "type")]
-        event_type: Option<String>,
-        #[arg(long)]
-        reason: Option<String>,
-        /// RFC 3339.
-        #[arg(long)]
-        since: Option<String>,
-        /// RFC 3339.
-        #[arg(long)]
-        until: Option<String>,
-        #[arg(long, default_value_t = 10.0)]
-        rate: f64,
-        #[arg(long, default_value_t = 100)]
-        batch: u32,
-        /// Return once the replay is accepted instead of following it.
-        #[arg(long)]
-        no_wait: bool,
-    },
+    Replay(ReplayArgs),
     /// Work with plugin files: validate one, or run one hook on an input.
     Plugin {
         #[command(subcommand)]
@@ -63,6 +32,40 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// Herald's API address.
+    #[arg(long, default_value = "http://127.0.0.1:8080", env = "HERALD_API")]
+    api: String,
+    /// A token with the `replay` scope (or the admin token).
+    #[arg(long, env = "HERALD_TOKEN")]
+    token: String,
+    #[arg(long)]
+    tenant: String,
+    /// Explicit delivery ids (comma-separated); otherwise the filter below selects.
+    #[arg(long, value_delimiter = ',')]
+    ids: Vec<String>,
+    #[arg(long)]
+    endpoint: Option<String>,
+    #[arg(long = "type")]
+    event_type: Option<String>,
+    #[arg(long)]
+    reason: Option<String>,
+    /// RFC 3339.
+    #[arg(long)]
+    since: Option<String>,
+    /// RFC 3339.
+    #[arg(long)]
+    until: Option<String>,
+    #[arg(long, default_value_t = 10.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 100)]
+    batch: u32,
+    /// Return once the replay is accepted instead of following it.
+    #[arg(long)]
+    no_wait: bool,
 }
 
 #[derive(Subcommand)]
@@ -96,57 +99,8 @@ enum PluginCommand {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { config } => {
-            let mut config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;
-            init_logging(&config);
-            // Compile plugins in a child of this very binary (memory limit, timeout).
-            config.plugins.compiler_exe = Some(std::env::current_exe().context("cannot find the herald binary")?);
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(async {
-                let listener = tokio::net::TcpListener::bind(config.listen)
-                    .await
-                    .with_context(|| format!("cannot listen on {}", config.listen))?;
-                gateway::app::run(config, listener, shutdown_signal()).await?;
-                anyhow::Ok(())
-            })
-        }
-        Command::Replay {
-            api,
-            token,
-            tenant,
-            ids,
-            endpoint,
-            event_type,
-            reason,
-            since,
-            until,
-            rate,
-            batch,
-            no_wait,
-        } => {
-            let mut filter = serde_json::Map::new();
-            for (k, v) in
-                [("endpoint", endpoint), ("type", event_type), ("reason", reason), ("since", since), ("until", until)]
-            {
-                if let Some(v) = v {
-                    filter.insert(k.into(), v.into());
-                }
-            }
-            let req = gateway::cli::ReplayRequest {
-                api,
-                token,
-                tenant,
-                ids,
-                filter: filter.into(),
-                rate_per_sec: rate,
-                batch,
-                wait: !no_wait,
-            };
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let result = runtime.block_on(gateway::cli::replay(req))?;
-            println!("{}", serde_json::to_string_pretty(&result)?);
-            Ok(())
-        }
+        Command::Serve { config } => serve(config.as_deref()),
+        Command::Replay(args) => replay(args),
         Command::Plugin { command: PluginCommand::Check { file } } => {
             println!("{}", gateway::plugin::check_file(&file)?);
             Ok(())
@@ -172,6 +126,51 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn serve(config: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let mut config = Config::load(config, std::env::vars()).context("invalid configuration")?;
+    init_logging(&config);
+    // Compile plugins in a child of this very binary (memory limit, timeout).
+    config.plugins.compiler_exe = Some(std::env::current_exe().context("cannot find the herald binary")?);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        gateway::app::run(config, listener, shutdown_signal()).await?;
+        anyhow::Ok(())
+    })
+}
+
+fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let mut filter = serde_json::Map::new();
+    let selection = [
+        ("endpoint", args.endpoint),
+        ("type", args.event_type),
+        ("reason", args.reason),
+        ("since", args.since),
+        ("until", args.until),
+    ];
+    for (k, v) in selection {
+        if let Some(v) = v {
+            filter.insert(k.into(), v.into());
+        }
+    }
+    let req = gateway::cli::ReplayRequest {
+        api: args.api,
+        token: args.token,
+        tenant: args.tenant,
+        ids: args.ids,
+        filter: filter.into(),
+        rate_per_sec: args.rate,
+        batch: args.batch,
+        wait: !args.no_wait,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let result = runtime.block_on(gateway::cli::replay(req))?;
+    println!("{}", serde_json::to_string_pretty(&result)?);
+    Ok(())
 }
 
 fn init_logging(config: &Config) {

@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::RetryOverride;
 
+mod replay;
 mod spec;
+pub use replay::*;
 pub use spec::*;
 
 /// Milliseconds since the Unix epoch: how every instant is stored.
@@ -485,121 +487,4 @@ pub struct Attempt {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::SeedableRng;
-
-    #[test]
-    fn filters() {
-        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let cases = [
-            (f(&[]), "a.b", true),
-            (f(&["invoice.*"]), "invoice.paid", true),
-            (f(&["invoice.*"]), "invoice.paid.late", true),
-            (f(&["invoice.*"]), "invoice", false),
-            (f(&["invoice.*"]), "invoices.paid", false),
-            (f(&["invoice.paid"]), "invoice.paid", true),
-            (f(&["invoice.paid"]), "invoice.paid2", false),
-            (f(&["*"]), "x", true),
-        ];
-        for (filter, t, want) in cases {
-            assert_eq!(type_filter_matches(&filter, t), want, "{filter:?} {t}");
-        }
-    }
-
-    #[test]
-    fn ids_are_time_ordered_and_valid() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-        let a = new_id("evt", 1_000, &mut rng);
-        let b = new_id("evt", 2_000, &mut rng);
-        assert!(a < b);
-        assert_eq!(a.len(), 4 + 26);
-        EventId::parse(&a).unwrap();
-        assert!(TenantId::parse("acme-1").is_ok());
-        for bad in ["", "Acme", "-x", "a b", &"x".repeat(65)] {
-            assert!(TenantId::parse(bad).is_err(), "{bad}");
-        }
-        assert!(EventId::parse("a/b").is_err());
-        assert!(EventId::parse("has space").is_err());
-    }
-}
-
-/// Which dead letters a replay (or a dead-letter listing) selects.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct DeadLetterFilter {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    pub event_type: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Dead since (RFC 3339 in the API, milliseconds here).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<Millis>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub until: Option<Millis>,
-}
-
-/// Where a replay stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReplayState {
-    Running,
-    Done,
-    Cancelled,
-}
-
-impl ReplayState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReplayState::Running => "running",
-            ReplayState::Done => "done",
-            ReplayState::Cancelled => "cancelled",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Self> {
-        [ReplayState::Running, ReplayState::Done, ReplayState::Cancelled].into_iter().find(|x| x.as_str() == s)
-    }
-}
-
-/// A durable, resumable re-delivery of selected dead letters.
-#[derive(Debug, Clone)]
-pub struct Replay {
-    pub id: String,
-    pub tenant: TenantId,
-    pub state: ReplayState,
-    /// Explicit delivery ids, or …
-    pub ids: Option<Vec<String>>,
-    /// … a filter.
-    pub filter: Option<DeadLetterFilter>,
-    pub rate_per_sec: f64,
-    pub batch: u32,
-    pub selected: u64,
-    pub sent: u64,
-    /// The last delivery id re-queued: where a resumed replay continues.
-    pub cursor: String,
-    pub created_at: Millis,
-    pub updated_at: Millis,
-}
-
-/// A replay with the outcome of what it re-queued.
-#[derive(Debug, Clone)]
-pub struct ReplayProgress {
-    pub replay: Replay,
-    pub delivered: u64,
-    pub failed: u64,
-}
-
-/// An endpoint's recent delivery health.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Health {
-    pub attempts_1h: u64,
-    pub successes_1h: u64,
-    pub attempts_24h: u64,
-    pub successes_24h: u64,
-    pub last_success_at: Option<Millis>,
-    pub last_attempt_at: Option<Millis>,
-    pub backlog: u64,
-    pub dead_letters: u64,
-}
+mod tests;

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-/// A point in time as unix milliseconds, the unit `next_attempt_at` is stored in.
-pub type Millis = i64;
+use crate::model::Millis;
 
 /// How a computed backoff delay is randomised.
 #[derive(Debug, Clone, Copy, PartialEq)]

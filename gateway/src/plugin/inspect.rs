@@ -7,7 +7,10 @@
 //! world still happens after compiling (`instantiate_pre`); this pass refuses the
 //! obvious misfits (a core module, a component of another world) before that.
 
-use wasmparser::{ComponentExternalKind, ComponentTypeRef, Encoding, Parser, Payload};
+use wasmparser::{
+    ComponentExportSectionReader, ComponentExternalKind, ComponentImportSectionReader, ComponentTypeRef, Encoding,
+    Parser, Payload,
+};
 
 use super::types::{PluginError, StructureLimits};
 
@@ -52,29 +55,8 @@ pub(crate) fn inspect(bytes: &[u8], limits: &StructureLimits) -> Result<(), Plug
                     )));
                 }
             }
-            Payload::ComponentImportSection(reader) if depth == 1 => {
-                for import in reader {
-                    let import = import.map_err(|e| PluginError::Invalid(e.to_string()))?;
-                    let name = import.name.name;
-                    // A world's `use` of interface types becomes a type import: no capability.
-                    if matches!(import.ty, ComponentTypeRef::Type(_)) {
-                        continue;
-                    }
-                    if !IMPORT_PREFIXES.iter().any(|p| name.starts_with(p)) {
-                        return Err(PluginError::WrongWorld(format!(
-                            "imports {name:?}, which Herald does not provide"
-                        )));
-                    }
-                }
-            }
-            Payload::ComponentExportSection(reader) if depth == 1 => {
-                for export in reader {
-                    let export = export.map_err(|e| PluginError::Invalid(e.to_string()))?;
-                    if export.kind == ComponentExternalKind::Func {
-                        exports.push(export.name.name.to_string());
-                    }
-                }
-            }
+            Payload::ComponentImportSection(reader) if depth == 1 => check_imports(reader)?,
+            Payload::ComponentExportSection(reader) if depth == 1 => exports.extend(exported_functions(reader)?),
             _ => {}
         }
     }
@@ -82,6 +64,34 @@ pub(crate) fn inspect(bytes: &[u8], limits: &StructureLimits) -> Result<(), Plug
         return Err(PluginError::WrongWorld(format!("no exported function {missing:?}")));
     }
     Ok(())
+}
+
+/// Refuses an import of the top-level component that Herald does not provide.
+fn check_imports(reader: ComponentImportSectionReader<'_>) -> Result<(), PluginError> {
+    for import in reader {
+        let import = import.map_err(|e| PluginError::Invalid(e.to_string()))?;
+        let name = import.name.name;
+        // A world's `use` of interface types becomes a type import: no capability.
+        if matches!(import.ty, ComponentTypeRef::Type(_)) {
+            continue;
+        }
+        if !IMPORT_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            return Err(PluginError::WrongWorld(format!("imports {name:?}, which Herald does not provide")));
+        }
+    }
+    Ok(())
+}
+
+/// The names of the functions the top-level component exports.
+fn exported_functions(reader: ComponentExportSectionReader<'_>) -> Result<Vec<String>, PluginError> {
+    let mut names = Vec::new();
+    for export in reader {
+        let export = export.map_err(|e| PluginError::Invalid(e.to_string()))?;
+        if export.kind == ComponentExternalKind::Func {
+            names.push(export.name.name.to_string());
+        }
+    }
+    Ok(names)
 }
 
 fn structure(reason: String) -> PluginError {

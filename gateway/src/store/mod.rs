@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::model::*;
 
 pub mod postgres;
+mod queries;
 mod rows;
 mod sql;
 pub mod sqlite;
@@ -23,7 +24,40 @@ pub enum StoreError {
     #[error("not found: {0}")]
     NotFound(String),
     #[error("storage unavailable: {0}")]
-    Backend(String),
+    Backend(BackendError),
+}
+
+impl StoreError {
+    /// A backend failure Herald itself detected.
+    pub fn backend(message: impl Into<String>) -> StoreError {
+        StoreError::Backend(BackendError { message: message.into(), source: None })
+    }
+
+    /// A failure of the database driver (sqlx, rusqlite), kept as the source.
+    fn from_driver(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+        StoreError::Backend(BackendError { message: e.to_string(), source: Some(Arc::new(e)) })
+    }
+}
+
+/// Why the storage failed. Its text includes the driver's message, because logs print
+/// only an error's text; the driver's error itself is the `source`, for callers that
+/// inspect it. Shared (`Arc`) so that one failed group commit fails every caller in it.
+#[derive(Debug, Clone)]
+pub struct BackendError {
+    message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -33,7 +67,7 @@ impl From<sqlx::Error> for StoreError {
         {
             return StoreError::Conflict(db.message().to_string());
         }
-        StoreError::Backend(e.to_string())
+        StoreError::from_driver(e)
     }
 }
 
@@ -276,7 +310,7 @@ pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
     } else {
         // The scheme only: the rest of a URL may hold a password.
         let scheme = url.split(':').next().unwrap_or_default();
-        Err(StoreError::Backend(format!("unsupported store url scheme {scheme:?}")))
+        Err(StoreError::backend(format!("unsupported store url scheme {scheme:?}")))
     }
 }
 
@@ -297,14 +331,14 @@ impl Committer {
 
     /// Submits one write and waits until it is committed (or failed).
     pub async fn submit(&self, op: WriteOp) -> Result<WriteResult> {
-        self.submit_all(vec![op]).await?.pop().ok_or_else(|| StoreError::Backend("committer answered nothing".into()))
+        self.submit_all(vec![op]).await?.pop().ok_or_else(|| StoreError::backend("committer answered nothing"))
     }
 
     /// Submits writes that commit in the same transaction, in order, and waits for them.
     pub async fn submit_all(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send((ops, reply)).await.map_err(|_| StoreError::Backend("committer stopped".into()))?;
-        rx.await.map_err(|_| StoreError::Backend("committer stopped".into()))?
+        self.tx.send((ops, reply)).await.map_err(|_| StoreError::backend("committer stopped"))?;
+        rx.await.map_err(|_| StoreError::backend("committer stopped"))?
     }
 
     /// Records one attempt's result together with its endpoint's change (applied first, so
@@ -313,7 +347,7 @@ impl Committer {
         let ops = change.map(WriteOp::Endpoint).into_iter().chain([WriteOp::Record(vec![result])]).collect();
         match self.submit_all(ops).await?.pop() {
             Some(WriteResult::Record(v)) => Ok(v.first() == Some(&true)),
-            other => Err(StoreError::Backend(format!("committer answered with the wrong kind: {other:?}"))),
+            other => Err(StoreError::backend(format!("committer answered with the wrong kind: {other:?}"))),
         }
     }
 
@@ -351,7 +385,7 @@ impl Committer {
 }
 
 fn unexpected(r: WriteResult) -> StoreError {
-    StoreError::Backend(format!("committer answered with the wrong kind: {r:?}"))
+    StoreError::backend(format!("committer answered with the wrong kind: {r:?}"))
 }
 
 /// Writes that commit together, and who waits for them.

@@ -17,7 +17,7 @@ pub(super) const TOKEN_COLUMNS: &str = "id, hash, tenant_id, scopes, created_at,
 pub(super) const ATTEMPT_ORDER: &str = "ORDER BY started_at, number";
 
 fn corrupt(what: &str, value: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("stored {what} is invalid: {value}"))
+    StoreError::backend(format!("stored {what} is invalid: {value}"))
 }
 
 #[derive(sqlx::FromRow)]

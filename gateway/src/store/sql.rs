@@ -1,11 +1,60 @@
 //! SQL both backends share: how an unfinished delivery settles against its endpoint's
 //! state, and the delivery and dead-letter filters, built once for either dialect
-//! (`QueryBuilder` writes `?` or `$n` itself). The write paths stay per backend.
+//! ([`Sql`] writes `?` or `$n` itself). The write paths stay per backend.
 
-use sqlx::{Database, Encode, QueryBuilder, Type};
+use std::fmt::{Display, Write};
 
-use super::DeliveryFilter;
+use sqlx::error::BoxDynError;
+use sqlx::{Arguments, Database, Encode, Type};
+
+use super::{DeliveryFilter, Result, StoreError};
 use crate::model::{DeadLetterFilter, TenantId};
+
+/// A statement with its bound values, built piece by piece in either dialect. sqlx's
+/// `QueryBuilder` does the same, but code generic over the database cannot drop one it
+/// has executed (the borrow checker cannot see that its arguments hold no borrow at drop);
+/// this builder is taken apart into text and arguments instead.
+pub(super) struct Sql<'a, DB: Database> {
+    text: String,
+    args: DB::Arguments<'a>,
+    /// The first value that failed to encode, reported when the statement is taken.
+    failed: Option<BoxDynError>,
+}
+
+impl<'a, DB: Database> Sql<'a, DB> {
+    pub(super) fn new(text: impl Into<String>) -> Self {
+        Sql { text: text.into(), args: Default::default(), failed: None }
+    }
+
+    pub(super) fn push(&mut self, text: impl Display) -> &mut Self {
+        // Writing to a String cannot fail.
+        let _ = write!(self.text, "{text}");
+        self
+    }
+
+    /// Binds `value` and writes its placeholder.
+    pub(super) fn push_bind<T: 'a + Encode<'a, DB> + Type<DB>>(&mut self, value: T) -> &mut Self {
+        if let Err(e) = self.args.add(value) {
+            self.failed.get_or_insert(e);
+        }
+        // Writing to a String cannot fail.
+        let _ = self.args.format_placeholder(&mut self.text);
+        self
+    }
+
+    #[cfg(test)]
+    pub(super) fn sql(&self) -> &str {
+        &self.text
+    }
+
+    /// The statement's text and its arguments, for `sqlx::query_with` and friends.
+    pub(super) fn take(self) -> Result<(String, DB::Arguments<'a>)> {
+        match self.failed {
+            Some(e) => Err(StoreError::backend(format!("cannot bind a value: {e}"))),
+            None => Ok((self.text, self.args)),
+        }
+    }
+}
 
 /// What a delivery row (named `row`) that is not finished becomes, given its endpoint's
 /// state right now: dead on a disabled endpoint, paused on an endpoint paused for a human
@@ -19,7 +68,7 @@ pub(super) fn settle(row: &str, wanted: &str) -> String {
 }
 
 /// Restricts a query on `deliveries` (after a `WHERE`) to `f`, ordered by id and limited.
-pub(super) fn push_delivery_filter<'a, DB>(q: &mut QueryBuilder<'a, DB>, f: &'a DeliveryFilter)
+pub(super) fn push_delivery_filter<'a, DB>(q: &mut Sql<'a, DB>, f: &'a DeliveryFilter)
 where
     DB: Database,
     &'a str: Encode<'a, DB> + Type<DB>,
@@ -47,12 +96,12 @@ where
 /// by explicit ids or a filter, after `cursor` (a delivery id; empty for none).
 /// `push_ids` writes the dialect's "id is one of these" predicate.
 pub(super) fn push_dead_selection<'a, DB>(
-    q: &mut QueryBuilder<'a, DB>,
+    q: &mut Sql<'a, DB>,
     tenant: &'a TenantId,
     ids: Option<&'a [String]>,
     filter: Option<&'a DeadLetterFilter>,
     cursor: &'a str,
-    push_ids: impl FnOnce(&mut QueryBuilder<'a, DB>, &'a [String]),
+    push_ids: impl FnOnce(&mut Sql<'a, DB>, &'a [String]),
 ) where
     DB: Database,
     &'a str: Encode<'a, DB> + Type<DB>,
@@ -80,7 +129,7 @@ pub(super) fn push_dead_selection<'a, DB>(
 }
 
 /// `updated_at` in `[since, until)`.
-fn push_window<'a, DB>(q: &mut QueryBuilder<'a, DB>, prefix: &str, since: Option<i64>, until: Option<i64>)
+fn push_window<'a, DB>(q: &mut Sql<'a, DB>, prefix: &str, since: Option<i64>, until: Option<i64>)
 where
     DB: Database,
     i64: Encode<'a, DB> + Type<DB>,
@@ -108,14 +157,14 @@ mod tests {
             limit: 10,
             ..Default::default()
         };
-        let mut q: QueryBuilder<'_, sqlx::Sqlite> = QueryBuilder::new("SELECT id FROM deliveries WHERE 1 = 1");
+        let mut q: Sql<'_, sqlx::Sqlite> = Sql::new("SELECT id FROM deliveries WHERE 1 = 1");
         push_delivery_filter(&mut q, &f);
         assert_eq!(
             q.sql(),
             "SELECT id FROM deliveries WHERE 1 = 1 AND tenant_id = ? AND endpoint_id = ? AND state = ? \
              AND updated_at >= ? ORDER BY id LIMIT ?"
         );
-        let mut q: QueryBuilder<'_, sqlx::Postgres> = QueryBuilder::new("SELECT id FROM deliveries WHERE 1 = 1");
+        let mut q: Sql<'_, sqlx::Postgres> = Sql::new("SELECT id FROM deliveries WHERE 1 = 1");
         push_delivery_filter(&mut q, &f);
         assert_eq!(
             q.sql(),

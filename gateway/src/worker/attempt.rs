@@ -19,7 +19,7 @@ use crate::classify::{self, Outcome, Verdict};
 use crate::clock::{now_ms, rfc3339};
 use crate::deliver::Outgoing;
 use crate::deliver::headers::is_reserved;
-use crate::model::{Attempt, DeliveryState, Endpoint, EndpointState, Millis, new_id};
+use crate::model::{Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, new_id};
 use crate::plugin;
 use crate::sign::{self, Secret};
 use crate::store::{AttemptResult, Claimed, EndpointChange, Release};
@@ -231,38 +231,69 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
 /// Builds the request (transform and sign plugins included) and sends it.
 async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::DeliveryContext) -> Exchange {
     let spec = &target.endpoint.spec;
-    let tenant = d.tenant.as_str();
-    let failed = |inner: &Inner, name: &str, f: plugin::PluginFailure| {
-        inner.metrics.plugin_failures.inc();
-        tracing::warn!(plugin = name, tenant, error = %f, "plugin call failed");
-        Exchange::Decided {
-            verdict: Verdict::Retry { after: None },
-            by: format!("plugin:{name}"),
-            error: Some(f.reason()),
-        }
+    let request = match transformed(inner, spec, d, ctx).await {
+        Ok(request) => request,
+        Err(decided) => return decided,
     };
-    let mut request = plugin::Request {
+    let (headers, body) = match signed(inner, target, d, ctx, request).await {
+        Ok(signed) => signed,
+        Err(decided) => return decided,
+    };
+    let outcome = inner
+        .deliverer
+        .send(Outgoing {
+            url: spec.url.clone(),
+            headers,
+            body: Bytes::from(body),
+            connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
+            timeout: Duration::from_millis(spec.timeout_ms),
+            keep_headers: spec.plugins.classify.is_some(),
+        })
+        .await;
+    inner.metrics.attempts.inc();
+    Exchange::Answered(outcome)
+}
+
+/// The envelope with the endpoint's custom headers, as its transform plugin (if any)
+/// leaves it; `Err`: the plugin dropped the delivery or failed.
+async fn transformed(
+    inner: &Inner,
+    spec: &EndpointSpec,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+) -> Result<plugin::Request, Exchange> {
+    let request = plugin::Request {
         headers: std::iter::once(("content-type".to_string(), "application/json".to_string()))
             .chain(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())))
             .collect(),
         body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
     };
-    if let Some(name) = &spec.plugins.transform {
-        match inner.plugins.transform(tenant, name, ctx, &request).await {
-            Ok(plugin::TransformResult::Send(r)) => request = r,
-            Ok(plugin::TransformResult::Drop(reason)) => {
-                return Exchange::Decided {
-                    verdict: Verdict::Fail { reason: format!("dropped:{reason}") },
-                    by: format!("plugin:{name}"),
-                    error: None,
-                };
-            }
-            Err(f) => return failed(inner, name, f),
-        }
+    let Some(name) = &spec.plugins.transform else { return Ok(request) };
+    match inner.plugins.transform(d.tenant.as_str(), name, ctx, &request).await {
+        Ok(plugin::TransformResult::Send(r)) => Ok(r),
+        Ok(plugin::TransformResult::Drop(reason)) => Err(Exchange::Decided {
+            verdict: Verdict::Fail { reason: format!("dropped:{reason}") },
+            by: format!("plugin:{name}"),
+            error: None,
+        }),
+        Err(f) => Err(plugin_failed(inner, d.tenant.as_str(), name, f)),
     }
+}
+
+/// The headers and body to send: the request's headers without reserved ones, Herald's
+/// own, and the signature (the sign plugin's headers, or Standard Webhooks' with the
+/// endpoint's secrets); `Err`: the sign plugin failed.
+async fn signed(
+    inner: &Inner,
+    target: &Target,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    mut request: plugin::Request,
+) -> Result<(Vec<(String, String)>, Vec<u8>), Exchange> {
+    let sign_plugin = &target.endpoint.spec.plugins.sign;
     let timestamp = ctx.timestamp as i64;
     // A sign plugin reads the request as the transform left it; otherwise it is ours to take.
-    let mut headers = match spec.plugins.sign {
+    let mut headers = match sign_plugin {
         Some(_) => request.headers.clone(),
         None => std::mem::take(&mut request.headers),
     };
@@ -274,12 +305,12 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         ("herald-attempt-id".to_string(), ctx.attempt_id.clone()),
         ("herald-delivery-id".to_string(), d.id.to_string()),
     ]);
-    match &spec.plugins.sign {
+    match sign_plugin {
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
-            match inner.plugins.sign(tenant, name, ctx, &keys, &request).await {
+            match inner.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request).await {
                 Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
-                Err(f) => return failed(inner, name, f),
+                Err(f) => return Err(plugin_failed(inner, d.tenant.as_str(), name, f)),
             }
         }
         None => {
@@ -288,19 +319,14 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
             headers.push((sign::HEADER_SIGNATURE.to_string(), sig));
         }
     }
-    let outcome = inner
-        .deliverer
-        .send(Outgoing {
-            url: spec.url.clone(),
-            headers,
-            body: Bytes::from(request.body),
-            connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
-            timeout: Duration::from_millis(spec.timeout_ms),
-            keep_headers: spec.plugins.classify.is_some(),
-        })
-        .await;
-    inner.metrics.attempts.inc();
-    Exchange::Answered(outcome)
+    Ok((headers, request.body))
+}
+
+/// A transform or sign plugin call that failed: counted, logged, and retried per policy.
+fn plugin_failed(inner: &Inner, tenant: &str, name: &str, f: plugin::PluginFailure) -> Exchange {
+    inner.metrics.plugin_failures.inc();
+    tracing::warn!(plugin = name, tenant, error = %f, "plugin call failed");
+    Exchange::Decided { verdict: Verdict::Retry { after: None }, by: format!("plugin:{name}"), error: Some(f.reason()) }
 }
 
 /// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.

@@ -9,15 +9,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
-use sqlx::{PgPool, Postgres, QueryBuilder, Row};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult};
+use sqlx::{PgPool, Postgres, Row};
 use tokio::sync::mpsc;
 
-use super::rows::{
-    self, ATTEMPT_ORDER, AttemptRow, DELIVERY_COLUMNS, DeliveryRow, EndpointRow, EventRow, ReplayRow, TOKEN_COLUMNS,
-    TenantRow, TokenRow,
-};
-use super::sql;
+use super::queries::{Dialect, Queries};
+use super::sql::{self, Sql};
 use super::*;
 
 /// The notification channel intake signals on; the schema is appended so that databases
@@ -31,7 +28,8 @@ const IDS_PER_NOTIFY: usize = 200;
 const MAX_REPLAYS: u32 = 3;
 
 pub struct PostgresStore {
-    pool: PgPool,
+    /// Reads and administrative writes, on sqlx's pool.
+    q: Queries<Postgres>,
     channel: String,
 }
 
@@ -52,213 +50,89 @@ impl PostgresStore {
             .connect_with(options)
             .await?;
         // The migrator takes an advisory lock, so nodes starting together migrate once.
-        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
+        MIGRATOR.run(&pool).await.map_err(|e| StoreError::backend(format!("migrations: {e}")))?;
         let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()").fetch_one(&pool).await?;
         let channel = match schema {
             Some(s) if CHANNEL.len() + 1 + s.len() <= MAX_CHANNEL => format!("{CHANNEL}:{s}"),
             _ => CHANNEL.to_string(),
         };
-        Ok(PostgresStore { pool, channel })
+        Ok(PostgresStore { q: Queries { pool }, channel })
     }
-}
-
-fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).expect("serializable")
 }
 
 #[async_trait]
 impl Store for PostgresStore {
     async fn create_tenant(&self, t: &Tenant) -> Result<()> {
-        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
-            .bind(t.id.as_str())
-            .bind(&t.name)
-            .bind(t.created_at)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.q.create_tenant(t).await
     }
 
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
-        let row = sqlx::query_as::<_, TenantRow>("SELECT id, name, created_at FROM tenants WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(Tenant::from))
+        self.q.get_tenant(id).await
     }
 
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
-        let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
-        sqlx::query("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES ($1, $2, $3, $4, $5)")
-            .bind(&t.id)
-            .bind(&t.hash)
-            .bind(t.tenant.as_str())
-            .bind(scopes.join(" "))
-            .bind(t.created_at)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.q.insert_token(t).await
     }
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        let row = sqlx::query_as::<_, TokenRow>(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = $1"))
-            .bind(hash)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(TokenRecord::from))
+        self.q.find_token(hash).await
     }
 
     async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
-        let rows = sqlx::query_as::<_, TokenRow>(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE tenant_id = $1 ORDER BY created_at, id"
-        ))
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(TokenRecord::from).collect())
+        self.q.list_tokens(tenant).await
     }
 
     async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM tokens WHERE tenant_id = $1 AND id = $2")
-            .bind(tenant.as_str())
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        self.q.revoke_token(tenant, id).await
     }
 
     async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
         sqlx::query("UPDATE tokens SET last_used_at = GREATEST(COALESCE(last_used_at, 0), $2) WHERE hash = $1")
             .bind(hash)
             .bind(at)
-            .execute(&self.pool)
+            .execute(&self.q.pool)
             .await?;
         Ok(())
     }
 
     async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, state_reason, paused_until, \
-             failing_since, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(e.id.as_str())
-        .bind(e.tenant.as_str())
-        .bind(json(&e.spec))
-        .bind(json(&e.spec.event_types))
-        .bind(e.state.as_str())
-        .bind(&e.state_reason)
-        .bind(e.paused_until)
-        .bind(e.failing_since)
-        .bind(e.created_at)
-        .bind(e.updated_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        self.q.insert_endpoint(e).await
     }
 
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
-        let row = sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(Endpoint::try_from).transpose()
+        self.q.endpoint(id).await
     }
 
     async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
-        let rows =
-            sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE tenant_id = $1 ORDER BY created_at, id")
-                .bind(tenant.as_str())
-                .fetch_all(&self.pool)
-                .await?;
-        rows::all(rows)
+        self.q.list_endpoints(tenant).await
     }
 
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3 WHERE id = $4 AND tenant_id = $5",
-        )
-        .bind(json(&e.spec))
-        .bind(json(&e.spec.event_types))
-        .bind(e.updated_at)
-        .bind(e.id.as_str())
-        .bind(e.tenant.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.q.update_endpoint(e).await
     }
 
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let done = sqlx::query("DELETE FROM endpoints WHERE id = $1 AND tenant_id = $2")
-            .bind(id.as_str())
-            .bind(tenant.as_str())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_deleted', next_attempt_at = NULL, \
-             lease_owner = NULL, lease_until = NULL, updated_at = $1 \
-             WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused', 'delivering')",
-        )
-        .bind(now)
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() == 1)
+        self.q.delete_endpoint(tenant, id, now).await
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
-        let row = sqlx::query_as::<_, EventRow>("SELECT * FROM events WHERE tenant_id = $1 AND id = $2")
-            .bind(tenant.as_str())
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(Event::from))
+        self.q.get_event(tenant, id).await
     }
 
     async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<Delivery>> {
-        let mut q: QueryBuilder<'_, Postgres> =
-            QueryBuilder::new(format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE 1 = 1"));
-        sql::push_delivery_filter(&mut q, f);
-        rows::all(q.build_query_as::<DeliveryRow>().fetch_all(&self.pool).await?)
+        self.q.list_deliveries(f).await
     }
 
     async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>> {
-        let row = sqlx::query_as::<_, DeliveryRow>(&format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1 AND tenant_id = $2"
-        ))
-        .bind(id.as_str())
-        .bind(tenant.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let attempts =
-            sqlx::query_as::<_, AttemptRow>(&format!("SELECT * FROM attempts WHERE delivery_id = $1 {ATTEMPT_ORDER}"))
-                .bind(id.as_str())
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(Some((row.try_into()?, attempts.into_iter().map(Attempt::from).collect())))
+        self.q.get_delivery(tenant, id).await
     }
 
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
-        let rows = sqlx::query(
-            "SELECT endpoint_id, MIN(next_attempt_at) AS due FROM deliveries \
-             WHERE state IN ('queued', 'waiting') GROUP BY endpoint_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), r.try_get("due")?)))
-            .collect()
+        self.q.pending_endpoints().await
     }
 
     async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
-        let due: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting')",
-        )
-        .bind(endpoint.as_str())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(due)
+        self.q.next_due(endpoint).await
     }
 
     async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
@@ -270,7 +144,7 @@ impl Store for PostgresStore {
         )
         .bind(now)
         .bind(expired_before)
-        .execute(&self.pool)
+        .execute(&self.q.pool)
         .await?;
         Ok(done.rows_affected())
     }
@@ -285,24 +159,19 @@ impl Store for PostgresStore {
         .bind(owner)
         .bind(until)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.q.pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
-        sqlx::query("DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2")
-            .bind(endpoint.as_str())
-            .bind(owner)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.q.release_partition(endpoint, owner).await
     }
 
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Vec<EndpointId>>>> {
-        let listener = listen(&self.pool, &self.channel).await?;
+        let listener = listen(&self.q.pool, &self.channel).await?;
         let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(forward_notifications(listener, self.pool.clone(), self.channel.clone(), tx));
+        tokio::spawn(forward_notifications(listener, self.q.pool.clone(), self.channel.clone(), tx));
         Ok(Some(rx))
     }
 
@@ -312,70 +181,19 @@ impl Store for PostgresStore {
         ids: Option<&[String]>,
         filter: Option<&DeadLetterFilter>,
     ) -> Result<(u64, Vec<EndpointId>)> {
-        let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
-        sql::push_dead_selection(&mut q, tenant, ids, filter, "", push_id_list);
-        let n: i64 = q.build_query_scalar().fetch_one(&self.pool).await?;
-        let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new(
-            "SELECT DISTINCT e.id FROM deliveries JOIN endpoints e ON e.id = deliveries.endpoint_id \
-             WHERE e.state <> 'active'",
-        );
-        sql::push_dead_selection(&mut q, tenant, ids, filter, "", push_id_list);
-        let blocked: Vec<String> = q.build_query_scalar().fetch_all(&self.pool).await?;
-        Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
+        self.q.dead_selection(tenant, ids, filter).await
     }
 
     async fn create_replay(&self, r: &Replay) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
-             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        )
-        .bind(&r.id)
-        .bind(r.tenant.as_str())
-        .bind(r.state.as_str())
-        .bind(r.ids.as_ref().map(json))
-        .bind(r.filter.as_ref().map(json))
-        .bind(r.rate_per_sec)
-        .bind(i64::from(r.batch))
-        .bind(r.selected as i64)
-        .bind(r.sent as i64)
-        .bind(&r.cursor)
-        .bind(r.created_at)
-        .bind(r.updated_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        self.q.create_replay(r).await
     }
 
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
-        let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = $1 AND tenant_id = $2")
-            .bind(id)
-            .bind(tenant.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let replay = Replay::try_from(row)?;
-        let counts = sqlx::query("SELECT state, COUNT(*) AS n FROM deliveries WHERE replay_id = $1 GROUP BY state")
-            .bind(id)
-            .fetch_all(&self.pool)
-            .await?;
-        let (mut delivered, mut failed) = (0, 0);
-        for r in counts {
-            let state: String = r.try_get("state")?;
-            let n: i64 = r.try_get("n")?;
-            match state.as_str() {
-                "delivered" => delivered = n as u64,
-                "dead" => failed = n as u64,
-                _ => {}
-            }
-        }
-        Ok(Some(ReplayProgress { replay, delivered, failed }))
+        self.q.get_replay(tenant, id).await
     }
 
     async fn running_replays(&self) -> Result<Vec<Replay>> {
-        let rows = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE state = 'running' ORDER BY created_at")
-            .fetch_all(&self.pool)
-            .await?;
-        rows::all(rows)
+        self.q.running_replays().await
     }
 
     async fn replay_batch(
@@ -385,30 +203,14 @@ impl Store for PostgresStore {
         spacing_ms: f64,
         deadline: Millis,
     ) -> Result<(Vec<EndpointId>, u32)> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.q.pool.begin().await?;
         // Every node resumes running replays: the row lock makes their batches take turns,
         // each continuing from the cursor the previous one committed.
-        let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = $1 FOR UPDATE")
-            .bind(replay_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(row) = row else { return Err(StoreError::NotFound(format!("replay {replay_id}"))) };
-        let replay = Replay::try_from(row)?;
-        if replay.state != ReplayState::Running {
+        let Some(replay) = Queries::<Postgres>::replay_to_continue(&mut tx, replay_id, " FOR UPDATE").await? else {
             return Ok((Vec::new(), 0));
-        }
-        let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new("SELECT id, endpoint_id FROM deliveries WHERE 1 = 1");
-        sql::push_dead_selection(
-            &mut q,
-            &replay.tenant,
-            replay.ids.as_deref(),
-            replay.filter.as_ref(),
-            &replay.cursor,
-            push_id_list,
-        );
-        q.push(" ORDER BY id LIMIT ").push_bind(i64::from(replay.batch));
-        let picked = q.build().fetch_all(&mut *tx).await?;
-        let ids: Vec<String> = picked.iter().map(|r| r.try_get("id")).collect::<sqlx::Result<_>>()?;
+        };
+        let picks = Queries::<Postgres>::replay_picks(&mut tx, &replay).await?;
+        let ids: Vec<&str> = picks.iter().map(|(id, _)| id.as_str()).collect();
         let due: Vec<i64> = (0..ids.len()).map(|i| now + (i as f64 * spacing_ms) as i64).collect();
         if !ids.is_empty() {
             sqlx::query(&format!(
@@ -425,114 +227,29 @@ impl Store for PostgresStore {
             .execute(&mut *tx)
             .await?;
         }
-        let cursor = ids.last().cloned().unwrap_or_else(|| replay.cursor.clone());
-        let n = ids.len() as u32;
-        let done = n < replay.batch;
-        sqlx::query(
-            "UPDATE replays SET sent = sent + $1, cursor = $2, updated_at = $3, \
-             state = CASE WHEN $4 THEN 'done' ELSE state END WHERE id = $5",
-        )
-        .bind(i64::from(n))
-        .bind(&cursor)
-        .bind(now)
-        .bind(done)
-        .bind(replay_id)
-        .execute(&mut *tx)
-        .await?;
+        let advanced = Queries::<Postgres>::advance_replay(&mut tx, &replay, picks, now).await?;
         tx.commit().await?;
-        let mut endpoints: Vec<EndpointId> = picked
-            .iter()
-            .map(|r| Ok(EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?)))
-            .collect::<Result<_>>()?;
-        endpoints.sort_unstable();
-        endpoints.dedup();
-        Ok((endpoints, n))
+        Ok(advanced)
     }
 
     async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE replays SET state = $1, updated_at = $2 WHERE id = $3 AND tenant_id = $4 AND state = 'running'",
-        )
-        .bind(state.as_str())
-        .bind(now)
-        .bind(id)
-        .bind(tenant.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.q.finish_replay(tenant, id, state, now).await
     }
 
     async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
-        let rows = sqlx::query(
-            "SELECT COALESCE(reason, '') AS reason, COUNT(*) AS n FROM deliveries \
-             WHERE tenant_id = $1 AND state = 'dead' GROUP BY reason ORDER BY n DESC",
-        )
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| Ok((r.try_get("reason")?, r.try_get::<i64, _>("n")? as u64))).collect()
+        self.q.dead_letter_counts(tenant).await
     }
 
     async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
-        let rows = sqlx::query(
-            "SELECT tenant_id, MIN(updated_at) AS oldest, COUNT(*) AS n FROM deliveries WHERE state = 'dead' \
-             GROUP BY tenant_id HAVING MIN(updated_at) < $1",
-        )
-        .bind(older_than)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-                    r.try_get("oldest")?,
-                    r.try_get::<i64, _>("n")? as u64,
-                ))
-            })
-            .collect()
+        self.q.stale_dead_letters(older_than).await
     }
 
     async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
-        let r = sqlx::query(
-            "SELECT COUNT(*) FILTER (WHERE started_at >= $1) AS a1, \
-             COUNT(*) FILTER (WHERE started_at >= $1 AND status BETWEEN 200 AND 299) AS s1, \
-             COUNT(*) AS a24, COUNT(*) FILTER (WHERE status BETWEEN 200 AND 299) AS s24 \
-             FROM attempts WHERE endpoint_id = $2 AND started_at >= $3",
-        )
-        .bind(now - 3_600_000)
-        .bind(endpoint.as_str())
-        .bind(now - 86_400_000)
-        .fetch_one(&self.pool)
-        .await?;
-        let last = sqlx::query(
-            "SELECT MAX(started_at) FILTER (WHERE status BETWEEN 200 AND 299) AS success, MAX(started_at) AS attempt \
-             FROM attempts WHERE endpoint_id = $1",
-        )
-        .bind(endpoint.as_str())
-        .fetch_one(&self.pool)
-        .await?;
-        let b = sqlx::query(
-            "SELECT COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')) AS backlog, \
-             COUNT(*) FILTER (WHERE state = 'dead') AS dead FROM deliveries WHERE endpoint_id = $1",
-        )
-        .bind(endpoint.as_str())
-        .fetch_one(&self.pool)
-        .await?;
-        let n = |row: &PgRow, c: &str| -> Result<u64> { Ok(row.try_get::<i64, _>(c)? as u64) };
-        Ok(Health {
-            attempts_1h: n(&r, "a1")?,
-            successes_1h: n(&r, "s1")?,
-            attempts_24h: n(&r, "a24")?,
-            successes_24h: n(&r, "s24")?,
-            last_success_at: last.try_get("success")?,
-            last_attempt_at: last.try_get("attempt")?,
-            backlog: n(&b, "backlog")?,
-            dead_letters: n(&b, "dead")?,
-        })
+        self.q.endpoint_health(endpoint, now).await
     }
 
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.q.pool.begin().await?;
         // SKIP LOCKED: nodes purging at the same time take different rows.
         let rows = sqlx::query(
             "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries \
@@ -565,7 +282,7 @@ impl Store for PostgresStore {
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
         let mut replays = 0;
         loop {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.q.pool.begin().await?;
             let outcome = match apply_all(&mut tx, &ops, &self.channel).await {
                 Ok(results) => tx.commit().await.map(|()| results),
                 // Dropping the transaction rolls it back.
@@ -630,7 +347,13 @@ async fn forward_notifications(
     }
 }
 
-/// Postgres's "id is one of these": one array parameter.
-fn push_id_list<'a>(q: &mut QueryBuilder<'a, Postgres>, ids: &'a [String]) {
-    q.push(" AND deliveries.id = ANY(").push_bind(ids).push(")");
+impl Dialect for Postgres {
+    /// One array parameter.
+    fn push_ids<'a>(q: &mut Sql<'a, Postgres>, ids: &'a [String]) {
+        q.push(" AND deliveries.id = ANY(").push_bind(ids).push(")");
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
 }

@@ -30,43 +30,18 @@ pub(super) async fn apply_all(
     while i < ops.len() {
         match &ops[i] {
             WriteOp::Ingest(_) => {
-                let run: Vec<&[NewEvent]> = ops[i..]
-                    .iter()
-                    .map_while(|op| match op {
-                        WriteOp::Ingest(events) => Some(events.as_slice()),
-                        _ => None,
-                    })
-                    .collect();
+                let run = run_of(&ops[i..], |op| match op {
+                    WriteOp::Ingest(events) => Some(events.as_slice()),
+                    _ => None,
+                });
                 i += run.len();
-                let events: Vec<&NewEvent> = run.iter().flat_map(|evs| evs.iter()).collect();
-                match ingest(conn, &events, channel).await? {
-                    Ok(outcomes) => {
-                        let mut outcomes = outcomes.into_iter();
-                        for evs in run {
-                            results.push(WriteResult::Ingest(outcomes.by_ref().take(evs.len()).collect()));
-                        }
-                    }
-                    // Rare: some request reuses an id with another payload. Its folded run
-                    // wrote nothing; take the requests one by one so only that one is refused.
-                    Err(_) => {
-                        for evs in run {
-                            let events: Vec<&NewEvent> = evs.iter().collect();
-                            let outcomes = ingest(conn, &events, channel).await?;
-                            results.push(WriteResult::Ingest(
-                                outcomes.unwrap_or_else(|at| IngestOutcome::refused(evs.len(), at)),
-                            ));
-                        }
-                    }
-                }
+                ingest_run(conn, &run, channel, &mut results).await?;
             }
             WriteOp::Record(_) => {
-                let run: Vec<&[AttemptResult]> = ops[i..]
-                    .iter()
-                    .map_while(|op| match op {
-                        WriteOp::Record(results) => Some(results.as_slice()),
-                        _ => None,
-                    })
-                    .collect();
+                let run = run_of(&ops[i..], |op| match op {
+                    WriteOp::Record(results) => Some(results.as_slice()),
+                    _ => None,
+                });
                 i += run.len();
                 let all: Vec<&AttemptResult> = run.iter().flat_map(|rs| rs.iter()).collect();
                 let mut accepted = record(conn, &all).await?.into_iter();
@@ -92,6 +67,39 @@ pub(super) async fn apply_all(
     Ok(results)
 }
 
+/// The leading ops of one kind, as `pick` sees them.
+fn run_of<'a, T: ?Sized>(ops: &'a [WriteOp], pick: impl Fn(&'a WriteOp) -> Option<&'a T>) -> Vec<&'a T> {
+    ops.iter().map_while(pick).collect()
+}
+
+/// A run of intake requests as one `ingest`, answered per request.
+async fn ingest_run(
+    conn: &mut PgConnection,
+    run: &[&[NewEvent]],
+    channel: &str,
+    results: &mut Vec<WriteResult>,
+) -> sqlx::Result<()> {
+    let events: Vec<&NewEvent> = run.iter().flat_map(|evs| evs.iter()).collect();
+    match ingest(conn, &events, channel).await? {
+        Ok(outcomes) => {
+            let mut outcomes = outcomes.into_iter();
+            for evs in run {
+                results.push(WriteResult::Ingest(outcomes.by_ref().take(evs.len()).collect()));
+            }
+        }
+        // Rare: some request reuses an id with another payload. Its folded run wrote
+        // nothing; take the requests one by one so only that one is refused.
+        Err(_) => {
+            for evs in run {
+                let events: Vec<&NewEvent> = evs.iter().collect();
+                let outcomes = ingest(conn, &events, channel).await?;
+                results.push(WriteResult::Ingest(outcomes.unwrap_or_else(|at| IngestOutcome::refused(evs.len(), at))));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn decode_error(e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
     sqlx::Error::Decode(Box::new(e))
 }
@@ -105,6 +113,47 @@ async fn ingest(
     events: &[&NewEvent],
     channel: &str,
 ) -> sqlx::Result<Result<Vec<IngestOutcome>, usize>> {
+    let subscribers = subscribers(conn, events).await?;
+    let fresh = insert_events(conn, events).await?;
+    if let Some(at) = first_conflict(conn, events, &fresh).await? {
+        delete_fresh(conn, events, &fresh).await?;
+        return Ok(Err(at));
+    }
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
+    let mut out = Vec::with_capacity(events.len());
+    let mut rows: Vec<NewDelivery<'_>> = Vec::new();
+    let mut duplicates: Vec<usize> = Vec::new();
+    for (i, ev) in events.iter().enumerate() {
+        if !fresh[i] {
+            duplicates.push(i);
+            out.push(IngestOutcome::duplicate(0));
+            continue;
+        }
+        let mut targets = Vec::new();
+        let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
+        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, of_tenant, &mut rng) {
+            rows.push((delivery.to_string(), ev, endpoint));
+            targets.push(EndpointId::from_stored(endpoint));
+        }
+        out.push(IngestOutcome::stored(targets));
+    }
+    insert_deliveries(conn, &rows).await?;
+    // Counted after this batch's own deliveries are in, so a duplicate within the batch
+    // reports the deliveries of its first occurrence.
+    count_duplicates(conn, events, &duplicates, &mut out).await?;
+    notify(conn, channel, &rows).await?;
+    Ok(Ok(out))
+}
+
+/// A delivery fanned out from an event: (its id, the event, the endpoint id).
+type NewDelivery<'a> = (String, &'a NewEvent, &'a str);
+
+/// The endpoints (id, event types) of the events' tenants that are not disabled, per
+/// tenant, oldest first.
+async fn subscribers(
+    conn: &mut PgConnection,
+    events: &[&NewEvent],
+) -> sqlx::Result<HashMap<String, Vec<(String, Vec<String>)>>> {
     let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect::<HashSet<_>>().into_iter().collect();
     let rows = sqlx::query(
         "SELECT tenant_id, id, event_types FROM endpoints WHERE tenant_id = ANY($1) AND state <> 'disabled' \
@@ -119,9 +168,13 @@ async fn ingest(
         let types: Vec<String> = serde_json::from_str(&types).map_err(decode_error)?;
         subscribers.entry(r.try_get("tenant_id")?).or_default().push((r.try_get("id")?, types));
     }
+    Ok(subscribers)
+}
 
-    // Which (tenant, id) pairs are new? ON CONFLICT DO NOTHING returns only inserted rows;
-    // UNNEST keeps the batch's order, so the first occurrence of a pair is the one inserted.
+/// Inserts the events that are new; per event, whether it was.
+async fn insert_events(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Result<Vec<bool>> {
+    // ON CONFLICT DO NOTHING returns only inserted rows; UNNEST keeps the batch's order,
+    // so the first occurrence of a pair is the one inserted.
     let column = |f: fn(&NewEvent) -> &str| events.iter().map(|e| f(e)).collect::<Vec<&str>>();
     let inserted = sqlx::query(
         "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
@@ -139,82 +192,84 @@ async fn ingest(
     .await?;
     let mut inserted: HashSet<(String, String)> =
         inserted.iter().map(|r| Ok((r.try_get("tenant_id")?, r.try_get("id")?))).collect::<sqlx::Result<_>>()?;
-    let fresh: Vec<bool> =
-        events.iter().map(|ev| inserted.remove(&(ev.tenant.to_string(), ev.id.to_string()))).collect();
-    if let Some(at) = first_conflict(conn, events, &fresh).await? {
-        let gone: Vec<&&NewEvent> = events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e).collect();
-        sqlx::query("DELETE FROM events e USING UNNEST($1::text[], $2::text[]) AS v(t, i) WHERE e.tenant_id = v.t AND e.id = v.i")
-            .bind(gone.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
-            .bind(gone.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
-            .execute(&mut *conn)
-            .await?;
-        return Ok(Err(at));
-    }
+    Ok(events.iter().map(|ev| inserted.remove(&(ev.tenant.to_string(), ev.id.to_string()))).collect())
+}
 
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
-    let mut out = Vec::with_capacity(events.len());
-    let mut rows: Vec<(String, &NewEvent, &str)> = Vec::new();
-    let mut duplicates: Vec<usize> = Vec::new();
-    for (i, ev) in events.iter().enumerate() {
-        if !fresh[i] {
-            duplicates.push(i);
-            out.push(IngestOutcome::duplicate(0));
-            continue;
-        }
-        let mut targets = Vec::new();
-        let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
-        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, of_tenant, &mut rng) {
-            rows.push((delivery.to_string(), ev, endpoint));
-            targets.push(EndpointId::from_stored(endpoint));
-        }
-        out.push(IngestOutcome::stored(targets));
-    }
-    if !rows.is_empty() {
-        sqlx::query(
-            "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-             next_attempt_at, created_at, updated_at) \
-             SELECT id, tenant_id, event_id, endpoint_id, event_type, 'queued', 0, at, at, at \
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[]) \
-             AS v(id, tenant_id, event_id, endpoint_id, event_type, at)",
-        )
-        .bind(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.1.tenant.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.1.id.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.1.event_type.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.1.created_at).collect::<Vec<_>>())
-        .execute(&mut *conn)
-        .await?;
-    }
-    if !duplicates.is_empty() {
-        // Counted after this batch's own deliveries are in, so a duplicate within the batch
-        // reports the deliveries of its first occurrence.
-        let counts = sqlx::query(
-            "SELECT v.tenant_id, v.event_id, COUNT(d.id) AS n \
-             FROM (SELECT DISTINCT * FROM UNNEST($1::text[], $2::text[]) AS u(tenant_id, event_id)) v \
-             LEFT JOIN deliveries d ON d.tenant_id = v.tenant_id AND d.event_id = v.event_id \
-             GROUP BY v.tenant_id, v.event_id",
-        )
-        .bind(duplicates.iter().map(|&i| events[i].tenant.as_str()).collect::<Vec<_>>())
-        .bind(duplicates.iter().map(|&i| events[i].id.as_str()).collect::<Vec<_>>())
-        .fetch_all(&mut *conn)
-        .await?;
-        let mut n: HashMap<(String, String), i64> = HashMap::new();
-        for r in &counts {
-            n.insert((r.try_get("tenant_id")?, r.try_get("event_id")?), r.try_get("n")?);
-        }
-        for i in duplicates {
-            let key = (events[i].tenant.to_string(), events[i].id.to_string());
-            out[i].deliveries = n.get(&key).copied().unwrap_or(0) as u32;
-        }
-    }
+/// Takes back the events this batch inserted (`fresh`).
+async fn delete_fresh(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[bool]) -> sqlx::Result<()> {
+    let gone: Vec<&&NewEvent> = events.iter().zip(fresh).filter(|(_, f)| **f).map(|(e, _)| e).collect();
+    sqlx::query(
+        "DELETE FROM events e USING UNNEST($1::text[], $2::text[]) AS v(t, i) WHERE e.tenant_id = v.t AND e.id = v.i",
+    )
+    .bind(gone.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
+    .bind(gone.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
 
+async fn insert_deliveries(conn: &mut PgConnection, rows: &[NewDelivery<'_>]) -> sqlx::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+         next_attempt_at, created_at, updated_at) \
+         SELECT id, tenant_id, event_id, endpoint_id, event_type, 'queued', 0, at, at, at \
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[]) \
+         AS v(id, tenant_id, event_id, endpoint_id, event_type, at)",
+    )
+    .bind(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.1.tenant.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.1.id.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.1.event_type.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.1.created_at).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Sets the outcome of each repeated event (`duplicates`, indexes into `events`) to the
+/// number of deliveries its stored original has.
+async fn count_duplicates(
+    conn: &mut PgConnection,
+    events: &[&NewEvent],
+    duplicates: &[usize],
+    out: &mut [IngestOutcome],
+) -> sqlx::Result<()> {
+    if duplicates.is_empty() {
+        return Ok(());
+    }
+    let counts = sqlx::query(
+        "SELECT v.tenant_id, v.event_id, COUNT(d.id) AS n \
+         FROM (SELECT DISTINCT * FROM UNNEST($1::text[], $2::text[]) AS u(tenant_id, event_id)) v \
+         LEFT JOIN deliveries d ON d.tenant_id = v.tenant_id AND d.event_id = v.event_id \
+         GROUP BY v.tenant_id, v.event_id",
+    )
+    .bind(duplicates.iter().map(|&i| events[i].tenant.as_str()).collect::<Vec<_>>())
+    .bind(duplicates.iter().map(|&i| events[i].id.as_str()).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut n: HashMap<(String, String), i64> = HashMap::new();
+    for r in &counts {
+        n.insert((r.try_get("tenant_id")?, r.try_get("event_id")?), r.try_get("n")?);
+    }
+    for &i in duplicates {
+        let key = (events[i].tenant.to_string(), events[i].id.to_string());
+        out[i].deliveries = n.get(&key).copied().unwrap_or(0) as u32;
+    }
+    Ok(())
+}
+
+/// Tells the other nodes which endpoints got work (delivered when the transaction commits).
+async fn notify(conn: &mut PgConnection, channel: &str, rows: &[NewDelivery<'_>]) -> sqlx::Result<()> {
     let mut woken: Vec<&str> = rows.iter().map(|r| r.2).collect::<HashSet<_>>().into_iter().collect();
     woken.sort_unstable();
     for chunk in woken.chunks(IDS_PER_NOTIFY) {
         sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(chunk.join(",")).execute(&mut *conn).await?;
     }
-    Ok(Ok(out))
+    Ok(())
 }
 
 /// The first event that was not inserted (`fresh`) and whose stored type or payload

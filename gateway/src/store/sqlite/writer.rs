@@ -54,13 +54,13 @@ impl Writer {
                     let _ = reply.send(result);
                 }
             })
-            .map_err(|e| StoreError::Backend(format!("cannot start the SQLite writer thread: {e}")))?;
+            .map_err(|e| StoreError::backend(format!("cannot start the SQLite writer thread: {e}")))?;
         Ok(Writer { jobs })
     }
 
     /// Applies `ops` in one transaction, in order; all of them commit or none does.
     pub(super) async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
-        let stopped = || StoreError::Backend("the SQLite writer thread stopped".into());
+        let stopped = || StoreError::backend("the SQLite writer thread stopped");
         let (reply, rx) = oneshot::channel();
         self.jobs.send((ops, reply)).map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
@@ -102,7 +102,7 @@ fn spawn_checkpointer(path: &Path) -> Result<std_mpsc::SyncSender<()>> {
                 std::thread::sleep(CHECKPOINT_EVERY.saturating_sub(started.elapsed()));
             }
         })
-        .map_err(|e| StoreError::Backend(format!("cannot start the SQLite checkpoint thread: {e}")))?;
+        .map_err(|e| StoreError::backend(format!("cannot start the SQLite checkpoint thread: {e}")))?;
     Ok(dirty)
 }
 
@@ -122,7 +122,7 @@ impl From<rusqlite::Error> for StoreError {
             rusqlite::Error::SqliteFailure(f, msg) if f.code == ErrorCode::ConstraintViolation => {
                 StoreError::Conflict(msg.clone().unwrap_or_else(|| e.to_string()))
             }
-            _ => StoreError::Backend(e.to_string()),
+            _ => StoreError::from_driver(e),
         }
     }
 }
@@ -175,7 +175,7 @@ impl Subscribers {
             for row in rows {
                 let (id, types) = row?;
                 let types = serde_json::from_str(&types)
-                    .map_err(|e| StoreError::Backend(format!("endpoint {id}: event_types: {e}")))?;
+                    .map_err(|e| StoreError::backend(format!("endpoint {id}: event_types: {e}")))?;
                 eps.push((id, types));
             }
             self.0.insert(tenant.to_string(), eps);

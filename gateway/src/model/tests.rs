@@ -1,0 +1,38 @@
+//! Type filters and ids.
+
+use super::*;
+use rand::SeedableRng;
+
+#[test]
+fn filters() {
+    let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let cases = [
+        (f(&[]), "a.b", true),
+        (f(&["invoice.*"]), "invoice.paid", true),
+        (f(&["invoice.*"]), "invoice.paid.late", true),
+        (f(&["invoice.*"]), "invoice", false),
+        (f(&["invoice.*"]), "invoices.paid", false),
+        (f(&["invoice.paid"]), "invoice.paid", true),
+        (f(&["invoice.paid"]), "invoice.paid2", false),
+        (f(&["*"]), "x", true),
+    ];
+    for (filter, t, want) in cases {
+        assert_eq!(type_filter_matches(&filter, t), want, "{filter:?} {t}");
+    }
+}
+
+#[test]
+fn ids_are_time_ordered_and_valid() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let a = new_id("evt", 1_000, &mut rng);
+    let b = new_id("evt", 2_000, &mut rng);
+    assert!(a < b);
+    assert_eq!(a.len(), 4 + 26);
+    EventId::parse(&a).unwrap();
+    assert!(TenantId::parse("acme-1").is_ok());
+    for bad in ["", "Acme", "-x", "a b", &"x".repeat(65)] {
+        assert!(TenantId::parse(bad).is_err(), "{bad}");
+    }
+    assert!(EventId::parse("a/b").is_err());
+    assert!(EventId::parse("has space").is_err());
+}

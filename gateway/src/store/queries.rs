@@ -1,0 +1,479 @@
+//! The statements both backends run the same way on their sqlx pool: every read, and the
+//! administrative writes (tenants, tokens, endpoints, replays) that are not on the hot
+//! path. Written once, generic over sqlx's `Database`: the SQL uses `$n` placeholders,
+//! which sqlx binds by number on SQLite as on Postgres, and decodes into the shared
+//! [`rows`](super::rows). What differs on purpose (the group-commit writers, claims, lease
+//! recovery, replay batches, purging, notifications) stays in each backend.
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row, Type};
+
+use super::rows::{
+    self, ATTEMPT_ORDER, AttemptRow, DELIVERY_COLUMNS, DeliveryRow, EndpointRow, EventRow, ReplayRow, TOKEN_COLUMNS,
+    TenantRow, TokenRow,
+};
+use super::sql::{self, Sql};
+use super::{DeliveryFilter, Result, StoreError};
+use crate::model::*;
+
+/// What a backend's SQL dialect writes differently in the shared statements.
+pub(super) trait Dialect: Database {
+    /// "`deliveries.id` is one of `ids`", after a `WHERE`.
+    fn push_ids<'a>(q: &mut Sql<'a, Self>, ids: &'a [String]);
+    /// Rows a statement changed (sqlx has no trait for it).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+}
+
+/// The shared statements on one backend's pool.
+pub(super) struct Queries<DB: Database> {
+    pub(super) pool: Pool<DB>,
+}
+
+pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("serializable")
+}
+
+/// A count column (`COUNT(*)`, 64-bit on both backends).
+fn count<R: Row>(row: &R, column: &str) -> Result<u64>
+where
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'c> &'c str: ColumnIndex<R>,
+{
+    Ok(row.try_get::<i64, _>(column)? as u64)
+}
+
+impl<DB> Queries<DB>
+where
+    DB: Dialect,
+    for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<String>: Encode<'q, DB>,
+    for<'q> Option<i64>: Encode<'q, DB>,
+    for<'q> f64: Encode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Type<DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> TenantRow: FromRow<'r, DB::Row>,
+    for<'r> TokenRow: FromRow<'r, DB::Row>,
+    for<'r> EndpointRow: FromRow<'r, DB::Row>,
+    for<'r> EventRow: FromRow<'r, DB::Row>,
+    for<'r> DeliveryRow: FromRow<'r, DB::Row>,
+    for<'r> AttemptRow: FromRow<'r, DB::Row>,
+    for<'r> ReplayRow: FromRow<'r, DB::Row>,
+{
+    pub(super) async fn create_tenant(&self, t: &Tenant) -> Result<()> {
+        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
+            .bind(t.id.as_str())
+            .bind(&t.name)
+            .bind(t.created_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
+        let row = sqlx::query_as::<_, TenantRow>("SELECT id, name, created_at FROM tenants WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(Tenant::from))
+    }
+
+    pub(super) async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
+        let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
+        sqlx::query("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(&t.id)
+            .bind(&t.hash)
+            .bind(t.tenant.as_str())
+            .bind(scopes.join(" "))
+            .bind(t.created_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        let row = sqlx::query_as::<_, TokenRow>(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = $1"))
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(TokenRecord::from))
+    }
+
+    pub(super) async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
+        let rows = sqlx::query_as::<_, TokenRow>(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE tenant_id = $1 ORDER BY created_at, id"
+        ))
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(TokenRecord::from).collect())
+    }
+
+    pub(super) async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM tokens WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant.as_str())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+
+    pub(super) async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, state_reason, paused_until, \
+             failing_since, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(e.id.as_str())
+        .bind(e.tenant.as_str())
+        .bind(json(&e.spec))
+        .bind(json(&e.spec.event_types))
+        .bind(e.state.as_str())
+        .bind(&e.state_reason)
+        .bind(e.paused_until)
+        .bind(e.failing_since)
+        .bind(e.created_at)
+        .bind(e.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
+        let row = sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(Endpoint::try_from).transpose()
+    }
+
+    pub(super) async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
+        let rows =
+            sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE tenant_id = $1 ORDER BY created_at, id")
+                .bind(tenant.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+        rows::all(rows)
+    }
+
+    pub(super) async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3 WHERE id = $4 AND tenant_id = $5",
+        )
+        .bind(json(&e.spec))
+        .bind(json(&e.spec.event_types))
+        .bind(e.updated_at)
+        .bind(e.id.as_str())
+        .bind(e.tenant.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    pub(super) async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query("DELETE FROM endpoints WHERE id = $1 AND tenant_id = $2")
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_deleted', next_attempt_at = NULL, \
+             lease_owner = NULL, lease_until = NULL, updated_at = $1 \
+             WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused', 'delivering')",
+        )
+        .bind(now)
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    pub(super) async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
+        let row = sqlx::query_as::<_, EventRow>("SELECT * FROM events WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(Event::from))
+    }
+
+    pub(super) async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<Delivery>> {
+        let mut q = Sql::<DB>::new(format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE 1 = 1"));
+        sql::push_delivery_filter(&mut q, f);
+        let (text, args) = q.take()?;
+        rows::all(sqlx::query_as_with::<_, DeliveryRow, _>(&text, args).fetch_all(&self.pool).await?)
+    }
+
+    pub(super) async fn get_delivery(
+        &self,
+        tenant: &TenantId,
+        id: &DeliveryId,
+    ) -> Result<Option<(Delivery, Vec<Attempt>)>> {
+        let row = sqlx::query_as::<_, DeliveryRow>(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1 AND tenant_id = $2"
+        ))
+        .bind(id.as_str())
+        .bind(tenant.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let attempts =
+            sqlx::query_as::<_, AttemptRow>(&format!("SELECT * FROM attempts WHERE delivery_id = $1 {ATTEMPT_ORDER}"))
+                .bind(id.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(Some((row.try_into()?, attempts.into_iter().map(Attempt::from).collect())))
+    }
+
+    pub(super) async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
+        let rows = sqlx::query(
+            "SELECT endpoint_id, MIN(next_attempt_at) AS due FROM deliveries \
+             WHERE state IN ('queued', 'waiting') GROUP BY endpoint_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), r.try_get("due")?)))
+            .collect()
+    }
+
+    pub(super) async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
+        let due: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting')",
+        )
+        .bind(endpoint.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(due)
+    }
+
+    pub(super) async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
+        sqlx::query("DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2")
+            .bind(endpoint.as_str())
+            .bind(owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn dead_selection(
+        &self,
+        tenant: &TenantId,
+        ids: Option<&[String]>,
+        filter: Option<&DeadLetterFilter>,
+    ) -> Result<(u64, Vec<EndpointId>)> {
+        let mut q = Sql::<DB>::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
+        sql::push_dead_selection(&mut q, tenant, ids, filter, "", DB::push_ids);
+        let (text, args) = q.take()?;
+        let n: i64 = sqlx::query_scalar_with(&text, args).fetch_one(&self.pool).await?;
+        let mut q = Sql::<DB>::new(
+            "SELECT DISTINCT e.id FROM deliveries JOIN endpoints e ON e.id = deliveries.endpoint_id \
+             WHERE e.state <> 'active'",
+        );
+        sql::push_dead_selection(&mut q, tenant, ids, filter, "", DB::push_ids);
+        let (text, args) = q.take()?;
+        let blocked: Vec<String> = sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?;
+        Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
+    }
+
+    pub(super) async fn create_replay(&self, r: &Replay) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
+             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(&r.id)
+        .bind(r.tenant.as_str())
+        .bind(r.state.as_str())
+        .bind(r.ids.as_ref().map(json))
+        .bind(r.filter.as_ref().map(json))
+        .bind(r.rate_per_sec)
+        .bind(i64::from(r.batch))
+        .bind(r.selected as i64)
+        .bind(r.sent as i64)
+        .bind(&r.cursor)
+        .bind(r.created_at)
+        .bind(r.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
+        let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = $1 AND tenant_id = $2")
+            .bind(id)
+            .bind(tenant.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let replay = Replay::try_from(row)?;
+        let counts = sqlx::query("SELECT state, COUNT(*) AS n FROM deliveries WHERE replay_id = $1 GROUP BY state")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        let (mut delivered, mut failed) = (0, 0);
+        for r in counts {
+            let state: String = r.try_get("state")?;
+            match state.as_str() {
+                "delivered" => delivered = count(&r, "n")?,
+                "dead" => failed = count(&r, "n")?,
+                _ => {}
+            }
+        }
+        Ok(Some(ReplayProgress { replay, delivered, failed }))
+    }
+
+    pub(super) async fn running_replays(&self) -> Result<Vec<Replay>> {
+        let rows = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE state = 'running' ORDER BY created_at")
+            .fetch_all(&self.pool)
+            .await?;
+        rows::all(rows)
+    }
+
+    pub(super) async fn finish_replay(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        state: ReplayState,
+        now: Millis,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE replays SET state = $1, updated_at = $2 WHERE id = $3 AND tenant_id = $4 AND state = 'running'",
+        )
+        .bind(state.as_str())
+        .bind(now)
+        .bind(id)
+        .bind(tenant.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    pub(super) async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
+        let rows = sqlx::query(
+            "SELECT COALESCE(reason, '') AS reason, COUNT(*) AS n FROM deliveries \
+             WHERE tenant_id = $1 AND state = 'dead' GROUP BY reason ORDER BY n DESC",
+        )
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("reason")?, count(r, "n")?))).collect()
+    }
+
+    pub(super) async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
+        let rows = sqlx::query(
+            "SELECT tenant_id, MIN(updated_at) AS oldest, COUNT(*) AS n FROM deliveries WHERE state = 'dead' \
+             GROUP BY tenant_id HAVING MIN(updated_at) < $1",
+        )
+        .bind(older_than)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let tenant = TenantId::from_stored(r.try_get::<String, _>("tenant_id")?);
+                Ok((tenant, r.try_get("oldest")?, count(r, "n")?))
+            })
+            .collect()
+    }
+
+    pub(super) async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
+        let r = sqlx::query(
+            "SELECT COUNT(*) FILTER (WHERE started_at >= $1) AS a1, \
+             COUNT(*) FILTER (WHERE started_at >= $1 AND status BETWEEN 200 AND 299) AS s1, \
+             COUNT(*) AS a24, COUNT(*) FILTER (WHERE status BETWEEN 200 AND 299) AS s24 \
+             FROM attempts WHERE endpoint_id = $2 AND started_at >= $3",
+        )
+        .bind(now - 3_600_000)
+        .bind(endpoint.as_str())
+        .bind(now - 86_400_000)
+        .fetch_one(&self.pool)
+        .await?;
+        let last = sqlx::query(
+            "SELECT MAX(started_at) FILTER (WHERE status BETWEEN 200 AND 299) AS success, MAX(started_at) AS attempt \
+             FROM attempts WHERE endpoint_id = $1",
+        )
+        .bind(endpoint.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        let b = sqlx::query(
+            "SELECT COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')) AS backlog, \
+             COUNT(*) FILTER (WHERE state = 'dead') AS dead FROM deliveries WHERE endpoint_id = $1",
+        )
+        .bind(endpoint.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Health {
+            attempts_1h: count(&r, "a1")?,
+            successes_1h: count(&r, "s1")?,
+            attempts_24h: count(&r, "a24")?,
+            successes_24h: count(&r, "s24")?,
+            last_success_at: last.try_get("success")?,
+            last_attempt_at: last.try_get("attempt")?,
+            backlog: count(&b, "backlog")?,
+            dead_letters: count(&b, "dead")?,
+        })
+    }
+
+    // The steps of a replay batch both backends share; each re-queues the picked rows its own way.
+
+    /// The replay to continue, read inside the batch's transaction (`lock`: the dialect's
+    /// row lock clause, if it needs one); `None` when it is no longer running.
+    pub(super) async fn replay_to_continue(
+        conn: &mut DB::Connection,
+        replay_id: &str,
+        lock: &str,
+    ) -> Result<Option<Replay>> {
+        let row = sqlx::query_as::<_, ReplayRow>(&format!("SELECT * FROM replays WHERE id = $1{lock}"))
+            .bind(replay_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let Some(row) = row else { return Err(StoreError::NotFound(format!("replay {replay_id}"))) };
+        let replay = Replay::try_from(row)?;
+        Ok((replay.state == ReplayState::Running).then_some(replay))
+    }
+
+    /// The replay's next batch of dead letters after its cursor: (delivery id, endpoint).
+    pub(super) async fn replay_picks(conn: &mut DB::Connection, replay: &Replay) -> Result<Vec<(String, EndpointId)>> {
+        let mut q = Sql::<DB>::new("SELECT id, endpoint_id FROM deliveries WHERE 1 = 1");
+        let (ids, filter) = (replay.ids.as_deref(), replay.filter.as_ref());
+        sql::push_dead_selection(&mut q, &replay.tenant, ids, filter, &replay.cursor, DB::push_ids);
+        q.push(" ORDER BY id LIMIT ").push_bind(i64::from(replay.batch));
+        let (text, args) = q.take()?;
+        let picked = sqlx::query_with(&text, args).fetch_all(&mut *conn).await?;
+        picked
+            .iter()
+            .map(|r| Ok((r.try_get("id")?, EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?))))
+            .collect()
+    }
+
+    /// Moves the replay's cursor past `picks` (re-queued at `now`); a short batch ends it.
+    /// Returns the endpoints touched, each once, and how many were re-queued.
+    pub(super) async fn advance_replay(
+        conn: &mut DB::Connection,
+        replay: &Replay,
+        picks: Vec<(String, EndpointId)>,
+        now: Millis,
+    ) -> Result<(Vec<EndpointId>, u32)> {
+        let n = picks.len() as u32;
+        let cursor = picks.last().map_or(replay.cursor.as_str(), |(id, _)| id.as_str());
+        sqlx::query(
+            "UPDATE replays SET sent = sent + $1, cursor = $2, updated_at = $3, \
+             state = CASE WHEN $4 THEN 'done' ELSE state END WHERE id = $5",
+        )
+        .bind(i64::from(n))
+        .bind(cursor)
+        .bind(now)
+        .bind(n < replay.batch)
+        .bind(replay.id.as_str())
+        .execute(&mut *conn)
+        .await?;
+        let mut endpoints: Vec<EndpointId> = picks.into_iter().map(|(_, endpoint)| endpoint).collect();
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        Ok((endpoints, n))
+    }
+}
