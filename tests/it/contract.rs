@@ -142,6 +142,23 @@ async fn the_documented_scopes_are_the_enforced_ones() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A tenant with an endpoint, an event and its delivery, for schemathesis's path
+/// parameters (`tests/contract/schemathesis.toml`).
+async fn seed(api: &tests::Api, receiver: &FakeReceiver) -> anyhow::Result<Vec<(&'static str, String)>> {
+    api.tenant("acme").await?;
+    let endpoint = api.endpoint("acme", json!({ "url": receiver.url() })).await?;
+    let event = api.event("acme", json!({ "type": "invoice.paid", "payload": {"n": 1} })).await?;
+    ensure!(event.status == 202, "event: {} {}", event.status, event.text);
+    let event = event.json["id"].as_str().context("event id")?.to_string();
+    let page = api.get(&format!("/v1/tenants/acme/events/{event}/deliveries"), ADMIN_TOKEN).await?;
+    let delivery = page.json["data"][0]["id"].as_str().context("delivery id")?.to_string();
+    Ok(vec![
+        ("HERALD_CONTRACT_ENDPOINT", endpoint["id"].as_str().context("endpoint id")?.to_string()),
+        ("HERALD_CONTRACT_EVENT", event),
+        ("HERALD_CONTRACT_DELIVERY", delivery),
+    ])
+}
+
 /// Schemathesis against a live `herald serve` on `backend`: every operation, generated and
 /// hostile input, stateful sequences; it fails on any 5xx and on any response (status,
 /// content type, headers, body) that the document does not describe.
@@ -153,13 +170,15 @@ async fn schemathesis_on(backend: Backend) -> anyhow::Result<()> {
     };
     let env: Vec<(&str, &str)> = schema.iter().map(|s| ("HERALD_STORE_URL", s.url.as_str())).collect();
     let node = HeraldProcess::start(&herald_binary()?, dir.path(), &env).await?;
-    node.api.tenant("acme").await?;
+    let receiver = FakeReceiver::start().await?;
+    let ids = seed(&node.api, &receiver).await?;
     let ops = operations(&document(&node.api).await?).len();
     // Bounded so the suite stays quick: about 15 s per backend on a quiet machine.
     let examples = std::env::var("HERALD_CONTRACT_EXAMPLES").unwrap_or_else(|_| "40".into());
     let mut st = tokio::process::Command::new(pytool("st")?);
     st.current_dir(dir.path())
         .env("HERALD_CONTRACT_TENANT", "acme")
+        .envs(ids)
         .arg("--config-file")
         .arg(repo().join("tests/contract/schemathesis.toml"))
         .args(["--no-color", "run", &format!("{}/openapi.json", node.api.base)])
