@@ -26,19 +26,22 @@ pub enum IntakeError {
 }
 
 /// An event as posted: `{"id"?: "...", "type": "...", "payload": <any JSON>}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventIn<'a> {
+    /// `evt_…`, unique per tenant (a repeat is answered, not stored twice); generated when absent.
     #[serde(default)]
     pub id: Option<String>,
     #[serde(rename = "type")]
     pub event_type: String,
+    /// Any JSON; its bytes are kept exactly as received.
     #[serde(borrow)]
+    #[schema(value_type = serde_json::Value)]
     pub payload: &'a RawValue,
 }
 
 /// A batch as posted: `{"events": [ ... ]}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchIn<'a> {
     #[serde(borrow)]

@@ -5,7 +5,8 @@
 //! `delivery`; dead letters, replays and lease recovery in `recovery`; several nodes on one
 //! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
 //! `plugins`; a `Store` method in `store`'s conformance suite (it runs on both backends);
-//! a rule about the source tree itself in `tidy`. Pure policies test themselves in their
+//! a rule about the source tree itself in `tidy`; the OpenAPI document, schemathesis and the
+//! generated client in `contract`. Pure policies test themselves in their
 //! own module, not here.
 
 // Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
@@ -13,6 +14,7 @@
 
 mod api;
 mod cluster;
+mod contract;
 mod delivery;
 mod durability;
 mod edges;

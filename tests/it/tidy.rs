@@ -80,3 +80,27 @@ fn the_scan_sees_paths_and_ignores_comments() {
     assert_eq!(mentions("use hyper_util::rt;", "hyper"), Vec::<usize>::new());
     assert_eq!(mentions("crate::sqlx::x", "sqlx"), Vec::<usize>::new());
 }
+
+/// Calls that would add a route to the API's router without its OpenAPI operation. Every
+/// route goes through `api::routes` (`routes!` of handlers with `#[utoipa::path]`), so the
+/// document lists every route the router serves (`contract.rs` checks the converse).
+const UNDOCUMENTED_ROUTING: &[&str] = &[".route(", ".route_service(", ".nest(", ".nest_service(", ".merge("];
+
+#[test]
+fn every_api_route_is_registered_with_its_openapi_operation() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
+    let mut files = Vec::new();
+    sources(&root.join("api"), &mut files);
+    files.push(root.join("app.rs"));
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read source");
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if UNDOCUMENTED_ROUTING.iter().any(|call| code.contains(call)) {
+                found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "routes added outside `api::routes` (not in /openapi.json):\n{}", found.join("\n"));
+}

@@ -6,43 +6,60 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use super::extract::{JsonBody, Manage, Path, Read, TenantAuth};
+use super::extract::{ItemPath, JsonBody, Manage, Path, Read, TenantAuth, TenantPath};
 use super::{ApiError, AppState, rfc3339};
 use crate::config::parse_duration_ms;
 use crate::model::*;
 use crate::sign::Secret;
 use crate::store::EndpointChange;
 
-/// An endpoint as posted (create) or patched: every field optional.
-#[derive(Debug, Default, Deserialize)]
+/// An endpoint as posted (create: `url` required) or patched: every field optional.
+/// Durations are written `"250ms"`, `"30s"`, `"15m"`, `"24h"`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EndpointIn {
+    /// `https://` (or `http://`) URL the deliveries go to.
     url: Option<String>,
     description: Option<String>,
+    /// Exact event types and `prefix.*` patterns; empty: every type.
     event_types: Option<Vec<String>>,
     rate_per_sec: Option<f64>,
     burst: Option<u32>,
     max_in_flight: Option<u32>,
+    /// `whsec_` + base64 of 24 to 64 bytes; generated when absent.
     secret: Option<String>,
     timeout: Option<String>,
     connect_timeout: Option<String>,
     retry: Option<RetryIn>,
+    #[schema(value_type = Option<PluginsIn>)]
     plugins: Option<PluginBindings>,
+    /// Custom headers sent with every delivery.
     headers: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// A retry policy override: any subset; unset fields follow the node's policy.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RetryIn {
     base: Option<String>,
     factor: Option<f64>,
     cap: Option<String>,
+    /// `"full"` or `"<p>%"`.
     jitter: Option<String>,
     max_attempts: Option<u32>,
     ttl: Option<String>,
+}
+
+/// Plugins bound to the endpoint, by name within its tenant.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)] // The schema of `PluginBindings`, which `model` keeps free of the API's types.
+pub(crate) struct PluginsIn {
+    transform: Option<String>,
+    classify: Option<String>,
+    sign: Option<String>,
 }
 
 fn duration_ms(field: &str, text: &str) -> Result<u64, ApiError> {
@@ -134,34 +151,106 @@ fn check_bindings(state: &AppState, tenant: &TenantId, p: &PluginBindings) -> Re
     Ok(())
 }
 
-/// The API view of an endpoint (secrets are never listed here).
-pub(crate) fn view(e: &Endpoint) -> Value {
+/// An endpoint as the API shows it (secrets are never listed here). Times are RFC 3339.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EndpointOut {
+    id: String,
+    tenant: String,
+    url: String,
+    description: String,
+    event_types: Vec<String>,
+    rate_per_sec: f64,
+    burst: u32,
+    max_in_flight: u32,
+    timeout: String,
+    connect_timeout: String,
+    /// The endpoint's own override; null fields follow the node's policy.
+    retry: RetryIn,
+    #[schema(value_type = PluginsIn)]
+    plugins: PluginBindings,
+    headers: BTreeMap<String, String>,
+    state: EndpointState,
+    state_reason: Option<String>,
+    paused_until: Option<String>,
+    failing_since: Option<String>,
+    created_at: String,
+    updated_at: String,
+}
+
+/// A created endpoint: the view and its signing secret.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EndpointCreated {
+    #[serde(flatten)]
+    endpoint: EndpointOut,
+    secret: String,
+}
+
+/// One endpoint with its recent health: the pacing settings and what they produce.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EndpointDetail {
+    #[serde(flatten)]
+    endpoint: EndpointOut,
+    health: HealthOut,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct HealthOut {
+    /// Delivered attempts over attempts; null without attempts.
+    success_rate_1h: Option<f64>,
+    success_rate_24h: Option<f64>,
+    attempts_1h: u64,
+    attempts_24h: u64,
+    last_success_at: Option<String>,
+    last_attempt_at: Option<String>,
+    failing_since: Option<String>,
+    state: EndpointState,
+    backlog: u64,
+    dead_letters: u64,
+    rate_per_sec: f64,
+    burst: u32,
+    max_in_flight: u32,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EndpointList {
+    data: Vec<EndpointOut>,
+}
+
+fn duration_text(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+}
+
+pub(crate) fn view(e: &Endpoint) -> EndpointOut {
     let s = &e.spec;
-    let ms = |v: Option<u64>| v.map(|m| humantime::format_duration(std::time::Duration::from_millis(m)).to_string());
-    json!({
-        "id": e.id,
-        "tenant": e.tenant,
-        "url": s.url,
-        "description": s.description,
-        "event_types": s.event_types,
-        "rate_per_sec": s.rate_per_sec,
-        "burst": s.burst,
-        "max_in_flight": s.max_in_flight,
-        "timeout": ms(Some(s.timeout_ms)),
-        "connect_timeout": ms(Some(s.connect_timeout_ms)),
-        "retry": {
-            "base": ms(s.retry.base_ms), "factor": s.retry.factor, "cap": ms(s.retry.cap_ms),
-            "jitter": s.retry.jitter, "max_attempts": s.retry.max_attempts, "ttl": ms(s.retry.ttl_ms),
+    let ms = |v: Option<u64>| v.map(duration_text);
+    EndpointOut {
+        id: e.id.to_string(),
+        tenant: e.tenant.to_string(),
+        url: s.url.clone(),
+        description: s.description.clone(),
+        event_types: s.event_types.clone(),
+        rate_per_sec: s.rate_per_sec,
+        burst: s.burst,
+        max_in_flight: s.max_in_flight,
+        timeout: duration_text(s.timeout_ms),
+        connect_timeout: duration_text(s.connect_timeout_ms),
+        retry: RetryIn {
+            base: ms(s.retry.base_ms),
+            factor: s.retry.factor,
+            cap: ms(s.retry.cap_ms),
+            jitter: s.retry.jitter.clone(),
+            max_attempts: s.retry.max_attempts,
+            ttl: ms(s.retry.ttl_ms),
         },
-        "plugins": s.plugins,
-        "headers": s.headers,
-        "state": e.state,
-        "state_reason": e.state_reason,
-        "paused_until": e.paused_until.map(rfc3339),
-        "failing_since": e.failing_since.map(rfc3339),
-        "created_at": rfc3339(e.created_at),
-        "updated_at": rfc3339(e.updated_at),
-    })
+        plugins: s.plugins.clone(),
+        headers: s.headers.clone(),
+        state: e.state,
+        state_reason: e.state_reason.clone(),
+        paused_until: e.paused_until.map(rfc3339),
+        failing_since: e.failing_since.map(rfc3339),
+        created_at: rfc3339(e.created_at),
+        updated_at: rfc3339(e.updated_at),
+    }
 }
 
 async fn load(state: &AppState, tenant: &TenantId, id: &str) -> Result<Endpoint, ApiError> {
@@ -171,11 +260,17 @@ async fn load(state: &AppState, tenant: &TenantId, id: &str) -> Result<Endpoint,
     }
 }
 
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/endpoints", tag = "endpoints", operation_id = "create_endpoint",
+    params(TenantPath), request_body = EndpointIn,
+    responses((status = 201, description = "Created", body = EndpointCreated)),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
     JsonBody(input): JsonBody<EndpointIn>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<EndpointCreated>), ApiError> {
     if input.url.is_none() {
         return Err(ApiError::unprocessable("url: required"));
     }
@@ -200,54 +295,69 @@ pub(crate) async fn create(
     apply(&state, &tenant, &mut spec, input)?;
     let endpoint = Endpoint::new(EndpointId::generate(now, &mut rng), tenant, spec, now);
     state.store.insert_endpoint(&endpoint).await?;
-    let mut out = view(&endpoint);
-    out["secret"] = json!(endpoint.spec.secrets[0].secret);
-    Ok((StatusCode::CREATED, Json(out)))
+    let secret = endpoint.spec.secrets[0].secret.clone();
+    Ok((StatusCode::CREATED, Json(EndpointCreated { endpoint: view(&endpoint), secret })))
 }
 
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/endpoints", tag = "endpoints", operation_id = "list_endpoints",
+    params(TenantPath),
+    responses((status = 200, description = "The tenant's endpoints", body = EndpointList)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<EndpointList>, ApiError> {
     let eps = state.store.list_endpoints(&tenant).await?;
-    Ok(Json(json!({ "data": eps.iter().map(view).collect::<Vec<_>>() })))
+    Ok(Json(EndpointList { data: eps.iter().map(view).collect() }))
 }
 
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/endpoints/{id}", tag = "endpoints", operation_id = "get_endpoint",
+    params(ItemPath),
+    responses((status = 200, description = "The endpoint and its health", body = EndpointDetail)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+    Path(ItemPath { id, .. }): Path<ItemPath>,
+) -> Result<Json<EndpointDetail>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
     let now = crate::clock::now_ms();
     let h = state.store.endpoint_health(&endpoint.id, now).await?;
-    let rate = |s: u64, a: u64| if a == 0 { Value::Null } else { json!(s as f64 / a as f64) };
-    let mut out = view(&endpoint);
-    // The pacing settings and the outcome they produce, side by side.
-    out["health"] = json!({
-        "success_rate_1h": rate(h.successes_1h, h.attempts_1h),
-        "success_rate_24h": rate(h.successes_24h, h.attempts_24h),
-        "attempts_1h": h.attempts_1h,
-        "attempts_24h": h.attempts_24h,
-        "last_success_at": h.last_success_at.map(rfc3339),
-        "last_attempt_at": h.last_attempt_at.map(rfc3339),
-        "failing_since": endpoint.failing_since.map(rfc3339),
-        "state": endpoint.state,
-        "backlog": h.backlog,
-        "dead_letters": h.dead_letters,
-        "rate_per_sec": endpoint.spec.rate_per_sec,
-        "burst": endpoint.spec.burst,
-        "max_in_flight": endpoint.spec.max_in_flight,
-    });
-    Ok(Json(out))
+    let rate = |s: u64, a: u64| (a > 0).then(|| s as f64 / a as f64);
+    let health = HealthOut {
+        success_rate_1h: rate(h.successes_1h, h.attempts_1h),
+        success_rate_24h: rate(h.successes_24h, h.attempts_24h),
+        attempts_1h: h.attempts_1h,
+        attempts_24h: h.attempts_24h,
+        last_success_at: h.last_success_at.map(rfc3339),
+        last_attempt_at: h.last_attempt_at.map(rfc3339),
+        failing_since: endpoint.failing_since.map(rfc3339),
+        state: endpoint.state,
+        backlog: h.backlog,
+        dead_letters: h.dead_letters,
+        rate_per_sec: endpoint.spec.rate_per_sec,
+        burst: endpoint.spec.burst,
+        max_in_flight: endpoint.spec.max_in_flight,
+    };
+    Ok(Json(EndpointDetail { endpoint: view(&endpoint), health }))
 }
 
+#[utoipa::path(
+    patch, path = "/v1/tenants/{tenant}/endpoints/{id}", tag = "endpoints", operation_id = "update_endpoint",
+    params(ItemPath), request_body = EndpointIn,
+    responses((status = 200, description = "Updated", body = EndpointOut)),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
 pub(crate) async fn patch(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-    Path((_, id)): Path<(String, String)>,
+    Path(ItemPath { id, .. }): Path<ItemPath>,
     JsonBody(input): JsonBody<EndpointIn>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<EndpointOut>, ApiError> {
     let mut endpoint = load(&state, &tenant, &id).await?;
     apply(&state, &tenant, &mut endpoint.spec, input)?;
     endpoint.updated_at = crate::clock::now_ms();
@@ -257,10 +367,16 @@ pub(crate) async fn patch(
     Ok(Json(view(&endpoint)))
 }
 
+#[utoipa::path(
+    delete, path = "/v1/tenants/{tenant}/endpoints/{id}", tag = "endpoints", operation_id = "delete_endpoint",
+    params(ItemPath),
+    responses((status = 204, description = "Deleted")),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
 pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-    Path((_, id)): Path<(String, String)>,
+    Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<StatusCode, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
     if !state.store.delete_endpoint(&tenant, &endpoint.id, crate::clock::now_ms()).await? {
@@ -269,11 +385,17 @@ pub(crate) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/endpoints/{id}/enable", tag = "endpoints", operation_id = "enable_endpoint",
+    params(ItemPath),
+    responses((status = 200, description = "Active again", body = EndpointOut)),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
 pub(crate) async fn enable(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+    Path(ItemPath { id, .. }): Path<ItemPath>,
+) -> Result<Json<EndpointOut>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
     state
         .committer
@@ -290,18 +412,33 @@ pub(crate) async fn enable(
     Ok(Json(view(&load(&state, &tenant, &id).await?)))
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// A new signing secret; generated when absent.
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RotateIn {
     secret: Option<String>,
 }
 
+/// The new secret, and until when the previous ones still sign.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RotatedOut {
+    secret: String,
+    previous_valid_until: String,
+}
+
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/endpoints/{id}/rotate-secret", tag = "endpoints",
+    operation_id = "rotate_endpoint_secret",
+    params(ItemPath), request_body = RotateIn,
+    responses((status = 200, description = "Rotated", body = RotatedOut)),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
 pub(crate) async fn rotate_secret(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-    Path((_, id)): Path<(String, String)>,
+    Path(ItemPath { id, .. }): Path<ItemPath>,
     JsonBody(input): JsonBody<RotateIn>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RotatedOut>, ApiError> {
     let secret = match input.secret {
         Some(s) => {
             Secret::parse(&s).map_err(|e| ApiError::unprocessable(format!("secret: {e}")))?;
@@ -323,19 +460,39 @@ pub(crate) async fn rotate_secret(
     endpoint.spec.secrets = secrets;
     endpoint.updated_at = now;
     state.store.update_endpoint(&endpoint).await?;
-    Ok(Json(json!({ "secret": secret, "previous_valid_until": rfc3339(grace_until) })))
+    Ok(Json(RotatedOut { secret, previous_valid_until: rfc3339(grace_until) }))
 }
 
+/// The current signing secret and every one still valid (during a rotation's grace).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SecretsOut {
+    secret: String,
+    secrets: Vec<SecretOut>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SecretOut {
+    secret: String,
+    /// Null for the current secret.
+    expires_at: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/endpoints/{id}/secret", tag = "endpoints", operation_id = "get_endpoint_secret",
+    params(ItemPath),
+    responses((status = 200, description = "The signing secrets", body = SecretsOut)),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
 pub(crate) async fn secret(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+    Path(ItemPath { id, .. }): Path<ItemPath>,
+) -> Result<Json<SecretsOut>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
     let now = crate::clock::now_ms();
-    let secrets: Vec<Value> = endpoint
+    let secrets = endpoint
         .valid_secrets(now)
-        .map(|s| json!({ "secret": s.secret, "expires_at": s.expires_at.map(rfc3339) }))
+        .map(|s| SecretOut { secret: s.secret.clone(), expires_at: s.expires_at.map(rfc3339) })
         .collect();
-    Ok(Json(json!({ "secret": endpoint.spec.secrets[0].secret, "secrets": secrets })))
+    Ok(Json(SecretsOut { secret: endpoint.spec.secrets[0].secret.clone(), secrets }))
 }

@@ -5,10 +5,13 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
 
-use super::extract::{EventsWrite, Path, Query, RawBody, Read, TenantAuth};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use utoipa::{IntoParams, ToSchema};
+
+use super::extract::{EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath};
 use super::{ApiError, AppState, parse_rfc3339, rfc3339};
 use crate::intake::{self, IntakeLimits};
 use crate::model::*;
@@ -22,36 +25,69 @@ fn limits(state: &AppState) -> IntakeLimits {
     }
 }
 
-fn outcome_json(id: &EventId, o: &IngestOutcome) -> Value {
-    json!({ "id": id, "deliveries": o.deliveries, "duplicate": o.duplicate })
+/// An accepted event: durable, with its deliveries.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AcceptedOut {
+    id: String,
+    /// Deliveries the event has (the existing ones for a duplicate).
+    deliveries: u32,
+    /// The id was already stored with this type and payload: nothing new was written.
+    duplicate: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AcceptedList {
+    data: Vec<AcceptedOut>,
+}
+
+fn accepted(id: &EventId, o: &IngestOutcome) -> AcceptedOut {
+    AcceptedOut { id: id.to_string(), deliveries: o.deliveries, duplicate: o.duplicate }
 }
 
 /// `POST /v1/tenants/{tenant}/events`: 202 only after the event and its deliveries commit.
 /// The body stays raw bytes: the payload is borrowed from it, never re-serialised.
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/events", tag = "events", operation_id = "create_event",
+    params(TenantPath), request_body = intake::EventIn<'_>,
+    responses(
+        (status = 202, description = "Stored with its deliveries", body = AcceptedOut),
+        (status = 409, description = "`conflict`: the id was used with another type or payload", body = super::doc::ErrorBody),
+    ),
+    security(("tenant_token" = ["events:write"]), ("admin_token" = [])),
+)]
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
     RawBody(body): RawBody,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<AcceptedOut>), ApiError> {
     let input = intake::parse_one(&body)?;
     let event = intake::prepare(&tenant, &input, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
     let outcomes = intake::accept(&state.committer, vec![event]).await?;
     after_accept(&state, &outcomes);
     let (id, outcome) = &outcomes[0];
-    Ok((StatusCode::ACCEPTED, Json(outcome_json(id, outcome))))
+    Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
 }
 
 /// `POST /v1/tenants/{tenant}/events/batch`: `{"events": [...]}`, all or nothing.
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/events/batch", tag = "events", operation_id = "create_events",
+    params(TenantPath), request_body = intake::BatchIn<'_>,
+    responses(
+        (status = 202, description = "All stored with their deliveries", body = AcceptedList),
+        (status = 409, description = "`conflict`: an id was used with another type or payload", body = super::doc::ErrorBody),
+    ),
+    security(("tenant_token" = ["events:write"]), ("admin_token" = [])),
+)]
 pub(crate) async fn create_batch(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
     RawBody(body): RawBody,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<AcceptedList>), ApiError> {
     let events = intake::prepare_batch(&tenant, &body, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
     let outcomes = intake::accept(&state.committer, events).await?;
     after_accept(&state, &outcomes);
-    let data: Vec<Value> = outcomes.iter().map(|(id, o)| outcome_json(id, o)).collect();
-    Ok((StatusCode::ACCEPTED, Json(json!({ "data": data }))))
+    let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
+    Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))
 }
 
 fn after_accept(state: &AppState, outcomes: &[(EventId, IngestOutcome)]) {
@@ -67,37 +103,69 @@ fn after_accept(state: &AppState, outcomes: &[(EventId, IngestOutcome)]) {
     }
 }
 
+/// A stored event; `payload` comes back byte for byte as it was posted.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EventOut {
+    id: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    created_at: String,
+    /// When its undelivered deliveries expire (`created_at` + the queue TTL).
+    expires_at: String,
+    #[schema(value_type = serde_json::Value)]
+    payload: Box<RawValue>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/events/{id}", tag = "events", operation_id = "get_event",
+    params(ItemPath),
+    responses((status = 200, description = "The event", body = EventOut)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<([(axum::http::HeaderName, &'static str); 1], String), ApiError> {
+    Path(ItemPath { id, .. }): Path<ItemPath>,
+) -> Result<Json<EventOut>, ApiError> {
     let event =
         state.store.get_event(&tenant, &EventId::from_stored(id)).await?.ok_or_else(|| ApiError::not_found("event"))?;
-    // Built by hand so the payload's bytes come back exactly as they were posted.
-    let head = json!({
-        "id": event.id,
-        "type": event.event_type,
-        "created_at": rfc3339(event.created_at),
-        "expires_at": rfc3339(event.expires_at),
-    })
-    .to_string();
-    let body = format!("{},\"payload\":{}}}", &head[..head.len() - 1], event.payload);
-    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body))
+    // Intake stored valid JSON; a raw value keeps its bytes as they were posted.
+    let payload = RawValue::from_string(event.payload).map_err(|e| {
+        tracing::error!(event = %event.id, error = %e, "a stored payload is not JSON");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_event", "the stored payload is not JSON")
+    })?;
+    Ok(Json(EventOut {
+        id: event.id.to_string(),
+        event_type: event.event_type,
+        created_at: rfc3339(event.created_at),
+        expires_at: rfc3339(event.expires_at),
+        payload,
+    }))
 }
 
-/// Query parameters of delivery and dead-letter listings.
-#[derive(Debug, Default, Deserialize)]
+/// Query parameters of delivery and dead-letter listings. Times are RFC 3339.
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// `queued`, `delivering`, `waiting`, `delivered`, `dead` or `paused`.
     state: Option<String>,
+    /// An endpoint id.
     endpoint: Option<String>,
+    /// An event type.
     #[serde(rename = "type")]
+    #[param(rename = "type")]
     event_type: Option<String>,
+    /// A dead letter's reason, e.g. `exhausted`, `permanent:422`.
     reason: Option<String>,
+    /// Dead (or created) at or after.
     since: Option<String>,
+    /// Dead (or created) before.
     until: Option<String>,
+    /// The `next_after` of the previous page.
     after: Option<String>,
+    /// Page size (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 
@@ -117,38 +185,88 @@ fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
         since: q.since.map(|s| parse_rfc3339("since", &s)).transpose()?,
         until: q.until.map(|s| parse_rfc3339("until", &s)).transpose()?,
         after: q.after.map(DeliveryId::from_stored),
-        limit: q.limit.unwrap_or(100).clamp(1, 1000),
+        limit: match q.limit {
+            None => 100,
+            Some(n @ 1..=1000) => n,
+            Some(n) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_query",
+                    format!("limit: {n} is not 1 to 1000"),
+                ));
+            }
+        },
     })
 }
 
-pub(crate) fn delivery_view(d: &Delivery) -> Value {
-    json!({
-        "id": d.id,
-        "event_id": d.event_id,
-        "endpoint_id": d.endpoint_id,
-        "event_type": d.event_type,
-        "state": d.state,
-        "attempts": d.attempts,
-        "next_attempt_at": d.next_attempt_at.map(rfc3339),
-        "reason": d.reason,
-        "last_status": d.last_status,
-        "last_error": d.last_error,
-        "created_at": rfc3339(d.created_at),
-        "updated_at": rfc3339(d.updated_at),
-    })
+/// One (event, endpoint) pair. Times are RFC 3339.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DeliveryOut {
+    id: String,
+    event_id: String,
+    endpoint_id: String,
+    event_type: String,
+    state: DeliveryState,
+    attempts: u32,
+    next_attempt_at: Option<String>,
+    /// Why a dead letter is dead: `exhausted`, `expired`, `permanent:<status>`,
+    /// `endpoint_disabled`, `retry_after_beyond_deadline`, `plugin:<message>`.
+    reason: Option<String>,
+    last_status: Option<u16>,
+    last_error: Option<String>,
+    created_at: String,
+    updated_at: String,
 }
 
-fn page(items: Vec<Delivery>, limit: u32) -> Value {
-    let next = (items.len() as u32 == limit).then(|| items.last().map(|d| d.id.clone())).flatten();
-    json!({ "data": items.iter().map(delivery_view).collect::<Vec<_>>(), "next_after": next })
+fn delivery_view(d: &Delivery) -> DeliveryOut {
+    DeliveryOut {
+        id: d.id.to_string(),
+        event_id: d.event_id.to_string(),
+        endpoint_id: d.endpoint_id.to_string(),
+        event_type: d.event_type.clone(),
+        state: d.state,
+        attempts: d.attempts,
+        next_attempt_at: d.next_attempt_at.map(rfc3339),
+        reason: d.reason.clone(),
+        last_status: d.last_status,
+        last_error: d.last_error.clone(),
+        created_at: rfc3339(d.created_at),
+        updated_at: rfc3339(d.updated_at),
+    }
 }
 
+/// A page of deliveries; `next_after` is null on the last page.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DeliveryPage {
+    data: Vec<DeliveryOut>,
+    next_after: Option<String>,
+}
+
+/// A page of dead letters, and how many the tenant has by reason.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DeadLetterPage {
+    #[serde(flatten)]
+    page: DeliveryPage,
+    counts_by_reason: BTreeMap<String, u64>,
+}
+
+fn page(items: Vec<Delivery>, limit: u32) -> DeliveryPage {
+    let next = (items.len() as u32 == limit).then(|| items.last().map(|d| d.id.to_string())).flatten();
+    DeliveryPage { data: items.iter().map(delivery_view).collect(), next_after: next }
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/events/{id}/deliveries", tag = "deliveries", operation_id = "list_event_deliveries",
+    params(ItemPath, ListQuery),
+    responses((status = 200, description = "The event's deliveries", body = DeliveryPage)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn event_deliveries(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
-    Path((_, id)): Path<(String, String)>,
+    Path(ItemPath { id, .. }): Path<ItemPath>,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeliveryPage>, ApiError> {
     let event_id = EventId::from_stored(id);
     if state.store.get_event(&tenant, &event_id).await?.is_none() {
         return Err(ApiError::not_found("event"));
@@ -159,50 +277,95 @@ pub(crate) async fn event_deliveries(
     Ok(Json(page(items, f.limit)))
 }
 
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/deliveries", tag = "deliveries", operation_id = "list_deliveries",
+    params(TenantPath, ListQuery),
+    responses((status = 200, description = "The tenant's deliveries", body = DeliveryPage)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn list_deliveries(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeliveryPage>, ApiError> {
     let f = filter(tenant, q)?;
     let items = state.store.list_deliveries(&f).await?;
     Ok(Json(page(items, f.limit)))
 }
 
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/dead-letters", tag = "deliveries", operation_id = "list_dead_letters",
+    params(TenantPath, ListQuery),
+    responses((status = 200, description = "The tenant's dead letters", body = DeadLetterPage)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn dead_letters(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeadLetterPage>, ApiError> {
     let mut f = filter(tenant.clone(), q)?;
     f.state = Some(DeliveryState::Dead);
     let items = state.store.list_deliveries(&f).await?;
     let counts = state.store.dead_letter_counts(&tenant).await?;
-    let mut out = page(items, f.limit);
-    out["counts_by_reason"] = counts.into_iter().map(|(r, n)| (r, json!(n))).collect::<serde_json::Map<_, _>>().into();
-    Ok(Json(out))
+    Ok(Json(DeadLetterPage { page: page(items, f.limit), counts_by_reason: counts.into_iter().collect() }))
 }
 
+/// One HTTP attempt.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AttemptOut {
+    /// New on every attempt (the attempt id header).
+    id: String,
+    number: u32,
+    started_at: String,
+    duration_ms: u64,
+    /// The response's status; null when none came (see `error`).
+    status: Option<u16>,
+    /// The first KiB of the response body.
+    response_body: Option<String>,
+    error: Option<String>,
+    verdict: String,
+    /// `default` (the built-in table) or the classify plugin's name.
+    decided_by: String,
+}
+
+/// A delivery with every attempt made.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DeliveryDetail {
+    #[serde(flatten)]
+    delivery: DeliveryOut,
+    attempt_history: Vec<AttemptOut>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/deliveries/{id}", tag = "deliveries", operation_id = "get_delivery",
+    params(ItemPath),
+    responses((status = 200, description = "The delivery and its attempts", body = DeliveryDetail)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn get_delivery(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+    Path(ItemPath { id, .. }): Path<ItemPath>,
+) -> Result<Json<DeliveryDetail>, ApiError> {
     let (delivery, attempts) = state
         .store
         .get_delivery(&tenant, &DeliveryId::from_stored(id))
         .await?
         .ok_or_else(|| ApiError::not_found("delivery"))?;
-    let mut out = delivery_view(&delivery);
-    out["attempt_history"] = json!(
-        attempts
-            .iter()
-            .map(|a| json!({
-                "id": a.id, "number": a.number, "started_at": rfc3339(a.started_at), "duration_ms": a.duration_ms,
-                "status": a.status, "response_body": a.response_body, "error": a.error,
-                "verdict": a.verdict, "decided_by": a.decided_by,
-            }))
-            .collect::<Vec<_>>()
-    );
-    Ok(Json(out))
+    let attempt_history = attempts
+        .into_iter()
+        .map(|a| AttemptOut {
+            id: a.id,
+            number: a.number,
+            started_at: rfc3339(a.started_at),
+            duration_ms: a.duration_ms,
+            status: a.status,
+            response_body: a.response_body,
+            error: a.error,
+            verdict: a.verdict,
+            decided_by: a.decided_by,
+        })
+        .collect();
+    Ok(Json(DeliveryDetail { delivery: delivery_view(&delivery), attempt_history }))
 }

@@ -11,8 +11,10 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use utoipa::IntoParams;
 
 use super::{ApiError, AppState, auth};
 use crate::model::{Scope, TenantId};
@@ -129,6 +131,37 @@ fn find_nul(value: &Value, at: String) -> Option<String> {
         }),
         _ => None,
     }
+}
+
+/// `{tenant}`: the tenant's id.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TenantPath {
+    /// The tenant's id.
+    #[allow(dead_code)] // `TenantAuth` reads it; here for the document.
+    pub tenant: String,
+}
+
+/// `{tenant}` and `{id}`: one object of the tenant.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ItemPath {
+    /// The tenant's id.
+    #[allow(dead_code)] // `TenantAuth` reads it; here for the document.
+    pub tenant: String,
+    /// The object's id.
+    pub id: String,
+}
+
+/// `{tenant}` and `{name}`: one plugin of the tenant.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct PluginPath {
+    /// The tenant's id.
+    #[allow(dead_code)] // `TenantAuth` reads it; here for the document.
+    pub tenant: String,
+    /// The plugin's name (its file name without `.wasm`).
+    pub name: String,
 }
 
 /// Path parameters; a bad one (invalid UTF-8, wrong shape) is a JSON `400 invalid_path`.

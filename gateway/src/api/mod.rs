@@ -9,8 +9,8 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
-use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::config::Config;
 use crate::intake::IntakeError;
@@ -19,6 +19,7 @@ use crate::model::{TenantId, TokenRecord};
 use crate::store::{Committer, DynStore, StoreError};
 
 mod auth;
+mod doc;
 mod endpoints;
 mod events;
 mod extract;
@@ -75,36 +76,48 @@ impl AppState {
     }
 }
 
+/// Every route of the API, each registered together with its OpenAPI operation (the
+/// handler's `#[utoipa::path]`): the router and the document come from this one list, so
+/// neither can have a route the other lacks (`tests/it/contract.rs` checks it on the wire,
+/// `tests/it/tidy.rs` that no route bypasses it).
+fn routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::with_openapi(doc::base())
+        .routes(routes!(tenants::healthz))
+        .routes(routes!(tenants::ready))
+        .routes(routes!(tenants::metrics))
+        .routes(routes!(doc::openapi_json))
+        .routes(routes!(tenants::create))
+        .routes(routes!(tenants::create_token, tenants::list_tokens))
+        .routes(routes!(tenants::revoke_token))
+        .routes(routes!(endpoints::create, endpoints::list))
+        .routes(routes!(endpoints::get_one, endpoints::patch, endpoints::delete))
+        .routes(routes!(endpoints::enable))
+        .routes(routes!(endpoints::rotate_secret))
+        .routes(routes!(endpoints::secret))
+        .routes(routes!(events::create))
+        .routes(routes!(events::create_batch))
+        .routes(routes!(events::get_one))
+        .routes(routes!(events::event_deliveries))
+        .routes(routes!(events::list_deliveries))
+        .routes(routes!(events::get_delivery))
+        .routes(routes!(events::dead_letters))
+        .routes(routes!(replays::create))
+        .routes(routes!(replays::get_one))
+        .routes(routes!(replays::cancel))
+        .routes(routes!(plugins::list))
+        .routes(routes!(plugins::upload, plugins::get_one))
+}
+
+/// The OpenAPI 3.1 document of [`router`]'s routes, served at `GET /openapi.json`.
+pub fn document() -> utoipa::openapi::OpenApi {
+    doc::finish(routes().split_for_parts().1)
+}
+
 /// Builds the router; tests may call it without a socket.
 pub fn router(state: Arc<AppState>) -> Router {
     let body_limit = state.config.max_payload_bytes.saturating_mul(16).max(1 << 20) + (64 << 10);
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(tenants::ready))
-        .route("/metrics", get(tenants::metrics))
-        .route("/v1/tenants", post(tenants::create))
-        .route("/v1/tenants/{tenant}/tokens", post(tenants::create_token).get(tenants::list_tokens))
-        .route("/v1/tenants/{tenant}/tokens/{id}", delete(tenants::revoke_token))
-        .route("/v1/tenants/{tenant}/endpoints", post(endpoints::create).get(endpoints::list))
-        .route(
-            "/v1/tenants/{tenant}/endpoints/{id}",
-            get(endpoints::get_one).patch(endpoints::patch).delete(endpoints::delete),
-        )
-        .route("/v1/tenants/{tenant}/endpoints/{id}/enable", post(endpoints::enable))
-        .route("/v1/tenants/{tenant}/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
-        .route("/v1/tenants/{tenant}/endpoints/{id}/secret", get(endpoints::secret))
-        .route("/v1/tenants/{tenant}/events", post(events::create))
-        .route("/v1/tenants/{tenant}/events/batch", post(events::create_batch))
-        .route("/v1/tenants/{tenant}/events/{id}", get(events::get_one))
-        .route("/v1/tenants/{tenant}/events/{id}/deliveries", get(events::event_deliveries))
-        .route("/v1/tenants/{tenant}/deliveries", get(events::list_deliveries))
-        .route("/v1/tenants/{tenant}/deliveries/{id}", get(events::get_delivery))
-        .route("/v1/tenants/{tenant}/dead-letters", get(events::dead_letters))
-        .route("/v1/tenants/{tenant}/replays", post(replays::create))
-        .route("/v1/tenants/{tenant}/replays/{id}", get(replays::get_one))
-        .route("/v1/tenants/{tenant}/replays/{id}/cancel", post(replays::cancel))
-        .route("/v1/tenants/{tenant}/plugins", get(plugins::list))
-        .route("/v1/tenants/{tenant}/plugins/{name}", put(plugins::upload).get(plugins::get_one))
+    let (router, _) = routes().split_for_parts();
+    router
         // Runs on matched routes only, before their extractors.
         .route_layer(axum::middleware::from_fn(extract::check_uri))
         // Axum adds the `Allow` header to this body.
@@ -141,7 +154,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        let body = doc::ErrorBody { error: doc::ErrorDetail { code: self.code, message: self.message } };
         (self.status, axum::Json(body)).into_response()
     }
 }

@@ -6,29 +6,57 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use super::extract::{Manage, Path, Read, TenantAuth};
+use super::extract::{Manage, Path, PluginPath, Read, TenantAuth, TenantPath};
 use super::{ApiError, AppState};
 use crate::plugin::{Hook, PluginError, PluginInfo};
 
-fn view(p: &PluginInfo) -> Value {
+/// A plugin: the version serving calls, if any, and the last load error.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PluginOut {
+    name: String,
+    /// `transform`, `classify`, `sign`: the hooks of the serving version.
+    hooks: Vec<&'static str>,
+    /// Hex SHA-256 of the serving version; empty when none serves.
+    sha256: String,
+    size: u64,
+    /// What the plugin's `describe` says.
+    plugin_name: String,
+    plugin_version: String,
+    /// The statuses `classify` is called for; null: every outcome.
+    classify_statuses: Option<Vec<u16>>,
+    /// RFC 3339.
+    loaded_at: Option<String>,
+    /// Being loaded in the background; bound deliveries wait.
+    loading: bool,
+    /// Why the newest file is not serving (the previous version keeps serving).
+    error: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PluginList {
+    data: Vec<PluginOut>,
+}
+
+fn view(p: &PluginInfo) -> PluginOut {
     let loaded_at = p
         .loaded_at
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| crate::clock::rfc3339(d.as_millis() as i64));
-    json!({
-        "name": p.name,
-        "hooks": p.hooks.iter().map(Hook::as_str).collect::<Vec<_>>(),
-        "sha256": p.sha256,
-        "size": p.size,
-        "plugin_name": p.plugin_name,
-        "plugin_version": p.plugin_version,
-        "classify_statuses": p.classify_statuses,
-        "loaded_at": loaded_at,
-        "loading": p.loading,
-        "error": p.error,
-    })
+    PluginOut {
+        name: p.name.clone(),
+        hooks: p.hooks.iter().map(Hook::as_str).collect(),
+        sha256: p.sha256.clone(),
+        size: p.size,
+        plugin_name: p.plugin_name.clone(),
+        plugin_version: p.plugin_version.clone(),
+        classify_statuses: p.classify_statuses.clone(),
+        loaded_at,
+        loading: p.loading,
+        error: p.error.clone(),
+    }
 }
 
 impl From<PluginError> for ApiError {
@@ -55,13 +83,20 @@ impl From<PluginError> for ApiError {
 /// The body is a stream, read only after the token is checked (the `TenantAuth` extractor
 /// runs first) and only up to the plugin size limit: an unauthenticated or oversized upload
 /// costs no memory.
+#[utoipa::path(
+    put, path = "/v1/tenants/{tenant}/plugins/{name}", tag = "plugins", operation_id = "upload_plugin",
+    params(PluginPath),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The `.wasm` bytes of a WebAssembly component (`wasm32-wasip2`)"),
+    responses((status = 200, description = "Validated and installed", body = PluginOut)),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
 pub(crate) async fn upload(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-    Path((_, name)): Path<(String, String)>,
+    Path(PluginPath { name, .. }): Path<PluginPath>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PluginOut>, ApiError> {
     let limit = state.config.plugins.max_plugin_bytes;
     let too_large = || {
         ApiError::new(
@@ -86,19 +121,30 @@ pub(crate) async fn upload(
     Ok(Json(view(&info)))
 }
 
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/plugins", tag = "plugins", operation_id = "list_plugins",
+    params(TenantPath),
+    responses((status = 200, description = "The tenant's plugins", body = PluginList)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
-) -> Result<Json<Value>, ApiError> {
-    let items: Vec<Value> = state.plugins.list(tenant.as_str()).iter().map(view).collect();
-    Ok(Json(json!({ "data": items })))
+) -> Result<Json<PluginList>, ApiError> {
+    Ok(Json(PluginList { data: state.plugins.list(tenant.as_str()).iter().map(view).collect() }))
 }
 
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/plugins/{name}", tag = "plugins", operation_id = "get_plugin",
+    params(PluginPath),
+    responses((status = 200, description = "The plugin", body = PluginOut)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
-    Path((_, name)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+    Path(PluginPath { name, .. }): Path<PluginPath>,
+) -> Result<Json<PluginOut>, ApiError> {
     let info = state
         .plugins
         .list(tenant.as_str())

@@ -5,60 +5,110 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use super::extract::{JsonBody, Path, Read, Replay as ReplayScope, TenantAuth};
+use super::extract::{ItemPath, JsonBody, Path, Read, Replay as ReplayScope, TenantAuth, TenantPath};
 use super::{ApiError, AppState, parse_rfc3339, rfc3339};
 use crate::model::*;
 
 /// Most delivery ids one replay may name.
 const MAX_IDS: usize = 10_000;
 
-#[derive(Debug, Deserialize)]
+/// Dead letters to replay: either `ids` or `filter`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReplayIn {
+    /// 1 to 10 000 delivery ids.
     ids: Option<Vec<String>>,
     filter: Option<FilterIn>,
+    /// Re-queued per second, in (0, 10000]; default 10.
     rate_per_sec: Option<f64>,
+    /// Re-queued per step, 1 to 1000; default 100.
     batch: Option<u32>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// Which dead letters: every field narrows; `{}` selects them all.
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FilterIn {
     endpoint: Option<String>,
     #[serde(rename = "type")]
     event_type: Option<String>,
     reason: Option<String>,
+    /// RFC 3339.
     since: Option<String>,
+    /// RFC 3339.
     until: Option<String>,
 }
 
-fn view(p: &ReplayProgress) -> Value {
-    let r = &p.replay;
-    json!({
-        "id": r.id,
-        "state": r.state,
-        "selected": r.selected,
-        "sent": r.sent,
-        "delivered": p.delivered,
-        "failed": p.failed,
-        "pending": r.sent.saturating_sub(p.delivered + p.failed),
-        "rate_per_sec": r.rate_per_sec,
-        "batch": r.batch,
-        "ids": r.ids,
-        "filter": r.filter,
-        "created_at": rfc3339(r.created_at),
-        "updated_at": rfc3339(r.updated_at),
-    })
+/// A replay and its progress.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ReplayOut {
+    id: String,
+    state: ReplayState,
+    /// Dead letters selected when the replay started.
+    selected: u64,
+    /// Re-queued so far.
+    sent: u64,
+    delivered: u64,
+    failed: u64,
+    pending: u64,
+    rate_per_sec: f64,
+    batch: u32,
+    ids: Option<Vec<String>>,
+    /// The filter as stored: `since` and `until` in Unix milliseconds.
+    #[schema(value_type = Option<FilterOut>)]
+    filter: Option<DeadLetterFilter>,
+    created_at: String,
+    updated_at: String,
 }
 
+/// The schema of `DeadLetterFilter`, which `model` keeps free of the API's types.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct FilterOut {
+    endpoint: Option<String>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    reason: Option<String>,
+    since: Option<i64>,
+    until: Option<i64>,
+}
+
+fn view(p: &ReplayProgress) -> ReplayOut {
+    let r = &p.replay;
+    ReplayOut {
+        id: r.id.clone(),
+        state: r.state,
+        selected: r.selected,
+        sent: r.sent,
+        delivered: p.delivered,
+        failed: p.failed,
+        pending: r.sent.saturating_sub(p.delivered + p.failed),
+        rate_per_sec: r.rate_per_sec,
+        batch: r.batch,
+        ids: r.ids.clone(),
+        filter: r.filter.clone(),
+        created_at: rfc3339(r.created_at),
+        updated_at: rfc3339(r.updated_at),
+    }
+}
+
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/replays", tag = "replays", operation_id = "create_replay",
+    params(TenantPath), request_body = ReplayIn,
+    responses(
+        (status = 202, description = "Started", body = ReplayOut),
+        (status = 409, description = "`endpoint_not_active`: a selected endpoint is paused or disabled", body = super::doc::ErrorBody),
+    ),
+    security(("tenant_token" = ["replay"]), ("admin_token" = [])),
+)]
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<ReplayScope>,
     JsonBody(input): JsonBody<ReplayIn>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<ReplayOut>), ApiError> {
     let (ids, filter) = match (input.ids, input.filter) {
         (Some(ids), None) if !ids.is_empty() && ids.len() <= MAX_IDS => {
             for id in &ids {
@@ -125,20 +175,32 @@ pub(crate) async fn create(
     Ok((StatusCode::ACCEPTED, Json(view(&progress))))
 }
 
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/replays/{id}", tag = "replays", operation_id = "get_replay",
+    params(ItemPath),
+    responses((status = 200, description = "The replay", body = ReplayOut)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
 pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+    Path(ItemPath { id, .. }): Path<ItemPath>,
+) -> Result<Json<ReplayOut>, ApiError> {
     let p = state.store.get_replay(&tenant, &id).await?.ok_or_else(|| ApiError::not_found("replay"))?;
     Ok(Json(view(&p)))
 }
 
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/replays/{id}/cancel", tag = "replays", operation_id = "cancel_replay",
+    params(ItemPath),
+    responses((status = 200, description = "Cancelled", body = ReplayOut)),
+    security(("tenant_token" = ["replay"]), ("admin_token" = [])),
+)]
 pub(crate) async fn cancel(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<ReplayScope>,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+    Path(ItemPath { id, .. }): Path<ItemPath>,
+) -> Result<Json<ReplayOut>, ApiError> {
     if state.store.get_replay(&tenant, &id).await?.is_none() {
         return Err(ApiError::not_found("replay"));
     }

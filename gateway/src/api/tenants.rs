@@ -7,43 +7,89 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use base64::Engine;
 use rand::RngCore;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use super::extract::{Admin, JsonBody, Manage, Path, TenantAuth};
+use super::extract::{Admin, ItemPath, JsonBody, Manage, Path, TenantAuth, TenantPath};
 use super::{ApiError, AppState, auth, rfc3339};
 use crate::model::{MAX_TENANT_NAME, Scope, Tenant, TenantId, TokenRecord, check_text};
 
-#[derive(Deserialize)]
+/// A tenant to create.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TenantIn {
+    /// A slug: lowercase letters, digits and `-`.
     id: String,
+    /// A display name; the id when absent.
     #[serde(default)]
     name: Option<String>,
 }
 
+/// A tenant.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TenantOut {
+    id: String,
+    name: String,
+    /// RFC 3339.
+    created_at: String,
+}
+
+#[utoipa::path(
+    post, path = "/v1/tenants", tag = "tenants", operation_id = "create_tenant",
+    request_body = TenantIn,
+    responses(
+        (status = 201, description = "Created", body = TenantOut),
+        (status = 409, description = "`conflict`: the tenant exists", body = super::doc::ErrorBody),
+    ),
+    security(("admin_token" = [])),
+)]
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     _: Admin,
     JsonBody(input): JsonBody<TenantIn>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<TenantOut>), ApiError> {
     let id = TenantId::parse(&input.id).map_err(|e| ApiError::unprocessable(format!("id: {}", e.0)))?;
     let name = input.name.unwrap_or_else(|| id.to_string());
     check_text("name", &name, MAX_TENANT_NAME)?;
     let tenant = Tenant { name, id, created_at: crate::clock::now_ms() };
     state.store.create_tenant(&tenant).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "id": tenant.id, "name": tenant.name, "created_at": rfc3339(tenant.created_at) })),
-    ))
+    let out = TenantOut { id: tenant.id.to_string(), name: tenant.name, created_at: rfc3339(tenant.created_at) };
+    Ok((StatusCode::CREATED, Json(out)))
 }
 
 /// `{"scopes": [...]}`: the scopes must be named; a token is never widened by default.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TokenIn {
+    /// One to four of `events:write`, `read`, `manage`, `replay`, each once.
     #[serde(default)]
     scopes: Option<Vec<String>>,
+}
+
+/// A token as listed: never the token itself, nor its hash.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TokenOut {
+    id: String,
+    scopes: Vec<String>,
+    /// RFC 3339.
+    created_at: String,
+    /// RFC 3339, to the minute; null until first used.
+    last_used_at: Option<String>,
+}
+
+/// A new token: the only time the token itself is shown.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct NewTokenOut {
+    #[serde(flatten)]
+    info: TokenOut,
+    /// The bearer token. Herald keeps only its hash.
+    token: String,
+    tenant: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TokenList {
+    data: Vec<TokenOut>,
 }
 
 /// The distinct scopes named, each known and given once.
@@ -66,50 +112,64 @@ fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
     Ok(out)
 }
 
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/tokens", tag = "tenants", operation_id = "create_token",
+    params(TenantPath), request_body = TokenIn,
+    responses((status = 201, description = "Created", body = NewTokenOut)),
+    security(("admin_token" = [])),
+)]
 pub(crate) async fn create_token(
     State(state): State<Arc<AppState>>,
     _: Admin,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
     JsonBody(input): JsonBody<TokenIn>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<NewTokenOut>), ApiError> {
     let scopes = scopes(input.scopes)?;
     let mut raw = [0u8; 32];
     rand::rng().fill_bytes(&mut raw);
     let token = format!("hrld_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw));
     let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, crate::clock::now_ms());
     state.store.insert_token(&record).await?;
-    let mut out = token_view(&record);
-    out["token"] = json!(token);
-    out["tenant"] = json!(record.tenant);
+    let out = NewTokenOut { info: token_view(&record), token, tenant: record.tenant.to_string() };
     Ok((StatusCode::CREATED, Json(out)))
 }
 
-/// A token as listed: never the token itself, nor its hash.
-fn token_view(t: &TokenRecord) -> Value {
-    let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
-    json!({
-        "id": t.id,
-        "scopes": scopes,
-        "created_at": rfc3339(t.created_at),
-        "last_used_at": t.last_used_at.map(rfc3339),
-    })
+fn token_view(t: &TokenRecord) -> TokenOut {
+    TokenOut {
+        id: t.id.clone(),
+        scopes: t.scopes.iter().map(|s| s.as_str().to_string()).collect(),
+        created_at: rfc3339(t.created_at),
+        last_used_at: t.last_used_at.map(rfc3339),
+    }
 }
 
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/tokens", tag = "tenants", operation_id = "list_tokens",
+    params(TenantPath),
+    responses((status = 200, description = "The tenant's tokens", body = TokenList)),
+    security(("admin_token" = [])),
+)]
 pub(crate) async fn list_tokens(
     State(state): State<Arc<AppState>>,
     _: Admin,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TokenList>, ApiError> {
     let tokens = state.store.list_tokens(&tenant).await?;
-    Ok(Json(json!({ "data": tokens.iter().map(token_view).collect::<Vec<_>>() })))
+    Ok(Json(TokenList { data: tokens.iter().map(token_view).collect() }))
 }
 
 /// Deletes a token; from the next request on, it is refused on every node (see `auth`).
+#[utoipa::path(
+    delete, path = "/v1/tenants/{tenant}/tokens/{id}", tag = "tenants", operation_id = "revoke_token",
+    params(ItemPath),
+    responses((status = 204, description = "Revoked")),
+    security(("admin_token" = [])),
+)]
 pub(crate) async fn revoke_token(
     State(state): State<Arc<AppState>>,
     _: Admin,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-    Path((_, id)): Path<(String, String)>,
+    Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<StatusCode, ApiError> {
     if !state.store.revoke_token(&tenant, &id).await? {
         return Err(ApiError::not_found("token"));
@@ -118,11 +178,27 @@ pub(crate) async fn revoke_token(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    get, path = "/healthz", tag = "meta", operation_id = "healthz",
+    responses((status = 200, description = "The process is up", content_type = "text/plain", body = String)),
+)]
+pub(crate) async fn healthz() -> &'static str {
+    "ok"
+}
+
+#[utoipa::path(
+    get, path = "/readyz", tag = "meta", operation_id = "readyz",
+    responses((status = 200, description = "The store answers", content_type = "text/plain", body = String)),
+)]
 pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
     state.store.get_tenant(&TenantId::from_stored("-")).await?;
     Ok("ready")
 }
 
+#[utoipa::path(
+    get, path = "/metrics", tag = "meta", operation_id = "metrics",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)),
+)]
 pub(crate) async fn metrics(
     State(state): State<Arc<AppState>>,
 ) -> ([(axum::http::HeaderName, &'static str); 1], String) {

@@ -22,7 +22,7 @@ pub struct DeadLetterFilter {
 }
 
 /// Where a replay stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReplayState {
     Running,

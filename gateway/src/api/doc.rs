@@ -1,0 +1,124 @@
+//! The OpenAPI 3.1 document. Operations come from the handlers' `#[utoipa::path]` and their
+//! request and response types (see `api::routes`); this module adds what is common to every
+//! operation: the document's head, the two bearer schemes, and the error responses that the
+//! extractors and `ApiError` give every route of a kind, so no handler repeats them.
+
+use std::sync::LazyLock;
+
+use axum::http::header::CONTENT_TYPE;
+use serde::Serialize;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ComponentsBuilder, ContentBuilder, OpenApi, OpenApiBuilder, Ref, ResponseBuilder};
+use utoipa::{PartialSchema, ToSchema};
+
+/// The body of every error: `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable machine code: `invalid_request`, `invalid_path`, `invalid_query`,
+    /// `unauthorized`, `forbidden`, `not_found`, `method_not_allowed`, `conflict`,
+    /// `payload_too_large`, `endpoint_not_active`, `invalid_plugin`, `plugin_limit`,
+    /// `plugin_loading`, `plugin_unavailable`, `storage_unavailable`.
+    pub code: &'static str,
+    /// What went wrong, for a human.
+    pub message: String,
+}
+
+const ADMIN: &str = "admin_token";
+const TENANT: &str = "tenant_token";
+
+/// The document's head, security schemes and shared schemas, before any route is added.
+pub(super) fn base() -> OpenApi {
+    let bearer = |what: &str| {
+        SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some(what)).build())
+    };
+    let components = ComponentsBuilder::new()
+        .schema("ErrorBody", ErrorBody::schema())
+        .schema("ErrorDetail", ErrorDetail::schema())
+        .security_scheme(
+            ADMIN,
+            bearer("The admin token (`server.admin_token`): every route, every tenant, every scope."),
+        )
+        .security_scheme(
+            TENANT,
+            bearer(
+                "A tenant token (`POST /v1/tenants/{tenant}/tokens`): its own tenant only (another \
+                 tenant's objects answer 404), and only the scopes it was given. Each operation \
+                 names the one it needs: `events:write`, `read`, `manage` or `replay`.",
+            ),
+        )
+        .build();
+    let info = utoipa::openapi::InfoBuilder::new()
+        .title("Herald")
+        .version(env!("CARGO_PKG_VERSION"))
+        .description(Some(
+            "Herald's HTTP API: tenants and their tokens, endpoints, events (202 once durable), \
+             deliveries with their attempts, dead letters, replays and plugins. Errors are \
+             always `{\"error\": {\"code\", \"message\"}}`.",
+        ))
+        .build();
+    OpenApiBuilder::new().info(info).components(Some(components)).build()
+}
+
+/// Adds to every operation the error responses its kind of route can give.
+pub(super) fn finish(mut doc: OpenApi) -> OpenApi {
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+        for op in ops.into_iter().flatten() {
+            for (status, why) in common_errors(path, op) {
+                add_error(op, status, why);
+            }
+        }
+    }
+    doc
+}
+
+/// The errors that come from the extractors, the URI check and the store, by route kind.
+fn common_errors(path: &str, op: &Operation) -> Vec<(u16, &'static str)> {
+    let mut out = Vec::new();
+    if path == "/readyz" {
+        out.push((503, "`storage_unavailable`: the store cannot be reached"));
+    }
+    if !path.starts_with("/v1/") {
+        return out;
+    }
+    out.push((400, "`invalid_path`, `invalid_query` or `invalid_request`: the request is malformed"));
+    out.push((401, "`unauthorized`: no bearer token, or an unknown one"));
+    if op.security.is_some() {
+        out.push((403, "`forbidden`: the token lacks the scope this operation needs, or is not the admin's"));
+    }
+    if path.starts_with("/v1/tenants/{tenant}") {
+        out.push((404, "`not_found`: no such tenant (or it is another tenant's), or no such object in it"));
+    }
+    if op.request_body.is_some() {
+        out.push((413, "`payload_too_large`: the body is over the limit"));
+        out.push((422, "`invalid_request`: the body is well-formed but a field is invalid"));
+    }
+    out.push((503, "`storage_unavailable`: the store failed; nothing was written"));
+    out
+}
+
+fn add_error(op: &mut Operation, status: u16, why: &str) {
+    let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build();
+    op.responses
+        .responses
+        .entry(status.to_string())
+        .or_insert_with(|| ResponseBuilder::new().description(why).content("application/json", content).build().into());
+}
+
+static DOCUMENT: LazyLock<String> =
+    LazyLock::new(|| super::document().to_pretty_json().expect("the OpenAPI document serialises"));
+
+/// `GET /openapi.json`.
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "meta", operation_id = "openapi",
+    responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json", body = Object)),
+)]
+pub(super) async fn openapi_json() -> ([(axum::http::HeaderName, &'static str); 1], &'static str) {
+    ([(CONTENT_TYPE, "application/json")], DOCUMENT.as_str())
+}
