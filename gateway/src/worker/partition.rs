@@ -18,11 +18,12 @@ use super::{
 };
 use crate::clock::now_ms;
 use crate::lease;
+use crate::metrics::{Metrics, TenantCounters};
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
-use crate::store::{ClaimRequest, Claimed, Release};
+use crate::store::{ClaimRequest, Claimed, Committer, Release, StoreError};
 
 /// What a partition shares with its in-flight attempts.
 pub(super) struct Shared {
@@ -38,6 +39,8 @@ pub(super) struct Target {
     pub(super) endpoint: Endpoint,
     pub(super) policy: RetryPolicy,
     pub(super) secrets: Vec<Secret>,
+    /// The tenant's outcome counters, looked up once per claim rather than per result.
+    pub(super) counters: TenantCounters,
 }
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
@@ -105,6 +108,12 @@ struct Partition {
     rng: StdRng,
 }
 
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.set_held(None);
+    }
+}
+
 enum Refill {
     Claimed(Arc<Target>),
     /// Nothing due; the earliest due time, if any work is waiting.
@@ -164,11 +173,11 @@ impl Partition {
         match self.inner.store.acquire_partition(&self.id, &self.inner.owner, now, until).await {
             Ok(true) => {
                 // Count from before the call so the local view never outlives the stored lease.
-                self.held = Some(Instant::now() + PARTITION_LEASE - Duration::from_millis(500));
+                self.set_held(Some(Instant::now() + PARTITION_LEASE - Duration::from_millis(500)));
                 true
             }
             Ok(false) => {
-                self.held = None;
+                self.set_held(None);
                 false
             }
             Err(e) => {
@@ -176,6 +185,16 @@ impl Partition {
                 self.held.is_some_and(|until| until > Instant::now())
             }
         }
+    }
+
+    /// Keeps the `partitions_held` gauge in step with `held`.
+    fn set_held(&mut self, held: Option<Instant>) {
+        match (self.held.is_some(), held.is_some()) {
+            (false, true) => drop(self.inner.metrics.partitions_held.inc()),
+            (true, false) => drop(self.inner.metrics.partitions_held.dec()),
+            _ => {}
+        }
+        self.held = held;
     }
 
     /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`]. False when
@@ -216,10 +235,10 @@ impl Partition {
         if self.queue.len() > req.limit as usize / 2 {
             return;
         }
-        let committer = self.inner.committer.clone();
+        let (committer, metrics) = (self.inner.committer.clone(), self.inner.metrics.clone());
         let id = self.id.clone();
         self.prefetch = Some(tokio::spawn(async move {
-            committer.claim(req).await.unwrap_or_else(|e| {
+            timed_claim(&committer, &metrics, req).await.unwrap_or_else(|e| {
                 tracing::warn!(endpoint = %id, error = %e, "prefetch claim failed");
                 Vec::new()
             })
@@ -298,7 +317,8 @@ impl Partition {
             return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
         }
         let (inner, id) = (&self.inner, &self.id);
-        let claimed = match inner.committer.claim(claim_request(inner, id, &endpoint.spec, 0, now)).await {
+        let req = claim_request(inner, id, &endpoint.spec, 0, now);
+        let claimed = match timed_claim(&inner.committer, &inner.metrics, req).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(endpoint = %id, error = %e, "claim failed");
@@ -411,7 +431,16 @@ fn make_target(inner: &Inner, endpoint: Endpoint, now: Millis) -> Target {
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-    Target { endpoint, policy, secrets }
+    let counters = inner.metrics.tenant(endpoint.tenant.as_str());
+    Target { endpoint, policy, secrets, counters }
+}
+
+/// Claims through the group committer, timing the claim.
+async fn timed_claim(committer: &Committer, metrics: &Metrics, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
+    let clock = Instant::now();
+    let claimed = committer.claim(req).await;
+    metrics.claim_duration.observe(clock.elapsed());
+    claimed
 }
 
 /// Hands claimed-but-unsent deliveries back, due at `at`.

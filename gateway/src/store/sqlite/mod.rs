@@ -18,6 +18,8 @@ use super::*;
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: writer::Writer,
+    /// The write-ahead log, whose size the metrics show.
+    wal: std::path::PathBuf,
 }
 
 mod writer;
@@ -55,7 +57,9 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
         let writer = writer::Writer::open(options.get_filename())?;
-        Ok(SqliteStore { pool, writer })
+        let mut wal = options.get_filename().as_os_str().to_owned();
+        wal.push("-wal");
+        Ok(SqliteStore { pool, writer, wal: wal.into() })
     }
 }
 
@@ -490,6 +494,47 @@ impl Store for SqliteStore {
                 ))
             })
             .collect()
+    }
+
+    async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
+        let due = sqlx::query(
+            "SELECT COUNT(*) AS n, MIN(next_attempt_at) AS oldest FROM deliveries \
+             WHERE state IN ('queued', 'waiting') AND next_attempt_at <= ?",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await?;
+        let top_due = sqlx::query(
+            "SELECT tenant_id, endpoint_id, COUNT(*) AS n FROM deliveries \
+             WHERE state IN ('queued', 'waiting') AND next_attempt_at <= ? \
+             GROUP BY tenant_id, endpoint_id ORDER BY n DESC, endpoint_id LIMIT ?",
+        )
+        .bind(now)
+        .bind(i64::from(top))
+        .fetch_all(&self.pool)
+        .await?;
+        let states =
+            sqlx::query("SELECT state, COUNT(*) AS n FROM endpoints GROUP BY state").fetch_all(&self.pool).await?;
+        Ok(QueueStats {
+            due: due.try_get::<i64, _>("n")? as u64,
+            oldest_due: due.try_get("oldest")?,
+            top_due: top_due
+                .iter()
+                .map(|r| {
+                    Ok((
+                        TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+                        EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?),
+                        r.try_get::<i64, _>("n")? as u64,
+                    ))
+                })
+                .collect::<Result<_>>()?,
+            endpoints_by_state: states
+                .iter()
+                .map(|r| Ok((r.try_get::<String, _>("state")?, r.try_get::<i64, _>("n")? as u64)))
+                .collect::<Result<_>>()?,
+            dead: self.stale_dead_letters(Millis::MAX).await?,
+            wal_bytes: Some(std::fs::metadata(&self.wal).map_or(0, |m| m.len())),
+        })
     }
 
     async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
