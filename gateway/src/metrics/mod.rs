@@ -1,7 +1,7 @@
 //! Herald's Prometheus metrics, through `prometheus-client`, in the OpenMetrics text format.
 //!
 //! The hot path touches atomics only: counters and [`DurationHistogram`]s are updated with
-//! relaxed adds, and the per-tenant outcome counters are looked up once per claimed batch
+//! relaxed adds, and the per-tenant outcome counters are looked up once per partition
 //! ([`Metrics::tenant`]), never per delivery. Figures that need a query (queue depth,
 //! dead letters, endpoint states, plugin calls) are read at scrape time into a
 //! [`Snapshot`] by the `/metrics` handler; this module never touches the store.

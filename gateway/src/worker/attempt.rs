@@ -234,7 +234,10 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
     let release =
         Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: now_ms() + PLUGIN_LOADING_RETRY_MS };
     if let Err(e) = inner.committer.release(vec![release]).await {
-        tracing::warn!(delivery = %d.id, error = %e, "release failed; the lease will expire instead");
+        tracing::warn!(
+            tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
+            error = %e, "release failed; the lease will expire instead"
+        );
     }
     true
 }

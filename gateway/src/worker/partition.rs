@@ -39,7 +39,7 @@ pub(super) struct Target {
     pub(super) endpoint: Endpoint,
     pub(super) policy: RetryPolicy,
     pub(super) secrets: Vec<Secret>,
-    /// The tenant's outcome counters, looked up once per claim rather than per result.
+    /// The tenant's outcome counters, looked up once per partition rather than per result.
     pub(super) counters: TenantCounters,
 }
 
@@ -104,6 +104,8 @@ struct Partition {
     prefetch: Option<JoinHandle<Vec<Claimed>>>,
     /// Until when this node's partition lease is known to hold.
     held: Option<Instant>,
+    /// The endpoint's tenant's outcome counters, looked up once per partition.
+    counters: Option<TenantCounters>,
     refreshed: Instant,
     rng: StdRng,
 }
@@ -133,6 +135,7 @@ impl Partition {
             target: None,
             prefetch: None,
             held: None,
+            counters: None,
             refreshed: Instant::now(),
             rng: StdRng::from_rng(&mut rand::rng()),
         }
@@ -145,7 +148,7 @@ impl Partition {
         if ready && let Some(h) = self.prefetch.take() {
             match h.await {
                 Ok(claimed) => self.queue.extend(claimed),
-                Err(e) => tracing::error!(endpoint = %self.id, error = %e, "prefetch claim task failed"),
+                Err(e) => tracing::error!(endpoint_id = %self.id, error = %e, "prefetch claim task failed"),
             }
         }
     }
@@ -181,10 +184,14 @@ impl Partition {
                 false
             }
             Err(e) => {
-                tracing::warn!(endpoint = %self.id, error = %e, "cannot renew partition lease");
+                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot renew partition lease");
                 self.held.is_some_and(|until| until > Instant::now())
             }
         }
+    }
+
+    fn counters(&mut self, endpoint: &Endpoint) -> TenantCounters {
+        self.counters.get_or_insert_with(|| self.inner.metrics.tenant(endpoint.tenant.as_str())).clone()
     }
 
     /// Keeps the `partitions_held` gauge in step with `held`.
@@ -210,10 +217,11 @@ impl Partition {
                     let spec = &e.spec;
                     let mut pacer = sh.pacer.lock().expect("pacer");
                     if let Err(err) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
-                        tracing::warn!(endpoint = %self.id, error = %err, "keeping previous pacing");
+                        tracing::warn!(endpoint_id = %self.id, error = %err, "keeping previous pacing");
                     }
                 }
-                self.target = Some(Arc::new(make_target(&self.inner, e, now_ms())));
+                let counters = self.counters(&e);
+                self.target = Some(Arc::new(make_target(&self.inner, e, counters, now_ms())));
                 true
             }
             Ok(_) => {
@@ -222,7 +230,7 @@ impl Partition {
                 false
             }
             Err(e) => {
-                tracing::warn!(endpoint = %self.id, error = %e, "cannot refresh endpoint");
+                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot refresh endpoint");
                 true
             }
         }
@@ -239,7 +247,7 @@ impl Partition {
         let id = self.id.clone();
         self.prefetch = Some(tokio::spawn(async move {
             timed_claim(&committer, &metrics, req).await.unwrap_or_else(|e| {
-                tracing::warn!(endpoint = %id, error = %e, "prefetch claim failed");
+                tracing::warn!(endpoint_id = %id, error = %e, "prefetch claim failed");
                 Vec::new()
             })
         }));
@@ -300,7 +308,7 @@ impl Partition {
             Ok(Some(e)) => e,
             Ok(None) => return Refill::Gone,
             Err(e) => {
-                tracing::warn!(endpoint = %id, error = %e, "cannot read endpoint");
+                tracing::warn!(endpoint_id = %id, error = %e, "cannot read endpoint");
                 return Refill::Idle(Some(now_ms() + 1_000));
             }
         };
@@ -321,7 +329,7 @@ impl Partition {
         let claimed = match timed_claim(&inner.committer, &inner.metrics, req).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(endpoint = %id, error = %e, "claim failed");
+                tracing::warn!(endpoint_id = %id, error = %e, "claim failed");
                 return Refill::Idle(Some(now_ms() + 500));
             }
         };
@@ -332,7 +340,8 @@ impl Partition {
             };
         }
         self.queue.extend(claimed);
-        Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, now)))
+        let counters = self.counters(&endpoint);
+        Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, counters, now)))
     }
 
     /// The partition's shared state, created on first use and re-paced to `endpoint`'s
@@ -343,7 +352,7 @@ impl Partition {
             if let Err(e) =
                 sh.pacer.lock().expect("pacer").reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight)
             {
-                tracing::warn!(endpoint = %self.id, error = %e, "keeping previous pacing");
+                tracing::warn!(endpoint_id = %self.id, error = %e, "keeping previous pacing");
             }
             sh.halted.store(false, Ordering::Release);
             return Some(sh.clone());
@@ -351,7 +360,7 @@ impl Partition {
         let pacer = match Pacer::try_new(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
             Ok(p) => p,
             Err(e) => {
-                tracing::error!(endpoint = %self.id, error = %e, "invalid pacing");
+                tracing::error!(endpoint_id = %self.id, error = %e, "invalid pacing");
                 return None;
             }
         };
@@ -422,7 +431,7 @@ fn sendable(e: &Endpoint, now: Millis) -> bool {
 }
 
 /// The endpoint's effective retry policy and signing secrets at `now`.
-fn make_target(inner: &Inner, endpoint: Endpoint, now: Millis) -> Target {
+fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now: Millis) -> Target {
     let policy = endpoint
         .spec
         .retry
@@ -431,7 +440,6 @@ fn make_target(inner: &Inner, endpoint: Endpoint, now: Millis) -> Target {
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-    let counters = inner.metrics.tenant(endpoint.tenant.as_str());
     Target { endpoint, policy, secrets, counters }
 }
 
