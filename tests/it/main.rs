@@ -4,9 +4,10 @@
 //! auth) in `api`; anything about sending to receivers (pacing, retries, 429, signatures) in
 //! `delivery`; dead letters, replays and lease recovery in `recovery`; several nodes on one
 //! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
-//! `plugins`; a `Store` method in `store`'s conformance suite (it runs on both backends);
-//! a rule about the source tree itself in `tidy`; the OpenAPI document, schemathesis and the
-//! generated client in `contract`. Pure policies test themselves in their
+//! `plugins`; `/metrics`, the dashboard and the alert rules in `metrics`; a `Store` method
+//! in `store`'s conformance suite (it runs on both backends); a rule about the source tree
+//! itself in `tidy`; the OpenAPI document, schemathesis and the generated client in
+//! `contract`. Pure policies test themselves in their
 //! own module, not here.
 
 // Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
@@ -19,6 +20,7 @@ mod delivery;
 mod durability;
 mod edges;
 mod limits;
+mod metrics;
 mod plugins;
 mod props;
 mod recovery;

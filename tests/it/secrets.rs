@@ -96,7 +96,9 @@ async fn a_token_revoked_on_one_node_is_refused_by_the_other_at_once() -> anyhow
 }
 
 /// `herald check-config` and the logs of a whole run (debug level: every module, the store
-/// driver, the HTTP stack) show none of the secrets the run created or was given.
+/// driver, the HTTP stack) show none of the secrets the run created or was given. The log is
+/// JSON lines, and the dead letter and the endpoint's state change each have a line with
+/// the fields an operator filters on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_is_printed_by_check_config_or_in_the_logs() -> anyhow::Result<()> {
     let bin = herald_binary()?;
@@ -114,6 +116,7 @@ async fn no_secret_is_printed_by_check_config_or_in_the_logs() -> anyhow::Result
         ("HERALD_OPERATOR_URL", operator_url.as_str()),
         ("HERALD_OPERATOR_SECRET", operator_secret),
         ("HERALD_LOG_LEVEL", "debug"),
+        ("HERALD_LOG_FORMAT", "json"),
         // The command-line client's variables: `serve` must start with them set.
         ("HERALD_TOKEN", "hrld_client-side-token"),
         ("HERALD_API", "http://127.0.0.1:9"),
@@ -138,6 +141,22 @@ async fn no_secret_is_printed_by_check_config_or_in_the_logs() -> anyhow::Result
     drop(node);
     let log = std::fs::read_to_string(&log_path)?;
     assert!(log.contains("herald serving") && log.contains("DEBUG"), "the run logged: {log}");
+    let lines: Vec<Value> = log.lines().map(serde_json::from_str).collect::<Result<_, _>>().context("JSON lines")?;
+    let line = |message: &str| {
+        lines.iter().find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with(message))).cloned()
+    };
+    let dead = line("dead letter").with_context(|| format!("no dead-letter line in {log}"))?;
+    for field in ["tenant", "endpoint_id", "delivery_id", "event_id", "attempt", "reason"] {
+        assert!(!dead["fields"][field].is_null(), "the dead-letter line has no {field}: {dead}");
+    }
+    assert_eq!(dead["fields"]["tenant"], "acme", "{dead}");
+    let change = line("endpoint state change").with_context(|| format!("no endpoint state change in {log}"))?;
+    assert_eq!(
+        (&change["fields"]["state"], &change["fields"]["tenant"]),
+        (&json!("disabled"), &json!("acme")),
+        "{change}"
+    );
+    assert!(change["fields"]["endpoint_id"].as_str().is_some_and(|id| id.starts_with("ep_")), "{change}");
     for secret in &secrets {
         assert!(!check_output.contains(secret.as_str()), "check-config printed {secret}:\n{check_output}");
         assert!(!log.contains(secret.as_str()), "the log shows {secret}");
@@ -162,6 +181,9 @@ async fn exercise(node: &HeraldProcess, operator: &FakeReceiver) -> anyhow::Resu
         )
         .await?;
     let ep_id = ep["id"].as_str().context("id")?;
+    let gone = FakeReceiver::start().await?;
+    gone.set_default(Answer::status(410));
+    api.endpoint("acme", json!({"url": gone.url()})).await?;
     let rotated = api.post(&format!("/v1/tenants/acme/endpoints/{ep_id}/rotate-secret"), &token, json!({})).await?;
     let secrets = api.get(&format!("/v1/tenants/acme/endpoints/{ep_id}/secret"), &token).await?;
     for i in 0..2 {
@@ -169,7 +191,9 @@ async fn exercise(node: &HeraldProcess, operator: &FakeReceiver) -> anyhow::Resu
         assert_eq!(r.status, 202, "{}", r.text);
     }
     receiver.wait_for(2, Duration::from_secs(10)).await?;
-    operator.wait_for(1, Duration::from_secs(10)).await.context("the dead letter's operator event")?;
+    gone.wait_for(1, Duration::from_secs(10)).await?;
+    // Two dead letters and the disabled endpoint, each announced after its log line.
+    operator.wait_for(3, Duration::from_secs(10)).await.context("the operator events")?;
     assert_eq!(api.get("/v1/tenants/acme/endpoints", "hrld_not-a-token").await?.status, 401);
     let id = api.get("/v1/tenants/acme/tokens", ADMIN_TOKEN).await?.json["data"][1]["id"].clone();
     let r = api

@@ -705,6 +705,13 @@ async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
     let mut pending = b.store.pending_endpoints().await?;
     pending.sort();
     assert_eq!(pending, [(EndpointId::from_stored("ep_a"), T0 + 3), (EndpointId::from_stored("ep_b"), T0 + 3)]);
+    let acme = TenantId::from_stored("acme");
+    let stats = b.store.queue_stats(T0 + 5, 1).await?;
+    assert_eq!((stats.due, stats.oldest_due), (3, Some(T0 + 3)), "due by T0+5: ep_a's two, ep_b's one");
+    assert_eq!(stats.top_due, [(acme.clone(), EndpointId::from_stored("ep_a"), 2)]);
+    assert_eq!(stats.endpoints_by_state, [("active".to_string(), 2)]);
+    assert!(stats.dead.is_empty());
+    assert_eq!(stats.wal_bytes.is_some(), b.url.starts_with("sqlite:"), "only SQLite has a WAL");
     let c = b.committer.claim(claim_req("ep_b", T0 + 3, 1, "node-1")).await?;
     assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_b")).await?, Some(T0 + 7), "leased rows are not pending");
     b.committer.record(vec![result(&c[0], c[0].fence, DeliveryState::Waiting, Some(T0 + 6), 500, T0 + 4)]).await?;
@@ -712,6 +719,11 @@ async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
     b.committer.change_endpoint(change("ep_a", EndpointState::Paused, None, T0 + 8)).await?;
     let pending = b.store.pending_endpoints().await?;
     assert_eq!(pending, [(EndpointId::from_stored("ep_b"), T0 + 6)], "paused deliveries are not pending");
+    let mut stats = b.store.queue_stats(T0 + 10, 5).await?;
+    assert_eq!((stats.due, stats.oldest_due), (2, Some(T0 + 6)), "paused deliveries are not due");
+    assert_eq!(stats.top_due, [(acme, EndpointId::from_stored("ep_b"), 2)]);
+    stats.endpoints_by_state.sort();
+    assert_eq!(stats.endpoints_by_state, [("active".to_string(), 1), ("paused".to_string(), 1)]);
     Ok(())
 }
 

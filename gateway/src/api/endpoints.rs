@@ -408,6 +408,10 @@ pub(crate) async fn enable(
             now: crate::clock::now_ms(),
         })
         .await?;
+    tracing::info!(
+        tenant = %tenant, endpoint_id = %endpoint.id, state = "active", from = endpoint.state.as_str(),
+        "endpoint state change: re-enabled"
+    );
     (state.wake)(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&load(&state, &tenant, &id).await?)))
 }

@@ -62,7 +62,7 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<AcceptedOut>), ApiError> {
     let input = intake::parse_one(&body)?;
     let event = intake::prepare(&tenant, &input, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
-    let outcomes = intake::accept(&state.committer, vec![event]).await?;
+    let outcomes = accept(&state, vec![event]).await?;
     after_accept(&state, &outcomes);
     let (id, outcome) = &outcomes[0];
     Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
@@ -84,17 +84,25 @@ pub(crate) async fn create_batch(
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedList>), ApiError> {
     let events = intake::prepare_batch(&tenant, &body, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
-    let outcomes = intake::accept(&state.committer, events).await?;
+    let outcomes = accept(&state, events).await?;
     after_accept(&state, &outcomes);
     let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
     Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))
 }
 
+/// Hands events to the group committer, timing the wait for the durable commit.
+async fn accept(state: &AppState, events: Vec<NewEvent>) -> Result<Vec<(EventId, IngestOutcome)>, ApiError> {
+    let clock = std::time::Instant::now();
+    let outcomes = intake::accept(&state.committer, events).await;
+    state.metrics.intake_commit.observe(clock.elapsed());
+    Ok(outcomes?)
+}
+
 fn after_accept(state: &AppState, outcomes: &[(EventId, IngestOutcome)]) {
     let fresh = outcomes.iter().map(|(_, o)| o).filter(|o| !o.duplicate);
     let (events, deliveries) = fresh.fold((0u64, 0u64), |(e, d), o| (e + 1, d + u64::from(o.deliveries)));
-    state.metrics.events_accepted.add(events);
-    state.metrics.deliveries_created.add(deliveries);
+    state.metrics.events_accepted.inc_by(events);
+    state.metrics.deliveries_created.inc_by(deliveries);
     if deliveries > 0 {
         let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|(_, o)| o.endpoints.iter().cloned()).collect();
         endpoints.sort_unstable();

@@ -199,6 +199,24 @@ pub enum WriteResult {
     Endpoint(u64),
 }
 
+/// What the metrics read from the store at scrape time. Every query behind it is an
+/// aggregate over an index or the endpoints table: cheap enough for one scrape a second.
+#[derive(Debug, Clone, Default)]
+pub struct QueueStats {
+    /// Deliveries due (queued or waiting, `next_attempt_at` reached) and unclaimed.
+    pub due: u64,
+    /// When the oldest of them came due.
+    pub oldest_due: Option<Millis>,
+    /// The endpoints with the most due deliveries, most first: (tenant, endpoint, due).
+    pub top_due: Vec<(TenantId, EndpointId, u64)>,
+    /// Endpoints by stored state (`active`, `paused`, `disabled`).
+    pub endpoints_by_state: Vec<(String, u64)>,
+    /// Per tenant with dead letters: (tenant, the oldest one's time, how many).
+    pub dead: Vec<(TenantId, Millis, u64)>,
+    /// Size of the SQLite write-ahead log (`None` on Postgres).
+    pub wal_bytes: Option<u64>,
+}
+
 /// Filters for listing deliveries (and dead letters).
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
@@ -294,6 +312,9 @@ pub trait Store: Send + Sync + 'static {
     /// Per tenant: the oldest unresolved dead letter, if older than `older_than`, and the count.
     async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>>;
     async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health>;
+    /// Queue depth, dead letters and endpoint states for the metrics, with the `top`
+    /// endpoints that have the most due deliveries.
+    async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats>;
     /// Deletes up to `limit` finished deliveries (delivered before `delivered_before`, dead
     /// before `dead_before`) with their attempts, then events left without deliveries.
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64>;

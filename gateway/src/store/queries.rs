@@ -12,7 +12,7 @@ use super::rows::{
     TenantRow, TokenRow,
 };
 use super::sql::{self, Sql};
-use super::{DeliveryFilter, Result, StoreError};
+use super::{DeliveryFilter, QueueStats, Result, StoreError};
 use crate::model::*;
 
 /// What a backend's SQL dialect writes differently in the shared statements.
@@ -378,6 +378,46 @@ where
                 Ok((tenant, r.try_get("oldest")?, count(r, "n")?))
             })
             .collect()
+    }
+
+    /// Queue depth and its oldest due delivery, the `top` endpoints by due deliveries,
+    /// endpoints by state and dead letters per tenant (`wal_bytes` is the backend's).
+    pub(super) async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
+        let due = sqlx::query(
+            "SELECT COUNT(*) AS n, MIN(next_attempt_at) AS oldest FROM deliveries \
+             WHERE state IN ('queued', 'waiting') AND next_attempt_at <= $1",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await?;
+        let top_due = sqlx::query(
+            "SELECT tenant_id, endpoint_id, COUNT(*) AS n FROM deliveries \
+             WHERE state IN ('queued', 'waiting') AND next_attempt_at <= $1 \
+             GROUP BY tenant_id, endpoint_id ORDER BY n DESC, endpoint_id LIMIT $2",
+        )
+        .bind(now)
+        .bind(i64::from(top))
+        .fetch_all(&self.pool)
+        .await?;
+        let states =
+            sqlx::query("SELECT state, COUNT(*) AS n FROM endpoints GROUP BY state").fetch_all(&self.pool).await?;
+        Ok(QueueStats {
+            due: count(&due, "n")?,
+            oldest_due: due.try_get("oldest")?,
+            top_due: top_due
+                .iter()
+                .map(|r| {
+                    let tenant = TenantId::from_stored(r.try_get::<String, _>("tenant_id")?);
+                    Ok((tenant, EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), count(r, "n")?))
+                })
+                .collect::<Result<_>>()?,
+            endpoints_by_state: states
+                .iter()
+                .map(|r| Ok((r.try_get::<String, _>("state")?, count(r, "n")?)))
+                .collect::<Result<_>>()?,
+            dead: self.stale_dead_letters(Millis::MAX).await?,
+            wal_bytes: None,
+        })
     }
 
     pub(super) async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {

@@ -62,6 +62,7 @@ pub(super) async fn run(
         let ctx = context(&target, &d, started, attempt_id);
         let exchange = send(&inner, &target, &d, &ctx).await;
         let duration_ms = clock.elapsed().as_millis() as u64;
+        inner.metrics.attempt_duration.observe(clock.elapsed());
         let judged = judge_exchange(&inner, &target, &ctx, exchange).await;
         let now = now_ms();
         let decision = decide(
@@ -86,7 +87,7 @@ pub(super) async fn run(
             decided_by: judged.by,
         };
         record(&inner, &target, &d, decision, attempt, change).await;
-        inner.metrics.in_flight_done.inc();
+        inner.metrics.in_flight.dec();
     }
     shared.pacer.lock().expect("pacer").release();
     shared.freed.notify_one();
@@ -179,26 +180,43 @@ async fn record(
     match inner.committer.record_with(change, result).await {
         Ok(false) => {
             inner.metrics.fenced_results.inc();
-            tracing::warn!(delivery = %d.id, "lease lost before the result was recorded");
+            tracing::warn!(
+                tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
+                attempt = number, "lease lost before the result was recorded"
+            );
         }
         Ok(true) => match decision.state {
-            DeliveryState::Delivered => inner.metrics.delivered.inc(),
+            DeliveryState::Delivered => {
+                target.counters.settled(decision.state, None);
+                let waited = now_ms().saturating_sub(d.event_created_at).max(0) as u64;
+                inner.metrics.arrival_latency.observe(Duration::from_millis(waited));
+            }
             DeliveryState::Dead => {
-                inner.metrics.dead_lettered.inc();
+                target.counters.settled(decision.state, decision.reason.as_deref());
+                tracing::warn!(
+                    tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
+                    event_type = %d.event_type, attempt = number, reason = decision.reason.as_deref().unwrap_or(""),
+                    "dead letter"
+                );
                 let data = serde_json::json!({
                     "delivery_id": d.id, "event_id": d.event_id, "event_type": d.event_type,
                     "endpoint_id": target.endpoint.id, "reason": decision.reason, "attempts": number,
                 });
                 inner.ops.emit(&d.tenant, "delivery.dead", format!("delivery.dead.{}.{}", d.id, number), data);
             }
-            DeliveryState::Waiting => inner.metrics.retries_scheduled.inc(),
-            _ => {}
+            state => target.counters.settled(state, None),
         },
         Err(e) => {
-            tracing::error!(delivery = %d.id, error = %e, "cannot record attempt; the lease will expire and it will be retried")
+            tracing::error!(
+                tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
+                attempt = number, error = %e, "cannot record attempt; the lease will expire and it will be retried"
+            )
         }
     }
-    tracing::debug!(delivery = %d.id, attempt = number, status, verdict = %decision.label, duration_ms, "attempt");
+    tracing::debug!(
+        tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
+        attempt = number, status, verdict = %decision.label, duration_ms, "attempt"
+    );
 }
 
 /// How soon a delivery waiting for a loading plugin is tried again.
@@ -220,7 +238,10 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
             let release =
                 Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: now_ms() + PLUGIN_LOADING_RETRY_MS };
             if let Err(e) = inner.committer.release(vec![release]).await {
-                tracing::warn!(delivery = %d.id, error = %e, "release failed; the lease will expire instead");
+                tracing::warn!(
+                    tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
+                    error = %e, "release failed; the lease will expire instead"
+                );
             }
             return true;
         }
@@ -269,14 +290,17 @@ async fn transformed(
         body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
     };
     let Some(name) = &spec.plugins.transform else { return Ok(request) };
-    match inner.plugins.transform(d.tenant.as_str(), name, ctx, &request).await {
+    let clock = Instant::now();
+    let transformed = inner.plugins.transform(d.tenant.as_str(), name, ctx, &request).await;
+    inner.metrics.plugin_call(plugin::Hook::Transform).observe(clock.elapsed());
+    match transformed {
         Ok(plugin::TransformResult::Send(r)) => Ok(r),
         Ok(plugin::TransformResult::Drop(reason)) => Err(Exchange::Decided {
             verdict: Verdict::Fail { reason: format!("dropped:{reason}") },
             by: format!("plugin:{name}"),
             error: None,
         }),
-        Err(f) => Err(plugin_failed(inner, d.tenant.as_str(), name, f)),
+        Err(f) => Err(plugin_failed(inner, d, ctx, name, plugin::Hook::Transform, f)),
     }
 }
 
@@ -308,9 +332,12 @@ async fn signed(
     match sign_plugin {
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
-            match inner.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request).await {
+            let clock = Instant::now();
+            let signed = inner.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request).await;
+            inner.metrics.plugin_call(plugin::Hook::Sign).observe(clock.elapsed());
+            match signed {
                 Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
-                Err(f) => return Err(plugin_failed(inner, d.tenant.as_str(), name, f)),
+                Err(f) => return Err(plugin_failed(inner, d, ctx, name, plugin::Hook::Sign, f)),
             }
         }
         None => {
@@ -323,9 +350,19 @@ async fn signed(
 }
 
 /// A transform or sign plugin call that failed: counted, logged, and retried per policy.
-fn plugin_failed(inner: &Inner, tenant: &str, name: &str, f: plugin::PluginFailure) -> Exchange {
-    inner.metrics.plugin_failures.inc();
-    tracing::warn!(plugin = name, tenant, error = %f, "plugin call failed");
+fn plugin_failed(
+    inner: &Inner,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    name: &str,
+    hook: plugin::Hook,
+    f: plugin::PluginFailure,
+) -> Exchange {
+    inner.metrics.plugin_failed(d.tenant.as_str(), name, hook, &f);
+    tracing::warn!(
+        tenant = %d.tenant, endpoint_id = %ctx.endpoint_id, delivery_id = %d.id, event_id = %d.event_id,
+        attempt = ctx.attempt, plugin = name, hook = hook.as_str(), error = %f, "plugin call failed"
+    );
     Exchange::Decided { verdict: Verdict::Retry { after: None }, by: format!("plugin:{name}"), error: Some(f.reason()) }
 }
 
@@ -333,11 +370,17 @@ fn plugin_failed(inner: &Inner, tenant: &str, name: &str, f: plugin::PluginFailu
 async fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, outcome: &Outcome) -> (Verdict, String) {
     let builtin = || (classify::classify(outcome), "builtin".to_string());
     let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
-    match inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into()).await {
+    let clock = Instant::now();
+    let classified = inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into()).await;
+    inner.metrics.plugin_call(plugin::Hook::Classify).observe(clock.elapsed());
+    match classified {
         Ok(v) => plugin::verdict(v, name).map(|v| (v, format!("plugin:{name}"))).unwrap_or_else(builtin),
         Err(f) => {
-            inner.metrics.plugin_failures.inc();
-            tracing::warn!(plugin = %name, tenant = %ctx.tenant, error = %f, "classify failed; using the built-in table");
+            inner.metrics.plugin_failed(&ctx.tenant, name, plugin::Hook::Classify, &f);
+            tracing::warn!(
+                tenant = %ctx.tenant, endpoint_id = %ctx.endpoint_id, event_id = %ctx.event_id, attempt = ctx.attempt,
+                plugin = %name, error = %f, "classify failed; using the built-in table"
+            );
             (classify::classify(outcome), format!("builtin (plugin:{name} failed: {f})"))
         }
     }
@@ -371,19 +414,28 @@ fn apply_effect(
         EndpointAction::PauseFor { until, after, reason } => {
             shared.pacer.lock().expect("pacer").pause_until(Instant::now() + *after);
             inner.metrics.endpoint_pauses.inc();
-            tracing::info!(endpoint = %endpoint.id, pause_ms = after.as_millis() as u64, reason, "pausing endpoint");
+            tracing::info!(
+                tenant = %endpoint.tenant, endpoint_id = %endpoint.id, state = "paused",
+                pause_ms = after.as_millis() as u64, reason, "endpoint state change: paused for a while"
+            );
             Some(change(Some(EndpointState::Paused), Some(reason.clone()), Some(*until)))
         }
         EndpointAction::HoldForHuman { reason } => {
             halt("endpoint.paused", reason);
             inner.metrics.endpoint_pauses.inc();
-            tracing::warn!(endpoint = %endpoint.id, reason, "endpoint paused until re-enabled");
+            tracing::warn!(
+                tenant = %endpoint.tenant, endpoint_id = %endpoint.id, state = "paused", reason,
+                "endpoint state change: paused until re-enabled"
+            );
             Some(change(Some(EndpointState::Paused), Some(reason.clone()), None))
         }
         EndpointAction::Disable { reason } => {
             halt("endpoint.disabled", reason);
             inner.metrics.endpoint_disables.inc();
-            tracing::warn!(endpoint = %endpoint.id, reason, "endpoint disabled");
+            tracing::warn!(
+                tenant = %endpoint.tenant, endpoint_id = %endpoint.id, state = "disabled", reason,
+                "endpoint state change: disabled"
+            );
             Some(change(Some(EndpointState::Disabled), Some(reason.clone()), None))
         }
     }

@@ -106,7 +106,7 @@ impl Engine {
         let horizon = if inner.config.store_url.starts_with("sqlite:") { Millis::MAX } else { now_ms() };
         match inner.store.recover_leases(horizon, now_ms()).await {
             Ok(n) if n > 0 => {
-                inner.metrics.leases_recovered.add(n);
+                inner.metrics.leases_recovered.inc_by(n);
                 tracing::info!(recovered = n, "recovered abandoned leases");
             }
             Ok(_) => {}
@@ -240,7 +240,7 @@ async fn dispatch(inner: Arc<Inner>) {
             last_recover = Instant::now();
             match inner.store.recover_leases(now_ms(), now_ms()).await {
                 Ok(n) if n > 0 => {
-                    inner.metrics.leases_recovered.add(n);
+                    inner.metrics.leases_recovered.inc_by(n);
                     tracing::warn!(recovered = n, "recovered abandoned leases");
                 }
                 Ok(_) => {}

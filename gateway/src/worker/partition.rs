@@ -18,11 +18,12 @@ use super::{
 };
 use crate::clock::now_ms;
 use crate::lease;
+use crate::metrics::{Metrics, TenantCounters};
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
-use crate::store::{ClaimRequest, Claimed, Release};
+use crate::store::{ClaimRequest, Claimed, Committer, Release, StoreError};
 
 /// What a partition shares with its in-flight attempts.
 pub(super) struct Shared {
@@ -38,6 +39,8 @@ pub(super) struct Target {
     pub(super) endpoint: Endpoint,
     pub(super) policy: RetryPolicy,
     pub(super) secrets: Vec<Secret>,
+    /// The tenant's outcome counters, looked up once per partition rather than per result.
+    pub(super) counters: TenantCounters,
 }
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
@@ -101,8 +104,16 @@ struct Partition {
     prefetch: Option<JoinHandle<Vec<Claimed>>>,
     /// Until when this node's partition lease is known to hold.
     held: Option<Instant>,
+    /// The endpoint's tenant's outcome counters, looked up once per partition.
+    counters: Option<TenantCounters>,
     refreshed: Instant,
     rng: StdRng,
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.set_held(None);
+    }
 }
 
 enum Refill {
@@ -124,6 +135,7 @@ impl Partition {
             target: None,
             prefetch: None,
             held: None,
+            counters: None,
             refreshed: Instant::now(),
             rng: StdRng::from_rng(&mut rand::rng()),
         }
@@ -136,7 +148,7 @@ impl Partition {
         if ready && let Some(h) = self.prefetch.take() {
             match h.await {
                 Ok(claimed) => self.queue.extend(claimed),
-                Err(e) => tracing::error!(endpoint = %self.id, error = %e, "prefetch claim task failed"),
+                Err(e) => tracing::error!(endpoint_id = %self.id, error = %e, "prefetch claim task failed"),
             }
         }
     }
@@ -164,18 +176,32 @@ impl Partition {
         match self.inner.store.acquire_partition(&self.id, &self.inner.owner, now, until).await {
             Ok(true) => {
                 // Count from before the call so the local view never outlives the stored lease.
-                self.held = Some(Instant::now() + PARTITION_LEASE - Duration::from_millis(500));
+                self.set_held(Some(Instant::now() + PARTITION_LEASE - Duration::from_millis(500)));
                 true
             }
             Ok(false) => {
-                self.held = None;
+                self.set_held(None);
                 false
             }
             Err(e) => {
-                tracing::warn!(endpoint = %self.id, error = %e, "cannot renew partition lease");
+                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot renew partition lease");
                 self.held.is_some_and(|until| until > Instant::now())
             }
         }
+    }
+
+    fn counters(&mut self, endpoint: &Endpoint) -> TenantCounters {
+        self.counters.get_or_insert_with(|| self.inner.metrics.tenant(endpoint.tenant.as_str())).clone()
+    }
+
+    /// Keeps the `partitions_held` gauge in step with `held`.
+    fn set_held(&mut self, held: Option<Instant>) {
+        match (self.held.is_some(), held.is_some()) {
+            (false, true) => drop(self.inner.metrics.partitions_held.inc()),
+            (true, false) => drop(self.inner.metrics.partitions_held.dec()),
+            _ => {}
+        }
+        self.held = held;
     }
 
     /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`]. False when
@@ -191,10 +217,11 @@ impl Partition {
                     let spec = &e.spec;
                     let mut pacer = sh.pacer.lock().expect("pacer");
                     if let Err(err) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
-                        tracing::warn!(endpoint = %self.id, error = %err, "keeping previous pacing");
+                        tracing::warn!(endpoint_id = %self.id, error = %err, "keeping previous pacing");
                     }
                 }
-                self.target = Some(Arc::new(make_target(&self.inner, e, now_ms())));
+                let counters = self.counters(&e);
+                self.target = Some(Arc::new(make_target(&self.inner, e, counters, now_ms())));
                 true
             }
             Ok(_) => {
@@ -203,7 +230,7 @@ impl Partition {
                 false
             }
             Err(e) => {
-                tracing::warn!(endpoint = %self.id, error = %e, "cannot refresh endpoint");
+                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot refresh endpoint");
                 true
             }
         }
@@ -216,11 +243,11 @@ impl Partition {
         if self.queue.len() > req.limit as usize / 2 {
             return;
         }
-        let committer = self.inner.committer.clone();
+        let (committer, metrics) = (self.inner.committer.clone(), self.inner.metrics.clone());
         let id = self.id.clone();
         self.prefetch = Some(tokio::spawn(async move {
-            committer.claim(req).await.unwrap_or_else(|e| {
-                tracing::warn!(endpoint = %id, error = %e, "prefetch claim failed");
+            timed_claim(&committer, &metrics, req).await.unwrap_or_else(|e| {
+                tracing::warn!(endpoint_id = %id, error = %e, "prefetch claim failed");
                 Vec::new()
             })
         }));
@@ -281,7 +308,7 @@ impl Partition {
             Ok(Some(e)) => e,
             Ok(None) => return Refill::Gone,
             Err(e) => {
-                tracing::warn!(endpoint = %id, error = %e, "cannot read endpoint");
+                tracing::warn!(endpoint_id = %id, error = %e, "cannot read endpoint");
                 return Refill::Idle(Some(now_ms() + 1_000));
             }
         };
@@ -298,10 +325,11 @@ impl Partition {
             return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
         }
         let (inner, id) = (&self.inner, &self.id);
-        let claimed = match inner.committer.claim(claim_request(inner, id, &endpoint.spec, 0, now)).await {
+        let req = claim_request(inner, id, &endpoint.spec, 0, now);
+        let claimed = match timed_claim(&inner.committer, &inner.metrics, req).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(endpoint = %id, error = %e, "claim failed");
+                tracing::warn!(endpoint_id = %id, error = %e, "claim failed");
                 return Refill::Idle(Some(now_ms() + 500));
             }
         };
@@ -312,7 +340,8 @@ impl Partition {
             };
         }
         self.queue.extend(claimed);
-        Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, now)))
+        let counters = self.counters(&endpoint);
+        Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, counters, now)))
     }
 
     /// The partition's shared state, created on first use and re-paced to `endpoint`'s
@@ -323,7 +352,7 @@ impl Partition {
             if let Err(e) =
                 sh.pacer.lock().expect("pacer").reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight)
             {
-                tracing::warn!(endpoint = %self.id, error = %e, "keeping previous pacing");
+                tracing::warn!(endpoint_id = %self.id, error = %e, "keeping previous pacing");
             }
             sh.halted.store(false, Ordering::Release);
             return Some(sh.clone());
@@ -331,7 +360,7 @@ impl Partition {
         let pacer = match Pacer::try_new(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
             Ok(p) => p,
             Err(e) => {
-                tracing::error!(endpoint = %self.id, error = %e, "invalid pacing");
+                tracing::error!(endpoint_id = %self.id, error = %e, "invalid pacing");
                 return None;
             }
         };
@@ -402,7 +431,7 @@ fn sendable(e: &Endpoint, now: Millis) -> bool {
 }
 
 /// The endpoint's effective retry policy and signing secrets at `now`.
-fn make_target(inner: &Inner, endpoint: Endpoint, now: Millis) -> Target {
+fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now: Millis) -> Target {
     let policy = endpoint
         .spec
         .retry
@@ -411,7 +440,15 @@ fn make_target(inner: &Inner, endpoint: Endpoint, now: Millis) -> Target {
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-    Target { endpoint, policy, secrets }
+    Target { endpoint, policy, secrets, counters }
+}
+
+/// Claims through the group committer, timing the claim.
+async fn timed_claim(committer: &Committer, metrics: &Metrics, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
+    let clock = Instant::now();
+    let claimed = committer.claim(req).await;
+    metrics.claim_duration.observe(clock.elapsed());
+    claimed
 }
 
 /// Hands claimed-but-unsent deliveries back, due at `at`.

@@ -244,6 +244,10 @@ impl Store for PostgresStore {
         self.q.stale_dead_letters(older_than).await
     }
 
+    async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
+        self.q.queue_stats(now, top).await
+    }
+
     async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
         self.q.endpoint_health(endpoint, now).await
     }

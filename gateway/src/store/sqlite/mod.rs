@@ -16,6 +16,8 @@ pub struct SqliteStore {
     /// Reads and administrative writes, on sqlx's pool.
     q: Queries<Sqlite>,
     writer: writer::Writer,
+    /// The write-ahead log, whose size the metrics show.
+    wal: std::path::PathBuf,
 }
 
 mod writer;
@@ -53,7 +55,9 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::backend(format!("migrations: {e}")))?;
         let writer = writer::Writer::open(options.get_filename())?;
-        Ok(SqliteStore { q: Queries { pool }, writer })
+        let mut wal = options.get_filename().as_os_str().to_owned();
+        wal.push("-wal");
+        Ok(SqliteStore { q: Queries { pool }, writer, wal: wal.into() })
     }
 }
 
@@ -242,6 +246,11 @@ impl Store for SqliteStore {
 
     async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
         self.q.stale_dead_letters(older_than).await
+    }
+
+    async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
+        let stats = self.q.queue_stats(now, top).await?;
+        Ok(QueueStats { wal_bytes: Some(std::fs::metadata(&self.wal).map_or(0, |m| m.len())), ..stats })
     }
 
     async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {

@@ -1,0 +1,342 @@
+//! Herald's Prometheus metrics, through `prometheus-client`, in the OpenMetrics text format.
+//!
+//! The hot path touches atomics only: counters and [`DurationHistogram`]s are updated with
+//! relaxed adds, and the per-tenant outcome counters are looked up once per partition
+//! ([`Metrics::tenant`]), never per delivery. Figures that need a query (queue depth,
+//! dead letters, endpoint states, plugin calls) are read at scrape time into a
+//! [`Snapshot`] by the `/metrics` handler; this module never touches the store.
+
+mod histogram;
+mod snapshot;
+
+pub use histogram::DurationHistogram;
+pub use snapshot::{Snapshot, TOP_ENDPOINTS};
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::model::DeliveryState;
+use crate::plugin::{Hook, PluginFailure};
+
+/// Dead-letter reasons by class: the part of the reason before its first `:`
+/// (`permanent:404` → `permanent`). Anything else counts as `other`.
+pub const DEAD_REASONS: [&str; 8] = [
+    "exhausted",
+    "expired",
+    "permanent",
+    "endpoint_disabled",
+    "retry_after_beyond_deadline",
+    "plugin",
+    "dropped",
+    "other",
+];
+
+/// Every metric Herald exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub events_accepted: Counter,
+    pub deliveries_created: Counter,
+    pub attempts: Counter,
+    pub endpoint_pauses: Counter,
+    pub endpoint_disables: Counter,
+    pub leases_recovered: Counter,
+    pub fenced_results: Counter,
+    /// Webhook requests in flight on this node.
+    pub in_flight: Gauge,
+    /// Endpoint partitions this node holds (and paces).
+    pub partitions_held: Gauge,
+    /// One attempt, from the first plugin call to the judged outcome.
+    pub attempt_duration: DurationHistogram,
+    /// From the event's `202` to its delivery (retries included), for delivered deliveries.
+    pub arrival_latency: DurationHistogram,
+    /// One intake request's wait for its group commit.
+    pub intake_commit: DurationHistogram,
+    /// One claim of due deliveries (through the group committer).
+    pub claim_duration: DurationHistogram,
+    plugin_call: [DurationHistogram; 3],
+    outcomes: Family<OutcomeLabels, Counter>,
+    dead: Family<DeadLabels, Counter>,
+    plugin_failures: Family<PluginFailureLabels, Counter>,
+    snapshot: snapshot::Shared,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    tenant: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeadLabels {
+    tenant: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginFailureLabels {
+    tenant: String,
+    plugin: String,
+    hook: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabels {
+    hook: &'static str,
+}
+
+type HistogramFamily<S> = Family<S, DurationHistogram, fn() -> DurationHistogram>;
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric; the scrape-time ones read the latest [`Snapshot`].
+    pub fn new() -> Metrics {
+        let mut r = Registry::default();
+        let counter = |r: &mut Registry, name: &str, help: &str| {
+            let c = Counter::default();
+            r.register(name, help, c.clone());
+            c
+        };
+        let histogram = |r: &mut Registry, name: &str, help: &str, bounds| {
+            let h = DurationHistogram::new(bounds);
+            r.register(name, help, h.clone());
+            h
+        };
+        let gauge = |r: &mut Registry, name: &str, help: &str| {
+            let g = Gauge::default();
+            r.register(name, help, g.clone());
+            g
+        };
+        let plugin_calls: HistogramFamily<HookLabels> =
+            Family::new_with_constructor(|| DurationHistogram::new(histogram::FAST));
+        r.register(
+            "herald_plugin_call_duration_seconds",
+            "Plugin hook calls, queueing on the call pool included",
+            plugin_calls.clone(),
+        );
+        let plugin_call = Hook::ALL.map(|h| plugin_calls.get_or_create_owned(&HookLabels { hook: h.as_str() }));
+        let (outcomes, dead, plugin_failures) = (Family::default(), Family::default(), Family::default());
+        r.register(
+            "herald_delivery_outcomes",
+            "Attempt results by tenant: delivered, retried, dropped (by a transform plugin) or dead",
+            Family::clone(&outcomes),
+        );
+        r.register(
+            "herald_dead_letters",
+            "Deliveries dead-lettered by the engine, by tenant and reason",
+            Family::clone(&dead),
+        );
+        r.register(
+            "herald_plugin_failures",
+            "Failed plugin calls by tenant, plugin, hook and reason",
+            Family::clone(&plugin_failures),
+        );
+        let snapshot = snapshot::Shared::default();
+        r.register_collector(Box::new(snapshot.clone()));
+        Metrics {
+            events_accepted: counter(&mut r, "herald_events_accepted", "Events durably accepted"),
+            deliveries_created: counter(&mut r, "herald_deliveries_created", "Deliveries created by fan-out"),
+            attempts: counter(&mut r, "herald_attempts", "Delivery attempts made"),
+            endpoint_pauses: counter(&mut r, "herald_endpoint_pauses", "Endpoint pauses (429, credentials, TLS)"),
+            endpoint_disables: counter(&mut r, "herald_endpoint_disables", "Endpoints disabled"),
+            leases_recovered: counter(&mut r, "herald_leases_recovered", "Abandoned leases recovered"),
+            fenced_results: counter(&mut r, "herald_fenced_results", "Results refused because the lease was lost"),
+            in_flight: gauge(&mut r, "herald_requests_in_flight", "Webhook requests in flight"),
+            partitions_held: gauge(&mut r, "herald_partitions_held", "Endpoint partitions this node holds"),
+            attempt_duration: histogram(&mut r, "herald_attempt_duration_seconds", "One attempt", histogram::FAST),
+            arrival_latency: histogram(
+                &mut r,
+                "herald_arrival_latency_seconds",
+                "From an event's 202 to its delivery, retries included",
+                histogram::ARRIVAL,
+            ),
+            intake_commit: histogram(
+                &mut r,
+                "herald_intake_commit_duration_seconds",
+                "An intake request's wait for its durable group commit",
+                histogram::FAST,
+            ),
+            claim_duration: histogram(
+                &mut r,
+                "herald_claim_duration_seconds",
+                "One claim of due deliveries",
+                histogram::FAST,
+            ),
+            plugin_call,
+            outcomes,
+            dead,
+            plugin_failures,
+            snapshot,
+            registry: r,
+        }
+    }
+
+    /// The counters of `tenant`'s attempt results; look them up once and keep them, so
+    /// counting a result is one atomic add.
+    pub fn tenant(&self, tenant: &str) -> TenantCounters {
+        let outcome =
+            |outcome| self.outcomes.get_or_create_owned(&OutcomeLabels { tenant: tenant.to_string(), outcome });
+        TenantCounters(Arc::new(TenantInner {
+            delivered: outcome("delivered"),
+            retried: outcome("retried"),
+            dropped: outcome("dropped"),
+            dead: outcome("dead"),
+            dead_by: DEAD_REASONS
+                .map(|reason| self.dead.get_or_create_owned(&DeadLabels { tenant: tenant.to_string(), reason })),
+        }))
+    }
+
+    /// Times one call of `hook`.
+    pub fn plugin_call(&self, hook: Hook) -> &DurationHistogram {
+        &self.plugin_call[Hook::ALL.iter().position(|h| *h == hook).unwrap_or(0)]
+    }
+
+    /// Counts a failed plugin call. Failures are rare, so the label lookup is affordable.
+    pub fn plugin_failed(&self, tenant: &str, plugin: &str, hook: Hook, failure: &PluginFailure) {
+        let labels = PluginFailureLabels {
+            tenant: tenant.to_string(),
+            plugin: plugin.to_string(),
+            hook: hook.as_str(),
+            reason: failure.kind(),
+        };
+        self.plugin_failures.get_or_create(&labels).inc();
+    }
+
+    /// Replaces the scrape-time figures.
+    pub fn set_snapshot(&self, snapshot: Snapshot) {
+        self.snapshot.set(snapshot);
+    }
+
+    /// When the current snapshot was taken (0: never), so the caller can reuse a fresh one.
+    pub fn snapshot_taken_at(&self) -> crate::model::Millis {
+        self.snapshot.taken_at()
+    }
+
+    /// The exposition in the Prometheus text format (0.0.4), which every scraper and
+    /// `promtool` reads.
+    pub fn render(&self) -> String {
+        let mut open_metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut open_metrics, &self.registry)
+            .expect("writing to a String cannot fail");
+        to_prometheus_text(&open_metrics)
+    }
+}
+
+/// One tenant's outcome counters; clones share them.
+#[derive(Clone, Debug)]
+pub struct TenantCounters(Arc<TenantInner>);
+
+#[derive(Debug)]
+struct TenantInner {
+    delivered: Counter,
+    retried: Counter,
+    dropped: Counter,
+    dead: Counter,
+    dead_by: [Counter; DEAD_REASONS.len()],
+}
+
+impl TenantCounters {
+    /// Counts a recorded result that left the delivery in `state` (with its dead-letter
+    /// `reason`, if dead).
+    pub fn settled(&self, state: DeliveryState, reason: Option<&str>) {
+        let t = &self.0;
+        match state {
+            DeliveryState::Delivered => {
+                t.delivered.inc();
+            }
+            DeliveryState::Waiting => {
+                t.retried.inc();
+            }
+            DeliveryState::Dead => {
+                let class = dead_class(reason.unwrap_or(""));
+                if DEAD_REASONS[class] == "dropped" {
+                    t.dropped.inc()
+                } else {
+                    t.dead.inc()
+                };
+                t.dead_by[class].inc();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Rewrites prometheus-client's OpenMetrics text as Prometheus text 0.0.4: there, a
+/// counter family is named with its `_total` suffix, and `# EOF` has no meaning.
+fn to_prometheus_text(open_metrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        open_metrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(open_metrics.len() + 16 * counters.len());
+    for line in open_metrics.lines().filter(|l| *l != "# EOF") {
+        let mut words = line.splitn(4, ' ');
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("#"), Some(kind @ ("HELP" | "TYPE")), Some(name), rest) if counters.contains(name) => {
+                out.push_str(&format!("# {kind} {name}_total"));
+                if let Some(rest) = rest {
+                    out.push(' ');
+                    out.push_str(rest);
+                }
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The index in [`DEAD_REASONS`] of a dead-letter reason's class.
+pub fn dead_class(reason: &str) -> usize {
+    let class = reason.split(':').next().unwrap_or("");
+    DEAD_REASONS.iter().position(|r| *r == class).unwrap_or(DEAD_REASONS.len() - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_reasons_fall_into_their_class() {
+        for (reason, class) in [
+            ("exhausted", "exhausted"),
+            ("permanent:404", "permanent"),
+            ("plugin:timeout", "plugin"),
+            ("dropped:spam", "dropped"),
+            ("endpoint_disabled", "endpoint_disabled"),
+            ("something new", "other"),
+        ] {
+            assert_eq!(DEAD_REASONS[dead_class(reason)], class, "{reason}");
+        }
+    }
+
+    #[test]
+    fn tenant_counters_move_their_own_series() {
+        let m = Metrics::new();
+        let acme = m.tenant("acme");
+        acme.settled(DeliveryState::Delivered, None);
+        acme.settled(DeliveryState::Dead, Some("permanent:400"));
+        acme.settled(DeliveryState::Dead, Some("dropped:x"));
+        m.tenant("acme").settled(DeliveryState::Waiting, None);
+        let text = m.render();
+        for line in [
+            "herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"delivered\"} 1",
+            "herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"retried\"} 1",
+            "herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"dead\"} 1",
+            "herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"dropped\"} 1",
+            "herald_dead_letters_total{tenant=\"acme\",reason=\"permanent\"} 1",
+            "herald_dead_letters_total{tenant=\"acme\",reason=\"expired\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+        }
+    }
+}
