@@ -897,6 +897,44 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     Ok(())
 }
 
+async fn claims_of_many_endpoints_in_one_commit_stay_apart(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &[]), ("ep_c", &[])]).await?;
+    ingest(&b, (0..6).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
+    let ops = vec![
+        WriteOp::Claim(claim_req("ep_a", T0 + 10, 2, "node-1")),
+        WriteOp::Claim(claim_req("ep_b", T0 + 10, 10, "node-1")),
+        WriteOp::Claim(claim_req("ep_c", T0 + 2, 10, "node-2")),
+    ];
+    let results = b.store.apply(ops).await?;
+    let claimed: Vec<Vec<Claimed>> = results
+        .into_iter()
+        .map(|r| match r {
+            WriteResult::Claim(c) => c,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let ids = |c: &[Claimed]| c.iter().map(|c| c.event_id.to_string()).collect::<Vec<_>>();
+    assert_eq!(ids(&claimed[0]), ["evt_0", "evt_1"], "ep_a: its limit, in due order");
+    assert_eq!(ids(&claimed[1]).len(), 6, "ep_b: all of its own, none of ep_a's");
+    assert_eq!(ids(&claimed[2]), ["evt_0", "evt_1", "evt_2"], "ep_c: only what is due at its now");
+    for (endpoint, c) in ["ep_a", "ep_b", "ep_c"].iter().zip(&claimed) {
+        let filter = DeliveryFilter {
+            endpoint: Some(EndpointId::from_stored(*endpoint)),
+            state: Some(DeliveryState::Delivering),
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(b.store.list_deliveries(&filter).await?.len(), c.len(), "{endpoint}: leased in the same commit");
+        // The fence handed out is the one a result must present.
+        let r = result(&c[0], c[0].fence, DeliveryState::Delivered, None, 200, T0 + 20);
+        assert_eq!(b.committer.record(vec![r]).await?, [true]);
+    }
+    // The rest of ep_a is still there for the next claim.
+    let more = b.committer.claim(claim_req("ep_a", T0 + 10, 10, "node-1")).await?;
+    assert_eq!(ids(&more), ["evt_2", "evt_3", "evt_4", "evt_5"]);
+    Ok(())
+}
+
 /// Behaviour that differs between the backends.
 mod backend_specific {
     use super::*;
@@ -996,42 +1034,4 @@ mod backend_specific {
         assert!(b.store.subscribe().await?.is_none());
         Ok(())
     }
-}
-
-async fn claims_of_many_endpoints_in_one_commit_stay_apart(b: Backend) -> anyhow::Result<()> {
-    setup(&b, &[("ep_a", &[]), ("ep_b", &[]), ("ep_c", &[])]).await?;
-    ingest(&b, (0..6).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
-    let ops = vec![
-        WriteOp::Claim(claim_req("ep_a", T0 + 10, 2, "node-1")),
-        WriteOp::Claim(claim_req("ep_b", T0 + 10, 10, "node-1")),
-        WriteOp::Claim(claim_req("ep_c", T0 + 2, 10, "node-2")),
-    ];
-    let results = b.store.apply(ops).await?;
-    let claimed: Vec<Vec<Claimed>> = results
-        .into_iter()
-        .map(|r| match r {
-            WriteResult::Claim(c) => c,
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    let ids = |c: &[Claimed]| c.iter().map(|c| c.event_id.to_string()).collect::<Vec<_>>();
-    assert_eq!(ids(&claimed[0]), ["evt_0", "evt_1"], "ep_a: its limit, in due order");
-    assert_eq!(ids(&claimed[1]).len(), 6, "ep_b: all of its own, none of ep_a's");
-    assert_eq!(ids(&claimed[2]), ["evt_0", "evt_1", "evt_2"], "ep_c: only what is due at its now");
-    for (endpoint, c) in ["ep_a", "ep_b", "ep_c"].iter().zip(&claimed) {
-        let filter = DeliveryFilter {
-            endpoint: Some(EndpointId::from_stored(*endpoint)),
-            state: Some(DeliveryState::Delivering),
-            limit: 100,
-            ..Default::default()
-        };
-        assert_eq!(b.store.list_deliveries(&filter).await?.len(), c.len(), "{endpoint}: leased in the same commit");
-        // The fence handed out is the one a result must present.
-        let r = result(&c[0], c[0].fence, DeliveryState::Delivered, None, 200, T0 + 20);
-        assert_eq!(b.committer.record(vec![r]).await?, [true]);
-    }
-    // The rest of ep_a is still there for the next claim.
-    let more = b.committer.claim(claim_req("ep_a", T0 + 10, 10, "node-1")).await?;
-    assert_eq!(ids(&more), ["evt_2", "evt_3", "evt_4", "evt_5"]);
-    Ok(())
 }

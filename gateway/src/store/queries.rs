@@ -3,7 +3,7 @@
 //! path. Written once, generic over sqlx's `Database`: the SQL uses `$n` placeholders,
 //! which sqlx binds by number on SQLite as on Postgres, and decodes into the shared
 //! [`rows`](super::rows). What differs on purpose (the group-commit writers, claims, lease
-//! recovery, replay batches, purging, notifications) stays in each backend.
+//! recovery, re-queueing a replay's batch, purging, notifications) stays in each backend.
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row, Type};
 
@@ -28,7 +28,7 @@ pub(super) struct Queries<DB: Database> {
     pub(super) pool: Pool<DB>,
 }
 
-pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
+fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("serializable")
 }
 
@@ -41,6 +41,8 @@ where
     Ok(row.try_get::<i64, _>(column)? as u64)
 }
 
+// What the statements need of a backend, said once: sqlx provides all of it for SQLite and
+// Postgres, but Rust does not carry bounds like these from a trait to its users.
 impl<DB> Queries<DB>
 where
     DB: Dialect,
