@@ -61,7 +61,9 @@ pub async fn run(
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let poke = engine.clone();
     let wake: Wake = Arc::new(move |ids: &[EndpointId]| poke.poke(ids));
-    let state = AppState::new(config.clone(), store, committer, metrics, wake, replayer, plugins);
+    let tell = engine.clone();
+    let changed: Wake = Arc::new(move |ids: &[EndpointId]| tell.changed(ids));
+    let state = AppState::new(config.clone(), store, committer, metrics, wake, changed, replayer, plugins);
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
     let shutdown = async move {
         shutdown.await;

@@ -2,7 +2,7 @@
 //!
 //! Where a new test goes: a behaviour seen through the HTTP API (status codes, validation,
 //! auth) in `api`; anything about sending to receivers (pacing, retries, 429, signatures) in
-//! `delivery`; dead letters, replays and lease recovery in `recovery`; several nodes on one
+//! `delivery`; how soon a change to an endpoint applies in `changes`; dead letters, replays and lease recovery in `recovery`; several nodes on one
 //! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
 //! `plugins`; a `Store` method in `store`'s conformance suite (it runs on both backends);
 //! a rule about the source tree itself in `tidy`. Pure policies test themselves in their
@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
 mod api;
+mod changes;
 mod cluster;
 mod delivery;
 mod durability;

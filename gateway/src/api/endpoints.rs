@@ -254,6 +254,7 @@ pub(crate) async fn patch(
     if !state.store.update_endpoint(&endpoint).await? {
         return Err(ApiError::not_found("endpoint"));
     }
+    (state.changed)(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&endpoint)))
 }
 
@@ -266,6 +267,7 @@ pub(crate) async fn delete(
     if !state.store.delete_endpoint(&tenant, &endpoint.id, crate::clock::now_ms()).await? {
         return Err(ApiError::not_found("endpoint"));
     }
+    (state.changed)(std::slice::from_ref(&endpoint.id));
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -286,6 +288,7 @@ pub(crate) async fn enable(
             now: crate::clock::now_ms(),
         })
         .await?;
+    (state.changed)(std::slice::from_ref(&endpoint.id));
     (state.wake)(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&load(&state, &tenant, &id).await?)))
 }
@@ -323,6 +326,7 @@ pub(crate) async fn rotate_secret(
     endpoint.spec.secrets = secrets;
     endpoint.updated_at = now;
     state.store.update_endpoint(&endpoint).await?;
+    (state.changed)(std::slice::from_ref(&endpoint.id));
     Ok(Json(json!({ "secret": secret, "previous_valid_until": rfc3339(grace_until) })))
 }
 

@@ -40,6 +40,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Wakes the delivery engine when intake commits new deliveries.
     pub wake: Wake,
+    /// Tells the delivery engine (this node's and, through the store, the others') that
+    /// endpoints changed, after the change committed.
+    pub changed: Wake,
     pub replayer: crate::replay::Replayer,
     pub plugins: crate::plugin::PluginHost,
     /// Tenant tokens by hash, and when each one's last use was written. `None` on a shared
@@ -56,6 +59,7 @@ impl AppState {
         committer: Committer,
         metrics: Arc<Metrics>,
         wake: Wake,
+        changed: Wake,
         replayer: crate::replay::Replayer,
         plugins: crate::plugin::PluginHost,
     ) -> Arc<AppState> {
@@ -66,6 +70,7 @@ impl AppState {
             committer,
             metrics,
             wake,
+            changed,
             replayer,
             plugins,
             tokens,

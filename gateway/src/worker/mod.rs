@@ -34,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::model::{EndpointId, Millis, new_id};
 use crate::ops::Ops;
 use crate::plugin::PluginHost;
-use crate::store::{Committer, DynStore};
+use crate::store::{Committer, DynStore, Notice};
 
 /// How often the engine looks for due work it was not told about (retries coming due,
 /// work added by other nodes) and for abandoned leases.
@@ -63,7 +63,7 @@ struct Inner {
     config: Arc<Config>,
     metrics: Arc<Metrics>,
     owner: String,
-    partitions: Mutex<HashMap<EndpointId, Arc<Notify>>>,
+    partitions: Mutex<HashMap<EndpointId, Arc<partition::Signal>>>,
     global: Arc<Semaphore>,
     scan: Notify,
     shutdown: watch::Receiver<bool>,
@@ -116,9 +116,10 @@ impl Engine {
             Ok(Some(mut rx)) => {
                 let listener = inner.clone();
                 tokio::spawn(async move {
-                    while let Some(ids) = rx.recv().await {
-                        for id in &ids {
-                            ensure_partition(&listener, id);
+                    while let Some(notice) = rx.recv().await {
+                        match notice {
+                            Notice::Work(ids) => ids.iter().for_each(|id| ensure_partition(&listener, id)),
+                            Notice::Changed(ids) => signal_changed(&listener, &ids),
                         }
                     }
                 });
@@ -137,6 +138,19 @@ impl Engine {
         }
     }
 
+    /// Tells the engine that these endpoints' settings or state changed (committed): a
+    /// partition pacing one re-reads it and re-plans its next send at once, instead of
+    /// waiting out an interval planned at the old rate. Other nodes learn through the store.
+    pub fn changed(&self, endpoints: &[EndpointId]) {
+        signal_changed(&self.inner, endpoints);
+        let (store, endpoints) = (self.inner.store.clone(), endpoints.to_vec());
+        tokio::spawn(async move {
+            if let Err(e) = store.announce_changed(&endpoints).await {
+                tracing::warn!(error = %e, "cannot tell other nodes about an endpoint change");
+            }
+        });
+    }
+
     /// Asks the engine to look for due work now.
     pub fn scan(&self) {
         self.inner.scan.notify_one();
@@ -147,8 +161,8 @@ impl Engine {
     /// results. False when something was still running at the deadline (its leases then
     /// expire, or a restarted SQLite node recovers them at once).
     pub async fn drain(&self, grace: Duration) -> bool {
-        for notify in self.inner.partitions.lock().expect("partition map").values() {
-            notify.notify_one();
+        for signal in self.inner.partitions.lock().expect("partition map").values() {
+            signal.stop();
         }
         let drained = tokio::time::timeout(grace, self.inner.tasks.idle()).await.is_ok();
         if !drained {
@@ -206,13 +220,22 @@ impl Drop for TaskDone {
 
 fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
     let mut parts = inner.partitions.lock().expect("partition map");
-    if let Some(n) = parts.get(id) {
-        n.notify_one();
+    if let Some(signal) = parts.get(id) {
+        signal.work.notify_one();
         return;
     }
-    let notify = Arc::new(Notify::new());
-    parts.insert(id.clone(), notify.clone());
-    inner.tasks.spawn(partition::run(inner.clone(), id.clone(), notify));
+    let signal = Arc::new(partition::Signal::default());
+    parts.insert(id.clone(), signal.clone());
+    inner.tasks.spawn(partition::run(inner.clone(), id.clone(), signal));
+}
+
+/// Wakes the partitions of changed endpoints (a change to an endpoint without one takes
+/// effect when its partition starts: it reads the endpoint first).
+fn signal_changed(inner: &Inner, endpoints: &[EndpointId]) {
+    let parts = inner.partitions.lock().expect("partition map");
+    for signal in endpoints.iter().filter_map(|id| parts.get(id)) {
+        signal.changed();
+    }
 }
 
 /// The engine's background loop: every [`SCAN_EVERY`] (or when asked) it starts a

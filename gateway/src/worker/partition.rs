@@ -33,6 +33,35 @@ pub(super) struct Shared {
     pub(super) failing_since: Mutex<Option<Millis>>,
 }
 
+/// How a partition is woken.
+#[derive(Default)]
+pub(super) struct Signal {
+    /// The endpoint got new work.
+    pub(super) work: Notify,
+    /// The endpoint's settings or state changed: re-read it before the next send.
+    changed: AtomicBool,
+    change: Notify,
+}
+
+impl Signal {
+    /// The endpoint changed: wakes the partition from any wait, even the pacer's (a wait
+    /// planned at the old rate can be far longer than the new one allows).
+    pub(super) fn changed(&self) {
+        self.changed.store(true, Ordering::Release);
+        self.change.notify_one();
+    }
+
+    /// Wakes the partition so it sees the engine stopping.
+    pub(super) fn stop(&self) {
+        self.work.notify_one();
+        self.change.notify_one();
+    }
+
+    fn take_changed(&self) -> bool {
+        self.changed.swap(false, Ordering::AcqRel)
+    }
+}
+
 /// What an attempt needs to know about its endpoint, fixed for one claim.
 pub(super) struct Target {
     pub(super) endpoint: Endpoint,
@@ -42,10 +71,11 @@ pub(super) struct Target {
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
 /// engine shuts down. Each turn of the loop is a list of named steps.
-pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
-    let mut p = Partition::new(inner, id, notify);
+pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) {
+    let mut p = Partition::new(inner, id, signal);
     loop {
         p.collect_prefetch(false).await;
+        p.stale |= p.signal.take_changed();
         if *p.inner.shutdown.borrow() {
             p.hand_back(now_ms()).await;
             return;
@@ -90,7 +120,7 @@ struct Partition {
     inner: Arc<Inner>,
     id: EndpointId,
     /// Poked when the endpoint gets new work or changes.
-    notify: Arc<Notify>,
+    signal: Arc<Signal>,
     /// Claimed deliveries not yet sent, in claim order.
     queue: VecDeque<Claimed>,
     /// Created by the first successful refill; shared with in-flight attempts.
@@ -102,6 +132,8 @@ struct Partition {
     /// Until when this node's partition lease is known to hold.
     held: Option<Instant>,
     refreshed: Instant,
+    /// The endpoint changed since it was last read: re-read it before the next send.
+    stale: bool,
     rng: StdRng,
 }
 
@@ -114,17 +146,18 @@ enum Refill {
 }
 
 impl Partition {
-    fn new(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) -> Partition {
+    fn new(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) -> Partition {
         Partition {
             inner,
             id,
-            notify,
+            signal,
             queue: VecDeque::new(),
             shared: None,
             target: None,
             prefetch: None,
             held: None,
             refreshed: Instant::now(),
+            stale: false,
             rng: StdRng::from_rng(&mut rand::rng()),
         }
     }
@@ -178,21 +211,18 @@ impl Partition {
         }
     }
 
-    /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`]. False when
-    /// the endpoint stopped being sendable and the queue was handed back.
+    /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`], and at once
+    /// after a change. False when the endpoint stopped being sendable and the queue was
+    /// handed back.
     async fn refresh_if_stale(&mut self) -> bool {
-        if self.refreshed.elapsed() < REFRESH_EVERY {
+        if !self.stale && self.refreshed.elapsed() < REFRESH_EVERY {
             return true;
         }
         self.refreshed = Instant::now();
         match self.inner.store.endpoint(&self.id).await {
             Ok(Some(e)) if sendable(&e, now_ms()) => {
-                if let Some(sh) = &self.shared {
-                    let spec = &e.spec;
-                    let mut pacer = sh.pacer.lock().expect("pacer");
-                    if let Err(err) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
-                        tracing::warn!(endpoint = %self.id, error = %err, "keeping previous pacing");
-                    }
+                if let Some(sh) = self.shared.clone() {
+                    self.repace(&sh, &e);
                 }
                 self.target = Some(Arc::new(make_target(&self.inner, e, now_ms())));
                 true
@@ -249,7 +279,7 @@ impl Partition {
         if wake_at.is_none() && !busy {
             // Linger before retiring: a partition that came and went with every event would
             // re-take its lease (a write) and respawn each time.
-            if tokio::time::timeout(IDLE_LINGER, self.notify.notified()).await.is_ok() {
+            if tokio::time::timeout(IDLE_LINGER, self.signal.work.notified()).await.is_ok() {
                 return Flow::Again;
             }
             self.retire();
@@ -268,7 +298,8 @@ impl Partition {
         };
         tokio::select! {
             _ = tokio::time::sleep(sleep.unwrap_or(SCAN_EVERY)) => {}
-            _ = self.notify.notified() => {}
+            _ = self.signal.work.notified() => {}
+            _ = self.signal.change.notified() => {}
             _ = freed => {}
         }
         Flow::Again
@@ -319,14 +350,10 @@ impl Partition {
     /// settings afterwards. `None` when the stored pacing is invalid.
     fn configure(&mut self, endpoint: &Endpoint) -> Option<Arc<Shared>> {
         let spec = &endpoint.spec;
-        if let Some(sh) = &self.shared {
-            if let Err(e) =
-                sh.pacer.lock().expect("pacer").reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight)
-            {
-                tracing::warn!(endpoint = %self.id, error = %e, "keeping previous pacing");
-            }
+        if let Some(sh) = self.shared.clone() {
+            self.repace(&sh, endpoint);
             sh.halted.store(false, Ordering::Release);
-            return Some(sh.clone());
+            return Some(sh);
         }
         let pacer = match Pacer::try_new(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
             Ok(p) => p,
@@ -345,6 +372,20 @@ impl Partition {
         Some(sh)
     }
 
+    /// Applies the endpoint's pacing as read. The pacer re-plans its next deadline from the
+    /// new rate (GCRA trims debt planned at a slower one). After a change, an endpoint
+    /// that is active again (re-enabled) also drops a pause this partition set itself.
+    fn repace(&mut self, sh: &Shared, endpoint: &Endpoint) {
+        let spec = &endpoint.spec;
+        let mut pacer = sh.pacer.lock().expect("pacer");
+        if let Err(e) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
+            tracing::warn!(endpoint = %self.id, error = %e, "keeping previous pacing");
+        }
+        if std::mem::take(&mut self.stale) && endpoint.state == EndpointState::Active {
+            pacer.resume();
+        }
+    }
+
     /// Asks the pacer, and sends the next delivery when it allows; otherwise waits as it says.
     async fn send_next(&mut self) -> Flow {
         let (Some(sh), Some(tg)) = (self.shared.clone(), self.target.clone()) else { return Flow::Again };
@@ -360,16 +401,26 @@ impl Partition {
                 let seed = StdRng::from_rng(&mut self.rng);
                 self.inner.tasks.spawn(attempt::run(self.inner.clone(), sh, tg, delivery, slot, seed));
             }
-            Permit::WaitUntil(at) => tokio::time::sleep_until(at).await,
+            Permit::WaitUntil(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = self.signal.change.notified() => {}
+                }
+            }
             Permit::Full => {
-                let _ = tokio::time::timeout(SCAN_EVERY, sh.freed.notified()).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(SCAN_EVERY) => {}
+                    _ = sh.freed.notified() => {}
+                    _ = self.signal.change.notified() => {}
+                }
             }
             Permit::Paused(until) => {
                 let resume_at = now_ms() + until.saturating_duration_since(Instant::now()).as_millis() as i64;
                 release_all(&self.inner, &mut self.queue, resume_at).await;
                 tokio::select! {
                     _ = tokio::time::sleep_until(until) => {}
-                    _ = self.notify.notified() => {}
+                    _ = self.signal.work.notified() => {}
+                    _ = self.signal.change.notified() => {}
                 }
             }
         }
