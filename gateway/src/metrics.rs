@@ -35,6 +35,9 @@ pub struct Metrics {
     pub plugin_failures: Counter,
     pub in_flight: Counter,
     pub in_flight_done: Counter,
+    /// Endpoint partitions started and ended on this node (their difference is a gauge).
+    pub partitions_started: Counter,
+    pub partitions_ended: Counter,
 }
 
 impl Metrics {
@@ -60,6 +63,11 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP herald_requests_in_flight Webhook requests in flight\n# TYPE herald_requests_in_flight gauge\nherald_requests_in_flight {in_flight}"
+        );
+        let partitions = self.partitions_started.get().saturating_sub(self.partitions_ended.get());
+        let _ = writeln!(
+            out,
+            "# HELP herald_partitions Endpoint partitions running on this node\n# TYPE herald_partitions gauge\nherald_partitions {partitions}"
         );
         out
     }

@@ -5,7 +5,8 @@
 //! `delivery`; how soon a change to an endpoint applies in `changes`; dead letters, replays and lease recovery in `recovery`; several nodes on one
 //! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
 //! `plugins`; a `Store` method in `store`'s conformance suite (it runs on both backends);
-//! a rule about the source tree itself in `tidy`. Pure policies test themselves in their
+//! a rule about the source tree itself in `tidy`; the engine's timing
+//! rules (backoff, 429 pause, disable-after, linger) in paused time in `timing`. Pure policies test themselves in their
 //! own module, not here.
 
 // Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
@@ -24,3 +25,4 @@ mod recovery;
 mod secrets;
 mod store;
 mod tidy;
+mod timing;

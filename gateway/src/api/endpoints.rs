@@ -179,7 +179,7 @@ pub(crate) async fn create(
     if input.url.is_none() {
         return Err(ApiError::unprocessable("url: required"));
     }
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
     let d = state.config.endpoint_defaults;
     let mut spec = EndpointSpec {
@@ -219,7 +219,7 @@ pub(crate) async fn get_one(
     Path((_, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let h = state.store.endpoint_health(&endpoint.id, now).await?;
     let rate = |s: u64, a: u64| if a == 0 { Value::Null } else { json!(s as f64 / a as f64) };
     let mut out = view(&endpoint);
@@ -250,11 +250,11 @@ pub(crate) async fn patch(
 ) -> Result<Json<Value>, ApiError> {
     let mut endpoint = load(&state, &tenant, &id).await?;
     apply(&state, &tenant, &mut endpoint.spec, input)?;
-    endpoint.updated_at = crate::clock::now_ms();
+    endpoint.updated_at = state.clock.now();
     if !state.store.update_endpoint(&endpoint).await? {
         return Err(ApiError::not_found("endpoint"));
     }
-    (state.changed)(std::slice::from_ref(&endpoint.id));
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&endpoint)))
 }
 
@@ -264,10 +264,10 @@ pub(crate) async fn delete(
     Path((_, id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    if !state.store.delete_endpoint(&tenant, &endpoint.id, crate::clock::now_ms()).await? {
+    if !state.store.delete_endpoint(&tenant, &endpoint.id, state.clock.now()).await? {
         return Err(ApiError::not_found("endpoint"));
     }
-    (state.changed)(std::slice::from_ref(&endpoint.id));
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -285,11 +285,11 @@ pub(crate) async fn enable(
             reason: None,
             paused_until: None,
             failing_since: Some(None),
-            now: crate::clock::now_ms(),
+            now: state.clock.now(),
         })
         .await?;
-    (state.changed)(std::slice::from_ref(&endpoint.id));
-    (state.wake)(std::slice::from_ref(&endpoint.id));
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
+    state.engine.poke(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&load(&state, &tenant, &id).await?)))
 }
 
@@ -313,7 +313,7 @@ pub(crate) async fn rotate_secret(
         None => Secret::generate(&mut rand::rng()).to_string(),
     };
     let mut endpoint = load(&state, &tenant, &id).await?;
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let grace_until = now + state.config.delivery.secret_grace.as_millis() as i64;
     let mut secrets: Vec<SecretEntry> = endpoint
         .valid_secrets(now)
@@ -326,7 +326,7 @@ pub(crate) async fn rotate_secret(
     endpoint.spec.secrets = secrets;
     endpoint.updated_at = now;
     state.store.update_endpoint(&endpoint).await?;
-    (state.changed)(std::slice::from_ref(&endpoint.id));
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
     Ok(Json(json!({ "secret": secret, "previous_valid_until": rfc3339(grace_until) })))
 }
 
@@ -336,7 +336,7 @@ pub(crate) async fn secret(
     Path((_, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let secrets: Vec<Value> = endpoint
         .valid_secrets(now)
         .map(|s| json!({ "secret": s.secret, "expires_at": s.expires_at.map(rfc3339) }))

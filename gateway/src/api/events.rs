@@ -34,7 +34,7 @@ pub(crate) async fn create(
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let input = intake::parse_one(&body)?;
-    let event = intake::prepare(&tenant, &input, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
+    let event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
     let outcomes = intake::accept(&state.committer, vec![event]).await?;
     after_accept(&state, &outcomes);
     let (id, outcome) = &outcomes[0];
@@ -47,7 +47,7 @@ pub(crate) async fn create_batch(
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let events = intake::prepare_batch(&tenant, &body, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
+    let events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
     let outcomes = intake::accept(&state.committer, events).await?;
     after_accept(&state, &outcomes);
     let data: Vec<Value> = outcomes.iter().map(|(id, o)| outcome_json(id, o)).collect();
@@ -63,7 +63,7 @@ fn after_accept(state: &AppState, outcomes: &[(EventId, IngestOutcome)]) {
         let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|(_, o)| o.endpoints.iter().cloned()).collect();
         endpoints.sort_unstable();
         endpoints.dedup();
-        (state.wake)(&endpoints);
+        state.engine.poke(&endpoints);
     }
 }
 

@@ -30,7 +30,7 @@ pub(crate) async fn create(
     let id = TenantId::parse(&input.id).map_err(|e| ApiError::unprocessable(format!("id: {}", e.0)))?;
     let name = input.name.unwrap_or_else(|| id.to_string());
     check_text("name", &name, MAX_TENANT_NAME)?;
-    let tenant = Tenant { name, id, created_at: crate::clock::now_ms() };
+    let tenant = Tenant { name, id, created_at: state.clock.now() };
     state.store.create_tenant(&tenant).await?;
     Ok((
         StatusCode::CREATED,
@@ -76,7 +76,7 @@ pub(crate) async fn create_token(
     let mut raw = [0u8; 32];
     rand::rng().fill_bytes(&mut raw);
     let token = format!("hrld_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw));
-    let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, crate::clock::now_ms());
+    let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, state.clock.now());
     state.store.insert_token(&record).await?;
     let mut out = token_view(&record);
     out["token"] = json!(token);

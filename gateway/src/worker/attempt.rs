@@ -16,7 +16,7 @@ use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_e
 use super::partition::{Shared, Target};
 use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
-use crate::clock::{now_ms, rfc3339};
+use crate::clock::rfc3339;
 use crate::deliver::Outgoing;
 use crate::deliver::headers::is_reserved;
 use crate::model::{Attempt, DeliveryState, Endpoint, EndpointState, Millis, new_id};
@@ -56,14 +56,14 @@ pub(super) async fn run(
 ) {
     if !wait_for_plugins(&inner, &target, &d).await {
         inner.metrics.in_flight.inc();
-        let started = now_ms();
-        let clock = Instant::now();
+        let started = inner.clock.now();
+        let sent = Instant::now();
         let attempt_id = new_id("att", started, &mut rng);
         let ctx = context(&target, &d, started, attempt_id);
         let exchange = send(&inner, &target, &d, &ctx).await;
-        let duration_ms = clock.elapsed().as_millis() as u64;
+        let duration_ms = sent.elapsed().as_millis() as u64;
         let judged = judge_exchange(&inner, &target, &ctx, exchange).await;
-        let now = now_ms();
+        let now = inner.clock.now();
         let decision = decide(
             &judged.verdict,
             ctx.attempt.saturating_sub(d.attempt_base),
@@ -213,8 +213,11 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
     if !names.any(|name| inner.plugins.loading(d.tenant.as_str(), name)) {
         return false;
     }
-    let release =
-        Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: now_ms() + PLUGIN_LOADING_RETRY_MS };
+    let release = Release {
+        delivery: d.id.clone(),
+        fence: d.fence,
+        next_attempt_at: inner.clock.now() + PLUGIN_LOADING_RETRY_MS,
+    };
     if let Err(e) = inner.committer.release(vec![release]).await {
         tracing::warn!(delivery = %d.id, error = %e, "release failed; the lease will expire instead");
     }

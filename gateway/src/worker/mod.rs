@@ -27,7 +27,7 @@ use rand::rngs::StdRng;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::deliver::Deliverer;
 use crate::metrics::Metrics;
@@ -69,12 +69,16 @@ struct Inner {
     shutdown: watch::Receiver<bool>,
     ops: Ops,
     plugins: PluginHost,
+    /// The engine's time: every stored time it writes and every timer it sets.
+    clock: Clock,
     /// Partition and attempt tasks, so shutdown can wait for them to finish.
     tasks: Arc<Tasks>,
 }
 
 impl Engine {
-    /// Starts the engine; it stops taking new work when `shutdown` turns true.
+    /// Starts the engine; it stops taking new work when `shutdown` turns true. Its clock
+    /// reads the wall clock once, here, and follows tokio's from then on (so a paused
+    /// runtime controls it).
     pub async fn start(
         store: DynStore,
         committer: Committer,
@@ -84,8 +88,9 @@ impl Engine {
         plugins: PluginHost,
         shutdown: watch::Receiver<bool>,
     ) -> Engine {
+        let clock = Clock::new();
         let mut rng = StdRng::from_rng(&mut rand::rng());
-        let owner = new_id("node", now_ms(), &mut rng);
+        let owner = new_id("node", clock.now(), &mut rng);
         let inner = Arc::new(Inner {
             deliverer: Deliverer::new(config.delivery.allow_private_destinations),
             global: Arc::new(Semaphore::new(config.delivery.max_in_flight_total)),
@@ -99,12 +104,13 @@ impl Engine {
             shutdown,
             ops,
             plugins,
+            clock,
             tasks: Arc::default(),
         });
         // A single SQLite node owns every lease in its file: whatever was in flight when
         // the previous process died can be retried at once. Shared stores wait for expiry.
-        let horizon = if inner.config.store_url.starts_with("sqlite:") { Millis::MAX } else { now_ms() };
-        match inner.store.recover_leases(horizon, now_ms()).await {
+        let horizon = if inner.config.store_url.starts_with("sqlite:") { Millis::MAX } else { inner.clock.now() };
+        match inner.store.recover_leases(horizon, inner.clock.now()).await {
             Ok(n) if n > 0 => {
                 inner.metrics.leases_recovered.add(n);
                 tracing::info!(recovered = n, "recovered abandoned leases");
@@ -129,6 +135,11 @@ impl Engine {
         }
         tokio::spawn(dispatch(inner.clone()));
         Engine { inner }
+    }
+
+    /// The engine's clock, for the stored times others write (the API's).
+    pub fn clock(&self) -> Clock {
+        self.inner.clock
     }
 
     /// Tells the engine that these endpoints have new work.
@@ -226,7 +237,12 @@ fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
     }
     let signal = Arc::new(partition::Signal::default());
     parts.insert(id.clone(), signal.clone());
-    inner.tasks.spawn(partition::run(inner.clone(), id.clone(), signal));
+    inner.metrics.partitions_started.inc();
+    let (part, id) = (inner.clone(), id.clone());
+    inner.tasks.spawn(async move {
+        partition::run(part.clone(), id, signal).await;
+        part.metrics.partitions_ended.inc();
+    });
 }
 
 /// Wakes the partitions of changed endpoints (a change to an endpoint without one takes
@@ -250,7 +266,7 @@ async fn dispatch(inner: Arc<Inner>) {
         }
         match inner.store.pending_endpoints().await {
             Ok(pending) => {
-                let now = now_ms();
+                let now = inner.clock.now();
                 for (id, due) in pending {
                     if due <= now + SCAN_EVERY.as_millis() as i64 {
                         ensure_partition(&inner, &id);
@@ -261,7 +277,7 @@ async fn dispatch(inner: Arc<Inner>) {
         }
         if last_recover.elapsed() >= RECOVER_EVERY {
             last_recover = Instant::now();
-            match inner.store.recover_leases(now_ms(), now_ms()).await {
+            match inner.store.recover_leases(inner.clock.now(), inner.clock.now()).await {
                 Ok(n) if n > 0 => {
                     inner.metrics.leases_recovered.add(n);
                     tracing::warn!(recovered = n, "recovered abandoned leases");

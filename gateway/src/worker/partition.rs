@@ -16,7 +16,6 @@ use tokio::time::Instant;
 use super::{
     IDLE_LINGER, Inner, PARTITION_LEASE, PARTITION_RENEW_BEFORE, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition,
 };
-use crate::clock::now_ms;
 use crate::lease;
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
@@ -77,12 +76,12 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
         p.collect_prefetch(false).await;
         p.stale |= p.signal.take_changed();
         if *p.inner.shutdown.borrow() {
-            p.hand_back(now_ms()).await;
+            p.hand_back(p.inner.clock.now()).await;
             return;
         }
         if !p.hold().await {
             // Another node paces this endpoint; look again when its lease may have lapsed.
-            p.hand_back(now_ms()).await;
+            p.hand_back(p.inner.clock.now()).await;
             p.retire();
             return;
         }
@@ -192,7 +191,7 @@ impl Partition {
         if self.held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE) {
             return true;
         }
-        let now = now_ms();
+        let now = self.inner.clock.now();
         let until = now + PARTITION_LEASE.as_millis() as i64;
         match self.inner.store.acquire_partition(&self.id, &self.inner.owner, now, until).await {
             Ok(true) => {
@@ -220,16 +219,16 @@ impl Partition {
         }
         self.refreshed = Instant::now();
         match self.inner.store.endpoint(&self.id).await {
-            Ok(Some(e)) if sendable(&e, now_ms()) => {
+            Ok(Some(e)) if sendable(&e, self.inner.clock.now()) => {
                 if let Some(sh) = self.shared.clone() {
                     self.repace(&sh, &e);
                 }
-                self.target = Some(Arc::new(make_target(&self.inner, e, now_ms())));
+                self.target = Some(Arc::new(make_target(&self.inner, e, self.inner.clock.now())));
                 true
             }
             Ok(_) => {
                 // Disabled, paused or gone: hand the queue back; the refill decides.
-                release_all(&self.inner, &mut self.queue, now_ms()).await;
+                release_all(&self.inner, &mut self.queue, self.inner.clock.now()).await;
                 false
             }
             Err(e) => {
@@ -242,7 +241,8 @@ impl Partition {
     /// Starts the next claim while half the current one is still queued.
     fn prefetch_if_low(&mut self) {
         let (None, Some(tg)) = (&self.prefetch, &self.target) else { return };
-        let req = claim_request(&self.inner, &self.id, &tg.endpoint.spec, self.queue.len() as u32, now_ms());
+        let req =
+            claim_request(&self.inner, &self.id, &tg.endpoint.spec, self.queue.len() as u32, self.inner.clock.now());
         if self.queue.len() > req.limit as usize / 2 {
             return;
         }
@@ -289,7 +289,8 @@ impl Partition {
             }
             return Flow::Stop;
         }
-        let sleep = wake_at.map(|at| Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64));
+        let clock = self.inner.clock;
+        let wake = wake_at.map_or(Instant::now() + SCAN_EVERY, |at| clock.instant_at(at.min(clock.now() + 60_000)));
         let freed = async {
             match &self.shared {
                 Some(s) => s.freed.notified().await,
@@ -297,7 +298,7 @@ impl Partition {
             }
         };
         tokio::select! {
-            _ = tokio::time::sleep(sleep.unwrap_or(SCAN_EVERY)) => {}
+            _ = tokio::time::sleep_until(wake) => {}
             _ = self.signal.work.notified() => {}
             _ = self.signal.change.notified() => {}
             _ = freed => {}
@@ -313,10 +314,10 @@ impl Partition {
             Ok(None) => return Refill::Gone,
             Err(e) => {
                 tracing::warn!(endpoint = %id, error = %e, "cannot read endpoint");
-                return Refill::Idle(Some(now_ms() + 1_000));
+                return Refill::Idle(Some(self.inner.clock.now() + 1_000));
             }
         };
-        let now = now_ms();
+        let now = self.inner.clock.now();
         match (endpoint.state, endpoint.paused_until) {
             (EndpointState::Disabled, _) | (EndpointState::Paused, None) => return Refill::Gone,
             (EndpointState::Paused, Some(until)) if until > now => return Refill::Idle(Some(until)),
@@ -326,20 +327,20 @@ impl Partition {
         if let Some(until) = sh.pacer.lock().expect("pacer").paused_until()
             && until > Instant::now()
         {
-            return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
+            return Refill::Idle(Some(self.inner.clock.millis_at(until)));
         }
         let (inner, id) = (&self.inner, &self.id);
         let claimed = match inner.committer.claim(claim_request(inner, id, &endpoint.spec, 0, now)).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(endpoint = %id, error = %e, "claim failed");
-                return Refill::Idle(Some(now_ms() + 500));
+                return Refill::Idle(Some(self.inner.clock.now() + 500));
             }
         };
         if claimed.is_empty() {
             return match inner.store.next_due(id).await {
                 Ok(due) => Refill::Idle(due),
-                Err(_) => Refill::Idle(Some(now_ms() + 1_000)),
+                Err(_) => Refill::Idle(Some(self.inner.clock.now() + 1_000)),
             };
         }
         self.queue.extend(claimed);
@@ -390,7 +391,7 @@ impl Partition {
     async fn send_next(&mut self) -> Flow {
         let (Some(sh), Some(tg)) = (self.shared.clone(), self.target.clone()) else { return Flow::Again };
         if sh.halted.load(Ordering::Acquire) {
-            release_all(&self.inner, &mut self.queue, now_ms()).await;
+            release_all(&self.inner, &mut self.queue, self.inner.clock.now()).await;
             return Flow::Again;
         }
         let permit = sh.pacer.lock().expect("pacer").poll(Instant::now());
@@ -415,7 +416,7 @@ impl Partition {
                 }
             }
             Permit::Paused(until) => {
-                let resume_at = now_ms() + until.saturating_duration_since(Instant::now()).as_millis() as i64;
+                let resume_at = self.inner.clock.millis_at(until);
                 release_all(&self.inner, &mut self.queue, resume_at).await;
                 tokio::select! {
                     _ = tokio::time::sleep_until(until) => {}
