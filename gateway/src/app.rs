@@ -8,13 +8,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::model::EndpointId;
 use crate::ops::{self, Ops};
 use crate::plugin::PluginHost;
 use crate::replay::Replayer;
 use crate::worker::Engine;
 
-use crate::api::{AppState, Wake, router};
+use crate::api::{AppState, router};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::store::{self, Committer, StoreError};
@@ -59,9 +58,7 @@ pub async fn run(
     .await;
     let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl()).await;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
-    let poke = engine.clone();
-    let wake: Wake = Arc::new(move |ids: &[EndpointId]| poke.poke(ids));
-    let state = AppState::new(config.clone(), store, committer, metrics, wake, replayer, plugins);
+    let state = AppState::new(config.clone(), store, committer, metrics, engine.clone(), replayer, plugins);
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
     let shutdown = async move {
         shutdown.await;

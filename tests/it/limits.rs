@@ -6,28 +6,7 @@
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Api, Backend, Reply, TestGateway};
 
-macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() -> anyhow::Result<()> {
-                    super::$case(super::Backend::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() -> anyhow::Result<()> {
-                    super::$case(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+tests::backends!(
     reusing_an_event_id_with_another_payload_is_a_conflict,
     text_no_store_can_hold_is_refused_before_the_store,
     stored_fields_have_size_limits,

@@ -2,18 +2,21 @@
 //!
 //! Where a new test goes: a behaviour seen through the HTTP API (status codes, validation,
 //! auth) in `api`; anything about sending to receivers (pacing, retries, 429, signatures) in
-//! `delivery`; dead letters, replays and lease recovery in `recovery`; several nodes on one
+//! `delivery`; how soon a change to an endpoint applies in `changes`; dead letters, replays
+//! and lease recovery in `recovery`; several nodes on one
 //! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
 //! `plugins`; `/metrics`, the dashboard and the alert rules in `metrics`; a `Store` method
 //! in `store`'s conformance suite (it runs on both backends); a rule about the source tree
 //! itself in `tidy`; the OpenAPI document, schemathesis and the generated client in
-//! `contract`. Pure policies test themselves in their
+//! `contract`; the engine's timing rules (backoff, 429 pause, disable-after, linger) in
+//! paused time in `timing`. Pure policies test themselves in their
 //! own module, not here.
 
 // Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
 mod api;
+mod changes;
 mod cluster;
 mod contract;
 mod delivery;
@@ -27,3 +30,4 @@ mod recovery;
 mod secrets;
 mod store;
 mod tidy;
+mod timing;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use gateway::model::*;
 use gateway::store::{
-    self, AttemptResult, ClaimRequest, Claimed, Committer, DeliveryFilter, DynStore, EndpointChange, Release,
+    self, AttemptResult, ClaimRequest, Claimed, Committer, DeliveryFilter, DynStore, EndpointChange, Notice, Release,
     StoreError, WriteOp, WriteResult,
 };
 use tests::pg::PgSchema;
@@ -947,9 +947,11 @@ mod backend_specific {
         let mut rx = other.subscribe().await?.expect("Postgres nodes listen for each other's work");
         ingest(&b, vec![event("acme", "evt_1", "a", T0)]).await?;
         let woken = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
-        assert_eq!(woken, [EndpointId::from_stored("ep_a")]);
+        assert_eq!(woken, Notice::Work(vec![EndpointId::from_stored("ep_a")]));
         ingest(&b, vec![event("acme", "evt_2", "b", T0), event("acme", "evt_3", "b", T0)]).await?;
-        let mut woken = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
+        let Some(Notice::Work(mut woken)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await? else {
+            panic!("a notification of new work")
+        };
         woken.sort();
         assert_eq!(woken, [EndpointId::from_stored("ep_a"), EndpointId::from_stored("ep_b")]);
 
@@ -959,6 +961,19 @@ mod backend_specific {
         ingest(&b, vec![event("acme", "evt_4", "a", T0)]).await?;
         tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
         assert!(tokio::time::timeout(Duration::from_millis(300), rx_c.recv()).await.is_err(), "schemas are separate");
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_endpoint_change_is_announced_to_the_other_nodes() -> anyhow::Result<()> {
+        let b = Backend::postgres().await?;
+        setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
+        let (other, _) = b.another_node().await?;
+        let mut rx = other.subscribe().await?.expect("Postgres nodes listen for each other's changes");
+        let changed = [EndpointId::from_stored("ep_a"), EndpointId::from_stored("ep_b")];
+        b.store.announce_changed(&changed).await?;
+        let heard = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
+        assert_eq!(heard, Notice::Changed(changed.to_vec()));
         Ok(())
     }
 

@@ -510,3 +510,27 @@ impl FakeReceiver {
         Ok(resp.body(Full::new(Bytes::from(answer.body))).expect("valid response"))
     }
 }
+
+/// Runs each named `async fn(Backend) -> anyhow::Result<()>` of the calling module as two
+/// tests, `sqlite::<name>` and `postgres::<name>`.
+#[macro_export]
+macro_rules! backends {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    super::$case($crate::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    super::$case($crate::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}

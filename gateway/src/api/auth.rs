@@ -76,7 +76,7 @@ const LAST_USE_PRECISION: Millis = 60_000;
 
 /// Records the token's use in the background, at most once per `LAST_USE_PRECISION`.
 fn note_use(state: &AppState, hash: &str) {
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     {
         let mut written = state.token_use.lock().expect("token use");
         if written.get(hash).is_some_and(|&at| now - at < LAST_USE_PRECISION) {

@@ -274,7 +274,7 @@ pub(crate) async fn create(
     if input.url.is_none() {
         return Err(ApiError::unprocessable("url: required"));
     }
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
     let d = state.config.endpoint_defaults;
     let mut spec = EndpointSpec {
@@ -325,7 +325,7 @@ pub(crate) async fn get_one(
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<EndpointDetail>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let h = state.store.endpoint_health(&endpoint.id, now).await?;
     let rate = |s: u64, a: u64| (a > 0).then(|| s as f64 / a as f64);
     let health = HealthOut {
@@ -360,10 +360,11 @@ pub(crate) async fn patch(
 ) -> Result<Json<EndpointOut>, ApiError> {
     let mut endpoint = load(&state, &tenant, &id).await?;
     apply(&state, &tenant, &mut endpoint.spec, input)?;
-    endpoint.updated_at = crate::clock::now_ms();
+    endpoint.updated_at = state.clock.now();
     if !state.store.update_endpoint(&endpoint).await? {
         return Err(ApiError::not_found("endpoint"));
     }
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&endpoint)))
 }
 
@@ -379,9 +380,10 @@ pub(crate) async fn delete(
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<StatusCode, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    if !state.store.delete_endpoint(&tenant, &endpoint.id, crate::clock::now_ms()).await? {
+    if !state.store.delete_endpoint(&tenant, &endpoint.id, state.clock.now()).await? {
         return Err(ApiError::not_found("endpoint"));
     }
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -405,14 +407,15 @@ pub(crate) async fn enable(
             reason: None,
             paused_until: None,
             failing_since: Some(None),
-            now: crate::clock::now_ms(),
+            now: state.clock.now(),
         })
         .await?;
     tracing::info!(
         tenant = %tenant, endpoint_id = %endpoint.id, state = "active", from = endpoint.state.as_str(),
         "endpoint state change: re-enabled"
     );
-    (state.wake)(std::slice::from_ref(&endpoint.id));
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
+    state.engine.poke(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&load(&state, &tenant, &id).await?)))
 }
 
@@ -451,7 +454,7 @@ pub(crate) async fn rotate_secret(
         None => Secret::generate(&mut rand::rng()).to_string(),
     };
     let mut endpoint = load(&state, &tenant, &id).await?;
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let grace_until = now + state.config.delivery.secret_grace.as_millis() as i64;
     let mut secrets: Vec<SecretEntry> = endpoint
         .valid_secrets(now)
@@ -464,6 +467,7 @@ pub(crate) async fn rotate_secret(
     endpoint.spec.secrets = secrets;
     endpoint.updated_at = now;
     state.store.update_endpoint(&endpoint).await?;
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
     Ok(Json(RotatedOut { secret, previous_valid_until: rfc3339(grace_until) }))
 }
 
@@ -493,7 +497,7 @@ pub(crate) async fn secret(
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<SecretsOut>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let secrets = endpoint
         .valid_secrets(now)
         .map(|s| SecretOut { secret: s.secret.clone(), expires_at: s.expires_at.map(rfc3339) })

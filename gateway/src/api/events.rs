@@ -61,7 +61,7 @@ pub(crate) async fn create(
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedOut>), ApiError> {
     let input = intake::parse_one(&body)?;
-    let event = intake::prepare(&tenant, &input, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
+    let event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
     let outcomes = accept(&state, vec![event]).await?;
     after_accept(&state, &outcomes);
     let (id, outcome) = &outcomes[0];
@@ -83,7 +83,7 @@ pub(crate) async fn create_batch(
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedList>), ApiError> {
-    let events = intake::prepare_batch(&tenant, &body, &limits(&state), crate::clock::now_ms(), &mut rand::rng())?;
+    let events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
     let outcomes = accept(&state, events).await?;
     after_accept(&state, &outcomes);
     let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
@@ -107,7 +107,7 @@ fn after_accept(state: &AppState, outcomes: &[(EventId, IngestOutcome)]) {
         let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|(_, o)| o.endpoints.iter().cloned()).collect();
         endpoints.sort_unstable();
         endpoints.dedup();
-        (state.wake)(&endpoints);
+        state.engine.poke(&endpoints);
     }
 }
 

@@ -30,17 +30,17 @@ mod tenants;
 
 pub use auth::hash_token;
 
-/// Tells the delivery engine which endpoints got new work.
-pub type Wake = Arc<dyn Fn(&[crate::model::EndpointId]) + Send + Sync>;
-
 /// Shared state of every request handler.
 pub struct AppState {
     pub config: Arc<Config>,
+    /// The engine's clock: stored times the API writes are on the engine's time.
+    pub clock: crate::clock::Clock,
     pub store: DynStore,
     pub committer: Committer,
     pub metrics: Arc<Metrics>,
-    /// Wakes the delivery engine when intake commits new deliveries.
-    pub wake: Wake,
+    /// The delivery engine, told of committed new work (`poke`) and of committed endpoint
+    /// changes (`changed`: this node's partitions and, through the store, the others').
+    pub engine: crate::worker::Engine,
     pub replayer: crate::replay::Replayer,
     pub plugins: crate::plugin::PluginHost,
     /// Tenant tokens by hash, and when each one's last use was written. `None` on a shared
@@ -56,17 +56,18 @@ impl AppState {
         store: DynStore,
         committer: Committer,
         metrics: Arc<Metrics>,
-        wake: Wake,
+        engine: crate::worker::Engine,
         replayer: crate::replay::Replayer,
         plugins: crate::plugin::PluginHost,
     ) -> Arc<AppState> {
         let tokens = config.store_url.starts_with("sqlite:").then(RwLock::default);
         Arc::new(AppState {
             config,
+            clock: engine.clock(),
             store,
             committer,
             metrics,
-            wake,
+            engine,
             replayer,
             plugins,
             tokens,

@@ -153,7 +153,7 @@ pub(crate) async fn create(
             format!("endpoints {} are paused or disabled: re-enable them first", list.join(", ")),
         ));
     }
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
     let replay = Replay {
         id: new_id("rpl", now, &mut rng),
@@ -204,7 +204,7 @@ pub(crate) async fn cancel(
     if state.store.get_replay(&tenant, &id).await?.is_none() {
         return Err(ApiError::not_found("replay"));
     }
-    state.store.finish_replay(&tenant, &id, ReplayState::Cancelled, crate::clock::now_ms()).await?;
+    state.store.finish_replay(&tenant, &id, ReplayState::Cancelled, state.clock.now()).await?;
     let p = state.store.get_replay(&tenant, &id).await?.ok_or_else(|| ApiError::not_found("replay"))?;
     Ok(Json(view(&p)))
 }

@@ -51,7 +51,7 @@ pub(crate) async fn create(
     let id = TenantId::parse(&input.id).map_err(|e| ApiError::unprocessable(format!("id: {}", e.0)))?;
     let name = input.name.unwrap_or_else(|| id.to_string());
     check_text("name", &name, MAX_TENANT_NAME)?;
-    let tenant = Tenant { name, id, created_at: crate::clock::now_ms() };
+    let tenant = Tenant { name, id, created_at: state.clock.now() };
     state.store.create_tenant(&tenant).await?;
     let out = TenantOut { id: tenant.id.to_string(), name: tenant.name, created_at: rfc3339(tenant.created_at) };
     Ok((StatusCode::CREATED, Json(out)))
@@ -128,7 +128,7 @@ pub(crate) async fn create_token(
     let mut raw = [0u8; 32];
     rand::rng().fill_bytes(&mut raw);
     let token = format!("hrld_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw));
-    let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, crate::clock::now_ms());
+    let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, state.clock.now());
     state.store.insert_token(&record).await?;
     let out = NewTokenOut { info: token_view(&record), token, tenant: record.tenant.to_string() };
     Ok((StatusCode::CREATED, Json(out)))

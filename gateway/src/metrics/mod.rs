@@ -51,6 +51,8 @@ pub struct Metrics {
     pub in_flight: Gauge,
     /// Endpoint partitions this node holds (and paces).
     pub partitions_held: Gauge,
+    /// Partition tasks running on this node, holding a lease or lingering idle.
+    pub partitions: Gauge,
     /// One attempt, from the first plugin call to the judged outcome.
     pub attempt_duration: DurationHistogram,
     /// From the event's `202` to its delivery (retries included), for delivered deliveries.
@@ -154,6 +156,7 @@ impl Metrics {
             fenced_results: counter(&mut r, "herald_fenced_results", "Results refused because the lease was lost"),
             in_flight: gauge(&mut r, "herald_requests_in_flight", "Webhook requests in flight"),
             partitions_held: gauge(&mut r, "herald_partitions_held", "Endpoint partitions this node holds"),
+            partitions: gauge(&mut r, "herald_partitions", "Partition tasks running on this node"),
             attempt_duration: histogram(&mut r, "herald_attempt_duration_seconds", "One attempt", histogram::FAST),
             arrival_latency: histogram(
                 &mut r,

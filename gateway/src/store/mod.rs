@@ -177,6 +177,15 @@ pub struct EndpointChange {
     pub now: Millis,
 }
 
+/// A message from another node sharing the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// These endpoints got new work.
+    Work(Vec<EndpointId>),
+    /// These endpoints' settings or state changed.
+    Changed(Vec<EndpointId>),
+}
+
 /// One write the group committer folds into a shared transaction.
 #[derive(Debug)]
 pub enum WriteOp {
@@ -277,8 +286,12 @@ pub trait Store: Send + Sync + 'static {
     async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool>;
     /// Gives a partition lease up (a no-op unless `owner` holds it).
     async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()>;
-    /// Endpoints other nodes added work for, as they commit it (`None`: single-node store).
-    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Vec<EndpointId>>>>;
+    /// What other nodes announce as they commit it: endpoints with new work, endpoints
+    /// whose settings or state changed (`None`: single-node store).
+    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>>;
+    /// Tells the other nodes that these endpoints changed (after the change committed), so
+    /// whichever node paces one re-reads it at once. A no-op on a single-node store.
+    async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()>;
 
     // Dead-letter recovery, health and retention.
 

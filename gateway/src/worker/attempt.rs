@@ -16,7 +16,7 @@ use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_e
 use super::partition::{Shared, Target};
 use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
-use crate::clock::{now_ms, rfc3339};
+use crate::clock::rfc3339;
 use crate::deliver::Outgoing;
 use crate::deliver::headers::is_reserved;
 use crate::model::{Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, new_id};
@@ -56,15 +56,15 @@ pub(super) async fn run(
 ) {
     if !wait_for_plugins(&inner, &target, &d).await {
         inner.metrics.in_flight.inc();
-        let started = now_ms();
-        let clock = Instant::now();
+        let started = inner.clock.now();
+        let sent = Instant::now();
         let attempt_id = new_id("att", started, &mut rng);
         let ctx = context(&target, &d, started, attempt_id);
         let exchange = send(&inner, &target, &d, &ctx).await;
-        let duration_ms = clock.elapsed().as_millis() as u64;
-        inner.metrics.attempt_duration.observe(clock.elapsed());
+        let duration_ms = sent.elapsed().as_millis() as u64;
+        inner.metrics.attempt_duration.observe(sent.elapsed());
         let judged = judge_exchange(&inner, &target, &ctx, exchange).await;
-        let now = now_ms();
+        let now = inner.clock.now();
         let decision = decide(
             &judged.verdict,
             ctx.attempt.saturating_sub(d.attempt_base),
@@ -188,7 +188,7 @@ async fn record(
         Ok(true) => match decision.state {
             DeliveryState::Delivered => {
                 target.counters.settled(decision.state, None);
-                let waited = now_ms().saturating_sub(d.event_created_at).max(0) as u64;
+                let waited = inner.clock.now().saturating_sub(d.event_created_at).max(0) as u64;
                 inner.metrics.arrival_latency.observe(Duration::from_millis(waited));
             }
             DeliveryState::Dead => {
@@ -236,7 +236,7 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if !inner.plugins.until_loaded(tenant, name, left).await {
             let release =
-                Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: now_ms() + PLUGIN_LOADING_RETRY_MS };
+                Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: inner.clock.now() + PLUGIN_LOADING_RETRY_MS };
             if let Err(e) = inner.committer.release(vec![release]).await {
                 tracing::warn!(
                     tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,

@@ -27,14 +27,14 @@ use rand::rngs::StdRng;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::deliver::Deliverer;
 use crate::metrics::Metrics;
 use crate::model::{EndpointId, Millis, new_id};
 use crate::ops::Ops;
 use crate::plugin::PluginHost;
-use crate::store::{Committer, DynStore};
+use crate::store::{Committer, DynStore, Notice};
 
 /// How often the engine looks for due work it was not told about (retries coming due,
 /// work added by other nodes) and for abandoned leases.
@@ -63,18 +63,22 @@ struct Inner {
     config: Arc<Config>,
     metrics: Arc<Metrics>,
     owner: String,
-    partitions: Mutex<HashMap<EndpointId, Arc<Notify>>>,
+    partitions: Mutex<HashMap<EndpointId, Arc<partition::Signal>>>,
     global: Arc<Semaphore>,
     scan: Notify,
     shutdown: watch::Receiver<bool>,
     ops: Ops,
     plugins: PluginHost,
+    /// The engine's time: every stored time it writes and every timer it sets.
+    clock: Clock,
     /// Partition and attempt tasks, so shutdown can wait for them to finish.
     tasks: Arc<Tasks>,
 }
 
 impl Engine {
-    /// Starts the engine; it stops taking new work when `shutdown` turns true.
+    /// Starts the engine; it stops taking new work when `shutdown` turns true. Its clock
+    /// reads the wall clock once, here, and follows tokio's from then on (so a paused
+    /// runtime controls it).
     pub async fn start(
         store: DynStore,
         committer: Committer,
@@ -84,8 +88,9 @@ impl Engine {
         plugins: PluginHost,
         shutdown: watch::Receiver<bool>,
     ) -> Engine {
+        let clock = Clock::new();
         let mut rng = StdRng::from_rng(&mut rand::rng());
-        let owner = new_id("node", now_ms(), &mut rng);
+        let owner = new_id("node", clock.now(), &mut rng);
         let inner = Arc::new(Inner {
             deliverer: Deliverer::new(config.delivery.allow_private_destinations),
             global: Arc::new(Semaphore::new(config.delivery.max_in_flight_total)),
@@ -99,12 +104,13 @@ impl Engine {
             shutdown,
             ops,
             plugins,
+            clock,
             tasks: Arc::default(),
         });
         // A single SQLite node owns every lease in its file: whatever was in flight when
         // the previous process died can be retried at once. Shared stores wait for expiry.
-        let horizon = if inner.config.store_url.starts_with("sqlite:") { Millis::MAX } else { now_ms() };
-        match inner.store.recover_leases(horizon, now_ms()).await {
+        let horizon = if inner.config.store_url.starts_with("sqlite:") { Millis::MAX } else { inner.clock.now() };
+        match inner.store.recover_leases(horizon, inner.clock.now()).await {
             Ok(n) if n > 0 => {
                 inner.metrics.leases_recovered.inc_by(n);
                 tracing::info!(recovered = n, "recovered abandoned leases");
@@ -116,9 +122,10 @@ impl Engine {
             Ok(Some(mut rx)) => {
                 let listener = inner.clone();
                 tokio::spawn(async move {
-                    while let Some(ids) = rx.recv().await {
-                        for id in &ids {
-                            ensure_partition(&listener, id);
+                    while let Some(notice) = rx.recv().await {
+                        match notice {
+                            Notice::Work(ids) => ids.iter().for_each(|id| ensure_partition(&listener, id)),
+                            Notice::Changed(ids) => signal_changed(&listener, &ids),
                         }
                     }
                 });
@@ -130,11 +137,29 @@ impl Engine {
         Engine { inner }
     }
 
+    /// The engine's clock, for the stored times others write (the API's).
+    pub fn clock(&self) -> Clock {
+        self.inner.clock
+    }
+
     /// Tells the engine that these endpoints have new work.
     pub fn poke(&self, endpoints: &[EndpointId]) {
         for id in endpoints {
             ensure_partition(&self.inner, id);
         }
+    }
+
+    /// Tells the engine that these endpoints' settings or state changed (committed): a
+    /// partition pacing one re-reads it and re-plans its next send at once, instead of
+    /// waiting out an interval planned at the old rate. Other nodes learn through the store.
+    pub fn changed(&self, endpoints: &[EndpointId]) {
+        signal_changed(&self.inner, endpoints);
+        let (store, endpoints) = (self.inner.store.clone(), endpoints.to_vec());
+        tokio::spawn(async move {
+            if let Err(e) = store.announce_changed(&endpoints).await {
+                tracing::warn!(error = %e, "cannot tell other nodes about an endpoint change");
+            }
+        });
     }
 
     /// Asks the engine to look for due work now.
@@ -147,8 +172,8 @@ impl Engine {
     /// results. False when something was still running at the deadline (its leases then
     /// expire, or a restarted SQLite node recovers them at once).
     pub async fn drain(&self, grace: Duration) -> bool {
-        for notify in self.inner.partitions.lock().expect("partition map").values() {
-            notify.notify_one();
+        for signal in self.inner.partitions.lock().expect("partition map").values() {
+            signal.stop();
         }
         let drained = tokio::time::timeout(grace, self.inner.tasks.idle()).await.is_ok();
         if !drained {
@@ -206,13 +231,27 @@ impl Drop for TaskDone {
 
 fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
     let mut parts = inner.partitions.lock().expect("partition map");
-    if let Some(n) = parts.get(id) {
-        n.notify_one();
+    if let Some(signal) = parts.get(id) {
+        signal.work.notify_one();
         return;
     }
-    let notify = Arc::new(Notify::new());
-    parts.insert(id.clone(), notify.clone());
-    inner.tasks.spawn(partition::run(inner.clone(), id.clone(), notify));
+    let signal = Arc::new(partition::Signal::default());
+    parts.insert(id.clone(), signal.clone());
+    inner.metrics.partitions.inc();
+    let (part, id) = (inner.clone(), id.clone());
+    inner.tasks.spawn(async move {
+        partition::run(part.clone(), id, signal).await;
+        part.metrics.partitions.dec();
+    });
+}
+
+/// Wakes the partitions of changed endpoints (a change to an endpoint without one takes
+/// effect when its partition starts: it reads the endpoint first).
+fn signal_changed(inner: &Inner, endpoints: &[EndpointId]) {
+    let parts = inner.partitions.lock().expect("partition map");
+    for signal in endpoints.iter().filter_map(|id| parts.get(id)) {
+        signal.changed();
+    }
 }
 
 /// The engine's background loop: every [`SCAN_EVERY`] (or when asked) it starts a
@@ -227,7 +266,7 @@ async fn dispatch(inner: Arc<Inner>) {
         }
         match inner.store.pending_endpoints().await {
             Ok(pending) => {
-                let now = now_ms();
+                let now = inner.clock.now();
                 for (id, due) in pending {
                     if due <= now + SCAN_EVERY.as_millis() as i64 {
                         ensure_partition(&inner, &id);
@@ -238,7 +277,7 @@ async fn dispatch(inner: Arc<Inner>) {
         }
         if last_recover.elapsed() >= RECOVER_EVERY {
             last_recover = Instant::now();
-            match inner.store.recover_leases(now_ms(), now_ms()).await {
+            match inner.store.recover_leases(inner.clock.now(), inner.clock.now()).await {
                 Ok(n) if n > 0 => {
                     inner.metrics.leases_recovered.inc_by(n);
                     tracing::warn!(recovered = n, "recovered abandoned leases");

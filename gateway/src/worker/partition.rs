@@ -16,7 +16,6 @@ use tokio::time::Instant;
 use super::{
     IDLE_LINGER, Inner, PARTITION_LEASE, PARTITION_RENEW_BEFORE, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition,
 };
-use crate::clock::now_ms;
 use crate::lease;
 use crate::metrics::{Metrics, TenantCounters};
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
@@ -34,6 +33,35 @@ pub(super) struct Shared {
     pub(super) failing_since: Mutex<Option<Millis>>,
 }
 
+/// How a partition is woken.
+#[derive(Default)]
+pub(super) struct Signal {
+    /// The endpoint got new work.
+    pub(super) work: Notify,
+    /// The endpoint's settings or state changed: re-read it before the next send.
+    changed: AtomicBool,
+    change: Notify,
+}
+
+impl Signal {
+    /// The endpoint changed: wakes the partition from any wait, even the pacer's (a wait
+    /// planned at the old rate can be far longer than the new one allows).
+    pub(super) fn changed(&self) {
+        self.changed.store(true, Ordering::Release);
+        self.change.notify_one();
+    }
+
+    /// Wakes the partition so it sees the engine stopping.
+    pub(super) fn stop(&self) {
+        self.work.notify_one();
+        self.change.notify_one();
+    }
+
+    fn take_changed(&self) -> bool {
+        self.changed.swap(false, Ordering::AcqRel)
+    }
+}
+
 /// What an attempt needs to know about its endpoint, fixed for one claim.
 pub(super) struct Target {
     pub(super) endpoint: Endpoint,
@@ -45,17 +73,18 @@ pub(super) struct Target {
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
 /// engine shuts down. Each turn of the loop is a list of named steps.
-pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) {
-    let mut p = Partition::new(inner, id, notify);
+pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) {
+    let mut p = Partition::new(inner, id, signal);
     loop {
         p.collect_prefetch(false).await;
+        p.stale |= p.signal.take_changed();
         if *p.inner.shutdown.borrow() {
-            p.hand_back(now_ms()).await;
+            p.hand_back(p.inner.clock.now()).await;
             return;
         }
         if !p.hold().await {
             // Another node paces this endpoint; look again when its lease may have lapsed.
-            p.hand_back(now_ms()).await;
+            p.hand_back(p.inner.clock.now()).await;
             p.retire();
             return;
         }
@@ -93,7 +122,7 @@ struct Partition {
     inner: Arc<Inner>,
     id: EndpointId,
     /// Poked when the endpoint gets new work or changes.
-    notify: Arc<Notify>,
+    signal: Arc<Signal>,
     /// Claimed deliveries not yet sent, in claim order.
     queue: VecDeque<Claimed>,
     /// Created by the first successful refill; shared with in-flight attempts.
@@ -107,6 +136,8 @@ struct Partition {
     /// The endpoint's tenant's outcome counters, looked up once per partition.
     counters: Option<TenantCounters>,
     refreshed: Instant,
+    /// The endpoint changed since it was last read: re-read it before the next send.
+    stale: bool,
     rng: StdRng,
 }
 
@@ -125,11 +156,11 @@ enum Refill {
 }
 
 impl Partition {
-    fn new(inner: Arc<Inner>, id: EndpointId, notify: Arc<Notify>) -> Partition {
+    fn new(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) -> Partition {
         Partition {
             inner,
             id,
-            notify,
+            signal,
             queue: VecDeque::new(),
             shared: None,
             target: None,
@@ -137,6 +168,7 @@ impl Partition {
             held: None,
             counters: None,
             refreshed: Instant::now(),
+            stale: false,
             rng: StdRng::from_rng(&mut rand::rng()),
         }
     }
@@ -171,7 +203,7 @@ impl Partition {
         if self.held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE) {
             return true;
         }
-        let now = now_ms();
+        let now = self.inner.clock.now();
         let until = now + PARTITION_LEASE.as_millis() as i64;
         match self.inner.store.acquire_partition(&self.id, &self.inner.owner, now, until).await {
             Ok(true) => {
@@ -204,29 +236,26 @@ impl Partition {
         self.held = held;
     }
 
-    /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`]. False when
-    /// the endpoint stopped being sendable and the queue was handed back.
+    /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`], and at once
+    /// after a change. False when the endpoint stopped being sendable and the queue was
+    /// handed back.
     async fn refresh_if_stale(&mut self) -> bool {
-        if self.refreshed.elapsed() < REFRESH_EVERY {
+        if !self.stale && self.refreshed.elapsed() < REFRESH_EVERY {
             return true;
         }
         self.refreshed = Instant::now();
         match self.inner.store.endpoint(&self.id).await {
-            Ok(Some(e)) if sendable(&e, now_ms()) => {
-                if let Some(sh) = &self.shared {
-                    let spec = &e.spec;
-                    let mut pacer = sh.pacer.lock().expect("pacer");
-                    if let Err(err) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
-                        tracing::warn!(endpoint_id = %self.id, error = %err, "keeping previous pacing");
-                    }
+            Ok(Some(e)) if sendable(&e, self.inner.clock.now()) => {
+                if let Some(sh) = self.shared.clone() {
+                    self.repace(&sh, &e);
                 }
                 let counters = self.counters(&e);
-                self.target = Some(Arc::new(make_target(&self.inner, e, counters, now_ms())));
+                self.target = Some(Arc::new(make_target(&self.inner, e, counters, self.inner.clock.now())));
                 true
             }
             Ok(_) => {
                 // Disabled, paused or gone: hand the queue back; the refill decides.
-                release_all(&self.inner, &mut self.queue, now_ms()).await;
+                release_all(&self.inner, &mut self.queue, self.inner.clock.now()).await;
                 false
             }
             Err(e) => {
@@ -239,7 +268,8 @@ impl Partition {
     /// Starts the next claim while half the current one is still queued.
     fn prefetch_if_low(&mut self) {
         let (None, Some(tg)) = (&self.prefetch, &self.target) else { return };
-        let req = claim_request(&self.inner, &self.id, &tg.endpoint.spec, self.queue.len() as u32, now_ms());
+        let req =
+            claim_request(&self.inner, &self.id, &tg.endpoint.spec, self.queue.len() as u32, self.inner.clock.now());
         if self.queue.len() > req.limit as usize / 2 {
             return;
         }
@@ -276,7 +306,7 @@ impl Partition {
         if wake_at.is_none() && !busy {
             // Linger before retiring: a partition that came and went with every event would
             // re-take its lease (a write) and respawn each time.
-            if tokio::time::timeout(IDLE_LINGER, self.notify.notified()).await.is_ok() {
+            if tokio::time::timeout(IDLE_LINGER, self.signal.work.notified()).await.is_ok() {
                 return Flow::Again;
             }
             self.retire();
@@ -286,7 +316,8 @@ impl Partition {
             }
             return Flow::Stop;
         }
-        let sleep = wake_at.map(|at| Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64));
+        let clock = self.inner.clock;
+        let wake = wake_at.map_or(Instant::now() + SCAN_EVERY, |at| clock.instant_at(at.min(clock.now() + 60_000)));
         let freed = async {
             match &self.shared {
                 Some(s) => s.freed.notified().await,
@@ -294,8 +325,9 @@ impl Partition {
             }
         };
         tokio::select! {
-            _ = tokio::time::sleep(sleep.unwrap_or(SCAN_EVERY)) => {}
-            _ = self.notify.notified() => {}
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = self.signal.work.notified() => {}
+            _ = self.signal.change.notified() => {}
             _ = freed => {}
         }
         Flow::Again
@@ -309,10 +341,10 @@ impl Partition {
             Ok(None) => return Refill::Gone,
             Err(e) => {
                 tracing::warn!(endpoint_id = %id, error = %e, "cannot read endpoint");
-                return Refill::Idle(Some(now_ms() + 1_000));
+                return Refill::Idle(Some(self.inner.clock.now() + 1_000));
             }
         };
-        let now = now_ms();
+        let now = self.inner.clock.now();
         match (endpoint.state, endpoint.paused_until) {
             (EndpointState::Disabled, _) | (EndpointState::Paused, None) => return Refill::Gone,
             (EndpointState::Paused, Some(until)) if until > now => return Refill::Idle(Some(until)),
@@ -322,7 +354,7 @@ impl Partition {
         if let Some(until) = sh.pacer.lock().expect("pacer").paused_until()
             && until > Instant::now()
         {
-            return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
+            return Refill::Idle(Some(self.inner.clock.millis_at(until)));
         }
         let (inner, id) = (&self.inner, &self.id);
         let req = claim_request(inner, id, &endpoint.spec, 0, now);
@@ -330,13 +362,13 @@ impl Partition {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(endpoint_id = %id, error = %e, "claim failed");
-                return Refill::Idle(Some(now_ms() + 500));
+                return Refill::Idle(Some(self.inner.clock.now() + 500));
             }
         };
         if claimed.is_empty() {
             return match inner.store.next_due(id).await {
                 Ok(due) => Refill::Idle(due),
-                Err(_) => Refill::Idle(Some(now_ms() + 1_000)),
+                Err(_) => Refill::Idle(Some(self.inner.clock.now() + 1_000)),
             };
         }
         self.queue.extend(claimed);
@@ -348,14 +380,10 @@ impl Partition {
     /// settings afterwards. `None` when the stored pacing is invalid.
     fn configure(&mut self, endpoint: &Endpoint) -> Option<Arc<Shared>> {
         let spec = &endpoint.spec;
-        if let Some(sh) = &self.shared {
-            if let Err(e) =
-                sh.pacer.lock().expect("pacer").reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight)
-            {
-                tracing::warn!(endpoint_id = %self.id, error = %e, "keeping previous pacing");
-            }
+        if let Some(sh) = self.shared.clone() {
+            self.repace(&sh, endpoint);
             sh.halted.store(false, Ordering::Release);
-            return Some(sh.clone());
+            return Some(sh);
         }
         let pacer = match Pacer::try_new(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
             Ok(p) => p,
@@ -374,11 +402,25 @@ impl Partition {
         Some(sh)
     }
 
+    /// Applies the endpoint's pacing as read. The pacer re-plans its next deadline from the
+    /// new rate (GCRA trims debt planned at a slower one). After a change, an endpoint
+    /// that is active again (re-enabled) also drops a pause this partition set itself.
+    fn repace(&mut self, sh: &Shared, endpoint: &Endpoint) {
+        let spec = &endpoint.spec;
+        let mut pacer = sh.pacer.lock().expect("pacer");
+        if let Err(e) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
+            tracing::warn!(endpoint_id = %self.id, error = %e, "keeping previous pacing");
+        }
+        if std::mem::take(&mut self.stale) && endpoint.state == EndpointState::Active {
+            pacer.resume();
+        }
+    }
+
     /// Asks the pacer, and sends the next delivery when it allows; otherwise waits as it says.
     async fn send_next(&mut self) -> Flow {
         let (Some(sh), Some(tg)) = (self.shared.clone(), self.target.clone()) else { return Flow::Again };
         if sh.halted.load(Ordering::Acquire) {
-            release_all(&self.inner, &mut self.queue, now_ms()).await;
+            release_all(&self.inner, &mut self.queue, self.inner.clock.now()).await;
             return Flow::Again;
         }
         let permit = sh.pacer.lock().expect("pacer").poll(Instant::now());
@@ -389,16 +431,26 @@ impl Partition {
                 let seed = StdRng::from_rng(&mut self.rng);
                 self.inner.tasks.spawn(attempt::run(self.inner.clone(), sh, tg, delivery, slot, seed));
             }
-            Permit::WaitUntil(at) => tokio::time::sleep_until(at).await,
+            Permit::WaitUntil(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = self.signal.change.notified() => {}
+                }
+            }
             Permit::Full => {
-                let _ = tokio::time::timeout(SCAN_EVERY, sh.freed.notified()).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(SCAN_EVERY) => {}
+                    _ = sh.freed.notified() => {}
+                    _ = self.signal.change.notified() => {}
+                }
             }
             Permit::Paused(until) => {
-                let resume_at = now_ms() + until.saturating_duration_since(Instant::now()).as_millis() as i64;
+                let resume_at = self.inner.clock.millis_at(until);
                 release_all(&self.inner, &mut self.queue, resume_at).await;
                 tokio::select! {
                     _ = tokio::time::sleep_until(until) => {}
-                    _ = self.notify.notified() => {}
+                    _ = self.signal.work.notified() => {}
+                    _ = self.signal.change.notified() => {}
                 }
             }
         }

@@ -103,6 +103,13 @@ enum Scenario {
         #[arg(long, default_value_t = 100)]
         plugins: usize,
     },
+    /// How soon a rate change applies: one endpoint at 0.01/s with `events` queued is
+    /// PATCHed to 100,000/s (through the last node with `--nodes`, which never paced it).
+    /// Reports ms from the PATCH to the first arrival after it, and the drain time.
+    RateChange {
+        #[arg(long, default_value_t = 20_000)]
+        events: usize,
+    },
     /// Achieved rate of one endpoint paced at `rate`/s over `seconds`.
     Pacing {
         #[arg(long, default_value_t = 100.0)]
@@ -433,6 +440,10 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("achieved_rate".into(), achieved);
             out.insert("error_pct".into(), (achieved - rate) / rate * 100.0);
         }
+        Scenario::RateChange { events } => {
+            let patch_via = _others.last().map_or(&api, |(other, _)| &other.api);
+            rate_change(&api, patch_via, &rx, events, &mut out).await?;
+        }
         Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints, victim_plugin } => {
             let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin };
             isolation_plugins(&api, &rx, node.pid(), rate, seconds, load, &mut out).await?;
@@ -440,6 +451,49 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
         Scenario::PluginCalls { .. } | Scenario::Restart { .. } => unreachable!("handled above"),
     }
     Ok(out)
+}
+
+/// The `rate-change` case: queue `events` behind a 0.01/s endpoint (its first goes at
+/// once, the next is due 100 s later), PATCH it to 100,000/s through `patch_via`, and time
+/// the first arrival after the PATCH and the whole drain.
+async fn rate_change(
+    api: &tests::Api,
+    patch_via: &tests::Api,
+    rx: &FakeReceiver,
+    events: usize,
+    out: &mut HashMap<String, f64>,
+) -> anyhow::Result<()> {
+    let ep =
+        api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": 0.01, "burst": 1, "max_in_flight": 64})).await?;
+    let id = ep["id"].as_str().context("endpoint id")?;
+    let batch: Vec<Value> = (0..events).map(|i| json!({"type": "t", "payload": {"n": i}})).collect();
+    for chunk in batch.chunks(1000) {
+        let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
+        if r.status != 202 {
+            bail!("{} {}", r.status, r.text);
+        }
+    }
+    rx.wait_for(1, Duration::from_secs(30)).await?;
+    let before = rx.count();
+    let patched = Instant::now();
+    let r = patch_via
+        .call(
+            "PATCH",
+            &format!("/v1/tenants/bench/endpoints/{id}"),
+            ADMIN_TOKEN,
+            Some(json!({"rate_per_sec": 100_000})),
+        )
+        .await?;
+    if r.status != 200 {
+        bail!("PATCH: {} {}", r.status, r.text);
+    }
+    let got = rx.wait_for(before + 1, Duration::from_secs(300)).await?;
+    let first = got.iter().map(|r| r.at).filter(|at| *at >= patched).min().context("an arrival after the PATCH")?;
+    rx.wait_for(events, Duration::from_secs(300)).await?;
+    let last = rx.received().iter().map(|r| r.at).max().context("arrivals")?;
+    out.insert("patch_to_first_ms".into(), first.duration_since(patched).as_secs_f64() * 1000.0);
+    out.insert("drain_s".into(), last.duration_since(patched).as_secs_f64());
+    Ok(())
 }
 
 async fn upload_plugin(api: &tests::Api, tenant: &str, name: &str, file: &str) -> anyhow::Result<()> {

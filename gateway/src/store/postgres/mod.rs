@@ -22,6 +22,8 @@ use super::*;
 const CHANNEL: &str = "herald_work";
 /// Postgres refuses channel names of 64 bytes or more.
 const MAX_CHANNEL: usize = 63;
+/// Marks a notification about changed endpoints; intake's carry bare ids of new work.
+const CHANGED: &str = "changed:";
 /// Endpoint ids per notification: payloads must stay under 8000 bytes.
 const IDS_PER_NOTIFY: usize = 200;
 /// Group commits that hit a deadlock or serialization failure are replayed this often.
@@ -168,11 +170,20 @@ impl Store for PostgresStore {
         self.q.release_partition(endpoint, owner).await
     }
 
-    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Vec<EndpointId>>>> {
+    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>> {
         let listener = listen(&self.q.pool, &self.channel).await?;
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(forward_notifications(listener, self.q.pool.clone(), self.channel.clone(), tx));
         Ok(Some(rx))
+    }
+
+    async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()> {
+        let ids: Vec<&str> = endpoints.iter().map(EndpointId::as_str).collect();
+        for chunk in ids.chunks(IDS_PER_NOTIFY) {
+            let payload = format!("{CHANGED}{}", chunk.join(","));
+            sqlx::query("SELECT pg_notify($1, $2)").bind(&self.channel).bind(payload).execute(&self.q.pool).await?;
+        }
+        Ok(())
     }
 
     async fn dead_selection(
@@ -312,12 +323,7 @@ async fn listen(pool: &PgPool, channel: &str) -> sqlx::Result<PgListener> {
 
 /// Feeds notifications to the engine until it stops listening. Missed notifications
 /// (while reconnecting) only delay work until the engine's periodic scan.
-async fn forward_notifications(
-    mut listener: PgListener,
-    pool: PgPool,
-    channel: String,
-    tx: mpsc::Sender<Vec<EndpointId>>,
-) {
+async fn forward_notifications(mut listener: PgListener, pool: PgPool, channel: String, tx: mpsc::Sender<Notice>) {
     loop {
         let got = tokio::select! {
             _ = tx.closed() => return,
@@ -325,9 +331,16 @@ async fn forward_notifications(
         };
         match got {
             Ok(n) => {
+                let (changed, list) = match n.payload().strip_prefix(CHANGED) {
+                    Some(rest) => (true, rest),
+                    None => (false, n.payload()),
+                };
                 let ids: Vec<EndpointId> =
-                    n.payload().split(',').filter(|s| !s.is_empty()).map(EndpointId::from_stored).collect();
-                if !ids.is_empty() && tx.send(ids).await.is_err() {
+                    list.split(',').filter(|s| !s.is_empty()).map(EndpointId::from_stored).collect();
+                let notice = if changed { Notice::Changed(ids) } else { Notice::Work(ids) };
+                if matches!(&notice, Notice::Work(ids) | Notice::Changed(ids) if !ids.is_empty())
+                    && tx.send(notice).await.is_err()
+                {
                     return;
                 }
             }

@@ -179,8 +179,12 @@ impl Store for SqliteStore {
         self.q.release_partition(endpoint, owner).await
     }
 
-    async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Vec<EndpointId>>>> {
+    async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Notice>>> {
         Ok(None)
+    }
+
+    async fn announce_changed(&self, _endpoints: &[EndpointId]) -> Result<()> {
+        Ok(())
     }
 
     async fn dead_selection(
