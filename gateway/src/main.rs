@@ -32,6 +32,9 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Print the API's OpenAPI 3.1 document (what `GET /openapi.json` serves), e.g. to
+    /// generate a client without a running node.
+    Openapi,
 }
 
 #[derive(clap::Args)]
@@ -123,6 +126,10 @@ fn main() -> anyhow::Result<()> {
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;
             println!("{config:#?}");
+            Ok(())
+        }
+        Command::Openapi => {
+            println!("{}", gateway::api::openapi_json());
             Ok(())
         }
     }

@@ -3,6 +3,7 @@
 use axum::http::{HeaderMap, StatusCode};
 use sha2::{Digest, Sha256};
 
+use super::doc::ErrorCode;
 use super::{ApiError, AppState};
 use crate::model::{Millis, Scope, TenantId, TokenRecord};
 
@@ -31,7 +32,7 @@ fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
 }
 
 fn unauthorized(m: &str) -> ApiError {
-    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m)
+    ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, m)
 }
 
 /// Compares the sha256 digests of two tokens in constant time: the digests have a fixed
@@ -104,7 +105,9 @@ pub fn forget(state: &AppState, id: &str) {
 pub async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     match caller(state, headers).await?.0 {
         Caller::Admin => Ok(()),
-        Caller::Tenant(_) => Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "this route needs the admin token")),
+        Caller::Tenant(_) => {
+            Err(ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, "this route needs the admin token"))
+        }
     }
 }
 
@@ -119,7 +122,7 @@ pub async fn tenant(state: &AppState, headers: &HeaderMap, tenant: &str, scope: 
     if !scopes.contains(&scope) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             format!("this token lacks the {} scope", scope.as_str()),
         ));
     }

@@ -9,7 +9,9 @@ use axum::http::header::CONTENT_TYPE;
 use serde::Serialize;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ComponentsBuilder, ContentBuilder, OpenApi, OpenApiBuilder, Ref, ResponseBuilder};
+use utoipa::openapi::{
+    ComponentsBuilder, ContentBuilder, OpenApi, OpenApiBuilder, Ref, RefOr, Required, ResponseBuilder,
+};
 use utoipa::{PartialSchema, ToSchema};
 
 /// The body of every error: `{"error": {"code": "...", "message": "..."}}`.
@@ -20,13 +22,47 @@ pub struct ErrorBody {
 
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// A stable machine code: `invalid_request`, `invalid_path`, `invalid_query`,
-    /// `unauthorized`, `forbidden`, `not_found`, `method_not_allowed`, `conflict`,
-    /// `payload_too_large`, `endpoint_not_active`, `invalid_plugin`, `plugin_limit`,
-    /// `plugin_loading`, `plugin_unavailable`, `storage_unavailable`.
-    pub code: &'static str,
-    /// What went wrong, for a human.
+    pub code: ErrorCode,
+    /// What went wrong, for a human; it starts with the field at fault.
     pub message: String,
+}
+
+/// Every error's stable machine code: the one list, so the document names them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: a malformed or non-object JSON body, an unknown field; 422: a field's value.
+    InvalidRequest,
+    /// 400: a path parameter that cannot be read (invalid UTF-8, NUL).
+    InvalidPath,
+    /// 400: a bad, repeated or unknown query parameter, or a query where none is taken.
+    InvalidQuery,
+    /// 401: no bearer token, or an unknown one.
+    Unauthorized,
+    /// 403: the token lacks the scope, or the route needs the admin token.
+    Forbidden,
+    /// 404: no such route, tenant (or another tenant's) or object.
+    NotFound,
+    /// 405: the route does not take that method (see `Allow`).
+    MethodNotAllowed,
+    /// 409: the object exists, or an event id was reused with another type or payload.
+    Conflict,
+    /// 413: the body is over the limit.
+    PayloadTooLarge,
+    /// 409: a replay selects dead letters of a paused or disabled endpoint.
+    EndpointNotActive,
+    /// 413 or 422: a plugin upload that is not a valid component.
+    InvalidPlugin,
+    /// 422: the tenant holds as many plugins as it may.
+    PluginLimit,
+    /// 503: a bound plugin is still loading; try again shortly.
+    PluginLoading,
+    /// 503: the plugin could not be installed (storage or compiler failure).
+    PluginUnavailable,
+    /// 503: the store failed; nothing was written.
+    StorageUnavailable,
+    /// 500: stored data Herald cannot read back.
+    InternalError,
 }
 
 const ADMIN: &str = "admin_token";
@@ -40,6 +76,7 @@ pub(super) fn base() -> OpenApi {
     let components = ComponentsBuilder::new()
         .schema("ErrorBody", ErrorBody::schema())
         .schema("ErrorDetail", ErrorDetail::schema())
+        .schema("ErrorCode", ErrorCode::schema())
         .security_scheme(
             ADMIN,
             bearer("The admin token (`server.admin_token`): every route, every tenant, every scope."),
@@ -73,6 +110,7 @@ pub(super) fn finish(mut doc: OpenApi) -> OpenApi {
             for (status, why) in common_errors(path, op) {
                 add_error(op, status, why);
             }
+            empty_body_is_an_object(op);
         }
     }
     doc
@@ -103,6 +141,21 @@ fn common_errors(path: &str, op: &Operation) -> Vec<(u16, &'static str)> {
     out
 }
 
+/// Operations that read their body themselves (`RawBody`), where an empty body is refused.
+const RAW_BODIES: &[&str] = &["create_event", "create_events", "upload_plugin"];
+
+/// `JsonBody` reads an empty body as `{}`, so the body of a JSON route is optional (an
+/// empty `PATCH` changes nothing; an empty `rotate-secret` generates the secret).
+fn empty_body_is_an_object(op: &mut Operation) {
+    if op.operation_id.as_deref().is_some_and(|id| RAW_BODIES.contains(&id)) {
+        return;
+    }
+    if let Some(RefOr::T(body)) = &mut op.request_body {
+        body.required = Some(Required::False);
+        body.description = Some("An empty body reads as `{}`.".into());
+    }
+}
+
 fn add_error(op: &mut Operation, status: u16, why: &str) {
     let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build();
     op.responses
@@ -111,7 +164,7 @@ fn add_error(op: &mut Operation, status: u16, why: &str) {
         .or_insert_with(|| ResponseBuilder::new().description(why).content("application/json", content).build().into());
 }
 
-static DOCUMENT: LazyLock<String> =
+pub(super) static DOCUMENT: LazyLock<String> =
     LazyLock::new(|| super::document().to_pretty_json().expect("the OpenAPI document serialises"));
 
 /// `GET /openapi.json`.
@@ -120,5 +173,5 @@ static DOCUMENT: LazyLock<String> =
     responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json", body = Object)),
 )]
 pub(super) async fn openapi_json() -> ([(axum::http::HeaderName, &'static str); 1], &'static str) {
-    ([(CONTENT_TYPE, "application/json")], DOCUMENT.as_str())
+    ([(CONTENT_TYPE, "application/json")], super::openapi_json())
 }

@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::doc::ErrorCode;
 use super::extract::{ItemPath, JsonBody, Manage, Path, Read, TenantAuth, TenantPath};
 use super::{ApiError, AppState, rfc3339};
 use crate::config::parse_duration_ms;
@@ -138,7 +139,7 @@ fn check_bindings(state: &AppState, tenant: &TenantId, p: &PluginBindings) -> Re
             None if state.plugins.loading(tenant.as_str(), name) => {
                 return Err(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "plugin_loading",
+                    ErrorCode::PluginLoading,
                     format!("{field}: plugin {name:?} is still loading; try again shortly"),
                 ));
             }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
+use super::doc::ErrorCode;
 use super::extract::{EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath};
 use super::{ApiError, AppState, parse_rfc3339, rfc3339};
 use crate::intake::{self, IntakeLimits};
@@ -140,7 +141,7 @@ pub(crate) async fn get_one(
     // Intake stored valid JSON; a raw value keeps its bytes as they were posted.
     let payload = RawValue::from_string(event.payload).map_err(|e| {
         tracing::error!(event = %event.id, error = %e, "a stored payload is not JSON");
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_event", "the stored payload is not JSON")
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::InternalError, "the stored payload is not JSON")
     })?;
     Ok(Json(EventOut {
         id: event.id.to_string(),
@@ -199,7 +200,7 @@ fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
             Some(n) => {
                 return Err(ApiError::new(
                     StatusCode::BAD_REQUEST,
-                    "invalid_query",
+                    ErrorCode::InvalidQuery,
                     format!("limit: {n} is not 1 to 1000"),
                 ));
             }

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::IntoParams;
 
+use super::doc::ErrorCode;
 use super::{ApiError, AppState, auth};
 use crate::model::{Scope, TenantId};
 
@@ -84,7 +85,7 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         Bytes::from_request(req, state).await.map(RawBody).map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.body_text())
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, e.body_text())
             } else {
                 ApiError::bad_request(e.body_text())
             }
@@ -176,7 +177,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
 }
 
 fn path_error(e: impl ToString) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.to_string())
+    ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidPath, e.to_string())
 }
 
 /// Query parameters into `T` (which denies unknown fields): a bad value, a repeated key
@@ -189,7 +190,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         axum::extract::Query::<T>::try_from_uri(&parts.uri)
             .map(|q| Query(q.0))
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery, e.body_text()))
     }
 }
 
@@ -211,14 +212,22 @@ pub async fn check_uri(matched: axum::extract::MatchedPath, req: Request, next: 
     }
     if let Some(q) = uri.query() {
         if q.contains("%00") {
-            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", "a query value contains a NUL character")
-                .into_response();
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidQuery,
+                "a query value contains a NUL character",
+            )
+            .into_response();
         }
         // Probes and scrapers (`/healthz`, `/metrics`) may add a query; the API may not.
         let api_route = matched.as_str().starts_with("/v1/");
         if !q.is_empty() && api_route && !ROUTES_WITH_QUERY.contains(&matched.as_str()) {
-            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", "this route takes no query parameters")
-                .into_response();
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidQuery,
+                "this route takes no query parameters",
+            )
+            .into_response();
         }
     }
     next.run(req).await

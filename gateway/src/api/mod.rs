@@ -29,6 +29,7 @@ mod replays;
 mod tenants;
 
 pub use auth::hash_token;
+pub use doc::ErrorCode;
 
 /// Shared state of every request handler.
 pub struct AppState {
@@ -109,9 +110,14 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(plugins::upload, plugins::get_one))
 }
 
-/// The OpenAPI 3.1 document of [`router`]'s routes, served at `GET /openapi.json`.
+/// The OpenAPI 3.1 document of [`router`]'s routes.
 pub fn document() -> utoipa::openapi::OpenApi {
     doc::finish(routes().split_for_parts().1)
+}
+
+/// The document as `GET /openapi.json` serves it (and `herald openapi` prints it).
+pub fn openapi_json() -> &'static str {
+    doc::DOCUMENT.as_str()
 }
 
 /// Builds the router; tests may call it without a socket.
@@ -123,9 +129,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route_layer(axum::middleware::from_fn(extract::check_uri))
         // Axum adds the `Allow` header to this body.
         .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                ErrorCode::MethodNotAllowed,
+                "this route does not take that method",
+            )
         })
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -134,22 +144,22 @@ pub fn router(state: Arc<AppState>) -> Router {
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError { status, code, message: message.into() }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        Self::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidRequest, message)
     }
     pub fn unprocessable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidRequest, message)
     }
     pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+        Self::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, format!("{what} not found"))
     }
 }
 
@@ -163,13 +173,13 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
-            StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found", m),
+            StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, m),
+            StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, m),
             StoreError::Backend(m) => {
                 tracing::error!(error = %m, "storage error");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "storage_unavailable",
+                    ErrorCode::StorageUnavailable,
                     "storage is unavailable; nothing was accepted",
                 )
             }
@@ -182,9 +192,9 @@ impl From<IntakeError> for ApiError {
         match e {
             IntakeError::Invalid(m) => ApiError::bad_request(m),
             e @ IntakeError::TooDeep { .. } => ApiError::unprocessable(e.to_string()),
-            e @ IntakeError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string()),
+            e @ IntakeError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, e.to_string()),
             e @ IntakeError::TooLarge { .. } => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.to_string())
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, e.to_string())
             }
             IntakeError::Store(s) => s.into(),
         }

@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use super::doc::ErrorCode;
 use super::extract::{Manage, Path, PluginPath, Read, TenantAuth, TenantPath};
 use super::{ApiError, AppState};
 use crate::plugin::{Hook, PluginError, PluginInfo};
@@ -62,7 +63,7 @@ fn view(p: &PluginInfo) -> PluginOut {
 impl From<PluginError> for ApiError {
     fn from(e: PluginError) -> Self {
         if let PluginError::TenantLimit { .. } = e {
-            return ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "plugin_limit", e.to_string());
+            return ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::PluginLimit, e.to_string());
         }
         if e.is_client_error() {
             let status = if matches!(e, PluginError::TooLarge { .. }) {
@@ -70,10 +71,10 @@ impl From<PluginError> for ApiError {
             } else {
                 StatusCode::UNPROCESSABLE_ENTITY
             };
-            ApiError::new(status, "invalid_plugin", e.to_string())
+            ApiError::new(status, ErrorCode::InvalidPlugin, e.to_string())
         } else {
             tracing::error!(error = %e, "plugin install failed");
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "plugin_unavailable", e.to_string())
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::PluginUnavailable, e.to_string())
         }
     }
 }
@@ -101,7 +102,7 @@ pub(crate) async fn upload(
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_plugin",
+            ErrorCode::InvalidPlugin,
             format!("plugin is over the limit of {limit} bytes"),
         )
     };

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::doc::ErrorCode;
 use super::extract::{ItemPath, JsonBody, Path, Read, Replay as ReplayScope, TenantAuth, TenantPath};
 use super::{ApiError, AppState, parse_rfc3339, rfc3339};
 use crate::model::*;
@@ -149,7 +150,7 @@ pub(crate) async fn create(
         let list: Vec<&str> = blocked.iter().map(|e| e.as_str()).collect();
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "endpoint_not_active",
+            ErrorCode::EndpointNotActive,
             format!("endpoints {} are paused or disabled: re-enable them first", list.join(", ")),
         ));
     }
