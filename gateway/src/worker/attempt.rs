@@ -265,10 +265,8 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
     };
     if let Some(name) = &spec.plugins.transform {
-        let clock = Instant::now();
-        let transformed = inner.plugins.transform(tenant, name, ctx, &request).await;
-        inner.metrics.plugin_call(plugin::Hook::Transform).observe(clock.elapsed());
-        match transformed {
+        let timer = inner.metrics.plugin_call(plugin::Hook::Transform);
+        match timer.time(inner.plugins.transform(tenant, name, ctx, &request)).await {
             Ok(plugin::TransformResult::Send(r)) => request = r,
             Ok(plugin::TransformResult::Drop(reason)) => {
                 return Exchange::Decided {
@@ -297,10 +295,8 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
     match &spec.plugins.sign {
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
-            let clock = Instant::now();
-            let signed = inner.plugins.sign(tenant, name, ctx, &keys, &request).await;
-            inner.metrics.plugin_call(plugin::Hook::Sign).observe(clock.elapsed());
-            match signed {
+            let timer = inner.metrics.plugin_call(plugin::Hook::Sign);
+            match timer.time(inner.plugins.sign(tenant, name, ctx, &keys, &request)).await {
                 Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
                 Err(f) => return failed(inner, name, plugin::Hook::Sign, f),
             }
@@ -330,10 +326,8 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
 async fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, outcome: &Outcome) -> (Verdict, String) {
     let builtin = || (classify::classify(outcome), "builtin".to_string());
     let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
-    let clock = Instant::now();
-    let classified = inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into()).await;
-    inner.metrics.plugin_call(plugin::Hook::Classify).observe(clock.elapsed());
-    match classified {
+    let timer = inner.metrics.plugin_call(plugin::Hook::Classify);
+    match timer.time(inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into())).await {
         Ok(v) => plugin::verdict(v, name).map(|v| (v, format!("plugin:{name}"))).unwrap_or_else(builtin),
         Err(f) => {
             inner.metrics.plugin_failed(&ctx.tenant, name, plugin::Hook::Classify, &f);
