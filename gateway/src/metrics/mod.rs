@@ -270,6 +270,12 @@ impl TenantCounters {
             _ => {}
         }
     }
+
+    /// Counts `n` deliveries dead-lettered together, without an attempt of their own, for
+    /// `reason`: the queued deliveries of an endpoint being disabled.
+    pub fn dead_lettered(&self, reason: &str, n: u64) {
+        self.0.dead_by[dead_class(reason)].inc_by(n);
+    }
 }
 
 /// Rewrites prometheus-client's OpenMetrics text as Prometheus text 0.0.4: there, a

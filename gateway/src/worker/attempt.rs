@@ -22,7 +22,7 @@ use crate::deliver::headers::is_reserved;
 use crate::model::{Attempt, DeliveryState, Endpoint, EndpointState, Millis, new_id};
 use crate::plugin;
 use crate::sign::{self, Secret};
-use crate::store::{AttemptResult, Claimed, EndpointChange, Release};
+use crate::store::{AttemptResult, Claimed, EndpointChange, Recorded, Release};
 
 /// The JSON envelope a receiver gets by default; the payload bytes are kept exactly.
 pub fn envelope(event_id: &str, event_type: &str, created_at: Millis, payload: &str) -> String {
@@ -177,7 +177,15 @@ async fn record(
         reason: decision.reason.clone(),
         attempt,
     };
-    match inner.committer.record_with(change, result).await {
+    let recorded = inner.committer.record_with(change, result).await;
+    if let Ok(Recorded { dead_lettered: n @ 1.., .. }) = recorded {
+        target.counters.dead_lettered("endpoint_disabled", n);
+        tracing::warn!(
+            tenant = %d.tenant, endpoint_id = %target.endpoint.id, count = n, reason = "endpoint_disabled",
+            "dead letters: the disabled endpoint's other deliveries"
+        );
+    }
+    match recorded.map(|r| r.recorded) {
         Ok(false) => {
             inner.metrics.fenced_results.inc();
             tracing::warn!(
