@@ -93,10 +93,7 @@ pub(crate) async fn create_batch(
 
 /// Hands events to the group committer, timing the wait for the durable commit.
 async fn accept(state: &AppState, events: Vec<NewEvent>) -> Result<Vec<(EventId, IngestOutcome)>, ApiError> {
-    let clock = std::time::Instant::now();
-    let outcomes = intake::accept(&state.committer, events).await;
-    state.metrics.intake_commit.observe(clock.elapsed());
-    Ok(outcomes?)
+    Ok(state.metrics.intake_commit.time(intake::accept(&state.committer, events)).await?)
 }
 
 fn after_accept(state: &AppState, outcomes: &[(EventId, IngestOutcome)]) {

@@ -49,6 +49,14 @@ impl DurationHistogram {
         self.0.sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
+    /// Awaits `f`, counting how long it took.
+    pub async fn time<F: std::future::Future>(&self, f: F) -> F::Output {
+        let clock = std::time::Instant::now();
+        let out = f.await;
+        self.observe(clock.elapsed());
+        out
+    }
+
     /// Observations so far.
     pub fn count(&self) -> u64 {
         self.0.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()

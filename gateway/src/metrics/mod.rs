@@ -18,7 +18,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::model::DeliveryState;
 use crate::plugin::{Hook, PluginFailure};
@@ -34,6 +34,28 @@ pub const DEAD_REASONS: [&str; 8] = [
     "plugin",
     "dropped",
     "other",
+];
+
+/// The node's plain counters, in [`Metrics`] field order: (name without `_total`, help).
+const COUNTERS: [(&str, &str); 7] = [
+    ("herald_events_accepted", "Events durably accepted"),
+    ("herald_deliveries_created", "Deliveries created by fan-out"),
+    ("herald_attempts", "Delivery attempts made"),
+    ("herald_endpoint_pauses", "Endpoint pauses (429, credentials, TLS)"),
+    ("herald_endpoint_disables", "Endpoints disabled"),
+    ("herald_leases_recovered", "Abandoned leases recovered"),
+    ("herald_fenced_results", "Results refused because the lease was lost"),
+];
+const GAUGES: [(&str, &str); 3] = [
+    ("herald_requests_in_flight", "Webhook requests in flight"),
+    ("herald_partitions_held", "Endpoint partitions this node holds"),
+    ("herald_partitions", "Partition tasks running on this node"),
+];
+const HISTOGRAMS: [(&str, &str, &[f64]); 4] = [
+    ("herald_attempt_duration_seconds", "One attempt: transform and sign plugins, the request", histogram::FAST),
+    ("herald_arrival_latency_seconds", "From an event's 202 to its delivery, retries included", histogram::ARRIVAL),
+    ("herald_intake_commit_duration_seconds", "An intake request's wait for its durable group commit", histogram::FAST),
+    ("herald_claim_duration_seconds", "One claim of due deliveries", histogram::FAST),
 ];
 
 /// Every metric Herald exports.
@@ -105,81 +127,49 @@ impl Metrics {
     /// Registers every metric; the scrape-time ones read the latest [`Snapshot`].
     pub fn new() -> Metrics {
         let mut r = Registry::default();
-        let counter = |r: &mut Registry, name: &str, help: &str| {
-            let c = Counter::default();
-            r.register(name, help, c.clone());
-            c
-        };
-        let histogram = |r: &mut Registry, name: &str, help: &str, bounds| {
-            let h = DurationHistogram::new(bounds);
-            r.register(name, help, h.clone());
-            h
-        };
-        let gauge = |r: &mut Registry, name: &str, help: &str| {
-            let g = Gauge::default();
-            r.register(name, help, g.clone());
-            g
-        };
-        let plugin_calls: HistogramFamily<HookLabels> =
-            Family::new_with_constructor(|| DurationHistogram::new(histogram::FAST));
-        r.register(
+        let [
+            events_accepted,
+            deliveries_created,
+            attempts,
+            endpoint_pauses,
+            endpoint_disables,
+            leases_recovered,
+            fenced_results,
+        ] = COUNTERS.map(|(name, help)| register(&mut r, name, help, Counter::default()));
+        let [in_flight, partitions_held, partitions] = GAUGES.map(|(name, help)| register(&mut r, name, help, Gauge::default()));
+        let [attempt_duration, arrival_latency, intake_commit, claim_duration] =
+            HISTOGRAMS.map(|(name, help, bounds)| register(&mut r, name, help, DurationHistogram::new(bounds)));
+        let fast = || DurationHistogram::new(histogram::FAST);
+        let plugin_calls: HistogramFamily<HookLabels> = register(
+            &mut r,
             "herald_plugin_call_duration_seconds",
             "Plugin hook calls, queueing on the call pool included",
-            plugin_calls.clone(),
+            Family::new_with_constructor(fast),
         );
-        let plugin_call = Hook::ALL.map(|h| plugin_calls.get_or_create_owned(&HookLabels { hook: h.as_str() }));
-        let (outcomes, dead, plugin_failures) = (Family::default(), Family::default(), Family::default());
-        r.register(
-            "herald_delivery_outcomes",
-            "Attempt results by tenant: delivered, retried, dropped (by a transform plugin) or dead",
-            Family::clone(&outcomes),
-        );
-        r.register(
-            "herald_dead_letters",
-            "Deliveries dead-lettered by the engine, by tenant and reason",
-            Family::clone(&dead),
-        );
-        r.register(
-            "herald_plugin_failures",
-            "Failed plugin calls by tenant, plugin, hook and reason",
-            Family::clone(&plugin_failures),
-        );
+        let outcomes = "Attempt results by tenant: delivered, retried, dropped (by a transform plugin) or dead";
+        let dead = "Deliveries dead-lettered by the engine, by tenant and reason";
+        let plugin_failures = "Failed plugin calls by tenant, plugin, hook and reason";
         let snapshot = snapshot::Shared::default();
         r.register_collector(Box::new(snapshot.clone()));
         Metrics {
-            events_accepted: counter(&mut r, "herald_events_accepted", "Events durably accepted"),
-            deliveries_created: counter(&mut r, "herald_deliveries_created", "Deliveries created by fan-out"),
-            attempts: counter(&mut r, "herald_attempts", "Delivery attempts made"),
-            endpoint_pauses: counter(&mut r, "herald_endpoint_pauses", "Endpoint pauses (429, credentials, TLS)"),
-            endpoint_disables: counter(&mut r, "herald_endpoint_disables", "Endpoints disabled"),
-            leases_recovered: counter(&mut r, "herald_leases_recovered", "Abandoned leases recovered"),
-            fenced_results: counter(&mut r, "herald_fenced_results", "Results refused because the lease was lost"),
-            in_flight: gauge(&mut r, "herald_requests_in_flight", "Webhook requests in flight"),
-            partitions_held: gauge(&mut r, "herald_partitions_held", "Endpoint partitions this node holds"),
-            partitions: gauge(&mut r, "herald_partitions", "Partition tasks running on this node"),
-            attempt_duration: histogram(&mut r, "herald_attempt_duration_seconds", "One attempt", histogram::FAST),
-            arrival_latency: histogram(
-                &mut r,
-                "herald_arrival_latency_seconds",
-                "From an event's 202 to its delivery, retries included",
-                histogram::ARRIVAL,
-            ),
-            intake_commit: histogram(
-                &mut r,
-                "herald_intake_commit_duration_seconds",
-                "An intake request's wait for its durable group commit",
-                histogram::FAST,
-            ),
-            claim_duration: histogram(
-                &mut r,
-                "herald_claim_duration_seconds",
-                "One claim of due deliveries",
-                histogram::FAST,
-            ),
-            plugin_call,
-            outcomes,
-            dead,
-            plugin_failures,
+            events_accepted,
+            deliveries_created,
+            attempts,
+            endpoint_pauses,
+            endpoint_disables,
+            leases_recovered,
+            fenced_results,
+            in_flight,
+            partitions_held,
+            partitions,
+            attempt_duration,
+            arrival_latency,
+            intake_commit,
+            claim_duration,
+            plugin_call: Hook::ALL.map(|h| plugin_calls.get_or_create_owned(&HookLabels { hook: h.as_str() })),
+            outcomes: register(&mut r, "herald_delivery_outcomes", outcomes, Family::default()),
+            dead: register(&mut r, "herald_dead_letters", dead, Family::default()),
+            plugin_failures: register(&mut r, "herald_plugin_failures", plugin_failures, Family::default()),
             snapshot,
             registry: r,
         }
@@ -236,6 +226,12 @@ impl Metrics {
     }
 }
 
+/// Registers `metric` (which shares its values with its clones) and returns it.
+fn register<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    r.register(name, help, metric.clone());
+    metric
+}
+
 /// One tenant's outcome counters; clones share them.
 #[derive(Clone, Debug)]
 pub struct TenantCounters(Arc<TenantInner>);
@@ -272,6 +268,12 @@ impl TenantCounters {
             }
             _ => {}
         }
+    }
+
+    /// Counts `n` deliveries dead-lettered together, without an attempt of their own, for
+    /// `reason`: the queued deliveries of an endpoint being disabled.
+    pub fn dead_lettered(&self, reason: &str, n: u64) {
+        self.0.dead_by[dead_class(reason)].inc_by(n);
     }
 }
 

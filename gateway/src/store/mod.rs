@@ -226,6 +226,15 @@ pub struct QueueStats {
     pub wal_bytes: Option<u64>,
 }
 
+/// What [`Committer::record_with`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// The result was recorded (the fence still matched).
+    pub recorded: bool,
+    /// Other deliveries the endpoint change dead-lettered (disabling it).
+    pub dead_lettered: u64,
+}
+
 /// Filters for listing deliveries (and dead letters).
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
@@ -377,12 +386,18 @@ impl Committer {
 
     /// Records one attempt's result together with its endpoint's change (applied first, so
     /// the result settles against the endpoint's new state). True when the fence held.
-    pub async fn record_with(&self, change: Option<EndpointChange>, result: AttemptResult) -> Result<bool> {
+    pub async fn record_with(&self, change: Option<EndpointChange>, result: AttemptResult) -> Result<Recorded> {
         let ops = change.map(WriteOp::Endpoint).into_iter().chain([WriteOp::Record(vec![result])]).collect();
-        match self.submit_all(ops).await?.pop() {
-            Some(WriteResult::Record(v)) => Ok(v.first() == Some(&true)),
-            other => Err(StoreError::backend(format!("committer answered with the wrong kind: {other:?}"))),
-        }
+        let mut results = self.submit_all(ops).await?;
+        let recorded = match results.pop() {
+            Some(WriteResult::Record(v)) => v.first() == Some(&true),
+            other => return Err(StoreError::backend(format!("committer answered with the wrong kind: {other:?}"))),
+        };
+        let dead_lettered = match results.pop() {
+            Some(WriteResult::Endpoint(n)) => n,
+            _ => 0,
+        };
+        Ok(Recorded { recorded, dead_lettered })
     }
 
     pub async fn ingest(&self, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {

@@ -22,7 +22,7 @@ use crate::deliver::headers::is_reserved;
 use crate::model::{Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, new_id};
 use crate::plugin;
 use crate::sign::{self, Secret};
-use crate::store::{AttemptResult, Claimed, EndpointChange, Release};
+use crate::store::{AttemptResult, Claimed, EndpointChange, Recorded, Release};
 
 /// The JSON envelope a receiver gets by default; the payload bytes are kept exactly.
 pub fn envelope(event_id: &str, event_type: &str, created_at: Millis, payload: &str) -> String {
@@ -177,7 +177,15 @@ async fn record(
         reason: decision.reason.clone(),
         attempt,
     };
-    match inner.committer.record_with(change, result).await {
+    let recorded = inner.committer.record_with(change, result).await;
+    if let Ok(Recorded { dead_lettered: n @ 1.., .. }) = recorded {
+        target.counters.dead_lettered("endpoint_disabled", n);
+        tracing::warn!(
+            tenant = %d.tenant, endpoint_id = %target.endpoint.id, count = n, reason = "endpoint_disabled",
+            "dead letters: the disabled endpoint's other deliveries"
+        );
+    }
+    match recorded.map(|r| r.recorded) {
         Ok(false) => {
             inner.metrics.fenced_results.inc();
             tracing::warn!(
@@ -290,10 +298,8 @@ async fn transformed(
         body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
     };
     let Some(name) = &spec.plugins.transform else { return Ok(request) };
-    let clock = Instant::now();
-    let transformed = inner.plugins.transform(d.tenant.as_str(), name, ctx, &request).await;
-    inner.metrics.plugin_call(plugin::Hook::Transform).observe(clock.elapsed());
-    match transformed {
+    let timer = inner.metrics.plugin_call(plugin::Hook::Transform);
+    match timer.time(inner.plugins.transform(d.tenant.as_str(), name, ctx, &request)).await {
         Ok(plugin::TransformResult::Send(r)) => Ok(r),
         Ok(plugin::TransformResult::Drop(reason)) => Err(Exchange::Decided {
             verdict: Verdict::Fail { reason: format!("dropped:{reason}") },
@@ -332,10 +338,8 @@ async fn signed(
     match sign_plugin {
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
-            let clock = Instant::now();
-            let signed = inner.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request).await;
-            inner.metrics.plugin_call(plugin::Hook::Sign).observe(clock.elapsed());
-            match signed {
+            let timer = inner.metrics.plugin_call(plugin::Hook::Sign);
+            match timer.time(inner.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request)).await {
                 Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
                 Err(f) => return Err(plugin_failed(inner, d, ctx, name, plugin::Hook::Sign, f)),
             }
@@ -370,10 +374,8 @@ fn plugin_failed(
 async fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, outcome: &Outcome) -> (Verdict, String) {
     let builtin = || (classify::classify(outcome), "builtin".to_string());
     let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
-    let clock = Instant::now();
-    let classified = inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into()).await;
-    inner.metrics.plugin_call(plugin::Hook::Classify).observe(clock.elapsed());
-    match classified {
+    let timer = inner.metrics.plugin_call(plugin::Hook::Classify);
+    match timer.time(inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into())).await {
         Ok(v) => plugin::verdict(v, name).map(|v| (v, format!("plugin:{name}"))).unwrap_or_else(builtin),
         Err(f) => {
             inner.metrics.plugin_failed(&ctx.tenant, name, plugin::Hook::Classify, &f);

@@ -17,12 +17,12 @@ use super::{
     IDLE_LINGER, Inner, PARTITION_LEASE, PARTITION_RENEW_BEFORE, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition,
 };
 use crate::lease;
-use crate::metrics::{Metrics, TenantCounters};
+use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
-use crate::store::{ClaimRequest, Claimed, Committer, Release, StoreError};
+use crate::store::{ClaimRequest, Claimed, Release};
 
 /// What a partition shares with its in-flight attempts.
 pub(super) struct Shared {
@@ -276,7 +276,7 @@ impl Partition {
         let (committer, metrics) = (self.inner.committer.clone(), self.inner.metrics.clone());
         let id = self.id.clone();
         self.prefetch = Some(tokio::spawn(async move {
-            timed_claim(&committer, &metrics, req).await.unwrap_or_else(|e| {
+            metrics.claim_duration.time(committer.claim(req)).await.unwrap_or_else(|e| {
                 tracing::warn!(endpoint_id = %id, error = %e, "prefetch claim failed");
                 Vec::new()
             })
@@ -358,7 +358,7 @@ impl Partition {
         }
         let (inner, id) = (&self.inner, &self.id);
         let req = claim_request(inner, id, &endpoint.spec, 0, now);
-        let claimed = match timed_claim(&inner.committer, &inner.metrics, req).await {
+        let claimed = match inner.metrics.claim_duration.time(inner.committer.claim(req)).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(endpoint_id = %id, error = %e, "claim failed");
@@ -493,14 +493,6 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
     Target { endpoint, policy, secrets, counters }
-}
-
-/// Claims through the group committer, timing the claim.
-async fn timed_claim(committer: &Committer, metrics: &Metrics, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
-    let clock = Instant::now();
-    let claimed = committer.claim(req).await;
-    metrics.claim_duration.observe(clock.elapsed());
-    claimed
 }
 
 /// Hands claimed-but-unsent deliveries back, due at `at`.
