@@ -195,7 +195,7 @@ pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Result<&'static
     Ok("ready")
 }
 
-/// `GET /metrics`: OpenMetrics text. The figures that need a query are re-read at most
+/// `GET /metrics`: Prometheus text format 0.0.4. The figures that need a query are re-read at most
 /// once a second; a failed read leaves the previous ones and is logged, never a 5xx.
 #[utoipa::path(
     get, path = "/metrics", tag = "meta", operation_id = "metrics",
@@ -204,7 +204,7 @@ pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Result<&'static
 pub(crate) async fn metrics(
     State(state): State<Arc<AppState>>,
 ) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    let now = crate::clock::now_ms();
+    let now = state.clock.now();
     if now - state.metrics.snapshot_taken_at() >= 1_000 {
         match state.store.queue_stats(now, crate::metrics::TOP_ENDPOINTS).await {
             Ok(queue) => state.metrics.set_snapshot(crate::metrics::Snapshot {
@@ -216,6 +216,7 @@ pub(crate) async fn metrics(
             Err(e) => tracing::warn!(error = %e, "cannot read the queue figures for /metrics"),
         }
     }
-    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    // The Prometheus text format (what `render` writes), not OpenMetrics: no `# EOF`.
+    let content_type = "text/plain; version=0.0.4; charset=utf-8";
     ([(axum::http::header::CONTENT_TYPE, content_type)], state.metrics.render())
 }

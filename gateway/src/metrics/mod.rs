@@ -136,7 +136,8 @@ impl Metrics {
             leases_recovered,
             fenced_results,
         ] = COUNTERS.map(|(name, help)| register(&mut r, name, help, Counter::default()));
-        let [in_flight, partitions_held, partitions] = GAUGES.map(|(name, help)| register(&mut r, name, help, Gauge::default()));
+        let [in_flight, partitions_held, partitions] =
+            GAUGES.map(|(name, help)| register(&mut r, name, help, Gauge::default()));
         let [attempt_duration, arrival_latency, intake_commit, claim_duration] =
             HISTOGRAMS.map(|(name, help, bounds)| register(&mut r, name, help, DurationHistogram::new(bounds)));
         let fast = || DurationHistogram::new(histogram::FAST);

@@ -275,7 +275,7 @@ impl Ticker {
                     // between either is seen here or sees `parked` and wakes us.
                     if ticker.active.load(Ordering::SeqCst) == 0 {
                         // Bounded, so the thread notices a dropped engine.
-                        std::thread::park_timeout(Duration::from_secs(1));
+                        std::thread::park_timeout(Duration::from_secs(10));
                     }
                     ticker.parked.store(false, Ordering::SeqCst);
                     idle = 0;

@@ -259,10 +259,11 @@ fn an_idle_host_stops_ticking_and_a_call_wakes_it_in_time() {
         assert!(idle_since.elapsed() < Duration::from_secs(10), "the epoch ticker never slept");
         std::thread::sleep(Duration::from_millis(10));
     }
-    // The deadline still holds: the call wakes the ticker instead of waiting for it.
+    // The deadline still holds: the call wakes the ticker instead of waiting out its
+    // 10 s sleep (a starved call is stopped within 100 x 10 ms of wall time).
     let started = Instant::now();
     assert_eq!(block(t.host.classify("acme", "spin", &ctx(), &outcome(409))), Err(PluginFailure::Timeout));
-    assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
 }
 
 #[test]

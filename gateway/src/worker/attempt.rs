@@ -243,8 +243,11 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
     for name in [&bound.transform, &bound.classify, &bound.sign].into_iter().flatten() {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if !inner.plugins.until_loaded(tenant, name, left).await {
-            let release =
-                Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at: inner.clock.now() + PLUGIN_LOADING_RETRY_MS };
+            let release = Release {
+                delivery: d.id.clone(),
+                fence: d.fence,
+                next_attempt_at: inner.clock.now() + PLUGIN_LOADING_RETRY_MS,
+            };
             if let Err(e) = inner.committer.release(vec![release]).await {
                 tracing::warn!(
                     tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
