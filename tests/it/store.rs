@@ -156,6 +156,7 @@ fn claim_req(endpoint: &str, now: Millis, limit: u32, owner: &str) -> ClaimReque
         limit,
         owner: owner.into(),
         lease_until: now + 60_000,
+        in_partition: false,
     }
 }
 

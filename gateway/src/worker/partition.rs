@@ -22,7 +22,7 @@ use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
-use crate::store::{ClaimRequest, Claimed, Release};
+use crate::store::{ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 /// What a partition shares with its in-flight attempts.
 pub(super) struct Shared {
@@ -98,15 +98,23 @@ struct Partition {
     /// The endpoint's settings as of the last refill or refresh.
     target: Option<Arc<Target>>,
     /// A claim running ahead of need, so the queue never runs dry while the pacer has slots.
-    prefetch: Option<JoinHandle<Vec<Claimed>>>,
+    prefetch: Option<JoinHandle<LeasedClaim>>,
     /// Until when this node's partition lease is known to hold.
     held: Option<Instant>,
+    /// A renewal of the partition lease riding the next group commit while sending goes on.
+    renewal: Option<JoinHandle<(Instant, StoreResult<bool>)>>,
     refreshed: Instant,
     rng: StdRng,
 }
 
+/// A claim made under the partition lease: when it was submitted, and what it got (`None`:
+/// another node holds the partition; an error claims nothing and proves nothing).
+type LeasedClaim = (Instant, StoreResult<Option<Vec<Claimed>>>);
+
 enum Refill {
     Claimed(Arc<Target>),
+    /// Another node holds the endpoint's partition.
+    Lost,
     /// Nothing due; the earliest due time, if any work is waiting.
     Idle(Option<Millis>),
     /// The endpoint is gone, disabled or held for a human.
@@ -124,6 +132,7 @@ impl Partition {
             target: None,
             prefetch: None,
             held: None,
+            renewal: None,
             refreshed: Instant::now(),
             rng: StdRng::from_rng(&mut rand::rng()),
         }
@@ -135,10 +144,44 @@ impl Partition {
         let ready = self.prefetch.as_ref().is_some_and(|h| wait || h.is_finished() || self.queue.is_empty());
         if ready && let Some(h) = self.prefetch.take() {
             match h.await {
-                Ok(claimed) => self.queue.extend(claimed),
+                Ok((started, claim)) => {
+                    if let Some(claimed) = self.note_claim(started, claim) {
+                        self.queue.extend(claimed);
+                    }
+                }
                 Err(e) => tracing::error!(endpoint = %self.id, error = %e, "prefetch claim task failed"),
             }
         }
+    }
+
+    /// Learns from a claim made under the partition lease (submitted at `started`) whether
+    /// the lease holds, and returns what it claimed.
+    fn note_claim(&mut self, started: Instant, claim: StoreResult<Option<Vec<Claimed>>>) -> Option<Vec<Claimed>> {
+        match claim {
+            Ok(Some(claimed)) => {
+                self.note_lease(started, true);
+                Some(claimed)
+            }
+            Ok(None) => {
+                self.note_lease(started, false);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(endpoint = %self.id, error = %e, "claim failed");
+                Some(Vec::new())
+            }
+        }
+    }
+
+    /// Records a commit's answer about the partition lease, submitted at `started`.
+    fn note_lease(&mut self, started: Instant, held: bool) {
+        // Count from before the commit so the local view never outlives the stored lease.
+        self.held = held.then(|| started + PARTITION_LEASE - Duration::from_millis(500));
+    }
+
+    /// The partition lease every claim takes or renews on the way.
+    fn lease_until(now: Millis) -> Millis {
+        now + PARTITION_LEASE.as_millis() as i64
     }
 
     /// Hands every claimed-but-unsent delivery back (a running prefetch's too), due at `at`.
@@ -154,27 +197,52 @@ impl Partition {
         self.inner.partitions.lock().expect("partition map").remove(&self.id);
     }
 
-    /// Keeps this node's lease on the endpoint's partition, renewing it ahead of expiry.
+    /// Keeps this node's lease on the endpoint's partition. Every claim takes or renews it
+    /// in its own commit, so a partition with nothing claimed waits for no lease write: its
+    /// next claim proves the lease or finds it lost. Deliveries already claimed are sent
+    /// only under a lease known to hold; one close to expiry is renewed in the background,
+    /// riding the next group commit while sending goes on.
     async fn hold(&mut self) -> bool {
-        if self.held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE) {
-            return true;
+        self.collect_renewal(false).await;
+        let now = Instant::now();
+        match self.held {
+            Some(until) if until > now + PARTITION_RENEW_BEFORE => return true,
+            Some(until) if until > now => {
+                self.renew();
+                return true;
+            }
+            _ if self.queue.is_empty() && self.prefetch.is_none() => return true,
+            _ => {}
+        }
+        self.renew();
+        self.collect_renewal(true).await;
+        self.held.is_some_and(|until| until > Instant::now())
+    }
+
+    /// Starts renewing the partition lease unless a renewal is under way.
+    fn renew(&mut self) {
+        if self.renewal.is_some() {
+            return;
         }
         let now = now_ms();
-        let until = now + PARTITION_LEASE.as_millis() as i64;
-        match self.inner.store.acquire_partition(&self.id, &self.inner.owner, now, until).await {
-            Ok(true) => {
-                // Count from before the call so the local view never outlives the stored lease.
-                self.held = Some(Instant::now() + PARTITION_LEASE - Duration::from_millis(500));
-                true
-            }
-            Ok(false) => {
-                self.held = None;
-                false
-            }
-            Err(e) => {
-                tracing::warn!(endpoint = %self.id, error = %e, "cannot renew partition lease");
-                self.held.is_some_and(|until| until > Instant::now())
-            }
+        let lease = PartitionLease {
+            endpoint: self.id.clone(),
+            owner: self.inner.owner.clone(),
+            now,
+            until: Some(Self::lease_until(now)),
+        };
+        let committer = self.inner.committer.clone();
+        self.renewal = Some(tokio::spawn(async move { (Instant::now(), committer.hold_partition(lease).await) }));
+    }
+
+    /// Takes a finished renewal's answer (with `wait`, waits for a running one).
+    async fn collect_renewal(&mut self, wait: bool) {
+        let ready = self.renewal.as_ref().is_some_and(|h| wait || h.is_finished());
+        let Some(h) = self.renewal.take_if(|_| ready) else { return };
+        match h.await {
+            Ok((started, Ok(held))) => self.note_lease(started, held),
+            Ok((_, Err(e))) => tracing::warn!(endpoint = %self.id, error = %e, "cannot renew partition lease"),
+            Err(e) => tracing::error!(endpoint = %self.id, error = %e, "partition lease renewal task failed"),
         }
     }
 
@@ -217,12 +285,10 @@ impl Partition {
             return;
         }
         let committer = self.inner.committer.clone();
-        let id = self.id.clone();
+        let until = Self::lease_until(req.now);
         self.prefetch = Some(tokio::spawn(async move {
-            committer.claim(req).await.unwrap_or_else(|e| {
-                tracing::warn!(endpoint = %id, error = %e, "prefetch claim failed");
-                Vec::new()
-            })
+            let started = Instant::now();
+            (started, committer.claim_in_partition(req, until).await)
         }));
     }
 
@@ -235,6 +301,12 @@ impl Partition {
                 Flow::Send
             }
             Refill::Idle(wake_at) => self.idle(wake_at).await,
+            Refill::Lost => {
+                // Another node paces this endpoint; look again when its lease may have lapsed.
+                self.hand_back(now_ms()).await;
+                self.retire();
+                Flow::Stop
+            }
             Refill::Gone => {
                 self.retire();
                 Flow::Stop
@@ -298,13 +370,15 @@ impl Partition {
             return Refill::Idle(Some(now + until.saturating_duration_since(Instant::now()).as_millis() as i64));
         }
         let (inner, id) = (&self.inner, &self.id);
-        let claimed = match inner.committer.claim(claim_request(inner, id, &endpoint.spec, 0, now)).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(endpoint = %id, error = %e, "claim failed");
-                return Refill::Idle(Some(now_ms() + 500));
-            }
-        };
+        let req = claim_request(inner, id, &endpoint.spec, 0, now);
+        let started = Instant::now();
+        let claim = inner.committer.claim_in_partition(req, Self::lease_until(now)).await;
+        let failed = claim.is_err();
+        let Some(claimed) = self.note_claim(started, claim) else { return Refill::Lost };
+        if failed {
+            return Refill::Idle(Some(now_ms() + 500));
+        }
+        let (inner, id) = (&self.inner, &self.id);
         if claimed.is_empty() {
             return match inner.store.next_due(id).await {
                 Ok(due) => Refill::Idle(due),
@@ -389,6 +463,7 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
         limit,
         owner: inner.owner.clone(),
         lease_until: lease::lease_until(now, queued + limit, spec.rate_per_sec, timeout, margin),
+        in_partition: true,
     }
 }
 

@@ -275,30 +275,6 @@ impl Store for PostgresStore {
         Ok(done.rows_affected())
     }
 
-    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool> {
-        let done = sqlx::query(
-            "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES ($1, $2, $3) \
-             ON CONFLICT (endpoint_id) DO UPDATE SET owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
-             WHERE partitions.owner = EXCLUDED.owner OR partitions.lease_until < $4",
-        )
-        .bind(endpoint.as_str())
-        .bind(owner)
-        .bind(until)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
-        sqlx::query("DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2")
-            .bind(endpoint.as_str())
-            .bind(owner)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Vec<EndpointId>>>> {
         let listener = listen(&self.pool, &self.channel).await?;
         let (tx, rx) = mpsc::channel(256);

@@ -21,6 +21,7 @@ pub struct SqliteStore {
 }
 
 mod writer;
+mod writes;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -52,9 +53,14 @@ impl SqliteStore {
             options = options.pragma(key, value);
         }
         create_private(options.get_filename())?;
-        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
-        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
+        let setup = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+        MIGRATOR.run(&setup).await.map_err(|e| StoreError::Backend(format!("migrations: {e}")))?;
+        setup.close().await;
         let writer = writer::Writer::open(options.get_filename())?;
+        // Every write runs on the writer thread. A write through the pool would wait for
+        // the file's lock behind group commits (seconds under load); read-only, it fails.
+        let readers = options.create_if_missing(false).read_only(true);
+        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(readers).await?;
         Ok(SqliteStore { pool, writer })
     }
 }
@@ -77,13 +83,8 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 #[async_trait]
 impl Store for SqliteStore {
     async fn create_tenant(&self, t: &Tenant) -> Result<()> {
-        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES (?, ?, ?)")
-            .bind(t.id.as_str())
-            .bind(&t.name)
-            .bind(t.created_at)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        let t = t.clone();
+        self.writer.run(move |tx| writes::create_tenant(tx, &t)).await
     }
 
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
@@ -95,16 +96,8 @@ impl Store for SqliteStore {
     }
 
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
-        let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
-        sqlx::query("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES (?, ?, ?, ?, ?)")
-            .bind(&t.id)
-            .bind(&t.hash)
-            .bind(t.tenant.as_str())
-            .bind(scopes.join(" "))
-            .bind(t.created_at)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        let t = t.clone();
+        self.writer.run(move |tx| writes::insert_token(tx, &t)).await
     }
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
@@ -126,41 +119,18 @@ impl Store for SqliteStore {
     }
 
     async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM tokens WHERE tenant_id = ?1 AND id = ?2")
-            .bind(tenant.as_str())
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        let (tenant, id) = (tenant.clone(), id.to_string());
+        self.writer.run(move |tx| writes::revoke_token(tx, &tenant, &id)).await
     }
 
     async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
-        sqlx::query("UPDATE tokens SET last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE hash = ?1")
-            .bind(hash)
-            .bind(at)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        let hash = hash.to_string();
+        self.writer.run(move |tx| writes::touch_token(tx, &hash, at)).await
     }
 
     async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, state_reason, paused_until, \
-             failing_since, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(e.id.as_str())
-        .bind(e.tenant.as_str())
-        .bind(json(&e.spec))
-        .bind(json(&e.spec.event_types))
-        .bind(e.state.as_str())
-        .bind(&e.state_reason)
-        .bind(e.paused_until)
-        .bind(e.failing_since)
-        .bind(e.created_at)
-        .bind(e.updated_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let e = e.clone();
+        self.writer.run(move |tx| writes::insert_endpoint(tx, &e)).await
     }
 
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
@@ -181,37 +151,13 @@ impl Store for SqliteStore {
     }
 
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE endpoints SET spec = ?, event_types = ?, updated_at = ? WHERE id = ? AND tenant_id = ?",
-        )
-        .bind(json(&e.spec))
-        .bind(json(&e.spec.event_types))
-        .bind(e.updated_at)
-        .bind(e.id.as_str())
-        .bind(e.tenant.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        let e = e.clone();
+        self.writer.run(move |tx| writes::update_endpoint(tx, &e)).await
     }
 
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let done = sqlx::query("DELETE FROM endpoints WHERE id = ? AND tenant_id = ?")
-            .bind(id.as_str())
-            .bind(tenant.as_str())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_deleted', next_attempt_at = NULL, \
-             lease_owner = NULL, lease_until = NULL, updated_at = ? \
-             WHERE endpoint_id = ? AND state IN ('queued', 'waiting', 'paused', 'delivering')",
-        )
-        .bind(now)
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() == 1)
+        let (tenant, id) = (tenant.clone(), id.clone());
+        self.writer.run(move |tx| writes::delete_endpoint(tx, &tenant, &id, now)).await
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
@@ -270,40 +216,7 @@ impl Store for SqliteStore {
     }
 
     async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
-        let done = sqlx::query(
-            "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?, lease_owner = NULL, \
-             lease_until = NULL, updated_at = ? WHERE state = 'delivering' AND lease_until < ?",
-        )
-        .bind(now)
-        .bind(now)
-        .bind(expired_before)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool> {
-        let done = sqlx::query(
-            "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (endpoint_id) DO UPDATE SET owner = ?2, lease_until = ?3 \
-             WHERE partitions.owner = ?2 OR partitions.lease_until < ?4",
-        )
-        .bind(endpoint.as_str())
-        .bind(owner)
-        .bind(until)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
-        sqlx::query("DELETE FROM partitions WHERE endpoint_id = ? AND owner = ?")
-            .bind(endpoint.as_str())
-            .bind(owner)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.writer.run(move |tx| writes::recover_leases(tx, expired_before, now)).await
     }
 
     async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Vec<EndpointId>>>> {
@@ -329,25 +242,8 @@ impl Store for SqliteStore {
     }
 
     async fn create_replay(&self, r: &Replay) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
-             created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&r.id)
-        .bind(r.tenant.as_str())
-        .bind(r.state.as_str())
-        .bind(r.ids.as_ref().map(json))
-        .bind(r.filter.as_ref().map(json))
-        .bind(r.rate_per_sec)
-        .bind(i64::from(r.batch))
-        .bind(r.selected as i64)
-        .bind(r.sent as i64)
-        .bind(&r.cursor)
-        .bind(r.created_at)
-        .bind(r.updated_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let r = r.clone();
+        self.writer.run(move |tx| writes::create_replay(tx, &r)).await
     }
 
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
@@ -389,16 +285,16 @@ impl Store for SqliteStore {
         spacing_ms: f64,
         deadline: Millis,
     ) -> Result<(Vec<EndpointId>, u32)> {
-        let mut tx = self.pool.begin().await?;
         let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = ?")
             .bind(replay_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&self.pool)
             .await?;
         let Some(row) = row else { return Err(StoreError::NotFound(format!("replay {replay_id}"))) };
         let replay = Replay::try_from(row)?;
         if replay.state != ReplayState::Running {
             return Ok((Vec::new(), 0));
         }
+        // Picked by a read; the write re-queues them only if the cursor has not moved since.
         let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new("SELECT id, endpoint_id FROM deliveries WHERE 1 = 1");
         sql::push_dead_selection(
             &mut q,
@@ -409,57 +305,27 @@ impl Store for SqliteStore {
             push_id_list,
         );
         q.push(" ORDER BY id LIMIT ").push_bind(i64::from(replay.batch));
-        let picked = q.build().fetch_all(&mut *tx).await?;
-        let mut endpoints = Vec::new();
-        let mut cursor = replay.cursor.clone();
-        for (i, r) in picked.iter().enumerate() {
-            let id: String = r.try_get("id")?;
-            let due = now + (i as f64 * spacing_ms) as i64;
-            sqlx::query(&format!(
-                "UPDATE deliveries SET state = {}, next_attempt_at = ?, attempt_base = attempts, deadline = ?, \
-                 replay_id = ?, reason = NULL, updated_at = ? WHERE id = ? AND state = 'dead'",
-                sql::settle("deliveries", "'queued'")
-            ))
-            .bind(due)
-            .bind(deadline)
-            .bind(replay_id)
-            .bind(now)
-            .bind(&id)
-            .execute(&mut *tx)
-            .await?;
-            endpoints.push(EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?));
-            cursor = id;
-        }
-        let n = picked.len() as u32;
-        let done = n < replay.batch;
-        sqlx::query(
-            "UPDATE replays SET sent = sent + ?, cursor = ?, updated_at = ?, \
-             state = CASE WHEN ? THEN 'done' ELSE state END WHERE id = ?",
-        )
-        .bind(i64::from(n))
-        .bind(&cursor)
-        .bind(now)
-        .bind(done)
-        .bind(replay_id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        let picked: Vec<(String, String)> = q.build_query_as().fetch_all(&self.pool).await?;
+        let step = writes::ReplayStep {
+            replay_id: replay_id.to_string(),
+            from_cursor: replay.cursor.clone(),
+            done: picked.len() < replay.batch as usize,
+            picked,
+            now,
+            spacing_ms,
+            deadline,
+        };
+        let (n, step) = self.writer.run(move |tx| Ok((writes::replay_step(tx, &step)?, step))).await?;
+        let mut endpoints: Vec<EndpointId> =
+            step.picked.into_iter().take(n as usize).map(|(_, e)| EndpointId::from_stored(e)).collect();
         endpoints.sort_unstable();
         endpoints.dedup();
         Ok((endpoints, n))
     }
 
     async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE replays SET state = ?, updated_at = ? WHERE id = ? AND tenant_id = ? AND state = 'running'",
-        )
-        .bind(state.as_str())
-        .bind(now)
-        .bind(id)
-        .bind(tenant.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        let (tenant, id) = (tenant.clone(), id.to_string());
+        self.writer.run(move |tx| writes::finish_replay(tx, &tenant, &id, state, now)).await
     }
 
     async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
@@ -532,32 +398,7 @@ impl Store for SqliteStore {
     }
 
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
-        let ids: Vec<(String, String, String)> = sqlx::query_as(
-            "SELECT id, tenant_id, event_id FROM deliveries WHERE (state = 'delivered' AND updated_at < ?) \
-             OR (state = 'dead' AND updated_at < ?) LIMIT ?",
-        )
-        .bind(delivered_before)
-        .bind(dead_before)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        for (id, _, _) in &ids {
-            sqlx::query("DELETE FROM attempts WHERE delivery_id = ?").bind(id).execute(&mut *tx).await?;
-            sqlx::query("DELETE FROM deliveries WHERE id = ?").bind(id).execute(&mut *tx).await?;
-        }
-        for (_, tenant, event) in &ids {
-            sqlx::query(
-                "DELETE FROM events WHERE tenant_id = ?1 AND id = ?2 \
-                 AND NOT EXISTS (SELECT 1 FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2)",
-            )
-            .bind(tenant)
-            .bind(event)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(ids.len() as u64)
+        self.writer.run(move |tx| writes::purge(tx, delivered_before, dead_before, limit)).await
     }
 
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
