@@ -190,3 +190,30 @@ pub(super) fn purge(tx: &Transaction<'_>, delivered_before: Millis, dead_before:
     }
     Ok(ids.len() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::SqliteStore;
+    use super::*;
+
+    /// The architecture test: a write that went to the pool instead of the writer thread
+    /// would fail here, not queue for seconds behind group commits in production.
+    #[tokio::test]
+    async fn the_pool_cannot_write_and_the_store_writes_through_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("herald.db").display());
+        let store = SqliteStore::open(&url, 2).await.unwrap();
+        let refused = sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'x', 1)")
+            .execute(&store.pool)
+            .await
+            .expect_err("the pool is read-only");
+        assert!(refused.to_string().contains("readonly"), "{refused}");
+
+        let tenant = Tenant { id: TenantId::parse("t1").unwrap(), name: "x".into(), created_at: 1 };
+        store.create_tenant(&tenant).await.unwrap();
+        let id = EndpointId::from_stored("ep_1");
+        assert!(store.acquire_partition(&id, "node-a", 10, 20).await.unwrap());
+        assert!(!store.acquire_partition(&id, "node-b", 11, 30).await.unwrap(), "held by node-a");
+        assert_eq!(store.get_tenant(&tenant.id).await.unwrap().map(|t| t.name), Some("x".into()));
+    }
+}
