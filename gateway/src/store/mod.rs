@@ -362,21 +362,24 @@ impl Committer {
         }
     }
 
-    /// Takes or renews `owner`'s partition lease on `req.endpoint` until `until` and claims
-    /// under it, in one commit: `None` when another owner holds the partition.
-    pub async fn claim_in_partition(&self, req: ClaimRequest, until: Millis) -> Result<Option<Vec<Claimed>>> {
-        let lease = PartitionLease {
+    /// Claims under `owner`'s partition lease on `req.endpoint`, first taking or renewing
+    /// the lease until `renew` when given, in one commit: `None` when another owner holds
+    /// the partition. Without `renew`, the lease is checked, not written.
+    pub async fn claim_in_partition(&self, req: ClaimRequest, renew: Option<Millis>) -> Result<Option<Vec<Claimed>>> {
+        let lease = renew.map(|until| PartitionLease {
             endpoint: req.endpoint.clone(),
             owner: req.owner.clone(),
             now: req.now,
             until: Some(until),
-        };
-        let req = ClaimRequest { in_partition: true, ..req };
-        let mut results = self.submit_all(vec![WriteOp::Partition(lease), WriteOp::Claim(req)]).await?.into_iter();
-        match (results.next(), results.next()) {
-            (Some(WriteResult::Partition(false)), _) => Ok(None),
-            (Some(WriteResult::Partition(true)), Some(WriteResult::Claim(v))) => Ok(Some(v)),
-            (first, second) => Err(StoreError::Backend(format!("committer answered {first:?}, {second:?}"))),
+        });
+        let claim = WriteOp::Claim(ClaimRequest { in_partition: true, ..req });
+        let ops = lease.map(WriteOp::Partition).into_iter().chain([claim]).collect();
+        match self.submit_all(ops).await?.as_mut_slice() {
+            [WriteResult::Partition(false), _] => Ok(None),
+            [WriteResult::Partition(true), WriteResult::Claim(v)] | [WriteResult::Claim(v)] => {
+                Ok(Some(std::mem::take(v)))
+            }
+            other => Err(StoreError::Backend(format!("committer answered {other:?}"))),
         }
     }
 

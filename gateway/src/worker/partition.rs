@@ -107,9 +107,10 @@ struct Partition {
     rng: StdRng,
 }
 
-/// A claim made under the partition lease: when it was submitted, and what it got (`None`:
-/// another node holds the partition; an error claims nothing and proves nothing).
-type LeasedClaim = (Instant, StoreResult<Option<Vec<Claimed>>>);
+/// A claim made under the partition lease: when it was submitted if it renewed the lease,
+/// and what it got (`None`: another node holds the partition; an error claims nothing and
+/// proves nothing).
+type LeasedClaim = (Option<Instant>, StoreResult<Option<Vec<Claimed>>>);
 
 enum Refill {
     Claimed(Arc<Target>),
@@ -144,8 +145,8 @@ impl Partition {
         let ready = self.prefetch.as_ref().is_some_and(|h| wait || h.is_finished() || self.queue.is_empty());
         if ready && let Some(h) = self.prefetch.take() {
             match h.await {
-                Ok((started, claim)) => {
-                    if let Some(claimed) = self.note_claim(started, claim) {
+                Ok(leased) => {
+                    if let Some(claimed) = self.note_claim(leased) {
                         self.queue.extend(claimed);
                     }
                 }
@@ -154,16 +155,18 @@ impl Partition {
         }
     }
 
-    /// Learns from a claim made under the partition lease (submitted at `started`) whether
-    /// the lease holds, and returns what it claimed.
-    fn note_claim(&mut self, started: Instant, claim: StoreResult<Option<Vec<Claimed>>>) -> Option<Vec<Claimed>> {
+    /// Learns from a claim made under the partition lease (submitted at `renewed` if it
+    /// renewed the lease) whether the lease holds, and returns what it claimed.
+    fn note_claim(&mut self, (renewed, claim): LeasedClaim) -> Option<Vec<Claimed>> {
         match claim {
             Ok(Some(claimed)) => {
-                self.note_lease(started, true);
+                if let Some(started) = renewed {
+                    self.note_lease(started, true);
+                }
                 Some(claimed)
             }
             Ok(None) => {
-                self.note_lease(started, false);
+                self.held = None;
                 None
             }
             Err(e) => {
@@ -182,6 +185,14 @@ impl Partition {
     /// The partition lease every claim takes or renews on the way.
     fn lease_until(now: Millis) -> Millis {
         now + PARTITION_LEASE.as_millis() as i64
+    }
+
+    /// Until when a claim at `now` should take or renew the partition lease: `None` while
+    /// the lease holds well beyond the renewal margin (the claim then only checks it, and
+    /// writes nothing for it).
+    fn renew_with_claim(&self, now: Millis) -> Option<Millis> {
+        let fresh = self.held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE);
+        (!fresh).then(|| Self::lease_until(now))
     }
 
     /// Hands every claimed-but-unsent delivery back (a running prefetch's too), due at `at`.
@@ -285,10 +296,10 @@ impl Partition {
             return;
         }
         let committer = self.inner.committer.clone();
-        let until = Self::lease_until(req.now);
+        let renew = self.renew_with_claim(req.now);
         self.prefetch = Some(tokio::spawn(async move {
-            let started = Instant::now();
-            (started, committer.claim_in_partition(req, until).await)
+            let renewed = renew.map(|_| Instant::now());
+            (renewed, committer.claim_in_partition(req, renew).await)
         }));
     }
 
@@ -371,10 +382,11 @@ impl Partition {
         }
         let (inner, id) = (&self.inner, &self.id);
         let req = claim_request(inner, id, &endpoint.spec, 0, now);
-        let started = Instant::now();
-        let claim = inner.committer.claim_in_partition(req, Self::lease_until(now)).await;
+        let renew = self.renew_with_claim(now);
+        let renewed = renew.map(|_| Instant::now());
+        let claim = inner.committer.claim_in_partition(req, renew).await;
         let failed = claim.is_err();
-        let Some(claimed) = self.note_claim(started, claim) else { return Refill::Lost };
+        let Some(claimed) = self.note_claim((renewed, claim)) else { return Refill::Lost };
         if failed {
             return Refill::Idle(Some(now_ms() + 500));
         }
