@@ -86,6 +86,7 @@ conformance!(
     unfinished_results_settle_against_the_endpoint,
     abandoned_leases_are_recovered,
     partitions_have_one_owner_at_a_time,
+    claims_in_a_partition_need_its_lease,
     deliveries_list_with_filters_and_pages,
     delivery_reads_back_with_its_attempts,
     due_work_is_reported,
@@ -156,6 +157,7 @@ fn claim_req(endpoint: &str, now: Millis, limit: u32, owner: &str) -> ClaimReque
         limit,
         owner: owner.into(),
         lease_until: now + 60_000,
+        in_partition: false,
     }
 }
 
@@ -586,6 +588,27 @@ async fn partitions_have_one_owner_at_a_time(b: Backend) -> anyhow::Result<()> {
         );
         assert!(x? ^ y?, "round {round}: exactly one owner");
     }
+    Ok(())
+}
+
+/// A partition's claim takes (or renews) the lease in its own commit, or checks it: it
+/// never claims while another node holds the partition.
+async fn claims_in_a_partition_need_its_lease(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    ingest(&b, (0..3).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
+    let ep = EndpointId::from_stored("ep_a");
+    assert!(b.store.acquire_partition(&ep, "node-b", T0, T0 + 15_000).await?);
+    let c = &b.committer;
+    assert!(c.claim_in_partition(claim_req("ep_a", T0 + 3, 10, "node-a"), Some(T0 + 15_003)).await?.is_none());
+    let checked = c.claim_in_partition(claim_req("ep_a", T0 + 3, 10, "node-a"), None).await?;
+    assert_eq!(checked.map(|v| v.len()), Some(0), "a lease it does not hold proves nothing");
+    let held = c.claim_in_partition(claim_req("ep_a", T0 + 3, 2, "node-b"), None).await?.expect("node-b holds it");
+    assert_eq!(held.len(), 2, "the holder claims after a check alone");
+
+    let late = T0 + 15_001;
+    let taken = c.claim_in_partition(claim_req("ep_a", late, 10, "node-a"), Some(late + 15_000)).await?;
+    assert_eq!(taken.map(|v| v.len()), Some(1), "the lease lapsed: taken over and claimed in one commit");
+    assert!(!b.store.acquire_partition(&ep, "node-b", late + 1, late + 15_000).await?, "node-a holds it now");
     Ok(())
 }
 

@@ -104,3 +104,37 @@ fn every_api_route_is_registered_with_its_openapi_operation() {
     }
     assert!(found.is_empty(), "routes added outside `api::routes` (not in /openapi.json):\n{}", found.join("\n"));
 }
+
+/// SQL that writes, in a string literal on one line of `text` (the statement's first line).
+fn sql_writes(text: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let code = line.split("//").next().unwrap_or("");
+            ["\"INSERT ", "\"UPDATE ", "\"DELETE ", "\"REPLACE "].iter().any(|w| code.contains(w))
+        })
+        .map(|(n, _)| n + 1)
+        .collect()
+}
+
+/// On SQLite every write runs on the writer thread (`writer.rs`: group commits;
+/// `writes.rs`: the rest, between them). A write in `mod.rs` would go through the pool and
+/// queue for the file's lock behind the committer (the pool is read-only, so it would fail).
+#[test]
+fn sqlite_writes_run_on_the_writer_thread_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src/store/sqlite");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let mut found = Vec::new();
+    for file in files {
+        let name = file.file_name().expect("file name").to_string_lossy().to_string();
+        if name == "writer.rs" || name == "writes.rs" {
+            continue;
+        }
+        for line in sql_writes(&std::fs::read_to_string(&file).expect("read source")) {
+            found.push(format!("gateway/src/store/sqlite/{name}:{line} writes outside the writer thread"));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    assert_eq!(sql_writes("q(\"INSERT INTO t\")\n// \"DELETE FROM t\"\nq(\"SELECT 1\")"), [1]);
+}

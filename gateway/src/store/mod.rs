@@ -124,6 +124,20 @@ pub struct ClaimRequest {
     pub limit: u32,
     pub owner: String,
     pub lease_until: Millis,
+    /// Claim only while `owner` holds the endpoint's partition lease (checked in the same
+    /// transaction, so a claim that follows a [`WriteOp::Partition`] in one commit is
+    /// proof of the lease).
+    pub in_partition: bool,
+}
+
+/// Takes, renews or gives up an endpoint's partition lease.
+#[derive(Debug, Clone)]
+pub struct PartitionLease {
+    pub endpoint: EndpointId,
+    pub owner: String,
+    pub now: Millis,
+    /// Hold it until then; `None` gives it up (a no-op unless `owner` holds it).
+    pub until: Option<Millis>,
 }
 
 /// A delivery handed to a worker, with what it needs to send it.
@@ -194,6 +208,7 @@ pub enum WriteOp {
     Record(Vec<AttemptResult>),
     Release(Vec<Release>),
     Endpoint(EndpointChange),
+    Partition(PartitionLease),
 }
 
 /// The result of a `WriteOp`, in the same order.
@@ -206,6 +221,8 @@ pub enum WriteResult {
     Release,
     /// Deliveries dead-lettered by the change (disable).
     Endpoint(u64),
+    /// Does the owner hold the partition now (always false after giving it up)?
+    Partition(bool),
 }
 
 /// What the metrics read from the store at scrape time. Every query behind it is an
@@ -291,10 +308,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Takes or renews the lease on an endpoint's partition: true if `owner` holds it until
     /// `until` (it was free, expired at `now`, or already `owner`'s). One node at a time
-    /// paces an endpoint, so pacing holds for the cluster.
-    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool>;
+    /// paces an endpoint, so pacing holds for the cluster. A write: it is one
+    /// [`WriteOp::Partition`] of its own; the engine folds it into group commits instead.
+    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool> {
+        let lease = PartitionLease { endpoint: endpoint.clone(), owner: owner.into(), now, until: Some(until) };
+        partition_result(self.apply(vec![WriteOp::Partition(lease)]).await?.pop())
+    }
     /// Gives a partition lease up (a no-op unless `owner` holds it).
-    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()>;
+    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
+        let lease = PartitionLease { endpoint: endpoint.clone(), owner: owner.into(), now: 0, until: None };
+        partition_result(self.apply(vec![WriteOp::Partition(lease)]).await?.pop()).map(drop)
+    }
     /// What other nodes announce as they commit it: endpoints with new work, endpoints
     /// whose settings or state changed (`None`: single-node store).
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>>;
@@ -343,6 +367,13 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub type DynStore = Arc<dyn Store>;
+
+fn partition_result(r: Option<WriteResult>) -> Result<bool> {
+    match r {
+        Some(WriteResult::Partition(held)) => Ok(held),
+        other => Err(StoreError::backend(format!("the store answered with the wrong kind: {other:?}"))),
+    }
+}
 
 /// Opens the store named by `url` and applies its migrations.
 pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
@@ -412,6 +443,32 @@ impl Committer {
             WriteResult::Claim(v) => Ok(v),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Claims under `owner`'s partition lease on `req.endpoint`, first taking or renewing
+    /// the lease until `renew` when given, in one commit: `None` when another owner holds
+    /// the partition. Without `renew`, the lease is checked, not written.
+    pub async fn claim_in_partition(&self, req: ClaimRequest, renew: Option<Millis>) -> Result<Option<Vec<Claimed>>> {
+        let lease = renew.map(|until| PartitionLease {
+            endpoint: req.endpoint.clone(),
+            owner: req.owner.clone(),
+            now: req.now,
+            until: Some(until),
+        });
+        let claim = WriteOp::Claim(ClaimRequest { in_partition: true, ..req });
+        let ops = lease.map(WriteOp::Partition).into_iter().chain([claim]).collect();
+        match self.submit_all(ops).await?.as_mut_slice() {
+            [WriteResult::Partition(false), _] => Ok(None),
+            [WriteResult::Partition(true), WriteResult::Claim(v)] | [WriteResult::Claim(v)] => {
+                Ok(Some(std::mem::take(v)))
+            }
+            other => Err(StoreError::backend(format!("committer answered {other:?}"))),
+        }
+    }
+
+    /// Takes or renews an endpoint's partition lease, riding the next group commit.
+    pub async fn hold_partition(&self, lease: PartitionLease) -> Result<bool> {
+        partition_result(Some(self.submit(WriteOp::Partition(lease)).await?))
     }
 
     pub async fn record(&self, results: Vec<AttemptResult>) -> Result<Vec<bool>> {

@@ -1,6 +1,7 @@
-//! The statements both backends run the same way on their sqlx pool: every read, and the
-//! administrative writes (tenants, tokens, endpoints, replays) that are not on the hot
-//! path. Written once, generic over sqlx's `Database`: the SQL uses `$n` placeholders,
+//! The statements run on a backend's sqlx pool: every read (both backends), and the
+//! administrative writes (tenants, tokens, endpoints, replays) that Postgres runs there
+//! (SQLite's pool is read-only: it runs the same writes on its writer thread,
+//! `sqlite/writes.rs`, so they never queue for the file's lock). Written once, generic over sqlx's `Database`: the SQL uses `$n` placeholders,
 //! which sqlx binds by number on SQLite as on Postgres, and decodes into the shared
 //! [`rows`](super::rows). What differs on purpose (the group-commit writers, claims, lease
 //! recovery, re-queueing a replay's batch, purging, notifications) stays in each backend.
@@ -28,7 +29,7 @@ pub(super) struct Queries<DB: Database> {
     pub(super) pool: Pool<DB>,
 }
 
-fn json<T: serde::Serialize>(v: &T) -> String {
+pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("serializable")
 }
 
@@ -252,15 +253,6 @@ where
         .fetch_one(&self.pool)
         .await?;
         Ok(due)
-    }
-
-    pub(super) async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
-        sqlx::query("DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2")
-            .bind(endpoint.as_str())
-            .bind(owner)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
     }
 
     pub(super) async fn dead_selection(

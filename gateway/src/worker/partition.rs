@@ -22,7 +22,7 @@ use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
-use crate::store::{ClaimRequest, Claimed, Release};
+use crate::store::{ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 /// What a partition shares with its in-flight attempts.
 pub(super) struct Shared {
@@ -130,11 +130,13 @@ struct Partition {
     /// The endpoint's settings as of the last refill or refresh.
     target: Option<Arc<Target>>,
     /// A claim running ahead of need, so the queue never runs dry while the pacer has slots.
-    prefetch: Option<JoinHandle<Vec<Claimed>>>,
+    prefetch: Option<JoinHandle<LeasedClaim>>,
     /// Until when this node's partition lease is known to hold.
     held: Option<Instant>,
     /// The endpoint's tenant's outcome counters, looked up once per partition.
     counters: Option<TenantCounters>,
+    /// A renewal of the partition lease riding the next group commit while sending goes on.
+    renewal: Option<JoinHandle<(Instant, StoreResult<bool>)>>,
     refreshed: Instant,
     /// The endpoint changed since it was last read: re-read it before the next send.
     stale: bool,
@@ -147,8 +149,15 @@ impl Drop for Partition {
     }
 }
 
+/// A claim made under the partition lease: when it was submitted if it renewed the lease,
+/// and what it got (`None`: another node holds the partition; an error claims nothing and
+/// proves nothing).
+type LeasedClaim = (Option<Instant>, StoreResult<Option<Vec<Claimed>>>);
+
 enum Refill {
     Claimed(Arc<Target>),
+    /// Another node holds the endpoint's partition.
+    Lost,
     /// Nothing due; the earliest due time, if any work is waiting.
     Idle(Option<Millis>),
     /// The endpoint is gone, disabled or held for a human.
@@ -167,6 +176,7 @@ impl Partition {
             prefetch: None,
             held: None,
             counters: None,
+            renewal: None,
             refreshed: Instant::now(),
             stale: false,
             rng: StdRng::from_rng(&mut rand::rng()),
@@ -179,10 +189,54 @@ impl Partition {
         let ready = self.prefetch.as_ref().is_some_and(|h| wait || h.is_finished() || self.queue.is_empty());
         if ready && let Some(h) = self.prefetch.take() {
             match h.await {
-                Ok(claimed) => self.queue.extend(claimed),
+                Ok(leased) => {
+                    if let Some(claimed) = self.note_claim(leased) {
+                        self.queue.extend(claimed);
+                    }
+                }
                 Err(e) => tracing::error!(endpoint_id = %self.id, error = %e, "prefetch claim task failed"),
             }
         }
+    }
+
+    /// Learns from a claim made under the partition lease (submitted at `renewed` if it
+    /// renewed the lease) whether the lease holds, and returns what it claimed.
+    fn note_claim(&mut self, (renewed, claim): LeasedClaim) -> Option<Vec<Claimed>> {
+        match claim {
+            Ok(Some(claimed)) => {
+                if let Some(started) = renewed {
+                    self.note_lease(started, true);
+                }
+                Some(claimed)
+            }
+            Ok(None) => {
+                self.set_held(None);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(endpoint_id = %self.id, error = %e, "claim failed");
+                Some(Vec::new())
+            }
+        }
+    }
+
+    /// Records a commit's answer about the partition lease, submitted at `started`.
+    fn note_lease(&mut self, started: Instant, held: bool) {
+        // Count from before the commit so the local view never outlives the stored lease.
+        self.set_held(held.then(|| started + PARTITION_LEASE - Duration::from_millis(500)));
+    }
+
+    /// The partition lease every claim takes or renews on the way.
+    fn lease_until(now: Millis) -> Millis {
+        now + PARTITION_LEASE.as_millis() as i64
+    }
+
+    /// Until when a claim at `now` should take or renew the partition lease: `None` while
+    /// the lease holds well beyond the renewal margin (the claim then only checks it, and
+    /// writes nothing for it).
+    fn renew_with_claim(&self, now: Millis) -> Option<Millis> {
+        let fresh = self.held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE);
+        (!fresh).then(|| Self::lease_until(now))
     }
 
     /// Hands every claimed-but-unsent delivery back (a running prefetch's too), due at `at`.
@@ -198,27 +252,52 @@ impl Partition {
         self.inner.partitions.lock().expect("partition map").remove(&self.id);
     }
 
-    /// Keeps this node's lease on the endpoint's partition, renewing it ahead of expiry.
+    /// Keeps this node's lease on the endpoint's partition. Every claim takes or renews it
+    /// in its own commit, so a partition with nothing claimed waits for no lease write: its
+    /// next claim proves the lease or finds it lost. Deliveries already claimed are sent
+    /// only under a lease known to hold; one close to expiry is renewed in the background,
+    /// riding the next group commit while sending goes on.
     async fn hold(&mut self) -> bool {
-        if self.held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE) {
-            return true;
+        self.collect_renewal(false).await;
+        let now = Instant::now();
+        match self.held {
+            Some(until) if until > now + PARTITION_RENEW_BEFORE => return true,
+            Some(until) if until > now => {
+                self.renew();
+                return true;
+            }
+            _ if self.queue.is_empty() && self.prefetch.is_none() => return true,
+            _ => {}
+        }
+        self.renew();
+        self.collect_renewal(true).await;
+        self.held.is_some_and(|until| until > Instant::now())
+    }
+
+    /// Starts renewing the partition lease unless a renewal is under way.
+    fn renew(&mut self) {
+        if self.renewal.is_some() {
+            return;
         }
         let now = self.inner.clock.now();
-        let until = now + PARTITION_LEASE.as_millis() as i64;
-        match self.inner.store.acquire_partition(&self.id, &self.inner.owner, now, until).await {
-            Ok(true) => {
-                // Count from before the call so the local view never outlives the stored lease.
-                self.set_held(Some(Instant::now() + PARTITION_LEASE - Duration::from_millis(500)));
-                true
-            }
-            Ok(false) => {
-                self.set_held(None);
-                false
-            }
-            Err(e) => {
-                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot renew partition lease");
-                self.held.is_some_and(|until| until > Instant::now())
-            }
+        let lease = PartitionLease {
+            endpoint: self.id.clone(),
+            owner: self.inner.owner.clone(),
+            now,
+            until: Some(Self::lease_until(now)),
+        };
+        let committer = self.inner.committer.clone();
+        self.renewal = Some(tokio::spawn(async move { (Instant::now(), committer.hold_partition(lease).await) }));
+    }
+
+    /// Takes a finished renewal's answer (with `wait`, waits for a running one).
+    async fn collect_renewal(&mut self, wait: bool) {
+        let ready = self.renewal.as_ref().is_some_and(|h| wait || h.is_finished());
+        let Some(h) = self.renewal.take_if(|_| ready) else { return };
+        match h.await {
+            Ok((started, Ok(held))) => self.note_lease(started, held),
+            Ok((_, Err(e))) => tracing::warn!(endpoint_id = %self.id, error = %e, "cannot renew partition lease"),
+            Err(e) => tracing::error!(endpoint_id = %self.id, error = %e, "partition lease renewal task failed"),
         }
     }
 
@@ -274,12 +353,10 @@ impl Partition {
             return;
         }
         let (committer, metrics) = (self.inner.committer.clone(), self.inner.metrics.clone());
-        let id = self.id.clone();
+        let renew = self.renew_with_claim(req.now);
         self.prefetch = Some(tokio::spawn(async move {
-            metrics.claim_duration.time(committer.claim(req)).await.unwrap_or_else(|e| {
-                tracing::warn!(endpoint_id = %id, error = %e, "prefetch claim failed");
-                Vec::new()
-            })
+            let renewed = renew.map(|_| Instant::now());
+            (renewed, metrics.claim_duration.time(committer.claim_in_partition(req, renew)).await)
         }));
     }
 
@@ -292,6 +369,12 @@ impl Partition {
                 Flow::Send
             }
             Refill::Idle(wake_at) => self.idle(wake_at).await,
+            Refill::Lost => {
+                // Another node paces this endpoint; look again when its lease may have lapsed.
+                self.hand_back(self.inner.clock.now()).await;
+                self.retire();
+                Flow::Stop
+            }
             Refill::Gone => {
                 self.retire();
                 Flow::Stop
@@ -358,13 +441,15 @@ impl Partition {
         }
         let (inner, id) = (&self.inner, &self.id);
         let req = claim_request(inner, id, &endpoint.spec, 0, now);
-        let claimed = match inner.metrics.claim_duration.time(inner.committer.claim(req)).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(endpoint_id = %id, error = %e, "claim failed");
-                return Refill::Idle(Some(self.inner.clock.now() + 500));
-            }
-        };
+        let renew = self.renew_with_claim(now);
+        let renewed = renew.map(|_| Instant::now());
+        let claim = inner.metrics.claim_duration.time(inner.committer.claim_in_partition(req, renew)).await;
+        let failed = claim.is_err();
+        let Some(claimed) = self.note_claim((renewed, claim)) else { return Refill::Lost };
+        if failed {
+            return Refill::Idle(Some(self.inner.clock.now() + 500));
+        }
+        let (inner, id) = (&self.inner, &self.id);
         if claimed.is_empty() {
             return match inner.store.next_due(id).await {
                 Ok(due) => Refill::Idle(due),
@@ -470,6 +555,7 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
         limit,
         owner: inner.owner.clone(),
         lease_until: lease::lease_until(now, queued + limit, spec.rate_per_sec, timeout, margin),
+        in_partition: true,
     }
 }
 

@@ -16,6 +16,9 @@ use serde_json::{Value, json};
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 
+#[path = "bench/load.rs"]
+mod load;
+
 #[derive(Parser)]
 struct Cli {
     #[command(subcommand)]
@@ -58,7 +61,28 @@ enum Scenario {
         #[arg(long, value_delimiter = ',', default_value = "transform,classify,sign")]
         hooks: Vec<String>,
     },
-    /// Time from 202 to arrival at the receiver, posting at a fixed rate.
+    /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
+    /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
+    /// deliveries/s (first post to last arrival) and node CPU per delivery.
+    FanoutTail {
+        #[arg(long, default_value_t = 2_000)]
+        events: usize,
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
+    /// `concurrent`: one endpoint taking intake and delivery at the same time (`events`
+    /// posted by `concurrency` producers while the receiver takes them): deliveries/s.
+    Concurrent {
+        #[arg(long, default_value_t = 20_000)]
+        events: usize,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
+    /// Time from 202 to arrival at the receiver, posting at a fixed rate, and the node's
+    /// CPU per delivery (`fixed-rate --rate 500 --seconds 20`: the moderate-load cost).
+    #[command(alias = "fixed-rate")]
     Latency {
         #[arg(long, default_value_t = 200)]
         rate: u64,
@@ -372,6 +396,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             }
             let total = (rate * seconds) as usize;
             let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
+            let cpu_before = cpu_seconds(node.pid())?;
             let start = Instant::now();
             let mut tasks = Vec::new();
             for i in 0..total {
@@ -419,6 +444,14 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
             out.insert("extra_requests".into(), extra_rx.count() as f64);
+            let cpu = cpu_seconds(node.pid())? - cpu_before;
+            out.insert("node_cpu_ms_per_delivery".into(), cpu * 1e3 / (total + extra_rx.count()) as f64);
+        }
+        Scenario::FanoutTail { events, endpoints, concurrency } => {
+            load::posting_while_delivering(&api, &rx, node.pid(), (events, endpoints, concurrency), &mut out).await?;
+        }
+        Scenario::Concurrent { events, concurrency } => {
+            load::posting_while_delivering(&api, &rx, node.pid(), (events, 1, concurrency), &mut out).await?;
         }
         Scenario::Pacing { rate, seconds } => {
             api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": rate, "burst": 1, "max_in_flight": 64}))

@@ -151,25 +151,6 @@ impl Store for PostgresStore {
         Ok(done.rows_affected())
     }
 
-    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool> {
-        let done = sqlx::query(
-            "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES ($1, $2, $3) \
-             ON CONFLICT (endpoint_id) DO UPDATE SET owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
-             WHERE partitions.owner = EXCLUDED.owner OR partitions.lease_until < $4",
-        )
-        .bind(endpoint.as_str())
-        .bind(owner)
-        .bind(until)
-        .bind(now)
-        .execute(&self.q.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
-        self.q.release_partition(endpoint, owner).await
-    }
-
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>> {
         let listener = listen(&self.q.pool, &self.channel).await?;
         let (tx, rx) = mpsc::channel(256);

@@ -62,6 +62,10 @@ pub(super) async fn apply_all(
                 i += 1;
                 results.push(WriteResult::Endpoint(change_endpoint(conn, change).await?));
             }
+            WriteOp::Partition(lease) => {
+                i += 1;
+                results.push(WriteResult::Partition(partition(conn, lease).await?));
+            }
         }
     }
     Ok(results)
@@ -98,6 +102,31 @@ async fn ingest_run(
         }
     }
     Ok(())
+}
+
+/// Takes, renews or gives up a partition lease; true when `owner` holds it afterwards.
+/// A node that commits second waits on the first one's row lock, then sees its lease.
+async fn partition(conn: &mut PgConnection, lease: &PartitionLease) -> sqlx::Result<bool> {
+    let Some(until) = lease.until else {
+        sqlx::query("DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2")
+            .bind(lease.endpoint.as_str())
+            .bind(&lease.owner)
+            .execute(&mut *conn)
+            .await?;
+        return Ok(false);
+    };
+    let done = sqlx::query(
+        "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES ($1, $2, $3) \
+         ON CONFLICT (endpoint_id) DO UPDATE SET owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
+         WHERE partitions.owner = EXCLUDED.owner OR partitions.lease_until < $4",
+    )
+    .bind(lease.endpoint.as_str())
+    .bind(&lease.owner)
+    .bind(until)
+    .bind(lease.now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 fn decode_error(e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
@@ -305,7 +334,9 @@ async fn first_conflict(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[
 async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Vec<Claimed>> {
     let rows = sqlx::query(
         "WITH picked AS (SELECT id FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting') \
-         AND next_attempt_at <= $2 ORDER BY next_attempt_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+         AND next_attempt_at <= $2 AND (NOT $6 OR EXISTS (SELECT 1 FROM partitions p \
+         WHERE p.endpoint_id = $1 AND p.owner = $4 AND p.lease_until >= $2)) \
+         ORDER BY next_attempt_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
          UPDATE deliveries d SET state = 'delivering', lease_owner = $4, lease_until = $5, fence = d.fence + 1, \
          updated_at = $2 FROM picked, events e \
          WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
@@ -318,6 +349,7 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Vec<
     .bind(i64::from(req.limit))
     .bind(&req.owner)
     .bind(req.lease_until)
+    .bind(req.in_partition)
     .fetch_all(&mut *conn)
     .await?;
     let mut claimed = rows

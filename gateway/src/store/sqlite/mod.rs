@@ -9,7 +9,7 @@ use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult};
 
 use super::queries::{Dialect, Queries};
-use super::sql::{self, Sql};
+use super::sql::Sql;
 use super::*;
 
 pub struct SqliteStore {
@@ -21,6 +21,7 @@ pub struct SqliteStore {
 }
 
 mod writer;
+mod writes;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -52,9 +53,14 @@ impl SqliteStore {
             options = options.pragma(key, value);
         }
         create_private(options.get_filename())?;
-        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(options.clone()).await?;
-        MIGRATOR.run(&pool).await.map_err(|e| StoreError::backend(format!("migrations: {e}")))?;
+        let setup = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+        MIGRATOR.run(&setup).await.map_err(|e| StoreError::backend(format!("migrations: {e}")))?;
+        setup.close().await;
         let writer = writer::Writer::open(options.get_filename())?;
+        // Every write runs on the writer thread. A write through the pool would wait for
+        // the file's lock behind group commits (seconds under load); read-only, it fails.
+        let readers = options.clone().create_if_missing(false).read_only(true);
+        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(readers).await?;
         let mut wal = options.get_filename().as_os_str().to_owned();
         wal.push("-wal");
         Ok(SqliteStore { q: Queries { pool }, writer, wal: wal.into() })
@@ -75,7 +81,8 @@ fn create_private(path: &std::path::Path) -> Result<()> {
 #[async_trait]
 impl Store for SqliteStore {
     async fn create_tenant(&self, t: &Tenant) -> Result<()> {
-        self.q.create_tenant(t).await
+        let t = t.clone();
+        self.writer.run(move |tx| writes::create_tenant(tx, &t)).await
     }
 
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
@@ -83,7 +90,8 @@ impl Store for SqliteStore {
     }
 
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
-        self.q.insert_token(t).await
+        let t = t.clone();
+        self.writer.run(move |tx| writes::insert_token(tx, &t)).await
     }
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
@@ -95,20 +103,18 @@ impl Store for SqliteStore {
     }
 
     async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
-        self.q.revoke_token(tenant, id).await
+        let (tenant, id) = (tenant.clone(), id.to_string());
+        self.writer.run(move |tx| writes::revoke_token(tx, &tenant, &id)).await
     }
 
     async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
-        sqlx::query("UPDATE tokens SET last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE hash = ?1")
-            .bind(hash)
-            .bind(at)
-            .execute(&self.q.pool)
-            .await?;
-        Ok(())
+        let hash = hash.to_string();
+        self.writer.run(move |tx| writes::touch_token(tx, &hash, at)).await
     }
 
     async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
-        self.q.insert_endpoint(e).await
+        let e = e.clone();
+        self.writer.run(move |tx| writes::insert_endpoint(tx, &e)).await
     }
 
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
@@ -120,11 +126,13 @@ impl Store for SqliteStore {
     }
 
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
-        self.q.update_endpoint(e).await
+        let e = e.clone();
+        self.writer.run(move |tx| writes::update_endpoint(tx, &e)).await
     }
 
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
-        self.q.delete_endpoint(tenant, id, now).await
+        let (tenant, id) = (tenant.clone(), id.clone());
+        self.writer.run(move |tx| writes::delete_endpoint(tx, &tenant, &id, now)).await
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
@@ -148,35 +156,7 @@ impl Store for SqliteStore {
     }
 
     async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
-        let done = sqlx::query(
-            "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?, lease_owner = NULL, \
-             lease_until = NULL, updated_at = ? WHERE state = 'delivering' AND lease_until < ?",
-        )
-        .bind(now)
-        .bind(now)
-        .bind(expired_before)
-        .execute(&self.q.pool)
-        .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool> {
-        let done = sqlx::query(
-            "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (endpoint_id) DO UPDATE SET owner = ?2, lease_until = ?3 \
-             WHERE partitions.owner = ?2 OR partitions.lease_until < ?4",
-        )
-        .bind(endpoint.as_str())
-        .bind(owner)
-        .bind(until)
-        .bind(now)
-        .execute(&self.q.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
-        self.q.release_partition(endpoint, owner).await
+        self.writer.run(move |tx| writes::recover_leases(tx, expired_before, now)).await
     }
 
     async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Notice>>> {
@@ -197,7 +177,8 @@ impl Store for SqliteStore {
     }
 
     async fn create_replay(&self, r: &Replay) -> Result<()> {
-        self.q.create_replay(r).await
+        let r = r.clone();
+        self.writer.run(move |tx| writes::create_replay(tx, &r)).await
     }
 
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
@@ -215,33 +196,33 @@ impl Store for SqliteStore {
         spacing_ms: f64,
         deadline: Millis,
     ) -> Result<(Vec<EndpointId>, u32)> {
-        let mut tx = self.q.pool.begin().await?;
-        let Some(replay) = Queries::<Sqlite>::replay_to_continue(&mut tx, replay_id, "").await? else {
+        // Picked by a read; the write re-queues them only if the cursor has not moved since.
+        let mut conn = self.q.pool.acquire().await?;
+        let Some(replay) = Queries::<Sqlite>::replay_to_continue(&mut conn, replay_id, "").await? else {
             return Ok((Vec::new(), 0));
         };
-        let picks = Queries::<Sqlite>::replay_picks(&mut tx, &replay).await?;
-        for (i, (id, _)) in picks.iter().enumerate() {
-            let due = now + (i as f64 * spacing_ms) as i64;
-            sqlx::query(&format!(
-                "UPDATE deliveries SET state = {}, next_attempt_at = ?, attempt_base = attempts, deadline = ?, \
-                 replay_id = ?, reason = NULL, updated_at = ? WHERE id = ? AND state = 'dead'",
-                sql::settle("deliveries", "'queued'")
-            ))
-            .bind(due)
-            .bind(deadline)
-            .bind(replay_id)
-            .bind(now)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let advanced = Queries::<Sqlite>::advance_replay(&mut tx, &replay, picks, now).await?;
-        tx.commit().await?;
-        Ok(advanced)
+        let picked = Queries::<Sqlite>::replay_picks(&mut conn, &replay).await?;
+        drop(conn);
+        let step = writes::ReplayStep {
+            replay_id: replay_id.to_string(),
+            from_cursor: replay.cursor.clone(),
+            done: picked.len() < replay.batch as usize,
+            picked: picked.into_iter().map(|(id, e)| (id, e.as_str().to_string())).collect(),
+            now,
+            spacing_ms,
+            deadline,
+        };
+        let (n, step) = self.writer.run(move |tx| Ok((writes::replay_step(tx, &step)?, step))).await?;
+        let mut endpoints: Vec<EndpointId> =
+            step.picked.into_iter().take(n as usize).map(|(_, e)| EndpointId::from_stored(e)).collect();
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        Ok((endpoints, n))
     }
 
     async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
-        self.q.finish_replay(tenant, id, state, now).await
+        let (tenant, id) = (tenant.clone(), id.to_string());
+        self.writer.run(move |tx| writes::finish_replay(tx, &tenant, &id, state, now)).await
     }
 
     async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
@@ -262,32 +243,7 @@ impl Store for SqliteStore {
     }
 
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
-        let mut tx = self.q.pool.begin().await?;
-        let ids: Vec<(String, String, String)> = sqlx::query_as(
-            "SELECT id, tenant_id, event_id FROM deliveries WHERE (state = 'delivered' AND updated_at < ?) \
-             OR (state = 'dead' AND updated_at < ?) LIMIT ?",
-        )
-        .bind(delivered_before)
-        .bind(dead_before)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        for (id, _, _) in &ids {
-            sqlx::query("DELETE FROM attempts WHERE delivery_id = ?").bind(id).execute(&mut *tx).await?;
-            sqlx::query("DELETE FROM deliveries WHERE id = ?").bind(id).execute(&mut *tx).await?;
-        }
-        for (_, tenant, event) in &ids {
-            sqlx::query(
-                "DELETE FROM events WHERE tenant_id = ?1 AND id = ?2 \
-                 AND NOT EXISTS (SELECT 1 FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2)",
-            )
-            .bind(tenant)
-            .bind(event)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(ids.len() as u64)
+        self.writer.run(move |tx| writes::purge(tx, delivered_before, dead_before, limit)).await
     }
 
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {

@@ -22,7 +22,8 @@ use super::super::sql;
 use super::super::*;
 use crate::intake::fan_out;
 
-type Job = (Vec<WriteOp>, oneshot::Sender<Result<Vec<WriteResult>>>);
+/// One transaction for the writer thread to run; it answers its caller itself.
+type Job = Box<dyn FnOnce(&mut Connection, &mut StdRng) + Send>;
 
 /// Handle to the writer thread; the thread ends when the handle is dropped.
 pub(super) struct Writer {
@@ -46,12 +47,9 @@ impl Writer {
             .spawn(move || {
                 let mut conn = conn;
                 let mut rng = StdRng::from_rng(&mut rand::rng());
-                while let Ok((ops, reply)) = rx.recv() {
-                    let result = transaction(&mut conn, ops, &mut rng);
-                    if result.is_ok() {
-                        let _ = dirty.try_send(());
-                    }
-                    let _ = reply.send(result);
+                while let Ok(job) = rx.recv() {
+                    job(&mut conn, &mut rng);
+                    let _ = dirty.try_send(());
                 }
             })
             .map_err(|e| StoreError::backend(format!("cannot start the SQLite writer thread: {e}")))?;
@@ -60,9 +58,34 @@ impl Writer {
 
     /// Applies `ops` in one transaction, in order; all of them commit or none does.
     pub(super) async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
+        self.job(move |conn, rng| transaction(conn, ops, rng)).await
+    }
+
+    /// Runs `write` in a transaction of its own on the writer thread, between group
+    /// commits: no other connection writes to the file, so nothing waits for its lock.
+    pub(super) async fn run<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.job(move |conn, _| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = write(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn job<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection, &mut StdRng) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         let stopped = || StoreError::backend("the SQLite writer thread stopped");
         let (reply, rx) = oneshot::channel();
-        self.jobs.send((ops, reply)).map_err(|_| stopped())?;
+        let job: Job = Box::new(move |conn, rng| {
+            let _ = reply.send(work(conn, rng));
+        });
+        self.jobs.send(job).map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }
 }
@@ -148,6 +171,7 @@ fn transaction(conn: &mut Connection, ops: Vec<WriteOp>, rng: &mut StdRng) -> Re
                 subscribers = Subscribers::default();
                 WriteResult::Endpoint(change_endpoint(&tx, change)?)
             }
+            WriteOp::Partition(lease) => WriteResult::Partition(partition(&tx, lease)?),
         });
     }
     let applied = started.elapsed();
@@ -276,9 +300,12 @@ fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<Vec<Claimed>> {
          d.fence, e.payload, e.created_at, e.expires_at FROM deliveries d \
          JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
          WHERE d.endpoint_id = ?1 AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ?2 \
+         AND (NOT ?4 OR EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = ?1 AND p.owner = ?5 \
+         AND p.lease_until >= ?2)) \
          ORDER BY d.next_attempt_at, d.id LIMIT ?3",
     )?;
-    let rows = select.query_map(params![req.endpoint.as_str(), req.now, i64::from(req.limit)], |r| {
+    let args = params![req.endpoint.as_str(), req.now, i64::from(req.limit), req.in_partition, req.owner];
+    let rows = select.query_map(args, |r| {
         let claimed = Claimed {
             id: DeliveryId::from_stored(r.get::<_, String>(1)?),
             tenant: TenantId::from_stored(r.get::<_, String>(2)?),
@@ -363,6 +390,24 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
         accepted.push(true);
     }
     Ok(accepted)
+}
+
+/// Takes, renews or gives up a partition lease; true when `owner` holds it afterwards.
+fn partition(tx: &Transaction<'_>, lease: PartitionLease) -> Result<bool> {
+    let (id, owner) = (lease.endpoint.as_str(), lease.owner.as_str());
+    let Some(until) = lease.until else {
+        tx.prepare_cached("DELETE FROM partitions WHERE endpoint_id = ?1 AND owner = ?2")?
+            .execute(params![id, owner])?;
+        return Ok(false);
+    };
+    let taken = tx
+        .prepare_cached(
+            "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (endpoint_id) DO UPDATE SET owner = ?2, lease_until = ?3 \
+             WHERE partitions.owner = ?2 OR partitions.lease_until < ?4",
+        )?
+        .execute(params![id, owner, until, lease.now])?;
+    Ok(taken == 1)
 }
 
 /// Hands claimed-but-unsent deliveries back, due at their `next_attempt_at`.

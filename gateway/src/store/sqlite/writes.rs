@@ -1,0 +1,219 @@
+//! The SQLite store's writes outside the hot path (tenants, tokens, endpoint CRUD, lease
+//! recovery, replays, retention). Each runs on the writer thread ([`super::writer`]) in a
+//! transaction of its own between group commits: the sqlx pool is opened read-only, so no
+//! write can queue for the file's lock behind the committer (busy waits of seconds).
+
+use rusqlite::{Transaction, params};
+
+use super::super::sql;
+use super::super::*;
+use crate::store::queries::json;
+
+pub(super) fn create_tenant(tx: &Transaction<'_>, t: &Tenant) -> Result<()> {
+    tx.prepare_cached("INSERT INTO tenants (id, name, created_at) VALUES (?1, ?2, ?3)")?.execute(params![
+        t.id.as_str(),
+        t.name,
+        t.created_at
+    ])?;
+    Ok(())
+}
+
+pub(super) fn insert_token(tx: &Transaction<'_>, t: &TokenRecord) -> Result<()> {
+    let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
+    tx.prepare_cached("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")?
+        .execute(params![t.id, t.hash, t.tenant.as_str(), scopes.join(" "), t.created_at])?;
+    Ok(())
+}
+
+pub(super) fn revoke_token(tx: &Transaction<'_>, tenant: &TenantId, id: &str) -> Result<bool> {
+    let n = tx
+        .prepare_cached("DELETE FROM tokens WHERE tenant_id = ?1 AND id = ?2")?
+        .execute(params![tenant.as_str(), id])?;
+    Ok(n > 0)
+}
+
+pub(super) fn touch_token(tx: &Transaction<'_>, hash: &str, at: Millis) -> Result<()> {
+    tx.prepare_cached("UPDATE tokens SET last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE hash = ?1")?
+        .execute(params![hash, at])?;
+    Ok(())
+}
+
+pub(super) fn insert_endpoint(tx: &Transaction<'_>, e: &Endpoint) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, state_reason, paused_until, \
+         failing_since, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        e.id.as_str(),
+        e.tenant.as_str(),
+        json(&e.spec),
+        json(&e.spec.event_types),
+        e.state.as_str(),
+        e.state_reason,
+        e.paused_until,
+        e.failing_since,
+        e.created_at,
+        e.updated_at
+    ])?;
+    Ok(())
+}
+
+pub(super) fn update_endpoint(tx: &Transaction<'_>, e: &Endpoint) -> Result<bool> {
+    let n = tx
+        .prepare_cached(
+            "UPDATE endpoints SET spec = ?1, event_types = ?2, updated_at = ?3 WHERE id = ?4 AND tenant_id = ?5",
+        )?
+        .execute(params![json(&e.spec), json(&e.spec.event_types), e.updated_at, e.id.as_str(), e.tenant.as_str()])?;
+    Ok(n == 1)
+}
+
+pub(super) fn delete_endpoint(tx: &Transaction<'_>, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
+    let n = tx
+        .prepare_cached("DELETE FROM endpoints WHERE id = ?1 AND tenant_id = ?2")?
+        .execute(params![id.as_str(), tenant.as_str()])?;
+    tx.prepare_cached(
+        "UPDATE deliveries SET state = 'dead', reason = 'endpoint_deleted', next_attempt_at = NULL, \
+         lease_owner = NULL, lease_until = NULL, updated_at = ?1 \
+         WHERE endpoint_id = ?2 AND state IN ('queued', 'waiting', 'paused', 'delivering')",
+    )?
+    .execute(params![now, id.as_str()])?;
+    Ok(n == 1)
+}
+
+pub(super) fn recover_leases(tx: &Transaction<'_>, expired_before: Millis, now: Millis) -> Result<u64> {
+    let n = tx
+        .prepare_cached(
+            "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?1, lease_owner = NULL, \
+             lease_until = NULL, updated_at = ?1 WHERE state = 'delivering' AND lease_until < ?2",
+        )?
+        .execute(params![now, expired_before])?;
+    Ok(n as u64)
+}
+
+pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
+         created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )?
+    .execute(params![
+        r.id,
+        r.tenant.as_str(),
+        r.state.as_str(),
+        r.ids.as_ref().map(json),
+        r.filter.as_ref().map(json),
+        r.rate_per_sec,
+        i64::from(r.batch),
+        r.selected as i64,
+        r.sent as i64,
+        r.cursor,
+        r.created_at,
+        r.updated_at
+    ])?;
+    Ok(())
+}
+
+/// One replay batch, picked by a read: the dead letters after `from_cursor`, in id order.
+pub(super) struct ReplayStep {
+    pub(super) replay_id: String,
+    pub(super) from_cursor: String,
+    /// (delivery id, endpoint id), in id order.
+    pub(super) picked: Vec<(String, String)>,
+    /// Fewer than a batch were left: the replay is done.
+    pub(super) done: bool,
+    pub(super) now: Millis,
+    pub(super) spacing_ms: f64,
+    pub(super) deadline: Millis,
+}
+
+/// Re-queues a picked batch, if the replay is still running at the cursor it was picked
+/// from (so a batch applies once), and advances the cursor. Returns how many re-queued.
+pub(super) fn replay_step(tx: &Transaction<'_>, s: &ReplayStep) -> Result<u32> {
+    let cursor = s.picked.last().map_or(s.from_cursor.as_str(), |(id, _)| id.as_str());
+    let moved = tx
+        .prepare_cached(
+            "UPDATE replays SET sent = sent + ?1, cursor = ?2, updated_at = ?3, \
+             state = CASE WHEN ?4 THEN 'done' ELSE state END \
+             WHERE id = ?5 AND state = 'running' AND cursor = ?6",
+        )?
+        .execute(params![s.picked.len() as i64, cursor, s.now, s.done, s.replay_id, s.from_cursor])?;
+    if moved == 0 {
+        return Ok(0);
+    }
+    let mut requeue = tx.prepare_cached(&format!(
+        "UPDATE deliveries SET state = {}, next_attempt_at = ?1, attempt_base = attempts, deadline = ?2, \
+         replay_id = ?3, reason = NULL, updated_at = ?4 WHERE id = ?5 AND state = 'dead'",
+        sql::settle("deliveries", "'queued'")
+    ))?;
+    for (i, (id, _)) in s.picked.iter().enumerate() {
+        let due = s.now + (i as f64 * s.spacing_ms) as i64;
+        requeue.execute(params![due, s.deadline, s.replay_id, s.now, id])?;
+    }
+    Ok(s.picked.len() as u32)
+}
+
+pub(super) fn finish_replay(
+    tx: &Transaction<'_>,
+    tenant: &TenantId,
+    id: &str,
+    state: ReplayState,
+    now: Millis,
+) -> Result<bool> {
+    let n = tx
+        .prepare_cached(
+            "UPDATE replays SET state = ?1, updated_at = ?2 WHERE id = ?3 AND tenant_id = ?4 AND state = 'running'",
+        )?
+        .execute(params![state.as_str(), now, id, tenant.as_str()])?;
+    Ok(n == 1)
+}
+
+pub(super) fn purge(tx: &Transaction<'_>, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
+    let mut select = tx.prepare_cached(
+        "SELECT id, tenant_id, event_id FROM deliveries WHERE (state = 'delivered' AND updated_at < ?1) \
+         OR (state = 'dead' AND updated_at < ?2) LIMIT ?3",
+    )?;
+    let rows = select.query_map(params![delivered_before, dead_before, i64::from(limit)], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+    })?;
+    let ids = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut attempts = tx.prepare_cached("DELETE FROM attempts WHERE delivery_id = ?1")?;
+    let mut deliveries = tx.prepare_cached("DELETE FROM deliveries WHERE id = ?1")?;
+    for (id, _, _) in &ids {
+        attempts.execute([id])?;
+        deliveries.execute([id])?;
+    }
+    let mut events = tx.prepare_cached(
+        "DELETE FROM events WHERE tenant_id = ?1 AND id = ?2 \
+         AND NOT EXISTS (SELECT 1 FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2)",
+    )?;
+    for (_, tenant, event) in &ids {
+        events.execute([tenant, event])?;
+    }
+    Ok(ids.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::SqliteStore;
+    use super::*;
+
+    /// The architecture test: a write that went to the pool instead of the writer thread
+    /// would fail here, not queue for seconds behind group commits in production.
+    #[tokio::test]
+    async fn the_pool_cannot_write_and_the_store_writes_through_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("herald.db").display());
+        let store = SqliteStore::open(&url, 2).await.unwrap();
+        let refused = sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'x', 1)")
+            .execute(&store.q.pool)
+            .await
+            .expect_err("the pool is read-only");
+        assert!(refused.to_string().contains("readonly"), "{refused}");
+
+        let tenant = Tenant { id: TenantId::parse("t1").unwrap(), name: "x".into(), created_at: 1 };
+        store.create_tenant(&tenant).await.unwrap();
+        let id = EndpointId::from_stored("ep_1");
+        assert!(store.acquire_partition(&id, "node-a", 10, 20).await.unwrap());
+        assert!(!store.acquire_partition(&id, "node-b", 11, 30).await.unwrap(), "held by node-a");
+        assert_eq!(store.get_tenant(&tenant.id).await.unwrap().map(|t| t.name), Some("x".into()));
+    }
+}

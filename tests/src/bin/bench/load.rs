@@ -1,0 +1,79 @@
+//! Load shapes that post with many producers at once while Herald delivers: the fan-out
+//! tail (N events × M endpoints) and one endpoint taking intake and delivery together.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde_json::json;
+use tests::{ADMIN_TOKEN, Api, FakeReceiver};
+
+use super::{cpu_seconds, percentile};
+
+/// Posts `events` single events with `concurrency` producers, every endpoint of tenant
+/// `bench` subscribed, and measures 202→arrival of each (event, endpoint) pair and the
+/// deliveries/s from the first post to the last arrival.
+pub async fn posting_while_delivering(
+    api: &Api,
+    rx: &FakeReceiver,
+    pid: u32,
+    (events, endpoints, concurrency): (usize, usize, usize),
+    out: &mut HashMap<String, f64>,
+) -> anyhow::Result<()> {
+    for i in 0..endpoints {
+        let spec = json!({"url": format!("{}/{i}", rx.url()), "rate_per_sec": 100_000, "burst": 1000,
+            "max_in_flight": (256 / endpoints).max(4)});
+        api.endpoint("bench", spec).await?;
+    }
+    let acks = Arc::new(Mutex::new(HashMap::with_capacity(events)));
+    let next = Arc::new(AtomicUsize::new(0));
+    let cpu_before = cpu_seconds(pid)?;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (api, acks, next) = (api.clone(), acks.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= events {
+                    return anyhow::Ok(());
+                }
+                let id = format!("evt_{i}");
+                let body = json!({"id": id, "type": "invoice.paid", "payload": {"n": i, "amount": 1999}});
+                let r = api.post("/v1/tenants/bench/events", ADMIN_TOKEN, body).await?;
+                if r.status != 202 {
+                    bail!("{} {}", r.status, r.text);
+                }
+                acks.lock().unwrap().insert(id, Instant::now());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let posted = start.elapsed().as_secs_f64();
+    let total = events * endpoints;
+    let got = rx.wait_for(total, Duration::from_secs(300)).await?;
+    let last = got.iter().map(|r| r.at).max().unwrap_or_else(Instant::now);
+    let cpu = cpu_seconds(pid)? - cpu_before;
+    let acks = acks.lock().unwrap();
+    let mut l: Vec<f64> = got
+        .iter()
+        .filter_map(|r| Some(r.at.saturating_duration_since(*acks.get(r.header("webhook-id")?)?)))
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .collect();
+    if l.len() != total {
+        bail!("{} arrivals matched a 202 of {total}", l.len());
+    }
+    l.sort_by(f64::total_cmp);
+    let secs = last.duration_since(start).as_secs_f64();
+    out.insert("p50_ms".into(), percentile(&l, 0.5));
+    out.insert("p99_ms".into(), percentile(&l, 0.99));
+    out.insert("max_ms".into(), percentile(&l, 1.0));
+    out.insert("deliveries_per_s".into(), total as f64 / secs);
+    out.insert("events_per_s".into(), events as f64 / posted);
+    out.insert("node_cpu_us_per_delivery".into(), cpu * 1e6 / total as f64);
+    Ok(())
+}
