@@ -225,6 +225,11 @@ pub(super) fn demote_long_call() -> bool {
     }
 }
 
+/// Whether this thread runs at idle priority now (a long instantiation can get it there).
+pub(super) fn demoted() -> bool {
+    matches!(PRIORITY.get(), Priority::Demoted | Priority::Stuck)
+}
+
 /// Back to normal priority after a call, or `Stuck` when that is not permitted.
 fn restore_priority() {
     if PRIORITY.get() == Priority::Demoted {

@@ -140,6 +140,7 @@ impl Runtime {
             size: bytes.len() as u64,
             loaded_at: crate::clock::wall(),
             warm: Mutex::new(Vec::new()),
+            runs_long: AtomicBool::new(false),
         };
         let load_ctx = DeliveryContext {
             tenant: tenant.to_string(),
@@ -324,6 +325,8 @@ pub(crate) struct LoadedPlugin {
     pub(crate) size: u64,
     pub(crate) loaded_at: SystemTime,
     warm: Mutex<Vec<WarmInstance>>,
+    /// The last call used more than `pool::DEMOTE_AFTER` of CPU.
+    runs_long: AtomicBool,
 }
 
 struct WarmInstance {
@@ -431,10 +434,14 @@ impl LoadedPlugin {
             None => self.instantiate()?,
         };
         let capture = logs.is_some();
-        inst.store.data_mut().begin_call(ctx, capture);
+        // A plugin whose last call ran long starts this one at idle priority, instead of
+        // competing for a core for its first millisecond.
+        let low = (self.runs_long.load(Ordering::Relaxed) && super::pool::demote_long_call()) || super::pool::demoted();
+        inst.store.data_mut().begin_call(ctx, capture, low);
         inst.store.set_epoch_deadline(self.runtime.limits.first_check_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
+        self.runs_long.store(state.deadline.ran_long(), Ordering::Relaxed);
         state.end_call();
         if let Some(logs) = logs {
             logs.append(&mut state.captured);
@@ -461,7 +468,7 @@ impl LoadedPlugin {
         store.set_hostcall_fuel(self.runtime.limits.max_output_bytes.saturating_add(64 << 10));
         let limits = self.runtime.limits;
         store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(limits.call_timeout)));
-        store.data_mut().deadline.start();
+        store.data_mut().deadline.start(false);
         store.set_epoch_deadline(limits.first_check_ticks);
         match self.pre.instantiate(&mut store) {
             Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0, idle_since: Instant::now() }),

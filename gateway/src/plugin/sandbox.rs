@@ -78,9 +78,10 @@ impl HostState {
 
     /// Resets what a call may observe: its timestamp, fresh random streams for its
     /// attempt id, its time budget, its log budget.
-    pub(super) fn begin_call(&mut self, ctx: &DeliveryContext, capture: bool) {
+    /// `low`: the call starts at idle priority (see `pool`).
+    pub(super) fn begin_call(&mut self, ctx: &DeliveryContext, capture: bool, low: bool) {
         self.inputs.begin(ctx.timestamp, &ctx.attempt_id);
-        self.deadline.start();
+        self.deadline.start(low);
         self.log_lines = 0;
         self.capture = capture;
         self.limiter.exceeded = false;
@@ -310,13 +311,21 @@ pub(super) struct Deadline {
     started: Option<Instant>,
     cpu_start: Option<Duration>,
     demoted: bool,
+    /// The call has used [`DEMOTE_AFTER`] of CPU.
+    long: bool,
 }
 
 impl Deadline {
-    pub(super) fn start(&mut self) {
+    pub(super) fn start(&mut self, demoted: bool) {
         self.started = Some(Instant::now());
         self.cpu_start = thread_cpu_time();
-        self.demoted = false;
+        self.demoted = demoted;
+        self.long = false;
+    }
+
+    /// Whether the call (so far) has used [`DEMOTE_AFTER`] of CPU.
+    pub(super) fn ran_long(&self) -> bool {
+        self.long
     }
 
     pub(super) fn on_expiry(&mut self, call_timeout: Duration) -> UpdateDeadline {
@@ -335,6 +344,7 @@ impl Deadline {
         // A long call gives way to everything else on the node (see `pool`); until it
         // has run that long, it is checked again when it might have.
         let next = if used >= DEMOTE_AFTER {
+            self.long = true;
             self.demoted = self.demoted || demote_long_call();
             left
         } else {
@@ -389,7 +399,7 @@ mod tests {
             while thread_cpu_time().unwrap() - start < cpu {}
         };
         let mut deadline = Deadline::default();
-        deadline.start();
+        deadline.start(false);
         // Preempted for longer than the budget before running at all (wall time passes,
         // no CPU is spent): not cut.
         std::thread::sleep(Duration::from_millis(15));
