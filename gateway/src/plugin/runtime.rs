@@ -156,27 +156,7 @@ impl Runtime {
             .map_err(|f| PluginError::Rejected(format!("describe failed: plugin:{f}")))?;
         // Loading is not a use: keep no slot for a plugin nobody calls yet.
         plugin.drop_warm(|_| true);
-        plugin.hooks = HookSet {
-            transform: info.hooks.contains(wit::Hooks::TRANSFORM),
-            classify: info.hooks.contains(wit::Hooks::CLASSIFY),
-            sign: info.hooks.contains(wit::Hooks::SIGN),
-        };
-        if plugin.hooks.is_empty() {
-            return Err(PluginError::Rejected("describe declares no hook".to_string()));
-        }
-        plugin.plugin_name = truncate(info.name, 128);
-        plugin.plugin_version = truncate(info.version, 128);
-        if let Some(mut statuses) = info.classify_statuses {
-            if !plugin.hooks.classify {
-                return Err(PluginError::Rejected("describe lists classify statuses without the classify hook".into()));
-            }
-            if let Some(bad) = statuses.iter().find(|s| !(100..=599).contains(*s)) {
-                return Err(PluginError::Rejected(format!("describe lists {bad}, which is not an HTTP status")));
-            }
-            statuses.sort_unstable();
-            statuses.dedup();
-            plugin.classify_statuses = Some(statuses);
-        }
+        plugin.describe_as(info)?;
         Ok(Arc::new(plugin))
     }
 
@@ -341,6 +321,33 @@ struct WarmInstance {
 pub(crate) type LogCapture = Vec<(&'static str, String)>;
 
 impl LoadedPlugin {
+    /// Takes what `describe` said: at least one hook, and `classify` statuses only with
+    /// the classify hook and only HTTP statuses.
+    fn describe_as(&mut self, info: wit::PluginInfo) -> Result<(), PluginError> {
+        self.hooks = HookSet {
+            transform: info.hooks.contains(wit::Hooks::TRANSFORM),
+            classify: info.hooks.contains(wit::Hooks::CLASSIFY),
+            sign: info.hooks.contains(wit::Hooks::SIGN),
+        };
+        if self.hooks.is_empty() {
+            return Err(PluginError::Rejected("describe declares no hook".to_string()));
+        }
+        self.plugin_name = truncate(info.name, 128);
+        self.plugin_version = truncate(info.version, 128);
+        if let Some(mut statuses) = info.classify_statuses {
+            if !self.hooks.classify {
+                return Err(PluginError::Rejected("describe lists classify statuses without the classify hook".into()));
+            }
+            if let Some(bad) = statuses.iter().find(|s| !(100..=599).contains(*s)) {
+                return Err(PluginError::Rejected(format!("describe lists {bad}, which is not an HTTP status")));
+            }
+            statuses.sort_unstable();
+            statuses.dedup();
+            self.classify_statuses = Some(statuses);
+        }
+        Ok(())
+    }
+
     /// Calls `transform` and validates its output.
     pub(crate) fn transform(
         &self,

@@ -199,19 +199,7 @@ async fn record(
                 let waited = inner.clock.now().saturating_sub(d.event_created_at).max(0) as u64;
                 inner.metrics.arrival_latency.observe(Duration::from_millis(waited));
             }
-            DeliveryState::Dead => {
-                target.counters.settled(decision.state, decision.reason.as_deref());
-                tracing::warn!(
-                    tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
-                    event_type = %d.event_type, attempt = number, reason = decision.reason.as_deref().unwrap_or(""),
-                    "dead letter"
-                );
-                let data = serde_json::json!({
-                    "delivery_id": d.id, "event_id": d.event_id, "event_type": d.event_type,
-                    "endpoint_id": target.endpoint.id, "reason": decision.reason, "attempts": number,
-                });
-                inner.ops.emit(&d.tenant, "delivery.dead", format!("delivery.dead.{}.{}", d.id, number), data);
-            }
+            DeliveryState::Dead => dead_lettered(inner, target, d, &decision, number),
             state => target.counters.settled(state, None),
         },
         Err(e) => {
@@ -225,6 +213,22 @@ async fn record(
         tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
         attempt = number, status, verdict = %decision.label, duration_ms, "attempt"
     );
+}
+
+/// A delivery just went to the dead-letter queue: counted, logged, announced as an
+/// operational event.
+fn dead_lettered(inner: &Inner, target: &Target, d: &Claimed, decision: &Decision, number: u32) {
+    target.counters.settled(decision.state, decision.reason.as_deref());
+    tracing::warn!(
+        tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
+        event_type = %d.event_type, attempt = number, reason = decision.reason.as_deref().unwrap_or(""),
+        "dead letter"
+    );
+    let data = serde_json::json!({
+        "delivery_id": d.id, "event_id": d.event_id, "event_type": d.event_type,
+        "endpoint_id": target.endpoint.id, "reason": decision.reason, "attempts": number,
+    });
+    inner.ops.emit(&d.tenant, "delivery.dead", format!("delivery.dead.{}.{}", d.id, number), data);
 }
 
 /// How soon a delivery waiting for a loading plugin is tried again.

@@ -13,16 +13,16 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{
-    IDLE_LINGER, Inner, PARTITION_LEASE, PARTITION_RENEW_BEFORE, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition,
-};
+use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
-use crate::store::{ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
+use crate::store::{ClaimRequest, Claimed, Release, Result as StoreResult};
+
+mod held;
 
 /// What a partition shares with its in-flight attempts.
 pub(super) struct Shared {
@@ -199,46 +199,6 @@ impl Partition {
         }
     }
 
-    /// Learns from a claim made under the partition lease (submitted at `renewed` if it
-    /// renewed the lease) whether the lease holds, and returns what it claimed.
-    fn note_claim(&mut self, (renewed, claim): LeasedClaim) -> Option<Vec<Claimed>> {
-        match claim {
-            Ok(Some(claimed)) => {
-                if let Some(started) = renewed {
-                    self.note_lease(started, true);
-                }
-                Some(claimed)
-            }
-            Ok(None) => {
-                self.set_held(None);
-                None
-            }
-            Err(e) => {
-                tracing::warn!(endpoint_id = %self.id, error = %e, "claim failed");
-                Some(Vec::new())
-            }
-        }
-    }
-
-    /// Records a commit's answer about the partition lease, submitted at `started`.
-    fn note_lease(&mut self, started: Instant, held: bool) {
-        // Count from before the commit so the local view never outlives the stored lease.
-        self.set_held(held.then(|| started + PARTITION_LEASE - Duration::from_millis(500)));
-    }
-
-    /// The partition lease every claim takes or renews on the way.
-    fn lease_until(now: Millis) -> Millis {
-        now + PARTITION_LEASE.as_millis() as i64
-    }
-
-    /// Until when a claim at `now` should take or renew the partition lease: `None` while
-    /// the lease holds well beyond the renewal margin (the claim then only checks it, and
-    /// writes nothing for it).
-    fn renew_with_claim(&self, now: Millis) -> Option<Millis> {
-        let fresh = self.held.is_some_and(|until| until > Instant::now() + PARTITION_RENEW_BEFORE);
-        (!fresh).then(|| Self::lease_until(now))
-    }
-
     /// Hands every claimed-but-unsent delivery back (a running prefetch's too), due at `at`.
     async fn hand_back(&mut self, at: Millis) {
         self.collect_prefetch(true).await;
@@ -252,67 +212,8 @@ impl Partition {
         self.inner.partitions.lock().expect("partition map").remove(&self.id);
     }
 
-    /// Keeps this node's lease on the endpoint's partition. Every claim takes or renews it
-    /// in its own commit, so a partition with nothing claimed waits for no lease write: its
-    /// next claim proves the lease or finds it lost. Deliveries already claimed are sent
-    /// only under a lease known to hold; one close to expiry is renewed in the background,
-    /// riding the next group commit while sending goes on.
-    async fn hold(&mut self) -> bool {
-        self.collect_renewal(false).await;
-        let now = Instant::now();
-        match self.held {
-            Some(until) if until > now + PARTITION_RENEW_BEFORE => return true,
-            Some(until) if until > now => {
-                self.renew();
-                return true;
-            }
-            _ if self.queue.is_empty() && self.prefetch.is_none() => return true,
-            _ => {}
-        }
-        self.renew();
-        self.collect_renewal(true).await;
-        self.held.is_some_and(|until| until > Instant::now())
-    }
-
-    /// Starts renewing the partition lease unless a renewal is under way.
-    fn renew(&mut self) {
-        if self.renewal.is_some() {
-            return;
-        }
-        let now = self.inner.clock.now();
-        let lease = PartitionLease {
-            endpoint: self.id.clone(),
-            owner: self.inner.owner.clone(),
-            now,
-            until: Some(Self::lease_until(now)),
-        };
-        let committer = self.inner.committer.clone();
-        self.renewal = Some(tokio::spawn(async move { (Instant::now(), committer.hold_partition(lease).await) }));
-    }
-
-    /// Takes a finished renewal's answer (with `wait`, waits for a running one).
-    async fn collect_renewal(&mut self, wait: bool) {
-        let ready = self.renewal.as_ref().is_some_and(|h| wait || h.is_finished());
-        let Some(h) = self.renewal.take_if(|_| ready) else { return };
-        match h.await {
-            Ok((started, Ok(held))) => self.note_lease(started, held),
-            Ok((_, Err(e))) => tracing::warn!(endpoint_id = %self.id, error = %e, "cannot renew partition lease"),
-            Err(e) => tracing::error!(endpoint_id = %self.id, error = %e, "partition lease renewal task failed"),
-        }
-    }
-
     fn counters(&mut self, endpoint: &Endpoint) -> TenantCounters {
         self.counters.get_or_insert_with(|| self.inner.metrics.tenant(endpoint.tenant.as_str())).clone()
-    }
-
-    /// Keeps the `partitions_held` gauge in step with `held`.
-    fn set_held(&mut self, held: Option<Instant>) {
-        match (self.held.is_some(), held.is_some()) {
-            (false, true) => drop(self.inner.metrics.partitions_held.inc()),
-            (true, false) => drop(self.inner.metrics.partitions_held.dec()),
-            _ => {}
-        }
-        self.held = held;
     }
 
     /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`], and at once
