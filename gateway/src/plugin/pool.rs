@@ -212,20 +212,15 @@ thread_local! {
 }
 
 /// Called from a running call once it has spent [`DEMOTE_AFTER`] of CPU: a call
-/// thread drops to idle priority for the rest of the call. Best effort; returns
-/// whether the thread now runs at idle priority.
-pub(super) fn demote_long_call() -> bool {
-    match PRIORITY.get() {
-        Priority::Normal if set_idle_policy(true) => {
-            PRIORITY.set(Priority::Demoted);
-            true
-        }
-        Priority::Demoted | Priority::Stuck => true,
-        _ => false,
+/// thread drops to idle priority for the rest of the call. Best effort: see
+/// [`demoted`].
+pub(super) fn demote_long_call() {
+    if PRIORITY.get() == Priority::Normal && set_idle_policy(true) {
+        PRIORITY.set(Priority::Demoted);
     }
 }
 
-/// Whether this thread runs at idle priority now (a long instantiation can get it there).
+/// Whether this thread runs at idle priority now.
 pub(super) fn demoted() -> bool {
     matches!(PRIORITY.get(), Priority::Demoted | Priority::Stuck)
 }

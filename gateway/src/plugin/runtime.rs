@@ -443,8 +443,10 @@ impl LoadedPlugin {
         let capture = logs.is_some();
         // A plugin whose last call ran long starts this one at idle priority, instead of
         // competing for a core for its first millisecond.
-        let low = (self.runs_long.load(Ordering::Relaxed) && super::pool::demote_long_call()) || super::pool::demoted();
-        inst.store.data_mut().begin_call(ctx, capture, low);
+        if self.runs_long.load(Ordering::Relaxed) {
+            super::pool::demote_long_call();
+        }
+        inst.store.data_mut().begin_call(ctx, capture);
         inst.store.set_epoch_deadline(self.runtime.limits.first_check_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
@@ -475,7 +477,7 @@ impl LoadedPlugin {
         store.set_hostcall_fuel(self.runtime.limits.max_output_bytes.saturating_add(64 << 10));
         let limits = self.runtime.limits;
         store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(limits.call_timeout)));
-        store.data_mut().deadline.start(false);
+        store.data_mut().deadline.start();
         store.set_epoch_deadline(limits.first_check_ticks);
         match self.pre.instantiate(&mut store) {
             Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0, idle_since: Instant::now() }),

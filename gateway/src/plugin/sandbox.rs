@@ -22,7 +22,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::DeliveryContext;
 use super::bindings::herald::plugin::{host, types as wit};
 use super::output::truncate;
-use super::pool::{DEMOTE_AFTER, demote_long_call};
+use super::pool::{self, DEMOTE_AFTER};
 use super::runtime::LogCapture;
 
 /// How often the epoch advances; the granularity of call deadlines.
@@ -78,10 +78,9 @@ impl HostState {
 
     /// Resets what a call may observe: its timestamp, fresh random streams for its
     /// attempt id, its time budget, its log budget.
-    /// `low`: the call starts at idle priority (see `pool`).
-    pub(super) fn begin_call(&mut self, ctx: &DeliveryContext, capture: bool, low: bool) {
+    pub(super) fn begin_call(&mut self, ctx: &DeliveryContext, capture: bool) {
         self.inputs.begin(ctx.timestamp, &ctx.attempt_id);
-        self.deadline.start(low);
+        self.deadline.start();
         self.log_lines = 0;
         self.capture = capture;
         self.limiter.exceeded = false;
@@ -310,16 +309,14 @@ impl host::Host for HostState {
 pub(super) struct Deadline {
     started: Option<Instant>,
     cpu_start: Option<Duration>,
-    demoted: bool,
     /// The call has used [`DEMOTE_AFTER`] of CPU.
     long: bool,
 }
 
 impl Deadline {
-    pub(super) fn start(&mut self, demoted: bool) {
+    pub(super) fn start(&mut self) {
         self.started = Some(Instant::now());
         self.cpu_start = thread_cpu_time();
-        self.demoted = demoted;
         self.long = false;
     }
 
@@ -330,7 +327,7 @@ impl Deadline {
 
     pub(super) fn on_expiry(&mut self, call_timeout: Duration) -> UpdateDeadline {
         let wall = self.started.map(|s| s.elapsed()).unwrap_or(Duration::MAX);
-        if wall >= call_timeout.saturating_mul(if self.demoted { 100 } else { 10 }) {
+        if wall >= call_timeout.saturating_mul(if pool::demoted() { 100 } else { 10 }) {
             return UpdateDeadline::Interrupt;
         }
         let (Some(start), Some(now)) = (self.cpu_start, thread_cpu_time()) else {
@@ -345,7 +342,7 @@ impl Deadline {
         // has run that long, it is checked again when it might have.
         let next = if used >= DEMOTE_AFTER {
             self.long = true;
-            self.demoted = self.demoted || demote_long_call();
+            pool::demote_long_call();
             left
         } else {
             left.min(DEMOTE_AFTER - used)
@@ -399,7 +396,7 @@ mod tests {
             while thread_cpu_time().unwrap() - start < cpu {}
         };
         let mut deadline = Deadline::default();
-        deadline.start(false);
+        deadline.start();
         // Preempted for longer than the budget before running at all (wall time passes,
         // no CPU is spent): not cut.
         std::thread::sleep(Duration::from_millis(15));
