@@ -404,7 +404,12 @@ async fn release_hands_deliveries_back(b: Backend) -> anyhow::Result<()> {
     );
     let kept = b.store.get_delivery(&got[1].tenant, &got[1].id).await?.expect("delivery").0;
     assert_eq!(kept.state, DeliveryState::Delivering, "a release with a stale fence changes nothing");
-    assert!(b.committer.claim(claim_req("ep_a", T0 + 499, 5, "node-1")).await?.is_empty(), "not due before its time");
+    let early = match b.committer.submit(WriteOp::Claim(claim_req("ep_a", T0 + 499, 5, "node-1"))).await? {
+        WriteResult::Claim(batch) => batch,
+        other => panic!("{other:?}"),
+    };
+    assert!(early.claimed.is_empty(), "not due before its time");
+    assert_eq!(early.next_due, Some(T0 + 500), "an empty claim says when the next one is due");
     assert_eq!(b.committer.claim(claim_req("ep_a", T0 + 500, 5, "node-1")).await?.len(), 1);
     Ok(())
 }
@@ -601,13 +606,13 @@ async fn claims_in_a_partition_need_its_lease(b: Backend) -> anyhow::Result<()> 
     let c = &b.committer;
     assert!(c.claim_in_partition(claim_req("ep_a", T0 + 3, 10, "node-a"), Some(T0 + 15_003)).await?.is_none());
     let checked = c.claim_in_partition(claim_req("ep_a", T0 + 3, 10, "node-a"), None).await?;
-    assert_eq!(checked.map(|v| v.len()), Some(0), "a lease it does not hold proves nothing");
+    assert_eq!(checked.map(|v| v.claimed.len()), Some(0), "a lease it does not hold proves nothing");
     let held = c.claim_in_partition(claim_req("ep_a", T0 + 3, 2, "node-b"), None).await?.expect("node-b holds it");
-    assert_eq!(held.len(), 2, "the holder claims after a check alone");
+    assert_eq!(held.claimed.len(), 2, "the holder claims after a check alone");
 
     let late = T0 + 15_001;
     let taken = c.claim_in_partition(claim_req("ep_a", late, 10, "node-a"), Some(late + 15_000)).await?;
-    assert_eq!(taken.map(|v| v.len()), Some(1), "the lease lapsed: taken over and claimed in one commit");
+    assert_eq!(taken.map(|v| v.claimed.len()), Some(1), "the lease lapsed: taken over and claimed in one commit");
     assert!(!b.store.acquire_partition(&ep, "node-b", late + 1, late + 15_000).await?, "node-a holds it now");
     Ok(())
 }
@@ -781,8 +786,8 @@ async fn one_commit_applies_mixed_ops_in_order(b: Backend) -> anyhow::Result<()>
     assert_eq!(r, &[true]);
     let WriteResult::Record(r) = &results[3] else { panic!("{:?}", results[3]) };
     assert_eq!(r, &[false], "the second result for one lease is refused");
-    let WriteResult::Claim(claimed) = &results[4] else { panic!("{:?}", results[4]) };
-    let ids: Vec<&str> = claimed.iter().map(|c| c.event_id.as_str()).collect();
+    let WriteResult::Claim(batch) = &results[4] else { panic!("{:?}", results[4]) };
+    let ids: Vec<&str> = batch.claimed.iter().map(|c| c.event_id.as_str()).collect();
     assert_eq!(ids, ["evt_0", "evt_1", "evt_2"], "the claim sees deliveries ingested before it");
     let WriteResult::Endpoint(dead) = &results[5] else { panic!("{:?}", results[5]) };
     assert_eq!(*dead, 2, "ep_a's evt_1 and evt_2 deliveries");
@@ -932,7 +937,7 @@ async fn claims_of_many_endpoints_in_one_commit_stay_apart(b: Backend) -> anyhow
     let claimed: Vec<Vec<Claimed>> = results
         .into_iter()
         .map(|r| match r {
-            WriteResult::Claim(c) => c,
+            WriteResult::Claim(batch) => batch.claimed,
             other => panic!("{other:?}"),
         })
         .collect();

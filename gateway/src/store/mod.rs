@@ -3,18 +3,24 @@
 //! Architecture invariant: this is the only module that speaks SQL.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::model::*;
 
+pub(crate) mod committer;
 pub mod postgres;
 mod queries;
 mod rows;
 mod sql;
 pub mod sqlite;
+
+pub use committer::{CommitSink, Committer, Pending};
+
+/// The query behind [`ClaimBatch::next_due`] and [`Store::next_due`] (`$1`: the endpoint).
+const NEXT_DUE: &str =
+    "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting')";
 
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -158,6 +164,16 @@ pub struct Claimed {
     pub fence: i64,
 }
 
+/// What a claim got.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimBatch {
+    pub claimed: Vec<Claimed>,
+    /// When fewer than the limit were claimed: the earliest due time of the endpoint's
+    /// deliveries still waiting (`None`: none wait), read in the same transaction. Not
+    /// read (`None`) after a full batch.
+    pub next_due: Option<Millis>,
+}
+
 /// The recorded result of one attempt; applied only if `fence` still matches (the lease
 /// holder's token), so a worker that lost its lease cannot record anything.
 #[derive(Debug, Clone)]
@@ -211,11 +227,22 @@ pub enum WriteOp {
     Partition(PartitionLease),
 }
 
+impl WriteOp {
+    /// Is this write acknowledged to someone outside the engine (a producer's 202, an API
+    /// client's answer)? Such a commit reaches the disk before anyone is answered. The
+    /// engine's own bookkeeping (claims, results, releases, leases) need not wait for the
+    /// disk: the next acknowledged commit or checkpoint syncs it, and a power cut that
+    /// takes it back only makes a delivery go out again (at least once), never loses one.
+    pub fn acknowledged(&self) -> bool {
+        matches!(self, WriteOp::Ingest(_) | WriteOp::Endpoint(_))
+    }
+}
+
 /// The result of a `WriteOp`, in the same order.
 #[derive(Debug)]
 pub enum WriteResult {
     Ingest(Vec<IngestOutcome>),
-    Claim(Vec<Claimed>),
+    Claim(ClaimBatch),
     /// Per result: was it accepted (the fence still matched)?
     Record(Vec<bool>),
     Release,
@@ -306,6 +333,12 @@ pub trait Store: Send + Sync + 'static {
     /// Applies every op in one durable transaction: all commit, or all fail.
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>>;
 
+    /// The store's own group-commit queue, batching up to `max_batch` ops per commit;
+    /// `None` (the default): the [`Committer`] runs a loop over [`Store::apply`].
+    fn commit_sink(&self, _max_batch: usize) -> Option<Arc<dyn CommitSink>> {
+        None
+    }
+
     /// Takes or renews the lease on an endpoint's partition: true if `owner` holds it until
     /// `until` (it was free, expired at `now`, or already `owner`'s). One node at a time
     /// paces an endpoint, so pacing holds for the cluster. A write: it is one
@@ -385,146 +418,5 @@ pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
         // The scheme only: the rest of a URL may hold a password.
         let scheme = url.split(':').next().unwrap_or_default();
         Err(StoreError::backend(format!("unsupported store url scheme {scheme:?}")))
-    }
-}
-
-/// Group commit: callers submit writes concurrently; one task folds whatever is waiting
-/// (up to `max_batch` ops) into one transaction, and answers each caller after the commit.
-#[derive(Clone)]
-pub struct Committer {
-    tx: mpsc::Sender<Pending>,
-}
-
-impl Committer {
-    /// Starts the commit loop; it ends when every `Committer` clone is dropped.
-    pub fn start(store: DynStore, max_batch: usize) -> Committer {
-        let (tx, rx) = mpsc::channel(max_batch * 4);
-        tokio::spawn(commit_loop(store, rx, max_batch));
-        Committer { tx }
-    }
-
-    /// Submits one write and waits until it is committed (or failed).
-    pub async fn submit(&self, op: WriteOp) -> Result<WriteResult> {
-        self.submit_all(vec![op]).await?.pop().ok_or_else(|| StoreError::backend("committer answered nothing"))
-    }
-
-    /// Submits writes that commit in the same transaction, in order, and waits for them.
-    pub async fn submit_all(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send((ops, reply)).await.map_err(|_| StoreError::backend("committer stopped"))?;
-        rx.await.map_err(|_| StoreError::backend("committer stopped"))?
-    }
-
-    /// Records one attempt's result together with its endpoint's change (applied first, so
-    /// the result settles against the endpoint's new state). True when the fence held.
-    pub async fn record_with(&self, change: Option<EndpointChange>, result: AttemptResult) -> Result<Recorded> {
-        let ops = change.map(WriteOp::Endpoint).into_iter().chain([WriteOp::Record(vec![result])]).collect();
-        let mut results = self.submit_all(ops).await?;
-        let recorded = match results.pop() {
-            Some(WriteResult::Record(v)) => v.first() == Some(&true),
-            other => return Err(StoreError::backend(format!("committer answered with the wrong kind: {other:?}"))),
-        };
-        let dead_lettered = match results.pop() {
-            Some(WriteResult::Endpoint(n)) => n,
-            _ => 0,
-        };
-        Ok(Recorded { recorded, dead_lettered })
-    }
-
-    pub async fn ingest(&self, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {
-        match self.submit(WriteOp::Ingest(events)).await? {
-            WriteResult::Ingest(v) => Ok(v),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    pub async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>> {
-        match self.submit(WriteOp::Claim(req)).await? {
-            WriteResult::Claim(v) => Ok(v),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Claims under `owner`'s partition lease on `req.endpoint`, first taking or renewing
-    /// the lease until `renew` when given, in one commit: `None` when another owner holds
-    /// the partition. Without `renew`, the lease is checked, not written.
-    pub async fn claim_in_partition(&self, req: ClaimRequest, renew: Option<Millis>) -> Result<Option<Vec<Claimed>>> {
-        let lease = renew.map(|until| PartitionLease {
-            endpoint: req.endpoint.clone(),
-            owner: req.owner.clone(),
-            now: req.now,
-            until: Some(until),
-        });
-        let claim = WriteOp::Claim(ClaimRequest { in_partition: true, ..req });
-        let ops = lease.map(WriteOp::Partition).into_iter().chain([claim]).collect();
-        match self.submit_all(ops).await?.as_mut_slice() {
-            [WriteResult::Partition(false), _] => Ok(None),
-            [WriteResult::Partition(true), WriteResult::Claim(v)] | [WriteResult::Claim(v)] => {
-                Ok(Some(std::mem::take(v)))
-            }
-            other => Err(StoreError::backend(format!("committer answered {other:?}"))),
-        }
-    }
-
-    /// Takes or renews an endpoint's partition lease, riding the next group commit.
-    pub async fn hold_partition(&self, lease: PartitionLease) -> Result<bool> {
-        partition_result(Some(self.submit(WriteOp::Partition(lease)).await?))
-    }
-
-    pub async fn record(&self, results: Vec<AttemptResult>) -> Result<Vec<bool>> {
-        match self.submit(WriteOp::Record(results)).await? {
-            WriteResult::Record(v) => Ok(v),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    pub async fn release(&self, releases: Vec<Release>) -> Result<()> {
-        self.submit(WriteOp::Release(releases)).await.map(drop)
-    }
-
-    pub async fn change_endpoint(&self, change: EndpointChange) -> Result<u64> {
-        match self.submit(WriteOp::Endpoint(change)).await? {
-            WriteResult::Endpoint(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
-    }
-}
-
-fn unexpected(r: WriteResult) -> StoreError {
-    StoreError::backend(format!("committer answered with the wrong kind: {r:?}"))
-}
-
-/// Writes that commit together, and who waits for them.
-type Pending = (Vec<WriteOp>, oneshot::Sender<Result<Vec<WriteResult>>>);
-
-async fn commit_loop(store: DynStore, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
-    let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
-    while rx.recv_many(&mut batch, max_batch).await > 0 {
-        let mut ops = Vec::with_capacity(batch.len());
-        let mut replies = Vec::with_capacity(batch.len());
-        for (group, reply) in batch.drain(..) {
-            replies.push((group.len(), reply));
-            ops.extend(group);
-        }
-        let started = std::time::Instant::now();
-        let size = ops.len();
-        let applied = store.apply(ops).await;
-        tracing::trace!(ops = size, micros = started.elapsed().as_micros() as u64, "group commit");
-        match applied {
-            Ok(results) => {
-                let mut results = results.into_iter();
-                for (n, reply) in replies {
-                    let _ = reply.send(Ok(results.by_ref().take(n).collect()));
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "group commit failed");
-                for (_, reply) in replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-                // Do not spin on a broken database.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
     }
 }

@@ -246,12 +246,8 @@ where
     }
 
     pub(super) async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
-        let due: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting')",
-        )
-        .bind(endpoint.as_str())
-        .fetch_one(&self.pool)
-        .await?;
+        let due: Option<i64> =
+            sqlx::query_scalar(super::NEXT_DUE).bind(endpoint.as_str()).fetch_one(&self.pool).await?;
         Ok(due)
     }
 

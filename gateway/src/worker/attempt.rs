@@ -54,7 +54,9 @@ pub(super) async fn run(
     _slot: OwnedSemaphorePermit,
     mut rng: StdRng,
 ) {
-    if !wait_for_plugins(&inner, &target, &d).await {
+    if wait_for_plugins(&inner, &target, &d).await {
+        shared.due_again(inner.clock.now() + PLUGIN_LOADING_RETRY_MS);
+    } else {
         inner.metrics.in_flight.inc();
         let started = inner.clock.now();
         let sent = Instant::now();
@@ -86,7 +88,11 @@ pub(super) async fn run(
             verdict: decision.label.clone(),
             decided_by: judged.by,
         };
+        let again = decision.next_attempt_at;
         record(&inner, &target, &d, decision, attempt, change).await;
+        if let Some(at) = again {
+            shared.due_again(at);
+        }
         inner.metrics.in_flight.dec();
     }
     shared.pacer.lock().expect("pacer").release();

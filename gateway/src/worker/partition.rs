@@ -20,7 +20,7 @@ use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
-use crate::store::{ClaimRequest, Claimed, Release, Result as StoreResult};
+use crate::store::{ClaimBatch, ClaimRequest, Claimed, Release, Result as StoreResult};
 
 mod held;
 
@@ -31,6 +31,17 @@ pub(super) struct Shared {
     /// The endpoint was held for a human or disabled: stop sending.
     pub(super) halted: AtomicBool,
     pub(super) failing_since: Mutex<Option<Millis>>,
+    /// The earliest time a finished attempt left its delivery due again (a retry, a hand
+    /// back), since the partition last looked.
+    due_again: Mutex<Option<Millis>>,
+}
+
+impl Shared {
+    /// A finished attempt's delivery is due again at `at`.
+    pub(super) fn due_again(&self, at: Millis) {
+        let mut due = self.due_again.lock().expect("due again");
+        *due = Some(due.map_or(at, |d| d.min(at)));
+    }
 }
 
 /// How a partition is woken.
@@ -77,7 +88,10 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
     let mut p = Partition::new(inner, id, signal);
     loop {
         p.collect_prefetch(false).await;
-        p.stale |= p.signal.take_changed();
+        if p.signal.take_changed() {
+            p.stale = true;
+            p.drained = None;
+        }
         if *p.inner.shutdown.borrow() {
             p.hand_back(p.inner.clock.now()).await;
             return;
@@ -137,9 +151,14 @@ struct Partition {
     counters: Option<TenantCounters>,
     /// A renewal of the partition lease riding the next group commit while sending goes on.
     renewal: Option<JoinHandle<(Instant, StoreResult<bool>)>>,
+    /// When the endpoint was last read, and what was read.
     refreshed: Instant,
+    endpoint: Option<Endpoint>,
     /// The endpoint changed since it was last read: re-read it before the next send.
     stale: bool,
+    /// `Some(next due)` after a claim that got less than it asked for: nothing else was
+    /// due then. See [`Partition::known_due`].
+    drained: Option<Option<Millis>>,
     rng: StdRng,
 }
 
@@ -152,7 +171,7 @@ impl Drop for Partition {
 /// A claim made under the partition lease: when it was submitted if it renewed the lease,
 /// and what it got (`None`: another node holds the partition; an error claims nothing and
 /// proves nothing).
-type LeasedClaim = (Option<Instant>, StoreResult<Option<Vec<Claimed>>>);
+type LeasedClaim = (Option<Instant>, StoreResult<Option<ClaimBatch>>);
 
 enum Refill {
     Claimed(Arc<Target>),
@@ -178,7 +197,9 @@ impl Partition {
             counters: None,
             renewal: None,
             refreshed: Instant::now(),
+            endpoint: None,
             stale: false,
+            drained: None,
             rng: StdRng::from_rng(&mut rand::rng()),
         }
     }
@@ -190,8 +211,8 @@ impl Partition {
         if ready && let Some(h) = self.prefetch.take() {
             match h.await {
                 Ok(leased) => {
-                    if let Some(claimed) = self.note_claim(leased) {
-                        self.queue.extend(claimed);
+                    if let Some(batch) = self.note_claim(leased) {
+                        self.queue.extend(batch.claimed);
                     }
                 }
                 Err(e) => tracing::error!(endpoint_id = %self.id, error = %e, "prefetch claim task failed"),
@@ -202,7 +223,7 @@ impl Partition {
     /// Hands every claimed-but-unsent delivery back (a running prefetch's too), due at `at`.
     async fn hand_back(&mut self, at: Millis) {
         self.collect_prefetch(true).await;
-        release_all(&self.inner, &mut self.queue, at).await;
+        self.release_queue(at).await;
     }
 
     /// Removes the partition from the map; the periodic scan or the next poke starts it
@@ -223,8 +244,9 @@ impl Partition {
         if !self.stale && self.refreshed.elapsed() < REFRESH_EVERY {
             return true;
         }
-        self.refreshed = Instant::now();
-        match self.inner.store.endpoint(&self.id).await {
+        let read = self.inner.store.endpoint(&self.id).await;
+        self.note_read(&read);
+        match read {
             Ok(Some(e)) if sendable(&e, self.inner.clock.now()) => {
                 if let Some(sh) = self.shared.clone() {
                     self.repace(&sh, &e);
@@ -235,7 +257,7 @@ impl Partition {
             }
             Ok(_) => {
                 // Disabled, paused or gone: hand the queue back; the refill decides.
-                release_all(&self.inner, &mut self.queue, self.inner.clock.now()).await;
+                self.release_queue(self.inner.clock.now()).await;
                 false
             }
             Err(e) => {
@@ -245,9 +267,10 @@ impl Partition {
         }
     }
 
-    /// Starts the next claim while half the current one is still queued.
+    /// Starts the next claim while half the current one is still queued (unless the last
+    /// claim found less than it asked for: new work will say so).
     fn prefetch_if_low(&mut self) {
-        let (None, Some(tg)) = (&self.prefetch, &self.target) else { return };
+        let (None, Some(tg), None) = (&self.prefetch, &self.target, self.drained) else { return };
         let req =
             claim_request(&self.inner, &self.id, &tg.endpoint.spec, self.queue.len() as u32, self.inner.clock.now());
         if self.queue.len() > req.limit as usize / 2 {
@@ -263,10 +286,12 @@ impl Partition {
 
     /// Claims more work; when there is none, waits for it (or lingers and retires).
     async fn refill_or_idle(&mut self) -> Flow {
+        if let Some(next) = self.known_due() {
+            return self.idle(next).await;
+        }
         match self.refill().await {
             Refill::Claimed(t) => {
                 self.target = Some(t);
-                self.refreshed = Instant::now();
                 Flow::Send
             }
             Refill::Idle(wake_at) => self.idle(wake_at).await,
@@ -291,6 +316,7 @@ impl Partition {
             // Linger before retiring: a partition that came and went with every event would
             // re-take its lease (a write) and respawn each time.
             if tokio::time::timeout(IDLE_LINGER, self.signal.work.notified()).await.is_ok() {
+                self.drained = None;
                 return Flow::Again;
             }
             self.retire();
@@ -308,10 +334,11 @@ impl Partition {
                 None => std::future::pending().await,
             }
         };
+        // A finished attempt leaves what is known of the next due time standing.
         tokio::select! {
-            _ = tokio::time::sleep_until(wake) => {}
-            _ = self.signal.work.notified() => {}
-            _ = self.signal.change.notified() => {}
+            _ = tokio::time::sleep_until(wake) => self.drained = None,
+            _ = self.signal.work.notified() => self.drained = None,
+            _ = self.signal.change.notified() => self.drained = None,
             _ = freed => {}
         }
         Flow::Again
@@ -320,7 +347,16 @@ impl Partition {
     /// Reads the endpoint, (re)configures the pacer and claims a batch of due deliveries.
     async fn refill(&mut self) -> Refill {
         let (inner, id) = (&self.inner, &self.id);
-        let endpoint = match inner.store.endpoint(id).await {
+        let read = match self.cached_endpoint() {
+            Some(e) => Ok(Some(e)),
+            None => {
+                let read = inner.store.endpoint(id).await;
+                self.note_read(&read);
+                read
+            }
+        };
+        let id = &self.id;
+        let endpoint = match read {
             Ok(Some(e)) => e,
             Ok(None) => return Refill::Gone,
             Err(e) => {
@@ -342,24 +378,38 @@ impl Partition {
         }
         let (inner, id) = (&self.inner, &self.id);
         let req = claim_request(inner, id, &endpoint.spec, 0, now);
+        let limit = req.limit as usize;
         let renew = self.renew_with_claim(now);
         let renewed = renew.map(|_| Instant::now());
         let claim = inner.metrics.claim_duration.time(inner.committer.claim_in_partition(req, renew)).await;
         let failed = claim.is_err();
-        let Some(claimed) = self.note_claim((renewed, claim)) else { return Refill::Lost };
+        let Some(batch) = self.note_claim((renewed, claim)) else { return Refill::Lost };
         if failed {
             return Refill::Idle(Some(self.inner.clock.now() + 500));
         }
-        let (inner, id) = (&self.inner, &self.id);
-        if claimed.is_empty() {
-            return match inner.store.next_due(id).await {
-                Ok(due) => Refill::Idle(due),
-                Err(_) => Refill::Idle(Some(self.inner.clock.now() + 1_000)),
-            };
+        self.drained = (batch.claimed.len() < limit).then_some(batch.next_due);
+        if batch.claimed.is_empty() {
+            return Refill::Idle(batch.next_due);
         }
-        self.queue.extend(claimed);
+        self.queue.extend(batch.claimed);
         let counters = self.counters(&endpoint);
         Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, counters, now)))
+    }
+
+    /// The endpoint as last read, while it may stand for the stored one: read within
+    /// [`REFRESH_EVERY`], no change announced since, and not halted by an attempt (which
+    /// changed its state itself). A refill at every event would otherwise read it again.
+    fn cached_endpoint(&self) -> Option<Endpoint> {
+        let halted = self.shared.as_ref().is_none_or(|sh| sh.halted.load(Ordering::Acquire));
+        if self.stale || halted || self.refreshed.elapsed() >= REFRESH_EVERY {
+            return None;
+        }
+        self.endpoint.clone()
+    }
+
+    fn note_read(&mut self, read: &StoreResult<Option<Endpoint>>) {
+        self.refreshed = Instant::now();
+        self.endpoint = read.as_ref().ok().cloned().flatten();
     }
 
     /// The partition's shared state, created on first use and re-paced to `endpoint`'s
@@ -383,6 +433,7 @@ impl Partition {
             freed: Notify::new(),
             halted: AtomicBool::new(false),
             failing_since: Mutex::new(endpoint.failing_since),
+            due_again: Mutex::new(None),
         });
         self.shared = Some(sh.clone());
         Some(sh)
@@ -406,7 +457,7 @@ impl Partition {
     async fn send_next(&mut self) -> Flow {
         let (Some(sh), Some(tg)) = (self.shared.clone(), self.target.clone()) else { return Flow::Again };
         if sh.halted.load(Ordering::Acquire) {
-            release_all(&self.inner, &mut self.queue, self.inner.clock.now()).await;
+            self.release_queue(self.inner.clock.now()).await;
             return Flow::Again;
         }
         let permit = sh.pacer.lock().expect("pacer").poll(Instant::now());
@@ -432,7 +483,7 @@ impl Partition {
             }
             Permit::Paused(until) => {
                 let resume_at = self.inner.clock.millis_at(until);
-                release_all(&self.inner, &mut self.queue, resume_at).await;
+                self.release_queue(resume_at).await;
                 tokio::select! {
                     _ = tokio::time::sleep_until(until) => {}
                     _ = self.signal.work.notified() => {}
@@ -480,6 +531,29 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
     Target { endpoint, policy, secrets, counters }
+}
+
+impl Partition {
+    /// Hands the queue back, due at `at`: the next due time is no longer known.
+    async fn release_queue(&mut self, at: Millis) {
+        self.drained = None;
+        release_all(&self.inner, &mut self.queue, at).await;
+    }
+
+    /// After a short claim nothing else was due: until a signal says otherwise, the next
+    /// due time is known without claiming again (the claim's answer, or a retry one of its
+    /// attempts scheduled since). At low rates this saves a commit per delivery.
+    fn known_due(&mut self) -> Option<Option<Millis>> {
+        let (next, sh) = (self.drained?, self.shared.as_ref()?);
+        let again = sh.due_again.lock().expect("due again").take();
+        let next = next.map_or(again, |n| Some(again.map_or(n, |a| a.min(n))));
+        if sh.halted.load(Ordering::Acquire) || next.is_some_and(|t| t <= self.inner.clock.now()) {
+            self.drained = None;
+            return None;
+        }
+        self.drained = Some(next);
+        Some(next)
+    }
 }
 
 /// Hands claimed-but-unsent deliveries back, due at `at`.

@@ -331,7 +331,7 @@ async fn first_conflict(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[
 
 /// Leases the due deliveries of one endpoint. Rows another node is claiming or recording
 /// right now are skipped, never waited for.
-async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Vec<Claimed>> {
+async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<ClaimBatch> {
     let rows = sqlx::query(
         "WITH picked AS (SELECT id FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting') \
          AND next_attempt_at <= $2 AND (NOT $6 OR EXISTS (SELECT 1 FROM partitions p \
@@ -375,7 +375,12 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Vec<
         .collect::<sqlx::Result<Vec<_>>>()?;
     // RETURNING gives no order guarantee: keep the schedule's.
     claimed.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
-    Ok(claimed.into_iter().map(|(_, c)| c).collect())
+    let claimed: Vec<Claimed> = claimed.into_iter().map(|(_, c)| c).collect();
+    let next_due = match claimed.len() < req.limit as usize {
+        true => sqlx::query_scalar(super::super::NEXT_DUE).bind(req.endpoint.as_str()).fetch_one(&mut *conn).await?,
+        false => None,
+    };
+    Ok(ClaimBatch { claimed, next_due })
 }
 
 /// Records results whose fence still matches, and their attempts. A delivery appearing

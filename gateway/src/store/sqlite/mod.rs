@@ -1,5 +1,7 @@
-//! The embedded SQLite store: WAL with `synchronous=FULL`, one dedicated writer connection
-//! on its own thread (driven by the group committer, see [`writer`]) and a pool of readers.
+//! The embedded SQLite store: WAL, one dedicated writer connection on its own thread (it
+//! runs the group commits itself, see [`writer`]) and a pool of read-only readers. A commit
+//! someone is answered for syncs to disk (`synchronous=FULL`); the engine's bookkeeping
+//! rides the next such sync (see [`WriteOp::acknowledged`]).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -20,6 +22,7 @@ pub struct SqliteStore {
     wal: std::path::PathBuf,
 }
 
+mod checkpoint;
 mod writer;
 mod writes;
 
@@ -248,6 +251,10 @@ impl Store for SqliteStore {
 
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
         self.writer.apply(ops).await
+    }
+
+    fn commit_sink(&self, max_batch: usize) -> Option<Arc<dyn CommitSink>> {
+        Some(self.writer.sink(max_batch))
     }
 }
 

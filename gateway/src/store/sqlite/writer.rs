@@ -10,24 +10,30 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::mpsc as std_mpsc;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::super::sql;
 use super::super::*;
+use super::checkpoint::{WAL_RESTART_FRAMES, connect, spawn_checkpointer};
 use crate::intake::fan_out;
+use thread::{Sink, Thread, Work};
+
+mod thread;
 
 /// One transaction for the writer thread to run; it answers its caller itself.
 type Job = Box<dyn FnOnce(&mut Connection, &mut StdRng) + Send>;
 
-/// Handle to the writer thread; the thread ends when the handle is dropped.
+/// Handle to the writer thread; the thread ends when every handle (and sink) is dropped.
 pub(super) struct Writer {
-    jobs: std_mpsc::Sender<Job>,
+    work: mpsc::UnboundedSender<Work>,
+    /// Ops per group commit, at most (set by [`Writer::sink`]).
+    max_batch: Arc<AtomicUsize>,
 }
 
 impl Writer {
@@ -41,19 +47,22 @@ impl Writer {
         conn.pragma_update_and_check(None, "wal_autocheckpoint", WAL_RESTART_FRAMES, |r| r.get::<_, i64>(0))?;
         conn.set_prepared_statement_cache_capacity(32);
         let dirty = spawn_checkpointer(path)?;
-        let (jobs, rx) = std_mpsc::channel::<Job>();
+        let (work, rx) = mpsc::unbounded_channel::<Work>();
+        let max_batch = Arc::new(AtomicUsize::new(1024));
+        let thread = Thread { conn, rng: StdRng::from_rng(&mut rand::rng()), durable: None, dirty, rx };
+        let limit = max_batch.clone();
         std::thread::Builder::new()
             .name("herald-sqlite-writer".into())
-            .spawn(move || {
-                let mut conn = conn;
-                let mut rng = StdRng::from_rng(&mut rand::rng());
-                while let Ok(job) = rx.recv() {
-                    job(&mut conn, &mut rng);
-                    let _ = dirty.try_send(());
-                }
-            })
+            .spawn(move || thread.run(&limit))
             .map_err(|e| StoreError::backend(format!("cannot start the SQLite writer thread: {e}")))?;
-        Ok(Writer { jobs })
+        Ok(Writer { work, max_batch })
+    }
+
+    /// The group committer's queue: writes go straight to the writer thread, which folds
+    /// whatever is waiting (up to `max_batch` ops) into one commit and answers each caller.
+    pub(super) fn sink(&self, max_batch: usize) -> Arc<dyn CommitSink> {
+        self.max_batch.store(max_batch.max(1), Ordering::Relaxed);
+        Arc::new(Sink(self.work.clone()))
     }
 
     /// Applies `ops` in one transaction, in order; all of them commit or none does.
@@ -63,6 +72,7 @@ impl Writer {
 
     /// Runs `write` in a transaction of its own on the writer thread, between group
     /// commits: no other connection writes to the file, so nothing waits for its lock.
+    /// Like every job, it is on disk before it answers.
     pub(super) async fn run<T: Send + 'static>(
         &self,
         write: impl FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
@@ -85,58 +95,9 @@ impl Writer {
         let job: Job = Box::new(move |conn, rng| {
             let _ = reply.send(work(conn, rng));
         });
-        self.jobs.send(job).map_err(|_| stopped())?;
+        self.work.send(Work::Job(job)).map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }
-}
-
-/// How often, at most, the WAL is copied back into the database file.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
-/// WAL size (pages) past which the writer checkpoints inline after a commit.
-const WAL_RESTART_FRAMES: i64 = 2000;
-
-/// Starts the checkpointer: a second connection that copies the WAL back into the database
-/// file (`PRAGMA wal_checkpoint(PASSIVE)`, which never blocks the writer) after commits, at
-/// most every [`CHECKPOINT_EVERY`]. Left to SQLite alone, the committing connection copies
-/// every 1000 pages inline, which stalled the writer 10–50 ms each time (a third of its
-/// time under load). Returns the signal the writer gives after each commit; the thread
-/// ends when the writer drops it.
-fn spawn_checkpointer(path: &Path) -> Result<std_mpsc::SyncSender<()>> {
-    let conn = connect(path)?;
-    let (dirty, rx) = std_mpsc::sync_channel::<()>(1);
-    std::thread::Builder::new()
-        .name("herald-sqlite-checkpoint".into())
-        .spawn(move || {
-            while rx.recv().is_ok() {
-                let started = std::time::Instant::now();
-                let result = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-                });
-                match result {
-                    Ok((busy, log, done)) => tracing::trace!(
-                        busy,
-                        wal_frames = log,
-                        checkpointed = done,
-                        micros = started.elapsed().as_micros() as u64,
-                        "sqlite checkpoint"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, "SQLite checkpoint failed; will try again"),
-                }
-                std::thread::sleep(CHECKPOINT_EVERY.saturating_sub(started.elapsed()));
-            }
-        })
-        .map_err(|e| StoreError::backend(format!("cannot start the SQLite checkpoint thread: {e}")))?;
-    Ok(dirty)
-}
-
-/// A connection to the (already migrated, already WAL) file with the store's settings.
-fn connect(path: &Path) -> Result<Connection> {
-    let conn = Connection::open(path)?;
-    conn.busy_timeout(super::BUSY_TIMEOUT)?;
-    for (key, value) in super::PRAGMAS {
-        conn.pragma_update(None, key, value)?;
-    }
-    Ok(conn)
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -294,7 +255,7 @@ fn ingest_op(
 
 /// Leases up to `limit` due deliveries of one endpoint, oldest due first, bumping each
 /// one's fence. The writer holds the write lock, so nothing changes between read and write.
-fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<Vec<Claimed>> {
+fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<ClaimBatch> {
     let mut select = tx.prepare_cached(
         "SELECT d.rowid, d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, \
          d.fence, e.payload, e.created_at, e.expires_at FROM deliveries d \
@@ -331,7 +292,11 @@ fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<Vec<Claimed>> {
         lease.execute(params![req.owner, req.lease_until, c.fence, req.now, rowid])?;
         claimed.push(c);
     }
-    Ok(claimed)
+    let next_due = match claimed.len() < req.limit as usize {
+        true => tx.prepare_cached(&NEXT_DUE.replace("$1", "?1"))?.query_row([req.endpoint.as_str()], |r| r.get(0))?,
+        false => None,
+    };
+    Ok(ClaimBatch { claimed, next_due })
 }
 
 /// Records attempt results; a result applies only while its fence still matches and the

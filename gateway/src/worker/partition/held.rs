@@ -9,12 +9,12 @@ use tokio::time::Instant;
 use super::super::{PARTITION_LEASE, PARTITION_RENEW_BEFORE};
 use super::{LeasedClaim, Partition};
 use crate::model::Millis;
-use crate::store::{Claimed, PartitionLease};
+use crate::store::{ClaimBatch, PartitionLease};
 
 impl Partition {
     /// Learns from a claim made under the partition lease (submitted at `renewed` if it
     /// renewed the lease) whether the lease holds, and returns what it claimed.
-    pub(super) fn note_claim(&mut self, (renewed, claim): LeasedClaim) -> Option<Vec<Claimed>> {
+    pub(super) fn note_claim(&mut self, (renewed, claim): LeasedClaim) -> Option<ClaimBatch> {
         match claim {
             Ok(Some(claimed)) => {
                 if let Some(started) = renewed {
@@ -28,7 +28,7 @@ impl Partition {
             }
             Err(e) => {
                 tracing::warn!(endpoint_id = %self.id, error = %e, "claim failed");
-                Some(Vec::new())
+                Some(ClaimBatch::default())
             }
         }
     }

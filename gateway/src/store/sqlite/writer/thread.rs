@@ -1,0 +1,145 @@
+//! The writer thread's loop: jobs of its own, and group commits folded from whatever
+//! writes are waiting, each commit synced to disk only when someone is answered for it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rusqlite::Connection;
+use tokio::sync::mpsc;
+
+use super::super::super::*;
+use super::{Job, transaction};
+
+/// What the writer thread takes: a job of its own, or writes to fold into a group commit.
+pub(super) enum Work {
+    Job(Job),
+    Group(Pending),
+}
+
+/// The group committer's way in (see [`CommitSink`]).
+pub(super) struct Sink(pub(super) mpsc::UnboundedSender<Work>);
+
+impl CommitSink for Sink {
+    fn send(&self, pending: Pending) -> std::result::Result<(), Pending> {
+        self.0.send(Work::Group(pending)).map_err(|e| match e.0 {
+            Work::Group(p) => p,
+            Work::Job(_) => unreachable!("a group was sent"),
+        })
+    }
+}
+
+/// The writer thread's state.
+pub(super) struct Thread {
+    pub(super) conn: Connection,
+    pub(super) rng: StdRng,
+    /// Does the connection sync each commit (`synchronous=FULL`) right now? `None`: unknown.
+    pub(super) durable: Option<bool>,
+    /// Tells the checkpointer there is WAL to copy back.
+    pub(super) dirty: std_mpsc::SyncSender<()>,
+    pub(super) rx: mpsc::UnboundedReceiver<Work>,
+}
+
+impl Thread {
+    /// Runs until every sender is gone. A job always commits durably (administrative
+    /// writes are answered for); a group commit only when one of its writes is.
+    pub(super) fn run(mut self, max_batch: &AtomicUsize) {
+        let mut next = None;
+        while let Some(work) = next.take().or_else(|| self.rx.blocking_recv()) {
+            match work {
+                Work::Job(job) => match self.sync_commits(true) {
+                    Ok(()) => job(&mut self.conn, &mut self.rng),
+                    // Dropping the job answers its caller that the writer stopped.
+                    Err(e) => tracing::error!(error = %e, "cannot make SQLite commits durable"),
+                },
+                Work::Group(first) => next = self.group_commit(first, max_batch.load(Ordering::Relaxed)),
+            }
+            let _ = self.dirty.try_send(());
+        }
+    }
+
+    /// Makes the commits that follow sync to disk (`synchronous=FULL`) or not (`NORMAL`:
+    /// the WAL then reaches the disk with the next FULL commit or checkpoint). See
+    /// [`WriteOp::acknowledged`] for which commits need it.
+    fn sync_commits(&mut self, durable: bool) -> Result<()> {
+        if self.durable != Some(durable) {
+            self.durable = None;
+            self.conn.pragma_update(None, "synchronous", if durable { "FULL" } else { "NORMAL" })?;
+            self.durable = Some(durable);
+        }
+        Ok(())
+    }
+
+    /// Commits `first` with whatever else is waiting, up to `max_batch` ops, in one
+    /// transaction; answers each caller. Returns a job that arrived in the middle.
+    fn group_commit(&mut self, first: Pending, max_batch: usize) -> Option<Work> {
+        let mut size = first.0.len();
+        let mut groups = vec![first];
+        let mut interrupted = None;
+        while size < max_batch {
+            match self.rx.try_recv() {
+                Ok(Work::Group(g)) => {
+                    size += g.0.len();
+                    groups.push(g);
+                }
+                Ok(job) => {
+                    interrupted = Some(job);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let (ops, replies) = committer::fold(groups);
+        let durable = ops.iter().any(WriteOp::acknowledged);
+        let applied = self.sync_commits(durable).and_then(|()| transaction(&mut self.conn, ops, &mut self.rng));
+        if !committer::answer(replies, applied) {
+            // Do not spin on a broken database.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        interrupted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+    use tokio::sync::oneshot;
+
+    use super::super::super::SqliteStore;
+    use super::super::super::checkpoint::connect;
+    use super::*;
+
+    /// The durability rule: a commit that someone is answered for (intake, an endpoint
+    /// change) syncs to disk; a commit of the engine's bookkeeping alone does not.
+    #[tokio::test]
+    async fn only_commits_someone_is_answered_for_wait_for_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("herald.db");
+        drop(SqliteStore::open(&format!("sqlite://{}", path.display()), 1).await.unwrap());
+        let (dirty, _checkpoints) = std_mpsc::sync_channel(1);
+        let (_work, rx) = mpsc::unbounded_channel();
+        let rng = StdRng::seed_from_u64(1);
+        let mut thread = Thread { conn: connect(&path).unwrap(), rng, durable: None, dirty, rx };
+        let synchronous = |t: &Thread| t.conn.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0)).unwrap();
+        let commit = |t: &mut Thread, op: WriteOp| {
+            let (reply, mut answer) = oneshot::channel();
+            assert!(t.group_commit((vec![op], reply), 8).is_none());
+            answer.try_recv().expect("answered after the commit").expect("committed")
+        };
+        let lease =
+            PartitionLease { endpoint: EndpointId::from_stored("ep_1"), owner: "n".into(), now: 1, until: Some(9) };
+        commit(&mut thread, WriteOp::Partition(lease));
+        assert_eq!(synchronous(&thread), 1, "bookkeeping commits with synchronous=NORMAL");
+        let change = EndpointChange {
+            endpoint: EndpointId::from_stored("ep_1"),
+            state: None,
+            reason: None,
+            paused_until: None,
+            failing_since: Some(None),
+            now: 2,
+        };
+        commit(&mut thread, WriteOp::Endpoint(change));
+        assert_eq!(synchronous(&thread), 2, "an answered-for commit syncs (synchronous=FULL)");
+    }
+}
