@@ -93,7 +93,8 @@ async function render() {
   let { page, id, params } = route();
   if (!PAGES.some((p) => p.id === page && (s.admin || !p.admin))) page = s.admin ? 'overview' : 'endpoints';
   await header(s, page);
-  const content = h('div', { id: `page-${page}` });
+  // `data-route`: which navigation this page answers (tests wait for it).
+  const content = h('div', { id: `page-${page}`, 'data-route': location.hash });
   const rerender = () => render();
   const pages = {
     overview: () => overviewPage(content, rerender),

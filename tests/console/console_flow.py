@@ -36,7 +36,8 @@ class Console:
     def __init__(self, driver, base, shots):
         self.d, self.base, self.shots = driver, base, shots
         # A page re-renders as a whole: an element found a moment ago may be gone; look again.
-        self.wait = WebDriverWait(driver, WAIT, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+        self.wait = WebDriverWait(driver, WAIT, poll_frequency=0.01,
+                                  ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
 
     def find(self, css):
         return self.wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, css)))
@@ -49,8 +50,14 @@ class Console:
         """Moves to `#/…` and waits for the page; returns the milliseconds it took."""
         start = time.monotonic()
         self.d.execute_script("location.hash = arguments[0]", hash_)
-        self.find(f"main > {page_css}")
+        self.arrived(page_css)
         return round((time.monotonic() - start) * 1000, 1)
+
+    def arrived(self, page_css):
+        """Waits until the page rendered for the current `location.hash` is shown."""
+        self.wait.until(lambda d: d.execute_script(
+            "const p = document.querySelector('main > div[data-route]');"
+            "return p !== null && p.dataset.route === location.hash && p.matches(arguments[0])", page_css))
 
     def shot(self, name):
         os.makedirs(self.shots, exist_ok=True)
@@ -112,7 +119,8 @@ def admin_pages(c, cfg, times):
     c.shot("endpoints")
 
     c.d.find_element(By.LINK_TEXT, cfg["healthy_url"]).click()
-    c.find("main > #page-endpoints canvas")
+    c.wait.until(lambda d: "#/endpoints/" in d.execute_script("return location.hash"))
+    c.arrived("#page-endpoints")
     assert "100.0 % of" in c.find("main dl").text
     c.shot("endpoint")
 
@@ -121,9 +129,12 @@ def find_delivery(c, cfg, times):
     times["deliveries"] = c.go("#/deliveries", "#page-deliveries")
     c.find("input[name=event]").send_keys(cfg["failed_event"])
     c.d.find_element(By.CSS_SELECTOR, "form[role=search] button").click()
-    c.wait.until(lambda d: cfg["failed_event"] in d.find_element(By.CSS_SELECTOR, "main caption").text)
-    link = c.d.find_element(By.CSS_SELECTOR, "main tbody tr td a")
-    link.click()
+    c.wait.until(lambda d: "event=" in d.execute_script("return location.hash"))
+    c.arrived("#page-deliveries")
+    assert cfg["failed_event"] in c.find("main caption").text
+    c.find("main tbody tr td a").click()
+    c.wait.until(lambda d: "#/deliveries/" in d.execute_script("return location.hash"))
+    c.arrived("#page-deliveries")
     c.find("main pre.response")
     cols = headers(c)
     row = row_of(c, "422")
@@ -141,6 +152,8 @@ def replay_dead_letters(c, cfg, times):
     assert f"permanent:422: {cfg['dead']}" in counts, counts
     c.d.find_element(By.PARTIAL_LINK_TEXT, "permanent:422").click()
     c.wait.until(lambda d: "reason=permanent" in d.execute_script("return location.hash"))
+    c.arrived("#page-dead-letters")
+    assert c.find("input[name=reason]").get_attribute("value") == "permanent:422"
     c.find("main > #page-dead-letters #replay-filter").click()
     done = c.text_in("#replay-progress", "Replay finished.")
     state = c.find("#replay-state").text
@@ -171,12 +184,14 @@ def read_only_tenant(c, cfg):
     assert c.find("#who").text.startswith(f"tenant {cfg['tenant']}")
     row_of(c, cfg["healthy_url"])
     c.d.find_element(By.LINK_TEXT, cfg["healthy_url"]).click()
-    c.find("main > #page-endpoints canvas")
+    c.wait.until(lambda d: "#/endpoints/" in d.execute_script("return location.hash"))
+    c.arrived("#page-endpoints")
     c.d.find_element(By.XPATH, "//button[text()='Pause']").click()
     message = c.alert("forbidden")
     assert "manage" in message, message
     # Nothing changed: the endpoint is still active.
     c.d.refresh()
+    c.arrived("#page-endpoints")
     state = c.find("main dl").text
     assert "active" in state and "paused" not in state, state
     c.shot("read-only-tenant")

@@ -157,3 +157,70 @@ async fn console_files_are_static_and_outside_the_api_document() -> anyhow::Resu
     assert_eq!(gw.api.raw("GET", "/console/nope.js", None, "").await?.status, 404);
     Ok(())
 }
+
+/// The reads behind the console's pages, on both backends: endpoints paged with their
+/// health, attempts per bucket, the overview, deliveries newest first, pause and enable;
+/// a tenant token reads its own tenant's figures and not the node's.
+async fn console_reads_on(backend: tests::Backend) -> anyhow::Result<()> {
+    let gw = tests::TestGateway::start_on(backend, &[]).await?;
+    let (api, ok) = (&gw.api, FakeReceiver::start().await?);
+    api.tenant("acme").await?;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let e = api.endpoint("acme", json!({"url": ok.url(), "rate_per_sec": 5 + n})).await?;
+        ids.push(e["id"].as_str().context("id")?.to_string());
+    }
+    for n in 0..2 {
+        let r = api.event("acme", json!({"id": format!("evt_{n}"), "type": "a.b", "payload": {}})).await?;
+        ensure!(r.status == 202, "{}", r.text);
+    }
+    ok.wait_for(6, Duration::from_secs(30)).await?;
+    let first = api.get("/v1/tenants/acme/endpoints?limit=2&health=true", ADMIN_TOKEN).await?;
+    assert_eq!(first.json["data"].as_array().map(Vec::len), Some(2), "{}", first.text);
+    assert_eq!(first.json["data"][0]["rate_per_sec"], 5.0);
+    let after = first.json["next_after"].as_str().context("a second page")?;
+    let second = api.get(&format!("/v1/tenants/acme/endpoints?limit=2&after={after}"), ADMIN_TOKEN).await?;
+    assert_eq!(second.json["data"][0]["id"], ids[2].as_str(), "{}", second.text);
+    assert_eq!(second.json["data"][0]["health"], Value::Null);
+    assert!(second.json["next_after"].is_null());
+    // Each endpoint's health counts its own two attempts: both delivered.
+    until(api, "/v1/tenants/acme/endpoints?health=true", Duration::from_secs(10), |j| {
+        j["data"].as_array().is_some_and(|d| d.iter().all(|e| e["health"]["success_rate_1h"] == 1.0))
+    })
+    .await?;
+    let series = api.get("/v1/tenants/acme/series", ADMIN_TOKEN).await?;
+    assert_eq!(series.json["bucket_seconds"], 60);
+    let points = series.json["points"].as_array().context("points")?;
+    assert_eq!(points.len(), 60);
+    let sum = |k: &str| points.iter().map(|p| p[k].as_u64().unwrap_or(0)).sum::<u64>();
+    assert_eq!((sum("attempts"), sum("successes")), (6, 6), "{}", series.text);
+    let one = api.get(&format!("/v1/tenants/acme/series?window=24h&endpoint={}", ids[0]), ADMIN_TOKEN).await?;
+    let points = one.json["points"].as_array().context("points")?;
+    assert_eq!((points.len(), points.iter().map(|p| p["attempts"].as_u64().unwrap_or(0)).sum::<u64>()), (96, 2));
+    let overview = api.get("/v1/overview", ADMIN_TOKEN).await?;
+    assert_eq!(overview.json["tenants"], 1, "{}", overview.text);
+    assert_eq!(overview.json["endpoints_by_state"]["active"], 3);
+    let newest = api.get("/v1/tenants/acme/deliveries?order=desc&limit=1", ADMIN_TOKEN).await?;
+    assert_eq!(newest.json["data"][0]["event_id"], "evt_1", "{}", newest.text);
+    let paused =
+        api.post(&format!("/v1/tenants/acme/endpoints/{}/pause", ids[0]), ADMIN_TOKEN, json!({"for": "1h"})).await?;
+    assert_eq!((paused.status, paused.json["state"].as_str()), (200, Some("paused")), "{}", paused.text);
+    assert!(paused.json["paused_until"].is_string());
+    let reader = api.token("acme", &["read"]).await?;
+    assert_eq!(api.get("/v1/overview", &reader).await?.status, 403);
+    assert_eq!(api.get("/v1/tenants", &reader).await?.status, 403);
+    assert_eq!(api.get("/v1/tenants/acme/series?window=2h", &reader).await?.status, 400);
+    let refused = api.post(&format!("/v1/tenants/acme/endpoints/{}/pause", ids[1]), &reader, json!({})).await?;
+    assert_eq!(refused.status, 403);
+    Ok(())
+}
+
+#[tokio::test]
+async fn console_reads_on_sqlite() -> anyhow::Result<()> {
+    console_reads_on(tests::Backend::Sqlite).await
+}
+
+#[tokio::test]
+async fn console_reads_on_postgres() -> anyhow::Result<()> {
+    console_reads_on(tests::Backend::Postgres).await
+}

@@ -197,7 +197,10 @@ fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
         newest_first: match q.order.as_deref() {
             None | Some("asc") => false,
             Some("desc") => true,
-            Some(o) => return Err(ApiError::bad_request(format!("order: {o:?} is not asc or desc"))),
+            Some(o) => {
+                let message = format!("order: {o:?} is not asc or desc");
+                return Err(ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery, message));
+            }
         },
     })
 }

@@ -8,9 +8,11 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::doc::ErrorCode;
 use super::endpoints::{EndpointOut, view};
 use super::extract::{Admin, Query, Read, TenantAuth, TenantPath};
 use super::tenants::TenantOut;
@@ -164,7 +166,11 @@ fn window(text: Option<&str>) -> Result<(i64, i64), ApiError> {
     match text.unwrap_or("1h") {
         "1h" => Ok((3_600_000, 60_000)),
         "24h" => Ok((86_400_000, 900_000)),
-        other => Err(ApiError::bad_request(format!("window: {other:?} is not 1h or 24h"))),
+        other => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidQuery,
+            format!("window: {other:?} is not 1h or 24h"),
+        )),
     }
 }
 
