@@ -8,7 +8,7 @@
 //! `plugins`; `/metrics`, the dashboard and the alert rules in `metrics`; a `Store` method
 //! in `store`'s conformance suite (it runs on both backends); a rule about the source tree
 //! itself in `tidy`; the OpenAPI document, schemathesis and the generated client in
-//! `contract`; the engine's timing rules (backoff, 429 pause, disable-after, linger) in
+//! `contract`; the console in a real browser in `console`; the engine's timing rules (backoff, 429 pause, disable-after, linger) in
 //! paused time in `timing`. Pure policies test themselves in their
 //! own module, not here.
 
@@ -18,6 +18,7 @@
 mod api;
 mod changes;
 mod cluster;
+mod console;
 mod contract;
 mod delivery;
 mod durability;

@@ -191,30 +191,7 @@ pub(crate) struct EndpointCreated {
 pub(crate) struct EndpointDetail {
     #[serde(flatten)]
     endpoint: EndpointOut,
-    health: HealthOut,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct HealthOut {
-    /// Delivered attempts over attempts; null without attempts.
-    success_rate_1h: Option<f64>,
-    success_rate_24h: Option<f64>,
-    attempts_1h: u64,
-    attempts_24h: u64,
-    last_success_at: Option<String>,
-    last_attempt_at: Option<String>,
-    failing_since: Option<String>,
-    state: EndpointState,
-    backlog: u64,
-    dead_letters: u64,
-    rate_per_sec: f64,
-    burst: u32,
-    max_in_flight: u32,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct EndpointList {
-    data: Vec<EndpointOut>,
+    health: super::insight::HealthOut,
 }
 
 fn duration_text(ms: u64) -> String {
@@ -301,20 +278,6 @@ pub(crate) async fn create(
 }
 
 #[utoipa::path(
-    get, path = "/v1/tenants/{tenant}/endpoints", tag = "endpoints", operation_id = "list_endpoints",
-    params(TenantPath),
-    responses((status = 200, description = "The tenant's endpoints", body = EndpointList)),
-    security(("tenant_token" = ["read"]), ("admin_token" = [])),
-)]
-pub(crate) async fn list(
-    State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
-) -> Result<Json<EndpointList>, ApiError> {
-    let eps = state.store.list_endpoints(&tenant).await?;
-    Ok(Json(EndpointList { data: eps.iter().map(view).collect() }))
-}
-
-#[utoipa::path(
     get, path = "/v1/tenants/{tenant}/endpoints/{id}", tag = "endpoints", operation_id = "get_endpoint",
     params(ItemPath),
     responses((status = 200, description = "The endpoint and its health", body = EndpointDetail)),
@@ -326,24 +289,7 @@ pub(crate) async fn get_one(
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<EndpointDetail>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    let now = state.clock.now();
-    let h = state.store.endpoint_health(&endpoint.id, now).await?;
-    let rate = |s: u64, a: u64| (a > 0).then(|| s as f64 / a as f64);
-    let health = HealthOut {
-        success_rate_1h: rate(h.successes_1h, h.attempts_1h),
-        success_rate_24h: rate(h.successes_24h, h.attempts_24h),
-        attempts_1h: h.attempts_1h,
-        attempts_24h: h.attempts_24h,
-        last_success_at: h.last_success_at.map(rfc3339),
-        last_attempt_at: h.last_attempt_at.map(rfc3339),
-        failing_since: endpoint.failing_since.map(rfc3339),
-        state: endpoint.state,
-        backlog: h.backlog,
-        dead_letters: h.dead_letters,
-        rate_per_sec: endpoint.spec.rate_per_sec,
-        burst: endpoint.spec.burst,
-        max_in_flight: endpoint.spec.max_in_flight,
-    };
+    let health = super::insight::health(&state, &endpoint).await?;
     Ok(Json(EndpointDetail { endpoint: view(&endpoint), health }))
 }
 
@@ -417,6 +363,53 @@ pub(crate) async fn enable(
     );
     state.engine.changed(std::slice::from_ref(&endpoint.id));
     state.engine.poke(std::slice::from_ref(&endpoint.id));
+    Ok(Json(view(&load(&state, &tenant, &id).await?)))
+}
+
+/// A pause: for a while (deliveries wait, then resume on their own) or until re-enabled.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PauseIn {
+    /// How long, e.g. `"15m"`; absent: until `enable`.
+    #[serde(rename = "for")]
+    duration: Option<String>,
+    /// Shown with the endpoint's state (1 KiB at most).
+    reason: Option<String>,
+}
+
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/endpoints/{id}/pause", tag = "endpoints", operation_id = "pause_endpoint",
+    params(ItemPath), request_body = PauseIn,
+    responses((status = 200, description = "Paused", body = EndpointOut)),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
+pub(crate) async fn pause(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path(ItemPath { id, .. }): Path<ItemPath>,
+    JsonBody(input): JsonBody<PauseIn>,
+) -> Result<Json<EndpointOut>, ApiError> {
+    let endpoint = load(&state, &tenant, &id).await?;
+    let reason = input.reason.unwrap_or_else(|| "paused by an operator".into());
+    check_text("reason", &reason, 1024)?;
+    let now = state.clock.now();
+    let until = input.duration.map(|d| duration_ms("for", &d)).transpose()?.map(|ms| now.saturating_add(ms as i64));
+    state
+        .committer
+        .change_endpoint(EndpointChange {
+            endpoint: endpoint.id.clone(),
+            state: Some(EndpointState::Paused),
+            reason: Some(reason.clone()),
+            paused_until: until,
+            failing_since: None,
+            now,
+        })
+        .await?;
+    tracing::info!(
+        tenant = %tenant, endpoint_id = %endpoint.id, state = "paused", reason = %reason,
+        "endpoint state change: paused through the API"
+    );
+    state.engine.changed(std::slice::from_ref(&endpoint.id));
     Ok(Json(view(&load(&state, &tenant, &id).await?)))
 }
 

@@ -173,6 +173,8 @@ pub struct ListQuery {
     /// Page size (default 100).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
+    /// `asc` (oldest first, the default) or `desc` (newest first; `after` pages to older).
+    order: Option<String>,
 }
 
 fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
@@ -191,15 +193,13 @@ fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
         since: q.since.map(|s| parse_rfc3339("since", &s)).transpose()?,
         until: q.until.map(|s| parse_rfc3339("until", &s)).transpose()?,
         after: q.after.map(DeliveryId::from_stored),
-        limit: match q.limit {
-            None => 100,
-            Some(n @ 1..=1000) => n,
-            Some(n) => {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    ErrorCode::InvalidQuery,
-                    format!("limit: {n} is not 1 to 1000"),
-                ));
+        limit: super::page_limit(q.limit)?,
+        newest_first: match q.order.as_deref() {
+            None | Some("asc") => false,
+            Some("desc") => true,
+            Some(o) => {
+                let message = format!("order: {o:?} is not asc or desc");
+                return Err(ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery, message));
             }
         },
     })

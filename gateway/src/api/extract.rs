@@ -196,9 +196,12 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
 
 /// Routes that read query parameters (through [`Query`]); every other route refuses one.
 const ROUTES_WITH_QUERY: &[&str] = &[
+    "/v1/overview",
     "/v1/tenants/{tenant}/deliveries",
     "/v1/tenants/{tenant}/dead-letters",
+    "/v1/tenants/{tenant}/endpoints",
     "/v1/tenants/{tenant}/events/{id}/deliveries",
+    "/v1/tenants/{tenant}/series",
 ];
 
 /// Middleware on every matched route: refuses a NUL (`%00`) anywhere in the path or query,
@@ -221,7 +224,9 @@ pub async fn check_uri(matched: axum::extract::MatchedPath, req: Request, next: 
         }
         // Probes and scrapers (`/healthz`, `/metrics`) may add a query; the API may not.
         let api_route = matched.as_str().starts_with("/v1/");
-        if !q.is_empty() && api_route && !ROUTES_WITH_QUERY.contains(&matched.as_str()) {
+        // Only reads take a query (`POST …/endpoints` shares its path with the listing).
+        let reads = req.method() == axum::http::Method::GET && ROUTES_WITH_QUERY.contains(&matched.as_str());
+        if !q.is_empty() && api_route && !reads {
             return ApiError::new(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::InvalidQuery,

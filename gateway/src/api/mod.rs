@@ -19,16 +19,19 @@ use crate::model::{TenantId, TokenRecord};
 use crate::store::{Committer, DynStore, StoreError};
 
 mod auth;
+mod console;
 mod doc;
 mod endpoints;
 mod events;
 mod extract;
+mod insight;
 pub(crate) mod listen;
 mod plugins;
 mod replays;
 mod tenants;
 
 pub use auth::hash_token;
+pub use console::{CONTENT_SECURITY_POLICY, asset_names as console_assets};
 pub use doc::ErrorCode;
 
 /// Shared state of every request handler.
@@ -88,12 +91,14 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(tenants::ready))
         .routes(routes!(tenants::metrics))
         .routes(routes!(doc::openapi_json))
-        .routes(routes!(tenants::create))
+        .routes(routes!(tenants::create, insight::list_tenants))
+        .routes(routes!(insight::overview))
         .routes(routes!(tenants::create_token, tenants::list_tokens))
         .routes(routes!(tenants::revoke_token))
-        .routes(routes!(endpoints::create, endpoints::list))
+        .routes(routes!(endpoints::create, insight::list_endpoints))
         .routes(routes!(endpoints::get_one, endpoints::patch, endpoints::delete))
         .routes(routes!(endpoints::enable))
+        .routes(routes!(endpoints::pause))
         .routes(routes!(endpoints::rotate_secret))
         .routes(routes!(endpoints::secret))
         .routes(routes!(events::create))
@@ -103,6 +108,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(events::list_deliveries))
         .routes(routes!(events::get_delivery))
         .routes(routes!(events::dead_letters))
+        .routes(routes!(insight::tenant_series))
         .routes(routes!(replays::create))
         .routes(routes!(replays::get_one))
         .routes(routes!(replays::cancel))
@@ -124,7 +130,7 @@ pub fn openapi_json() -> &'static str {
 pub fn router(state: Arc<AppState>) -> Router {
     let body_limit = state.config.max_payload_bytes.saturating_mul(16).max(1 << 20) + (64 << 10);
     let (router, _) = routes().split_for_parts();
-    router
+    console::mount(router)
         // Runs on matched routes only, before their extractors.
         .route_layer(axum::middleware::from_fn(extract::check_uri))
         // Axum adds the `Allow` header to this body.
@@ -208,6 +214,17 @@ impl From<crate::model::SpecError> for ApiError {
 }
 
 pub(crate) use crate::clock::rfc3339;
+
+/// A listing's `limit`: 1 to 1000, 100 when absent.
+pub(crate) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(100),
+        Some(n @ 1..=1000) => Ok(n),
+        Some(n) => {
+            Err(ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery, format!("limit: {n} is not 1 to 1000")))
+        }
+    }
+}
 
 /// Parses RFC 3339 into milliseconds.
 pub(crate) fn parse_rfc3339(field: &str, s: &str) -> Result<i64, ApiError> {

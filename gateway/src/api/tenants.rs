@@ -34,6 +34,12 @@ pub(crate) struct TenantOut {
     created_at: String,
 }
 
+impl From<Tenant> for TenantOut {
+    fn from(t: Tenant) -> TenantOut {
+        TenantOut { id: t.id.to_string(), name: t.name, created_at: rfc3339(t.created_at) }
+    }
+}
+
 #[utoipa::path(
     post, path = "/v1/tenants", tag = "tenants", operation_id = "create_tenant",
     request_body = TenantIn,
@@ -53,8 +59,7 @@ pub(crate) async fn create(
     check_text("name", &name, MAX_TENANT_NAME)?;
     let tenant = Tenant { name, id, created_at: state.clock.now() };
     state.store.create_tenant(&tenant).await?;
-    let out = TenantOut { id: tenant.id.to_string(), name: tenant.name, created_at: rfc3339(tenant.created_at) };
-    Ok((StatusCode::CREATED, Json(out)))
+    Ok((StatusCode::CREATED, Json(tenant.into())))
 }
 
 /// `{"scopes": [...]}`: the scopes must be named; a token is never widened by default.

@@ -293,6 +293,30 @@ pub struct DeliveryFilter {
     /// Page after this delivery id (ids are time-ordered).
     pub after: Option<DeliveryId>,
     pub limit: u32,
+    /// Newest first (`after` then pages towards older ids).
+    pub newest_first: bool,
+}
+
+/// Whose attempts a delivery-rate series counts.
+#[derive(Debug, Clone)]
+pub enum SeriesScope {
+    /// Every tenant's (the admin overview).
+    All,
+    Tenant(TenantId),
+    Endpoint(EndpointId),
+}
+
+/// The attempts started in one time bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeriesPoint {
+    /// The bucket's first millisecond.
+    pub start: Millis,
+    pub attempts: u64,
+    /// Attempts answered with a 2xx.
+    pub successes: u64,
+    /// Their summed and longest durations.
+    pub total_ms: u64,
+    pub max_ms: u64,
 }
 
 /// Everything Herald stores. Implementations must be safe to share between tasks.
@@ -313,6 +337,11 @@ pub trait Store: Send + Sync + 'static {
     /// Any tenant's endpoint by id (the engine's view).
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>>;
     async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>>;
+    /// Up to `limit` of a tenant's endpoints in creation order, after the endpoint `after`.
+    async fn endpoint_page(&self, tenant: &TenantId, after: Option<&EndpointId>, limit: u32) -> Result<Vec<Endpoint>>;
+    async fn list_tenants(&self) -> Result<Vec<Tenant>>;
+    /// Attempts started since `since` per `bucket_ms`, oldest first (empty buckets left out).
+    async fn attempt_series(&self, scope: &SeriesScope, since: Millis, bucket_ms: i64) -> Result<Vec<SeriesPoint>>;
     /// Replaces spec and state; false when it does not exist.
     async fn update_endpoint(&self, endpoint: &Endpoint) -> Result<bool>;
     /// Deletes it; its unfinished deliveries become dead letters (`endpoint_deleted`).

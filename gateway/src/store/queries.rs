@@ -16,6 +16,8 @@ use super::sql::{self, Sql};
 use super::{DeliveryFilter, QueueStats, Result, StoreError};
 use crate::model::*;
 
+mod insight;
+
 /// What a backend's SQL dialect writes differently in the shared statements.
 pub(super) trait Dialect: Database {
     /// "`deliveries.id` is one of `ids`", after a `WHERE`.

@@ -81,7 +81,7 @@ where
         (" AND state = ", f.state.map(|s| s.as_str())),
         (" AND event_type = ", f.event_type.as_deref()),
         (" AND reason = ", f.reason.as_deref()),
-        (" AND id > ", f.after.as_ref().map(|a| a.as_str())),
+        (if f.newest_first { " AND id < " } else { " AND id > " }, f.after.as_ref().map(|a| a.as_str())),
     ];
     for (condition, value) in text {
         if let Some(v) = value {
@@ -89,7 +89,8 @@ where
         }
     }
     push_window(q, "", f.since, f.until);
-    q.push(" ORDER BY id LIMIT ").push_bind(i64::from(f.limit.max(1)));
+    q.push(if f.newest_first { " ORDER BY id DESC LIMIT " } else { " ORDER BY id LIMIT " });
+    q.push_bind(i64::from(f.limit.max(1)));
 }
 
 /// Restricts a query on `deliveries` (after a `WHERE`) to a tenant's dead letters selected

@@ -109,6 +109,18 @@ impl Store for PostgresStore {
         self.q.list_endpoints(tenant).await
     }
 
+    async fn endpoint_page(&self, tenant: &TenantId, after: Option<&EndpointId>, limit: u32) -> Result<Vec<Endpoint>> {
+        self.q.endpoint_page(tenant, after, limit).await
+    }
+
+    async fn list_tenants(&self) -> Result<Vec<Tenant>> {
+        self.q.list_tenants().await
+    }
+
+    async fn attempt_series(&self, scope: &SeriesScope, since: Millis, bucket_ms: i64) -> Result<Vec<SeriesPoint>> {
+        self.q.attempt_series(scope, since, bucket_ms).await
+    }
+
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
         self.q.update_endpoint(e).await
     }

@@ -1,0 +1,63 @@
+// The console's only way to act: the public API, with the session's token. The token lives
+// in sessionStorage (this tab only, gone when it closes), never in a cookie or the URL.
+const KEY = 'herald.console';
+
+export function session() {
+  try {
+    return JSON.parse(sessionStorage.getItem(KEY));
+  } catch {
+    return null;
+  }
+}
+
+export function saveSession(s) {
+  sessionStorage.setItem(KEY, JSON.stringify(s));
+}
+
+export function clearSession() {
+  sessionStorage.removeItem(KEY);
+}
+
+/** A refusal from the API: its status and `{error: {code, message}}`. */
+export class ApiError extends Error {
+  constructor(status, code, message) {
+    super(`${code}: ${message}`);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+/** Calls the API; `query` values that are empty are left out; `raw` sends bytes. */
+export async function api(method, path, { body, query, raw, token } = {}) {
+  const url = new URL(path, location.origin);
+  for (const [k, v] of Object.entries(query || {})) {
+    if (v !== undefined && v !== null && v !== '') url.searchParams.set(k, String(v));
+  }
+  const headers = { Authorization: `Bearer ${token ?? session()?.token ?? ''}` };
+  let payload;
+  if (raw !== undefined) {
+    payload = raw;
+    headers['content-type'] = 'application/octet-stream';
+  } else if (body !== undefined) {
+    payload = JSON.stringify(body);
+    headers['content-type'] = 'application/json';
+  }
+  const r = await fetch(url, { method, headers, body: payload });
+  const text = await r.text();
+  let json = null;
+  try {
+    json = text ? JSON.parse(text) : null;
+  } catch {
+    json = null;
+  }
+  if (!r.ok) {
+    const e = json?.error;
+    throw new ApiError(r.status, e?.code ?? `http_${r.status}`, e?.message ?? text);
+  }
+  return json;
+}
+
+/** `/v1/tenants/{the session's tenant}` + `rest`. */
+export function tenantPath(rest = '') {
+  return `/v1/tenants/${encodeURIComponent(session()?.tenant ?? '')}${rest}`;
+}

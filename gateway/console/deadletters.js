@@ -1,0 +1,81 @@
+// Dead letters: counts by reason, filter, select, a rate-limited replay whose progress is
+// followed live (selected, sent, delivered, failed), and its cancellation.
+import { api, tenantPath } from './api.js';
+import { searchForm, utc } from './deliveries.js';
+import { field, guard, h, link, say, stateText, table, when, put } from './dom.js';
+
+let following = null;
+
+export async function deadLettersPage(main, params) {
+  const filter = {
+    endpoint: params.get('endpoint'), type: params.get('type'), reason: params.get('reason'),
+    since: utc(params.get('since')), until: utc(params.get('until')),
+  };
+  const page = await api('GET', tenantPath('/dead-letters'), { query: { ...filter, after: params.get('after'), limit: 100 } });
+  const counts = Object.entries(page.counts_by_reason);
+  const boxes = new Map();
+  const rate = h('input', { name: 'rate_per_sec', type: 'number', step: 'any', min: '0.1', value: '10' });
+  const progress = h('section', { id: 'replay-progress', 'aria-live': 'polite' });
+  const replay = async (body) => {
+    const r = await api('POST', tenantPath('/replays'), { body: { ...body, rate_per_sec: Number(rate.value) } });
+    say(`Replay ${r.id} started.`);
+    follow(progress, r.id);
+  };
+  const next = new URLSearchParams(params);
+  if (page.next_after) next.set('after', page.next_after);
+  const cleanFilter = Object.fromEntries(Object.entries(filter).filter(([, v]) => v));
+  put(main, h('h1', {}, 'Dead letters'),
+    h('section', {}, h('h2', {}, 'By reason'), counts.length === 0 ? h('p', { class: 'muted' }, 'No dead letters.') :
+      h('ul', { class: 'chips', id: 'reason-counts' }, counts.map(([reason, n]) =>
+        h('li', {}, link(`#/dead-letters?reason=${encodeURIComponent(reason)}`, `${reason || '(none)'}: ${n}`))))),
+    searchForm('dead-letters', params, ['endpoint', 'type', 'reason', 'since', 'until'], { button: 'Filter' }),
+    h('form', { class: 'inline', 'aria-label': 'Replay', onsubmit: (ev) => ev.preventDefault() },
+      field('Replay rate per second', rate),
+      h('button', { type: 'button', id: 'replay-selected', onclick: () => guard(() => {
+        const ids = [...boxes].filter(([, b]) => b.checked).map(([id]) => id);
+        if (ids.length === 0) throw new Error('Select dead letters first.');
+        return replay({ ids });
+      }) }, 'Replay selected'),
+      h('button', { type: 'button', id: 'replay-filter', onclick: () => guard(() => replay({ filter: cleanFilter })) },
+        'Replay every dead letter matching the filter')),
+    progress,
+    table('Dead letters, oldest first', [
+      { label: 'Select', cell: (d) => {
+        const b = h('input', { type: 'checkbox', 'aria-label': `Select ${d.id}` });
+        boxes.set(d.id, b);
+        return b;
+      } },
+      { label: 'Delivery', cell: (d) => link(`#/deliveries/${encodeURIComponent(d.id)}`, d.id) },
+      { label: 'Endpoint', cell: (d) => d.endpoint_id },
+      { label: 'Type', cell: (d) => d.event_type },
+      { label: 'Reason', cell: (d) => stateText('dead', d.reason) },
+      { label: 'Attempts', num: true, cell: (d) => d.attempts },
+      { label: 'Dead since', cell: (d) => when(d.updated_at) },
+    ], page.data, 'No dead letter matches.'),
+    page.next_after ? link(`#/dead-letters?${next}`, 'Next page') : null);
+}
+
+/** Polls the replay until every re-queued delivery has an outcome (or it was cancelled). */
+function follow(section, id) {
+  const me = Symbol(id);
+  following = me;
+  const path = tenantPath(`/replays/${encodeURIComponent(id)}`);
+  const tick = async () => {
+    if (following !== me || !section.isConnected) return;
+    const r = await guard(() => api('GET', path));
+    if (!r) return;
+    const finished = r.delivered + r.failed;
+    section.replaceChildren();
+    put(section, h('h2', {}, 'Replay ', r.id),
+      h('p', { id: 'replay-state' }, `State: ${r.state}. Selected ${r.selected}, sent ${r.sent}, delivered ${r.delivered}, failed ${r.failed}.`),
+      h('progress', { max: Math.max(1, r.selected), value: finished, 'aria-label': 'Replay progress' }),
+      r.state === 'running' ? h('button', { type: 'button', class: 'secondary', onclick: () => guard(async () => {
+        await api('POST', `${path}/cancel`);
+        say(`Replay ${r.id} cancelled.`);
+      }) }, 'Cancel replay') : null);
+    const over = r.state === 'cancelled' || (r.state === 'done' && finished >= r.sent);
+    if (over) section.append(h('p', { id: 'replay-finished' }, 'Replay finished.'));
+    else setTimeout(tick, 500);
+  };
+  tick();
+}

@@ -1,0 +1,88 @@
+// Deliveries: search by event id, endpoint, state, type and time window (newest first);
+// one delivery with every attempt and the event it carries.
+import { api, tenantPath } from './api.js';
+import { facts, field, h, link, stateText, table, when, put } from './dom.js';
+
+const STATES = ['', 'queued', 'delivering', 'waiting', 'delivered', 'dead', 'paused'];
+const FILTERS = ['event', 'endpoint', 'state', 'type', 'since', 'until'];
+
+/** An RFC 3339 time from a `datetime-local` value (taken as UTC), or undefined. */
+export function utc(v) {
+  return v ? `${v.length === 16 ? `${v}:00` : v}Z` : undefined;
+}
+
+/** A search form whose fields mirror `params`; submitting moves to `#/{page}?…`. */
+export function searchForm(page, params, names, extra = {}) {
+  const inputs = {};
+  const make = {
+    event: () => h('input', { name: 'event', value: params.get('event') ?? '', placeholder: 'evt_…' }),
+    endpoint: () => h('input', { name: 'endpoint', value: params.get('endpoint') ?? '', placeholder: 'ep_…' }),
+    state: () => h('select', { name: 'state' }, STATES.map((s) => h('option', { value: s, selected: params.get('state') === s }, s || 'any'))),
+    type: () => h('input', { name: 'type', value: params.get('type') ?? '', placeholder: 'invoice.paid' }),
+    reason: () => h('input', { name: 'reason', value: params.get('reason') ?? '', placeholder: 'exhausted' }),
+    since: () => h('input', { name: 'since', type: 'datetime-local', step: '1', value: params.get('since') ?? '' }),
+    until: () => h('input', { name: 'until', type: 'datetime-local', step: '1', value: params.get('until') ?? '' }),
+  };
+  const labels = { event: 'Event id', endpoint: 'Endpoint id', state: 'State', type: 'Event type', reason: 'Reason', since: 'Since (UTC)', until: 'Until (UTC)' };
+  for (const n of names) inputs[n] = make[n]();
+  return h('form', { class: 'inline', role: 'search', 'aria-label': `Filter ${page}`, onsubmit: (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    for (const [n, el] of Object.entries(inputs)) if (el.value) q.set(n, el.value);
+    location.hash = `#/${page}?${q}`;
+  } }, names.map((n) => field(labels[n], inputs[n])), h('button', { type: 'submit' }, extra.button ?? 'Search'));
+}
+
+export async function deliveriesPage(main, params) {
+  const q = {
+    endpoint: params.get('endpoint'), state: params.get('state'), type: params.get('type'),
+    since: utc(params.get('since')), until: utc(params.get('until')), after: params.get('after'), limit: 50,
+  };
+  const event = params.get('event');
+  const page = event
+    ? await api('GET', tenantPath(`/events/${encodeURIComponent(event)}/deliveries`), { query: q })
+    : await api('GET', tenantPath('/deliveries'), { query: { ...q, order: 'desc' } });
+  const next = new URLSearchParams(params);
+  if (page.next_after) next.set('after', page.next_after);
+  put(main, h('h1', {}, 'Deliveries'), searchForm('deliveries', params, FILTERS),
+    table(event ? `Deliveries of event ${event}` : 'Deliveries, newest first', [
+      { label: 'Delivery', cell: (d) => link(`#/deliveries/${encodeURIComponent(d.id)}`, d.id) },
+      { label: 'Event', cell: (d) => d.event_id },
+      { label: 'Endpoint', cell: (d) => link(`#/endpoints/${encodeURIComponent(d.endpoint_id)}`, d.endpoint_id) },
+      { label: 'Type', cell: (d) => d.event_type },
+      { label: 'State', cell: (d) => stateText(d.state, d.reason) },
+      { label: 'Attempts', num: true, cell: (d) => d.attempts },
+      { label: 'Last status', num: true, cell: (d) => d.last_status ?? '—' },
+      { label: 'Updated', cell: (d) => when(d.updated_at) },
+    ], page.data, 'No delivery matches.'),
+    page.next_after ? link(`#/deliveries?${next}`, 'Next page') : null);
+}
+
+export async function deliveryPage(main, id) {
+  const d = await api('GET', tenantPath(`/deliveries/${encodeURIComponent(id)}`));
+  const ev = await api('GET', tenantPath(`/events/${encodeURIComponent(d.event_id)}`)).catch(() => null);
+  put(main, h('h1', {}, 'Delivery ', d.id),
+    facts([
+      ['Event', d.event_id], ['Type', d.event_type],
+      ['Endpoint', link(`#/endpoints/${encodeURIComponent(d.endpoint_id)}`, d.endpoint_id)],
+      ['State', stateText(d.state, d.reason)], ['Attempts', String(d.attempts)],
+      ['Next attempt', when(d.next_attempt_at)], ['Last error', d.last_error ?? '—'],
+      ['Created', when(d.created_at)], ['Updated', when(d.updated_at)],
+    ]),
+    h('section', {}, h('h2', {}, 'Attempts'), table('Every attempt, oldest first', [
+      { label: '#', num: true, cell: (a) => a.number },
+      { label: 'Attempt id', cell: (a) => a.id },
+      { label: 'Started', cell: (a) => when(a.started_at) },
+      { label: 'Status', num: true, cell: (a) => a.status ?? '—' },
+      { label: 'Duration', num: true, cell: (a) => `${a.duration_ms} ms` },
+      { label: 'Verdict', cell: (a) => a.verdict },
+      { label: 'Decided by', cell: (a) => a.decided_by },
+      { label: 'Error', cell: (a) => a.error ?? '—' },
+      { label: 'Response (first KiB)', cls: 'url', cell: (a) => (a.response_body ? h('pre', { class: 'response' }, a.response_body) : '—') },
+    ], d.attempt_history, 'No attempt yet.')),
+    h('section', {}, h('h2', {}, 'What was sent'), ev ? [
+      h('p', { class: 'muted' }, 'Body: the JSON envelope {id, type, timestamp, data} with the payload below as data, unless a transform plugin reshaped it. ' +
+        'Headers: content-type: application/json, webhook-id (the event id), webhook-timestamp and webhook-signature (fresh per attempt), herald-attempt-id (the attempt id above), and the endpoint\u2019s custom headers.'),
+      h('pre', { class: 'payload' }, JSON.stringify(ev.payload, null, 2)),
+    ] : h('p', { class: 'muted' }, 'The event is no longer stored.')));
+}

@@ -1,0 +1,85 @@
+// Builds the page. Every value from the API becomes a text node (textContent): nothing the
+// store holds is ever parsed as HTML, so a hostile description or response body is text.
+
+/** An element with attributes (`on…` are listeners) and children (nodes or text). */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (k === 'class') el.className = v;
+    else el.setAttribute(k, v === true ? '' : String(v));
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+}
+
+/** A table: `columns` are `{label, cell: row => node or text, num}`. */
+export function table(caption, columns, rows, empty = 'Nothing to show.') {
+  if (rows.length === 0) return h('p', { class: 'muted' }, empty);
+  return h('table', {},
+    h('caption', { class: 'muted' }, caption),
+    h('thead', {}, h('tr', {}, columns.map((c) => h('th', { scope: 'col', class: c.num ? 'num' : c.cls }, c.label)))),
+    h('tbody', {}, rows.map((r) => h('tr', {}, columns.map((c) => h('td', { class: c.num ? 'num' : c.cls }, c.cell(r)))))));
+}
+
+/** A labelled form control. */
+export function field(label, control) {
+  return h('label', {}, label, control);
+}
+
+/** `<dl>` of [term, value] pairs. */
+export function facts(pairs) {
+  return h('dl', { class: 'grid' }, pairs.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v ?? '—')]));
+}
+
+export function when(iso) {
+  if (!iso) return '—';
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? iso : d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+}
+
+export function percent(x) {
+  return x === null || x === undefined ? '—' : `${(x * 100).toFixed(1)} %`;
+}
+
+export function stateText(s, reason, until) {
+  let text = s;
+  if (until) text += ` until ${when(until)}`;
+  if (reason) text += ` (${reason})`;
+  return h('span', { class: `state-${s}` }, text);
+}
+
+/** Shows `message` in the alert region (errors) or the status region (news). */
+export function say(message, isError = false) {
+  document.getElementById(isError ? 'alert' : 'status').textContent = message;
+  document.getElementById(isError ? 'status' : 'alert').textContent = '';
+}
+
+/** Runs `f`, showing an API refusal as the page's alert rather than losing it. */
+export async function guard(f) {
+  try {
+    return await f();
+  } catch (e) {
+    say(e.message || String(e), true);
+    return undefined;
+  }
+}
+
+/** A link to a page of the console. */
+export function link(hash, text) {
+  return h('a', { href: hash }, text);
+}
+
+/** Appends `children` to `el` as `h` does: null and false are left out, text is text. */
+export function put(el, ...children) {
+  append(el, children);
+  return el;
+}

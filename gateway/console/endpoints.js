@@ -1,0 +1,94 @@
+// Endpoints: health beside pacing for a page of them; one endpoint's settings, chart and
+// actions (pause, enable, pacing, secret rotation, plugin bindings).
+import { api, tenantPath } from './api.js';
+import { rateChart } from './chart.js';
+import { facts, field, guard, h, link, percent, say, stateText, table, when, put } from './dom.js';
+
+const PAGE = 50;
+
+export async function endpointsPage(main, params) {
+  const after = params.get('after') || undefined;
+  const page = await api('GET', tenantPath('/endpoints'), { query: { limit: PAGE, health: true, after } });
+  const rows = page.data;
+  put(main, h('h1', {}, 'Endpoints'),
+    h('p', { class: 'muted' }, 'Success rates count attempts answered 2xx; backlog counts deliveries not finished.'),
+    table('Endpoints, their pacing and their health', [
+      { label: 'URL', cls: 'url', cell: (e) => link(`#/endpoints/${encodeURIComponent(e.id)}`, e.url) },
+      { label: 'Description', cls: 'url', cell: (e) => e.description },
+      { label: 'State', cell: (e) => stateText(e.state, e.state_reason, e.paused_until) },
+      { label: 'Rate /s', num: true, cell: (e) => e.rate_per_sec },
+      { label: 'Burst', num: true, cell: (e) => e.burst },
+      { label: 'Max in flight', num: true, cell: (e) => e.max_in_flight },
+      { label: 'Success 1 h', num: true, cell: (e) => percent(e.health.success_rate_1h) },
+      { label: 'Success 24 h', num: true, cell: (e) => percent(e.health.success_rate_24h) },
+      { label: 'Backlog', num: true, cell: (e) => e.health.backlog },
+      { label: 'Last success', cell: (e) => when(e.health.last_success_at) },
+      { label: 'Failing since', cell: (e) => when(e.health.failing_since) },
+    ], rows, 'This tenant has no endpoints.'),
+    h('nav', { 'aria-label': 'Endpoint pages' },
+      after ? link('#/endpoints', 'First page') : null, ' ',
+      page.next_after ? link(`#/endpoints?after=${encodeURIComponent(page.next_after)}`, 'Next page') : null));
+}
+
+export async function endpointPage(main, id, rerender) {
+  const path = tenantPath(`/endpoints/${encodeURIComponent(id)}`);
+  const [e, series, plugins] = await Promise.all([
+    api('GET', path),
+    api('GET', tenantPath('/series'), { query: { endpoint: id } }),
+    api('GET', tenantPath('/plugins')).catch(() => ({ data: [] })),
+  ]);
+  const hl = e.health;
+  put(main, h('h1', {}, 'Endpoint ', e.id),
+    h('section', {}, h('h2', {}, 'Health and pacing'), facts([
+      ['URL', e.url], ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
+      ['State', stateText(e.state, e.state_reason, e.paused_until)],
+      ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
+      ['Success rate 1 h', `${percent(hl.success_rate_1h)} of ${hl.attempts_1h}`],
+      ['Success rate 24 h', `${percent(hl.success_rate_24h)} of ${hl.attempts_24h}`],
+      ['Backlog', String(hl.backlog)], ['Dead letters', String(hl.dead_letters)],
+      ['Last success', when(hl.last_success_at)], ['Last attempt', when(hl.last_attempt_at)],
+      ['Failing since', when(hl.failing_since)],
+      ['Plugins', ['transform', 'classify', 'sign'].map((k) => `${k}: ${e.plugins[k] ?? '—'}`).join(', ')],
+    ]), h('p', {}, link(`#/deliveries?endpoint=${encodeURIComponent(e.id)}`, 'Its deliveries'), ' · ',
+      link(`#/dead-letters?endpoint=${encodeURIComponent(e.id)}`, 'Its dead letters'))),
+    h('section', {}, h('h2', {}, 'Delivery rate and latency, last hour'), rateChart(`Endpoint ${e.id}`, series)),
+    actions(e, path, plugins.data, rerender));
+}
+
+function actions(e, path, plugins, rerender) {
+  const done = (msg) => { say(msg); rerender(); };
+  const pauseFor = h('input', { name: 'for', placeholder: 'e.g. 15m; empty: until enabled' });
+  const reason = h('input', { name: 'reason', placeholder: 'why' });
+  const rate = h('input', { name: 'rate_per_sec', type: 'number', step: 'any', min: '0', value: e.rate_per_sec });
+  const burst = h('input', { name: 'burst', type: 'number', min: '1', value: e.burst });
+  const inflight = h('input', { name: 'max_in_flight', type: 'number', min: '1', value: e.max_in_flight });
+  const secretOut = h('p', { id: 'rotated', 'aria-live': 'polite' });
+  const pick = (hook) => h('select', { name: hook }, h('option', { value: '' }, 'none'),
+    plugins.filter((p) => p.hooks.includes(hook)).map((p) => h('option', { value: p.name, selected: e.plugins[hook] === p.name }, p.name)));
+  const binds = { transform: pick('transform'), classify: pick('classify'), sign: pick('sign') };
+  const submit = (f) => (ev) => { ev.preventDefault(); guard(f); };
+  return h('section', {}, h('h2', {}, 'Actions'),
+    h('form', { class: 'inline', 'aria-label': 'Pause', onsubmit: submit(async () => {
+      await api('POST', `${path}/pause`, { body: { for: pauseFor.value || undefined, reason: reason.value || undefined } });
+      done('Endpoint paused.');
+    }) }, field('Pause for', pauseFor), field('Reason', reason), h('button', { type: 'submit' }, 'Pause')),
+    h('form', { class: 'inline', 'aria-label': 'Enable', onsubmit: submit(async () => {
+      await api('POST', `${path}/enable`);
+      done('Endpoint enabled.');
+    }) }, h('button', { type: 'submit' }, 'Enable')),
+    h('form', { class: 'inline', 'aria-label': 'Pacing', onsubmit: submit(async () => {
+      await api('PATCH', path, { body: { rate_per_sec: Number(rate.value), burst: Number(burst.value), max_in_flight: Number(inflight.value) } });
+      done('Pacing saved.');
+    }) }, field('Rate per second', rate), field('Burst', burst), field('Max in flight', inflight), h('button', { type: 'submit' }, 'Save pacing')),
+    h('form', { class: 'inline', 'aria-label': 'Plugins', onsubmit: submit(async () => {
+      const chosen = Object.fromEntries(Object.entries(binds).filter(([, s]) => s.value).map(([k, s]) => [k, s.value]));
+      await api('PATCH', path, { body: { plugins: chosen } });
+      done('Plugin bindings saved.');
+    }) }, field('Transform plugin', binds.transform), field('Classify plugin', binds.classify), field('Sign plugin', binds.sign),
+    h('button', { type: 'submit' }, 'Bind plugins')),
+    h('form', { class: 'inline', 'aria-label': 'Rotate secret', onsubmit: submit(async () => {
+      const r = await api('POST', `${path}/rotate-secret`, { body: {} });
+      secretOut.textContent = `New secret ${r.secret}; the previous one keeps signing until ${when(r.previous_valid_until)}.`;
+      say('Secret rotated.');
+    }) }, h('button', { type: 'submit' }, 'Rotate secret')), secretOut);
+}

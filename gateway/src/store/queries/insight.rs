@@ -1,0 +1,95 @@
+//! The reads behind the console's pages (shared by both backends, like the rest of
+//! [`Queries`]): tenants, a page of a tenant's endpoints, and attempts per time bucket.
+//! Each is bounded by an index: `endpoints_tenant`, `attempts_started`, `attempts_endpoint`.
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row, Type};
+
+use super::super::rows::{self, EndpointRow, TenantRow};
+use super::super::sql::Sql;
+use super::super::{Result, SeriesPoint, SeriesScope};
+use super::Queries;
+use crate::model::*;
+
+impl<DB> Queries<DB>
+where
+    DB: Database,
+    for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Decode<'q, DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    for<'r> TenantRow: FromRow<'r, DB::Row>,
+    for<'r> EndpointRow: FromRow<'r, DB::Row>,
+{
+    pub(in super::super) async fn list_tenants(&self) -> Result<Vec<Tenant>> {
+        let rows = sqlx::query_as::<_, TenantRow>("SELECT id, name, created_at FROM tenants ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(Tenant::from).collect())
+    }
+
+    /// Up to `limit` of the tenant's endpoints in creation order, after the endpoint `after`.
+    pub(in super::super) async fn endpoint_page(
+        &self,
+        tenant: &TenantId,
+        after: Option<&EndpointId>,
+        limit: u32,
+    ) -> Result<Vec<Endpoint>> {
+        let mut q = Sql::<DB>::new("SELECT * FROM endpoints WHERE tenant_id = ");
+        q.push_bind(tenant.as_str());
+        if let Some(after) = after {
+            // Row values compare in the index's order on both backends.
+            q.push(" AND (created_at, id) > (SELECT created_at, id FROM endpoints WHERE id = ")
+                .push_bind(after.as_str())
+                .push(")");
+        }
+        q.push(" ORDER BY created_at, id LIMIT ").push_bind(i64::from(limit));
+        let (text, args) = q.take()?;
+        rows::all(sqlx::query_as_with::<_, EndpointRow, _>(&text, args).fetch_all(&self.pool).await?)
+    }
+
+    /// Attempts started at or after `since`, per `bucket_ms`, oldest bucket first; buckets
+    /// without attempts are left out.
+    pub(in super::super) async fn attempt_series(
+        &self,
+        scope: &SeriesScope,
+        since: Millis,
+        bucket_ms: i64,
+    ) -> Result<Vec<SeriesPoint>> {
+        // SUM over BIGINT is NUMERIC on Postgres: cast so both backends give a 64-bit integer.
+        let mut q = Sql::<DB>::new("SELECT a.started_at / ");
+        q.push_bind(bucket_ms).push(
+            " AS bucket, COUNT(*) AS n, COUNT(*) FILTER (WHERE a.status BETWEEN 200 AND 299) AS ok, \
+             CAST(SUM(a.duration_ms) AS BIGINT) AS total_ms, MAX(a.duration_ms) AS max_ms FROM attempts a",
+        );
+        match scope {
+            SeriesScope::All => {
+                q.push(" WHERE a.started_at >= ").push_bind(since);
+            }
+            SeriesScope::Endpoint(e) => {
+                q.push(" WHERE a.endpoint_id = ").push_bind(e.as_str()).push(" AND a.started_at >= ").push_bind(since);
+            }
+            SeriesScope::Tenant(t) => {
+                q.push(" JOIN deliveries d ON d.id = a.delivery_id WHERE a.started_at >= ")
+                    .push_bind(since)
+                    .push(" AND d.tenant_id = ")
+                    .push_bind(t.as_str());
+            }
+        }
+        q.push(" GROUP BY bucket ORDER BY bucket");
+        let (text, args) = q.take()?;
+        let rows = sqlx::query_with(&text, args).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SeriesPoint {
+                    start: r.try_get::<i64, _>("bucket")? * bucket_ms,
+                    attempts: r.try_get::<i64, _>("n")? as u64,
+                    successes: r.try_get::<i64, _>("ok")? as u64,
+                    total_ms: r.try_get::<Option<i64>, _>("total_ms")?.unwrap_or(0) as u64,
+                    max_ms: r.try_get::<Option<i64>, _>("max_ms")?.unwrap_or(0) as u64,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,226 @@
+//! The console (`/console`), in a real browser: headless Chromium (Debian's `chromium` and
+//! `chromium-driver`, installed by `scripts/test`) driven by Selenium
+//! (`tests/console/console_flow.py`, from the virtualenv `scripts/pytools` builds) against a
+//! live `herald serve`. A missing tool fails the test, it never skips it. Screenshots of each
+//! page land in `target/console-screenshots/`.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use serde_json::{Value, json};
+use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
+
+/// Stored where the console shows it; each would set `window.__xss` if it ran.
+const XSS_DESCRIPTION: &str = "<img src=x onerror=\"window.__xss=1\"><script>window.__xss=2</script>";
+const XSS_BODY: &str = "<script>window.__xss=3</script><img src=x onerror=\"window.__xss=4\">";
+/// Dead letters the failing endpoint makes.
+const DEAD: usize = 3;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+fn python() -> anyhow::Result<PathBuf> {
+    let path = repo().join("target/pytools/venv/bin/python");
+    ensure!(path.exists(), "{} is missing: run scripts/pytools (scripts/test does)", path.display());
+    for tool in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
+        ensure!(
+            PathBuf::from(tool).exists(),
+            "{tool} is missing: apt-get install chromium chromium-driver (scripts/test does)"
+        );
+    }
+    Ok(path)
+}
+
+/// Runs the browser script with `args` within `limit`; its stdout is a JSON summary.
+async fn browse(args: &[&str], limit: Duration) -> anyhow::Result<Value> {
+    let mut cmd = tokio::process::Command::new(python()?);
+    cmd.arg(repo().join("tests/console/console_flow.py")).args(args).kill_on_drop(true);
+    cmd.stdin(std::process::Stdio::null());
+    let out: Output = tokio::time::timeout(limit, cmd.output())
+        .await
+        .with_context(|| format!("the browser ran over {limit:?}"))??;
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    ensure!(out.status.success(), "the console's browser flow failed:\n{text}");
+    serde_json::from_slice(&out.stdout).with_context(|| format!("the browser's summary:\n{text}"))
+}
+
+/// Polls `GET path` until `done` holds for its JSON, within `limit`.
+async fn until(api: &tests::Api, path: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let r = api.get(path, ADMIN_TOKEN).await?;
+        if done(&r.json) {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{path} did not get there within {limit:?}: {}", r.text);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Two tenants; acme has a healthy endpoint (a hostile description) and one whose
+/// receiver answers 422 with a hostile body, so its events become dead letters.
+async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow::Result<Value> {
+    api.tenant("acme").await?;
+    api.tenant("globex").await?;
+    bad.set_default(Answer::status(422).body(XSS_BODY));
+    let healthy = json!({"url": ok.url(), "description": XSS_DESCRIPTION, "rate_per_sec": 7, "burst": 3,
+        "event_types": ["invoice.paid"]});
+    api.endpoint("acme", healthy).await?;
+    api.endpoint("acme", json!({"url": bad.url(), "event_types": ["invoice.failed"]})).await?;
+    let other_url = format!("{}/globex-private", ok.url());
+    api.endpoint("globex", json!({"url": other_url, "event_types": ["nothing.matches"]})).await?;
+    for n in 0..DEAD {
+        for (kind, id) in [("paid", format!("evt_paid_{n}")), ("failed", format!("evt_failed_{n}"))] {
+            let r =
+                api.event("acme", json!({"id": id, "type": format!("invoice.{kind}"), "payload": {"n": n}})).await?;
+            ensure!(r.status == 202, "event: {} {}", r.status, r.text);
+        }
+    }
+    ok.wait_for(DEAD, Duration::from_secs(30)).await?;
+    until(api, "/v1/tenants/acme/dead-letters", Duration::from_secs(30), |j| {
+        j["counts_by_reason"]["permanent:422"] == DEAD
+    })
+    .await?;
+    // Fixed: a replay now delivers.
+    bad.set_default(Answer::status(200));
+    Ok(json!({
+        "admin_token": ADMIN_TOKEN,
+        "read_token": api.token("acme", &["read"]).await?,
+        "tenant": "acme",
+        "other_tenant": "globex",
+        "other_url": other_url,
+        "healthy_url": ok.url(),
+        "xss_description": XSS_DESCRIPTION,
+        "xss_body": XSS_BODY,
+        "failed_event": "evt_failed_0",
+        "dead": DEAD,
+    }))
+}
+
+/// Every item of issue 16's "How it is checked", in one browser session: admin sign-in,
+/// the success rate beside the rate, a delivery and its attempts, a replay by filter to
+/// its end, a refused plugin upload, a read-only tenant token, another tenant invisible,
+/// hostile stored text rendered as text.
+#[tokio::test]
+async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let node = HeraldProcess::start(&herald_binary()?, dir.path(), &[]).await?;
+    let (ok, bad) = (FakeReceiver::start().await?, FakeReceiver::start().await?);
+    let mut cfg = seed(&node.api, &ok, &bad).await?;
+    let broken = dir.path().join("broken.wasm");
+    std::fs::write(&broken, b"\0asm\x0d\0\x01\0 this is not a component")?;
+    let shots = repo().join("target/console-screenshots");
+    cfg["base"] = json!(node.api.base);
+    cfg["broken_plugin"] = json!(broken);
+    cfg["screenshots"] = json!(shots);
+    let config = dir.path().join("console.json");
+    std::fs::write(&config, cfg.to_string())?;
+
+    let summary = browse(&[config.to_str().context("path")?], Duration::from_secs(240)).await?;
+    println!("console page loads (ms, small store): {}", summary["page_ms"]);
+    assert!(summary["other_tenant"].as_str().is_some_and(|m| m.contains("not_found")), "{summary}");
+    // The replay reached the receiver: each dead letter delivered once more.
+    bad.wait_for(DEAD * 2, Duration::from_secs(10)).await?;
+    for page in ["overview", "endpoints", "endpoint", "delivery", "dead-letters", "plugins", "read-only-tenant"] {
+        let png = std::fs::read(shots.join(format!("{page}.png"))).with_context(|| format!("screenshot {page}"))?;
+        assert!(png.starts_with(b"\x89PNG"), "{page}.png is not a PNG");
+    }
+    Ok(())
+}
+
+/// The console is static files, not API operations: GET only, each with a Content Security
+/// Policy that allows no inline script, none of them in `/openapi.json`.
+#[tokio::test]
+async fn console_files_are_static_and_outside_the_api_document() -> anyhow::Result<()> {
+    let gw = tests::TestGateway::start().await?;
+    let doc = gw.api.raw("GET", "/openapi.json", None, "").await?.json;
+    let paths: Vec<&String> = doc["paths"].as_object().context("paths")?.keys().collect();
+    assert!(paths.iter().all(|p| !p.starts_with("/console")), "{paths:?}");
+    let names: Vec<&str> = gateway::api::console_assets().collect();
+    assert!(names.contains(&"index.html") && names.contains(&"app.js"), "{names:?}");
+    for path in
+        ["/console".to_string(), "/console/".into()].into_iter().chain(names.iter().map(|n| format!("/console/{n}")))
+    {
+        let r = gw.api.raw("GET", &path, None, "").await?;
+        assert_eq!(r.status, 200, "GET {path}");
+        let csp = r.headers.get("content-security-policy").and_then(|v| v.to_str().ok());
+        assert_eq!(csp, Some(gateway::api::CONTENT_SECURITY_POLICY), "{path}");
+        assert!(!gateway::api::CONTENT_SECURITY_POLICY.contains("unsafe-inline"));
+        let post = gw.api.raw("POST", &path, Some(ADMIN_TOKEN), "").await?;
+        assert_eq!(post.status, 405, "POST {path}");
+    }
+    let page = gw.api.raw("GET", "/console", None, "").await?;
+    assert!(!page.text.contains("<script>") && page.text.contains("type=\"module\""), "inline script in the page");
+    assert_eq!(gw.api.raw("GET", "/console/nope.js", None, "").await?.status, 404);
+    Ok(())
+}
+
+/// The reads behind the console's pages, on both backends: endpoints paged with their
+/// health, attempts per bucket, the overview, deliveries newest first, pause and enable;
+/// a tenant token reads its own tenant's figures and not the node's.
+async fn console_reads_on(backend: tests::Backend) -> anyhow::Result<()> {
+    let gw = tests::TestGateway::start_on(backend, &[]).await?;
+    let (api, ok) = (&gw.api, FakeReceiver::start().await?);
+    api.tenant("acme").await?;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let e = api.endpoint("acme", json!({"url": ok.url(), "rate_per_sec": 5 + n})).await?;
+        ids.push(e["id"].as_str().context("id")?.to_string());
+    }
+    for n in 0..2 {
+        let r = api.event("acme", json!({"id": format!("evt_{n}"), "type": "a.b", "payload": {}})).await?;
+        ensure!(r.status == 202, "{}", r.text);
+    }
+    ok.wait_for(6, Duration::from_secs(30)).await?;
+    let first = api.get("/v1/tenants/acme/endpoints?limit=2&health=true", ADMIN_TOKEN).await?;
+    assert_eq!(first.json["data"].as_array().map(Vec::len), Some(2), "{}", first.text);
+    assert_eq!(first.json["data"][0]["rate_per_sec"], 5.0);
+    let after = first.json["next_after"].as_str().context("a second page")?;
+    let second = api.get(&format!("/v1/tenants/acme/endpoints?limit=2&after={after}"), ADMIN_TOKEN).await?;
+    assert_eq!(second.json["data"][0]["id"], ids[2].as_str(), "{}", second.text);
+    assert_eq!(second.json["data"][0]["health"], Value::Null);
+    assert!(second.json["next_after"].is_null());
+    // Each endpoint's health counts its own two attempts: both delivered.
+    until(api, "/v1/tenants/acme/endpoints?health=true", Duration::from_secs(10), |j| {
+        j["data"].as_array().is_some_and(|d| d.iter().all(|e| e["health"]["success_rate_1h"] == 1.0))
+    })
+    .await?;
+    let series = api.get("/v1/tenants/acme/series", ADMIN_TOKEN).await?;
+    assert_eq!(series.json["bucket_seconds"], 60);
+    let points = series.json["points"].as_array().context("points")?;
+    assert_eq!(points.len(), 60);
+    let sum = |k: &str| points.iter().map(|p| p[k].as_u64().unwrap_or(0)).sum::<u64>();
+    assert_eq!((sum("attempts"), sum("successes")), (6, 6), "{}", series.text);
+    let one = api.get(&format!("/v1/tenants/acme/series?window=24h&endpoint={}", ids[0]), ADMIN_TOKEN).await?;
+    let points = one.json["points"].as_array().context("points")?;
+    assert_eq!((points.len(), points.iter().map(|p| p["attempts"].as_u64().unwrap_or(0)).sum::<u64>()), (96, 2));
+    let overview = api.get("/v1/overview", ADMIN_TOKEN).await?;
+    assert_eq!(overview.json["tenants"], 1, "{}", overview.text);
+    assert_eq!(overview.json["endpoints_by_state"]["active"], 3);
+    let newest = api.get("/v1/tenants/acme/deliveries?order=desc&limit=1", ADMIN_TOKEN).await?;
+    assert_eq!(newest.json["data"][0]["event_id"], "evt_1", "{}", newest.text);
+    let paused =
+        api.post(&format!("/v1/tenants/acme/endpoints/{}/pause", ids[0]), ADMIN_TOKEN, json!({"for": "1h"})).await?;
+    assert_eq!((paused.status, paused.json["state"].as_str()), (200, Some("paused")), "{}", paused.text);
+    assert!(paused.json["paused_until"].is_string());
+    let reader = api.token("acme", &["read"]).await?;
+    assert_eq!(api.get("/v1/overview", &reader).await?.status, 403);
+    assert_eq!(api.get("/v1/tenants", &reader).await?.status, 403);
+    assert_eq!(api.get("/v1/tenants/acme/series?window=2h", &reader).await?.status, 400);
+    let refused = api.post(&format!("/v1/tenants/acme/endpoints/{}/pause", ids[1]), &reader, json!({})).await?;
+    assert_eq!(refused.status, 403);
+    Ok(())
+}
+
+#[tokio::test]
+async fn console_reads_on_sqlite() -> anyhow::Result<()> {
+    console_reads_on(tests::Backend::Sqlite).await
+}
+
+#[tokio::test]
+async fn console_reads_on_postgres() -> anyhow::Result<()> {
+    console_reads_on(tests::Backend::Postgres).await
+}
