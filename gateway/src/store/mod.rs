@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::model::*;
 
+pub mod outbox;
 pub mod postgres;
 mod queries;
 mod rows;
