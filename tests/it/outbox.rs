@@ -345,3 +345,32 @@ async fn poison_rows_are_parked_with_their_reason_and_the_rest_flow() -> anyhow:
     assert_eq!(arrived(&rx).len(), 3, "only the valid rows were delivered: {:?}", arrived(&rx));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_wait_in_the_outbox_while_heralds_store_fails() -> anyhow::Result<()> {
+    let producer = Producer::create().await?;
+    let store = PgSchema::create().await?;
+    let (dir, rx) = (tempfile::tempdir()?, FakeReceiver::start().await?);
+    let node = relaying_node(&producer, Some(&store), dir.path(), 100).await?;
+    tenant_with_endpoint(&node.api, &rx).await?;
+    let herald_db = PgPoolOptions::new().max_connections(1).connect(&store.url).await?;
+
+    // Herald's store refuses every new event (a real database error on commit).
+    sqlx::raw_sql("ALTER TABLE events ADD CONSTRAINT outage CHECK (false) NOT VALID").execute(&herald_db).await?;
+    let ids: Vec<String> = (0..10).map(|i| format!("evt_bp_{i}")).collect();
+    let rows: Vec<(&str, &str, &str)> = ids.iter().map(|id| (id.as_str(), "order.created", "{}")).collect();
+    producer.commit(&rows).await?;
+    node.api.wait_for("/readyz", Duration::from_secs(20), |v| v["outbox"][0]["state"] == "store_unavailable").await?;
+    assert_eq!(producer.scalar("SELECT COUNT(*) FROM herald_outbox WHERE failed_at IS NULL").await?, 10);
+    assert!(arrived(&rx).is_empty(), "nothing was ingested");
+
+    sqlx::raw_sql("ALTER TABLE events DROP CONSTRAINT outage").execute(&herald_db).await?;
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    wait_arrived(&rx, &ids, Duration::from_secs(30)).await?;
+    eventually("the outbox to empty", Duration::from_secs(10), || async {
+        Ok(producer.scalar("SELECT COUNT(*) FROM herald_outbox").await? == 0)
+    })
+    .await?;
+    node.api.wait_for("/readyz", Duration::from_secs(10), |v| v["outbox"][0]["state"] == "relaying").await?;
+    Ok(())
+}
