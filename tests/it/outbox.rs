@@ -220,25 +220,25 @@ async fn delivered_events(api: &Api) -> anyhow::Result<Vec<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_relay_loses_and_doubles_nothing() -> anyhow::Result<()> {
     const TOTAL: usize = 2000;
-    const BATCH: u32 = 50;
+    // Small batches: the relay takes many producer transactions, so the kill lands mid-way.
+    const BATCH: u32 = 10;
     let producer = Producer::create().await?;
     let (dir, rx) = (tempfile::tempdir()?, FakeReceiver::start().await?);
     let mut node = relaying_node(&producer, None, dir.path(), BATCH).await?;
     tenant_with_endpoint(&node.api, &rx).await?;
 
-    // The producer keeps committing while the node is killed and restarted.
-    let producing = produce(&producer, TOTAL, 25, Duration::from_millis(5));
+    // The producer commits while the node relays, is killed and restarts.
+    let producing = produce(&producer, TOTAL, 25, Duration::ZERO);
     let kill_and_restart = async {
-        eventually("500 rows relayed", Duration::from_secs(30), || async {
+        eventually("200 rows relayed with more waiting", Duration::from_secs(30), || async {
             let left = producer.scalar("SELECT COUNT(*) FROM herald_outbox").await?;
             let made = producer.scalar("SELECT COUNT(*) * 25 FROM orders").await?;
-            Ok(made - left >= 500)
+            Ok(made - left >= 200 && left > 0)
         })
         .await?;
         node.kill();
-        // Rows were still being committed, so the relay was busy when it died.
-        let made = producer.scalar("SELECT COUNT(*) * 25 FROM orders").await?;
-        anyhow::ensure!(made < TOTAL as i64, "the kill came after the producer finished");
+        let left = producer.scalar("SELECT COUNT(*) FROM herald_outbox").await?;
+        anyhow::ensure!(left > 0, "the kill came mid-relay: rows were waiting");
         relaying_node(&producer, None, dir.path(), BATCH).await
     };
     let (produced, restarted) = tokio::join!(producing, kill_and_restart);
