@@ -51,7 +51,13 @@ pub async fn run(p: &Params, store_url: Option<&str>) -> anyhow::Result<HashMap<
 
     let mut out = HashMap::new();
     out.insert("rows_per_s".into(), throughput(&pool, p.rows).await?);
-    lag(&pool, p, &mut out).await?;
+    let lagged = lag(&pool, p, &mut out).await?;
+    // Every row became an event in Herald (the relay deleted none it did not ingest).
+    let metrics = node.api.get("/metrics", tests::ADMIN_TOKEN).await?.text;
+    let accepted = metrics.lines().find_map(|l| l.strip_prefix("herald_events_accepted_total "));
+    if accepted.and_then(|v| v.trim().parse::<f64>().ok()) != Some((p.rows + lagged) as f64) {
+        bail!("Herald accepted {accepted:?} events of {} rows", p.rows + lagged);
+    }
     drop(node);
     pool.close().await;
     Ok(out)
@@ -98,7 +104,8 @@ async fn drained(pool: &PgPool, timeout: Duration) -> anyhow::Result<()> {
 }
 
 /// Commits one row per transaction at a steady rate; records each row's insert→relayed age.
-async fn lag(pool: &PgPool, p: &Params, out: &mut HashMap<String, f64>) -> anyhow::Result<()> {
+/// Returns how many rows it committed.
+async fn lag(pool: &PgPool, p: &Params, out: &mut HashMap<String, f64>) -> anyhow::Result<usize> {
     sqlx::raw_sql(
         "CREATE TABLE bench_lag (ms FLOAT8 NOT NULL);
          CREATE FUNCTION bench_lag() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
@@ -148,5 +155,5 @@ async fn lag(pool: &PgPool, p: &Params, out: &mut HashMap<String, f64>) -> anyho
     out.insert("lag_p99_ms".into(), r.try_get(1)?);
     out.insert("lag_max_ms".into(), r.try_get(2)?);
     out.insert("lag_rate_achieved".into(), n as f64 / produced);
-    Ok(())
+    Ok(n as usize)
 }
