@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::ops::{self, Ops};
+use crate::outbox;
 use crate::plugin::PluginHost;
 use crate::replay::Replayer;
 use crate::worker::Engine;
@@ -57,8 +58,10 @@ pub async fn run(
     )
     .await;
     let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl()).await;
+    let relays = start_outbox(&config, &store, &committer, &metrics, &engine, &ops, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
-    let state = AppState::new(config.clone(), store, committer, metrics, engine.clone(), replayer, plugins);
+    let state =
+        AppState::new(config.clone(), store, committer, metrics, engine.clone(), replayer, plugins).with_outbox(relays);
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
     let shutdown = async move {
         shutdown.await;
@@ -69,6 +72,27 @@ pub async fn run(
     // before the node exits.
     engine.drain(SHUTDOWN_GRACE).await;
     Ok(())
+}
+
+/// Starts a relay for each `[[outbox]]` source, feeding the same intake as the API.
+fn start_outbox(
+    config: &Config,
+    store: &store::DynStore,
+    committer: &Committer,
+    metrics: &Arc<Metrics>,
+    engine: &Engine,
+    ops: &Ops,
+    stopped: watch::Receiver<bool>,
+) -> Result<outbox::Relays, AppError> {
+    let node = outbox::Node {
+        store: store.clone(),
+        committer: committer.clone(),
+        metrics: metrics.clone(),
+        engine: engine.clone(),
+        ops: ops.clone(),
+        limits: crate::intake::IntakeLimits::from_config(config),
+    };
+    Ok(outbox::start(&config.outbox, node, stopped)?)
 }
 
 /// Starts the plugin host: it loads every tenant's plugins in the background (serving

@@ -9,7 +9,9 @@ use std::time::Duration;
 use crate::plugin::{PluginConfig, StructureLimits};
 use crate::schedule::{Jitter, RetryPolicy};
 
+mod outbox;
 mod raw;
+pub use outbox::{MAX_OUTBOX_BATCH, OutboxSource, RawOutbox, is_identifier};
 pub use raw::*;
 
 /// A configuration problem, naming the key and the reason.
@@ -46,6 +48,8 @@ pub struct Config {
     pub plugins: PluginConfig,
     pub operator: OperatorConfig,
     pub retention: RetentionConfig,
+    /// `[[outbox]]`: producer outboxes this node relays.
+    pub outbox: Vec<OutboxSource>,
     pub log_level: String,
     pub log_json: bool,
 }
@@ -290,6 +294,7 @@ impl RawConfig {
             plugins,
             operator: self.operator.validate()?,
             retention: self.retention.validate()?,
+            outbox: outbox::validate(&self.outbox)?,
             log_level: self.log.level,
             log_json: self.log.format == "json",
         })

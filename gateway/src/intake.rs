@@ -5,10 +5,14 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::model::{
-    DeliveryId, EventId, Millis, NewEvent, TenantId, event_fingerprint, type_filter_matches, validate_event_type,
+    DeliveryId, EndpointId, EventId, Millis, NewEvent, TenantId, event_fingerprint, type_filter_matches,
+    validate_event_type,
 };
 use crate::store::{Committer, IngestOutcome, StoreError};
+use crate::worker::Engine;
 
 /// Why an event was refused before anything was written.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +24,11 @@ pub enum IntakeError {
     #[error("payload nests deeper than {limit} levels of arrays and objects")]
     TooDeep { limit: usize },
     #[error("event {id:?} was already posted with a different type or payload")]
-    Conflict { id: String },
+    Conflict {
+        id: String,
+        /// Its index among the events submitted together.
+        at: usize,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -59,6 +67,17 @@ pub struct IntakeLimits {
     pub max_payload_bytes: usize,
     pub max_events_per_request: usize,
     pub ttl_ms: Millis,
+}
+
+impl IntakeLimits {
+    /// The limits a node's configuration sets.
+    pub fn from_config(config: &Config) -> IntakeLimits {
+        IntakeLimits {
+            max_payload_bytes: config.max_payload_bytes,
+            max_events_per_request: config.max_events_per_request,
+            ttl_ms: config.retry.ttl().as_millis() as i64,
+        }
+    }
 }
 
 /// The deliveries a new event fans out to: one per subscriber of its tenant (in the order
@@ -104,6 +123,27 @@ pub fn prepare(
         created_at: now,
         expires_at: now.saturating_add(limits.ttl_ms),
     })
+}
+
+/// Validates one event given as separate fields (an outbox row) into a `NewEvent`: the
+/// same checks as a posted event, nesting limit first.
+pub fn prepare_fields(
+    tenant: &TenantId,
+    (id, event_type, payload): (&str, &str, &str),
+    limits: &IntakeLimits,
+    now: Millis,
+    rng: &mut impl rand::Rng,
+) -> Result<NewEvent, IntakeError> {
+    if payload.len() > limits.max_payload_bytes {
+        return Err(IntakeError::TooLarge { size: payload.len(), limit: limits.max_payload_bytes });
+    }
+    if nesting_depth(payload.as_bytes()) > MAX_PAYLOAD_DEPTH {
+        return Err(IntakeError::TooDeep { limit: MAX_PAYLOAD_DEPTH });
+    }
+    let payload: &RawValue =
+        serde_json::from_str(payload).map_err(|e| IntakeError::Invalid(format!("payload: invalid JSON: {e}")))?;
+    let input = EventIn { id: Some(id.to_string()), event_type: event_type.to_string(), payload };
+    prepare(tenant, &input, limits, now, rng)
 }
 
 /// Parses one posted event's body (`{"type": …, "payload": …}`), nesting limit first.
@@ -189,10 +229,33 @@ pub async fn accept(
 ) -> Result<Vec<(EventId, IngestOutcome)>, IntakeError> {
     let ids: Vec<EventId> = events.iter().map(|e| e.id.clone()).collect();
     let outcomes = committer.ingest(events).await?;
-    if let Some(i) = outcomes.iter().position(|o| o.conflict) {
-        return Err(IntakeError::Conflict { id: ids[i].to_string() });
+    if let Some(at) = outcomes.iter().position(|o| o.conflict) {
+        return Err(IntakeError::Conflict { id: ids[at].to_string(), at });
     }
     Ok(ids.into_iter().zip(outcomes).collect())
+}
+
+/// The one way validated events enter Herald, for every producer path (the events API,
+/// the outbox relay): [`accept`] (timed as `herald_intake_commit_duration_seconds`), then
+/// count what was new and wake the engine for the endpoints that got deliveries.
+pub async fn commit(
+    committer: &Committer,
+    metrics: &Metrics,
+    engine: &Engine,
+    events: Vec<NewEvent>,
+) -> Result<Vec<(EventId, IngestOutcome)>, IntakeError> {
+    let outcomes = metrics.intake_commit.time(accept(committer, events)).await?;
+    let fresh = outcomes.iter().map(|(_, o)| o).filter(|o| !o.duplicate);
+    let (new_events, deliveries) = fresh.fold((0u64, 0u64), |(e, d), o| (e + 1, d + u64::from(o.deliveries)));
+    metrics.events_accepted.inc_by(new_events);
+    metrics.deliveries_created.inc_by(deliveries);
+    if deliveries > 0 {
+        let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|(_, o)| o.endpoints.iter().cloned()).collect();
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        engine.poke(&endpoints);
+    }
+    Ok(outcomes)
 }
 
 #[cfg(test)]

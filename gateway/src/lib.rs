@@ -15,6 +15,7 @@ pub mod lease;
 pub mod metrics;
 pub mod model;
 pub mod ops;
+pub mod outbox;
 pub mod pace;
 pub mod plugin;
 pub mod replay;

@@ -1,4 +1,4 @@
-//! The `herald` command line: `serve`, `replay`, `plugin check|run` (and the hidden `plugin compile`), `check-config`.
+//! The `herald` command line: `serve`, `replay`, `plugin check|run` (and the hidden `plugin compile`), `check-config`, `outbox schema`, `openapi`.
 
 use std::path::PathBuf;
 
@@ -31,6 +31,11 @@ enum Command {
     CheckConfig {
         #[arg(long, short)]
         config: Option<PathBuf>,
+    },
+    /// Transactional outbox: print the DDL a producer runs in its own database.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
     },
     /// Print the API's OpenAPI 3.1 document (what `GET /openapi.json` serves), e.g. to
     /// generate a client without a running node.
@@ -69,6 +74,17 @@ struct ReplayArgs {
     /// Return once the replay is accepted instead of following it.
     #[arg(long)]
     no_wait: bool,
+}
+
+#[derive(Subcommand)]
+enum OutboxCommand {
+    /// Print the outbox table, its indexes and its NOTIFY trigger (`config/outbox.sql`).
+    Schema {
+        /// The table's name (an unqualified identifier; the schema is the connection's
+        /// search_path).
+        #[arg(long, default_value = gateway::store::outbox::DEFAULT_TABLE)]
+        table: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -126,6 +142,14 @@ fn main() -> anyhow::Result<()> {
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;
             println!("{config:#?}");
+            Ok(())
+        }
+        Command::Outbox { command: OutboxCommand::Schema { table } } => {
+            anyhow::ensure!(
+                gateway::config::is_identifier(&table),
+                "--table {table:?}: 1-48 chars of a-z, 0-9 or '_', starting with a letter or '_'"
+            );
+            print!("{}", gateway::store::outbox::schema_for(&table));
             Ok(())
         }
         Command::Openapi => {

@@ -134,8 +134,14 @@ fn dashboard_and_alert_rules_use_only_exported_series() -> anyhow::Result<()> {
     let exported = exported_names();
     let alerts = std::fs::read_to_string(config.join("alerts.yml"))?;
     promtool(&["check", "rules", &config.join("alerts.yml").to_string_lossy()])?;
-    for alert in ["HeraldOldestDueTooOld", "HeraldDeadLettersGrowing", "HeraldEndpointDisabled", "HeraldPluginFailing"]
-    {
+    for alert in [
+        "HeraldOldestDueTooOld",
+        "HeraldDeadLettersGrowing",
+        "HeraldEndpointDisabled",
+        "HeraldPluginFailing",
+        "HeraldOutboxLagging",
+        "HeraldOutboxRowsParked",
+    ] {
         assert!(alerts.contains(&format!("alert: {alert}")), "alerts.yml has no {alert}");
     }
 
@@ -181,6 +187,7 @@ fn exported_names() -> BTreeSet<String> {
     let m = Metrics::new();
     m.tenant("t").settled(DeliveryState::Delivered, None);
     m.plugin_failed("t", "p", Hook::Transform, &PluginFailure::Timeout);
+    m.outbox.source("s");
     let t = TenantId::from_stored("t");
     m.set_snapshot(Snapshot {
         taken_at: 1,

@@ -307,9 +307,35 @@ impl HeraldProcess {
         env: &[(&str, &str)],
         log: Option<&Path>,
     ) -> anyhow::Result<HeraldProcess> {
+        Self::spawn(binary, dir, env, log, None).await
+    }
+
+    /// Like `start`, with `config` (TOML) written to `dir/herald.toml` and passed as
+    /// `--config`; `HERALD_*` variables still override it.
+    pub async fn start_with_config(
+        binary: &Path,
+        dir: &Path,
+        env: &[(&str, &str)],
+        config: &str,
+    ) -> anyhow::Result<HeraldProcess> {
+        let path = dir.join("herald.toml");
+        std::fs::write(&path, config)?;
+        Self::spawn(binary, dir, env, None, Some(&path)).await
+    }
+
+    async fn spawn(
+        binary: &Path,
+        dir: &Path,
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+        config: Option<&Path>,
+    ) -> anyhow::Result<HeraldProcess> {
         let port = free_port()?;
         let mut cmd = std::process::Command::new(binary);
         cmd.arg("serve").current_dir(dir).env_clear().stdin(std::process::Stdio::null());
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
         if let Some(log) = log {
             let file = std::fs::File::create(log)?;
             cmd.stdout(file.try_clone()?).stderr(file);

@@ -19,11 +19,7 @@ use crate::model::*;
 use crate::store::{DeliveryFilter, IngestOutcome};
 
 fn limits(state: &AppState) -> IntakeLimits {
-    IntakeLimits {
-        max_payload_bytes: state.config.max_payload_bytes,
-        max_events_per_request: state.config.max_events_per_request,
-        ttl_ms: state.config.retry.ttl().as_millis() as i64,
-    }
+    IntakeLimits::from_config(&state.config)
 }
 
 /// An accepted event: durable, with its deliveries.
@@ -64,7 +60,6 @@ pub(crate) async fn create(
     let input = intake::parse_one(&body)?;
     let event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
     let outcomes = accept(&state, vec![event]).await?;
-    after_accept(&state, &outcomes);
     let (id, outcome) = &outcomes[0];
     Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
 }
@@ -86,27 +81,13 @@ pub(crate) async fn create_batch(
 ) -> Result<(StatusCode, Json<AcceptedList>), ApiError> {
     let events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
     let outcomes = accept(&state, events).await?;
-    after_accept(&state, &outcomes);
     let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
     Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))
 }
 
-/// Hands events to the group committer, timing the wait for the durable commit.
+/// Hands events to intake's durable commit (shared with the outbox relay).
 async fn accept(state: &AppState, events: Vec<NewEvent>) -> Result<Vec<(EventId, IngestOutcome)>, ApiError> {
-    Ok(state.metrics.intake_commit.time(intake::accept(&state.committer, events)).await?)
-}
-
-fn after_accept(state: &AppState, outcomes: &[(EventId, IngestOutcome)]) {
-    let fresh = outcomes.iter().map(|(_, o)| o).filter(|o| !o.duplicate);
-    let (events, deliveries) = fresh.fold((0u64, 0u64), |(e, d), o| (e + 1, d + u64::from(o.deliveries)));
-    state.metrics.events_accepted.inc_by(events);
-    state.metrics.deliveries_created.inc_by(deliveries);
-    if deliveries > 0 {
-        let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|(_, o)| o.endpoints.iter().cloned()).collect();
-        endpoints.sort_unstable();
-        endpoints.dedup();
-        state.engine.poke(&endpoints);
-    }
+    Ok(intake::commit(&state.committer, &state.metrics, &state.engine, events).await?)
 }
 
 /// A stored event; `payload` comes back byte for byte as it was posted.

@@ -47,6 +47,8 @@ pub struct AppState {
     pub engine: crate::worker::Engine,
     pub replayer: crate::replay::Replayer,
     pub plugins: crate::plugin::PluginHost,
+    /// The outbox relays' status (for `/readyz`); empty without `[[outbox]]` sources.
+    pub outbox: crate::outbox::Relays,
     /// Tenant tokens by hash, and when each one's last use was written. `None` on a shared
     /// store: see `auth::caller`.
     pub(crate) tokens: Option<RwLock<HashMap<String, TokenRecord>>>,
@@ -74,10 +76,19 @@ impl AppState {
             engine,
             replayer,
             plugins,
+            outbox: Default::default(),
             tokens,
             token_use: Default::default(),
             tenants: RwLock::default(),
         })
+    }
+
+    /// The state with the outbox relays' status (before it is shared).
+    pub fn with_outbox(mut self: Arc<Self>, relays: crate::outbox::Relays) -> Arc<Self> {
+        if let Some(state) = Arc::get_mut(&mut self) {
+            state.outbox = relays;
+        }
+        self
     }
 }
 

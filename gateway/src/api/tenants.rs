@@ -191,13 +191,52 @@ pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
 
+/// Readiness: the store answers; with the outbox relays' figures.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ReadyOut {
+    /// Always `ready` (a store that does not answer gives a 503).
+    status: &'static str,
+    /// One entry per `[[outbox]]` source, in config order.
+    outbox: Vec<OutboxOut>,
+}
+
+/// An outbox relay's state and backlog.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct OutboxOut {
+    source: String,
+    /// `starting`, `relaying`, `store_unavailable` (Herald's store refused the last commit;
+    /// rows wait in the outbox) or `producer_unavailable`.
+    state: &'static str,
+    /// Age in seconds of the oldest unrelayed row (0: none waits; null: not measured yet).
+    lag_seconds: Option<f64>,
+    /// Rows waiting to be relayed.
+    pending: i64,
+    /// Rows parked as invalid (`failed_at` and `error` set in the table).
+    parked: i64,
+    /// The last failure, while not `relaying`.
+    error: Option<String>,
+}
+
 #[utoipa::path(
     get, path = "/readyz", tag = "meta", operation_id = "readyz",
-    responses((status = 200, description = "The store answers", content_type = "text/plain", body = String)),
+    responses((status = 200, description = "The store answers", body = ReadyOut)),
 )]
-pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
+pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> Result<Json<ReadyOut>, ApiError> {
     state.store.get_tenant(&TenantId::from_stored("-")).await?;
-    Ok("ready")
+    let outbox = state
+        .outbox
+        .status()
+        .into_iter()
+        .map(|s| OutboxOut {
+            source: s.name,
+            state: s.state.as_str(),
+            lag_seconds: s.lag_seconds,
+            pending: s.pending,
+            parked: s.parked,
+            error: s.error,
+        })
+        .collect();
+    Ok(Json(ReadyOut { status: "ready", outbox }))
 }
 
 /// `GET /metrics`: Prometheus text format 0.0.4. The figures that need a query are re-read at most

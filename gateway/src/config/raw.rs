@@ -18,6 +18,8 @@ pub struct RawConfig {
     pub operator: RawOperator,
     pub retention: RawRetention,
     pub log: RawLog,
+    /// `[[outbox]]`: an array of tables, so after every plain section.
+    pub outbox: Vec<super::RawOutbox>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

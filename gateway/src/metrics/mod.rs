@@ -7,9 +7,11 @@
 //! [`Snapshot`] by the `/metrics` handler; this module never touches the store.
 
 mod histogram;
+mod outbox;
 mod snapshot;
 
 pub use histogram::DurationHistogram;
+pub use outbox::{OutboxMetrics, SourceMetrics};
 pub use snapshot::{Snapshot, TOP_ENDPOINTS};
 
 use std::sync::Arc;
@@ -87,6 +89,8 @@ pub struct Metrics {
     outcomes: Family<OutcomeLabels, Counter>,
     dead: Family<DeadLabels, Counter>,
     plugin_failures: Family<PluginFailureLabels, Counter>,
+    /// The outbox relay's series, per source.
+    pub outbox: OutboxMetrics,
     snapshot: snapshot::Shared,
 }
 
@@ -171,6 +175,7 @@ impl Metrics {
             outcomes: register(&mut r, "herald_delivery_outcomes", outcomes, Family::default()),
             dead: register(&mut r, "herald_dead_letters", dead, Family::default()),
             plugin_failures: register(&mut r, "herald_plugin_failures", plugin_failures, Family::default()),
+            outbox: OutboxMetrics::register(&mut r),
             snapshot,
             registry: r,
         }

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use crate::model::*;
 
 pub(crate) mod committer;
+pub mod outbox;
 pub mod postgres;
 mod queries;
 mod rows;

@@ -18,6 +18,8 @@ use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 
 #[path = "bench/load.rs"]
 mod load;
+#[path = "bench/outbox.rs"]
+mod outbox;
 
 #[derive(Parser)]
 struct Cli {
@@ -133,6 +135,20 @@ enum Scenario {
     RateChange {
         #[arg(long, default_value_t = 20_000)]
         events: usize,
+    },
+    /// The transactional outbox relay (a producer schema in the test Postgres): rows/s
+    /// from inserting `rows` rows to their durable intake, then insert→relayed lag
+    /// p50/p99/max at a steady `rate` rows/s (one per transaction) for `seconds`.
+    Outbox {
+        #[arg(long, default_value_t = 20_000)]
+        rows: usize,
+        #[arg(long, default_value_t = 1000)]
+        rate: u64,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// The source's `batch`.
+        #[arg(long, default_value_t = 500)]
+        batch: u32,
     },
     /// Achieved rate of one endpoint paced at `rate`/s over `seconds`.
     Pacing {
@@ -289,6 +305,10 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
     }
     if let Scenario::Restart { plugins } = s {
         return restart(*plugins).await;
+    }
+    if let Scenario::Outbox { rows, rate, seconds, batch } = s {
+        let params = outbox::Params { rows: *rows, rate: *rate, seconds: *seconds, batch: *batch };
+        return outbox::run(&params, store_url).await;
     }
     let (schema, _dir, node) = node(store_url).await?;
     let mut _others = Vec::new();
@@ -481,7 +501,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin };
             isolation_plugins(&api, &rx, node.pid(), rate, seconds, load, &mut out).await?;
         }
-        Scenario::PluginCalls { .. } | Scenario::Restart { .. } => unreachable!("handled above"),
+        Scenario::PluginCalls { .. } | Scenario::Restart { .. } | Scenario::Outbox { .. } => {
+            unreachable!("handled above")
+        }
     }
     Ok(out)
 }
