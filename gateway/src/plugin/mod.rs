@@ -17,6 +17,7 @@ mod cli;
 mod compile;
 mod convert;
 mod inspect;
+mod js;
 mod output;
 mod pool;
 mod registry;

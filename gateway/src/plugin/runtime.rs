@@ -42,6 +42,7 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Stor
 use super::bindings::herald::plugin::types as wit;
 use super::bindings::{Plugin as Bindings, PluginPre};
 use super::compile::Compiler;
+use super::js::{self, JsRuntime, JsSource, Source};
 use super::output::{
     MAX_REASON, check_headers, check_verdict, failure_from, is_pool_exhausted, root_message, strip_reserved, truncate,
 };
@@ -58,6 +59,7 @@ pub(crate) struct Runtime {
     limits: Limits,
     structure: StructureLimits,
     compiler: Compiler,
+    js: JsRuntime,
     /// Warm instances kept, over every plugin; at most `max_warm`.
     warm_total: AtomicUsize,
     max_warm: usize,
@@ -71,6 +73,7 @@ struct Limits {
     first_check_ticks: u64,
     call_timeout: Duration,
     memory_limit: usize,
+    js_memory_limit: usize,
     max_output_bytes: usize,
     warm_per_plugin: usize,
 }
@@ -87,6 +90,8 @@ impl Runtime {
         Bindings::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
         sandbox::link_insecure_seed(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
+        js::link_source(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
+        let js = JsRuntime::new(cfg, compiler.engine_key().to_string());
         let ticker = Ticker::start(&engine)?;
         let tick = EPOCH_TICK.as_nanos().max(1);
         let first_check = cfg.call_timeout.min(super::pool::DEMOTE_AFTER);
@@ -95,6 +100,7 @@ impl Runtime {
             first_check_ticks,
             call_timeout: cfg.call_timeout,
             memory_limit: cfg.memory_limit,
+            js_memory_limit: cfg.js_memory_limit,
             max_output_bytes: cfg.max_output_bytes,
             warm_per_plugin: cfg.warm_instances_per_plugin,
         };
@@ -104,6 +110,7 @@ impl Runtime {
             limits,
             structure: cfg.structure,
             compiler,
+            js,
             ticker,
             warm_total: AtomicUsize::new(0),
             max_warm: (cfg.max_instances as usize / 2).max(1),
@@ -120,12 +127,13 @@ impl Runtime {
         bytes: &[u8],
         config: HashMap<String, String>,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
-        super::inspect::inspect(bytes, &self.structure)?;
         let sha256 = hex::encode(Sha256::digest(bytes));
-        let component = self.compiler.component(bytes, &sha256)?;
-        let instance_pre =
-            self.linker.instantiate_pre(&component).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
-        let pre = PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
+        let (pre, js_source, memory_limit) = match js::detect(bytes)? {
+            Source::Component => (self.pre_component(bytes, &sha256)?, None, self.limits.memory_limit),
+            Source::Js(text) => {
+                (self.js.pre(&self.engine, &self.linker)?, Some(Arc::from(text)), self.limits.js_memory_limit)
+            }
+        };
         let mut plugin = LoadedPlugin {
             runtime: Arc::clone(self),
             pre,
@@ -141,6 +149,8 @@ impl Runtime {
             loaded_at: crate::clock::wall(),
             warm: Mutex::new(Vec::new()),
             runs_long: AtomicBool::new(false),
+            js_source,
+            memory_limit,
         };
         let load_ctx = DeliveryContext {
             tenant: tenant.to_string(),
@@ -151,13 +161,26 @@ impl Runtime {
             timestamp: 0,
             attempt_id: "load".to_string(),
         };
-        let info = plugin
-            .call(&load_ctx, None, |b, store| b.call_describe(store))
-            .map_err(|f| PluginError::Rejected(format!("describe failed: plugin:{f}")))?;
+        let mut logs = LogCapture::new();
+        let info = plugin.call(&load_ctx, Some(&mut logs), |b, store| b.call_describe(store)).map_err(|f| {
+            // The JavaScript runtime logs why evaluating the source failed before it traps.
+            let why = logs.iter().rev().find(|(level, _)| *level == "error").map(|(_, line)| format!(" ({line})"));
+            PluginError::Rejected(format!("describe failed: plugin:{f}{}", why.unwrap_or_default()))
+        })?;
         // Loading is not a use: keep no slot for a plugin nobody calls yet.
         plugin.drop_warm(|_| true);
         plugin.describe_as(info)?;
         Ok(Arc::new(plugin))
+    }
+
+    /// A component's pre-instance: structure checked, compiled or mapped from the cache,
+    /// linked against the world.
+    fn pre_component(&self, bytes: &[u8], sha256: &str) -> Result<PluginPre<HostState>, PluginError> {
+        super::inspect::inspect(bytes, &self.structure)?;
+        let component = self.compiler.component(bytes, sha256)?;
+        let instance_pre =
+            self.linker.instantiate_pre(&component).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
+        PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(root_message(&e)))
     }
 
     #[cfg(test)]
@@ -167,7 +190,10 @@ impl Runtime {
 
     /// Whether the compile cache holds an artifact of `bytes` (loading is then cheap).
     pub(crate) fn is_cached(&self, bytes: &[u8]) -> bool {
-        self.compiler.is_cached(&hex::encode(Sha256::digest(bytes)))
+        match js::detect(bytes) {
+            Ok(Source::Js(_)) => self.js.is_cached(),
+            _ => self.compiler.is_cached(&hex::encode(Sha256::digest(bytes))),
+        }
     }
 
     /// The import names of a loaded plugin (for `herald plugin check`).
@@ -196,7 +222,7 @@ fn build_engine(cfg: &PluginConfig) -> wasmtime::Result<Engine> {
         .max_memories_per_component(2)
         .total_tables(instances.saturating_mul(8))
         .max_tables_per_component(8)
-        .max_memory_size(cfg.memory_limit)
+        .max_memory_size(cfg.memory_limit.max(cfg.js_memory_limit))
         .total_stacks(0);
     let mut config = engine_config();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
@@ -307,6 +333,10 @@ pub(crate) struct LoadedPlugin {
     warm: Mutex<Vec<WarmInstance>>,
     /// The last call used more than `pool::DEMOTE_AFTER` of CPU.
     runs_long: AtomicBool,
+    /// JavaScript source, for a plugin that runs on the JavaScript runtime.
+    js_source: JsSource,
+    /// This version's linear memory cap.
+    memory_limit: usize,
 }
 
 struct WarmInstance {
@@ -400,6 +430,11 @@ impl LoadedPlugin {
         Ok(strip_reserved(headers))
     }
 
+    /// Whether this version is JavaScript run by the shared runtime.
+    pub(crate) fn is_js(&self) -> bool {
+        self.js_source.is_some()
+    }
+
     /// Does `classify` have an opinion on `outcome`? Transport errors always go to it.
     pub(crate) fn wants(&self, outcome: &Outcome) -> bool {
         match (&self.classify_statuses, outcome) {
@@ -467,7 +502,8 @@ impl LoadedPlugin {
     }
 
     fn instantiate(&self) -> Result<WarmInstance, PluginFailure> {
-        let state = HostState::new(&self.tenant, &self.name, &self.config, self.runtime.limits.memory_limit);
+        let mut state = HostState::new(&self.tenant, &self.name, &self.config, self.memory_limit);
+        state.js_source = self.js_source.clone();
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         // What the host copies out of the guest in one host call (a log line, or the
