@@ -39,7 +39,8 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
         "ok: {path}\n  plugin:  {name} {version}\n  world:   {world}\n  hooks:   {hooks}\n  size:    {size} bytes\n  sha256:  {sha}\n  imports: {imports}\n",
         path = path.display(),
         name = plugin.plugin_name,
-        world = if plugin.is_js() { "JavaScript on herald:plugin/js-runtime@0.1.0" } else { "herald:plugin/plugin@0.1.0" },
+        world =
+            if plugin.is_js() { "JavaScript on herald:plugin/js-runtime@0.1.0" } else { "herald:plugin/plugin@0.1.0" },
         version = plugin.plugin_version,
         hooks = hooks.join(", "),
         size = plugin.size,

@@ -121,7 +121,9 @@ impl JsRuntime {
         for artifact in candidates.iter().filter(|p| p.is_file()) {
             match super::compile::deserialize(engine, artifact) {
                 Ok(component) => return Ok(component),
-                Err(e) => tracing::warn!(path = %artifact.display(), error = %root_message(&e), "unusable compiled JavaScript runtime"),
+                Err(e) => {
+                    tracing::warn!(path = %artifact.display(), error = %root_message(&e), "unusable compiled JavaScript runtime")
+                }
             }
         }
         let started = std::time::Instant::now();
@@ -132,8 +134,9 @@ impl JsRuntime {
         let (dir, file) = (target.parent().unwrap_or(Path::new(".")), target.file_name().unwrap_or_default());
         super::registry::write_atomically(dir, &file.to_string_lossy(), &compiled)?;
         tracing::info!(path = %target.display(), ms = started.elapsed().as_millis() as u64, "JavaScript runtime compiled");
-        super::compile::deserialize(engine, target)
-            .map_err(|e| PluginError::Engine(format!("compiled runtime {} unusable: {}", target.display(), root_message(&e))))
+        super::compile::deserialize(engine, target).map_err(|e| {
+            PluginError::Engine(format!("compiled runtime {} unusable: {}", target.display(), root_message(&e)))
+        })
     }
 
     fn artifact_paths(&self, path: &Path, bytes: &[u8]) -> Vec<PathBuf> {
