@@ -191,3 +191,43 @@ async fn hostile_javascript_is_contained_and_other_tenants_deliver() -> anyhow::
     assert_eq!(evil_rx.count(), 0, "nothing hostile was sent");
     Ok(())
 }
+
+/// Runs `program args` in `dir` (with `env`) for at most a minute; returns its output
+/// when it succeeds.
+async fn run(dir: &std::path::Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).current_dir(dir).kill_on_drop(true);
+    cmd.envs(env.iter().copied());
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await??;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(out.status.success(), "{program} {args:?} failed ({}): {text}", out.status);
+    Ok(text)
+}
+
+/// The examples' unit tests pass under node with the test helper, which evaluates plugins
+/// by the runtime's own rules (`sdk-js/plugin-host.js`).
+#[tokio::test]
+async fn the_examples_unit_tests_pass_under_node_without_herald() -> anyhow::Result<()> {
+    let sdk = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sdk-js");
+    let out = run(&sdk, "node", &["--test", "examples/"], &[]).await?;
+    assert!(out.contains("# pass 10") && out.contains("# fail 0"), "{out}");
+    Ok(())
+}
+
+/// `herald plugin new --lang js` scaffolds a plugin whose own test passes under node and
+/// which `herald plugin check` loads; a second scaffold over it is refused.
+#[tokio::test]
+async fn a_scaffolded_javascript_plugin_passes_its_test_and_loads() -> anyhow::Result<()> {
+    let (dir, bin, runtime) = (tempfile::tempdir()?, herald_binary()?, js_runtime());
+    let bin = bin.display().to_string();
+    run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await?;
+    let project = dir.path().join("shiny");
+    let out = run(&project, "node", &["--test"], &[]).await?;
+    assert!(out.contains("# pass 2") && out.contains("# fail 0"), "{out}");
+    let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str())];
+    let report = run(&project, &bin, &["plugin", "check", "plugin.js"], &env).await?;
+    assert!(report.contains("shiny 0.1.0") && report.contains("hooks:   transform"), "{report}");
+    let again = run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await;
+    assert!(again.is_err_and(|e| e.to_string().contains("exists")));
+    Ok(())
+}

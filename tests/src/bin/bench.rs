@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 
+#[path = "bench/js.rs"]
+mod js;
 #[path = "bench/load.rs"]
 mod load;
 
@@ -100,6 +102,20 @@ enum Scenario {
     PluginCalls {
         #[arg(long, default_value_t = 20_000)]
         calls: usize,
+    },
+    /// JavaScript plugins, in process: transform of a 1 KiB event (p50/p99 µs through the
+    /// call pool) and loading a tenant's source (ms, `loads` distinct sources).
+    JsCalls {
+        #[arg(long, default_value_t = 5_000)]
+        calls: usize,
+        #[arg(long, default_value_t = 20)]
+        loads: usize,
+    },
+    /// JavaScript plugins on a real node: RSS per tenant with `tenants` tenants' plugins
+    /// warm, then the restart with all of them installed.
+    JsTenants {
+        #[arg(long, default_value_t = 100)]
+        tenants: usize,
     },
     /// Plugin isolation, in one run: tenant `bench` posts at a steady `rate` to an
     /// endpoint with the example transform plugin, first alone (baseline), then while
@@ -228,6 +244,36 @@ fn wasm_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wasm32-wasip2/release")
 }
 
+/// The delivery context of the plugin benchmarks.
+fn bench_context() -> gateway::plugin::DeliveryContext {
+    gateway::plugin::DeliveryContext {
+        tenant: "bench".into(),
+        endpoint_id: "ep_1".into(),
+        event_id: "evt_1".into(),
+        event_type: "invoice.paid".into(),
+        attempt: 1,
+        timestamp: 1_700_000_000,
+        attempt_id: "att_1".into(),
+    }
+}
+
+/// Runs `f` `warmup` times, then times `calls` runs of it: `<label>_p50_us`, `_p99_us`.
+fn time_calls(label: &str, calls: usize, warmup: usize, f: &mut dyn FnMut(), out: &mut HashMap<String, f64>) {
+    for _ in 0..warmup {
+        f();
+    }
+    let mut us: Vec<f64> = (0..calls)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    us.sort_by(f64::total_cmp);
+    out.insert(format!("{label}_p50_us"), percentile(&us, 0.5));
+    out.insert(format!("{label}_p99_us"), percentile(&us, 0.99));
+}
+
 /// Times each hook of the example plugins through the real host, reusing warm instances.
 fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
     use gateway::plugin::*;
@@ -242,15 +288,7 @@ fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
             .context("build the plugins first: scripts/build-plugins")?;
         host.install_blocking("bench", name, &bytes)?;
     }
-    let ctx = DeliveryContext {
-        tenant: "bench".into(),
-        endpoint_id: "ep_1".into(),
-        event_id: "evt_1".into(),
-        event_type: "invoice.paid".into(),
-        attempt: 1,
-        timestamp: 1_700_000_000,
-        attempt_id: "att_1".into(),
-    };
+    let ctx = bench_context();
     let request = Request {
         headers: vec![("content-type".into(), "application/json".into())],
         body: br#"{"id":"evt_1","type":"invoice.paid","timestamp":"2023-11-14T22:13:20Z","data":{"invoice":"in_123","amount":4200,"customer":{"email":"a@example.com","name":"Ada"}}}"#.to_vec(),
@@ -258,21 +296,7 @@ fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
     let outcome = Outcome::Response(Response { status: 409, headers: Vec::new(), body: b"duplicate".to_vec() });
     let secrets = vec![b"0123456789abcdef0123456789abcdef".to_vec()];
     let mut out = HashMap::new();
-    let mut time = |label: &str, f: &mut dyn FnMut()| {
-        for _ in 0..1000 {
-            f();
-        }
-        let mut us: Vec<f64> = (0..calls)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64() * 1e6
-            })
-            .collect();
-        us.sort_by(f64::total_cmp);
-        out.insert(format!("{label}_p50_us"), percentile(&us, 0.5));
-        out.insert(format!("{label}_p99_us"), percentile(&us, 0.99));
-    };
+    let mut time = |label: &str, f: &mut dyn FnMut()| time_calls(label, calls, 1000, f, &mut out);
     // Each call goes through the host's call pool, as in the server: the thread hop is
     // part of its cost.
     let rt = tokio::runtime::Builder::new_current_thread().build()?;
@@ -289,6 +313,13 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
     }
     if let Scenario::Restart { plugins } = s {
         return restart(*plugins).await;
+    }
+    if let Scenario::JsCalls { calls, loads } = s {
+        let (calls, loads) = (*calls, *loads);
+        return tokio::task::spawn_blocking(move || js::calls(calls, loads)).await?;
+    }
+    if let Scenario::JsTenants { tenants } = s {
+        return js::tenants(*tenants).await;
     }
     let (schema, _dir, node) = node(store_url).await?;
     let mut _others = Vec::new();
@@ -481,7 +512,10 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin };
             isolation_plugins(&api, &rx, node.pid(), rate, seconds, load, &mut out).await?;
         }
-        Scenario::PluginCalls { .. } | Scenario::Restart { .. } => unreachable!("handled above"),
+        Scenario::PluginCalls { .. }
+        | Scenario::Restart { .. }
+        | Scenario::JsCalls { .. }
+        | Scenario::JsTenants { .. } => unreachable!("handled above"),
     }
     Ok(out)
 }
