@@ -148,7 +148,7 @@ async fn hostile_javascript_is_contained_and_other_tenants_deliver() -> anyhow::
     assert!(refused.text.contains("SyntaxError"), "the author sees why: {}", refused.text);
     let binary = upload(api, "evil", "binary", vec![0xff, 0xfe, 0x00, 0x01]).await?;
     assert!(binary.status == 400 || binary.status == 422, "{}", binary.text);
-    assert!(binary.text.contains("neither a WebAssembly component"), "{}", binary.text);
+    assert!(binary.text.contains("not UTF-8 text either"), "{}", binary.text);
 
     let evil_rx = FakeReceiver::start().await?;
     for (name, source, _) in HOSTILE {

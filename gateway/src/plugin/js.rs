@@ -12,7 +12,7 @@
 //! structure-checked like tenants' components, and compiled in this process.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -46,11 +46,17 @@ pub(crate) fn detect(bytes: &[u8]) -> Result<Source<'_>, PluginError> {
     }
     match std::str::from_utf8(bytes) {
         Ok(text) if !text.trim().is_empty() => Ok(Source::Js(text)),
-        Ok(_) => Err(PluginError::Invalid("an empty file is neither a component nor JavaScript source".into())),
+        Ok(_) => Err(PluginError::Invalid("the file is empty".into())),
         Err(e) => Err(PluginError::Invalid(format!(
-            "neither a WebAssembly component (no \\0asm magic) nor UTF-8 JavaScript source ({e})"
+            "no \\0asm magic, and not UTF-8 text either, so not JavaScript source ({e})"
         ))),
     }
+}
+
+/// What an upload that is not a component failed on as JavaScript, said so that an author
+/// who meant to upload a component learns that too.
+pub(crate) fn as_js_error(e: PluginError) -> PluginError {
+    if e.is_client_error() { PluginError::Invalid(format!("no \\0asm magic, so read as JavaScript: {e}")) } else { e }
 }
 
 /// Links the `js-source` import: the source of the store's plugin (empty for a
@@ -70,6 +76,8 @@ pub(crate) struct JsRuntime {
     cache_dir: Option<PathBuf>,
     engine_key: String,
     loaded: Mutex<Option<PluginPre<HostState>>>,
+    /// Where its artifact may be, named by the runtime's SHA-256 (hashed once: 12 MB).
+    artifacts: OnceLock<Vec<PathBuf>>,
 }
 
 impl JsRuntime {
@@ -80,6 +88,7 @@ impl JsRuntime {
             cache_dir: cfg.cache_dir.clone(),
             engine_key,
             loaded: Mutex::new(None),
+            artifacts: OnceLock::new(),
         }
     }
 
@@ -108,8 +117,11 @@ impl JsRuntime {
     /// Whether a compiled artifact of the runtime is at hand (loading is then cheap).
     pub(crate) fn is_cached(&self) -> bool {
         let Some(path) = self.path.as_deref() else { return false };
-        let Ok(bytes) = std::fs::read(path) else { return false };
-        self.artifact_paths(path, &bytes).iter().any(|p| p.is_file())
+        if self.artifacts.get().is_none() {
+            let Ok(bytes) = std::fs::read(path) else { return false };
+            self.artifact_paths(path, &bytes);
+        }
+        self.artifacts.get().is_some_and(|paths| paths.iter().any(|p| p.is_file()))
     }
 
     /// The compiled runtime: mapped from the cache directory or from beside the runtime
@@ -117,7 +129,7 @@ impl JsRuntime {
     /// can warm it), else compiled here and written to the first of those.
     fn component(&self, engine: &Engine, path: &Path) -> Result<Component, PluginError> {
         let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
-        let candidates = self.artifact_paths(path, &bytes);
+        let candidates = self.artifact_paths(path, &bytes).clone();
         for artifact in candidates.iter().filter(|p| p.is_file()) {
             match super::compile::deserialize(engine, artifact) {
                 Ok(component) => return Ok(component),
@@ -139,10 +151,14 @@ impl JsRuntime {
         })
     }
 
-    fn artifact_paths(&self, path: &Path, bytes: &[u8]) -> Vec<PathBuf> {
-        let file = format!("{}-{}.cwasm", hex::encode(Sha256::digest(bytes)), self.engine_key);
-        let beside = path.parent().unwrap_or(Path::new(".")).join(format!("{DEFAULT_FILE}.{file}"));
-        self.cache_dir.iter().map(|dir| dir.join(&file)).chain([beside]).collect()
+    /// The cache directory's artifact name, then the one beside the runtime file. The
+    /// runtime file is operator-installed and read once, so its hash is kept.
+    fn artifact_paths(&self, path: &Path, bytes: &[u8]) -> &Vec<PathBuf> {
+        self.artifacts.get_or_init(|| {
+            let file = format!("{}-{}.cwasm", hex::encode(Sha256::digest(bytes)), self.engine_key);
+            let beside = path.parent().unwrap_or(Path::new(".")).join(format!("{DEFAULT_FILE}.{file}"));
+            self.cache_dir.iter().map(|dir| dir.join(&file)).chain([beside]).collect()
+        })
     }
 }
 

@@ -127,6 +127,18 @@ impl Runtime {
         bytes: &[u8],
         config: HashMap<String, String>,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
+        let is_js = matches!(js::detect(bytes)?, Source::Js(_));
+        let loaded = self.load_checked(tenant, name, bytes, config);
+        if is_js { loaded.map_err(js::as_js_error) } else { loaded }
+    }
+
+    fn load_checked(
+        self: &Arc<Self>,
+        tenant: &str,
+        name: &str,
+        bytes: &[u8],
+        config: HashMap<String, String>,
+    ) -> Result<Arc<LoadedPlugin>, PluginError> {
         let sha256 = hex::encode(Sha256::digest(bytes));
         let (pre, js_source, memory_limit) = match js::detect(bytes)? {
             Source::Component => (self.pre_component(bytes, &sha256)?, None, self.limits.memory_limit),
