@@ -127,23 +127,12 @@ impl Runtime {
         bytes: &[u8],
         config: HashMap<String, String>,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
-        let is_js = matches!(js::detect(bytes)?, Source::Js(_));
-        let loaded = self.load_checked(tenant, name, bytes, config);
-        if is_js { loaded.map_err(js::as_js_error) } else { loaded }
-    }
-
-    fn load_checked(
-        self: &Arc<Self>,
-        tenant: &str,
-        name: &str,
-        bytes: &[u8],
-        config: HashMap<String, String>,
-    ) -> Result<Arc<LoadedPlugin>, PluginError> {
         let sha256 = hex::encode(Sha256::digest(bytes));
         let (pre, js_source, memory_limit) = match js::detect(bytes)? {
             Source::Component => (self.pre_component(bytes, &sha256)?, None, self.limits.memory_limit),
             Source::Js(text) => {
-                (self.js.pre(&self.engine, &self.linker)?, Some(Arc::from(text)), self.limits.js_memory_limit)
+                let pre = self.js.pre(&self.engine, &self.linker).map_err(js::as_js_error)?;
+                (pre, Some(Arc::from(text)), self.limits.js_memory_limit)
             }
         };
         let mut plugin = LoadedPlugin {
@@ -164,24 +153,8 @@ impl Runtime {
             js_source,
             memory_limit,
         };
-        let load_ctx = DeliveryContext {
-            tenant: tenant.to_string(),
-            endpoint_id: String::new(),
-            event_id: String::new(),
-            event_type: String::new(),
-            attempt: 0,
-            timestamp: 0,
-            attempt_id: "load".to_string(),
-        };
-        let mut logs = LogCapture::new();
-        let info = plugin.call(&load_ctx, Some(&mut logs), |b, store| b.call_describe(store)).map_err(|f| {
-            // The JavaScript runtime logs why evaluating the source failed before it traps.
-            let why = logs.iter().rev().find(|(level, _)| *level == "error").map(|(_, line)| format!(" ({line})"));
-            PluginError::Rejected(format!("describe failed: plugin:{f}{}", why.unwrap_or_default()))
-        })?;
-        // Loading is not a use: keep no slot for a plugin nobody calls yet.
-        plugin.drop_warm(|_| true);
-        plugin.describe_as(info)?;
+        let checked = plugin.check_describe();
+        checked.map_err(|e| if plugin.is_js() { js::as_js_error(e) } else { e })?;
         Ok(Arc::new(plugin))
     }
 
@@ -363,6 +336,29 @@ struct WarmInstance {
 pub(crate) type LogCapture = Vec<(&'static str, String)>;
 
 impl LoadedPlugin {
+    /// Calls `describe` (which also evaluates a JavaScript source) and takes what it says.
+    fn check_describe(&mut self) -> Result<(), PluginError> {
+        let load_ctx = DeliveryContext {
+            tenant: self.tenant.to_string(),
+            endpoint_id: String::new(),
+            event_id: String::new(),
+            event_type: String::new(),
+            attempt: 0,
+            timestamp: 0,
+            attempt_id: "load".to_string(),
+        };
+        let mut logs = LogCapture::new();
+        let info = self.call(&load_ctx, Some(&mut logs), |b, store| b.call_describe(store)).map_err(|f| {
+            // The JavaScript runtime logs why evaluating the source failed before it traps.
+            let why = logs.iter().rev().find(|(level, _)| *level == "error").map(|(_, line)| format!(" ({line})"));
+            PluginError::Rejected(format!("describe failed: plugin:{f}{}", why.unwrap_or_default()))
+        })?;
+        // Loading is not a use: keep no slot for a plugin nobody calls yet.
+        self.drop_warm(|_| true);
+        self.describe_as(info)?;
+        Ok(())
+    }
+
     /// Takes what `describe` said: at least one hook, and `classify` statuses only with
     /// the classify hook and only HTTP statuses.
     fn describe_as(&mut self, info: wit::PluginInfo) -> Result<(), PluginError> {
