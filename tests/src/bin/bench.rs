@@ -135,6 +135,10 @@ enum Scenario {
         /// only the rest of the node is shared with the spinning tenant).
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         victim_plugin: bool,
+        /// Both plugins in JavaScript: the victim's is sdk-js/examples/transform-chat.js,
+        /// the spinning one `for (;;) {}` (needs scripts/build-js-runtime).
+        #[arg(long, default_value_t = false)]
+        js: bool,
     },
     /// Restart of a node with `plugins` installed plugins (distinct, all compiled and
     /// cached): ms from spawn to `/readyz`, to every plugin serving, and to the first
@@ -216,6 +220,11 @@ async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, temp
     let mut env = vec![("HERALD_LOG_LEVEL", level.as_str())];
     if let Some(s) = &schema {
         env.push(("HERALD_STORE_URL", &s.url));
+    }
+    // JavaScript plugins (`--js`), when the runtime is built.
+    let runtime = js::runtime().ok().map(|p| p.display().to_string());
+    if let Some(runtime) = &runtime {
+        env.push(("HERALD_PLUGINS_JS_RUNTIME", runtime));
     }
     let p = HeraldProcess::start(&bin, dir.path(), &env).await?;
     // In this order, so that the node stops before its schema is dropped.
@@ -508,8 +517,8 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let patch_via = _others.last().map_or(&api, |(other, _)| &other.api);
             rate_change(&api, patch_via, &rx, events, &mut out).await?;
         }
-        Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints, victim_plugin } => {
-            let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin };
+        Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints, victim_plugin, js } => {
+            let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin, js };
             isolation_plugins(&api, &rx, node.pid(), rate, seconds, load, &mut out).await?;
         }
         Scenario::PluginCalls { .. }
@@ -563,9 +572,11 @@ async fn rate_change(
     Ok(())
 }
 
-async fn upload_plugin(api: &tests::Api, tenant: &str, name: &str, file: &str) -> anyhow::Result<()> {
-    let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm")))
-        .context("build the plugins first: scripts/build-plugins")?;
+fn wasm(file: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(wasm_dir().join(format!("{file}.wasm"))).context("build the plugins first: scripts/build-plugins")
+}
+
+async fn upload_plugin(api: &tests::Api, tenant: &str, name: &str, bytes: Vec<u8>) -> anyhow::Result<()> {
     let r = api.raw("PUT", &format!("/v1/tenants/{tenant}/plugins/{name}"), Some(ADMIN_TOKEN), bytes).await?;
     if r.status != 200 {
         bail!("upload {name}: {} {}", r.status, r.text);
@@ -578,6 +589,7 @@ struct Attack {
     rate: u64,
     endpoints: usize,
     victim_plugin: bool,
+    js: bool,
 }
 
 /// See [`Scenario::IsolationPlugins`].
@@ -587,12 +599,16 @@ async fn isolation_plugins(
     pid: u32,
     rate: u64,
     seconds: u64,
-    Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin }: Attack,
+    Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin, js }: Attack,
     out: &mut HashMap<String, f64>,
 ) -> anyhow::Result<()> {
     let mut bindings = json!({});
+    let (chat, spin) = match js {
+        true => (js::source("transform-chat")?, b"function transform(ctx, req) { for (;;) {} }".to_vec()),
+        false => (wasm("transform_chat")?, wasm("hostile")?),
+    };
     if victim_plugin {
-        upload_plugin(api, "bench", "chat", "transform_chat").await?;
+        upload_plugin(api, "bench", "chat", chat).await?;
         bindings = json!({"transform": "chat"});
     }
     api.endpoint(
@@ -601,7 +617,7 @@ async fn isolation_plugins(
     )
     .await?;
     api.tenant("evil").await?;
-    upload_plugin(api, "evil", "spin", "hostile").await?;
+    upload_plugin(api, "evil", "spin", spin).await?;
     let evil_rx = FakeReceiver::start().await?;
     for _ in 0..evil_endpoints {
         api.endpoint("evil", json!({"url": evil_rx.url(), "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "plugins": {"transform": "spin"}, "retry": {"max_attempts": 1}})).await?;

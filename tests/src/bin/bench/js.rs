@@ -24,12 +24,18 @@ function transform(ctx, req) {
 }
 "#;
 
-fn runtime() -> anyhow::Result<PathBuf> {
+pub(crate) fn runtime() -> anyhow::Result<PathBuf> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/js-runtime/herald-js.wasm");
     if !path.is_file() {
         bail!("{} is missing: run scripts/build-js-runtime --warm", path.display());
     }
     Ok(path)
+}
+
+/// The source of an example plugin of `sdk-js/examples/`.
+pub(crate) fn source(name: &str) -> anyhow::Result<Vec<u8>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../sdk-js/examples/{name}.js"));
+    std::fs::read(&path).with_context(|| format!("{}", path.display()))
 }
 
 /// A 1 KiB envelope (1,023 bytes) like the ones Herald sends (`{"id", "type", "timestamp", "data"}`).
