@@ -27,6 +27,7 @@ mod registry;
 mod runtime;
 mod sandbox;
 mod scaffold;
+mod ticker;
 mod types;
 
 #[cfg(test)]
