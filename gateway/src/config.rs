@@ -394,6 +394,8 @@ impl RawPlugins {
             n => n,
         };
         c.warm_idle = duration("plugins.warm_idle", &self.warm_idle)?;
+        c.js_runtime = (!self.js_runtime.is_empty()).then(|| PathBuf::from(&self.js_runtime));
+        c.js_memory_limit = (self.js_memory_limit_mib as usize) << 20;
         c.plugin_config = self
             .config
             .into_iter()

@@ -100,6 +100,17 @@ enum PluginCommand {
         #[arg(long)]
         input: PathBuf,
     },
+    /// Start a new plugin: a directory NAME with a working plugin and a unit test of it.
+    New {
+        /// The plugin's language.
+        #[arg(long, value_parser = ["js"])]
+        lang: String,
+        /// The plugin's name (a slug), also its directory's.
+        name: String,
+        /// Where to create the directory.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
     /// Compile a plugin into a cached artifact, within limits (the server runs this as a
     /// child process; exit code 2: not a valid component).
     #[command(hide = true)]
@@ -127,6 +138,13 @@ fn main() -> anyhow::Result<()> {
         Command::Plugin { command: PluginCommand::Run { file, hook, input } } => {
             let input = std::fs::read_to_string(&input).with_context(|| format!("cannot read {}", input.display()))?;
             println!("{}", gateway::plugin::run_hook_file(&file, &hook, &input)?);
+            Ok(())
+        }
+        Command::Plugin { command: PluginCommand::New { lang: _, name, dir } } => {
+            for file in gateway::plugin::new_js_plugin(&dir, &name)? {
+                println!("created {}", file.display());
+            }
+            println!("test it with `npm test` in {}", dir.join(&name).display());
             Ok(())
         }
         Command::Plugin { command: PluginCommand::Compile { max_memory, max_cpu_secs, input, output } } => {

@@ -5,7 +5,7 @@
 //! `delivery`; how soon a change to an endpoint applies in `changes`; dead letters, replays
 //! and lease recovery in `recovery`; several nodes on one
 //! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
-//! `plugins`; `/metrics`, the dashboard and the alert rules in `metrics`; the transactional outbox relay in `outbox`; a `Store` method
+//! `plugins`; JavaScript plugins in `js`; `/metrics`, the dashboard and the alert rules in `metrics`; the transactional outbox relay in `outbox`; a `Store` method
 //! in `store`'s conformance suite (it runs on both backends); a rule about the source tree
 //! itself in `tidy`; the OpenAPI document, schemathesis and the generated client in
 //! `contract`; the console in a real browser in `console`; the engine's timing rules (backoff, 429 pause, disable-after, linger) in
@@ -23,6 +23,7 @@ mod contract;
 mod delivery;
 mod durability;
 mod edges;
+mod js;
 mod limits;
 mod metrics;
 mod outbox;

@@ -79,7 +79,8 @@ impl From<PluginError> for ApiError {
     }
 }
 
-/// `PUT /v1/tenants/{tenant}/plugins/{name}` with the `.wasm` bytes as the body.
+/// `PUT /v1/tenants/{tenant}/plugins/{name}` with the `.wasm` bytes (or JavaScript source)
+/// as the body.
 ///
 /// The body is a stream, read only after the token is checked (the `TenantAuth` extractor
 /// runs first) and only up to the plugin size limit: an unauthenticated or oversized upload
@@ -87,7 +88,7 @@ impl From<PluginError> for ApiError {
 #[utoipa::path(
     put, path = "/v1/tenants/{tenant}/plugins/{name}", tag = "plugins", operation_id = "upload_plugin",
     params(PluginPath),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The `.wasm` bytes of a WebAssembly component (`wasm32-wasip2`)"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The `.wasm` bytes of a WebAssembly component (`wasm32-wasip2`), or JavaScript source (UTF-8) run on Herald's JavaScript runtime"),
     responses((status = 200, description = "Validated and installed", body = PluginOut)),
     security(("tenant_token" = ["manage"]), ("admin_token" = [])),
 )]

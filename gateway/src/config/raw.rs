@@ -185,6 +185,8 @@ pub struct RawPlugins {
     pub compile_memory_mib: u32,
     pub max_instances: u32,
     pub warm_idle: String,
+    pub js_runtime: String,
+    pub js_memory_limit_mib: u32,
     /// `[plugins.config.<tenant>.<plugin>]`: each plugin's own settings.
     pub config: std::collections::BTreeMap<
         String,
@@ -211,6 +213,8 @@ impl Default for RawPlugins {
             compile_memory_mib: 512,
             max_instances: 0,
             warm_idle: "30s".into(),
+            js_runtime: String::new(),
+            js_memory_limit_mib: 64,
             config: Default::default(),
         }
     }

@@ -36,9 +36,11 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
         })
         .collect();
     Ok(format!(
-        "ok: {path}\n  plugin:  {name} {version}\n  world:   herald:plugin/plugin@0.1.0\n  hooks:   {hooks}\n  size:    {size} bytes\n  sha256:  {sha}\n  imports: {imports}\n",
+        "ok: {path}\n  plugin:  {name} {version}\n  world:   {world}\n  hooks:   {hooks}\n  size:    {size} bytes\n  sha256:  {sha}\n  imports: {imports}\n",
         path = path.display(),
         name = plugin.plugin_name,
+        world =
+            if plugin.is_js() { "JavaScript on herald:plugin/js-runtime@0.1.0" } else { "herald:plugin/plugin@0.1.0" },
         version = plugin.plugin_version,
         hooks = hooks.join(", "),
         size = plugin.size,
@@ -121,6 +123,8 @@ fn cli_config() -> PluginConfig {
     let mut config = PluginConfig::new(".");
     config.max_instances = 4;
     config.watch = false;
+    // The same variable that sets `plugins.js_runtime` for `herald serve`.
+    config.js_runtime = std::env::var_os("HERALD_PLUGINS_JS_RUNTIME").map(Into::into);
     config
 }
 

@@ -63,6 +63,11 @@ impl Compiler {
         })
     }
 
+    /// The engine's part of artifact names: its compatibility hash.
+    pub(crate) fn engine_key(&self) -> &str {
+        &self.engine_key
+    }
+
     /// Whether the cache holds an artifact for `sha256` under this engine.
     pub(crate) fn is_cached(&self, sha256: &str) -> bool {
         self.cache_dir.as_ref().is_some_and(|dir| dir.join(self.file_name(sha256)).is_file())
@@ -211,7 +216,7 @@ fn limit_self(_max_memory: u64, _max_cpu_secs: u64) -> Result<(), PluginError> {
 
 /// Maps a compiled artifact from the cache.
 #[allow(unsafe_code)]
-fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+pub(super) fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
     // SAFETY: the file is native code, trusted as such. It is only ever written by
     // Herald (this module, or the `herald plugin compile` child it started) into the
     // cache directory, which the registry refuses to place inside the plugins

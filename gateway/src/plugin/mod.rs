@@ -9,7 +9,10 @@
 //!
 //! - [`PluginHost`] — start, call hooks, list, install, counters.
 //! - [`check_file`] / [`run_hook_file`] — `herald plugin check|run`;
-//!   [`compile_child`] — the hidden `herald plugin compile` the server compiles in.
+//!   [`compile_child`] — the hidden `herald plugin compile` the server compiles in;
+//!   [`new_js_plugin`] — `herald plugin new --lang js`.
+//! - A plugin file is a component or JavaScript source (`js`), which runs on one shared
+//!   JavaScript runtime component.
 //! - The hook data types ([`DeliveryContext`], [`Request`], [`Outcome`], [`Verdict`],
 //!   …) are generated from the WIT by the one `bindgen!` below.
 
@@ -17,11 +20,14 @@ mod cli;
 mod compile;
 mod convert;
 mod inspect;
+mod js;
 mod output;
 mod pool;
 mod registry;
 mod runtime;
 mod sandbox;
+mod scaffold;
+mod ticker;
 mod types;
 
 #[cfg(test)]
@@ -31,6 +37,7 @@ pub use cli::{check_file, run_hook_file};
 pub use compile::{EXIT_INVALID, compile_child};
 pub use convert::verdict;
 pub use registry::PluginHost;
+pub use scaffold::new_js_plugin;
 pub use types::{
     Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, StructureLimits, is_slug,
 };

@@ -42,10 +42,12 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Stor
 use super::bindings::herald::plugin::types as wit;
 use super::bindings::{Plugin as Bindings, PluginPre};
 use super::compile::Compiler;
+use super::js::{self, JsRuntime, JsSource, Source};
 use super::output::{
     MAX_REASON, check_headers, check_verdict, failure_from, is_pool_exhausted, root_message, strip_reserved, truncate,
 };
 use super::sandbox::{self, EPOCH_TICK, HostState};
+use super::ticker::Ticker;
 use super::types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, StructureLimits};
 use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
 
@@ -58,6 +60,7 @@ pub(crate) struct Runtime {
     limits: Limits,
     structure: StructureLimits,
     compiler: Compiler,
+    js: JsRuntime,
     /// Warm instances kept, over every plugin; at most `max_warm`.
     warm_total: AtomicUsize,
     max_warm: usize,
@@ -71,6 +74,7 @@ struct Limits {
     first_check_ticks: u64,
     call_timeout: Duration,
     memory_limit: usize,
+    js_memory_limit: usize,
     max_output_bytes: usize,
     warm_per_plugin: usize,
 }
@@ -87,6 +91,8 @@ impl Runtime {
         Bindings::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
         sandbox::link_insecure_seed(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
+        js::link_source(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
+        let js = JsRuntime::new(cfg, compiler.engine_key().to_string());
         let ticker = Ticker::start(&engine)?;
         let tick = EPOCH_TICK.as_nanos().max(1);
         let first_check = cfg.call_timeout.min(super::pool::DEMOTE_AFTER);
@@ -95,6 +101,7 @@ impl Runtime {
             first_check_ticks,
             call_timeout: cfg.call_timeout,
             memory_limit: cfg.memory_limit,
+            js_memory_limit: cfg.js_memory_limit,
             max_output_bytes: cfg.max_output_bytes,
             warm_per_plugin: cfg.warm_instances_per_plugin,
         };
@@ -104,6 +111,7 @@ impl Runtime {
             limits,
             structure: cfg.structure,
             compiler,
+            js,
             ticker,
             warm_total: AtomicUsize::new(0),
             max_warm: (cfg.max_instances as usize / 2).max(1),
@@ -120,12 +128,14 @@ impl Runtime {
         bytes: &[u8],
         config: HashMap<String, String>,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
-        super::inspect::inspect(bytes, &self.structure)?;
         let sha256 = hex::encode(Sha256::digest(bytes));
-        let component = self.compiler.component(bytes, &sha256)?;
-        let instance_pre =
-            self.linker.instantiate_pre(&component).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
-        let pre = PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
+        let (pre, js_source, memory_limit) = match js::detect(bytes)? {
+            Source::Component => (self.pre_component(bytes, &sha256)?, None, self.limits.memory_limit),
+            Source::Js(text) => {
+                let pre = self.js.pre(&self.engine, &self.linker).map_err(js::as_js_error)?;
+                (pre, Some(Arc::from(text)), self.limits.js_memory_limit)
+            }
+        };
         let mut plugin = LoadedPlugin {
             runtime: Arc::clone(self),
             pre,
@@ -141,23 +151,22 @@ impl Runtime {
             loaded_at: crate::clock::wall(),
             warm: Mutex::new(Vec::new()),
             runs_long: AtomicBool::new(false),
+            js_source,
+            memory_limit,
         };
-        let load_ctx = DeliveryContext {
-            tenant: tenant.to_string(),
-            endpoint_id: String::new(),
-            event_id: String::new(),
-            event_type: String::new(),
-            attempt: 0,
-            timestamp: 0,
-            attempt_id: "load".to_string(),
-        };
-        let info = plugin
-            .call(&load_ctx, None, |b, store| b.call_describe(store))
-            .map_err(|f| PluginError::Rejected(format!("describe failed: plugin:{f}")))?;
-        // Loading is not a use: keep no slot for a plugin nobody calls yet.
-        plugin.drop_warm(|_| true);
-        plugin.describe_as(info)?;
+        let checked = plugin.check_describe();
+        checked.map_err(|e| if plugin.is_js() { js::as_js_error(e) } else { e })?;
         Ok(Arc::new(plugin))
+    }
+
+    /// A component's pre-instance: structure checked, compiled or mapped from the cache,
+    /// linked against the world.
+    fn pre_component(&self, bytes: &[u8], sha256: &str) -> Result<PluginPre<HostState>, PluginError> {
+        super::inspect::inspect(bytes, &self.structure)?;
+        let component = self.compiler.component(bytes, sha256)?;
+        let instance_pre =
+            self.linker.instantiate_pre(&component).map_err(|e| PluginError::WrongWorld(root_message(&e)))?;
+        PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(root_message(&e)))
     }
 
     #[cfg(test)]
@@ -167,7 +176,10 @@ impl Runtime {
 
     /// Whether the compile cache holds an artifact of `bytes` (loading is then cheap).
     pub(crate) fn is_cached(&self, bytes: &[u8]) -> bool {
-        self.compiler.is_cached(&hex::encode(Sha256::digest(bytes)))
+        match js::detect(bytes) {
+            Ok(Source::Js(_)) => self.js.is_cached(),
+            _ => self.compiler.is_cached(&hex::encode(Sha256::digest(bytes))),
+        }
     }
 
     /// The import names of a loaded plugin (for `herald plugin check`).
@@ -196,7 +208,7 @@ fn build_engine(cfg: &PluginConfig) -> wasmtime::Result<Engine> {
         .max_memories_per_component(2)
         .total_tables(instances.saturating_mul(8))
         .max_tables_per_component(8)
-        .max_memory_size(cfg.memory_limit)
+        .max_memory_size(cfg.memory_limit.max(cfg.js_memory_limit))
         .total_stacks(0);
     let mut config = engine_config();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
@@ -221,74 +233,6 @@ fn engine_config() -> wasmtime::Config {
     config
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] while calls may be running, and
-/// sleeps while none has run for [`TICKER_IDLE`] ticks: an idle host does not wake a
-/// thousand times a second, and a busy one pays no wake-up per call.
-pub(crate) struct Ticker {
-    active: AtomicUsize,
-    parked: AtomicBool,
-    thread: std::thread::Thread,
-}
-
-/// Ticks without a call before the ticker sleeps.
-const TICKER_IDLE: u32 = 100;
-
-impl Ticker {
-    /// Starts the ticker thread; it ends once the engine is dropped.
-    fn start(engine: &Engine) -> Result<Arc<Ticker>, PluginError> {
-        let weak = engine.weak();
-        let (tx, rx) = std::sync::mpsc::channel::<Arc<Ticker>>();
-        let handle = std::thread::Builder::new()
-            .name("herald-plugin-epoch".into())
-            .spawn(move || {
-                let Ok(ticker) = rx.recv() else { return };
-                let mut idle = 0;
-                while let Some(engine) = weak.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    idle = if ticker.active.load(Ordering::SeqCst) == 0 { idle + 1 } else { 0 };
-                    if idle < TICKER_IDLE {
-                        std::thread::sleep(EPOCH_TICK);
-                        continue;
-                    }
-                    ticker.parked.store(true, Ordering::SeqCst);
-                    // Re-checked after announcing the sleep: a call that began in
-                    // between either is seen here or sees `parked` and wakes us.
-                    if ticker.active.load(Ordering::SeqCst) == 0 {
-                        // Bounded, so the thread notices a dropped engine.
-                        std::thread::park_timeout(Duration::from_secs(10));
-                    }
-                    ticker.parked.store(false, Ordering::SeqCst);
-                    idle = 0;
-                }
-            })
-            .map_err(|e| PluginError::Engine(format!("cannot start the epoch thread: {e}")))?;
-        let ticker = Arc::new(Ticker {
-            active: AtomicUsize::new(0),
-            parked: AtomicBool::new(false),
-            thread: handle.thread().clone(),
-        });
-        tx.send(Arc::clone(&ticker)).map_err(|_| PluginError::Engine("the epoch thread ended at start".into()))?;
-        Ok(ticker)
-    }
-
-    /// Marks a call running (the epoch must advance) until the guard drops.
-    fn enter(&self) -> TickerGuard<'_> {
-        if self.active.fetch_add(1, Ordering::SeqCst) == 0 && self.parked.load(Ordering::SeqCst) {
-            self.thread.unpark();
-        }
-        TickerGuard(self)
-    }
-}
-
-struct TickerGuard<'a>(&'a Ticker);
-
-impl Drop for TickerGuard<'_> {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// One immutable version of one tenant's plugin.
 pub(crate) struct LoadedPlugin {
     runtime: Arc<Runtime>,
@@ -307,6 +251,10 @@ pub(crate) struct LoadedPlugin {
     warm: Mutex<Vec<WarmInstance>>,
     /// The last call used more than `pool::DEMOTE_AFTER` of CPU.
     runs_long: AtomicBool,
+    /// JavaScript source, for a plugin that runs on the JavaScript runtime.
+    js_source: JsSource,
+    /// This version's linear memory cap.
+    memory_limit: usize,
 }
 
 struct WarmInstance {
@@ -321,6 +269,29 @@ struct WarmInstance {
 pub(crate) type LogCapture = Vec<(&'static str, String)>;
 
 impl LoadedPlugin {
+    /// Calls `describe` (which also evaluates a JavaScript source) and takes what it says.
+    fn check_describe(&mut self) -> Result<(), PluginError> {
+        let load_ctx = DeliveryContext {
+            tenant: self.tenant.to_string(),
+            endpoint_id: String::new(),
+            event_id: String::new(),
+            event_type: String::new(),
+            attempt: 0,
+            timestamp: 0,
+            attempt_id: "load".to_string(),
+        };
+        let mut logs = LogCapture::new();
+        let info = self.call(&load_ctx, Some(&mut logs), |b, store| b.call_describe(store)).map_err(|f| {
+            // The JavaScript runtime logs why evaluating the source failed before it traps.
+            let why = logs.iter().rev().find(|(level, _)| *level == "error").map(|(_, line)| format!(" ({line})"));
+            PluginError::Rejected(format!("describe failed: plugin:{f}{}", why.unwrap_or_default()))
+        })?;
+        // Loading is not a use: keep no slot for a plugin nobody calls yet.
+        self.drop_warm(|_| true);
+        self.describe_as(info)?;
+        Ok(())
+    }
+
     /// Takes what `describe` said: at least one hook, and `classify` statuses only with
     /// the classify hook and only HTTP statuses.
     fn describe_as(&mut self, info: wit::PluginInfo) -> Result<(), PluginError> {
@@ -400,6 +371,11 @@ impl LoadedPlugin {
         Ok(strip_reserved(headers))
     }
 
+    /// Whether this version is JavaScript run by the shared runtime.
+    pub(crate) fn is_js(&self) -> bool {
+        self.js_source.is_some()
+    }
+
     /// Does `classify` have an opinion on `outcome`? Transport errors always go to it.
     pub(crate) fn wants(&self, outcome: &Outcome) -> bool {
         match (&self.classify_statuses, outcome) {
@@ -467,7 +443,8 @@ impl LoadedPlugin {
     }
 
     fn instantiate(&self) -> Result<WarmInstance, PluginFailure> {
-        let state = HostState::new(&self.tenant, &self.name, &self.config, self.runtime.limits.memory_limit);
+        let mut state = HostState::new(&self.tenant, &self.name, &self.config, self.memory_limit);
+        state.js_source = self.js_source.clone();
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         // What the host copies out of the guest in one host call (a log line, or the

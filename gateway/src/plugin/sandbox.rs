@@ -51,6 +51,8 @@ pub(crate) struct HostState {
     log_lines: u32,
     capture: bool,
     pub(super) captured: LogCapture,
+    /// A JavaScript plugin's source, read by the runtime through `js-source`.
+    pub(super) js_source: super::js::JsSource,
 }
 
 impl HostState {
@@ -73,6 +75,7 @@ impl HostState {
             log_lines: 0,
             capture: false,
             captured: Vec::new(),
+            js_source: None,
         }
     }
 

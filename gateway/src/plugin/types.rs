@@ -57,6 +57,14 @@ pub struct PluginConfig {
     pub reload_debounce: Duration,
     /// Watch `dir` and hot-reload changed plugins. Default true.
     pub watch: bool,
+    /// Herald's JavaScript runtime component (`scripts/build-js-runtime` builds
+    /// `target/js-runtime/herald-js.wasm`), which runs every tenant's `.js` plugin.
+    /// `None`: `herald-js.wasm` beside the running executable; JavaScript uploads are
+    /// refused when there is none.
+    pub js_runtime: Option<PathBuf>,
+    /// Linear memory cap of one JavaScript plugin instance (the runtime's own heap
+    /// included), in bytes. Default 64 MiB.
+    pub js_memory_limit: usize,
     /// Each plugin's own configuration, keyed by (tenant, plugin name); the plugin reads
     /// it with `get-config`.
     pub plugin_config: HashMap<(String, String), HashMap<String, String>>,
@@ -85,6 +93,8 @@ impl PluginConfig {
             warm_idle: Duration::from_secs(30),
             reload_debounce: Duration::from_millis(200),
             watch: true,
+            js_runtime: None,
+            js_memory_limit: 64 << 20,
             plugin_config: HashMap::new(),
         }
     }

@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 
+#[path = "bench/js.rs"]
+mod js;
 #[path = "bench/load.rs"]
 mod load;
 #[path = "bench/outbox.rs"]
@@ -103,6 +105,20 @@ enum Scenario {
         #[arg(long, default_value_t = 20_000)]
         calls: usize,
     },
+    /// JavaScript plugins, in process: transform of a 1 KiB event (p50/p99 µs through the
+    /// call pool) and loading a tenant's source (ms, `loads` distinct sources).
+    JsCalls {
+        #[arg(long, default_value_t = 5_000)]
+        calls: usize,
+        #[arg(long, default_value_t = 20)]
+        loads: usize,
+    },
+    /// JavaScript plugins on a real node: RSS per tenant with `tenants` tenants' plugins
+    /// warm, then the restart with all of them installed.
+    JsTenants {
+        #[arg(long, default_value_t = 100)]
+        tenants: usize,
+    },
     /// Plugin isolation, in one run: tenant `bench` posts at a steady `rate` to an
     /// endpoint with the example transform plugin, first alone (baseline), then while
     /// tenant `evil` posts `attack_rate` events/s to `evil_endpoints` endpoints whose
@@ -121,6 +137,10 @@ enum Scenario {
         /// only the rest of the node is shared with the spinning tenant).
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         victim_plugin: bool,
+        /// Both plugins in JavaScript: the victim's is sdk-js/examples/transform-chat.js,
+        /// the spinning one `for (;;) {}` (needs scripts/build-js-runtime).
+        #[arg(long, default_value_t = false)]
+        js: bool,
     },
     /// Restart of a node with `plugins` installed plugins (distinct, all compiled and
     /// cached): ms from spawn to `/readyz`, to every plugin serving, and to the first
@@ -217,6 +237,11 @@ async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, temp
     if let Some(s) = &schema {
         env.push(("HERALD_STORE_URL", &s.url));
     }
+    // JavaScript plugins (`--js`), when the runtime is built.
+    let runtime = js::runtime().ok().map(|p| p.display().to_string());
+    if let Some(runtime) = &runtime {
+        env.push(("HERALD_PLUGINS_JS_RUNTIME", runtime));
+    }
     let p = HeraldProcess::start(&bin, dir.path(), &env).await?;
     // In this order, so that the node stops before its schema is dropped.
     Ok((schema, dir, p))
@@ -244,6 +269,36 @@ fn wasm_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wasm32-wasip2/release")
 }
 
+/// The delivery context of the plugin benchmarks.
+fn bench_context() -> gateway::plugin::DeliveryContext {
+    gateway::plugin::DeliveryContext {
+        tenant: "bench".into(),
+        endpoint_id: "ep_1".into(),
+        event_id: "evt_1".into(),
+        event_type: "invoice.paid".into(),
+        attempt: 1,
+        timestamp: 1_700_000_000,
+        attempt_id: "att_1".into(),
+    }
+}
+
+/// Runs `f` `warmup` times, then times `calls` runs of it: `<label>_p50_us`, `_p99_us`.
+fn time_calls(label: &str, calls: usize, warmup: usize, f: &mut dyn FnMut(), out: &mut HashMap<String, f64>) {
+    for _ in 0..warmup {
+        f();
+    }
+    let mut us: Vec<f64> = (0..calls)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    us.sort_by(f64::total_cmp);
+    out.insert(format!("{label}_p50_us"), percentile(&us, 0.5));
+    out.insert(format!("{label}_p99_us"), percentile(&us, 0.99));
+}
+
 /// Times each hook of the example plugins through the real host, reusing warm instances.
 fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
     use gateway::plugin::*;
@@ -258,15 +313,7 @@ fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
             .context("build the plugins first: scripts/build-plugins")?;
         host.install_blocking("bench", name, &bytes)?;
     }
-    let ctx = DeliveryContext {
-        tenant: "bench".into(),
-        endpoint_id: "ep_1".into(),
-        event_id: "evt_1".into(),
-        event_type: "invoice.paid".into(),
-        attempt: 1,
-        timestamp: 1_700_000_000,
-        attempt_id: "att_1".into(),
-    };
+    let ctx = bench_context();
     let request = Request {
         headers: vec![("content-type".into(), "application/json".into())],
         body: br#"{"id":"evt_1","type":"invoice.paid","timestamp":"2023-11-14T22:13:20Z","data":{"invoice":"in_123","amount":4200,"customer":{"email":"a@example.com","name":"Ada"}}}"#.to_vec(),
@@ -274,21 +321,7 @@ fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
     let outcome = Outcome::Response(Response { status: 409, headers: Vec::new(), body: b"duplicate".to_vec() });
     let secrets = vec![b"0123456789abcdef0123456789abcdef".to_vec()];
     let mut out = HashMap::new();
-    let mut time = |label: &str, f: &mut dyn FnMut()| {
-        for _ in 0..1000 {
-            f();
-        }
-        let mut us: Vec<f64> = (0..calls)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64() * 1e6
-            })
-            .collect();
-        us.sort_by(f64::total_cmp);
-        out.insert(format!("{label}_p50_us"), percentile(&us, 0.5));
-        out.insert(format!("{label}_p99_us"), percentile(&us, 0.99));
-    };
+    let mut time = |label: &str, f: &mut dyn FnMut()| time_calls(label, calls, 1000, f, &mut out);
     // Each call goes through the host's call pool, as in the server: the thread hop is
     // part of its cost.
     let rt = tokio::runtime::Builder::new_current_thread().build()?;
@@ -309,6 +342,13 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
     if let Scenario::Outbox { rows, rate, seconds, batch } = s {
         let params = outbox::Params { rows: *rows, rate: *rate, seconds: *seconds, batch: *batch };
         return outbox::run(&params, store_url).await;
+    }
+    if let Scenario::JsCalls { calls, loads } = s {
+        let (calls, loads) = (*calls, *loads);
+        return tokio::task::spawn_blocking(move || js::calls(calls, loads)).await?;
+    }
+    if let Scenario::JsTenants { tenants } = s {
+        return js::tenants(*tenants).await;
     }
     let (schema, _dir, node) = node(store_url).await?;
     let mut _others = Vec::new();
@@ -497,13 +537,15 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let patch_via = _others.last().map_or(&api, |(other, _)| &other.api);
             rate_change(&api, patch_via, &rx, events, &mut out).await?;
         }
-        Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints, victim_plugin } => {
-            let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin };
+        Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints, victim_plugin, js } => {
+            let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin, js };
             isolation_plugins(&api, &rx, node.pid(), rate, seconds, load, &mut out).await?;
         }
-        Scenario::PluginCalls { .. } | Scenario::Restart { .. } | Scenario::Outbox { .. } => {
-            unreachable!("handled above")
-        }
+        Scenario::PluginCalls { .. }
+        | Scenario::Restart { .. }
+        | Scenario::Outbox { .. }
+        | Scenario::JsCalls { .. }
+        | Scenario::JsTenants { .. } => unreachable!("handled above"),
     }
     Ok(out)
 }
@@ -551,9 +593,11 @@ async fn rate_change(
     Ok(())
 }
 
-async fn upload_plugin(api: &tests::Api, tenant: &str, name: &str, file: &str) -> anyhow::Result<()> {
-    let bytes = std::fs::read(wasm_dir().join(format!("{file}.wasm")))
-        .context("build the plugins first: scripts/build-plugins")?;
+fn wasm(file: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(wasm_dir().join(format!("{file}.wasm"))).context("build the plugins first: scripts/build-plugins")
+}
+
+async fn upload_plugin(api: &tests::Api, tenant: &str, name: &str, bytes: Vec<u8>) -> anyhow::Result<()> {
     let r = api.raw("PUT", &format!("/v1/tenants/{tenant}/plugins/{name}"), Some(ADMIN_TOKEN), bytes).await?;
     if r.status != 200 {
         bail!("upload {name}: {} {}", r.status, r.text);
@@ -566,6 +610,7 @@ struct Attack {
     rate: u64,
     endpoints: usize,
     victim_plugin: bool,
+    js: bool,
 }
 
 /// See [`Scenario::IsolationPlugins`].
@@ -575,12 +620,16 @@ async fn isolation_plugins(
     pid: u32,
     rate: u64,
     seconds: u64,
-    Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin }: Attack,
+    Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin, js }: Attack,
     out: &mut HashMap<String, f64>,
 ) -> anyhow::Result<()> {
     let mut bindings = json!({});
+    let (chat, spin) = match js {
+        true => (js::source("transform-chat")?, b"function transform(ctx, req) { for (;;) {} }".to_vec()),
+        false => (wasm("transform_chat")?, wasm("hostile")?),
+    };
     if victim_plugin {
-        upload_plugin(api, "bench", "chat", "transform_chat").await?;
+        upload_plugin(api, "bench", "chat", chat).await?;
         bindings = json!({"transform": "chat"});
     }
     api.endpoint(
@@ -589,7 +638,7 @@ async fn isolation_plugins(
     )
     .await?;
     api.tenant("evil").await?;
-    upload_plugin(api, "evil", "spin", "hostile").await?;
+    upload_plugin(api, "evil", "spin", spin).await?;
     let evil_rx = FakeReceiver::start().await?;
     for _ in 0..evil_endpoints {
         api.endpoint("evil", json!({"url": evil_rx.url(), "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "plugins": {"transform": "spin"}, "retry": {"max_attempts": 1}})).await?;

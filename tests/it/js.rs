@@ -1,0 +1,233 @@
+//! JavaScript plugins end to end: the example plugins of `sdk-js/examples/` (one per
+//! hook) uploaded as source to a real `herald serve` on both backends and delivering to a
+//! real receiver; hostile JavaScript contained like a hostile component, other tenants
+//! unaffected. Needs the runtime built by scripts/build-js-runtime (the suite fails,
+//! never skips, without it).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use tests::pg::PgSchema;
+use tests::{ADMIN_TOKEN, Answer, Api, Backend, FakeReceiver, HeraldProcess, TestGateway, herald_binary};
+
+tests::backends!(each_example_hook_runs_in_a_real_server);
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The runtime component built by scripts/build-js-runtime.
+fn js_runtime() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/js-runtime/herald-js.wasm");
+    assert!(path.is_file(), "{} is missing: build it with scripts/build-js-runtime", path.display());
+    path.display().to_string()
+}
+
+fn example(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../sdk-js/examples/{name}.js"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+async fn upload(api: &Api, tenant: &str, name: &str, source: Vec<u8>) -> anyhow::Result<tests::Reply> {
+    api.raw("PUT", &format!("/v1/tenants/{tenant}/plugins/{name}"), Some(ADMIN_TOKEN), source).await
+}
+
+/// The delivery of `event` (of tenant `tenant`) once it is settled, with its attempts.
+async fn settled(api: &Api, tenant: &str, event: &str) -> anyhow::Result<Value> {
+    let list = api
+        .wait_for(&format!("/v1/tenants/{tenant}/events/{event}/deliveries"), WAIT, |v| {
+            matches!(v["data"][0]["state"].as_str(), Some("delivered" | "dead"))
+        })
+        .await?;
+    let id = list["data"][0]["id"].as_str().unwrap_or_default().to_string();
+    Ok(api.get(&format!("/v1/tenants/{tenant}/deliveries/{id}"), ADMIN_TOKEN).await?.json)
+}
+
+/// `herald serve` with the three example plugins uploaded as JavaScript: the transform
+/// reshapes the body (with its config), the signature verifies, and a 409 counts as
+/// delivered.
+async fn each_example_hook_runs_in_a_real_server(backend: Backend) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let schema = match backend {
+        Backend::Postgres => Some(PgSchema::create().await?),
+        Backend::Sqlite => None,
+    };
+    let runtime = js_runtime();
+    let mut env = vec![
+        ("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str()),
+        ("HERALD_PLUGINS_CONFIG", r#"{acme = {chat = {prefix = "> "}}}"#),
+    ];
+    if let Some(schema) = &schema {
+        env.push(("HERALD_STORE_URL", schema.url.as_str()));
+    }
+    let node = HeraldProcess::start(&herald_binary()?, dir.path(), &env).await?;
+    let api = &node.api;
+    api.tenant("acme").await?;
+    for (name, file, hooks) in [
+        ("chat", "transform-chat", "transform"),
+        ("hexsig", "sign-hmac-hex", "sign"),
+        ("c409", "classify-409", "classify"),
+    ] {
+        let r = upload(api, "acme", name, example(file)).await?;
+        assert_eq!((r.status, &r.json["hooks"]), (200, &json!([hooks])), "{name}: {}", r.text);
+    }
+    let (chat_rx, sign_rx, conflict_rx) =
+        (FakeReceiver::start().await?, FakeReceiver::start().await?, FakeReceiver::start().await?);
+    conflict_rx.set_default(Answer::status(409));
+    api.endpoint("acme", json!({"url": chat_rx.url(), "event_types": ["chat.*"], "plugins": {"transform": "chat"}}))
+        .await?;
+    let signed = api
+        .endpoint("acme", json!({"url": sign_rx.url(), "event_types": ["sign.*"], "plugins": {"sign": "hexsig"}}))
+        .await?;
+    api.endpoint("acme", json!({"url": conflict_rx.url(), "event_types": ["dup.*"], "plugins": {"classify": "c409"}}))
+        .await?;
+
+    for (id, kind, payload) in [
+        ("evt_chat", "chat.posted", json!({"summary": "Ada joined"})),
+        ("evt_test", "chat.test", json!({})),
+        ("evt_sign", "sign.me", json!({"amount": 5})),
+        ("evt_dup", "dup.seen", json!({})),
+    ] {
+        let r = api.event("acme", json!({"id": id, "type": kind, "payload": payload})).await?;
+        assert_eq!(r.status, 202, "{}", r.text);
+    }
+
+    let got = chat_rx.wait_for(1, WAIT).await?;
+    assert_eq!(got[0].json(), json!({"text": "> chat.posted: Ada joined"}));
+    let dropped = settled(api, "acme", "evt_test").await?;
+    assert_eq!(dropped["state"], "dead", "a dropped delivery is never sent: {dropped}");
+
+    let got = sign_rx.wait_for(1, WAIT).await?;
+    let header = got[0].header("x-signature").unwrap_or_else(|| panic!("no signature: {:?}", got[0].headers));
+    let (t, v1) = header.split_once(',').unwrap();
+    let secret = signed["secret"].as_str().unwrap().trim_start_matches("whsec_");
+    let key = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, secret)?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key)?;
+    mac.update(format!("{}.", t.trim_start_matches("t=")).as_bytes());
+    mac.update(&got[0].body);
+    assert_eq!(v1, format!("v1={}", hex::encode(mac.finalize().into_bytes())));
+    assert!(got[0].header("webhook-signature").is_none(), "the plugin's scheme replaces the built-in one");
+
+    let dup = settled(api, "acme", "evt_dup").await?;
+    assert_eq!((dup["state"].as_str(), dup["attempts"].as_u64()), (Some("delivered"), Some(1)), "{dup}");
+    assert_eq!(dup["attempt_history"][0]["decided_by"], "plugin:c409");
+    Ok(())
+}
+
+/// Hostile plugins of tenant `evil`, each bound to its own endpoint, and the reason its
+/// attempt is recorded with.
+const HOSTILE: [(&str, &str, &str); 4] = [
+    ("spin", "function transform(ctx, req) { for (;;) {} }", "plugin:timeout"),
+    (
+        "bomb",
+        "function transform(ctx, req) { return { tag: 'send', val: { headers: [], body: new Uint8Array(256 << 20) } }; }",
+        "plugin:memory",
+    ),
+    ("throws", "function transform(ctx, req) { throw new Error('no thanks'); }", "plugin:error: Error: no thanks"),
+    (
+        "huge",
+        "function transform(ctx, req) { return { tag: 'send', val: { headers: [], body: new Uint8Array(5 << 20) } }; }",
+        "plugin:output_too_large",
+    ),
+];
+
+/// An infinite loop, a memory bomb, a thrown error and a huge output each fail their
+/// attempt with their reason, while another tenant's JavaScript transform delivers every
+/// event; a syntax error and bytes that are neither wasm nor text are refused at upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_javascript_is_contained_and_other_tenants_deliver() -> anyhow::Result<()> {
+    let runtime = js_runtime();
+    let gw = TestGateway::start_with(&[("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str())]).await?;
+    let api = &gw.api;
+    for tenant in ["evil", "acme"] {
+        api.tenant(tenant).await?;
+    }
+    let refused = upload(api, "evil", "broken", b"function transform(ctx, req) { return {".to_vec()).await?;
+    assert_eq!(refused.status, 422, "{}", refused.text);
+    assert!(refused.text.contains("SyntaxError"), "the author sees why: {}", refused.text);
+    let binary = upload(api, "evil", "binary", vec![0xff, 0xfe, 0x00, 0x01]).await?;
+    assert!(binary.status == 400 || binary.status == 422, "{}", binary.text);
+    assert!(binary.text.contains("not UTF-8 text either"), "{}", binary.text);
+
+    let evil_rx = FakeReceiver::start().await?;
+    for (name, source, _) in HOSTILE {
+        let r = upload(api, "evil", name, source.as_bytes().to_vec()).await?;
+        assert_eq!(r.status, 200, "{name}: {}", r.text);
+        api.endpoint(
+            "evil",
+            json!({"url": evil_rx.url(), "event_types": [name], "plugins": {"transform": name}, "retry": {"max_attempts": 1}}),
+        )
+        .await?;
+    }
+    assert_eq!(upload(api, "acme", "chat", example("transform-chat")).await?.status, 200);
+    let acme_rx = FakeReceiver::start().await?;
+    api.endpoint(
+        "acme",
+        json!({"url": acme_rx.url(), "rate_per_sec": 1000, "burst": 100, "plugins": {"transform": "chat"}}),
+    )
+    .await?;
+
+    for round in 0..3 {
+        for (name, _, _) in HOSTILE {
+            api.event("evil", json!({"id": format!("{name}{round}"), "type": name, "payload": {}})).await?;
+            api.event(
+                "acme",
+                json!({"id": format!("{name}{round}"), "type": "chat.posted", "payload": {"summary": name}}),
+            )
+            .await?;
+        }
+    }
+    let got = acme_rx.wait_for(12, WAIT).await?;
+    assert!(got.iter().all(|r| r.json()["text"].as_str().is_some_and(|t| t.starts_with("chat.posted: "))));
+    for (name, _, reason) in HOSTILE {
+        for round in 0..3 {
+            let d = settled(api, "evil", &format!("{name}{round}")).await?;
+            assert_eq!((d["state"].as_str(), d["attempts"].as_u64()), (Some("dead"), Some(1)), "{name}: {d}");
+            let error = d["attempt_history"][0]["error"].as_str().unwrap_or_default();
+            assert!(error.starts_with(reason), "{name}: {error}");
+        }
+    }
+    assert_eq!(evil_rx.count(), 0, "nothing hostile was sent");
+    Ok(())
+}
+
+/// Runs `program args` in `dir` (with `env`) for at most a minute; returns its output
+/// when it succeeds.
+async fn run(dir: &std::path::Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).current_dir(dir).kill_on_drop(true);
+    cmd.envs(env.iter().copied());
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await??;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(out.status.success(), "{program} {args:?} failed ({}): {text}", out.status);
+    Ok(text)
+}
+
+/// The examples' unit tests pass under node with the test helper, which evaluates plugins
+/// by the runtime's own rules (`sdk-js/plugin-host.js`).
+#[tokio::test]
+async fn the_examples_unit_tests_pass_under_node_without_herald() -> anyhow::Result<()> {
+    let sdk = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sdk-js");
+    let out = run(&sdk, "node", &["--test", "examples/"], &[]).await?;
+    assert!(out.contains("# pass 10") && out.contains("# fail 0"), "{out}");
+    Ok(())
+}
+
+/// `herald plugin new --lang js` scaffolds a plugin whose own test passes under node and
+/// which `herald plugin check` loads; a second scaffold over it is refused.
+#[tokio::test]
+async fn a_scaffolded_javascript_plugin_passes_its_test_and_loads() -> anyhow::Result<()> {
+    let (dir, bin, runtime) = (tempfile::tempdir()?, herald_binary()?, js_runtime());
+    let bin = bin.display().to_string();
+    run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await?;
+    let project = dir.path().join("shiny");
+    let out = run(&project, "node", &["--test"], &[]).await?;
+    assert!(out.contains("# pass 2") && out.contains("# fail 0"), "{out}");
+    let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str())];
+    let report = run(&project, &bin, &["plugin", "check", "plugin.js"], &env).await?;
+    assert!(report.contains("shiny 0.1.0") && report.contains("hooks:   transform"), "{report}");
+    let again = run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await;
+    assert!(again.is_err_and(|e| e.to_string().contains("exists")));
+    Ok(())
+}
