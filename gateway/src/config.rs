@@ -2,6 +2,7 @@
 //! written) is validated into `Config` (typed, checked). This module never touches the
 //! process environment itself: callers pass the variables in.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -389,15 +390,19 @@ impl RawPlugins {
             n => n,
         };
         c.warm_idle = duration("plugins.warm_idle", &self.warm_idle)?;
-        c.plugin_config = self
-            .config
-            .into_iter()
-            .flat_map(|(tenant, plugins)| {
-                plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
-            })
-            .collect();
+        c.plugin_config = per_plugin(self.config);
+        c.plugin_overrides = per_plugin(self.overrides);
         Ok(c)
     }
+}
+
+/// `<tenant>.<plugin>.<key>` tables as the plugin host keys them.
+fn per_plugin(raw: raw::PerPlugin) -> HashMap<(String, String), HashMap<String, String>> {
+    raw.into_iter()
+        .flat_map(|(tenant, plugins)| {
+            plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
+        })
+        .collect()
 }
 
 impl RawRetention {

@@ -24,6 +24,7 @@ mod durability;
 mod edges;
 mod limits;
 mod metrics;
+mod plugin_config;
 mod plugins;
 mod props;
 mod recovery;

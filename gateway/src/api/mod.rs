@@ -24,6 +24,7 @@ mod endpoints;
 mod events;
 mod extract;
 pub(crate) mod listen;
+mod plugin_config;
 mod plugins;
 mod replays;
 mod tenants;
@@ -108,6 +109,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(replays::cancel))
         .routes(routes!(plugins::list))
         .routes(routes!(plugins::upload, plugins::get_one))
+        .routes(routes!(plugin_config::put, plugin_config::get))
 }
 
 /// The OpenAPI 3.1 document of [`router`]'s routes.

@@ -183,12 +183,16 @@ pub struct RawPlugins {
     pub compile_memory_mib: u32,
     pub max_instances: u32,
     pub warm_idle: String,
-    /// `[plugins.config.<tenant>.<plugin>]`: each plugin's own settings.
-    pub config: std::collections::BTreeMap<
-        String,
-        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
-    >,
+    /// `[plugins.config.<tenant>.<plugin>]`: each plugin's default settings.
+    pub config: PerPlugin,
+    /// `[plugins.override.<tenant>.<plugin>]`: settings a tenant cannot change.
+    #[serde(rename = "override")]
+    pub overrides: PerPlugin,
 }
+
+/// `<tenant>.<plugin>.<key> = "value"`.
+pub type PerPlugin =
+    std::collections::BTreeMap<String, std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>>;
 
 impl Default for RawPlugins {
     fn default() -> Self {
@@ -210,6 +214,7 @@ impl Default for RawPlugins {
             max_instances: 0,
             warm_idle: "30s".into(),
             config: Default::default(),
+            overrides: Default::default(),
         }
     }
 }

@@ -53,6 +53,10 @@ struct Inner {
     pool: CallPool,
     config: PluginConfig,
     tenants: RwLock<HashMap<String, HashMap<String, Slot>>>,
+    /// Tenants' own settings, by (tenant, plugin): between the operator's defaults and
+    /// overrides. Kept apart from `tenants`, so they outlive a plugin's file. Lock order:
+    /// `tenants` before this.
+    tenant_config: RwLock<HashMap<(String, String), HashMap<String, String>>>,
     /// Held from a tenant-limit check to the write it allows, so that two concurrent
     /// uploads cannot both fit in the last place.
     installing: Mutex<()>,
@@ -115,6 +119,7 @@ impl PluginHost {
             pool,
             config,
             tenants: RwLock::new(HashMap::new()),
+            tenant_config: RwLock::new(HashMap::new()),
             installing: Mutex::new(()),
             failures_by_kind: Default::default(),
             loads_ended: tokio::sync::Notify::new(),
@@ -396,6 +401,10 @@ impl PluginHost {
         slot.loading = false;
         match loaded {
             Ok(plugin) => {
+                // Loaded with the settings of when the load began: settings changed since
+                // then apply to it before it serves.
+                let config = self.plugin_config(tenant, name);
+                let plugin = if *plugin.config() == config { plugin } else { Arc::new(plugin.with_config(config)) };
                 slot.current = Some(plugin);
                 slot.error = None;
             }
@@ -405,9 +414,53 @@ impl PluginHost {
         self.inner.loads_ended.notify_waiters();
     }
 
+    /// What (tenant, name) reads: the operator's defaults, then the tenant's own
+    /// settings, then the operator's overrides, each replacing the keys it sets.
     fn plugin_config(&self, tenant: &str, name: &str) -> HashMap<String, String> {
         let key = (tenant.to_string(), name.to_string());
-        self.inner.config.plugin_config.get(&key).cloned().unwrap_or_default()
+        let mut config = self.inner.config.plugin_config.get(&key).cloned().unwrap_or_default();
+        let own = self.inner.tenant_config.read().unwrap_or_else(|e| e.into_inner());
+        config.extend(own.get(&key).into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())));
+        let overrides = self.inner.config.plugin_overrides.get(&key);
+        config.extend(overrides.into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())));
+        config
+    }
+
+    /// Sets `tenant`'s own settings of its plugin `name` (empty: none). Calls that start
+    /// afterwards read them; calls in flight finish with what they started with. No
+    /// compile: the serving version is re-derived with the new map. Returns whether
+    /// anything changed.
+    pub fn set_tenant_config(&self, tenant: &str, name: &str, settings: HashMap<String, String>) -> bool {
+        let key = (tenant.to_string(), name.to_string());
+        {
+            let mut own = self.inner.tenant_config.write().unwrap_or_else(|e| e.into_inner());
+            let old = own.get(&key);
+            if old.map_or(settings.is_empty(), |old| *old == settings) {
+                return false;
+            }
+            if settings.is_empty() {
+                own.remove(&key)
+            } else {
+                own.insert(key, settings)
+            };
+        }
+        let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = tenants.get_mut(tenant).and_then(|p| p.get_mut(name))
+            && let Some(current) = &slot.current
+        {
+            slot.current = Some(Arc::new(current.with_config(self.plugin_config(tenant, name))));
+        }
+        tracing::info!(tenant, plugin = name, "plugin settings changed");
+        true
+    }
+
+    /// The keys of (tenant, name) that the operator's overrides fix, sorted.
+    pub fn overridden_keys(&self, tenant: &str, name: &str) -> Vec<String> {
+        let key = (tenant.to_string(), name.to_string());
+        let mut keys: Vec<String> =
+            self.inner.config.plugin_overrides.get(&key).into_iter().flat_map(|m| m.keys().cloned()).collect();
+        keys.sort();
+        keys
     }
 }
 

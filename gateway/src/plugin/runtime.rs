@@ -321,6 +321,32 @@ struct WarmInstance {
 pub(crate) type LogCapture = Vec<(&'static str, String)>;
 
 impl LoadedPlugin {
+    /// The same version with another configuration map and no warm instances, so the
+    /// next call instantiates afresh (the SDK caches what it read from the old map).
+    pub(crate) fn with_config(&self, config: HashMap<String, String>) -> LoadedPlugin {
+        LoadedPlugin {
+            runtime: Arc::clone(&self.runtime),
+            pre: self.pre.clone(),
+            tenant: Arc::clone(&self.tenant),
+            name: Arc::clone(&self.name),
+            config: Arc::new(config),
+            hooks: self.hooks,
+            plugin_name: self.plugin_name.clone(),
+            plugin_version: self.plugin_version.clone(),
+            classify_statuses: self.classify_statuses.clone(),
+            sha256: self.sha256.clone(),
+            size: self.size,
+            loaded_at: self.loaded_at,
+            warm: Mutex::new(Vec::new()),
+            runs_long: AtomicBool::new(self.runs_long.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// The configuration map this version's calls read.
+    pub(crate) fn config(&self) -> &HashMap<String, String> {
+        &self.config
+    }
+
     /// Takes what `describe` said: at least one hook, and `classify` statuses only with
     /// the classify hook and only HTTP statuses.
     fn describe_as(&mut self, info: wit::PluginInfo) -> Result<(), PluginError> {

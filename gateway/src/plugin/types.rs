@@ -58,8 +58,13 @@ pub struct PluginConfig {
     /// Watch `dir` and hot-reload changed plugins. Default true.
     pub watch: bool,
     /// Each plugin's own configuration, keyed by (tenant, plugin name); the plugin reads
-    /// it with `get-config`.
+    /// it with `get-config`. The operator's defaults: a tenant's own settings (see
+    /// [`PluginHost::set_tenant_config`](super::PluginHost::set_tenant_config)) replace
+    /// these key by key.
     pub plugin_config: HashMap<(String, String), HashMap<String, String>>,
+    /// The operator's overrides, keyed like `plugin_config`: these keys win over a
+    /// tenant's own settings.
+    pub plugin_overrides: HashMap<(String, String), HashMap<String, String>>,
 }
 
 impl PluginConfig {
@@ -86,6 +91,7 @@ impl PluginConfig {
             reload_debounce: Duration::from_millis(200),
             watch: true,
             plugin_config: HashMap::new(),
+            plugin_overrides: HashMap::new(),
         }
     }
 }
