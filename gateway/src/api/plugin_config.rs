@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::extract::{JsonBody, Manage, Path, PluginPath, TenantAuth};
+use super::plugins::exists;
 use super::{ApiError, AppState};
 use crate::clock::rfc3339;
 use crate::model::{PluginSettings, StoredPluginSettings, TenantId};
@@ -59,7 +60,7 @@ pub(crate) async fn put(
     Path(PluginPath { name, .. }): Path<PluginPath>,
     JsonBody(input): JsonBody<ConfigIn>,
 ) -> Result<Json<ConfigOut>, ApiError> {
-    check_plugin(&state, &tenant, &name)?;
+    exists(&state, &tenant, &name)?;
     let mut settings = PluginSettings { values: input.values, secrets: input.secrets };
     if !input.keep_secrets.is_empty() {
         let stored = state.store.plugin_settings(&tenant, &name).await?.map(|s| s.settings.secrets).unwrap_or_default();
@@ -90,18 +91,9 @@ pub(crate) async fn get(
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
     Path(PluginPath { name, .. }): Path<PluginPath>,
 ) -> Result<Json<ConfigOut>, ApiError> {
-    check_plugin(&state, &tenant, &name)?;
+    exists(&state, &tenant, &name)?;
     let stored = state.store.plugin_settings(&tenant, &name).await?;
     Ok(Json(view(&state, &tenant, &name, stored)))
-}
-
-/// Settings belong to a plugin the tenant has (serving, loading or broken).
-fn check_plugin(state: &AppState, tenant: &TenantId, name: &str) -> Result<(), ApiError> {
-    if state.plugins.list(tenant.as_str()).iter().any(|p| p.name == name) {
-        Ok(())
-    } else {
-        Err(ApiError::not_found("plugin"))
-    }
 }
 
 fn view(state: &AppState, tenant: &TenantId, name: &str, stored: Option<StoredPluginSettings>) -> ConfigOut {

@@ -34,6 +34,9 @@ pub(crate) struct PluginOut {
     loading: bool,
     /// Why the newest file is not serving (the previous version keeps serving).
     error: Option<String>,
+    /// The stored version that serves (see `…/versions`); null for a file the operator
+    /// dropped in directly.
+    version: Option<u32>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -41,7 +44,7 @@ pub(crate) struct PluginList {
     data: Vec<PluginOut>,
 }
 
-fn view(p: &PluginInfo) -> PluginOut {
+pub(super) fn view(p: &PluginInfo) -> PluginOut {
     let loaded_at = p
         .loaded_at
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -57,11 +60,23 @@ fn view(p: &PluginInfo) -> PluginOut {
         loaded_at,
         loading: p.loading,
         error: p.error.clone(),
+        version: p.version,
+    }
+}
+
+/// A plugin the tenant has (serving, loading or broken), else `404`.
+pub(super) fn exists(state: &AppState, tenant: &crate::model::TenantId, name: &str) -> Result<(), ApiError> {
+    match state.plugins.list(tenant.as_str()).iter().any(|p| p.name == name) {
+        true => Ok(()),
+        false => Err(ApiError::not_found("plugin")),
     }
 }
 
 impl From<PluginError> for ApiError {
     fn from(e: PluginError) -> Self {
+        if let PluginError::NoSuchVersion { .. } = e {
+            return ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, e.to_string());
+        }
         if let PluginError::TenantLimit { .. } = e {
             return ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::PluginLimit, e.to_string());
         }

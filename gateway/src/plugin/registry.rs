@@ -28,7 +28,9 @@ use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict}
 use files::read_dir;
 
 mod files;
+mod versions;
 pub(super) use files::write_atomically;
+pub use versions::{MAX_VERSIONS, PluginVersion, split_pinned};
 
 /// The plugin host: a registry of tenants' plugins and the sandbox that runs them.
 /// Cheap to clone; every clone shares one registry and one engine.
@@ -57,8 +59,10 @@ struct Inner {
     /// overrides. Kept apart from `tenants`, so they outlive a plugin's file. Lock order:
     /// `tenants` before this.
     tenant_config: RwLock<HashMap<(String, String), HashMap<String, String>>>,
-    /// Held from a tenant-limit check to the write it allows, so that two concurrent
-    /// uploads cannot both fit in the last place.
+    /// Held from a tenant-limit check to the write it allows and the swap that follows,
+    /// so that two concurrent uploads cannot both fit in the last place, and so that a
+    /// reload of an older read of the file never swaps in over a newer upload (the
+    /// watcher checks the file again under it).
     installing: Mutex<()>,
     failures_by_kind: [AtomicU64; PluginFailure::KINDS.len()],
     /// Signalled whenever a load ends, for deliveries waiting on a loading plugin.
@@ -236,14 +240,18 @@ impl PluginHost {
         tenants.get(tenant)?.get(name)?.current.as_ref().map(|p| p.hooks)
     }
 
-    /// Every plugin of `tenant`, serving or broken, sorted by name.
+    /// Every plugin of `tenant`, serving or broken, sorted by name (pinned versions
+    /// loaded as `name@n` are not plugins of their own).
     pub fn list(&self, tenant: &str) -> Vec<PluginInfo> {
-        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
-        let mut list: Vec<PluginInfo> = tenants
-            .get(tenant)
-            .map(|plugins| plugins.iter().map(|(name, slot)| info(tenant, name, slot)).collect())
-            .unwrap_or_default();
+        let mut list: Vec<PluginInfo> = {
+            let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+            let plugins = tenants.get(tenant).into_iter().flatten();
+            plugins.filter(|(name, _)| !name.contains('@')).map(|(name, slot)| info(tenant, name, slot)).collect()
+        };
         list.sort_by(|a, b| a.name.cmp(&b.name));
+        for p in &mut list {
+            p.version = self.current_version(tenant, &p.name);
+        }
         list
     }
 
@@ -262,6 +270,12 @@ impl PluginHost {
     /// [`PluginHost::install`] on the current thread (compiles: keep it off the async
     /// runtime).
     pub fn install_blocking(&self, tenant: &str, name: &str, bytes: &[u8]) -> Result<PluginInfo, PluginError> {
+        self.install_bytes(tenant, name, bytes, true)
+    }
+
+    /// Validates and serves `bytes` as `name`; with `record`, keeps them as a new version
+    /// first (an upload; a rollback serves a version it already has).
+    fn install_bytes(&self, tenant: &str, name: &str, bytes: &[u8], record: bool) -> Result<PluginInfo, PluginError> {
         check_slug("tenant", tenant)?;
         check_slug("plugin name", name)?;
         let limit = self.inner.config.max_plugin_bytes;
@@ -273,12 +287,19 @@ impl PluginHost {
         let dir = self.inner.config.dir.join(tenant);
         let installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
         self.check_tenant_limits(tenant, name, bytes.len())?;
+        if record {
+            self.record_version(tenant, name, &plugin.sha256, bytes)?;
+        }
         write_atomically(&dir, &format!("{name}.wasm"), bytes)?;
-        drop(installing);
         tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin installed");
         self.swap(tenant, name, Ok(plugin));
-        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
-        Ok(info(tenant, name, &tenants[tenant][name]))
+        drop(installing);
+        let mut info = {
+            let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+            info(tenant, name, &tenants[tenant][name])
+        };
+        info.version = self.current_version(tenant, name);
+        Ok(info)
     }
 
     /// Call and failure counters of every hook of every plugin.
@@ -352,6 +373,9 @@ impl PluginHost {
         inline: impl FnOnce(&LoadedPlugin) -> Option<R>,
         call: impl FnOnce(&LoadedPlugin) -> Result<R, PluginFailure> + Send + 'static,
     ) -> Result<R, PluginFailure> {
+        if split_pinned(name).is_some() {
+            self.ensure_pinned(tenant, name).await;
+        }
         let found = {
             let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
             tenants
@@ -417,6 +441,8 @@ impl PluginHost {
     /// What (tenant, name) reads: the operator's defaults, then the tenant's own
     /// settings, then the operator's overrides, each replacing the keys it sets.
     fn plugin_config(&self, tenant: &str, name: &str) -> HashMap<String, String> {
+        // A pinned `name@n` reads the settings of `name`.
+        let name = split_pinned(name).map_or(name, |(base, _)| base);
         let key = (tenant.to_string(), name.to_string());
         let mut config = self.inner.config.plugin_config.get(&key).cloned().unwrap_or_default();
         let own = self.inner.tenant_config.read().unwrap_or_else(|e| e.into_inner());
@@ -445,10 +471,14 @@ impl PluginHost {
             };
         }
         let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(slot) = tenants.get_mut(tenant).and_then(|p| p.get_mut(name))
-            && let Some(current) = &slot.current
-        {
-            slot.current = Some(Arc::new(current.with_config(self.plugin_config(tenant, name))));
+        let config = self.plugin_config(tenant, name);
+        let slots = tenants.get_mut(tenant).into_iter().flatten();
+        // The plugin and its pinned versions.
+        let slots = slots.filter(|(key, _)| *key == name || split_pinned(key).is_some_and(|(base, _)| base == name));
+        for (_, slot) in slots {
+            if let Some(current) = &slot.current {
+                slot.current = Some(Arc::new(current.with_config(config.clone())));
+            }
         }
         tracing::info!(tenant, plugin = name, "plugin settings changed");
         true
@@ -478,5 +508,6 @@ fn info(tenant: &str, name: &str, slot: &Slot) -> PluginInfo {
         loaded_at: current.map(|p| p.loaded_at),
         loading: slot.loading,
         error: slot.error.clone(),
+        version: None,
     }
 }

@@ -234,6 +234,8 @@ pub struct PluginInfo {
     /// Why the newest file on disk is not serving, when it failed to load. The previous
     /// version, if any, keeps serving.
     pub error: Option<String>,
+    /// The number of the stored version that serves, if the serving bytes are one.
+    pub version: Option<u32>,
 }
 
 /// Call and failure counters of one plugin hook, for metrics.
@@ -385,6 +387,14 @@ pub enum PluginError {
     /// The WebAssembly engine could not be set up.
     #[error("plugin engine: {0}")]
     Engine(String),
+    /// A rollback or a pinned binding to a version that is not stored.
+    #[error("plugin {name:?} has no version {version}")]
+    NoSuchVersion {
+        /// The plugin.
+        name: String,
+        /// The version asked for.
+        version: u32,
+    },
     /// `run_hook_file` input that does not parse.
     #[error("invalid input: {0}")]
     Input(String),
