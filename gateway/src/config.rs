@@ -368,6 +368,7 @@ impl RawPlugins {
         }
         let mut c = PluginConfig::new(self.dir);
         c.call_timeout = duration("plugins.call_timeout", &self.call_timeout)?;
+        c.call_timeout_per_mib = duration("plugins.call_timeout_per_mib", &self.call_timeout_per_mib)?;
         c.memory_limit = (self.memory_limit_mib as usize) << 20;
         c.max_plugin_bytes = self.max_plugin_bytes as usize;
         c.call_threads = self.call_threads as usize;

@@ -25,6 +25,7 @@ mod edges;
 mod limits;
 mod metrics;
 mod plugin_config;
+mod plugin_limits;
 mod plugin_versions;
 mod plugins;
 mod props;

@@ -169,6 +169,7 @@ impl Default for RawEndpointDefaults {
 pub struct RawPlugins {
     pub dir: String,
     pub call_timeout: String,
+    pub call_timeout_per_mib: String,
     pub memory_limit_mib: u32,
     pub max_plugin_bytes: u64,
     pub call_threads: u32,
@@ -199,6 +200,7 @@ impl Default for RawPlugins {
         Self {
             dir: "plugins.d".into(),
             call_timeout: "10ms".into(),
+            call_timeout_per_mib: "100ms".into(),
             memory_limit_mib: 16,
             max_plugin_bytes: 8 << 20,
             call_threads: 0,

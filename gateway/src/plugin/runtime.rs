@@ -70,6 +70,7 @@ struct Limits {
     /// as long if that comes first (see `Deadline`).
     first_check_ticks: u64,
     call_timeout: Duration,
+    call_timeout_per_mib: Duration,
     memory_limit: usize,
     max_output_bytes: usize,
     warm_per_plugin: usize,
@@ -94,6 +95,7 @@ impl Runtime {
         let limits = Limits {
             first_check_ticks,
             call_timeout: cfg.call_timeout,
+            call_timeout_per_mib: cfg.call_timeout_per_mib,
             memory_limit: cfg.memory_limit,
             max_output_bytes: cfg.max_output_bytes,
             warm_per_plugin: cfg.warm_instances_per_plugin,
@@ -152,7 +154,7 @@ impl Runtime {
             attempt_id: "load".to_string(),
         };
         let info = plugin
-            .call(&load_ctx, None, |b, store| b.call_describe(store))
+            .call(&load_ctx, None, 0, |b, store| b.call_describe(store))
             .map_err(|f| PluginError::Rejected(format!("describe failed: plugin:{f}")))?;
         // Loading is not a use: keep no slot for a plugin nobody calls yet.
         plugin.drop_warm(|_| true);
@@ -382,7 +384,7 @@ impl LoadedPlugin {
         logs: Option<&mut LogCapture>,
     ) -> Result<TransformResult, PluginFailure> {
         self.require(Hook::Transform)?;
-        let result = self.call(ctx, logs, |b, s| b.call_transform(s, ctx, request))?;
+        let result = self.call(ctx, logs, request.body.len(), |b, s| b.call_transform(s, ctx, request))?;
         match result.map_err(|e| PluginFailure::Guest(truncate(e, MAX_REASON)))? {
             TransformResult::Send(req) => Ok(TransformResult::Send(self.check_request(req)?)),
             TransformResult::Drop(reason) if reason.len() > self.runtime.limits.max_output_bytes => {
@@ -403,7 +405,7 @@ impl LoadedPlugin {
         if !self.wants(outcome) {
             return Ok(Verdict::Default);
         }
-        let verdict = self.call(ctx, logs, |b, s| b.call_classify(s, ctx, outcome))?;
+        let verdict = self.call(ctx, logs, 0, |b, s| b.call_classify(s, ctx, outcome))?;
         check_verdict(verdict, self.runtime.limits.max_output_bytes)
     }
 
@@ -416,7 +418,7 @@ impl LoadedPlugin {
         logs: Option<&mut LogCapture>,
     ) -> Result<Vec<Header>, PluginFailure> {
         self.require(Hook::Sign)?;
-        let result = self.call(ctx, logs, |b, s| b.call_sign(s, ctx, secrets, request))?;
+        let result = self.call(ctx, logs, request.body.len(), |b, s| b.call_sign(s, ctx, secrets, request))?;
         let headers = result.map_err(|e| PluginFailure::Guest(truncate(e, MAX_REASON)))?;
         let size: usize = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
         if size > self.runtime.limits.max_output_bytes {
@@ -454,6 +456,7 @@ impl LoadedPlugin {
         &self,
         ctx: &DeliveryContext,
         logs: Option<&mut LogCapture>,
+        input_bytes: usize,
         f: impl FnOnce(&Bindings, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginFailure> {
         // Instantiation runs guest code too: both are under the deadline.
@@ -473,6 +476,7 @@ impl LoadedPlugin {
             super::pool::demote_long_call();
         }
         inst.store.data_mut().begin_call(ctx, capture);
+        inst.store.data_mut().deadline.budget = self.budget(input_bytes);
         inst.store.set_epoch_deadline(self.runtime.limits.first_check_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
@@ -490,6 +494,15 @@ impl LoadedPlugin {
             Ok(_) => Err(PluginFailure::Memory),
             Err(err) => Err(failure_from(&err, state.limiter.exceeded)),
         }
+    }
+
+    /// The CPU budget of a call whose input is `input_bytes`: `call_timeout`, plus
+    /// `call_timeout_per_mib` for each MiB, so that the largest payload Herald accepts
+    /// can go through a transform that reads and rewrites it.
+    fn budget(&self, input_bytes: usize) -> Duration {
+        let limits = &self.runtime.limits;
+        let extra = limits.call_timeout_per_mib.as_nanos() * input_bytes as u128 / (1 << 20);
+        limits.call_timeout + Duration::from_nanos(u64::try_from(extra).unwrap_or(u64::MAX))
     }
 
     fn instantiate(&self) -> Result<WarmInstance, PluginFailure> {

@@ -16,6 +16,9 @@ pub struct PluginConfig {
     /// this plus one 1 ms tick, a starved one after 10x of wall time, or 100x once it
     /// has run 1 ms and yielded its priority). Default 10 ms.
     pub call_timeout: Duration,
+    /// Extra time budget per MiB of a call's input (the request body of `transform` and
+    /// `sign`), so a large event can go through a transform. Default 100 ms.
+    pub call_timeout_per_mib: Duration,
     /// Linear memory cap of one plugin instance, in bytes. Default 16 MiB.
     pub memory_limit: usize,
     /// Cap on what one call may return (body + header bytes + strings). Default 4 MiB.
@@ -73,6 +76,7 @@ impl PluginConfig {
         PluginConfig {
             dir: dir.into(),
             call_timeout: Duration::from_millis(10),
+            call_timeout_per_mib: Duration::from_millis(100),
             memory_limit: 16 << 20,
             max_output_bytes: 4 << 20,
             max_plugin_bytes: 8 << 20,
