@@ -26,6 +26,7 @@ mod limits;
 mod metrics;
 mod plugin_config;
 mod plugin_limits;
+mod plugin_stats;
 mod plugin_versions;
 mod plugins;
 mod props;

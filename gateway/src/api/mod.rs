@@ -25,6 +25,7 @@ mod events;
 mod extract;
 pub(crate) mod listen;
 mod plugin_config;
+mod plugin_stats;
 mod plugin_versions;
 mod plugins;
 mod replays;

@@ -39,6 +39,14 @@ pub(crate) struct PluginOut {
     version: Option<u32>,
 }
 
+/// A plugin with how its calls went.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PluginDetail {
+    #[serde(flatten)]
+    plugin: PluginOut,
+    stats: super::plugin_stats::StatsOut,
+}
+
 #[derive(Serialize, ToSchema)]
 pub(crate) struct PluginList {
     data: Vec<PluginOut>,
@@ -153,19 +161,20 @@ pub(crate) async fn list(
 #[utoipa::path(
     get, path = "/v1/tenants/{tenant}/plugins/{name}", tag = "plugins", operation_id = "get_plugin",
     params(PluginPath),
-    responses((status = 200, description = "The plugin", body = PluginOut)),
+    responses((status = 200, description = "The plugin, with how its calls went", body = PluginDetail)),
     security(("tenant_token" = ["read"]), ("admin_token" = [])),
 )]
 pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
     Path(PluginPath { name, .. }): Path<PluginPath>,
-) -> Result<Json<PluginOut>, ApiError> {
+) -> Result<Json<PluginDetail>, ApiError> {
     let info = state
         .plugins
         .list(tenant.as_str())
         .into_iter()
         .find(|p| p.name == name)
         .ok_or_else(|| ApiError::not_found("plugin"))?;
-    Ok(Json(view(&info)))
+    let stats = state.plugins.stats(tenant.as_str(), &name).unwrap_or_default();
+    Ok(Json(PluginDetail { plugin: view(&info), stats: super::plugin_stats::view(&stats) }))
 }

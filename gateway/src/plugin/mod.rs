@@ -30,7 +30,9 @@ mod tests;
 pub use cli::{check_file, run_hook_file};
 pub use compile::{EXIT_INVALID, compile_child};
 pub use convert::verdict;
-pub use registry::{MAX_VERSIONS, PluginHost, PluginVersion, split_pinned};
+pub use registry::{
+    FailureRecord, MAX_VERSIONS, PluginHost, PluginStats, PluginVersion, RECENT_FAILURES, split_pinned,
+};
 pub use types::{
     Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, StructureLimits, is_slug,
 };

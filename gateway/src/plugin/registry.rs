@@ -28,8 +28,12 @@ use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict}
 use files::read_dir;
 
 mod files;
+mod stats;
 mod versions;
+use super::runtime::LogCapture;
 pub(super) use files::write_atomically;
+use stats::{Call, Stats};
+pub use stats::{FailureRecord, PluginStats, RECENT_FAILURES};
 pub use versions::{MAX_VERSIONS, PluginVersion, split_pinned};
 
 /// The plugin host: a registry of tenants' plugins and the sandbox that runs them.
@@ -85,12 +89,6 @@ impl Slot {
     fn new() -> Slot {
         Slot { current: None, error: None, loading: false, stats: Arc::default() }
     }
-}
-
-#[derive(Default)]
-struct Stats {
-    calls: [AtomicU64; 3],
-    failures: [AtomicU64; 3],
 }
 
 impl PluginHost {
@@ -202,8 +200,9 @@ impl PluginHost {
         ctx: &DeliveryContext,
         request: &Request,
     ) -> Result<TransformResult, PluginFailure> {
-        let (ctx, request) = (ctx.clone(), request.clone());
-        self.with_plugin(tenant, name, Hook::Transform, |_| None, move |p| p.transform(&ctx, &request, None)).await
+        let (c, request) = (ctx.clone(), request.clone());
+        let call = move |p: &LoadedPlugin, logs: &mut LogCapture| p.transform(&c, &request, Some(logs));
+        self.with_plugin((tenant, name, ctx), Hook::Transform, |_| None, call).await
     }
 
     /// Calls `classify` of `tenant`'s plugin `name`. `Ok(Verdict::Default)` and any
@@ -216,8 +215,9 @@ impl PluginHost {
         outcome: &Outcome,
     ) -> Result<Verdict, PluginFailure> {
         let unwanted = |p: &LoadedPlugin| (p.hooks.classify && !p.wants(outcome)).then_some(Verdict::Default);
-        let (ctx, outcome) = (ctx.clone(), outcome.clone());
-        self.with_plugin(tenant, name, Hook::Classify, unwanted, move |p| p.classify(&ctx, &outcome, None)).await
+        let (c, outcome) = (ctx.clone(), outcome.clone());
+        let call = move |p: &LoadedPlugin, logs: &mut LogCapture| p.classify(&c, &outcome, Some(logs));
+        self.with_plugin((tenant, name, ctx), Hook::Classify, unwanted, call).await
     }
 
     /// Calls `sign` of `tenant`'s plugin `name` with the raw bytes of each valid
@@ -230,8 +230,9 @@ impl PluginHost {
         secrets: &[Vec<u8>],
         request: &Request,
     ) -> Result<Vec<Header>, PluginFailure> {
-        let (ctx, secrets, request) = (ctx.clone(), secrets.to_vec(), request.clone());
-        self.with_plugin(tenant, name, Hook::Sign, |_| None, move |p| p.sign(&ctx, &secrets, &request, None)).await
+        let (c, secrets, request) = (ctx.clone(), secrets.to_vec(), request.clone());
+        let call = move |p: &LoadedPlugin, logs: &mut LogCapture| p.sign(&c, &secrets, &request, Some(logs));
+        self.with_plugin((tenant, name, ctx), Hook::Sign, |_| None, call).await
     }
 
     /// The hooks of `tenant`'s plugin `name`, if a version of it is serving.
@@ -364,14 +365,14 @@ impl PluginHost {
     }
 
     /// Looks the plugin up, answers at once when `inline` can (no guest code runs), else
-    /// runs `call` on the call pool; counts the call and any failure.
+    /// runs `call` on the call pool (its log lines captured); counts the call, times it
+    /// and records any failure with the call's log lines.
     async fn with_plugin<R: Send + 'static>(
         &self,
-        tenant: &str,
-        name: &str,
+        (tenant, name, ctx): (&str, &str, &DeliveryContext),
         hook: Hook,
         inline: impl FnOnce(&LoadedPlugin) -> Option<R>,
-        call: impl FnOnce(&LoadedPlugin) -> Result<R, PluginFailure> + Send + 'static,
+        call: impl FnOnce(&LoadedPlugin, &mut LogCapture) -> Result<R, PluginFailure> + Send + 'static,
     ) -> Result<R, PluginFailure> {
         if split_pinned(name).is_some() {
             self.ensure_pinned(tenant, name).await;
@@ -383,27 +384,47 @@ impl PluginHost {
                 .and_then(|plugins| plugins.get(name))
                 .map(|slot| (slot.current.clone(), Arc::clone(&slot.stats)))
         };
-        let result = match &found {
+        let started = Instant::now();
+        let (result, logs) = match &found {
             Some((Some(plugin), stats)) => {
                 stats.calls[hook.index()].fetch_add(1, Ordering::Relaxed);
                 match inline(plugin) {
-                    Some(answer) => Ok(answer),
+                    Some(answer) => (Ok(answer), Vec::new()),
                     None => {
+                        let owner = Arc::clone(&plugin.tenant);
                         let plugin = Arc::clone(plugin);
-                        self.inner.pool.run(&Arc::clone(&plugin.tenant), move || call(&plugin)).await
+                        let run = move || {
+                            let mut logs = Vec::new();
+                            Ok((call(&plugin, &mut logs), logs))
+                        };
+                        match self.inner.pool.run(&owner, run).await {
+                            Ok((result, logs)) => (result, logs),
+                            Err(failure) => (Err(failure), Vec::new()),
+                        }
                     }
                 }
             }
-            _ => Err(PluginFailure::NotFound),
+            _ => (Err(PluginFailure::NotFound), Vec::new()),
         };
-        if let Err(failure) = &result {
+        let failure = result.as_ref().err();
+        if let Some(failure) = failure {
             self.inner.failures_by_kind[failure.kind_index()].fetch_add(1, Ordering::Relaxed);
-            if let Some((_, stats)) = &found {
-                stats.failures[hook.index()].fetch_add(1, Ordering::Relaxed);
-            }
             tracing::debug!(tenant, plugin = name, hook = hook.as_str(), reason = %failure, "plugin call failed");
         }
+        if let Some((_, stats)) = &found {
+            if failure.is_some() {
+                stats.failures[hook.index()].fetch_add(1, Ordering::Relaxed);
+            }
+            let call = Call { hook, took: started.elapsed(), event_id: &ctx.event_id, attempt_id: &ctx.attempt_id };
+            stats.record(call, failure, logs);
+        }
         result
+    }
+
+    /// The figures of `tenant`'s plugin `name` since the node started.
+    pub fn stats(&self, tenant: &str, name: &str) -> Option<PluginStats> {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        Some(tenants.get(tenant)?.get(name)?.stats.snapshot())
     }
 
     fn serving_sha256(&self, tenant: &str, name: &str) -> Option<String> {
