@@ -18,6 +18,7 @@ pub mod ops;
 pub mod pace;
 pub mod plugin;
 pub mod replay;
+pub mod scaffold;
 pub mod schedule;
 pub mod sign;
 pub mod store;

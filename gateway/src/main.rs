@@ -84,6 +84,18 @@ enum PluginCommand {
         #[arg(long)]
         input: PathBuf,
     },
+    /// Create a plugin project in `<dir>/<name>/` that builds, with a unit test.
+    New {
+        name: String,
+        #[arg(long, value_parser = gateway::scaffold::LANGS)]
+        lang: String,
+        /// Where to create it.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The `plugin-sdk` crate to depend on (default: the one this binary was built with).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
     /// Compile a plugin into a cached artifact, within limits (the server runs this as a
     /// child process; exit code 2: not a valid component).
     #[command(hide = true)]
@@ -122,6 +134,16 @@ fn main() -> anyhow::Result<()> {
                 }
                 Err(e) => Err(e.into()),
             }
+        }
+        Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk } } => {
+            let sdk = sdk.unwrap_or_else(gateway::scaffold::default_sdk);
+            let root = gateway::scaffold::new_plugin(&lang, &name, &dir, &sdk)?;
+            println!("created {}; `cargo test` runs its test, then", root.display());
+            println!(
+                "  cargo build --release --target wasm32-wasip2 && herald plugin check target/wasm32-wasip2/release/{}.wasm",
+                name.replace('-', "_")
+            );
+            Ok(())
         }
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;

@@ -31,6 +31,7 @@ mod plugin_versions;
 mod plugins;
 mod props;
 mod recovery;
+mod scaffold;
 mod secrets;
 mod store;
 mod tidy;
