@@ -43,5 +43,14 @@ async fn the_plugin_api_shows_calls_failures_by_reason_timings_and_recent_failur
     assert!(refused["attempt_id"].as_str().unwrap().starts_with("att_") && refused["at"].is_string());
     let spun = recent.iter().find(|f| f["reason"] == "timeout").expect("the timeout");
     assert_eq!(spun["event_id"], "evt_x_spin_0");
+    // The same figures in /metrics.
+    let text = gw.api.get("/metrics", ADMIN_TOKEN).await?.text;
+    let p99_line = text
+        .lines()
+        .find(|l| l.starts_with(r#"herald_plugin_call_p99_seconds{tenant="acme",plugin="h"}"#))
+        .unwrap_or_else(|| panic!("no p99 series in {text}"));
+    let exported: f64 = p99_line.rsplit(' ').next().unwrap().parse()?;
+    assert!((exported * 1000.0 - p99).abs() < 0.01, "{p99_line} vs {p99} ms");
+    assert!(text.contains(r#"herald_plugin_call_p50_seconds{tenant="acme",plugin="h"}"#));
     Ok(())
 }

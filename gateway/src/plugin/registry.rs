@@ -421,6 +421,18 @@ impl PluginHost {
         result
     }
 
+    /// (tenant, plugin, p50, p99) in seconds, for every plugin called since start.
+    pub fn latencies(&self) -> Vec<(String, String, f64, f64)> {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        let plugins = tenants.iter().flat_map(|(t, p)| p.iter().map(move |(n, slot)| (t, n, slot)));
+        plugins
+            .filter_map(|(t, n, slot)| {
+                let s = slot.stats.snapshot();
+                Some((t.clone(), n.clone(), s.p50?.as_secs_f64(), s.p99?.as_secs_f64()))
+            })
+            .collect()
+    }
+
     /// The figures of `tenant`'s plugin `name` since the node started.
     pub fn stats(&self, tenant: &str, name: &str) -> Option<PluginStats> {
         let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
