@@ -26,8 +26,13 @@ async fn the_plugin_api_shows_calls_failures_by_reason_timings_and_recent_failur
         }
     }
     rx.wait_for(5, Duration::from_secs(10)).await?;
-    let p =
-        gw.api.wait_for("/v1/tenants/acme/plugins/h", Duration::from_secs(10), |p| p["stats"]["calls"] == 8).await?;
+    let p = gw
+        .api
+        .wait_for("/v1/tenants/acme/plugins/h", Duration::from_secs(10), |p| {
+            // Counted when it starts; the spinning call fails 10 ms later.
+            p["stats"]["calls"] == 8 && p["stats"]["failures"] == 3
+        })
+        .await?;
     let s = &p["stats"];
     assert_eq!(s["failures"], 3, "{s}");
     assert_eq!(s["hooks"], json!([{"hook": "transform", "calls": 8, "failures": 3}]));
