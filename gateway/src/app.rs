@@ -17,7 +17,7 @@ use crate::worker::Engine;
 use crate::api::{AppState, router};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::store::{self, Committer, StoreError};
+use crate::store::{self, Committer, DynStore, StoreError};
 
 /// Why a node could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +47,10 @@ pub async fn run(
     let (stop, stopped) = watch::channel(false);
     let ops = Ops::setup(&store, committer.clone(), &config.operator, config.retry.ttl()).await?;
     let plugins = start_plugins(&config).await?;
+    apply_plugin_settings(&store, &plugins).await?;
+    if config.store_url.starts_with("postgres") {
+        tokio::spawn(follow_plugin_settings(store.clone(), plugins.clone(), stopped.clone()));
+    }
     let engine = Engine::start(
         store.clone(),
         committer.clone(),
@@ -103,4 +107,29 @@ async fn start_plugins(config: &Config) -> Result<PluginHost, AppError> {
         .await
         .map_err(|e| AppError::Io(std::io::Error::other(e)))??;
     Ok(host)
+}
+
+/// Applies every tenant's stored plugin settings to the host (unchanged ones cost nothing).
+async fn apply_plugin_settings(store: &DynStore, plugins: &PluginHost) -> Result<(), StoreError> {
+    for s in store.all_plugin_settings().await? {
+        plugins.set_tenant_config(s.tenant.as_str(), &s.plugin, s.settings.merged());
+    }
+    Ok(())
+}
+
+/// How soon a node sharing a Postgres store applies a plugin setting another node took.
+const SETTINGS_FOLLOW: Duration = Duration::from_secs(1);
+
+/// On a shared store, applies other nodes' plugin-setting changes within
+/// [`SETTINGS_FOLLOW`] (one small read per interval) until the node stops.
+async fn follow_plugin_settings(store: DynStore, plugins: PluginHost, mut stopped: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(SETTINGS_FOLLOW) => {}
+            _ = stopped.wait_for(|s| *s) => return,
+        }
+        if let Err(e) = apply_plugin_settings(&store, &plugins).await {
+            tracing::warn!(error = %e, "cannot read plugin settings; will retry");
+        }
+    }
 }

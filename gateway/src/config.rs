@@ -2,6 +2,7 @@
 //! written) is validated into `Config` (typed, checked). This module never touches the
 //! process environment itself: callers pass the variables in.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -372,6 +373,7 @@ impl RawPlugins {
         }
         let mut c = PluginConfig::new(self.dir);
         c.call_timeout = duration("plugins.call_timeout", &self.call_timeout)?;
+        c.call_timeout_per_mib = duration("plugins.call_timeout_per_mib", &self.call_timeout_per_mib)?;
         c.memory_limit = (self.memory_limit_mib as usize) << 20;
         c.max_plugin_bytes = self.max_plugin_bytes as usize;
         c.call_threads = self.call_threads as usize;
@@ -396,15 +398,19 @@ impl RawPlugins {
         c.warm_idle = duration("plugins.warm_idle", &self.warm_idle)?;
         c.js_runtime = (!self.js_runtime.is_empty()).then(|| PathBuf::from(&self.js_runtime));
         c.js_memory_limit = (self.js_memory_limit_mib as usize) << 20;
-        c.plugin_config = self
-            .config
-            .into_iter()
-            .flat_map(|(tenant, plugins)| {
-                plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
-            })
-            .collect();
+        c.plugin_config = per_plugin(self.config);
+        c.plugin_overrides = per_plugin(self.overrides);
         Ok(c)
     }
+}
+
+/// `<tenant>.<plugin>.<key>` tables as the plugin host keys them.
+fn per_plugin(raw: raw::PerPlugin) -> HashMap<(String, String), HashMap<String, String>> {
+    raw.into_iter()
+        .flat_map(|(tenant, plugins)| {
+            plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
+        })
+        .collect()
 }
 
 impl RawRetention {

@@ -19,6 +19,7 @@ pub mod outbox;
 pub mod pace;
 pub mod plugin;
 pub mod replay;
+pub mod scaffold;
 pub mod schedule;
 pub mod sign;
 pub mod store;

@@ -100,16 +100,17 @@ enum PluginCommand {
         #[arg(long)]
         input: PathBuf,
     },
-    /// Start a new plugin: a directory NAME with a working plugin and a unit test of it.
+    /// Create a plugin project in `<dir>/<name>/` that builds, with a unit test.
     New {
-        /// The plugin's language.
-        #[arg(long, value_parser = ["js"])]
-        lang: String,
-        /// The plugin's name (a slug), also its directory's.
         name: String,
-        /// Where to create the directory.
+        #[arg(long, value_parser = gateway::scaffold::LANGS)]
+        lang: String,
+        /// Where to create it.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
+        /// The `plugin-sdk` crate to depend on (default: the one this binary was built with).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
     },
     /// Compile a plugin into a cached artifact, within limits (the server runs this as a
     /// child process; exit code 2: not a valid component).
@@ -140,7 +141,7 @@ fn main() -> anyhow::Result<()> {
             println!("{}", gateway::plugin::run_hook_file(&file, &hook, &input)?);
             Ok(())
         }
-        Command::Plugin { command: PluginCommand::New { lang: _, name, dir } } => {
+        Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk: _ } } if lang == "js" => {
             for file in gateway::plugin::new_js_plugin(&dir, &name)? {
                 println!("created {}", file.display());
             }
@@ -156,6 +157,16 @@ fn main() -> anyhow::Result<()> {
                 }
                 Err(e) => Err(e.into()),
             }
+        }
+        Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk } } => {
+            let sdk = sdk.unwrap_or_else(gateway::scaffold::default_sdk);
+            let root = gateway::scaffold::new_plugin(&lang, &name, &dir, &sdk)?;
+            println!("created {}; `cargo test` runs its test, then", root.display());
+            println!(
+                "  cargo build --release --target wasm32-wasip2 && herald plugin check target/wasm32-wasip2/release/{}.wasm",
+                name.replace('-', "_")
+            );
+            Ok(())
         }
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;

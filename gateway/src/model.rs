@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::RetryOverride;
 
+mod plugin_settings;
 mod replay;
 mod spec;
+pub use plugin_settings::*;
 pub use replay::*;
 pub use spec::*;
 

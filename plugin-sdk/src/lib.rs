@@ -74,6 +74,7 @@ pub mod __bindings {
     });
 }
 
+#[cfg(target_family = "wasm")]
 use __bindings::herald::plugin::host;
 pub use __bindings::herald::plugin::types::{
     DeliveryContext, Header, Hooks, Level, Outcome, Pause, PluginInfo, Request, Response, TransformResult,
@@ -126,6 +127,19 @@ pub trait Plugin {
 /// per instance and then answered from memory (a host call per lookup cost more than
 /// some hooks' whole work).
 pub fn config(key: &str) -> Option<String> {
+    // Outside WebAssembly there is no Herald: unit tests set the map (see `testing`).
+    #[cfg(not(target_family = "wasm"))]
+    {
+        testing::config_value(key)
+    }
+    #[cfg(target_family = "wasm")]
+    {
+        cached_config(key)
+    }
+}
+
+#[cfg(target_family = "wasm")]
+fn cached_config(key: &str) -> Option<String> {
     thread_local! {
         static CACHE: std::cell::RefCell<Vec<(String, Option<String>)>> = const { std::cell::RefCell::new(Vec::new()) };
     }
@@ -139,30 +153,40 @@ pub fn config(key: &str) -> Option<String> {
     })
 }
 
+pub mod testing;
+
+/// Sends a log line to Herald, or to [`testing::logs`] outside WebAssembly.
+fn emit(level: Level, message: &str) {
+    #[cfg(not(target_family = "wasm"))]
+    testing::record_log(level, message);
+    #[cfg(target_family = "wasm")]
+    host::log(level, message);
+}
+
 /// Log lines, recorded in Herald's structured log with the tenant, plugin and attempt.
 /// Lines past 1 KiB are truncated; at most 32 lines per call are kept.
 pub mod log {
-    use super::{Level, host};
+    use super::Level;
 
     /// Logs at `trace` level.
     pub fn trace(message: &str) {
-        host::log(Level::Trace, message);
+        super::emit(Level::Trace, message);
     }
     /// Logs at `debug` level.
     pub fn debug(message: &str) {
-        host::log(Level::Debug, message);
+        super::emit(Level::Debug, message);
     }
     /// Logs at `info` level.
     pub fn info(message: &str) {
-        host::log(Level::Info, message);
+        super::emit(Level::Info, message);
     }
     /// Logs at `warn` level.
     pub fn warn(message: &str) {
-        host::log(Level::Warn, message);
+        super::emit(Level::Warn, message);
     }
     /// Logs at `error` level.
     pub fn error(message: &str) {
-        host::log(Level::Error, message);
+        super::emit(Level::Error, message);
     }
 }
 

@@ -201,6 +201,7 @@ fn exported_names() -> BTreeSet<String> {
         },
         plugin_instances: 0,
         plugins: vec![PluginMetrics { tenant: "t".into(), name: "p".into(), hook: Hook::Sign, calls: 1, failures: 0 }],
+        plugin_latency: vec![("t".into(), "p".into(), 0.001, 0.002)],
     });
     m.render().lines().flat_map(herald_names).collect()
 }

@@ -10,13 +10,13 @@ use sha2::Sha256;
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway, with_custom_section};
 
 /// A built example plugin; the suite fails (never skips) when it is missing.
-fn plugin_bytes(name: &str) -> Vec<u8> {
+pub(crate) fn plugin_bytes(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../target/wasm32-wasip2/release/{name}.wasm"));
     std::fs::read(&path)
         .unwrap_or_else(|e| panic!("{}: {e}; build the plugins first with scripts/build-plugins", path.display()))
 }
 
-async fn upload(
+pub(crate) async fn upload(
     gw: &TestGateway,
     tenant: &str,
     name: &str,

@@ -121,6 +121,15 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     Ok(())
 }
 
+/// Loads the pinned versions (`name@n`) that `input` binds, off the async runtime, so
+/// that `check_bindings` finds them; one that is not stored stays unknown.
+async fn load_pinned(state: &AppState, tenant: &TenantId, input: &EndpointIn) {
+    let Some(p) = &input.plugins else { return };
+    for name in [&p.transform, &p.classify, &p.sign].into_iter().flatten() {
+        state.plugins.ensure_pinned(tenant.as_str(), name).await;
+    }
+}
+
 /// Bindings resolve within the tenant only: another tenant's plugin is as unknown as one
 /// that does not exist.
 fn check_bindings(state: &AppState, tenant: &TenantId, p: &PluginBindings) -> Result<(), ApiError> {
@@ -270,6 +279,7 @@ pub(crate) async fn create(
         headers: BTreeMap::new(),
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
     };
+    load_pinned(&state, &tenant, &input).await;
     apply(&state, &tenant, &mut spec, input)?;
     let endpoint = Endpoint::new(EndpointId::generate(now, &mut rng), tenant, spec, now);
     state.store.insert_endpoint(&endpoint).await?;
@@ -306,6 +316,7 @@ pub(crate) async fn patch(
     JsonBody(input): JsonBody<EndpointIn>,
 ) -> Result<Json<EndpointOut>, ApiError> {
     let mut endpoint = load(&state, &tenant, &id).await?;
+    load_pinned(&state, &tenant, &input).await;
     apply(&state, &tenant, &mut endpoint.spec, input)?;
     endpoint.updated_at = state.clock.now();
     if !state.store.update_endpoint(&endpoint).await? {

@@ -26,6 +26,9 @@ mod events;
 mod extract;
 mod insight;
 pub(crate) mod listen;
+mod plugin_config;
+mod plugin_stats;
+mod plugin_versions;
 mod plugins;
 mod replays;
 mod tenants;
@@ -124,7 +127,10 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(replays::get_one))
         .routes(routes!(replays::cancel))
         .routes(routes!(plugins::list))
-        .routes(routes!(plugins::upload, plugins::get_one))
+        .routes(routes!(plugins::upload, plugins::get_one, plugin_versions::delete))
+        .routes(routes!(plugin_versions::versions))
+        .routes(routes!(plugin_versions::rollback))
+        .routes(routes!(plugin_config::put, plugin_config::get))
 }
 
 /// The OpenAPI 3.1 document of [`router`]'s routes.

@@ -34,6 +34,17 @@ pub(crate) struct PluginOut {
     loading: bool,
     /// Why the newest file is not serving (the previous version keeps serving).
     error: Option<String>,
+    /// The stored version that serves (see `…/versions`); null for a file the operator
+    /// dropped in directly.
+    version: Option<u32>,
+}
+
+/// A plugin with how its calls went.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PluginDetail {
+    #[serde(flatten)]
+    plugin: PluginOut,
+    stats: super::plugin_stats::StatsOut,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -41,7 +52,7 @@ pub(crate) struct PluginList {
     data: Vec<PluginOut>,
 }
 
-fn view(p: &PluginInfo) -> PluginOut {
+pub(super) fn view(p: &PluginInfo) -> PluginOut {
     let loaded_at = p
         .loaded_at
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -57,11 +68,23 @@ fn view(p: &PluginInfo) -> PluginOut {
         loaded_at,
         loading: p.loading,
         error: p.error.clone(),
+        version: p.version,
+    }
+}
+
+/// A plugin the tenant has (serving, loading or broken), else `404`.
+pub(super) fn exists(state: &AppState, tenant: &crate::model::TenantId, name: &str) -> Result<(), ApiError> {
+    match state.plugins.list(tenant.as_str()).iter().any(|p| p.name == name) {
+        true => Ok(()),
+        false => Err(ApiError::not_found("plugin")),
     }
 }
 
 impl From<PluginError> for ApiError {
     fn from(e: PluginError) -> Self {
+        if let PluginError::NoSuchVersion { .. } = e {
+            return ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, e.to_string());
+        }
         if let PluginError::TenantLimit { .. } = e {
             return ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::PluginLimit, e.to_string());
         }
@@ -139,19 +162,20 @@ pub(crate) async fn list(
 #[utoipa::path(
     get, path = "/v1/tenants/{tenant}/plugins/{name}", tag = "plugins", operation_id = "get_plugin",
     params(PluginPath),
-    responses((status = 200, description = "The plugin", body = PluginOut)),
+    responses((status = 200, description = "The plugin, with how its calls went", body = PluginDetail)),
     security(("tenant_token" = ["read"]), ("admin_token" = [])),
 )]
 pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
     Path(PluginPath { name, .. }): Path<PluginPath>,
-) -> Result<Json<PluginOut>, ApiError> {
+) -> Result<Json<PluginDetail>, ApiError> {
     let info = state
         .plugins
         .list(tenant.as_str())
         .into_iter()
         .find(|p| p.name == name)
         .ok_or_else(|| ApiError::not_found("plugin"))?;
-    Ok(Json(view(&info)))
+    let stats = state.plugins.stats(tenant.as_str(), &name).unwrap_or_default();
+    Ok(Json(PluginDetail { plugin: view(&info), stats: super::plugin_stats::view(&stats) }))
 }

@@ -256,6 +256,7 @@ pub(crate) async fn metrics(
                 queue,
                 plugin_instances: state.plugins.warm_instances() as u64,
                 plugins: state.plugins.metrics(),
+                plugin_latency: state.plugins.latencies(),
             }),
             Err(e) => tracing::warn!(error = %e, "cannot read the queue figures for /metrics"),
         }

@@ -171,6 +171,7 @@ impl Default for RawEndpointDefaults {
 pub struct RawPlugins {
     pub dir: String,
     pub call_timeout: String,
+    pub call_timeout_per_mib: String,
     pub memory_limit_mib: u32,
     pub max_plugin_bytes: u64,
     pub call_threads: u32,
@@ -187,18 +188,23 @@ pub struct RawPlugins {
     pub warm_idle: String,
     pub js_runtime: String,
     pub js_memory_limit_mib: u32,
-    /// `[plugins.config.<tenant>.<plugin>]`: each plugin's own settings.
-    pub config: std::collections::BTreeMap<
-        String,
-        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
-    >,
+    /// `[plugins.config.<tenant>.<plugin>]`: each plugin's default settings.
+    pub config: PerPlugin,
+    /// `[plugins.override.<tenant>.<plugin>]`: settings a tenant cannot change.
+    #[serde(rename = "override")]
+    pub overrides: PerPlugin,
 }
+
+/// `<tenant>.<plugin>.<key> = "value"`.
+pub type PerPlugin =
+    std::collections::BTreeMap<String, std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>>;
 
 impl Default for RawPlugins {
     fn default() -> Self {
         Self {
             dir: "plugins.d".into(),
             call_timeout: "10ms".into(),
+            call_timeout_per_mib: "100ms".into(),
             memory_limit_mib: 16,
             max_plugin_bytes: 8 << 20,
             call_threads: 0,
@@ -216,6 +222,7 @@ impl Default for RawPlugins {
             js_runtime: String::new(),
             js_memory_limit_mib: 64,
             config: Default::default(),
+            overrides: Default::default(),
         }
     }
 }

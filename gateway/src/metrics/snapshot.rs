@@ -28,6 +28,8 @@ pub struct Snapshot {
     pub plugin_instances: u64,
     /// Calls of every plugin hook since start.
     pub plugins: Vec<PluginMetrics>,
+    /// (tenant, plugin, p50, p99) in seconds over each plugin's latest calls.
+    pub plugin_latency: Vec<(String, String, f64, f64)>,
 }
 
 /// The latest snapshot, shared by the metrics and their collector.
@@ -78,6 +80,15 @@ impl Collector for Shared {
         for p in &s.plugins {
             let labels = [("tenant", p.tenant.as_str()), ("plugin", p.name.as_str()), ("hook", p.hook.as_str())];
             ConstCounter::new(p.calls).encode(m.encode_family(&labels)?)?;
+        }
+        for (name, help, pick) in [
+            ("herald_plugin_call_p50_seconds", "Median plugin call time over its latest 1024 calls", 0),
+            ("herald_plugin_call_p99_seconds", "99th percentile plugin call time over its latest 1024 calls", 1),
+        ] {
+            let rows = s.plugin_latency.iter().map(|(t, p, p50, p99)| {
+                ([("tenant", t.as_str()), ("plugin", p.as_str())], if pick == 0 { *p50 } else { *p99 })
+            });
+            gauges(&mut e, name, help, rows)?;
         }
         Ok(())
     }

@@ -36,7 +36,9 @@ mod tests;
 pub use cli::{check_file, run_hook_file};
 pub use compile::{EXIT_INVALID, compile_child};
 pub use convert::verdict;
-pub use registry::PluginHost;
+pub use registry::{
+    FailureRecord, MAX_VERSIONS, PluginHost, PluginStats, PluginVersion, RECENT_FAILURES, split_pinned,
+};
 pub use scaffold::new_js_plugin;
 pub use types::{
     Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, StructureLimits, is_slug,

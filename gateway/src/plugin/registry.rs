@@ -28,7 +28,14 @@ use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict}
 use files::read_dir;
 
 mod files;
+mod settings;
+mod stats;
+mod versions;
+use super::runtime::LogCapture;
 pub(super) use files::write_atomically;
+use stats::{Call, Stats};
+pub use stats::{FailureRecord, PluginStats, RECENT_FAILURES};
+pub use versions::{MAX_VERSIONS, PluginVersion, split_pinned};
 
 /// The plugin host: a registry of tenants' plugins and the sandbox that runs them.
 /// Cheap to clone; every clone shares one registry and one engine.
@@ -53,8 +60,14 @@ struct Inner {
     pool: CallPool,
     config: PluginConfig,
     tenants: RwLock<HashMap<String, HashMap<String, Slot>>>,
-    /// Held from a tenant-limit check to the write it allows, so that two concurrent
-    /// uploads cannot both fit in the last place.
+    /// Tenants' own settings, by (tenant, plugin): between the operator's defaults and
+    /// overrides. Kept apart from `tenants`, so they outlive a plugin's file. Lock order:
+    /// `tenants` before this.
+    tenant_config: RwLock<HashMap<(String, String), HashMap<String, String>>>,
+    /// Held from a tenant-limit check to the write it allows and the swap that follows,
+    /// so that two concurrent uploads cannot both fit in the last place, and so that a
+    /// reload of an older read of the file never swaps in over a newer upload (the
+    /// watcher checks the file again under it).
     installing: Mutex<()>,
     failures_by_kind: [AtomicU64; PluginFailure::KINDS.len()],
     /// Signalled whenever a load ends, for deliveries waiting on a loading plugin.
@@ -77,12 +90,6 @@ impl Slot {
     fn new() -> Slot {
         Slot { current: None, error: None, loading: false, stats: Arc::default() }
     }
-}
-
-#[derive(Default)]
-struct Stats {
-    calls: [AtomicU64; 3],
-    failures: [AtomicU64; 3],
 }
 
 impl PluginHost {
@@ -115,6 +122,7 @@ impl PluginHost {
             pool,
             config,
             tenants: RwLock::new(HashMap::new()),
+            tenant_config: RwLock::new(HashMap::new()),
             installing: Mutex::new(()),
             failures_by_kind: Default::default(),
             loads_ended: tokio::sync::Notify::new(),
@@ -193,8 +201,9 @@ impl PluginHost {
         ctx: &DeliveryContext,
         request: &Request,
     ) -> Result<TransformResult, PluginFailure> {
-        let (ctx, request) = (ctx.clone(), request.clone());
-        self.with_plugin(tenant, name, Hook::Transform, |_| None, move |p| p.transform(&ctx, &request, None)).await
+        let (c, request) = (ctx.clone(), request.clone());
+        let call = move |p: &LoadedPlugin, logs: &mut LogCapture| p.transform(&c, &request, Some(logs));
+        self.with_plugin((tenant, name, ctx), Hook::Transform, |_| None, call).await
     }
 
     /// Calls `classify` of `tenant`'s plugin `name`. `Ok(Verdict::Default)` and any
@@ -207,8 +216,9 @@ impl PluginHost {
         outcome: &Outcome,
     ) -> Result<Verdict, PluginFailure> {
         let unwanted = |p: &LoadedPlugin| (p.hooks.classify && !p.wants(outcome)).then_some(Verdict::Default);
-        let (ctx, outcome) = (ctx.clone(), outcome.clone());
-        self.with_plugin(tenant, name, Hook::Classify, unwanted, move |p| p.classify(&ctx, &outcome, None)).await
+        let (c, outcome) = (ctx.clone(), outcome.clone());
+        let call = move |p: &LoadedPlugin, logs: &mut LogCapture| p.classify(&c, &outcome, Some(logs));
+        self.with_plugin((tenant, name, ctx), Hook::Classify, unwanted, call).await
     }
 
     /// Calls `sign` of `tenant`'s plugin `name` with the raw bytes of each valid
@@ -221,8 +231,9 @@ impl PluginHost {
         secrets: &[Vec<u8>],
         request: &Request,
     ) -> Result<Vec<Header>, PluginFailure> {
-        let (ctx, secrets, request) = (ctx.clone(), secrets.to_vec(), request.clone());
-        self.with_plugin(tenant, name, Hook::Sign, |_| None, move |p| p.sign(&ctx, &secrets, &request, None)).await
+        let (c, secrets, request) = (ctx.clone(), secrets.to_vec(), request.clone());
+        let call = move |p: &LoadedPlugin, logs: &mut LogCapture| p.sign(&c, &secrets, &request, Some(logs));
+        self.with_plugin((tenant, name, ctx), Hook::Sign, |_| None, call).await
     }
 
     /// The hooks of `tenant`'s plugin `name`, if a version of it is serving.
@@ -231,14 +242,18 @@ impl PluginHost {
         tenants.get(tenant)?.get(name)?.current.as_ref().map(|p| p.hooks)
     }
 
-    /// Every plugin of `tenant`, serving or broken, sorted by name.
+    /// Every plugin of `tenant`, serving or broken, sorted by name (pinned versions
+    /// loaded as `name@n` are not plugins of their own).
     pub fn list(&self, tenant: &str) -> Vec<PluginInfo> {
-        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
-        let mut list: Vec<PluginInfo> = tenants
-            .get(tenant)
-            .map(|plugins| plugins.iter().map(|(name, slot)| info(tenant, name, slot)).collect())
-            .unwrap_or_default();
+        let mut list: Vec<PluginInfo> = {
+            let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+            let plugins = tenants.get(tenant).into_iter().flatten();
+            plugins.filter(|(name, _)| !name.contains('@')).map(|(name, slot)| info(tenant, name, slot)).collect()
+        };
         list.sort_by(|a, b| a.name.cmp(&b.name));
+        for p in &mut list {
+            p.version = self.current_version(tenant, &p.name);
+        }
         list
     }
 
@@ -257,6 +272,12 @@ impl PluginHost {
     /// [`PluginHost::install`] on the current thread (compiles: keep it off the async
     /// runtime).
     pub fn install_blocking(&self, tenant: &str, name: &str, bytes: &[u8]) -> Result<PluginInfo, PluginError> {
+        self.install_bytes(tenant, name, bytes, true)
+    }
+
+    /// Validates and serves `bytes` as `name`; with `record`, keeps them as a new version
+    /// first (an upload; a rollback serves a version it already has).
+    fn install_bytes(&self, tenant: &str, name: &str, bytes: &[u8], record: bool) -> Result<PluginInfo, PluginError> {
         check_slug("tenant", tenant)?;
         check_slug("plugin name", name)?;
         let limit = self.inner.config.max_plugin_bytes;
@@ -268,12 +289,19 @@ impl PluginHost {
         let dir = self.inner.config.dir.join(tenant);
         let installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
         self.check_tenant_limits(tenant, name, bytes.len())?;
+        if record {
+            self.record_version(tenant, name, &plugin.sha256, bytes)?;
+        }
         write_atomically(&dir, &format!("{name}.wasm"), bytes)?;
-        drop(installing);
         tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin installed");
         self.swap(tenant, name, Ok(plugin));
-        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
-        Ok(info(tenant, name, &tenants[tenant][name]))
+        drop(installing);
+        let mut info = {
+            let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+            info(tenant, name, &tenants[tenant][name])
+        };
+        info.version = self.current_version(tenant, name);
+        Ok(info)
     }
 
     /// Call and failure counters of every hook of every plugin.
@@ -338,15 +366,18 @@ impl PluginHost {
     }
 
     /// Looks the plugin up, answers at once when `inline` can (no guest code runs), else
-    /// runs `call` on the call pool; counts the call and any failure.
+    /// runs `call` on the call pool (its log lines captured); counts the call, times it
+    /// and records any failure with the call's log lines.
     async fn with_plugin<R: Send + 'static>(
         &self,
-        tenant: &str,
-        name: &str,
+        (tenant, name, ctx): (&str, &str, &DeliveryContext),
         hook: Hook,
         inline: impl FnOnce(&LoadedPlugin) -> Option<R>,
-        call: impl FnOnce(&LoadedPlugin) -> Result<R, PluginFailure> + Send + 'static,
+        call: impl FnOnce(&LoadedPlugin, &mut LogCapture) -> Result<R, PluginFailure> + Send + 'static,
     ) -> Result<R, PluginFailure> {
+        if split_pinned(name).is_some() {
+            self.ensure_pinned(tenant, name).await;
+        }
         let found = {
             let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
             tenants
@@ -354,25 +385,39 @@ impl PluginHost {
                 .and_then(|plugins| plugins.get(name))
                 .map(|slot| (slot.current.clone(), Arc::clone(&slot.stats)))
         };
-        let result = match &found {
+        let started = Instant::now();
+        let (result, logs) = match &found {
             Some((Some(plugin), stats)) => {
                 stats.calls[hook.index()].fetch_add(1, Ordering::Relaxed);
                 match inline(plugin) {
-                    Some(answer) => Ok(answer),
+                    Some(answer) => (Ok(answer), Vec::new()),
                     None => {
+                        let owner = Arc::clone(&plugin.tenant);
                         let plugin = Arc::clone(plugin);
-                        self.inner.pool.run(&Arc::clone(&plugin.tenant), move || call(&plugin)).await
+                        let run = move || {
+                            let mut logs = Vec::new();
+                            Ok((call(&plugin, &mut logs), logs))
+                        };
+                        match self.inner.pool.run(&owner, run).await {
+                            Ok((result, logs)) => (result, logs),
+                            Err(failure) => (Err(failure), Vec::new()),
+                        }
                     }
                 }
             }
-            _ => Err(PluginFailure::NotFound),
+            _ => (Err(PluginFailure::NotFound), Vec::new()),
         };
-        if let Err(failure) = &result {
+        let failure = result.as_ref().err();
+        if let Some(failure) = failure {
             self.inner.failures_by_kind[failure.kind_index()].fetch_add(1, Ordering::Relaxed);
-            if let Some((_, stats)) = &found {
+            tracing::debug!(tenant, plugin = name, hook = hook.as_str(), reason = %failure, "plugin call failed");
+        }
+        if let Some((_, stats)) = &found {
+            if failure.is_some() {
                 stats.failures[hook.index()].fetch_add(1, Ordering::Relaxed);
             }
-            tracing::debug!(tenant, plugin = name, hook = hook.as_str(), reason = %failure, "plugin call failed");
+            let call = Call { hook, took: started.elapsed(), event_id: &ctx.event_id, attempt_id: &ctx.attempt_id };
+            stats.record(call, failure, logs);
         }
         result
     }
@@ -396,6 +441,10 @@ impl PluginHost {
         slot.loading = false;
         match loaded {
             Ok(plugin) => {
+                // Loaded with the settings of when the load began: settings changed since
+                // then apply to it before it serves.
+                let config = self.plugin_config(tenant, name);
+                let plugin = if *plugin.config() == config { plugin } else { Arc::new(plugin.with_config(config)) };
                 slot.current = Some(plugin);
                 slot.error = None;
             }
@@ -403,11 +452,6 @@ impl PluginHost {
         }
         drop(tenants);
         self.inner.loads_ended.notify_waiters();
-    }
-
-    fn plugin_config(&self, tenant: &str, name: &str) -> HashMap<String, String> {
-        let key = (tenant.to_string(), name.to_string());
-        self.inner.config.plugin_config.get(&key).cloned().unwrap_or_default()
     }
 }
 
@@ -425,5 +469,6 @@ fn info(tenant: &str, name: &str, slot: &Slot) -> PluginInfo {
         loaded_at: current.map(|p| p.loaded_at),
         loading: slot.loading,
         error: slot.error.clone(),
+        version: None,
     }
 }

@@ -73,6 +73,7 @@ struct Limits {
     /// as long if that comes first (see `Deadline`).
     first_check_ticks: u64,
     call_timeout: Duration,
+    call_timeout_per_mib: Duration,
     memory_limit: usize,
     js_memory_limit: usize,
     max_output_bytes: usize,
@@ -100,6 +101,7 @@ impl Runtime {
         let limits = Limits {
             first_check_ticks,
             call_timeout: cfg.call_timeout,
+            call_timeout_per_mib: cfg.call_timeout_per_mib,
             memory_limit: cfg.memory_limit,
             js_memory_limit: cfg.js_memory_limit,
             max_output_bytes: cfg.max_output_bytes,
@@ -281,7 +283,7 @@ impl LoadedPlugin {
             attempt_id: "load".to_string(),
         };
         let mut logs = LogCapture::new();
-        let info = self.call(&load_ctx, Some(&mut logs), |b, store| b.call_describe(store)).map_err(|f| {
+        let info = self.call(&load_ctx, Some(&mut logs), 0, |b, store| b.call_describe(store)).map_err(|f| {
             // The JavaScript runtime logs why evaluating the source failed before it traps.
             let why = logs.iter().rev().find(|(level, _)| *level == "error").map(|(_, line)| format!(" ({line})"));
             PluginError::Rejected(format!("describe failed: plugin:{f}{}", why.unwrap_or_default()))
@@ -290,6 +292,34 @@ impl LoadedPlugin {
         self.drop_warm(|_| true);
         self.describe_as(info)?;
         Ok(())
+    }
+
+    /// The same version with another configuration map and no warm instances, so the
+    /// next call instantiates afresh (the SDK caches what it read from the old map).
+    pub(crate) fn with_config(&self, config: HashMap<String, String>) -> LoadedPlugin {
+        LoadedPlugin {
+            runtime: Arc::clone(&self.runtime),
+            pre: self.pre.clone(),
+            tenant: Arc::clone(&self.tenant),
+            name: Arc::clone(&self.name),
+            config: Arc::new(config),
+            hooks: self.hooks,
+            plugin_name: self.plugin_name.clone(),
+            plugin_version: self.plugin_version.clone(),
+            classify_statuses: self.classify_statuses.clone(),
+            sha256: self.sha256.clone(),
+            size: self.size,
+            loaded_at: self.loaded_at,
+            warm: Mutex::new(Vec::new()),
+            runs_long: AtomicBool::new(self.runs_long.load(Ordering::Relaxed)),
+            js_source: self.js_source.clone(),
+            memory_limit: self.memory_limit,
+        }
+    }
+
+    /// The configuration map this version's calls read.
+    pub(crate) fn config(&self) -> &HashMap<String, String> {
+        &self.config
     }
 
     /// Takes what `describe` said: at least one hook, and `classify` statuses only with
@@ -327,7 +357,7 @@ impl LoadedPlugin {
         logs: Option<&mut LogCapture>,
     ) -> Result<TransformResult, PluginFailure> {
         self.require(Hook::Transform)?;
-        let result = self.call(ctx, logs, |b, s| b.call_transform(s, ctx, request))?;
+        let result = self.call(ctx, logs, request.body.len(), |b, s| b.call_transform(s, ctx, request))?;
         match result.map_err(|e| PluginFailure::Guest(truncate(e, MAX_REASON)))? {
             TransformResult::Send(req) => Ok(TransformResult::Send(self.check_request(req)?)),
             TransformResult::Drop(reason) if reason.len() > self.runtime.limits.max_output_bytes => {
@@ -348,7 +378,7 @@ impl LoadedPlugin {
         if !self.wants(outcome) {
             return Ok(Verdict::Default);
         }
-        let verdict = self.call(ctx, logs, |b, s| b.call_classify(s, ctx, outcome))?;
+        let verdict = self.call(ctx, logs, 0, |b, s| b.call_classify(s, ctx, outcome))?;
         check_verdict(verdict, self.runtime.limits.max_output_bytes)
     }
 
@@ -361,7 +391,7 @@ impl LoadedPlugin {
         logs: Option<&mut LogCapture>,
     ) -> Result<Vec<Header>, PluginFailure> {
         self.require(Hook::Sign)?;
-        let result = self.call(ctx, logs, |b, s| b.call_sign(s, ctx, secrets, request))?;
+        let result = self.call(ctx, logs, request.body.len(), |b, s| b.call_sign(s, ctx, secrets, request))?;
         let headers = result.map_err(|e| PluginFailure::Guest(truncate(e, MAX_REASON)))?;
         let size: usize = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
         if size > self.runtime.limits.max_output_bytes {
@@ -404,6 +434,7 @@ impl LoadedPlugin {
         &self,
         ctx: &DeliveryContext,
         logs: Option<&mut LogCapture>,
+        input_bytes: usize,
         f: impl FnOnce(&Bindings, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginFailure> {
         // Instantiation runs guest code too: both are under the deadline.
@@ -423,6 +454,7 @@ impl LoadedPlugin {
             super::pool::demote_long_call();
         }
         inst.store.data_mut().begin_call(ctx, capture);
+        inst.store.data_mut().deadline.budget = self.budget(input_bytes);
         inst.store.set_epoch_deadline(self.runtime.limits.first_check_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
@@ -440,6 +472,15 @@ impl LoadedPlugin {
             Ok(_) => Err(PluginFailure::Memory),
             Err(err) => Err(failure_from(&err, state.limiter.exceeded)),
         }
+    }
+
+    /// The CPU budget of a call whose input is `input_bytes`: `call_timeout`, plus
+    /// `call_timeout_per_mib` for each MiB, so that the largest payload Herald accepts
+    /// can go through a transform that reads and rewrites it.
+    fn budget(&self, input_bytes: usize) -> Duration {
+        let limits = &self.runtime.limits;
+        let extra = limits.call_timeout_per_mib.as_nanos() * input_bytes as u128 / (1 << 20);
+        limits.call_timeout + Duration::from_nanos(u64::try_from(extra).unwrap_or(u64::MAX))
     }
 
     fn instantiate(&self) -> Result<WarmInstance, PluginFailure> {

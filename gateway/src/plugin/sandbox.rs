@@ -314,6 +314,9 @@ pub(super) struct Deadline {
     cpu_start: Option<Duration>,
     /// The call has used [`DEMOTE_AFTER`] of CPU.
     long: bool,
+    /// This call's CPU budget when it is larger than `call_timeout` (a call with a
+    /// large input gets more, see `PluginConfig::call_timeout_per_mib`).
+    pub(super) budget: Duration,
 }
 
 impl Deadline {
@@ -329,6 +332,7 @@ impl Deadline {
     }
 
     pub(super) fn on_expiry(&mut self, call_timeout: Duration) -> UpdateDeadline {
+        let call_timeout = call_timeout.max(self.budget);
         let wall = self.started.map(|s| s.elapsed()).unwrap_or(Duration::MAX);
         if wall >= call_timeout.saturating_mul(if pool::demoted() { 100 } else { 10 }) {
             return UpdateDeadline::Interrupt;

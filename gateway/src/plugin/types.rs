@@ -16,6 +16,9 @@ pub struct PluginConfig {
     /// this plus one 1 ms tick, a starved one after 10x of wall time, or 100x once it
     /// has run 1 ms and yielded its priority). Default 10 ms.
     pub call_timeout: Duration,
+    /// Extra time budget per MiB of a call's input (the request body of `transform` and
+    /// `sign`), so a large event can go through a transform. Default 100 ms.
+    pub call_timeout_per_mib: Duration,
     /// Linear memory cap of one plugin instance, in bytes. Default 16 MiB.
     pub memory_limit: usize,
     /// Cap on what one call may return (body + header bytes + strings). Default 4 MiB.
@@ -66,8 +69,13 @@ pub struct PluginConfig {
     /// included), in bytes. Default 64 MiB.
     pub js_memory_limit: usize,
     /// Each plugin's own configuration, keyed by (tenant, plugin name); the plugin reads
-    /// it with `get-config`.
+    /// it with `get-config`. The operator's defaults: a tenant's own settings (see
+    /// [`PluginHost::set_tenant_config`](super::PluginHost::set_tenant_config)) replace
+    /// these key by key.
     pub plugin_config: HashMap<(String, String), HashMap<String, String>>,
+    /// The operator's overrides, keyed like `plugin_config`: these keys win over a
+    /// tenant's own settings.
+    pub plugin_overrides: HashMap<(String, String), HashMap<String, String>>,
 }
 
 impl PluginConfig {
@@ -76,6 +84,7 @@ impl PluginConfig {
         PluginConfig {
             dir: dir.into(),
             call_timeout: Duration::from_millis(10),
+            call_timeout_per_mib: Duration::from_millis(100),
             memory_limit: 16 << 20,
             max_output_bytes: 4 << 20,
             max_plugin_bytes: 8 << 20,
@@ -96,6 +105,7 @@ impl PluginConfig {
             js_runtime: None,
             js_memory_limit: 64 << 20,
             plugin_config: HashMap::new(),
+            plugin_overrides: HashMap::new(),
         }
     }
 }
@@ -238,6 +248,8 @@ pub struct PluginInfo {
     /// Why the newest file on disk is not serving, when it failed to load. The previous
     /// version, if any, keeps serving.
     pub error: Option<String>,
+    /// The number of the stored version that serves, if the serving bytes are one.
+    pub version: Option<u32>,
 }
 
 /// Call and failure counters of one plugin hook, for metrics.
@@ -389,6 +401,14 @@ pub enum PluginError {
     /// The WebAssembly engine could not be set up.
     #[error("plugin engine: {0}")]
     Engine(String),
+    /// A rollback or a pinned binding to a version that is not stored.
+    #[error("plugin {name:?} has no version {version}")]
+    NoSuchVersion {
+        /// The plugin.
+        name: String,
+        /// The version asked for.
+        version: u32,
+    },
     /// `run_hook_file` input that does not parse.
     #[error("invalid input: {0}")]
     Input(String),

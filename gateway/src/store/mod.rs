@@ -11,6 +11,7 @@ use crate::model::*;
 
 pub(crate) mod committer;
 pub mod outbox;
+mod plugin_settings;
 pub mod postgres;
 mod queries;
 mod rows;
@@ -347,6 +348,13 @@ pub trait Store: Send + Sync + 'static {
     async fn update_endpoint(&self, endpoint: &Endpoint) -> Result<bool>;
     /// Deletes it; its unfinished deliveries become dead letters (`endpoint_deleted`).
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool>;
+
+    /// Replaces the settings of one tenant's plugin (a tenant's own configuration).
+    async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()>;
+    async fn plugin_settings(&self, tenant: &TenantId, plugin: &str) -> Result<Option<StoredPluginSettings>>;
+    /// Every tenant's plugin settings: a node applies them at start and, on a shared
+    /// store, follows other nodes' changes.
+    async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>>;
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>>;
     async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<Delivery>>;

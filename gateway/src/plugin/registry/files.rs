@@ -147,6 +147,14 @@ impl PluginHost {
         };
         match loaded {
             Ok(plugin) => {
+                // An upload or rollback may have replaced the file since it was read: then
+                // its own swap stands, and the watcher reloads the newer file anyway.
+                let _installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
+                let now = std::fs::read(&path).map(|b| hex::encode(Sha256::digest(&b)));
+                if now.is_ok_and(|now| now != plugin.sha256) {
+                    self.swap(tenant, name, Err(None));
+                    return;
+                }
                 tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin loaded");
                 self.swap(tenant, name, Ok(plugin));
             }

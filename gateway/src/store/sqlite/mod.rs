@@ -150,6 +150,19 @@ impl Store for SqliteStore {
         self.writer.run(move |tx| writes::delete_endpoint(tx, &tenant, &id, now)).await
     }
 
+    async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()> {
+        let s = s.clone();
+        self.writer.run(move |tx| writes::put_plugin_settings(tx, &s)).await
+    }
+
+    async fn plugin_settings(&self, tenant: &TenantId, plugin: &str) -> Result<Option<StoredPluginSettings>> {
+        self.q.plugin_settings(tenant, plugin).await
+    }
+
+    async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>> {
+        self.q.all_plugin_settings().await
+    }
+
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
         self.q.get_event(tenant, id).await
     }

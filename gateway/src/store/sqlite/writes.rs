@@ -80,6 +80,16 @@ pub(super) fn delete_endpoint(tx: &Transaction<'_>, tenant: &TenantId, id: &Endp
     Ok(n == 1)
 }
 
+pub(super) fn put_plugin_settings(tx: &Transaction<'_>, s: &StoredPluginSettings) -> Result<()> {
+    tx.prepare_cached(super::super::plugin_settings::UPSERT)?.execute(params![
+        s.tenant.as_str(),
+        s.plugin,
+        json(&s.settings),
+        s.updated_at
+    ])?;
+    Ok(())
+}
+
 pub(super) fn recover_leases(tx: &Transaction<'_>, expired_before: Millis, now: Millis) -> Result<u64> {
     let n = tx
         .prepare_cached(

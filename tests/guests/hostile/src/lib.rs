@@ -40,6 +40,11 @@ fn misbehave(ctx: &DeliveryContext) -> Result<(), String> {
             panic!("hostile plugin panics on {}", ctx.event_id);
         }
         "exit" => std::process::exit(3),
+        // A plugin that explains itself before failing (its log lines show in the API).
+        "fail" => {
+            plugin_sdk::log::warn(&format!("refusing {}", ctx.event_id));
+            return Err(format!("refused {}", ctx.event_id));
+        }
         "socket" => match std::net::TcpStream::connect("127.0.0.1:9") {
             Ok(_) => return Err("socket: connected, which must never happen".to_string()),
             Err(e) => return Err(format!("socket: {e}")),
