@@ -232,7 +232,7 @@ impl Drop for TaskDone {
 fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
     let mut parts = inner.partitions.lock().expect("partition map");
     if let Some(signal) = parts.get(id) {
-        signal.work.notify_one();
+        signal.work();
         return;
     }
     let signal = Arc::new(partition::Signal::default());

@@ -47,14 +47,24 @@ impl Shared {
 /// How a partition is woken.
 #[derive(Default)]
 pub(super) struct Signal {
-    /// The endpoint got new work.
-    pub(super) work: Notify,
+    /// The endpoint got new work since the partition last looked.
+    fresh: AtomicBool,
+    work: Notify,
     /// The endpoint's settings or state changed: re-read it before the next send.
     changed: AtomicBool,
     change: Notify,
 }
 
 impl Signal {
+    /// The endpoint got new work: a partition that knew its next due time claims again.
+    pub(super) fn work(&self) {
+        self.fresh.store(true, Ordering::Release);
+        self.work.notify_one();
+    }
+
+    fn take_fresh(&self) -> bool {
+        self.fresh.swap(false, Ordering::AcqRel)
+    }
     /// The endpoint changed: wakes the partition from any wait, even the pacer's (a wait
     /// planned at the old rate can be far longer than the new one allows).
     pub(super) fn changed(&self) {
@@ -90,6 +100,10 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
         p.collect_prefetch(false).await;
         if p.signal.take_changed() {
             p.stale = true;
+            p.drained = None;
+        }
+        if p.signal.take_fresh() {
+            // New work while sending: the queue ran dry of what the last claim knew.
             p.drained = None;
         }
         if *p.inner.shutdown.borrow() {
@@ -337,7 +351,8 @@ impl Partition {
         // A finished attempt leaves what is known of the next due time standing.
         tokio::select! {
             _ = tokio::time::sleep_until(wake) => self.drained = None,
-            _ = self.signal.work.notified() => self.drained = None,
+            // A wake whose work the loop already saw (and claimed) leaves `drained` standing.
+            _ = self.signal.work.notified() => if self.signal.take_fresh() { self.drained = None },
             _ = self.signal.change.notified() => self.drained = None,
             _ = freed => {}
         }

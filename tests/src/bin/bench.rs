@@ -75,6 +75,10 @@ enum Scenario {
         endpoints: usize,
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
+        /// Post at this many events/s in total (open loop: event i is due at i/rate s)
+        /// instead of as fast as the producers can: the tail at a load the node sustains.
+        #[arg(long)]
+        rate: Option<f64>,
     },
     /// `concurrent`: one endpoint taking intake and delivery at the same time (`events`
     /// posted by `concurrency` producers while the receiver takes them): deliveries/s.
@@ -507,11 +511,13 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let cpu = cpu_seconds(node.pid())? - cpu_before;
             out.insert("node_cpu_ms_per_delivery".into(), cpu * 1e3 / (total + extra_rx.count()) as f64);
         }
-        Scenario::FanoutTail { events, endpoints, concurrency } => {
-            load::posting_while_delivering(&api, &rx, node.pid(), (events, endpoints, concurrency), &mut out).await?;
+        Scenario::FanoutTail { events, endpoints, concurrency, rate } => {
+            let shape = load::Shape { events, endpoints, concurrency, rate };
+            load::posting_while_delivering(&api, &rx, node.pid(), shape, &mut out).await?;
         }
         Scenario::Concurrent { events, concurrency } => {
-            load::posting_while_delivering(&api, &rx, node.pid(), (events, 1, concurrency), &mut out).await?;
+            let shape = load::Shape { events, endpoints: 1, concurrency, rate: None };
+            load::posting_while_delivering(&api, &rx, node.pid(), shape, &mut out).await?;
         }
         Scenario::Pacing { rate, seconds } => {
             api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": rate, "burst": 1, "max_in_flight": 64}))

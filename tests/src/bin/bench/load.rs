@@ -12,14 +12,23 @@ use tests::{ADMIN_TOKEN, Api, FakeReceiver};
 
 use super::{cpu_seconds, percentile};
 
-/// Posts `events` single events with `concurrency` producers, every endpoint of tenant
-/// `bench` subscribed, and measures 202→arrival of each (event, endpoint) pair and the
+/// How the producers post: `events` single events by `concurrency` producers, each fanned
+/// out to `endpoints` endpoints; as fast as they can, or open loop at `rate` events/s.
+pub struct Shape {
+    pub events: usize,
+    pub endpoints: usize,
+    pub concurrency: usize,
+    pub rate: Option<f64>,
+}
+
+/// Posts single events as `shape` says, every endpoint of tenant `bench` subscribed, and
+/// measures 202→arrival of each (event, endpoint) pair and the
 /// deliveries/s from the first post to the last arrival.
 pub async fn posting_while_delivering(
     api: &Api,
     rx: &FakeReceiver,
     pid: u32,
-    (events, endpoints, concurrency): (usize, usize, usize),
+    Shape { events, endpoints, concurrency, rate }: Shape,
     out: &mut HashMap<String, f64>,
 ) -> anyhow::Result<()> {
     for i in 0..endpoints {
@@ -39,6 +48,9 @@ pub async fn posting_while_delivering(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= events {
                     return anyhow::Ok(());
+                }
+                if let Some(rate) = rate {
+                    tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / rate)).into()).await;
                 }
                 let id = format!("evt_{i}");
                 let body = json!({"id": id, "type": "invoice.paid", "payload": {"n": i, "amount": 1999}});
