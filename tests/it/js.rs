@@ -138,7 +138,11 @@ const HOSTILE: [(&str, &str, &str); 4] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_javascript_is_contained_and_other_tenants_deliver() -> anyhow::Result<()> {
     let runtime = js_runtime();
-    let gw = TestGateway::start_with(&[("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str())]).await?;
+    // A budget well above what the huge output needs alone (its 5 MiB array is built and
+    // lowered within a few ms), so a suite running on every core cannot turn the
+    // output-size failure into a timeout; the loop still spends all of it.
+    let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str()), ("HERALD_PLUGINS_CALL_TIMEOUT", "100ms")];
+    let gw = TestGateway::start_with(&env).await?;
     let api = &gw.api;
     for tenant in ["evil", "acme"] {
         api.tenant(tenant).await?;
