@@ -18,79 +18,13 @@ use crate::lease;
 use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
-use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, Release, Result as StoreResult};
 
 mod held;
+mod signal;
 
-/// What a partition shares with its in-flight attempts.
-pub(super) struct Shared {
-    pub(super) pacer: Mutex<Pacer>,
-    pub(super) freed: Notify,
-    /// The endpoint was held for a human or disabled: stop sending.
-    pub(super) halted: AtomicBool,
-    pub(super) failing_since: Mutex<Option<Millis>>,
-    /// The earliest time a finished attempt left its delivery due again (a retry, a hand
-    /// back), since the partition last looked.
-    due_again: Mutex<Option<Millis>>,
-}
-
-impl Shared {
-    /// A finished attempt's delivery is due again at `at`.
-    pub(super) fn due_again(&self, at: Millis) {
-        let mut due = self.due_again.lock().expect("due again");
-        *due = Some(due.map_or(at, |d| d.min(at)));
-    }
-}
-
-/// How a partition is woken.
-#[derive(Default)]
-pub(super) struct Signal {
-    /// The endpoint got new work since the partition last looked.
-    fresh: AtomicBool,
-    work: Notify,
-    /// The endpoint's settings or state changed: re-read it before the next send.
-    changed: AtomicBool,
-    change: Notify,
-}
-
-impl Signal {
-    /// The endpoint got new work: a partition that knew its next due time claims again.
-    pub(super) fn work(&self) {
-        self.fresh.store(true, Ordering::Release);
-        self.work.notify_one();
-    }
-
-    fn take_fresh(&self) -> bool {
-        self.fresh.swap(false, Ordering::AcqRel)
-    }
-    /// The endpoint changed: wakes the partition from any wait, even the pacer's (a wait
-    /// planned at the old rate can be far longer than the new one allows).
-    pub(super) fn changed(&self) {
-        self.changed.store(true, Ordering::Release);
-        self.change.notify_one();
-    }
-
-    /// Wakes the partition so it sees the engine stopping.
-    pub(super) fn stop(&self) {
-        self.work.notify_one();
-        self.change.notify_one();
-    }
-
-    fn take_changed(&self) -> bool {
-        self.changed.swap(false, Ordering::AcqRel)
-    }
-}
-
-/// What an attempt needs to know about its endpoint, fixed for one claim.
-pub(super) struct Target {
-    pub(super) endpoint: Endpoint,
-    pub(super) policy: RetryPolicy,
-    pub(super) secrets: Vec<Secret>,
-    /// The tenant's outcome counters, looked up once per partition rather than per result.
-    pub(super) counters: TenantCounters,
-}
+pub(super) use signal::{Shared, Signal, Target};
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
 /// engine shuts down. Each turn of the loop is a list of named steps.
