@@ -17,6 +17,8 @@ const XSS_DESCRIPTION: &str = "<img src=x onerror=\"window.__xss=1\"><script>win
 const XSS_BODY: &str = "<script>window.__xss=3</script><img src=x onerror=\"window.__xss=4\">";
 /// Dead letters the failing endpoint makes.
 const DEAD: usize = 3;
+/// The event the hostile plugin refuses (its type's last segment says how it misbehaves).
+const PLUGIN_EVENT: &str = "evt_plugin_fail";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
@@ -60,8 +62,9 @@ async fn until(api: &tests::Api, path: &str, limit: Duration, done: impl Fn(&Val
     }
 }
 
-/// Two tenants; acme has a healthy endpoint (a hostile description) and one whose
-/// receiver answers 422 with a hostile body, so its events become dead letters.
+/// Two tenants; acme has a healthy endpoint (a hostile description), one whose receiver
+/// answers 422 with a hostile body, so its events become dead letters, and one whose
+/// transform plugin (the hostile guest) refuses its event after logging why.
 async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow::Result<Value> {
     api.tenant("acme").await?;
     api.tenant("globex").await?;
@@ -86,6 +89,7 @@ async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow
     .await?;
     // Fixed: a replay now delivers.
     bad.set_default(Answer::status(200));
+    failing_plugin(api, bad).await?;
     Ok(json!({
         "admin_token": ADMIN_TOKEN,
         "read_token": api.token("acme", &["read"]).await?,
@@ -97,13 +101,32 @@ async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow
         "xss_body": XSS_BODY,
         "failed_event": "evt_failed_0",
         "dead": DEAD,
+        "plugin_event": PLUGIN_EVENT,
     }))
+}
+
+/// The hostile guest as acme's `hostile` transform, refusing one event: its failure (and
+/// the log line it wrote) is in the plugin's stats before the browser starts.
+async fn failing_plugin(api: &tests::Api, bad: &FakeReceiver) -> anyhow::Result<()> {
+    let path = "/v1/tenants/acme/plugins/hostile";
+    let r = api.raw("PUT", path, Some(ADMIN_TOKEN), crate::plugins::plugin_bytes("hostile")).await?;
+    ensure!(r.status == 200, "upload: {} {}", r.status, r.text);
+    let never = format!("{}/never-sent", bad.url());
+    api.endpoint(
+        "acme",
+        json!({"url": never, "event_types": ["plugin.fail"], "plugins": {"transform": "hostile"},
+               "retry": {"max_attempts": 1}}),
+    )
+    .await?;
+    let r = api.event("acme", json!({"id": PLUGIN_EVENT, "type": "plugin.fail", "payload": {}})).await?;
+    ensure!(r.status == 202, "event: {} {}", r.status, r.text);
+    until(api, path, Duration::from_secs(30), |j| j["stats"]["failures"] == 1).await
 }
 
 /// Every item of issue 16's "How it is checked", in one browser session: admin sign-in,
 /// the success rate beside the rate, a delivery and its attempts, a replay by filter to
-/// its end, a refused plugin upload, a read-only tenant token, another tenant invisible,
-/// hostile stored text rendered as text.
+/// its end, a plugin's failures with its log lines, a refused plugin upload, a read-only
+/// tenant token, another tenant invisible, hostile stored text rendered as text.
 #[tokio::test]
 async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -124,7 +147,9 @@ async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
     assert!(summary["other_tenant"].as_str().is_some_and(|m| m.contains("not_found")), "{summary}");
     // The replay reached the receiver: each dead letter delivered once more.
     bad.wait_for(DEAD * 2, Duration::from_secs(10)).await?;
-    for page in ["overview", "endpoints", "endpoint", "delivery", "dead-letters", "plugins", "read-only-tenant"] {
+    for page in
+        ["overview", "endpoints", "endpoint", "delivery", "dead-letters", "plugins", "plugin", "read-only-tenant"]
+    {
         let png = std::fs::read(shots.join(format!("{page}.png"))).with_context(|| format!("screenshot {page}"))?;
         assert!(png.starts_with(b"\x89PNG"), "{page}.png is not a PNG");
     }
