@@ -17,21 +17,25 @@ function reasons(stats) {
   return entries.length ? entries.map(([r, n]) => `${r}: ${n}`).join(', ') : '—';
 }
 
-/** The endpoints that bind `name` (any hook, pinned `name@n` too): from the tenant's first 1000. */
-async function bindings() {
-  const endpoints = await api('GET', tenantPath('/endpoints'), { query: { limit: 1000 } });
-  return (name) => endpoints.data
-    .filter((e) => Object.values(e.plugins).some((b) => b === name || b.startsWith(`${name}@`)))
-    .map((e) => e.id);
+/** A page of the endpoints that bind `name` to a hook (pinned `name@n` too), found by the server. */
+function boundBy(name, limit, after) {
+  return api('GET', tenantPath('/endpoints'), { query: { plugin: name, limit, after } });
 }
 
-export async function pluginsPage(main, rerender, name) {
-  if (name) return pluginPage(main, name);
+/** The first few endpoints binding a plugin, and whether there are more. */
+function boundCell(page) {
+  if (page.data.length === 0) return '—';
+  const ids = page.data.map((e) => e.id).join(', ');
+  return page.next_after ? `${ids}, and more` : ids;
+}
+
+export async function pluginsPage(main, rerender, name, params) {
+  if (name) return pluginPage(main, name, params);
   const plugins = await api('GET', tenantPath('/plugins'));
-  const [details, usedBy] = await Promise.all([
-    Promise.all(plugins.data.map((p) => api('GET', pluginPath(p.name)))),
-    bindings(),
-  ]);
+  const details = await Promise.all(plugins.data.map(async (p) => {
+    const [detail, bound] = await Promise.all([api('GET', pluginPath(p.name)), boundBy(p.name, 5)]);
+    return { ...detail, bound };
+  }));
   const file = h('input', { name: 'file', type: 'file', required: true, accept: '.wasm,.js,application/wasm' });
   const nameInput = h('input', { name: 'name', required: true, pattern: '[a-z0-9_\\-]{1,64}', placeholder: 'classify-409' });
   const result = h('p', { id: 'upload-result', 'aria-live': 'polite' });
@@ -49,7 +53,7 @@ export async function pluginsPage(main, rerender, name) {
       { label: 'p50', num: true, cell: (p) => ms(p.stats.p50_ms) },
       { label: 'p99', num: true, cell: (p) => ms(p.stats.p99_ms) },
       { label: 'Latest failure', cls: 'url', cell: (p) => p.stats.recent_failures[0]?.message ?? '—' },
-      { label: 'Bound by', cls: 'url', cell: (p) => usedBy(p.name).join(', ') || '—' },
+      { label: 'Bound by', cls: 'url', cell: (p) => boundCell(p.bound) },
     ], details, 'This tenant has no plugins.'),
     h('section', {}, h('h2', {}, 'Upload a plugin'),
       h('form', { class: 'inline', 'aria-label': 'Upload a plugin', onsubmit: (ev) => {
@@ -70,11 +74,12 @@ export async function pluginsPage(main, rerender, name) {
       result));
 }
 
-/** One plugin: what serves, how its calls went per hook, and its latest failures. */
-async function pluginPage(main, name) {
-  const [p, usedBy] = await Promise.all([api('GET', pluginPath(name)), bindings()]);
+/** One plugin: what serves, how its calls went per hook, its latest failures, and a page
+ *  of the endpoints that bind it. */
+async function pluginPage(main, name, params) {
+  const [p, bound] = await Promise.all([api('GET', pluginPath(name)), boundBy(name, 50, params.get('after'))]);
   const s = p.stats;
-  const bound = usedBy(p.name);
+  const next = bound.next_after ? `#/plugins/${encodeURIComponent(name)}?after=${encodeURIComponent(bound.next_after)}` : null;
   put(main, h('h1', {}, 'Plugin ', p.name),
     facts([
       ['Hooks', p.hooks.join(', ') || '—'],
@@ -92,9 +97,10 @@ async function pluginPage(main, name) {
     ], s.hooks, 'Not called yet.')),
     h('section', { id: 'recent-failures' }, h('h2', {}, 'Latest failures'),
       s.recent_failures.length === 0 ? h('p', { class: 'muted' }, 'No failure.') : s.recent_failures.map(failure)),
-    h('section', {}, h('h2', {}, 'Bound by'),
-      bound.length === 0 ? h('p', { class: 'muted' }, 'No endpoint binds it.')
-        : h('ul', {}, bound.map((id) => h('li', {}, link(`#/endpoints/${encodeURIComponent(id)}`, id))))));
+    h('section', { id: 'bound-by' }, h('h2', {}, 'Bound by'),
+      bound.data.length === 0 ? h('p', { class: 'muted' }, 'No endpoint binds it.')
+        : h('ul', {}, bound.data.map((e) => h('li', {}, link(`#/endpoints/${encodeURIComponent(e.id)}`, e.id), ` ${e.url}`))),
+      next ? link(next, 'Next page') : null));
 }
 
 /** One failed call: when, which hook and why, the event it was for, and its log lines. */

@@ -181,6 +181,7 @@ def plugin_failures(c, cfg, times):
     assert row[cols.index("By reason")] == "error: 1", row
     assert refused in row[cols.index("Latest failure")], row
     assert row[cols.index("p50")].endswith(" ms"), row
+    assert row[cols.index("Bound by")] == cfg["plugin_endpoint"], row
     c.d.find_element(By.LINK_TEXT, "hostile").click()
     c.wait.until(lambda d: d.execute_script("return location.hash") == "#/plugins/hostile")
     c.arrived("#page-plugins")
@@ -188,6 +189,8 @@ def plugin_failures(c, cfg, times):
     assert refused in failures, failures
     assert f"warn: refusing {cfg['plugin_event']}" in c.find("#recent-failures pre.failure-logs").text, failures
     assert "transform" in failures and cfg["plugin_event"] in failures, failures
+    bound = c.find("#bound-by").text
+    assert cfg["plugin_endpoint"] in bound and "never-sent" in bound, bound
     c.shot("plugin")
 
 
