@@ -101,7 +101,7 @@ async function render() {
     endpoints: () => (id ? endpointPage(content, id, rerender) : endpointsPage(content, params)),
     deliveries: () => (id ? deliveryPage(content, id) : deliveriesPage(content, params)),
     'dead-letters': () => deadLettersPage(content, params),
-    plugins: () => pluginsPage(content, rerender),
+    plugins: () => pluginsPage(content, rerender, id, params),
   };
   m.setAttribute('aria-busy', 'true');
   await guard(pages[page]);

@@ -1,5 +1,5 @@
 // Deliveries: search by event id, endpoint, state, type and time window (newest first);
-// one delivery with every attempt and the event it carries.
+// one delivery with every attempt and the exact request each sent.
 import { api, tenantPath } from './api.js';
 import { facts, field, h, link, stateText, table, when, put } from './dom.js';
 
@@ -60,7 +60,6 @@ export async function deliveriesPage(main, params) {
 
 export async function deliveryPage(main, id) {
   const d = await api('GET', tenantPath(`/deliveries/${encodeURIComponent(id)}`));
-  const ev = await api('GET', tenantPath(`/events/${encodeURIComponent(d.event_id)}`)).catch(() => null);
   put(main, h('h1', {}, 'Delivery ', d.id),
     facts([
       ['Event', d.event_id], ['Type', d.event_type],
@@ -80,9 +79,25 @@ export async function deliveryPage(main, id) {
       { label: 'Error', cell: (a) => a.error ?? '—' },
       { label: 'Response (first KiB)', cls: 'url', cell: (a) => (a.response_body ? h('pre', { class: 'response' }, a.response_body) : '—') },
     ], d.attempt_history, 'No attempt yet.')),
-    h('section', {}, h('h2', {}, 'What was sent'), ev ? [
-      h('p', { class: 'muted' }, 'Body: the JSON envelope {id, type, timestamp, data} with the payload below as data, unless a transform plugin reshaped it. ' +
-        'Headers: content-type: application/json, webhook-id (the event id), webhook-timestamp and webhook-signature (fresh per attempt), herald-attempt-id (the attempt id above), and the endpoint\u2019s custom headers.'),
-      h('pre', { class: 'payload' }, JSON.stringify(ev.payload, null, 2)),
-    ] : h('p', { class: 'muted' }, 'The event is no longer stored.')));
+    h('section', { id: 'sent' }, h('h2', {}, 'What was sent'),
+      d.attempt_history.length === 0 ? h('p', { class: 'muted' }, 'Nothing yet.') : d.attempt_history.map(sentRequest)));
+}
+
+/** One attempt's request as the receiver got it: headers in order, then the body. */
+function sentRequest(a) {
+  const r = a.request;
+  const title = h('h3', {}, `Attempt ${a.number} `, h('span', { class: 'muted' }, a.id));
+  if (!r) {
+    return h('article', { class: 'sent', 'data-attempt': a.id }, title,
+      h('p', { class: 'muted' }, 'Nothing was sent: a plugin decided before sending (see the error above), or the attempt was recorded before Herald kept its request.'));
+  }
+  const size = `${r.body_size} bytes`;
+  const about = r.body_is_payload
+    ? `Herald\u2019s envelope of the event\u2019s payload (${size}).`
+    : `As a transform plugin made it (${size}${r.truncated ? '; the first 64 KiB shown' : ''}).`;
+  return h('article', { class: 'sent', 'data-attempt': a.id }, title,
+    h('h4', {}, 'Headers'),
+    h('pre', { class: 'sent-headers' }, r.headers.map(([k, v]) => `${k}: ${v}`).join('\n')),
+    h('h4', {}, 'Body'), h('p', { class: 'muted' }, about),
+    r.body === null ? h('p', { class: 'muted' }, 'The event is no longer stored.') : h('pre', { class: 'sent-body' }, r.body));
 }

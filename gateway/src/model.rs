@@ -11,9 +11,11 @@ use crate::schedule::RetryOverride;
 
 mod plugin_settings;
 mod replay;
+mod sent;
 mod spec;
 pub use plugin_settings::*;
 pub use replay::*;
+pub use sent::{MAX_SENT_BODY, SentRequest};
 pub use spec::*;
 
 /// Milliseconds since the Unix epoch: how every instant is stored.
@@ -486,6 +488,10 @@ pub struct Attempt {
     pub error: Option<String>,
     pub verdict: String,
     pub decided_by: String,
+    /// What was sent; `None` when nothing was (a plugin dropped the delivery or failed
+    /// before sending) and for attempts recorded before Herald kept it.
+    #[serde(skip)]
+    pub request: Option<SentRequest>,
 }
 
 #[cfg(test)]

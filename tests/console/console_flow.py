@@ -141,6 +141,14 @@ def find_delivery(c, cfg, times):
     assert row[cols.index("Status")] == "422", row
     assert row[cols.index("Response (first KiB)")] == cfg["xss_body"], row
     assert "permanent:422" in c.find("main dl").text
+    # What was sent: the headers as the receiver got them, and the envelope.
+    sent = c.find("#sent pre.sent-headers").text
+    assert "webhook-signature: v1," in sent, sent
+    assert f"webhook-id: {cfg['failed_event']}" in sent, sent
+    assert "content-type: application/json" in sent, sent
+    body = c.find("#sent pre.sent-body").text
+    assert f'"id":"{cfg["failed_event"]}"' in body and '"data":{"n":0}' in body, body
+    assert "envelope of the event" in c.find("#sent").text
     c.no_script_ran()
     c.shot("delivery")
     times["delivery"] = c.go(c.d.execute_script("return location.hash"), "#page-deliveries")
@@ -164,8 +172,30 @@ def replay_dead_letters(c, cfg, times):
     c.shot("dead-letters")
 
 
-def upload_broken_plugin(c, cfg, times):
+def plugin_failures(c, cfg, times):
     times["plugins"] = c.go("#/plugins", "#page-plugins")
+    cols = headers(c)
+    row = row_of(c, "hostile")
+    refused = f"refused {cfg['plugin_event']}"
+    assert row[cols.index("Calls")] == "1" and row[cols.index("Failures")] == "1", row
+    assert row[cols.index("By reason")] == "error: 1", row
+    assert refused in row[cols.index("Latest failure")], row
+    assert row[cols.index("p50")].endswith(" ms"), row
+    assert row[cols.index("Bound by")] == cfg["plugin_endpoint"], row
+    c.d.find_element(By.LINK_TEXT, "hostile").click()
+    c.wait.until(lambda d: d.execute_script("return location.hash") == "#/plugins/hostile")
+    c.arrived("#page-plugins")
+    failures = c.find("#recent-failures").text
+    assert refused in failures, failures
+    assert f"warn: refusing {cfg['plugin_event']}" in c.find("#recent-failures pre.failure-logs").text, failures
+    assert "transform" in failures and cfg["plugin_event"] in failures, failures
+    bound = c.find("#bound-by").text
+    assert cfg["plugin_endpoint"] in bound and "never-sent" in bound, bound
+    c.shot("plugin")
+
+
+def upload_broken_plugin(c, cfg, times):
+    c.go("#/plugins", "#page-plugins")
     c.find("input[name=name]").send_keys("broken")
     c.d.find_element(By.CSS_SELECTOR, "input[type=file]").send_keys(cfg["broken_plugin"])
     c.d.find_element(By.XPATH, "//button[text()='Upload']").click()
@@ -215,6 +245,7 @@ def flow(cfg):
         admin_pages(c, cfg, times)
         find_delivery(c, cfg, times)
         replay_dead_letters(c, cfg, times)
+        plugin_failures(c, cfg, times)
         upload_broken_plugin(c, cfg, times)
         read_only_tenant(c, cfg)
         other = other_tenant_is_invisible(c, cfg)

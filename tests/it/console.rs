@@ -17,6 +17,8 @@ const XSS_DESCRIPTION: &str = "<img src=x onerror=\"window.__xss=1\"><script>win
 const XSS_BODY: &str = "<script>window.__xss=3</script><img src=x onerror=\"window.__xss=4\">";
 /// Dead letters the failing endpoint makes.
 const DEAD: usize = 3;
+/// The event the hostile plugin refuses (its type's last segment says how it misbehaves).
+const PLUGIN_EVENT: &str = "evt_plugin_fail";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
@@ -60,8 +62,9 @@ async fn until(api: &tests::Api, path: &str, limit: Duration, done: impl Fn(&Val
     }
 }
 
-/// Two tenants; acme has a healthy endpoint (a hostile description) and one whose
-/// receiver answers 422 with a hostile body, so its events become dead letters.
+/// Two tenants; acme has a healthy endpoint (a hostile description), one whose receiver
+/// answers 422 with a hostile body, so its events become dead letters, and one whose
+/// transform plugin (the hostile guest) refuses its event after logging why.
 async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow::Result<Value> {
     api.tenant("acme").await?;
     api.tenant("globex").await?;
@@ -86,6 +89,7 @@ async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow
     .await?;
     // Fixed: a replay now delivers.
     bad.set_default(Answer::status(200));
+    let plugin_endpoint = failing_plugin(api, bad).await?;
     Ok(json!({
         "admin_token": ADMIN_TOKEN,
         "read_token": api.token("acme", &["read"]).await?,
@@ -97,13 +101,36 @@ async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow
         "xss_body": XSS_BODY,
         "failed_event": "evt_failed_0",
         "dead": DEAD,
+        "plugin_event": PLUGIN_EVENT,
+        "plugin_endpoint": plugin_endpoint,
     }))
+}
+
+/// The hostile guest as acme's `hostile` transform, refusing one event: its failure (and
+/// the log line it wrote) is in the plugin's stats before the browser starts. Returns the
+/// id of the endpoint that binds it.
+async fn failing_plugin(api: &tests::Api, bad: &FakeReceiver) -> anyhow::Result<String> {
+    let path = "/v1/tenants/acme/plugins/hostile";
+    let r = api.raw("PUT", path, Some(ADMIN_TOKEN), crate::plugins::plugin_bytes("hostile")).await?;
+    ensure!(r.status == 200, "upload: {} {}", r.status, r.text);
+    let never = format!("{}/never-sent", bad.url());
+    let endpoint = api
+        .endpoint(
+            "acme",
+            json!({"url": never, "event_types": ["plugin.fail"], "plugins": {"transform": "hostile"},
+                   "retry": {"max_attempts": 1}}),
+        )
+        .await?;
+    let r = api.event("acme", json!({"id": PLUGIN_EVENT, "type": "plugin.fail", "payload": {}})).await?;
+    ensure!(r.status == 202, "event: {} {}", r.status, r.text);
+    until(api, path, Duration::from_secs(30), |j| j["stats"]["failures"] == 1).await?;
+    Ok(endpoint["id"].as_str().context("endpoint id")?.to_string())
 }
 
 /// Every item of issue 16's "How it is checked", in one browser session: admin sign-in,
 /// the success rate beside the rate, a delivery and its attempts, a replay by filter to
-/// its end, a refused plugin upload, a read-only tenant token, another tenant invisible,
-/// hostile stored text rendered as text.
+/// its end, a plugin's failures with its log lines, a refused plugin upload, a read-only
+/// tenant token, another tenant invisible, hostile stored text rendered as text.
 #[tokio::test]
 async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -124,7 +151,9 @@ async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
     assert!(summary["other_tenant"].as_str().is_some_and(|m| m.contains("not_found")), "{summary}");
     // The replay reached the receiver: each dead letter delivered once more.
     bad.wait_for(DEAD * 2, Duration::from_secs(10)).await?;
-    for page in ["overview", "endpoints", "endpoint", "delivery", "dead-letters", "plugins", "read-only-tenant"] {
+    for page in
+        ["overview", "endpoints", "endpoint", "delivery", "dead-letters", "plugins", "plugin", "read-only-tenant"]
+    {
         let png = std::fs::read(shots.join(format!("{page}.png"))).with_context(|| format!("screenshot {page}"))?;
         assert!(png.starts_with(b"\x89PNG"), "{page}.png is not a PNG");
     }
@@ -223,4 +252,65 @@ async fn console_reads_on_sqlite() -> anyhow::Result<()> {
 #[tokio::test]
 async fn console_reads_on_postgres() -> anyhow::Result<()> {
     console_reads_on(tests::Backend::Postgres).await
+}
+
+tests::backends!(endpoints_filter_by_the_plugin_they_bind);
+
+/// "Which endpoints use it", from the server: `?plugin=NAME` matches a binding of NAME to
+/// any hook, pinned (`NAME@n`) too, and nothing else (`chat2` is not `chat`); it pages like
+/// the unfiltered listing and refuses what is not a plugin name.
+async fn endpoints_filter_by_the_plugin_they_bind(backend: tests::Backend) -> anyhow::Result<()> {
+    let gw = tests::TestGateway::start_on(backend, &[]).await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    for (name, file) in [("chat", "transform_chat"), ("chat2", "transform_chat"), ("sig", "sign_hmac_hex")] {
+        let r = api
+            .raw(
+                "PUT",
+                &format!("/v1/tenants/acme/plugins/{name}"),
+                Some(ADMIN_TOKEN),
+                crate::plugins::plugin_bytes(file),
+            )
+            .await?;
+        ensure!(r.status == 200, "{name}: {}", r.text);
+    }
+    let mut ids = Vec::new();
+    for plugins in [
+        json!({"transform": "chat"}),
+        json!({"transform": "chat@1"}),
+        json!({"transform": "chat2"}),
+        json!({"transform": "chat2", "sign": "sig"}),
+        json!({"sign": "sig", "classify": null}),
+        json!({}),
+        json!({"transform": "chat", "sign": "sig"}),
+    ] {
+        let e = api.endpoint("acme", json!({"url": "https://example.com/hook", "plugins": plugins})).await?;
+        ids.push(e["id"].as_str().context("id")?.to_string());
+    }
+    let listed = |path: String| async move {
+        let r = api.get(&path, ADMIN_TOKEN).await?;
+        ensure!(r.status == 200, "{path}: {}", r.text);
+        let got: Vec<String> = r.json["data"]
+            .as_array()
+            .context("data")?
+            .iter()
+            .filter_map(|e| e["id"].as_str().map(String::from))
+            .collect();
+        Ok::<_, anyhow::Error>((got, r.json["next_after"].as_str().map(String::from)))
+    };
+    let base = "/v1/tenants/acme/endpoints";
+    let (first, next) = listed(format!("{base}?plugin=chat&limit=2")).await?;
+    assert_eq!(first, [ids[0].clone(), ids[1].clone()]);
+    let next = next.context("a second page")?;
+    let (second, last) = listed(format!("{base}?plugin=chat&limit=2&after={next}")).await?;
+    assert_eq!((second, last), (vec![ids[6].clone()], None));
+    assert_eq!(listed(format!("{base}?plugin=sig")).await?.0, [ids[3].clone(), ids[4].clone(), ids[6].clone()]);
+    assert_eq!(listed(format!("{base}?plugin=chat2")).await?.0, [ids[2].clone(), ids[3].clone()]);
+    assert!(listed(format!("{base}?plugin=nope")).await?.0.is_empty());
+    assert_eq!(listed(base.to_string()).await?.0.len(), 7, "unfiltered, every endpoint");
+    for bad in ["Chat", "a%25b", "chat@1"] {
+        let r = api.get(&format!("{base}?plugin={bad}"), ADMIN_TOKEN).await?;
+        assert_eq!((r.status, r.json["error"]["code"].as_str()), (400, Some("invalid_request")), "{bad}: {}", r.text);
+    }
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! Herald's integration tests: one binary, real servers on 127.0.0.1, real SQLite files.
 //!
 //! Where a new test goes: a behaviour seen through the HTTP API (status codes, validation,
-//! auth) in `api`; anything about sending to receivers (pacing, retries, 429, signatures) in
+//! auth) in `api`; what an attempt sent, as the API shows it, in `sent`; anything about sending to receivers (pacing, retries, 429, signatures) in
 //! `delivery`; how soon a change to an endpoint applies in `changes`; dead letters, replays
 //! and lease recovery in `recovery`; several nodes on one
 //! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
@@ -36,6 +36,7 @@ mod props;
 mod recovery;
 mod scaffold;
 mod secrets;
+mod sent;
 mod store;
 mod tidy;
 mod timing;

@@ -187,6 +187,7 @@ fn result(
             error: None,
             verdict: state.as_str().to_string(),
             decided_by: "builtin".into(),
+            request: None,
         },
     }
 }
@@ -688,6 +689,8 @@ async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()>
     first.attempt.status = None;
     first.attempt.response_body = None;
     first.attempt.verdict = "retry".into();
+    let sent_headers = [("webhook-id".to_string(), "evt_1".to_string()), ("x-plugin".into(), "é \"q\"".into())];
+    first.attempt.request = Some(SentRequest::new(&sent_headers, "{\"text\":\"é\"}".as_bytes(), false));
     b.committer.record(vec![first]).await?;
     let d = b.store.get_delivery(&c.tenant, &c.id).await?.expect("delivery").0;
     assert_eq!(
@@ -696,7 +699,9 @@ async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()>
     );
     let c = b.committer.claim(claim_req("ep_a", T0 + 1_000, 1, "node-1")).await?.remove(0);
     assert_eq!((c.attempts, c.fence), (1, 2));
-    b.committer.record(vec![result(&c, c.fence, DeliveryState::Delivered, None, 204, T0 + 1_010)]).await?;
+    let mut second = result(&c, c.fence, DeliveryState::Delivered, None, 204, T0 + 1_010);
+    second.attempt.request = Some(SentRequest::new(&sent_headers[..1], &[b'x'; 300], true));
+    b.committer.record(vec![second]).await?;
 
     let (d, attempts) = b.store.get_delivery(&c.tenant, &c.id).await?.expect("delivery");
     assert_eq!((d.state, d.attempts, d.last_status, d.last_error), (DeliveryState::Delivered, 2, Some(204), None));
@@ -710,6 +715,14 @@ async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()>
         (Some("timeout: no answer"), "retry", "builtin")
     );
     assert_eq!((attempts[1].status, attempts[1].response_body.as_deref()), (Some(204), Some("ok")));
+    // What was sent: a transformed body kept as text, an envelope body only by its size.
+    let sent = attempts[0].request.as_ref().expect("the first attempt's request");
+    assert_eq!(
+        (sent.headers()?, sent.body.as_deref(), sent.body_size),
+        (sent_headers.to_vec(), Some("{\"text\":\"é\"}"), 13)
+    );
+    let sent = attempts[1].request.as_ref().expect("the second attempt's request");
+    assert_eq!((sent.headers()?, sent.body.as_deref(), sent.body_size), (sent_headers[..1].to_vec(), None, 300));
     assert!(attempts.iter().all(|a| a.delivery_id == c.id));
 
     assert!(b.store.get_delivery(&TenantId::parse("umbrella")?, &c.id).await?.is_none(), "another tenant sees nothing");

@@ -16,7 +16,7 @@ use super::extract::{EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAu
 use super::{ApiError, AppState, parse_rfc3339, rfc3339};
 use crate::intake::{self, IntakeLimits};
 use crate::model::*;
-use crate::store::{DeliveryFilter, IngestOutcome};
+use crate::store::{DeliveryFilter, IngestOutcome, StoreError};
 
 fn limits(state: &AppState) -> IntakeLimits {
     IntakeLimits::from_config(&state.config)
@@ -314,6 +314,29 @@ pub(crate) struct AttemptOut {
     verdict: String,
     /// `default` (the built-in table) or the classify plugin's name.
     decided_by: String,
+    /// What Herald sent; null when nothing was (a plugin dropped the delivery or failed
+    /// before sending) and for attempts recorded before Herald kept it.
+    request: Option<SentRequestOut>,
+}
+
+/// The request of one attempt as the receiver got it, signatures included.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SentRequestOut {
+    /// `[name, value]` pairs in the order sent: Herald's own headers, the endpoint's custom
+    /// headers and those the transform and sign plugins set. The HTTP client adds `host`
+    /// and `content-length`.
+    headers: Vec<[String; 2]>,
+    /// The body as sent. When `body_is_payload`, rebuilt from the stored event (null once
+    /// the event is purged); else the body a transform plugin made, its first 64 KiB
+    /// (`truncated`), any bytes that are not UTF-8 shown as U+FFFD.
+    body: Option<String>,
+    /// The body was Herald's envelope of the event's stored payload (no transform changed
+    /// it), so the attempt did not store it again.
+    body_is_payload: bool,
+    /// The body here is only the first 64 KiB of what was sent.
+    truncated: bool,
+    /// Bytes in the body as sent.
+    body_size: u64,
 }
 
 /// A delivery with every attempt made.
@@ -340,19 +363,47 @@ pub(crate) async fn get_delivery(
         .get_delivery(&tenant, &DeliveryId::from_stored(id))
         .await?
         .ok_or_else(|| ApiError::not_found("delivery"))?;
+    // Bodies that were the event's envelope are rebuilt once, from the event.
+    let envelope = match attempts.iter().any(|a| a.request.as_ref().is_some_and(|r| r.body.is_none())) {
+        true => state
+            .store
+            .get_event(&tenant, &delivery.event_id)
+            .await?
+            .map(|e| crate::worker::envelope(e.id.as_str(), &e.event_type, e.created_at, &e.payload)),
+        false => None,
+    };
     let attempt_history = attempts
         .into_iter()
-        .map(|a| AttemptOut {
-            id: a.id,
-            number: a.number,
-            started_at: rfc3339(a.started_at),
-            duration_ms: a.duration_ms,
-            status: a.status,
-            response_body: a.response_body,
-            error: a.error,
-            verdict: a.verdict,
-            decided_by: a.decided_by,
+        .map(|a| {
+            let request = a.request.as_ref().map(|r| sent_view(r, envelope.as_deref())).transpose()?;
+            Ok(attempt_view(a, request))
         })
-        .collect();
+        .collect::<Result<_, ApiError>>()?;
     Ok(Json(DeliveryDetail { delivery: delivery_view(&delivery), attempt_history }))
+}
+
+fn sent_view(r: &SentRequest, envelope: Option<&str>) -> Result<SentRequestOut, ApiError> {
+    let headers = r.headers().map_err(|e| StoreError::backend(format!("an attempt's stored request headers: {e}")))?;
+    Ok(SentRequestOut {
+        headers: headers.into_iter().map(|(k, v)| [k, v]).collect(),
+        body: r.body.clone().or_else(|| envelope.map(str::to_string)),
+        body_is_payload: r.body.is_none(),
+        truncated: r.truncated(),
+        body_size: r.body_size,
+    })
+}
+
+fn attempt_view(a: Attempt, request: Option<SentRequestOut>) -> AttemptOut {
+    AttemptOut {
+        id: a.id,
+        number: a.number,
+        started_at: rfc3339(a.started_at),
+        duration_ms: a.duration_ms,
+        status: a.status,
+        response_body: a.response_body,
+        error: a.error,
+        verdict: a.verdict,
+        decided_by: a.decided_by,
+        request,
+    }
 }

@@ -73,6 +73,9 @@ pub struct EndpointQuery {
     limit: Option<u32>,
     /// Include each endpoint's `health` (success rates, backlog, last success).
     health: Option<bool>,
+    /// Only the endpoints that bind this plugin to a hook, as `name` or pinned (`name@n`).
+    #[param(pattern = "^[a-z0-9_-]{1,64}$")]
+    plugin: Option<String>,
 }
 
 /// An endpoint, with its health when asked for.
@@ -103,7 +106,10 @@ pub(crate) async fn list_endpoints(
 ) -> Result<Json<EndpointPage>, ApiError> {
     let limit = page_limit(q.limit)?;
     let after = q.after.map(EndpointId::from_stored);
-    let endpoints = state.store.endpoint_page(&tenant, after.as_ref(), limit).await?;
+    if let Some(name) = q.plugin.as_deref().filter(|n| !crate::plugin::is_slug(n)) {
+        return Err(ApiError::bad_request(format!("plugin: {name:?} is not a plugin name (1-64 of [a-z0-9_-])")));
+    }
+    let endpoints = state.store.endpoint_page(&tenant, after.as_ref(), limit, q.plugin.as_deref()).await?;
     let mut data = Vec::with_capacity(endpoints.len());
     for e in &endpoints {
         let health = match q.health {

@@ -339,8 +339,15 @@ pub trait Store: Send + Sync + 'static {
     /// Any tenant's endpoint by id (the engine's view).
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>>;
     async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>>;
-    /// Up to `limit` of a tenant's endpoints in creation order, after the endpoint `after`.
-    async fn endpoint_page(&self, tenant: &TenantId, after: Option<&EndpointId>, limit: u32) -> Result<Vec<Endpoint>>;
+    /// Up to `limit` of a tenant's endpoints in creation order, after the endpoint `after`;
+    /// with `plugin`, only those that bind that plugin to any hook (`name` or `name@n`).
+    async fn endpoint_page(
+        &self,
+        tenant: &TenantId,
+        after: Option<&EndpointId>,
+        limit: u32,
+        plugin: Option<&str>,
+    ) -> Result<Vec<Endpoint>>;
     async fn list_tenants(&self) -> Result<Vec<Tenant>>;
     /// Attempts started since `since` per `bucket_ms`, oldest first (empty buckets left out).
     async fn attempt_series(&self, scope: &SeriesScope, since: Millis, bucket_ms: i64) -> Result<Vec<SeriesPoint>>;

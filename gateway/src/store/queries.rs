@@ -24,6 +24,8 @@ pub(super) trait Dialect: Database {
     fn push_ids<'a>(q: &mut Sql<'a, Self>, ids: &'a [String]);
     /// Rows a statement changed (sqlx has no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
+    /// The text at `path` in the JSON text column `column` (NULL when absent).
+    fn json_text(column: &str, path: &[&str]) -> String;
 }
 
 /// The shared statements on one backend's pool.

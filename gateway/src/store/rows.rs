@@ -169,6 +169,9 @@ pub(super) struct AttemptRow {
     error: Option<String>,
     verdict: String,
     decided_by: String,
+    request_headers: Option<String>,
+    request_body: Option<String>,
+    request_body_size: Option<i64>,
 }
 
 impl From<AttemptRow> for Attempt {
@@ -184,6 +187,11 @@ impl From<AttemptRow> for Attempt {
             error: r.error,
             verdict: r.verdict,
             decided_by: r.decided_by,
+            request: r.request_headers.map(|headers_json| SentRequest {
+                headers_json,
+                body: r.request_body,
+                body_size: r.request_body_size.unwrap_or(0) as u64,
+            }),
         }
     }
 }

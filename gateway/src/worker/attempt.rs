@@ -19,7 +19,7 @@ use crate::classify::{self, Outcome, Verdict};
 use crate::clock::rfc3339;
 use crate::deliver::Outgoing;
 use crate::deliver::headers::is_reserved;
-use crate::model::{Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, new_id};
+use crate::model::{Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, new_id};
 use crate::plugin;
 use crate::sign::{self, Secret};
 use crate::store::{AttemptResult, Claimed, EndpointChange, Recorded, Release};
@@ -38,8 +38,9 @@ pub fn envelope(event_id: &str, event_type: &str, created_at: Millis, payload: &
 
 /// What an attempt produced before classification.
 enum Exchange {
-    /// The request went out; this is what came back (an answer or a transport failure).
-    Answered(Outcome),
+    /// The request went out; what came back (an answer or a transport failure), and what
+    /// was sent.
+    Answered(Outcome, SentRequest),
     /// A plugin decided instead: it dropped the delivery, or it failed before sending.
     Decided { verdict: Verdict, by: String, error: Option<String> },
 }
@@ -87,6 +88,7 @@ pub(super) async fn run(
             error: judged.error,
             verdict: decision.label.clone(),
             decided_by: judged.by,
+            request: judged.request,
         };
         let again = decision.next_attempt_at;
         record(&inner, &target, &d, decision, attempt, change).await;
@@ -125,22 +127,36 @@ struct Judged {
     status: Option<u16>,
     response_body: Option<String>,
     error: Option<String>,
+    request: Option<SentRequest>,
 }
 
 async fn judge_exchange(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, ex: Exchange) -> Judged {
     match ex {
-        Exchange::Answered(outcome) => {
+        Exchange::Answered(outcome, sent) => {
             let (verdict, by) = judge(inner, target, ctx, &outcome).await;
+            let request = Some(sent);
             match outcome {
-                Outcome::Response(r) => {
-                    Judged { verdict, by, status: Some(r.status), response_body: Some(r.body_prefix), error: None }
-                }
-                Outcome::Transport { kind, detail } => {
-                    Judged { verdict, by, status: None, response_body: None, error: Some(format!("{kind}: {detail}")) }
-                }
+                Outcome::Response(r) => Judged {
+                    verdict,
+                    by,
+                    status: Some(r.status),
+                    response_body: Some(r.body_prefix),
+                    error: None,
+                    request,
+                },
+                Outcome::Transport { kind, detail } => Judged {
+                    verdict,
+                    by,
+                    status: None,
+                    response_body: None,
+                    error: Some(format!("{kind}: {detail}")),
+                    request,
+                },
             }
         }
-        Exchange::Decided { verdict, by, error } => Judged { verdict, by, status: None, response_body: None, error },
+        Exchange::Decided { verdict, by, error } => {
+            Judged { verdict, by, status: None, response_body: None, error, request: None }
+        }
     }
 }
 
@@ -270,17 +286,19 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
     false
 }
 
-/// Builds the request (transform and sign plugins included) and sends it.
+/// Builds the request (transform and sign plugins included), notes what it is, and sends it.
 async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::DeliveryContext) -> Exchange {
     let spec = &target.endpoint.spec;
-    let request = match transformed(inner, spec, d, ctx).await {
-        Ok(request) => request,
+    let (request, is_envelope) = match transformed(inner, spec, d, ctx).await {
+        Ok(transformed) => transformed,
         Err(decided) => return decided,
     };
     let (headers, body) = match signed(inner, target, d, ctx, request).await {
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
+    // Headers encoded once; the body copied only when a transform changed it.
+    let sent = SentRequest::new(&headers, &body, is_envelope);
     let outcome = inner
         .deliverer
         .send(Outgoing {
@@ -293,27 +311,31 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         })
         .await;
     inner.metrics.attempts.inc();
-    Exchange::Answered(outcome)
+    Exchange::Answered(outcome, sent)
 }
 
 /// The envelope with the endpoint's custom headers, as its transform plugin (if any)
-/// leaves it; `Err`: the plugin dropped the delivery or failed.
+/// leaves it, and whether the body is still the envelope; `Err`: the plugin dropped the
+/// delivery or failed.
 async fn transformed(
     inner: &Inner,
     spec: &EndpointSpec,
     d: &Claimed,
     ctx: &plugin::DeliveryContext,
-) -> Result<plugin::Request, Exchange> {
+) -> Result<(plugin::Request, bool), Exchange> {
     let request = plugin::Request {
         headers: std::iter::once(("content-type".to_string(), "application/json".to_string()))
             .chain(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())))
             .collect(),
         body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
     };
-    let Some(name) = &spec.plugins.transform else { return Ok(request) };
+    let Some(name) = &spec.plugins.transform else { return Ok((request, true)) };
     let timer = inner.metrics.plugin_call(plugin::Hook::Transform);
     match timer.time(inner.plugins.transform(d.tenant.as_str(), name, ctx, &request)).await {
-        Ok(plugin::TransformResult::Send(r)) => Ok(r),
+        Ok(plugin::TransformResult::Send(r)) => {
+            let unchanged = r.body == request.body;
+            Ok((r, unchanged))
+        }
         Ok(plugin::TransformResult::Drop(reason)) => Err(Exchange::Decided {
             verdict: Verdict::Fail { reason: format!("dropped:{reason}") },
             by: format!("plugin:{name}"),

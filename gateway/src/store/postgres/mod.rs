@@ -109,8 +109,14 @@ impl Store for PostgresStore {
         self.q.list_endpoints(tenant).await
     }
 
-    async fn endpoint_page(&self, tenant: &TenantId, after: Option<&EndpointId>, limit: u32) -> Result<Vec<Endpoint>> {
-        self.q.endpoint_page(tenant, after, limit).await
+    async fn endpoint_page(
+        &self,
+        tenant: &TenantId,
+        after: Option<&EndpointId>,
+        limit: u32,
+        plugin: Option<&str>,
+    ) -> Result<Vec<Endpoint>> {
+        self.q.endpoint_page(tenant, after, limit, plugin).await
     }
 
     async fn list_tenants(&self) -> Result<Vec<Tenant>> {
@@ -377,5 +383,9 @@ impl Dialect for Postgres {
 
     fn rows_affected(done: &PgQueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    fn json_text(column: &str, path: &[&str]) -> String {
+        format!("({column}::jsonb #>> '{{{}}}')", path.join(","))
     }
 }

@@ -436,11 +436,12 @@ async fn record_distinct(conn: &mut PgConnection, results: &[&AttemptResult]) ->
     if !attempts.is_empty() {
         sqlx::query(
             "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
-             error, verdict, decided_by, endpoint_id) \
+             error, verdict, decided_by, request_headers, request_body, request_body_size, endpoint_id) \
              SELECT v.*, (SELECT endpoint_id FROM deliveries d WHERE d.id = v.delivery_id) \
              FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], \
-             $7::text[], $8::text[], $9::text[], $10::text[]) \
-             AS v(id, delivery_id, number, started_at, duration_ms, status, response_body, error, verdict, decided_by)",
+             $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[]) \
+             AS v(id, delivery_id, number, started_at, duration_ms, status, response_body, error, verdict, decided_by, \
+             request_headers, request_body, request_body_size)",
         )
         .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
         .bind(attempts.iter().map(|a| a.delivery_id.as_str()).collect::<Vec<_>>())
@@ -452,6 +453,9 @@ async fn record_distinct(conn: &mut PgConnection, results: &[&AttemptResult]) ->
         .bind(attempts.iter().map(|a| a.error.as_deref()).collect::<Vec<_>>())
         .bind(attempts.iter().map(|a| a.verdict.as_str()).collect::<Vec<_>>())
         .bind(attempts.iter().map(|a| a.decided_by.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.request.as_ref().map(|r| r.headers_json.as_str())).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.request.as_ref().and_then(|r| r.body.as_deref())).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.request.as_ref().map(|r| r.body_size as i64)).collect::<Vec<_>>())
         .execute(&mut *conn)
         .await?;
     }

@@ -7,12 +7,12 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArgumen
 use super::super::rows::{self, EndpointRow, TenantRow};
 use super::super::sql::Sql;
 use super::super::{Result, SeriesPoint, SeriesScope};
-use super::Queries;
+use super::{Dialect, Queries};
 use crate::model::*;
 
 impl<DB> Queries<DB>
 where
-    DB: Database,
+    DB: Database + Dialect,
     for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
@@ -29,15 +29,30 @@ where
         Ok(rows.into_iter().map(Tenant::from).collect())
     }
 
-    /// Up to `limit` of the tenant's endpoints in creation order, after the endpoint `after`.
+    /// Up to `limit` of the tenant's endpoints in creation order, after the endpoint `after`;
+    /// with `plugin`, only those binding it to a hook (as `name` or pinned, `name@n`).
     pub(in super::super) async fn endpoint_page(
         &self,
         tenant: &TenantId,
         after: Option<&EndpointId>,
         limit: u32,
+        plugin: Option<&str>,
     ) -> Result<Vec<Endpoint>> {
+        let pinned = plugin.map(|name| format!("{name}@"));
         let mut q = Sql::<DB>::new("SELECT * FROM endpoints WHERE tenant_id = ");
         q.push_bind(tenant.as_str());
+        if let (Some(name), Some(pinned)) = (plugin, &pinned) {
+            // `substr`, not LIKE: `_` in a plugin name is a LIKE wildcard.
+            for (i, hook) in ["transform", "classify", "sign"].into_iter().enumerate() {
+                let bound = DB::json_text("spec", &["plugins", hook]);
+                q.push(if i == 0 { " AND (" } else { " OR " });
+                q.push(format_args!("{bound} = ")).push_bind(name);
+                // The length is ours, not the caller's (Postgres' substr takes an int4).
+                q.push(format_args!(" OR substr({bound}, 1, {}) = ", pinned.len()));
+                q.push_bind(pinned.as_str());
+            }
+            q.push(")");
+        }
         if let Some(after) = after {
             // Row values compare in the index's order on both backends.
             q.push(" AND (created_at, id) > (SELECT created_at, id FROM endpoints WHERE id = ")

@@ -314,7 +314,8 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
     ))?;
     let mut insert_attempt = tx.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
-         error, verdict, decided_by, endpoint_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+         error, verdict, decided_by, endpoint_id, request_headers, request_body, request_body_size) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?;
     let mut accepted = Vec::with_capacity(results.len());
     for r in &results {
@@ -350,7 +351,10 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
             a.error,
             a.verdict,
             a.decided_by,
-            endpoint
+            endpoint,
+            a.request.as_ref().map(|r| r.headers_json.as_str()),
+            a.request.as_ref().and_then(|r| r.body.as_deref()),
+            a.request.as_ref().map(|r| r.body_size as i64)
         ])?;
         accepted.push(true);
     }
