@@ -68,7 +68,6 @@ fn per_plugin(raw: raw::PerPlugin) -> HashMap<(String, String), HashMap<String, 
         .collect()
 }
 
-
 impl RawTenantPlugins {
     /// Checks one tenant's table like the global keys, naming `plugins.tenant.<tenant>.<key>`.
     fn validate(&self, tenant: &str) -> Result<TenantLimitOverrides, ConfigError> {

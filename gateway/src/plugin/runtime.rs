@@ -92,8 +92,7 @@ impl Runtime {
         js::link_source(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
         let js = JsRuntime::new(cfg, compiler.engine_key().to_string());
         let ticker = Ticker::start(&engine)?;
-        let limits =
-            Limits { max_output_bytes: cfg.max_output_bytes, warm_per_plugin: cfg.warm_instances_per_plugin };
+        let limits = Limits { max_output_bytes: cfg.max_output_bytes, warm_per_plugin: cfg.warm_instances_per_plugin };
         let tenant_limits = cfg.tenant_limits.keys().map(|t| (t.clone(), cfg.limits(t))).collect();
         Ok(Arc::new(Runtime {
             engine,

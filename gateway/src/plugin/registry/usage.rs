@@ -8,7 +8,8 @@
 //!
 //! So that a tenant at its limit can still upload, an upload lets go of its plugin's
 //! oldest versions first, as far as needed: never a pinned one, never the one it serves.
-//! Past [`MAX_VERSIONS`] the oldest unpinned ones go in any case. A rollback deletes
+//! Past the newest [`MAX_VERSIONS`] the oldest unpinned ones go in any case (pinned ones
+//! are kept beyond them). A rollback deletes
 //! nothing (it serves bytes that are already stored).
 
 use std::path::PathBuf;
@@ -31,7 +32,12 @@ impl PluginHost {
     /// Checks that serving `new` as (tenant, name) keeps the tenant within its plugin
     /// count and bytes, and returns the version files to delete once it is written.
     /// Counted from the files on disk, which include plugins still loading or broken.
-    pub(super) fn plan_storage(&self, tenant: &str, name: &str, new: &Incoming<'_>) -> Result<Vec<PathBuf>, PluginError> {
+    pub(super) fn plan_storage(
+        &self,
+        tenant: &str,
+        name: &str,
+        new: &Incoming<'_>,
+    ) -> Result<Vec<PathBuf>, PluginError> {
         let config = &self.inner.config;
         let limits = self.inner.runtime.limits_of(tenant);
         let dir = config.dir.join(tenant);
@@ -57,8 +63,12 @@ impl PluginHost {
         names.dedup();
         let others: usize = names.iter().map(|n| self.stored_bytes(tenant, n)).sum();
 
-        let mut kept: Vec<(PathBuf, u32, usize)> =
-            self.version_files(tenant, name).into_iter().map(|f| (size_of(&f.path), f)).map(|(s, f)| (f.path, f.number, s)).collect();
+        let mut kept: Vec<(PathBuf, u32, usize)> = self
+            .version_files(tenant, name)
+            .into_iter()
+            .map(|f| (size_of(&f.path), f))
+            .map(|(s, f)| (f.path, f.number, s))
+            .collect();
         let bytes = |kept: &[(PathBuf, u32, usize)]| kept.iter().map(|(_, _, size)| size).sum::<usize>();
         let Some(pinned) = new.record else {
             // A rollback: the serving file becomes a copy of a kept version.
@@ -76,7 +86,9 @@ impl PluginHost {
         // Oldest first, as far as the cap and then the bytes require.
         let mut i = 0;
         while i < kept.len() {
-            let over_cap = kept.len() + usize::from(adds) > MAX_VERSIONS;
+            // Pinned versions are kept beyond the newest MAX_VERSIONS.
+            let unpinned = kept.iter().filter(|(_, n, _)| !pinned.contains(n)).count();
+            let over_cap = unpinned + usize::from(adds) > MAX_VERSIONS;
             if !over_cap && others + bytes(&kept) + added <= limits.max_tenant_bytes {
                 break;
             }
