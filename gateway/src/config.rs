@@ -2,15 +2,15 @@
 //! written) is validated into `Config` (typed, checked). This module never touches the
 //! process environment itself: callers pass the variables in.
 
-use std::collections::HashMap;
+use crate::plugin::PluginConfig;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::plugin::{PluginConfig, StructureLimits};
 use crate::schedule::{Jitter, RetryPolicy};
 
 mod outbox;
+mod plugins;
 mod raw;
 pub use outbox::{MAX_OUTBOX_BATCH, OutboxSource, RawOutbox, is_identifier};
 pub use raw::*;
@@ -356,61 +356,6 @@ impl RawEndpointDefaults {
             .map_err(|e| invalid("endpoint_defaults", e.to_string()))?;
         Ok(EndpointDefaults { rate_per_sec: self.rate_per_sec, burst: self.burst, max_in_flight: self.max_in_flight })
     }
-}
-
-impl RawPlugins {
-    /// The plugin host's settings; `max_in_flight_total` sizes the instance pool when
-    /// `max_instances` is 0.
-    fn validate(self, max_in_flight_total: u32) -> Result<PluginConfig, ConfigError> {
-        if self.max_plugins_per_tenant == 0 || self.max_tenant_bytes < self.max_plugin_bytes {
-            return Err(invalid(
-                "plugins.max_tenant_bytes",
-                "a tenant must fit at least one plugin (max_plugins_per_tenant >= 1, max_tenant_bytes >= max_plugin_bytes)",
-            ));
-        }
-        if self.cache_dir.is_empty() {
-            return Err(invalid("plugins.cache_dir", "must name a directory (outside plugins.dir)"));
-        }
-        let mut c = PluginConfig::new(self.dir);
-        c.call_timeout = duration("plugins.call_timeout", &self.call_timeout)?;
-        c.call_timeout_per_mib = duration("plugins.call_timeout_per_mib", &self.call_timeout_per_mib)?;
-        c.memory_limit = (self.memory_limit_mib as usize) << 20;
-        c.max_plugin_bytes = self.max_plugin_bytes as usize;
-        c.call_threads = self.call_threads as usize;
-        c.max_plugins_per_tenant = self.max_plugins_per_tenant as usize;
-        c.max_tenant_bytes = self.max_tenant_bytes as usize;
-        c.structure = StructureLimits {
-            max_function_bytes: self.max_function_bytes as usize,
-            max_functions: self.max_functions as usize,
-            max_modules: self.max_modules as usize,
-        };
-        c.cache_dir = Some(PathBuf::from(self.cache_dir));
-        c.compile_concurrency = self.compile_concurrency.max(1) as usize;
-        c.compile_timeout = duration("plugins.compile_timeout", &self.compile_timeout)?;
-        c.compile_memory = u64::from(self.compile_memory_mib) << 20;
-        c.max_instances = match self.max_instances {
-            // Warm instances may take half the pool, so the other half must cover every
-            // call that can run at once (one per delivery in flight) and the loads and
-            // uploads beside them.
-            0 => (max_in_flight_total + self.compile_concurrency + 16).saturating_mul(2),
-            n => n,
-        };
-        c.warm_idle = duration("plugins.warm_idle", &self.warm_idle)?;
-        c.js_runtime = (!self.js_runtime.is_empty()).then(|| PathBuf::from(&self.js_runtime));
-        c.js_memory_limit = (self.js_memory_limit_mib as usize) << 20;
-        c.plugin_config = per_plugin(self.config);
-        c.plugin_overrides = per_plugin(self.overrides);
-        Ok(c)
-    }
-}
-
-/// `<tenant>.<plugin>.<key>` tables as the plugin host keys them.
-fn per_plugin(raw: raw::PerPlugin) -> HashMap<(String, String), HashMap<String, String>> {
-    raw.into_iter()
-        .flat_map(|(tenant, plugins)| {
-            plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
-        })
-        .collect()
 }
 
 impl RawRetention {

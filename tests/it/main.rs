@@ -28,6 +28,7 @@ mod limits;
 mod metrics;
 mod outbox;
 mod plugin_config;
+mod plugin_guard;
 mod plugin_limits;
 mod plugin_stats;
 mod plugin_versions;

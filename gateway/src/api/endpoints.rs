@@ -279,6 +279,11 @@ pub(crate) async fn create(
         headers: BTreeMap::new(),
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
     };
+    // A binding is checked and written under the tenant's plugin lock (see `PluginLocks`).
+    let _bindings = match input.plugins.is_some() {
+        true => Some(state.plugin_locks.lock(&tenant).await),
+        false => None,
+    };
     load_pinned(&state, &tenant, &input).await;
     apply(&state, &tenant, &mut spec, input)?;
     let endpoint = Endpoint::new(EndpointId::generate(now, &mut rng), tenant, spec, now);
@@ -315,6 +320,10 @@ pub(crate) async fn patch(
     Path(ItemPath { id, .. }): Path<ItemPath>,
     JsonBody(input): JsonBody<EndpointIn>,
 ) -> Result<Json<EndpointOut>, ApiError> {
+    let _bindings = match input.plugins.is_some() {
+        true => Some(state.plugin_locks.lock(&tenant).await),
+        false => None,
+    };
     let mut endpoint = load(&state, &tenant, &id).await?;
     load_pinned(&state, &tenant, &input).await;
     apply(&state, &tenant, &mut endpoint.spec, input)?;

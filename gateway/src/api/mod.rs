@@ -57,6 +57,8 @@ pub struct AppState {
     pub(crate) tokens: Option<RwLock<HashMap<String, TokenRecord>>>,
     pub(crate) token_use: std::sync::Mutex<HashMap<String, crate::model::Millis>>,
     pub(crate) tenants: RwLock<HashSet<TenantId>>,
+    /// Orders plugin deletes and uploads with endpoint writes that bind plugins.
+    pub(crate) plugin_locks: plugin_versions::PluginLocks,
 }
 
 impl AppState {
@@ -83,6 +85,7 @@ impl AppState {
             tokens,
             token_use: Default::default(),
             tenants: RwLock::default(),
+            plugin_locks: Default::default(),
         })
     }
 

@@ -122,12 +122,12 @@ pub(crate) async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<PluginOut>, ApiError> {
-    let limit = state.config.plugins.max_plugin_bytes;
+    let (limit, key) = state.plugins.upload_limit(tenant.as_str());
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::InvalidPlugin,
-            format!("plugin is over the limit of {limit} bytes"),
+            format!("plugin is over the limit of {limit} bytes ({key})"),
         )
     };
     let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -142,7 +142,11 @@ pub(crate) async fn upload(
             ApiError::bad_request(format!("cannot read the body: {e}"))
         }
     })?;
-    let info = state.plugins.install(tenant.as_str(), &name, body.to_vec()).await?;
+    // Under the tenant's binding lock: no endpoint pins a version that this upload's
+    // pruning is about to delete.
+    let _bindings = state.plugin_locks.lock(&tenant).await;
+    let pinned = super::plugin_versions::pinned_versions(&state, &tenant, &name).await?;
+    let info = state.plugins.install_keeping(tenant.as_str(), &name, body.to_vec(), pinned).await?;
     Ok(Json(view(&info)))
 }
 

@@ -193,6 +193,29 @@ pub struct RawPlugins {
     /// `[plugins.override.<tenant>.<plugin>]`: settings a tenant cannot change.
     #[serde(rename = "override")]
     pub overrides: PerPlugin,
+    /// `[plugins.tenant.<tenant>]`: one tenant's own limits.
+    pub tenant: std::collections::BTreeMap<String, RawTenantPlugins>,
+}
+
+/// `[plugins.tenant.<tenant>]`: limits the operator sets for one tenant; each key left
+/// out follows the `[plugins]` value (`max_plugins` follows `max_plugins_per_tenant`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTenantPlugins {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_timeout_per_mib: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mib: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub js_memory_limit_mib: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_plugin_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_plugins: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tenant_bytes: Option<u64>,
 }
 
 /// `<tenant>.<plugin>.<key> = "value"`.
@@ -223,6 +246,7 @@ impl Default for RawPlugins {
             js_memory_limit_mib: 64,
             config: Default::default(),
             overrides: Default::default(),
+            tenant: Default::default(),
         }
     }
 }

@@ -145,3 +145,65 @@ fn outbox_example_documents_every_key() {
     let raw: RawConfig = toml::Value::Table(doc).try_into().unwrap();
     assert_eq!(raw.validate().unwrap().outbox.len(), 1);
 }
+
+#[test]
+fn tenant_plugin_limits_fall_back_to_the_globals() {
+    let c = load(
+        "[plugins]\nmax_plugin_bytes = 1000\nmax_tenant_bytes = 5000\n\
+         [plugins.tenant.js-heavy]\njs_memory_limit_mib = 512\ncall_timeout = \"50ms\"\nmax_plugins = 3\n\
+         [plugins.tenant.big]\nmax_plugin_bytes = 20000\nmax_tenant_bytes = 40000\nmemory_limit_mib = 32\n",
+        &[],
+    )
+    .unwrap();
+    let p = &c.plugins;
+    let heavy = p.limits("js-heavy");
+    assert_eq!(heavy.js_memory_limit, 512 << 20);
+    assert_eq!(heavy.call_timeout, Duration::from_millis(50));
+    assert_eq!(heavy.max_plugins, 3);
+    // Unset keys follow [plugins].
+    assert_eq!((heavy.memory_limit, heavy.max_plugin_bytes, heavy.max_tenant_bytes), (16 << 20, 1000, 5000));
+    assert_eq!(heavy.call_timeout_per_mib, p.call_timeout_per_mib);
+    let big = p.limits("big");
+    assert_eq!((big.max_plugin_bytes, big.max_tenant_bytes, big.memory_limit), (20000, 40000, 32 << 20));
+    assert_eq!(p.limits("other"), p.limits(""), "a tenant without a table has the globals");
+    assert_eq!(p.limits("other").max_plugins, 20);
+    // The instance pool reserves for the largest cap of any tenant.
+    assert_eq!(p.max_memory(), 512 << 20);
+    assert_eq!(p.limit_key("big", "max_plugin_bytes"), "plugins.tenant.big.max_plugin_bytes");
+    assert_eq!(p.limit_key("big", "max_plugins"), "plugins.max_plugins_per_tenant");
+    assert_eq!(p.limit_key("js-heavy", "max_plugins"), "plugins.tenant.js-heavy.max_plugins");
+    // The variable sets the whole table, like any other key.
+    let c = load(
+        "[plugins.tenant.big]
+max_plugins = 2
+",
+        &[("HERALD_PLUGINS_TENANT", "{tiny = {max_plugin_bytes = 10}}")],
+    )
+    .unwrap();
+    assert_eq!(c.plugins.limits("tiny").max_plugin_bytes, 10);
+    assert_eq!(c.plugins.limits("big").max_plugins, 20);
+}
+
+#[test]
+fn bad_tenant_plugin_limits_name_the_key() {
+    let cases: &[(&str, &str)] = &[
+        ("[plugins.tenant.acme]\ncall_timeout = \"fast\"\n", "plugins.tenant.acme.call_timeout"),
+        ("[plugins.tenant.acme]\ncall_timeout = \"0s\"\n", "plugins.tenant.acme.call_timeout"),
+        ("[plugins.tenant.acme]\ncall_timeout_per_mib = \"x\"\n", "plugins.tenant.acme.call_timeout_per_mib"),
+        ("[plugins.tenant.acme]\nmemory_limit_mib = 0\n", "plugins.tenant.acme.memory_limit_mib"),
+        ("[plugins.tenant.acme]\njs_memory_limit_mib = 5000\n", "plugins.tenant.acme.js_memory_limit_mib"),
+        ("[plugins.tenant.acme]\nmax_plugin_bytes = 0\n", "plugins.tenant.acme.max_plugin_bytes"),
+        // It must fit one plugin, with its own or the global values.
+        ("[plugins.tenant.acme]\nmax_plugins = 0\n", "plugins.tenant.acme.max_tenant_bytes"),
+        ("[plugins.tenant.acme]\nmax_tenant_bytes = 1000\n", "plugins.tenant.acme.max_tenant_bytes"),
+        ("[plugins.tenant.acme]\nmax_plugin_bytes = 40000000\n", "plugins.tenant.acme.max_tenant_bytes"),
+        ("[plugins.tenant.Acme]\nmax_plugins = 2\n", "plugins.tenant.Acme"),
+        ("[plugins.tenant.acme]\nmax_plugin = 2\n", "max_plugin"),
+    ];
+    for (toml, key) in cases {
+        let err = load(toml, &[]).unwrap_err().to_string();
+        assert!(err.contains(key), "{toml:?}: {err}");
+    }
+    let err = load("[plugins.tenant.acme]\nmax_tenant_bytes = 1000\n", &[]).unwrap_err().to_string();
+    assert!(err.contains("must fit at least one plugin"), "{err}");
+}

@@ -19,7 +19,8 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
     let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
     let config = cli_config();
     if bytes.len() > config.max_plugin_bytes {
-        return Err(PluginError::TooLarge { size: bytes.len(), limit: config.max_plugin_bytes });
+        let key = "plugins.max_plugin_bytes".to_string();
+        return Err(PluginError::TooLarge { size: bytes.len(), limit: config.max_plugin_bytes, key });
     }
     let runtime = Runtime::new(&config)?;
     let plugin = runtime.load("cli", "cli", &bytes, HashMap::new())?;

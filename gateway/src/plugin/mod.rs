@@ -41,7 +41,8 @@ pub use registry::{
 };
 pub use scaffold::new_js_plugin;
 pub use types::{
-    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, StructureLimits, is_slug,
+    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, StructureLimits,
+    TenantLimitOverrides, TenantLimits, is_slug,
 };
 
 /// The hook data types, generated from `wit/plugin.wit`.

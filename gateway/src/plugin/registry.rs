@@ -30,6 +30,7 @@ use files::read_dir;
 mod files;
 mod settings;
 mod stats;
+mod usage;
 mod versions;
 use super::runtime::LogCapture;
 pub(super) use files::write_atomically;
@@ -257,14 +258,30 @@ impl PluginHost {
         list
     }
 
-    /// Validates `bytes` (tenant limits, size, structure, compiles, right world,
-    /// `describe` works and declares a hook), writes `<dir>/<tenant>/<name>.wasm`
-    /// atomically (temp file + fsync + rename) and starts serving it. The watcher then
-    /// sees a file it already has.
+    /// [`PluginHost::install_keeping`] with no pinned version to keep.
     pub async fn install(&self, tenant: &str, name: &str, bytes: Vec<u8>) -> Result<PluginInfo, PluginError> {
+        self.install_keeping(tenant, name, bytes, Vec::new()).await
+    }
+
+    /// Validates `bytes` (the tenant's limits, size, structure, compiles, right world,
+    /// `describe` works and declares a hook), records them as a new version, writes
+    /// `<dir>/<tenant>/<name>.wasm` atomically (temp file + fsync + rename) and starts
+    /// serving it. The watcher then sees a file it already has.
+    ///
+    /// Old versions go past [`MAX_VERSIONS`], or as far as the tenant's
+    /// `max_tenant_bytes` needs room (stored versions count toward it; see `usage`),
+    /// oldest first; never one of `pinned`, the versions of `name` that endpoints bind as
+    /// `name@n` (the caller knows the endpoints).
+    pub async fn install_keeping(
+        &self,
+        tenant: &str,
+        name: &str,
+        bytes: Vec<u8>,
+        pinned: Vec<u32>,
+    ) -> Result<PluginInfo, PluginError> {
         let host = self.clone();
         let (tenant, name) = (tenant.to_string(), name.to_string());
-        tokio::task::spawn_blocking(move || host.install_blocking(&tenant, &name, &bytes))
+        tokio::task::spawn_blocking(move || host.install_bytes(&tenant, &name, &bytes, Some(&pinned)))
             .await
             .map_err(|e| PluginError::Engine(format!("install task failed: {e}")))?
     }
@@ -272,27 +289,36 @@ impl PluginHost {
     /// [`PluginHost::install`] on the current thread (compiles: keep it off the async
     /// runtime).
     pub fn install_blocking(&self, tenant: &str, name: &str, bytes: &[u8]) -> Result<PluginInfo, PluginError> {
-        self.install_bytes(tenant, name, bytes, true)
+        self.install_bytes(tenant, name, bytes, Some(&[]))
     }
 
-    /// Validates and serves `bytes` as `name`; with `record`, keeps them as a new version
-    /// first (an upload; a rollback serves a version it already has).
-    fn install_bytes(&self, tenant: &str, name: &str, bytes: &[u8], record: bool) -> Result<PluginInfo, PluginError> {
+    /// Validates and serves `bytes` as `name`; with `record` (the pinned versions to
+    /// keep), keeps them as a new version first (an upload; a rollback serves a version
+    /// it already has).
+    fn install_bytes(
+        &self,
+        tenant: &str,
+        name: &str,
+        bytes: &[u8],
+        record: Option<&[u32]>,
+    ) -> Result<PluginInfo, PluginError> {
         check_slug("tenant", tenant)?;
         check_slug("plugin name", name)?;
-        let limit = self.inner.config.max_plugin_bytes;
-        if bytes.len() > limit {
-            return Err(PluginError::TooLarge { size: bytes.len(), limit });
-        }
-        self.check_tenant_limits(tenant, name, bytes.len())?;
+        self.check_size(tenant, bytes.len())?;
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let incoming = usage::Incoming { sha256: &sha256, size: bytes.len(), record };
+        self.plan_storage(tenant, name, &incoming)?;
         let plugin = self.inner.runtime.load(tenant, name, bytes, self.plugin_config(tenant, name))?;
         let dir = self.inner.config.dir.join(tenant);
         let installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
-        self.check_tenant_limits(tenant, name, bytes.len())?;
-        if record {
+        let prune = self.plan_storage(tenant, name, &incoming)?;
+        if record.is_some() {
             self.record_version(tenant, name, &plugin.sha256, bytes)?;
         }
         write_atomically(&dir, &format!("{name}.wasm"), bytes)?;
+        for old in prune {
+            let _ = std::fs::remove_file(old);
+        }
         tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin installed");
         self.swap(tenant, name, Ok(plugin));
         drop(installing);
@@ -336,33 +362,20 @@ impl PluginHost {
             .collect()
     }
 
-    /// Refuses an upload of `size` bytes as `name` that would take `tenant` past its
-    /// plugin count or total size. Counted from the files on disk, which include
-    /// plugins still loading or broken; a replaced file does not count twice.
-    fn check_tenant_limits(&self, tenant: &str, name: &str, size: usize) -> Result<(), PluginError> {
-        let config = &self.inner.config;
-        let dir = config.dir.join(tenant);
-        let others: Vec<u64> = read_dir(&dir)
-            .unwrap_or_default()
-            .iter()
-            .filter(|path| self.parse_path(path).is_some_and(|(_, n)| n != name))
-            .map(|path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
-            .collect();
-        let limits = [
-            ("plugins", "max_plugins_per_tenant", others.len() + 1, config.max_plugins_per_tenant),
-            (
-                "bytes of plugins",
-                "max_tenant_bytes",
-                others.iter().sum::<u64>() as usize + size,
-                config.max_tenant_bytes,
-            ),
-        ];
-        match limits.into_iter().find(|(_, _, have, limit)| have > limit) {
-            Some((what, key, have, limit)) => {
-                Err(PluginError::TenantLimit { tenant: tenant.to_string(), what, key, have, limit })
-            }
-            None => Ok(()),
+    /// Refuses a plugin of `size` bytes over `tenant`'s `max_plugin_bytes`.
+    pub(super) fn check_size(&self, tenant: &str, size: usize) -> Result<(), PluginError> {
+        let (limit, key) = self.upload_limit(tenant);
+        if size > limit {
+            return Err(PluginError::TooLarge { size, limit, key });
         }
+        Ok(())
+    }
+
+    /// The largest plugin `tenant` may upload (its own limit, else the global one), and
+    /// the config key that sets it, for the error that refuses a larger one.
+    pub fn upload_limit(&self, tenant: &str) -> (usize, String) {
+        let limit = self.inner.runtime.limits_of(tenant).max_plugin_bytes;
+        (limit, self.inner.config.limit_key(tenant, "max_plugin_bytes"))
     }
 
     /// Looks the plugin up, answers at once when `inline` can (no guest code runs), else

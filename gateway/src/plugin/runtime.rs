@@ -46,9 +46,9 @@ use super::js::{self, JsRuntime, JsSource, Source};
 use super::output::{
     MAX_REASON, check_headers, check_verdict, failure_from, is_pool_exhausted, root_message, strip_reserved, truncate,
 };
-use super::sandbox::{self, EPOCH_TICK, HostState};
+use super::sandbox::{self, CallLimits, HostState};
 use super::ticker::Ticker;
-use super::types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, StructureLimits};
+use super::types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, StructureLimits, TenantLimits};
 use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
 
 /// A warm instance serves at most this many calls before it is replaced.
@@ -58,6 +58,10 @@ pub(crate) struct Runtime {
     engine: Engine,
     linker: Linker<HostState>,
     limits: Limits,
+    /// The limits of tenants with their own `[plugins.tenant.<tenant>]` table.
+    tenant_limits: HashMap<String, TenantLimits>,
+    /// The limits of every other tenant (the global values).
+    default_limits: TenantLimits,
     structure: StructureLimits,
     compiler: Compiler,
     js: JsRuntime,
@@ -69,13 +73,6 @@ pub(crate) struct Runtime {
 
 #[derive(Clone, Copy)]
 struct Limits {
-    /// Ticks to the first deadline check: the budget, or the point where a call counts
-    /// as long if that comes first (see `Deadline`).
-    first_check_ticks: u64,
-    call_timeout: Duration,
-    call_timeout_per_mib: Duration,
-    memory_limit: usize,
-    js_memory_limit: usize,
     max_output_bytes: usize,
     warm_per_plugin: usize,
 }
@@ -95,22 +92,14 @@ impl Runtime {
         js::link_source(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
         let js = JsRuntime::new(cfg, compiler.engine_key().to_string());
         let ticker = Ticker::start(&engine)?;
-        let tick = EPOCH_TICK.as_nanos().max(1);
-        let first_check = cfg.call_timeout.min(super::pool::DEMOTE_AFTER);
-        let first_check_ticks = (first_check.as_nanos().div_ceil(tick) as u64).max(1);
-        let limits = Limits {
-            first_check_ticks,
-            call_timeout: cfg.call_timeout,
-            call_timeout_per_mib: cfg.call_timeout_per_mib,
-            memory_limit: cfg.memory_limit,
-            js_memory_limit: cfg.js_memory_limit,
-            max_output_bytes: cfg.max_output_bytes,
-            warm_per_plugin: cfg.warm_instances_per_plugin,
-        };
+        let limits = Limits { max_output_bytes: cfg.max_output_bytes, warm_per_plugin: cfg.warm_instances_per_plugin };
+        let tenant_limits = cfg.tenant_limits.keys().map(|t| (t.clone(), cfg.limits(t))).collect();
         Ok(Arc::new(Runtime {
             engine,
             linker,
             limits,
+            tenant_limits,
+            default_limits: cfg.limits(""),
             structure: cfg.structure,
             compiler,
             js,
@@ -131,11 +120,12 @@ impl Runtime {
         config: HashMap<String, String>,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
         let sha256 = hex::encode(Sha256::digest(bytes));
+        let limits = self.limits_of(tenant);
         let (pre, js_source, memory_limit) = match js::detect(bytes)? {
-            Source::Component => (self.pre_component(bytes, &sha256)?, None, self.limits.memory_limit),
+            Source::Component => (self.pre_component(bytes, &sha256)?, None, limits.memory_limit),
             Source::Js(text) => {
                 let pre = self.js.pre(&self.engine, &self.linker).map_err(js::as_js_error)?;
-                (pre, Some(Arc::from(text)), self.limits.js_memory_limit)
+                (pre, Some(Arc::from(text)), limits.js_memory_limit)
             }
         };
         let mut plugin = LoadedPlugin {
@@ -155,10 +145,16 @@ impl Runtime {
             runs_long: AtomicBool::new(false),
             js_source,
             memory_limit,
+            call_limits: CallLimits::of(&limits),
         };
         let checked = plugin.check_describe();
         checked.map_err(|e| if plugin.is_js() { js::as_js_error(e) } else { e })?;
         Ok(Arc::new(plugin))
+    }
+
+    /// The limits of `tenant`'s plugins: its own table's, else the global values.
+    pub(crate) fn limits_of(&self, tenant: &str) -> TenantLimits {
+        self.tenant_limits.get(tenant).copied().unwrap_or(self.default_limits)
     }
 
     /// A component's pre-instance: structure checked, compiled or mapped from the cache,
@@ -210,7 +206,7 @@ fn build_engine(cfg: &PluginConfig) -> wasmtime::Result<Engine> {
         .max_memories_per_component(2)
         .total_tables(instances.saturating_mul(8))
         .max_tables_per_component(8)
-        .max_memory_size(cfg.memory_limit.max(cfg.js_memory_limit))
+        .max_memory_size(cfg.max_memory())
         .total_stacks(0);
     let mut config = engine_config();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
@@ -255,8 +251,10 @@ pub(crate) struct LoadedPlugin {
     runs_long: AtomicBool,
     /// JavaScript source, for a plugin that runs on the JavaScript runtime.
     js_source: JsSource,
-    /// This version's linear memory cap.
+    /// This version's linear memory cap (its tenant's, for its kind).
     memory_limit: usize,
+    /// Its tenant's time budget.
+    call_limits: CallLimits,
 }
 
 struct WarmInstance {
@@ -314,6 +312,7 @@ impl LoadedPlugin {
             runs_long: AtomicBool::new(self.runs_long.load(Ordering::Relaxed)),
             js_source: self.js_source.clone(),
             memory_limit: self.memory_limit,
+            call_limits: self.call_limits,
         }
     }
 
@@ -455,7 +454,7 @@ impl LoadedPlugin {
         }
         inst.store.data_mut().begin_call(ctx, capture);
         inst.store.data_mut().deadline.budget = self.budget(input_bytes);
-        inst.store.set_epoch_deadline(self.runtime.limits.first_check_ticks);
+        inst.store.set_epoch_deadline(self.call_limits.first_check_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
         self.runs_long.store(state.deadline.ran_long(), Ordering::Relaxed);
@@ -478,7 +477,7 @@ impl LoadedPlugin {
     /// `call_timeout_per_mib` for each MiB, so that the largest payload Herald accepts
     /// can go through a transform that reads and rewrites it.
     fn budget(&self, input_bytes: usize) -> Duration {
-        let limits = &self.runtime.limits;
+        let limits = &self.call_limits;
         let extra = limits.call_timeout_per_mib.as_nanos() * input_bytes as u128 / (1 << 20);
         limits.call_timeout + Duration::from_nanos(u64::try_from(extra).unwrap_or(u64::MAX))
     }
@@ -493,7 +492,7 @@ impl LoadedPlugin {
         // cap, not by wasmtime's default of 128 MiB: a guest returning many aliases of
         // one buffer is refused after copying at most the cap.
         store.set_hostcall_fuel(self.runtime.limits.max_output_bytes.saturating_add(64 << 10));
-        let limits = self.runtime.limits;
+        let limits = self.call_limits;
         store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(limits.call_timeout)));
         store.data_mut().deadline.start();
         store.set_epoch_deadline(limits.first_check_ticks);

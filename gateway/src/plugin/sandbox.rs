@@ -298,6 +298,28 @@ impl host::Host for HostState {
     }
 }
 
+/// The time budget of one plugin's calls: its tenant's.
+#[derive(Clone, Copy)]
+pub(super) struct CallLimits {
+    /// Ticks to the first deadline check: the budget, or the point where a call counts
+    /// as long if that comes first (see `Deadline`).
+    pub(super) first_check_ticks: u64,
+    pub(super) call_timeout: Duration,
+    pub(super) call_timeout_per_mib: Duration,
+}
+
+impl CallLimits {
+    pub(super) fn of(limits: &super::types::TenantLimits) -> CallLimits {
+        let tick = EPOCH_TICK.as_nanos().max(1);
+        let first_check = limits.call_timeout.min(DEMOTE_AFTER);
+        CallLimits {
+            first_check_ticks: (first_check.as_nanos().div_ceil(tick) as u64).max(1),
+            call_timeout: limits.call_timeout,
+            call_timeout_per_mib: limits.call_timeout_per_mib,
+        }
+    }
+}
+
 /// The time budget of a call: `call_timeout` of CPU time spent by the call's thread.
 /// The epoch deadline measures wall time, which a busy host can eat by preempting the
 /// thread; so when it expires, the call is stopped only if the thread has spent the

@@ -76,6 +76,48 @@ pub struct PluginConfig {
     /// The operator's overrides, keyed like `plugin_config`: these keys win over a
     /// tenant's own settings.
     pub plugin_overrides: HashMap<(String, String), HashMap<String, String>>,
+    /// `[plugins.tenant.<tenant>]`: limits the operator sets for one tenant (a JavaScript
+    /// tenant may need more memory, a trusted one a larger plugin). Unset ones follow the
+    /// values above; [`PluginConfig::limits`] resolves them.
+    pub tenant_limits: HashMap<String, TenantLimitOverrides>,
+}
+
+/// One tenant's own limits, as the operator wrote them: `None` follows the global value.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantLimitOverrides {
+    /// Replaces [`PluginConfig::call_timeout`].
+    pub call_timeout: Option<Duration>,
+    /// Replaces [`PluginConfig::call_timeout_per_mib`].
+    pub call_timeout_per_mib: Option<Duration>,
+    /// Replaces [`PluginConfig::memory_limit`], in bytes.
+    pub memory_limit: Option<usize>,
+    /// Replaces [`PluginConfig::js_memory_limit`], in bytes.
+    pub js_memory_limit: Option<usize>,
+    /// Replaces [`PluginConfig::max_plugin_bytes`].
+    pub max_plugin_bytes: Option<usize>,
+    /// Replaces [`PluginConfig::max_plugins_per_tenant`].
+    pub max_plugins: Option<usize>,
+    /// Replaces [`PluginConfig::max_tenant_bytes`].
+    pub max_tenant_bytes: Option<usize>,
+}
+
+/// The limits that hold for one tenant: its overrides over the global values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// CPU budget of one call before the input-size part.
+    pub call_timeout: Duration,
+    /// Extra budget per MiB of a call's input.
+    pub call_timeout_per_mib: Duration,
+    /// Linear memory cap of one component instance, in bytes.
+    pub memory_limit: usize,
+    /// Linear memory cap of one JavaScript instance, in bytes.
+    pub js_memory_limit: usize,
+    /// Largest plugin upload, in bytes.
+    pub max_plugin_bytes: usize,
+    /// Most plugins.
+    pub max_plugins: usize,
+    /// Most bytes stored: serving files and kept versions (see `PluginHost::install`).
+    pub max_tenant_bytes: usize,
 }
 
 impl PluginConfig {
@@ -106,11 +148,56 @@ impl PluginConfig {
             js_memory_limit: 64 << 20,
             plugin_config: HashMap::new(),
             plugin_overrides: HashMap::new(),
+            tenant_limits: HashMap::new(),
         }
     }
 }
 
 impl PluginConfig {
+    /// The limits of `tenant`: its `[plugins.tenant.<tenant>]` values, else the globals.
+    pub fn limits(&self, tenant: &str) -> TenantLimits {
+        let o = self.tenant_limits.get(tenant).cloned().unwrap_or_default();
+        TenantLimits {
+            call_timeout: o.call_timeout.unwrap_or(self.call_timeout),
+            call_timeout_per_mib: o.call_timeout_per_mib.unwrap_or(self.call_timeout_per_mib),
+            memory_limit: o.memory_limit.unwrap_or(self.memory_limit),
+            js_memory_limit: o.js_memory_limit.unwrap_or(self.js_memory_limit),
+            max_plugin_bytes: o.max_plugin_bytes.unwrap_or(self.max_plugin_bytes),
+            max_plugins: o.max_plugins.unwrap_or(self.max_plugins_per_tenant),
+            max_tenant_bytes: o.max_tenant_bytes.unwrap_or(self.max_tenant_bytes),
+        }
+    }
+
+    /// The config key that sets `tenant`'s limit `field` (a [`TenantLimitOverrides`]
+    /// field name): the tenant's own key when it sets one, else the global key. Limit
+    /// errors name it, so the operator knows which value to change.
+    pub fn limit_key(&self, tenant: &str, field: &str) -> String {
+        let o = self.tenant_limits.get(tenant);
+        let own = o.is_some_and(|o| match field {
+            "call_timeout" => o.call_timeout.is_some(),
+            "call_timeout_per_mib" => o.call_timeout_per_mib.is_some(),
+            "memory_limit" => o.memory_limit.is_some(),
+            "js_memory_limit" => o.js_memory_limit.is_some(),
+            "max_plugin_bytes" => o.max_plugin_bytes.is_some(),
+            "max_plugins" => o.max_plugins.is_some(),
+            "max_tenant_bytes" => o.max_tenant_bytes.is_some(),
+            _ => false,
+        });
+        let key = match field {
+            "memory_limit" | "js_memory_limit" => format!("{field}_mib"),
+            "max_plugins" if !own => "max_plugins_per_tenant".to_string(),
+            _ => field.to_string(),
+        };
+        if own { format!("plugins.tenant.{tenant}.{key}") } else { format!("plugins.{key}") }
+    }
+
+    /// The largest linear memory any instance may have, over every tenant (the instance
+    /// pool reserves for it).
+    pub fn max_memory(&self) -> usize {
+        let own = self.tenant_limits.values().flat_map(|o| [o.memory_limit, o.js_memory_limit]).flatten();
+        own.fold(self.memory_limit.max(self.js_memory_limit), usize::max)
+    }
+
     /// The call pool's size: `call_threads`, or one per CPU (at least 2) when 0.
     pub fn call_threads(&self) -> usize {
         match self.call_threads {
@@ -353,23 +440,26 @@ pub enum PluginError {
         /// The rejected value.
         value: String,
     },
-    /// The file is larger than `max_plugin_bytes`.
-    #[error("plugin is {size} bytes; the limit is {limit}")]
+    /// The file is larger than the tenant's `max_plugin_bytes`.
+    #[error("plugin is {size} bytes; {key} is {limit}")]
     TooLarge {
         /// Its size.
         size: usize,
         /// The limit.
         limit: usize,
+        /// The config key of the limit (the tenant's own or the global one).
+        key: String,
     },
     /// The tenant would pass one of its plugin limits.
-    #[error("tenant {tenant} would have {have} {what}; plugins.{key} is {limit}")]
+    #[error("tenant {tenant} would have {have} {what}; {key} is {limit}")]
     TenantLimit {
         /// The tenant.
         tenant: String,
-        /// `plugins` or `bytes of plugins`.
+        /// `plugins`, or what counts toward the byte limit.
         what: &'static str,
-        /// The config key of the limit.
-        key: &'static str,
+        /// The config key of the limit, e.g. `plugins.max_tenant_bytes` or
+        /// `plugins.tenant.acme.max_plugins`.
+        key: String,
         /// What the tenant would have.
         have: usize,
         /// The limit.

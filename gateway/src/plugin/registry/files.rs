@@ -139,12 +139,9 @@ impl PluginHost {
             // Nothing serves it yet: its deliveries wait for this load.
             None => self.mark_loading(tenant, name),
         }
-        let limit = self.inner.config.max_plugin_bytes;
-        let loaded = if bytes.len() > limit {
-            Err(PluginError::TooLarge { size: bytes.len(), limit })
-        } else {
-            self.inner.runtime.load(tenant, name, &bytes, self.plugin_config(tenant, name))
-        };
+        let loaded = self
+            .check_size(tenant, bytes.len())
+            .and_then(|()| self.inner.runtime.load(tenant, name, &bytes, self.plugin_config(tenant, name)));
         match loaded {
             Ok(plugin) => {
                 // An upload or rollback may have replaced the file since it was read: then

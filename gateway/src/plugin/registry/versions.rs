@@ -10,7 +10,8 @@ use std::time::SystemTime;
 
 use super::*;
 
-/// Versions kept per plugin; older ones are deleted at the next upload.
+/// Versions kept per plugin; older ones are deleted at the next upload, except those an
+/// endpoint pins (see [`PluginHost::install_keeping`]).
 pub const MAX_VERSIONS: usize = 20;
 
 /// One stored version of a plugin.
@@ -36,18 +37,18 @@ pub fn split_pinned(name: &str) -> Option<(&str, u32)> {
     is_slug(base).then_some((base, n))
 }
 
-struct VersionFile {
-    number: u32,
-    sha256: String,
-    path: PathBuf,
+pub(super) struct VersionFile {
+    pub(super) number: u32,
+    pub(super) sha256: String,
+    pub(super) path: PathBuf,
 }
 
 impl PluginHost {
-    fn versions_dir(&self, tenant: &str, name: &str) -> PathBuf {
+    pub(super) fn versions_dir(&self, tenant: &str, name: &str) -> PathBuf {
         self.inner.config.dir.join(tenant).join(".versions").join(name)
     }
 
-    fn version_files(&self, tenant: &str, name: &str) -> Vec<VersionFile> {
+    pub(super) fn version_files(&self, tenant: &str, name: &str) -> Vec<VersionFile> {
         let mut files: Vec<VersionFile> = read_dir(&self.versions_dir(tenant, name))
             .unwrap_or_default()
             .into_iter()
@@ -65,7 +66,8 @@ impl PluginHost {
     }
 
     /// Records `bytes` as the next version of (tenant, name), unless the newest version
-    /// has the same bytes; drops versions beyond [`MAX_VERSIONS`]. Returns its number.
+    /// has the same bytes. Returns its number. Which old versions go is decided with the
+    /// tenant's limits (see `plan_storage`).
     pub(super) fn record_version(
         &self,
         tenant: &str,
@@ -79,9 +81,6 @@ impl PluginHost {
         }
         let number = files.last().map_or(1, |f| f.number + 1);
         write_atomically(&self.versions_dir(tenant, name), &format!("{number}.{sha256}.wasm"), bytes)?;
-        for old in files.iter().take((files.len() + 1).saturating_sub(MAX_VERSIONS)) {
-            let _ = std::fs::remove_file(&old.path);
-        }
         Ok(number)
     }
 
@@ -124,7 +123,7 @@ impl PluginHost {
         let (tenant, name) = (tenant.to_string(), name.to_string());
         tokio::task::spawn_blocking(move || {
             let bytes = host.version_bytes(&tenant, &name, number)?;
-            host.install_bytes(&tenant, &name, &bytes, false)
+            host.install_bytes(&tenant, &name, &bytes, None)
         })
         .await
         .map_err(|e| PluginError::Engine(format!("rollback task failed: {e}")))?
