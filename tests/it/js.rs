@@ -228,7 +228,8 @@ async fn a_scaffolded_javascript_plugin_passes_its_test_and_loads() -> anyhow::R
     let project = dir.path().join("shiny");
     let out = run(&project, "node", &["--test"], &[]).await?;
     assert!(out.contains("# pass 2") && out.contains("# fail 0"), "{out}");
-    let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str())];
+    // A budget for evaluating the source that a debug build on a busy machine meets too.
+    let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str()), ("HERALD_PLUGINS_CALL_TIMEOUT", "200ms")];
     let report = run(&project, &bin, &["plugin", "check", "plugin.js"], &env).await?;
     assert!(report.contains("shiny 0.1.0") && report.contains("hooks:   transform"), "{report}");
     let again = run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await;

@@ -17,7 +17,7 @@ use super::{
 /// human-readable report: name, version, size, SHA-256, hooks and imports.
 pub fn check_file(path: &Path) -> Result<String, PluginError> {
     let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
-    let config = cli_config();
+    let config = cli_config()?;
     if bytes.len() > config.max_plugin_bytes {
         let key = "plugins.max_plugin_bytes".to_string();
         return Err(PluginError::TooLarge { size: bytes.len(), limit: config.max_plugin_bytes, key });
@@ -95,7 +95,7 @@ pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String
     let ctx = context(input.get("context"))?;
     let plugin_config = string_map(input.get("config"), "config")?;
     let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
-    let runtime = Runtime::new(&cli_config())?;
+    let runtime = Runtime::new(&cli_config()?)?;
     let plugin = runtime.load(&ctx.tenant, "cli", &bytes, plugin_config)?;
     let mut logs = LogCapture::new();
     let result = match hook {
@@ -120,13 +120,19 @@ pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String
     Ok(serde_json::to_string_pretty(&out).unwrap_or_default())
 }
 
-fn cli_config() -> PluginConfig {
+/// The server's defaults, with the two variables that set `plugins.js_runtime` and
+/// `plugins.call_timeout` for `herald serve` (a slower machine can check with the budget
+/// its server will give).
+fn cli_config() -> Result<PluginConfig, PluginError> {
     let mut config = PluginConfig::new(".");
     config.max_instances = 4;
     config.watch = false;
-    // The same variable that sets `plugins.js_runtime` for `herald serve`.
     config.js_runtime = std::env::var_os("HERALD_PLUGINS_JS_RUNTIME").map(Into::into);
-    config
+    if let Ok(text) = std::env::var("HERALD_PLUGINS_CALL_TIMEOUT") {
+        config.call_timeout = crate::config::parse_duration(&text)
+            .map_err(|e| PluginError::Input(format!("HERALD_PLUGINS_CALL_TIMEOUT: {e}")))?;
+    }
+    Ok(config)
 }
 
 fn context(v: Option<&Value>) -> Result<DeliveryContext, PluginError> {
