@@ -232,6 +232,9 @@ async fn a_scaffolded_javascript_plugin_passes_its_test_and_loads() -> anyhow::R
     let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str()), ("HERALD_PLUGINS_CALL_TIMEOUT", "200ms")];
     let report = run(&project, &bin, &["plugin", "check", "plugin.js"], &env).await?;
     assert!(report.contains("shiny 0.1.0") && report.contains("hooks:   transform"), "{report}");
+    let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str()), ("HERALD_PLUGINS_CALL_TIMEOUT", "soon")];
+    let bad = run(&project, &bin, &["plugin", "check", "plugin.js"], &env).await;
+    assert!(bad.is_err_and(|e| e.to_string().contains("HERALD_PLUGINS_CALL_TIMEOUT: invalid duration")));
     let again = run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await;
     assert!(again.is_err_and(|e| e.to_string().contains("exists")));
     Ok(())
