@@ -293,7 +293,7 @@ fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<ClaimBatch> {
         claimed.push(c);
     }
     let next_due = match claimed.len() < req.limit as usize {
-        true => tx.prepare_cached(&NEXT_DUE.replace("$1", "?1"))?.query_row([req.endpoint.as_str()], |r| r.get(0))?,
+        true => tx.prepare_cached(NEXT_DUE)?.query_row([req.endpoint.as_str()], |r| r.get(0))?,
         false => None,
     };
     Ok(ClaimBatch { claimed, next_due })
