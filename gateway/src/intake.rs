@@ -244,7 +244,7 @@ pub async fn commit(
     engine: &Engine,
     events: Vec<NewEvent>,
 ) -> Result<Vec<(EventId, IngestOutcome)>, IntakeError> {
-    let outcomes = metrics.intake_commit.time(accept(committer, events)).await?;
+    let mut outcomes = metrics.intake_commit.time(accept(committer, events)).await?;
     let fresh = outcomes.iter().map(|(_, o)| o).filter(|o| !o.duplicate);
     let (new_events, deliveries) = fresh.fold((0u64, 0u64), |(e, d), o| (e + 1, d + u64::from(o.deliveries)));
     metrics.events_accepted.inc_by(new_events);
@@ -254,6 +254,7 @@ pub async fn commit(
         endpoints.sort_unstable();
         endpoints.dedup();
         engine.poke(&endpoints);
+        engine.hand_over(outcomes.iter_mut().flat_map(|(_, o)| o.leased.drain(..)));
     }
     Ok(outcomes)
 }

@@ -62,6 +62,14 @@ macro_rules! string_id {
                 f.write_str(&self.0)
             }
         }
+
+        /// Maps keyed by the id can be looked up with a stored string (hash and equality
+        /// are the string's).
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 

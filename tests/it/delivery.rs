@@ -283,6 +283,42 @@ async fn shutdown_waits_for_attempts_in_flight_to_record() -> anyhow::Result<()>
     Ok(())
 }
 
+/// Claim at intake (SQLite): while an endpoint's partition knows nothing of it waits in the
+/// store, each new event's delivery is leased to it in the intake commit itself. A trickle
+/// of events then needs no claim per event (a commit less each), and each one still arrives
+/// exactly once and settles as delivered.
+#[tokio::test]
+async fn a_trickle_of_events_needs_no_claim_per_event() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    setup(&gw, &rx, json!({})).await?;
+    let claims = || async {
+        let text = gw.api.raw("GET", "/metrics", None, "").await?.text;
+        let line = text.lines().find(|l| l.starts_with("herald_claim_duration_seconds_count "));
+        line.and_then(|l| l.split(' ').nth(1)?.parse::<f64>().ok()).ok_or_else(|| anyhow::anyhow!("no claim count"))
+    };
+    assert_eq!(gw.api.event("acme", json!({"id": "evt_0", "type": "t", "payload": {}})).await?.status, 202);
+    rx.wait_for(1, Duration::from_secs(10)).await?;
+    let before = claims().await?;
+    const TRICKLE: usize = 20;
+    for i in 1..=TRICKLE {
+        let r = gw.api.event("acme", json!({"id": format!("evt_{i}"), "type": "t", "payload": {"i": i}})).await?;
+        assert_eq!(r.status, 202, "{}", r.text);
+        rx.wait_for(i + 1, Duration::from_secs(10)).await?;
+    }
+    let claimed = claims().await? - before;
+    assert!(claimed <= 2.0, "{claimed} claims for {TRICKLE} events to an idle endpoint");
+    let got = rx.received();
+    let ids: std::collections::HashSet<&str> = got.iter().filter_map(|r| r.header("webhook-id")).collect();
+    assert_eq!((got.len(), ids.len()), (TRICKLE + 1, TRICKLE + 1), "each event arrives exactly once");
+    gw.api
+        .wait_for("/v1/tenants/acme/deliveries?state=delivered&limit=100", Duration::from_secs(10), |v| {
+            v["data"].as_array().is_some_and(|d| d.len() == TRICKLE + 1)
+        })
+        .await?;
+    Ok(())
+}
+
 /// Every engine test runs on both stores.
 mod sqlite {
     #[tokio::test]

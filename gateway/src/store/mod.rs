@@ -93,6 +93,26 @@ pub struct IngestOutcome {
     /// The (tenant, id) was already stored with a different type or payload. Then nothing
     /// of the whole op (request) it came in was written.
     pub conflict: bool,
+    /// New deliveries leased in the intake commit itself to a partition on this node (see
+    /// [`Handoff`]), with their endpoints; these endpoints are not in `endpoints`.
+    pub leased: Vec<(EndpointId, Claimed)>,
+}
+
+/// Claim at intake: partitions on this node that take a new delivery already leased to
+/// them, so it needs no claim of its own (one commit less per delivery). Asked by the
+/// store inside the intake commit, for each new delivery (see [`Store::hand_off`]).
+pub trait Handoff: Send + Sync {
+    /// The lease for a new delivery of `endpoint` made at `now`, when a partition here
+    /// takes it directly; `None`: it is queued for a claim as usual.
+    fn lease(&self, endpoint: &str, now: Millis) -> Option<HandoffLease>;
+}
+
+/// A lease given at intake: the delivery is stored `delivering`, leased to `owner` until
+/// `until` with fence 1, exactly as a claim would have left it.
+#[derive(Debug, Clone)]
+pub struct HandoffLease {
+    pub owner: String,
+    pub until: Millis,
 }
 
 /// The fingerprint of a stored event: its column, or for an event stored before the
@@ -108,18 +128,31 @@ pub(crate) fn stored_fingerprint(
 impl IngestOutcome {
     /// A new event fanned out to `endpoints`.
     pub fn stored(endpoints: Vec<EndpointId>) -> IngestOutcome {
-        IngestOutcome { deliveries: endpoints.len() as u32, endpoints, duplicate: false, conflict: false }
+        IngestOutcome::stored_leased(endpoints, Vec::new())
+    }
+
+    /// A new event fanned out to `queued` endpoints for a claim and to `leased` ones'
+    /// partitions directly.
+    pub fn stored_leased(queued: Vec<EndpointId>, leased: Vec<(EndpointId, Claimed)>) -> IngestOutcome {
+        let deliveries = (queued.len() + leased.len()) as u32;
+        IngestOutcome { deliveries, endpoints: queued, duplicate: false, conflict: false, leased }
     }
 
     /// A repeat of a stored event that got `deliveries` deliveries the first time.
     pub fn duplicate(deliveries: u32) -> IngestOutcome {
-        IngestOutcome { deliveries, endpoints: Vec::new(), duplicate: true, conflict: false }
+        IngestOutcome { deliveries, endpoints: Vec::new(), duplicate: true, conflict: false, leased: Vec::new() }
     }
 
     /// The outcomes of an op of `n` events refused because event `at` conflicts.
     pub fn refused(n: usize, at: usize) -> Vec<IngestOutcome> {
         (0..n)
-            .map(|i| IngestOutcome { deliveries: 0, endpoints: Vec::new(), duplicate: false, conflict: i == at })
+            .map(|i| IngestOutcome {
+                deliveries: 0,
+                endpoints: Vec::new(),
+                duplicate: false,
+                conflict: i == at,
+                leased: Vec::new(),
+            })
             .collect()
     }
 }
@@ -149,7 +182,7 @@ pub struct PartitionLease {
 }
 
 /// A delivery handed to a worker, with what it needs to send it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
     pub id: DeliveryId,
     pub tenant: TenantId,
@@ -164,6 +197,26 @@ pub struct Claimed {
     /// A deadline set by a replay, replacing the event's own.
     pub deadline: Option<Millis>,
     pub fence: i64,
+}
+
+impl Claimed {
+    /// New delivery `id` of `event`, leased at intake (see [`Handoff`]): fence 1, no
+    /// attempts yet, as a first claim would have left it.
+    pub fn new_leased(id: DeliveryId, event: &NewEvent) -> Claimed {
+        Claimed {
+            id,
+            tenant: event.tenant.clone(),
+            event_id: event.id.clone(),
+            event_type: event.event_type.clone(),
+            payload: event.payload.clone(),
+            event_created_at: event.created_at,
+            expires_at: event.expires_at,
+            attempts: 0,
+            attempt_base: 0,
+            deadline: None,
+            fence: 1,
+        }
+    }
 }
 
 /// What a claim got.
@@ -383,6 +436,12 @@ pub trait Store: Send + Sync + 'static {
     fn commit_sink(&self, _max_batch: usize) -> Option<Arc<dyn CommitSink>> {
         None
     }
+
+    /// Lets intake commits lease new deliveries to this node's partitions (`handoff`)
+    /// where the store can tell they hold their endpoint's lease. SQLite can: one node owns
+    /// every partition in its file. The default (shared stores) never does: every delivery
+    /// is queued and claimed under the partition lease checked in the claim's transaction.
+    fn hand_off(&self, _handoff: Arc<dyn Handoff>) {}
 
     /// Takes or renews the lease on an endpoint's partition: true if `owner` holds it until
     /// `until` (it was free, expired at `now`, or already `owner`'s). One node at a time

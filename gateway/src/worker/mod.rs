@@ -19,7 +19,7 @@ pub use decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_effe
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rand::SeedableRng;
@@ -34,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::model::{EndpointId, Millis, new_id};
 use crate::ops::Ops;
 use crate::plugin::PluginHost;
-use crate::store::{Committer, DynStore, Notice};
+use crate::store::{Claimed, Committer, DynStore, Handoff, HandoffLease, Notice};
 
 /// How often the engine looks for due work it was not told about (retries coming due,
 /// work added by other nodes) and for abandoned leases.
@@ -133,6 +133,7 @@ impl Engine {
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "cannot listen for other nodes' work; scanning only"),
         }
+        inner.store.hand_off(Arc::new(Handoffs(Arc::downgrade(&inner))));
         tokio::spawn(dispatch(inner.clone()));
         Engine { inner }
     }
@@ -146,6 +147,22 @@ impl Engine {
     pub fn poke(&self, endpoints: &[EndpointId]) {
         for id in endpoints {
             ensure_partition(&self.inner, id);
+        }
+    }
+
+    /// Gives deliveries leased at intake (see [`Handoff`]) to their partitions, starting
+    /// one where none runs (it takes the endpoint's lease again, which this node holds).
+    pub fn hand_over(&self, leased: impl IntoIterator<Item = (EndpointId, Claimed)>) {
+        for (id, claimed) in leased {
+            let mut parts = self.inner.partitions.lock().expect("partition map");
+            match parts.get(&id) {
+                Some(signal) => signal.hand(claimed),
+                None => {
+                    let signal = partition::Signal::default();
+                    signal.hand(claimed);
+                    start_partition(&self.inner, &mut parts, &id, signal);
+                }
+            }
         }
     }
 
@@ -231,11 +248,32 @@ impl Drop for TaskDone {
 
 fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
     let mut parts = inner.partitions.lock().expect("partition map");
-    if let Some(signal) = parts.get(id) {
-        signal.work();
-        return;
+    match parts.get(id) {
+        Some(signal) => signal.work(),
+        None => start_partition(inner, &mut parts, id, partition::Signal::default()),
     }
-    let signal = Arc::new(partition::Signal::default());
+}
+
+/// Claim at intake, the engine's side: the store asks, for each new delivery, whether its
+/// endpoint's partition here takes it (open, lease held, room left).
+struct Handoffs(Weak<Inner>);
+
+impl Handoff for Handoffs {
+    fn lease(&self, endpoint: &str, now: Millis) -> Option<HandoffLease> {
+        let inner = self.0.upgrade()?;
+        let until = inner.partitions.lock().expect("partition map").get(endpoint)?.lease(now)?;
+        Some(HandoffLease { owner: inner.owner.clone(), until })
+    }
+}
+
+/// Starts `id`'s partition with `signal` (the caller found none in `parts`).
+fn start_partition(
+    inner: &Arc<Inner>,
+    parts: &mut HashMap<EndpointId, Arc<partition::Signal>>,
+    id: &EndpointId,
+    signal: partition::Signal,
+) {
+    let signal = Arc::new(signal);
     parts.insert(id.clone(), signal.clone());
     inner.metrics.partitions.inc();
     let (part, id) = (inner.clone(), id.clone());

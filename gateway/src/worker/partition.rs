@@ -21,6 +21,7 @@ use crate::pace::{Pacer, Permit};
 use crate::sign::Secret;
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, Release, Result as StoreResult};
 
+mod handoff;
 mod held;
 mod signal;
 
@@ -32,6 +33,7 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
     let mut p = Partition::new(inner, id, signal);
     loop {
         p.collect_prefetch(false).await;
+        p.collect_handed();
         if p.signal.take_changed() {
             p.stale = true;
             p.drained = None;
@@ -47,9 +49,12 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
         if !p.hold().await {
             // Another node paces this endpoint; look again when its lease may have lapsed.
             p.hand_back(p.inner.clock.now()).await;
-            p.retire();
-            return;
+            if p.retire() {
+                return;
+            }
+            continue;
         }
+        p.publish_open();
         if !p.queue.is_empty() {
             if !p.refresh_if_stale().await {
                 continue;
@@ -112,6 +117,7 @@ struct Partition {
 
 impl Drop for Partition {
     fn drop(&mut self) {
+        self.signal.set_open(None);
         self.set_held(None);
     }
 }
@@ -168,17 +174,26 @@ impl Partition {
         }
     }
 
-    /// Hands every claimed-but-unsent delivery back (a running prefetch's too), due at `at`.
+    /// Hands every claimed-but-unsent delivery back (a running prefetch's and those leased
+    /// to it at intake too), due at `at`.
     async fn hand_back(&mut self, at: Millis) {
         self.collect_prefetch(true).await;
+        self.queue.extend(self.signal.take_inbox());
         self.release_queue(at).await;
     }
 
     /// Removes the partition from the map; the periodic scan or the next poke starts it
     /// again when work arrives. Its partition lease is kept until it expires, so a partition
-    /// that restarts here at once never races another node for it.
-    fn retire(&self) {
-        self.inner.partitions.lock().expect("partition map").remove(&self.id);
+    /// that restarts here at once never races another node for it. False when deliveries
+    /// were leased to it at intake meanwhile: it goes on (the map's lock orders the two).
+    fn retire(&self) -> bool {
+        let mut parts = self.inner.partitions.lock().expect("partition map");
+        if self.signal.inbox_len() > 0 {
+            return false;
+        }
+        self.signal.set_open(None);
+        parts.remove(&self.id);
+        true
     }
 
     fn counters(&mut self, endpoint: &Endpoint) -> TenantCounters {
@@ -243,15 +258,11 @@ impl Partition {
                 Flow::Send
             }
             Refill::Idle(wake_at) => self.idle(wake_at).await,
-            Refill::Lost => {
-                // Another node paces this endpoint; look again when its lease may have lapsed.
+            Refill::Lost | Refill::Gone => {
+                // Lost: another node paces this endpoint; look again when its lease may have
+                // lapsed. Gone: whatever was leased to it at intake settles as it is handed back.
                 self.hand_back(self.inner.clock.now()).await;
-                self.retire();
-                Flow::Stop
-            }
-            Refill::Gone => {
-                self.retire();
-                Flow::Stop
+                if self.retire() { Flow::Stop } else { Flow::Again }
             }
         }
     }
@@ -259,15 +270,21 @@ impl Partition {
     /// Nothing to send: sleep until `wake_at`, a poke or a freed slot; with nothing waiting
     /// and nothing in flight, linger, then retire.
     async fn idle(&mut self, wake_at: Option<Millis>) -> Flow {
+        self.publish_open();
         let busy = self.shared.as_ref().is_some_and(|s| s.pacer.lock().expect("pacer").in_flight() > 0);
         if wake_at.is_none() && !busy {
             // Linger before retiring: a partition that came and went with every event would
             // re-take its lease (a write) and respawn each time.
             if tokio::time::timeout(IDLE_LINGER, self.signal.work.notified()).await.is_ok() {
-                self.drained = None;
+                // Deliveries handed over at intake leave what is known of the store standing.
+                if self.signal.take_fresh() {
+                    self.drained = None;
+                }
                 return Flow::Again;
             }
-            self.retire();
+            if !self.retire() {
+                return Flow::Again;
+            }
             // Work that arrived between the timeout and the retirement.
             if matches!(self.inner.store.next_due(&self.id).await, Ok(Some(_))) {
                 ensure_partition(&self.inner, &self.id);
@@ -324,6 +341,13 @@ impl Partition {
             && until > Instant::now()
         {
             return Refill::Idle(Some(self.inner.clock.millis_at(until)));
+        }
+        let handed = self.signal.take_inbox();
+        if !handed.is_empty() {
+            // Leased at intake: nothing to claim for them.
+            self.queue.extend(handed);
+            let counters = self.counters(&endpoint);
+            return Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, counters, now)));
         }
         let (inner, id) = (&self.inner, &self.id);
         let req = claim_request(inner, id, &endpoint.spec, 0, now);

@@ -287,6 +287,10 @@ impl Store for SqliteStore {
     fn commit_sink(&self, max_batch: usize) -> Option<Arc<dyn CommitSink>> {
         Some(self.writer.sink(max_batch))
     }
+
+    fn hand_off(&self, handoff: Arc<dyn Handoff>) {
+        self.writer.hand_off(handoff);
+    }
 }
 
 impl Dialect for Sqlite {

@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -34,6 +34,8 @@ pub(super) struct Writer {
     work: mpsc::UnboundedSender<Work>,
     /// Ops per group commit, at most (set by [`Writer::sink`]).
     max_batch: Arc<AtomicUsize>,
+    /// Set by [`Writer::hand_off`]; read by the thread for each intake commit.
+    handoff: Arc<OnceLock<Arc<dyn Handoff>>>,
 }
 
 impl Writer {
@@ -49,13 +51,15 @@ impl Writer {
         let dirty = spawn_checkpointer(path)?;
         let (work, rx) = mpsc::unbounded_channel::<Work>();
         let max_batch = Arc::new(AtomicUsize::new(1024));
-        let thread = Thread { conn, rng: StdRng::from_rng(&mut rand::rng()), durable: None, dirty, rx };
+        let handoff = Arc::new(OnceLock::new());
+        let rng = StdRng::from_rng(&mut rand::rng());
+        let thread = Thread { conn, rng, durable: None, dirty, rx, handoff: handoff.clone() };
         let limit = max_batch.clone();
         std::thread::Builder::new()
             .name("herald-sqlite-writer".into())
             .spawn(move || thread.run(&limit))
             .map_err(|e| StoreError::backend(format!("cannot start the SQLite writer thread: {e}")))?;
-        Ok(Writer { work, max_batch })
+        Ok(Writer { work, max_batch, handoff })
     }
 
     /// The group committer's queue: writes go straight to the writer thread, which folds
@@ -67,7 +71,16 @@ impl Writer {
 
     /// Applies `ops` in one transaction, in order; all of them commit or none does.
     pub(super) async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
-        self.job(move |conn, rng| transaction(conn, ops, rng)).await
+        let handoff = self.handoff.clone();
+        self.job(move |conn, rng| transaction(conn, ops, rng, handoff.get().map(|h| &**h))).await
+    }
+
+    /// From now on, intake commits lease new deliveries to the partitions `handoff` names
+    /// (see [`Store::hand_off`]); set once, by the engine.
+    pub(super) fn hand_off(&self, handoff: Arc<dyn Handoff>) {
+        if self.handoff.set(handoff).is_err() {
+            tracing::warn!("the SQLite writer already hands deliveries off to an engine");
+        }
     }
 
     /// Runs `write` in a transaction of its own on the writer thread, between group
@@ -112,7 +125,12 @@ impl From<rusqlite::Error> for StoreError {
 }
 
 /// A failed op rolls the whole transaction back (the `Transaction` drop does it).
-fn transaction(conn: &mut Connection, ops: Vec<WriteOp>, rng: &mut StdRng) -> Result<Vec<WriteResult>> {
+fn transaction(
+    conn: &mut Connection,
+    ops: Vec<WriteOp>,
+    rng: &mut StdRng,
+    handoff: Option<&dyn Handoff>,
+) -> Result<Vec<WriteResult>> {
     let started = std::time::Instant::now();
     let n = ops.len();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -120,7 +138,7 @@ fn transaction(conn: &mut Connection, ops: Vec<WriteOp>, rng: &mut StdRng) -> Re
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
         results.push(match op {
-            WriteOp::Ingest(events) => WriteResult::Ingest(ingest(&tx, events, &mut subscribers, rng)?),
+            WriteOp::Ingest(events) => WriteResult::Ingest(ingest(&tx, events, &mut subscribers, rng, handoff)?),
             WriteOp::Claim(req) => WriteResult::Claim(claim(&tx, req)?),
             WriteOp::Record(rs) => WriteResult::Record(record(&tx, rs)?),
             WriteOp::Release(rs) => {
@@ -178,6 +196,7 @@ fn ingest(
     events: Vec<NewEvent>,
     subscribers: &mut Subscribers,
     rng: &mut StdRng,
+    handoff: Option<&dyn Handoff>,
 ) -> Result<Vec<IngestOutcome>> {
     // A lone event's conflict is found before it writes anything: only a batch needs the
     // savepoint (two statements per request on the writer's hot path otherwise).
@@ -185,7 +204,7 @@ fn ingest(
     if guarded {
         tx.prepare_cached("SAVEPOINT ingest")?.execute([])?;
     }
-    let out = match ingest_op(tx, &events, subscribers, rng)? {
+    let out = match ingest_op(tx, &events, subscribers, rng, handoff)? {
         Ok(out) => out,
         Err(at) => {
             if guarded {
@@ -201,11 +220,14 @@ fn ingest(
 }
 
 /// [`ingest`] inside its savepoint: `Err(i)` when event `i` conflicts with a stored one.
+/// A new delivery whose endpoint's partition takes it here (`handoff`) is stored leased to
+/// it, as a claim would leave it, and comes back with the outcome.
 fn ingest_op(
     tx: &Transaction<'_>,
     events: &[NewEvent],
     subscribers: &mut Subscribers,
     rng: &mut StdRng,
+    handoff: Option<&dyn Handoff>,
 ) -> Result<std::result::Result<Vec<IngestOutcome>, usize>> {
     let mut insert_event = tx.prepare_cached(
         "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
@@ -214,6 +236,11 @@ fn ingest_op(
     let mut insert_delivery = tx.prepare_cached(
         "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
          next_attempt_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'queued', 0, ?6, ?6, ?6)",
+    )?;
+    let mut insert_leased = tx.prepare_cached(
+        "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+         next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, 'delivering', 0, ?6, ?7, ?8, 1, ?6, ?6)",
     )?;
     let mut count = tx.prepare_cached("SELECT COUNT(*) FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2")?;
     let mut stored = tx.prepare_cached(
@@ -243,12 +270,33 @@ fn ingest_op(
             out.push(IngestOutcome::duplicate(n as u32));
             continue;
         }
-        let mut targets = Vec::new();
+        let (mut queued, mut leased) = (Vec::new(), Vec::new());
         for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, subscribers.of(tx, &ev.tenant)?, rng) {
-            insert_delivery.execute(params![delivery.as_str(), tenant, id, endpoint, ev.event_type, ev.created_at])?;
-            targets.push(EndpointId::from_stored(endpoint));
+            let Some(lease) = handoff.and_then(|h| h.lease(endpoint, ev.created_at)) else {
+                insert_delivery.execute(params![
+                    delivery.as_str(),
+                    tenant,
+                    id,
+                    endpoint,
+                    ev.event_type,
+                    ev.created_at
+                ])?;
+                queued.push(EndpointId::from_stored(endpoint));
+                continue;
+            };
+            insert_leased.execute(params![
+                delivery.as_str(),
+                tenant,
+                id,
+                endpoint,
+                ev.event_type,
+                ev.created_at,
+                lease.owner,
+                lease.until
+            ])?;
+            leased.push((EndpointId::from_stored(endpoint), Claimed::new_leased(delivery, ev)));
         }
-        out.push(IngestOutcome::stored(targets));
+        out.push(IngestOutcome::stored_leased(queued, leased));
     }
     Ok(Ok(out))
 }

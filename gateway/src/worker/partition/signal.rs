@@ -11,6 +11,7 @@ use crate::model::{Endpoint, Millis};
 use crate::pace::Pacer;
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
+use crate::store::Claimed;
 
 /// What a partition shares with its in-flight attempts.
 pub(in crate::worker) struct Shared {
@@ -41,6 +42,21 @@ pub(in crate::worker) struct Signal {
     /// The endpoint's settings or state changed: re-read it before the next send.
     changed: AtomicBool,
     pub(in crate::worker) change: Notify,
+    /// Deliveries leased to the partition at intake, not yet in its queue.
+    inbox: Mutex<Vec<Claimed>>,
+    /// While the partition takes deliveries at intake: on what terms.
+    open: Mutex<Option<Open>>,
+}
+
+/// The terms on which a partition takes new deliveries at intake (claim at intake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::worker) struct Open {
+    /// Its partition lease is known to hold until then (stored time): none is given after.
+    pub(in crate::worker) held_until: Millis,
+    /// How long each delivery's lease is: long enough to send every one it may take.
+    pub(in crate::worker) lease_ms: Millis,
+    /// How many more it takes before it looks again (a claim's size, less its queue).
+    pub(in crate::worker) room: u32,
 }
 
 impl Signal {
@@ -68,6 +84,34 @@ impl Signal {
 
     pub(in crate::worker) fn take_changed(&self) -> bool {
         self.changed.swap(false, Ordering::AcqRel)
+    }
+
+    /// A delivery leased to this partition at intake: queued for it, and the partition
+    /// woken. Unlike [`Signal::work`], it says nothing new is waiting in the store.
+    pub(in crate::worker) fn hand(&self, claimed: Claimed) {
+        self.inbox.lock().expect("inbox").push(claimed);
+        self.work.notify_one();
+    }
+
+    pub(in crate::worker) fn take_inbox(&self) -> Vec<Claimed> {
+        std::mem::take(&mut *self.inbox.lock().expect("inbox"))
+    }
+
+    pub(in crate::worker) fn inbox_len(&self) -> usize {
+        self.inbox.lock().expect("inbox").len()
+    }
+
+    /// Opens (`Some`) or closes the partition to deliveries leased at intake.
+    pub(in crate::worker) fn set_open(&self, open: Option<Open>) {
+        *self.open.lock().expect("open") = open;
+    }
+
+    /// The lease for one more delivery made at `now`, if the partition takes it.
+    pub(in crate::worker) fn lease(&self, now: Millis) -> Option<Millis> {
+        let mut open = self.open.lock().expect("open");
+        let terms = open.as_mut().filter(|o| o.room > 0 && now < o.held_until)?;
+        terms.room -= 1;
+        Some(now + terms.lease_ms)
     }
 }
 

@@ -2,7 +2,7 @@
 //! writes are waiting, each commit synced to disk only when someone is answered for it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, OnceLock, mpsc as std_mpsc};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -39,6 +39,8 @@ pub(super) struct Thread {
     /// Tells the checkpointer there is WAL to copy back.
     pub(super) dirty: std_mpsc::SyncSender<()>,
     pub(super) rx: mpsc::UnboundedReceiver<Work>,
+    /// The engine's partitions that take new deliveries at intake, once it has started.
+    pub(super) handoff: Arc<OnceLock<Arc<dyn Handoff>>>,
 }
 
 impl Thread {
@@ -92,7 +94,9 @@ impl Thread {
         }
         let (ops, replies) = committer::fold(groups);
         let durable = ops.iter().any(WriteOp::acknowledged);
-        let applied = self.sync_commits(durable).and_then(|()| transaction(&mut self.conn, ops, &mut self.rng));
+        let applied = self
+            .sync_commits(durable)
+            .and_then(|()| transaction(&mut self.conn, ops, &mut self.rng, self.handoff.get().map(|h| &**h)));
         if !committer::answer(replies, applied) {
             // Do not spin on a broken database.
             std::thread::sleep(Duration::from_millis(50));
@@ -120,7 +124,8 @@ mod tests {
         let (dirty, _checkpoints) = std_mpsc::sync_channel(1);
         let (_work, rx) = mpsc::unbounded_channel();
         let rng = StdRng::seed_from_u64(1);
-        let mut thread = Thread { conn: connect(&path).unwrap(), rng, durable: None, dirty, rx };
+        let handoff = Arc::default();
+        let mut thread = Thread { conn: connect(&path).unwrap(), rng, durable: None, dirty, rx, handoff };
         let synchronous = |t: &Thread| t.conn.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0)).unwrap();
         let commit = |t: &mut Thread, op: WriteOp| {
             let (reply, mut answer) = oneshot::channel();
