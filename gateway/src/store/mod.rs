@@ -102,17 +102,13 @@ pub struct IngestOutcome {
 /// them, so it needs no claim of its own (one commit less per delivery). Asked by the
 /// store inside the intake commit, for each new delivery (see [`Store::hand_off`]).
 pub trait Handoff: Send + Sync {
-    /// The lease for a new delivery of `endpoint` made at `now`, when a partition here
-    /// takes it directly; `None`: it is queued for a claim as usual.
-    fn lease(&self, endpoint: &str, now: Millis) -> Option<HandoffLease>;
-}
-
-/// A lease given at intake: the delivery is stored `delivering`, leased to `owner` until
-/// `until` with fence 1, exactly as a claim would have left it.
-#[derive(Debug, Clone)]
-pub struct HandoffLease {
-    pub owner: String,
-    pub until: Millis,
+    /// Who the leases are for (this node's lease owner).
+    fn owner(&self) -> &str;
+    /// Until when a new delivery of `endpoint` made at `now` is leased, when a partition
+    /// here takes it directly; `None`: it is queued for a claim as usual. A delivery given
+    /// a lease is stored `delivering`, leased to [`Handoff::owner`], with fence 1, exactly
+    /// as a first claim would have left it.
+    fn lease(&self, endpoint: &str, now: Millis) -> Option<Millis>;
 }
 
 /// The fingerprint of a stored event: its column, or for an event stored before the

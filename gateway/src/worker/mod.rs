@@ -34,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::model::{EndpointId, Millis, new_id};
 use crate::ops::Ops;
 use crate::plugin::PluginHost;
-use crate::store::{Claimed, Committer, DynStore, Handoff, HandoffLease, Notice};
+use crate::store::{Claimed, Committer, DynStore, Handoff, Notice};
 
 /// How often the engine looks for due work it was not told about (retries coming due,
 /// work added by other nodes) and for abandoned leases.
@@ -133,7 +133,7 @@ impl Engine {
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "cannot listen for other nodes' work; scanning only"),
         }
-        inner.store.hand_off(Arc::new(Handoffs(Arc::downgrade(&inner))));
+        inner.store.hand_off(Arc::new(Handoffs { inner: Arc::downgrade(&inner), owner: inner.owner.clone() }));
         tokio::spawn(dispatch(inner.clone()));
         Engine { inner }
     }
@@ -256,13 +256,20 @@ fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
 
 /// Claim at intake, the engine's side: the store asks, for each new delivery, whether its
 /// endpoint's partition here takes it (open, lease held, room left).
-struct Handoffs(Weak<Inner>);
+struct Handoffs {
+    inner: Weak<Inner>,
+    owner: String,
+}
 
 impl Handoff for Handoffs {
-    fn lease(&self, endpoint: &str, now: Millis) -> Option<HandoffLease> {
-        let inner = self.0.upgrade()?;
-        let until = inner.partitions.lock().expect("partition map").get(endpoint)?.lease(now)?;
-        Some(HandoffLease { owner: inner.owner.clone(), until })
+    fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    fn lease(&self, endpoint: &str, now: Millis) -> Option<Millis> {
+        let inner = self.inner.upgrade()?;
+        let partitions = inner.partitions.lock().expect("partition map");
+        partitions.get(endpoint)?.lease(now)
     }
 }
 

@@ -272,7 +272,8 @@ fn ingest_op(
         }
         let (mut queued, mut leased) = (Vec::new(), Vec::new());
         for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, subscribers.of(tx, &ev.tenant)?, rng) {
-            let Some(lease) = handoff.and_then(|h| h.lease(endpoint, ev.created_at)) else {
+            let Some((owner, until)) = handoff.and_then(|h| Some((h.owner(), h.lease(endpoint, ev.created_at)?)))
+            else {
                 insert_delivery.execute(params![
                     delivery.as_str(),
                     tenant,
@@ -291,8 +292,8 @@ fn ingest_op(
                 endpoint,
                 ev.event_type,
                 ev.created_at,
-                lease.owner,
-                lease.until
+                owner,
+                until
             ])?;
             leased.push((EndpointId::from_stored(endpoint), Claimed::new_leased(delivery, ev)));
         }

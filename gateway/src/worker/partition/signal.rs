@@ -72,6 +72,8 @@ impl Signal {
     /// The endpoint changed: wakes the partition from any wait, even the pacer's (a wait
     /// planned at the old rate can be far longer than the new one allows).
     pub(in crate::worker) fn changed(&self) {
+        // Nothing more is leased to it at intake until it has read the endpoint again.
+        self.set_open(None);
         self.changed.store(true, Ordering::Release);
         self.change.notify_one();
     }
