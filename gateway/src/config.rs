@@ -30,6 +30,9 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.to_string(), reason: reason.into() }
 }
 
+/// Most threads `server.worker_threads` may ask for.
+const MAX_WORKER_THREADS: u32 = 256;
+
 /// The validated configuration the rest of Herald reads. Its `Debug` (what
 /// `herald check-config` prints) shows no secret: they are [`Redacted`] or [`StoreUrl`].
 #[derive(Debug, Clone)]
@@ -39,6 +42,8 @@ pub struct Config {
     pub admin_token: Option<Redacted>,
     pub max_payload_bytes: usize,
     pub server: ServerLimits,
+    /// Threads of the node's async runtime (API, engine, HTTP); `None`: one per core.
+    pub worker_threads: Option<usize>,
     pub store_url: StoreUrl,
     pub store_max_connections: u32,
     pub intake_max_batch: usize,
@@ -192,10 +197,13 @@ impl Config {
             None => toml::Table::new(),
         };
         apply_env(&mut doc, env)?;
-        let raw: RawConfig = toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| ConfigError::Parse {
-            path: path.map(Path::to_path_buf).unwrap_or_else(|| "<defaults>".into()),
-            message: e.message().to_string(),
-        })?;
+        // A value of the wrong type (from the file or a variable) is named by its key.
+        let raw: RawConfig = serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(
+            |e: serde_path_to_error::Error<toml::de::Error>| ConfigError::Parse {
+                path: path.map(Path::to_path_buf).unwrap_or_else(|| "<defaults>".into()),
+                message: format!("{}: {}", e.path(), e.inner().message()),
+            },
+        )?;
         raw.validate()
     }
 }
@@ -285,6 +293,7 @@ impl RawConfig {
             admin_token: self.server.admin_token()?,
             max_payload_bytes: self.server.max_payload_bytes as usize,
             server: self.server.limits()?,
+            worker_threads: Some(self.server.worker_threads as usize).filter(|n| *n > 0),
             store_url,
             store_max_connections: self.store.max_connections.max(1),
             intake_max_batch: self.intake.max_batch as usize,
@@ -398,6 +407,12 @@ impl RawServer {
         }
         if limits.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        if self.worker_threads > MAX_WORKER_THREADS {
+            return Err(invalid(
+                "server.worker_threads",
+                format!("must be at most {MAX_WORKER_THREADS} (0: one per core)"),
+            ));
         }
         Ok(limits)
     }

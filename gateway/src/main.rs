@@ -193,7 +193,11 @@ fn serve(config: Option<&std::path::Path>) -> anyhow::Result<()> {
     init_logging(&config);
     // Compile plugins in a child of this very binary (memory limit, timeout).
     config.plugins.compiler_exe = Some(std::env::current_exe().context("cannot find the herald binary")?);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.worker_threads {
+        runtime.worker_threads(n);
+    }
+    let runtime = runtime.enable_all().build()?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

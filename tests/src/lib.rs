@@ -233,9 +233,13 @@ impl Drop for TestGateway {
 }
 
 /// The settings every test node gets: a SQLite file in `dir`, a random port, the admin
-/// token, and private destinations allowed (receivers live on 127.0.0.1).
+/// token, and private destinations allowed (receivers live on 127.0.0.1). Nodes start with
+/// a cleared environment; `HERALD_SERVER_WORKER_THREADS` is passed through when the caller
+/// sets it, so a benchmark can compare runtime sizes.
 pub fn base_env(dir: &Path) -> Vec<(String, String)> {
-    vec![
+    const WORKERS: &str = "HERALD_SERVER_WORKER_THREADS";
+    let workers = std::env::var(WORKERS).ok().map(|v| (WORKERS.to_string(), v));
+    let mut env: Vec<(String, String)> = vec![
         ("HERALD_SERVER_LISTEN".into(), "127.0.0.1:0".into()),
         ("HERALD_SERVER_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
         ("HERALD_STORE_URL".into(), format!("sqlite://{}", dir.join("herald.db").display())),
@@ -243,7 +247,9 @@ pub fn base_env(dir: &Path) -> Vec<(String, String)> {
         ("HERALD_PLUGINS_DIR".into(), dir.join("plugins").display().to_string()),
         ("HERALD_PLUGINS_CACHE_DIR".into(), dir.join("plugin-cache").display().to_string()),
         ("HERALD_LOG_LEVEL".into(), "warn".into()),
-    ]
+    ];
+    env.extend(workers);
+    env
 }
 
 async fn wait_healthy(api: &Api) -> anyhow::Result<()> {

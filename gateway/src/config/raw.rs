@@ -61,6 +61,7 @@ pub struct RawServer {
     pub header_read_timeout: String,
     pub idle_timeout: String,
     pub max_connections: u32,
+    pub worker_threads: u32,
 }
 
 impl Default for RawServer {
@@ -72,6 +73,7 @@ impl Default for RawServer {
             header_read_timeout: "10s".into(),
             idle_timeout: "60s".into(),
             max_connections: 512,
+            worker_threads: 0,
         }
     }
 }

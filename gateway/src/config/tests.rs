@@ -31,11 +31,13 @@ fn env_overrides_file() {
             ("HERALD_SERVER_LISTEN", "127.0.0.1:9000"),
             ("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "true"),
             ("HERALD_SERVER_ADMIN_TOKEN", LONG_TOKEN),
+            ("HERALD_SERVER_WORKER_THREADS", "1"),
             ("PATH", "/bin"),
         ],
     )
     .unwrap();
     assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
+    assert_eq!(c.worker_threads, Some(1));
     assert!(c.delivery.allow_private_destinations);
     assert_eq!(c.admin_token.as_ref().map(Redacted::expose), Some(LONG_TOKEN));
 }
@@ -92,6 +94,9 @@ fn errors_name_the_key() {
         ("[server]\nidle_timeout = \"0s\"\n", &[], "server.idle_timeout"),
         ("[server]\nheader_read_timeout = \"soon\"\n", &[], "server.header_read_timeout"),
         ("[server]\nmax_connections = 0\n", &[], "server.max_connections"),
+        ("[server]\nworker_threads = 5000\n", &[], "server.worker_threads"),
+        ("", &[("HERALD_SERVER_WORKER_THREADS", "-1")], "server.worker_threads"),
+        ("[store]\nmax_connections = \"eight\"\n", &[], "store.max_connections"),
         ("[plugins]\nmax_tenant_bytes = 1000\n", &[], "plugins.max_tenant_bytes"),
         ("[plugins]\ncompile_timeout = \"soon\"\n", &[], "plugins.compile_timeout"),
         ("[plugins]\nwarm_idle = \"idle\"\n", &[], "plugins.warm_idle"),
