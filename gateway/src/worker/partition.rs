@@ -177,6 +177,8 @@ impl Partition {
     /// Hands every claimed-but-unsent delivery back (a running prefetch's and those leased
     /// to it at intake too), due at `at`.
     async fn hand_back(&mut self, at: Millis) {
+        // Closed first: it is giving work back, not taking more.
+        self.signal.set_open(None);
         self.collect_prefetch(true).await;
         self.queue.extend(self.signal.take_inbox());
         self.release_queue(at).await;
