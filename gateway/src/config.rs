@@ -293,7 +293,7 @@ impl RawConfig {
             admin_token: self.server.admin_token()?,
             max_payload_bytes: self.server.max_payload_bytes as usize,
             server: self.server.limits()?,
-            worker_threads: Some(self.server.worker_threads as usize).filter(|n| *n > 0),
+            worker_threads: self.server.worker_threads()?,
             store_url,
             store_max_connections: self.store.max_connections.max(1),
             intake_max_batch: self.intake.max_batch as usize,
@@ -408,13 +408,18 @@ impl RawServer {
         if limits.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
+        Ok(limits)
+    }
+
+    /// The async runtime's thread count; `None` (0 in the file): one per core.
+    fn worker_threads(&self) -> Result<Option<usize>, ConfigError> {
         if self.worker_threads > MAX_WORKER_THREADS {
             return Err(invalid(
                 "server.worker_threads",
                 format!("must be at most {MAX_WORKER_THREADS} (0: one per core)"),
             ));
         }
-        Ok(limits)
+        Ok(Some(self.worker_threads as usize).filter(|n| *n > 0))
     }
 }
 
