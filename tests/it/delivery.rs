@@ -283,6 +283,48 @@ async fn shutdown_waits_for_attempts_in_flight_to_record() -> anyhow::Result<()>
     Ok(())
 }
 
+/// `max_in_flight` counts requests, not commits: once an endpoint has answered, its next
+/// request goes out while the first one's result is still committing. On Postgres the
+/// test holds the first delivery's row locked, so its result cannot commit; the second
+/// delivery must still arrive, and both settle once the lock goes.
+#[tokio::test]
+async fn the_next_request_does_not_wait_for_a_result_to_commit() -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let gw = TestGateway::start_on(Backend::Postgres, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    // Time to lock the first delivery's row before its answer comes back.
+    rx.script([Answer::status(200).delay(Duration::from_secs(2))]);
+    setup(&gw, &rx, json!({"max_in_flight": 1})).await?;
+    let events = json!({"events": [
+        {"id": "evt_a", "type": "t", "payload": {}},
+        {"id": "evt_b", "type": "t", "payload": {}},
+    ]});
+    assert_eq!(gw.api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, events).await?.status, 202);
+    let first = rx.wait_for(1, Duration::from_secs(10)).await?[0].header("webhook-id").unwrap_or_default().to_string();
+    let second = if first == "evt_a" { "evt_b" } else { "evt_a" };
+
+    let schema = gw.schema().expect("a Postgres node");
+    let mut lock = sqlx::PgConnection::connect(&schema.url).await?;
+    let mut tx = lock.begin().await?;
+    let state: String = sqlx::query_scalar("SELECT state FROM deliveries WHERE event_id = $1 FOR UPDATE")
+        .bind(&first)
+        .fetch_one(&mut *tx)
+        .await?;
+    anyhow::ensure!(state == "delivering", "{first} settled ({state}) before its row was locked");
+    let got = rx.wait_for(2, Duration::from_secs(10)).await?;
+    assert_eq!(got[1].header("webhook-id"), Some(second));
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM deliveries WHERE event_id = $1").bind(&first).fetch_one(&mut *tx).await?;
+    assert_eq!(state, "delivering", "the first result committed through the lock");
+    tx.rollback().await?;
+
+    for event in [first.as_str(), second] {
+        wait_state(&gw, event, "delivered", Duration::from_secs(10)).await?;
+    }
+    assert_eq!(rx.count(), 2, "each delivery was sent once");
+    Ok(())
+}
+
 /// Claim at intake (SQLite): while an endpoint's partition knows nothing of it waits in the
 /// store, each new event's delivery is leased to it in the intake commit itself. A trickle
 /// of events then needs no claim per event (a commit less each), and each one still arrives

@@ -211,6 +211,11 @@ impl TestGateway {
         Ok(TestGateway { api, addr, dir, stop: Some(stop), task: Some(task), schema: None })
     }
 
+    /// The Postgres schema the node runs on (`Backend::Postgres`), for a test to reach into.
+    pub fn schema(&self) -> Option<&pg::PgSchema> {
+        self.schema.as_ref()
+    }
+
     /// Stops the node and waits for it to finish; returns its directory for a restart.
     pub async fn stop(mut self) -> tempfile::TempDir {
         if let Some(s) = self.stop.take() {

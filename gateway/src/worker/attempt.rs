@@ -45,8 +45,11 @@ enum Exchange {
     Decided { verdict: Verdict, by: String, error: Option<String> },
 }
 
-/// Runs one attempt of `d` to its recorded end, then frees its pacer and global slots:
-/// send, judge, decide (delivery and endpoint), record both in one commit.
+/// Runs one attempt of `d` to its recorded end: send, judge, decide (delivery and
+/// endpoint), record both in one commit. The pacer slot frees once the request is judged
+/// (a pause or halt it caused is in memory by then), so the endpoint's next request does
+/// not wait for this one's commit; the global slot frees after the commit, bounding the
+/// results the writer may have waiting.
 pub(super) async fn run(
     inner: Arc<Inner>,
     shared: Arc<Shared>,
@@ -55,8 +58,9 @@ pub(super) async fn run(
     _slot: OwnedSemaphorePermit,
     mut rng: StdRng,
 ) {
-    if wait_for_plugins(&inner, &target, &d).await {
-        shared.due_again(inner.clock.now() + PLUGIN_LOADING_RETRY_MS);
+    let again = if wait_for_plugins(&inner, &target, &d).await {
+        shared.request_done();
+        Some(inner.clock.now() + PLUGIN_LOADING_RETRY_MS)
     } else {
         inner.metrics.in_flight.inc();
         let started = inner.clock.now();
@@ -77,6 +81,8 @@ pub(super) async fn run(
             &mut rng,
         );
         let change = endpoint_change(&inner, &shared, &target.endpoint, &judged.verdict, now);
+        inner.metrics.in_flight.dec();
+        shared.request_done();
         let attempt = Attempt {
             id: ctx.attempt_id,
             delivery_id: d.id.clone(),
@@ -92,13 +98,9 @@ pub(super) async fn run(
         };
         let again = decision.next_attempt_at;
         record(&inner, &target, &d, decision, attempt, change).await;
-        if let Some(at) = again {
-            shared.due_again(at);
-        }
-        inner.metrics.in_flight.dec();
-    }
-    shared.pacer.lock().expect("pacer").release();
-    shared.freed.notify_one();
+        again
+    };
+    shared.settled(again);
 }
 
 /// What a plugin may know of the attempt.

@@ -3,13 +3,12 @@
 //! spawns an [`attempt`](super::attempt) for each permit. It never judges an outcome.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -273,7 +272,7 @@ impl Partition {
     /// and nothing in flight, linger, then retire.
     async fn idle(&mut self, wake_at: Option<Millis>) -> Flow {
         self.publish_open();
-        let busy = self.shared.as_ref().is_some_and(|s| s.pacer.lock().expect("pacer").in_flight() > 0);
+        let busy = self.shared.as_ref().is_some_and(|s| s.busy());
         if wake_at.is_none() && !busy {
             // Linger before retiring: a partition that came and went with every event would
             // re-take its lease (a write) and respawn each time.
@@ -403,13 +402,7 @@ impl Partition {
                 return None;
             }
         };
-        let sh = Arc::new(Shared {
-            pacer: Mutex::new(pacer),
-            freed: Notify::new(),
-            halted: AtomicBool::new(false),
-            failing_since: Mutex::new(endpoint.failing_since),
-            due_again: Mutex::new(None),
-        });
+        let sh = Arc::new(Shared::new(pacer, endpoint.failing_since));
         self.shared = Some(sh.clone());
         Some(sh)
     }
@@ -441,6 +434,7 @@ impl Partition {
                 let Some(delivery) = self.queue.pop_front() else { return Flow::Again };
                 let Ok(slot) = self.inner.global.clone().acquire_owned().await else { return Flow::Stop };
                 let seed = StdRng::from_rng(&mut self.rng);
+                sh.attempt_started();
                 self.inner.tasks.spawn(attempt::run(self.inner.clone(), sh, tg, delivery, slot, seed));
             }
             Permit::WaitUntil(at) => {

@@ -2,7 +2,7 @@
 //! (`Signal`), and with each attempt of one claim (`Target`).
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
@@ -23,13 +23,51 @@ pub(in crate::worker) struct Shared {
     /// The earliest time a finished attempt left its delivery due again (a retry, a hand
     /// back), since the partition last looked.
     pub(in crate::worker) due_again: Mutex<Option<Millis>>,
+    /// Attempts started and not yet recorded: their requests may be over, but a retry
+    /// they schedule is not known until they are.
+    settling: AtomicUsize,
 }
 
 impl Shared {
-    /// A finished attempt's delivery is due again at `at`.
-    pub(in crate::worker) fn due_again(&self, at: Millis) {
-        let mut due = self.due_again.lock().expect("due again");
-        *due = Some(due.map_or(at, |d| d.min(at)));
+    pub(in crate::worker) fn new(pacer: Pacer, failing_since: Option<Millis>) -> Shared {
+        Shared {
+            pacer: Mutex::new(pacer),
+            freed: Notify::new(),
+            halted: AtomicBool::new(false),
+            failing_since: Mutex::new(failing_since),
+            due_again: Mutex::new(None),
+            settling: AtomicUsize::new(0),
+        }
+    }
+
+    /// An attempt took a pacer slot and starts; it ends with [`Shared::settled`].
+    pub(in crate::worker) fn attempt_started(&self) {
+        self.settling.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An attempt's request is over and judged: its pacer slot is free for the next
+    /// request while its result commits (`max_in_flight` counts requests, not commits).
+    pub(in crate::worker) fn request_done(&self) {
+        self.pacer.lock().expect("pacer").release();
+        self.freed.notify_one();
+    }
+
+    /// An attempt's result is recorded, leaving its delivery due again at `again` (a
+    /// retry, a hand back): the partition is woken to plan for it.
+    pub(in crate::worker) fn settled(&self, again: Option<Millis>) {
+        if let Some(at) = again {
+            let mut due = self.due_again.lock().expect("due again");
+            *due = Some(due.map_or(at, |d| d.min(at)));
+        }
+        self.settling.fetch_sub(1, Ordering::AcqRel);
+        if again.is_some() {
+            self.freed.notify_one();
+        }
+    }
+
+    /// Is a request in flight, or a result not yet recorded?
+    pub(in crate::worker) fn busy(&self) -> bool {
+        self.settling.load(Ordering::Acquire) > 0 || self.pacer.lock().expect("pacer").in_flight() > 0
     }
 }
 
