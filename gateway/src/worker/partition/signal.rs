@@ -53,14 +53,15 @@ impl Shared {
     }
 
     /// An attempt's result is recorded, leaving its delivery due again at `again` (a
-    /// retry, a hand back): the partition is woken to plan for it.
+    /// retry, a hand back). The partition is woken to plan for it, or, if this was the
+    /// last attempt settling, to start its linger now rather than at its next scan.
     pub(in crate::worker) fn settled(&self, again: Option<Millis>) {
         if let Some(at) = again {
             let mut due = self.due_again.lock().expect("due again");
             *due = Some(due.map_or(at, |d| d.min(at)));
         }
-        self.settling.fetch_sub(1, Ordering::AcqRel);
-        if again.is_some() {
+        let last = self.settling.fetch_sub(1, Ordering::AcqRel) == 1;
+        if again.is_some() || last {
             self.freed.notify_one();
         }
     }
