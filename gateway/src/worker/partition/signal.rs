@@ -66,9 +66,11 @@ impl Shared {
         }
     }
 
-    /// Is a request in flight, or a result not yet recorded?
+    /// Is a request in flight, or a result not yet recorded? An attempt counts from its
+    /// spawn (in the partition's step that took its pacer slot) until after it frees the
+    /// slot, so this covers both.
     pub(in crate::worker) fn busy(&self) -> bool {
-        self.settling.load(Ordering::Acquire) > 0 || self.pacer.lock().expect("pacer").in_flight() > 0
+        self.settling.load(Ordering::Acquire) > 0
     }
 }
 
