@@ -287,6 +287,14 @@ impl WriteOp {
     pub fn acknowledged(&self) -> bool {
         matches!(self, WriteOp::Ingest(_) | WriteOp::Endpoint(_))
     }
+
+    /// May this write wait a few milliseconds for others to commit with it? An attempt's
+    /// results: nothing a producer, a receiver or an endpoint's pacing waits for hangs on
+    /// them (the endpoint's slot frees once the response is judged), so a store may hold
+    /// them for the next commit instead of committing them alone.
+    pub fn can_wait(&self) -> bool {
+        matches!(self, WriteOp::Record(_))
+    }
 }
 
 /// The result of a `WriteOp`, in the same order.

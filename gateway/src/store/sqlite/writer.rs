@@ -16,7 +16,9 @@ use std::sync::{Arc, OnceLock};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params};
-use tokio::sync::{mpsc, oneshot};
+use std::sync::mpsc;
+
+use tokio::sync::oneshot;
 
 use super::super::sql;
 use super::super::*;
@@ -31,7 +33,7 @@ type Job = Box<dyn FnOnce(&mut Connection, &mut StdRng) + Send>;
 
 /// Handle to the writer thread; the thread ends when every handle (and sink) is dropped.
 pub(super) struct Writer {
-    work: mpsc::UnboundedSender<Work>,
+    work: mpsc::Sender<Work>,
     /// Ops per group commit, at most (set by [`Writer::sink`]).
     max_batch: Arc<AtomicUsize>,
     /// Set by [`Writer::hand_off`]; read by the thread for each intake commit.
@@ -49,7 +51,7 @@ impl Writer {
         conn.pragma_update_and_check(None, "wal_autocheckpoint", WAL_RESTART_FRAMES, |r| r.get::<_, i64>(0))?;
         conn.set_prepared_statement_cache_capacity(32);
         let dirty = spawn_checkpointer(path)?;
-        let (work, rx) = mpsc::unbounded_channel::<Work>();
+        let (work, rx) = mpsc::channel::<Work>();
         let max_batch = Arc::new(AtomicUsize::new(1024));
         let handoff = Arc::new(OnceLock::new());
         let rng = StdRng::from_rng(&mut rand::rng());

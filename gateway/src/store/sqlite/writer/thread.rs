@@ -2,15 +2,20 @@
 //! writes are waiting, each commit synced to disk only when someone is answered for it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, mpsc as std_mpsc};
-use std::time::Duration;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rusqlite::Connection;
-use tokio::sync::mpsc;
 
 use super::super::super::*;
 use super::{Job, transaction};
+
+/// How long a commit of attempt results alone waits for other writes to join it. Nothing
+/// waits on a result but the engine's bookkeeping: the endpoint's slot freed when the
+/// response was judged, and a retry's due time is known before it commits.
+const RESULTS_LINGER: Duration = Duration::from_millis(10);
 
 /// What the writer thread takes: a job of its own, or writes to fold into a group commit.
 pub(super) enum Work {
@@ -19,7 +24,7 @@ pub(super) enum Work {
 }
 
 /// The group committer's way in (see [`CommitSink`]).
-pub(super) struct Sink(pub(super) mpsc::UnboundedSender<Work>);
+pub(super) struct Sink(pub(super) mpsc::Sender<Work>);
 
 impl CommitSink for Sink {
     fn send(&self, pending: Pending) -> std::result::Result<(), Pending> {
@@ -37,8 +42,8 @@ pub(super) struct Thread {
     /// Does the connection sync each commit (`synchronous=FULL`) right now? `None`: unknown.
     pub(super) durable: Option<bool>,
     /// Tells the checkpointer there is WAL to copy back.
-    pub(super) dirty: std_mpsc::SyncSender<()>,
-    pub(super) rx: mpsc::UnboundedReceiver<Work>,
+    pub(super) dirty: mpsc::SyncSender<()>,
+    pub(super) rx: mpsc::Receiver<Work>,
     /// The engine's partitions that take new deliveries at intake, once it has started.
     pub(super) handoff: Arc<OnceLock<Arc<dyn Handoff>>>,
 }
@@ -48,7 +53,7 @@ impl Thread {
     /// writes are answered for); a group commit only when one of its writes is.
     pub(super) fn run(mut self, max_batch: &AtomicUsize) {
         let mut next = None;
-        while let Some(work) = next.take().or_else(|| self.rx.blocking_recv()) {
+        while let Some(work) = next.take().or_else(|| self.rx.recv().ok()) {
             match work {
                 Work::Job(job) => match self.sync_commits(true) {
                     Ok(()) => job(&mut self.conn, &mut self.rng),
@@ -75,21 +80,38 @@ impl Thread {
 
     /// Commits `first` with whatever else is waiting, up to `max_batch` ops, in one
     /// transaction; answers each caller. Returns a job that arrived in the middle.
+    ///
+    /// A commit of attempt results alone ([`WriteOp::can_wait`]) first waits up to
+    /// [`RESULTS_LINGER`] for other writes: at a moderate rate the next event's intake
+    /// commit then carries the last delivery's result, one commit and one wake-up of this
+    /// thread instead of two, and the pages both touch written once.
     fn group_commit(&mut self, first: Pending, max_batch: usize) -> Option<Work> {
         let mut size = first.0.len();
+        let mut can_wait = first.0.iter().all(WriteOp::can_wait);
         let mut groups = vec![first];
         let mut interrupted = None;
+        let linger_until = Instant::now() + RESULTS_LINGER;
         while size < max_batch {
-            match self.rx.try_recv() {
-                Ok(Work::Group(g)) => {
+            let next = match self.rx.try_recv() {
+                Ok(work) => work,
+                Err(_) if can_wait => {
+                    match self.rx.recv_timeout(linger_until.saturating_duration_since(Instant::now())) {
+                        Ok(work) => work,
+                        Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+                Err(_) => break,
+            };
+            match next {
+                Work::Group(g) => {
                     size += g.0.len();
+                    can_wait &= g.0.iter().all(WriteOp::can_wait);
                     groups.push(g);
                 }
-                Ok(job) => {
+                job => {
                     interrupted = Some(job);
                     break;
                 }
-                Err(_) => break,
             }
         }
         let (ops, replies) = committer::fold(groups);
@@ -114,37 +136,69 @@ mod tests {
     use super::super::super::checkpoint::connect;
     use super::*;
 
-    /// The durability rule: a commit that someone is answered for (intake, an endpoint
-    /// change) syncs to disk; a commit of the engine's bookkeeping alone does not.
-    #[tokio::test]
-    async fn only_commits_someone_is_answered_for_wait_for_the_disk() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A writer thread on a fresh store, not running: the test drives its group commits.
+    async fn thread_on(dir: &tempfile::TempDir) -> (Thread, mpsc::Sender<Work>) {
         let path = dir.path().join("herald.db");
         drop(SqliteStore::open(&format!("sqlite://{}", path.display()), 1).await.unwrap());
-        let (dirty, _checkpoints) = std_mpsc::sync_channel(1);
-        let (_work, rx) = mpsc::unbounded_channel();
+        let (dirty, _checkpoints) = mpsc::sync_channel(1);
+        let (work, rx) = mpsc::channel();
         let rng = StdRng::seed_from_u64(1);
-        let handoff = Arc::default();
-        let mut thread = Thread { conn: connect(&path).unwrap(), rng, durable: None, dirty, rx, handoff };
-        let synchronous = |t: &Thread| t.conn.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0)).unwrap();
-        let commit = |t: &mut Thread, op: WriteOp| {
-            let (reply, mut answer) = oneshot::channel();
-            assert!(t.group_commit((vec![op], reply), 8).is_none());
-            answer.try_recv().expect("answered after the commit").expect("committed")
-        };
-        let lease =
-            PartitionLease { endpoint: EndpointId::from_stored("ep_1"), owner: "n".into(), now: 1, until: Some(9) };
-        commit(&mut thread, WriteOp::Partition(lease));
-        assert_eq!(synchronous(&thread), 1, "bookkeeping commits with synchronous=NORMAL");
-        let change = EndpointChange {
+        (Thread { conn: connect(&path).unwrap(), rng, durable: None, dirty, rx, handoff: Arc::default() }, work)
+    }
+
+    fn synchronous(t: &Thread) -> i64 {
+        t.conn.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0)).unwrap()
+    }
+
+    /// Runs one group commit starting with `op`; its answer.
+    fn commit(t: &mut Thread, op: WriteOp) -> Vec<WriteResult> {
+        let (reply, mut answer) = oneshot::channel();
+        assert!(t.group_commit((vec![op], reply), 8).is_none());
+        answer.try_recv().expect("answered after the commit").expect("committed")
+    }
+
+    fn endpoint_change() -> WriteOp {
+        WriteOp::Endpoint(EndpointChange {
             endpoint: EndpointId::from_stored("ep_1"),
             state: None,
             reason: None,
             paused_until: None,
             failing_since: Some(None),
             now: 2,
-        };
-        commit(&mut thread, WriteOp::Endpoint(change));
+        })
+    }
+
+    /// The durability rule: a commit that someone is answered for (intake, an endpoint
+    /// change) syncs to disk; a commit of the engine's bookkeeping alone does not.
+    #[tokio::test]
+    async fn only_commits_someone_is_answered_for_wait_for_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut thread, _work) = thread_on(&dir).await;
+        let lease =
+            PartitionLease { endpoint: EndpointId::from_stored("ep_1"), owner: "n".into(), now: 1, until: Some(9) };
+        commit(&mut thread, WriteOp::Partition(lease));
+        assert_eq!(synchronous(&thread), 1, "bookkeeping commits with synchronous=NORMAL");
+        commit(&mut thread, endpoint_change());
         assert_eq!(synchronous(&thread), 2, "an answered-for commit syncs (synchronous=FULL)");
+    }
+
+    /// Attempt results alone wait for company before they commit; a write someone is
+    /// answered for, already waiting, commits at once and takes the results along.
+    #[tokio::test]
+    async fn results_alone_wait_for_the_next_write_to_commit_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut thread, work) = thread_on(&dir).await;
+        let started = Instant::now();
+        commit(&mut thread, WriteOp::Record(vec![]));
+        assert!(started.elapsed() >= RESULTS_LINGER, "results alone committed after {:?}", started.elapsed());
+        assert_eq!(synchronous(&thread), 1, "results alone do not wait for the disk");
+
+        let (reply, mut change) = oneshot::channel();
+        work.send(Work::Group((vec![endpoint_change()], reply))).unwrap();
+        let results = commit(&mut thread, WriteOp::Record(vec![]));
+        assert!(matches!(results.as_slice(), [WriteResult::Record(r)] if r.is_empty()), "{results:?}");
+        let change = change.try_recv().expect("the change committed with the results").unwrap();
+        assert!(matches!(change.as_slice(), [WriteResult::Endpoint(0)]), "{change:?}");
+        assert_eq!(synchronous(&thread), 2, "one commit, synced for the change");
     }
 }
