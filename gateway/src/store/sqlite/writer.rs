@@ -55,7 +55,8 @@ impl Writer {
         let max_batch = Arc::new(AtomicUsize::new(1024));
         let handoff = Arc::new(OnceLock::new());
         let rng = StdRng::from_rng(&mut rand::rng());
-        let thread = Thread { conn, rng, durable: None, dirty, rx, handoff: handoff.clone() };
+        let acknowledged = Default::default();
+        let thread = Thread { conn, rng, durable: None, dirty, rx, handoff: handoff.clone(), acknowledged };
         let limit = max_batch.clone();
         std::thread::Builder::new()
             .name("herald-sqlite-writer".into())

@@ -12,10 +12,45 @@ use rusqlite::Connection;
 use super::super::super::*;
 use super::{Job, transaction};
 
-/// How long a commit of attempt results alone waits for other writes to join it. Nothing
-/// waits on a result but the engine's bookkeeping: the endpoint's slot freed when the
-/// response was judged, and a retry's due time is known before it commits.
-const RESULTS_LINGER: Duration = Duration::from_millis(10);
+/// The longest a commit of attempt results alone waits for another write to join it.
+const RESULTS_LINGER_MAX: Duration = Duration::from_millis(10);
+
+/// When writes someone is answered for (intake, endpoint changes) have been committing.
+/// Attempt results alone ([`WriteOp::can_wait`]) wait for the next such commit only when
+/// it is due soon: at a moderate rate the next event's intake commit then carries the
+/// last delivery's result, one commit and one wake-up of the writer instead of two, and
+/// the pages both touch written once. Nothing waits on a result but the engine's
+/// bookkeeping (the endpoint's slot freed when the response was judged, and a retry's due
+/// time is known before it commits); what a crash can take back is bounded by the wait:
+/// results of about two intake commits at the current rate, sent again after a restart.
+#[derive(Debug, Default)]
+pub(super) struct Acknowledged {
+    last: Option<Instant>,
+    /// The smoothed time between two of them.
+    gap: Option<Duration>,
+}
+
+impl Acknowledged {
+    fn committed(&mut self, at: Instant) {
+        if let Some(last) = self.last {
+            let gap = at.saturating_duration_since(last);
+            self.gap = Some(self.gap.map_or(gap, |g| (g * 3 + gap) / 4));
+        }
+        self.last = Some(at);
+    }
+
+    /// Until when results alone wait for company, at `now`: two usual gaps after the last
+    /// acknowledged commit, at most [`RESULTS_LINGER_MAX`] from now; not at all (`now`)
+    /// while such commits come further apart than that.
+    fn linger_until(&self, now: Instant) -> Instant {
+        match (self.last, self.gap) {
+            (Some(last), Some(gap)) if gap <= RESULTS_LINGER_MAX => {
+                (last + gap * 2).clamp(now, now + RESULTS_LINGER_MAX)
+            }
+            _ => now,
+        }
+    }
+}
 
 /// What the writer thread takes: a job of its own, or writes to fold into a group commit.
 pub(super) enum Work {
@@ -46,6 +81,7 @@ pub(super) struct Thread {
     pub(super) rx: mpsc::Receiver<Work>,
     /// The engine's partitions that take new deliveries at intake, once it has started.
     pub(super) handoff: Arc<OnceLock<Arc<dyn Handoff>>>,
+    pub(super) acknowledged: Acknowledged,
 }
 
 impl Thread {
@@ -79,18 +115,14 @@ impl Thread {
     }
 
     /// Commits `first` with whatever else is waiting, up to `max_batch` ops, in one
-    /// transaction; answers each caller. Returns a job that arrived in the middle.
-    ///
-    /// A commit of attempt results alone ([`WriteOp::can_wait`]) first waits up to
-    /// [`RESULTS_LINGER`] for other writes: at a moderate rate the next event's intake
-    /// commit then carries the last delivery's result, one commit and one wake-up of this
-    /// thread instead of two, and the pages both touch written once.
+    /// transaction; answers each caller. Returns a job that arrived in the middle. A
+    /// commit of attempt results alone may first wait for company (see [`Acknowledged`]).
     fn group_commit(&mut self, first: Pending, max_batch: usize) -> Option<Work> {
         let mut size = first.0.len();
         let mut can_wait = first.0.iter().all(WriteOp::can_wait);
         let mut groups = vec![first];
         let mut interrupted = None;
-        let linger_until = Instant::now() + RESULTS_LINGER;
+        let linger_until = self.acknowledged.linger_until(Instant::now());
         while size < max_batch {
             let next = match self.rx.try_recv() {
                 Ok(work) => work,
@@ -119,6 +151,9 @@ impl Thread {
         let applied = self
             .sync_commits(durable)
             .and_then(|()| transaction(&mut self.conn, ops, &mut self.rng, self.handoff.get().map(|h| &**h)));
+        if durable && applied.is_ok() {
+            self.acknowledged.committed(Instant::now());
+        }
         if !committer::answer(replies, applied) {
             // Do not spin on a broken database.
             std::thread::sleep(Duration::from_millis(50));
@@ -143,7 +178,17 @@ mod tests {
         let (dirty, _checkpoints) = mpsc::sync_channel(1);
         let (work, rx) = mpsc::channel();
         let rng = StdRng::seed_from_u64(1);
-        (Thread { conn: connect(&path).unwrap(), rng, durable: None, dirty, rx, handoff: Arc::default() }, work)
+        let handoff = Arc::default();
+        let thread = Thread {
+            conn: connect(&path).unwrap(),
+            rng,
+            durable: None,
+            dirty,
+            rx,
+            handoff,
+            acknowledged: Default::default(),
+        };
+        (thread, work)
     }
 
     fn synchronous(t: &Thread) -> i64 {
@@ -182,17 +227,12 @@ mod tests {
         assert_eq!(synchronous(&thread), 2, "an answered-for commit syncs (synchronous=FULL)");
     }
 
-    /// Attempt results alone wait for company before they commit; a write someone is
-    /// answered for, already waiting, commits at once and takes the results along.
+    /// A write someone is answered for, already waiting, commits at once and takes
+    /// attempt results along, in one synced commit.
     #[tokio::test]
-    async fn results_alone_wait_for_the_next_write_to_commit_with() {
+    async fn results_commit_with_a_waiting_answered_write() {
         let dir = tempfile::tempdir().unwrap();
         let (mut thread, work) = thread_on(&dir).await;
-        let started = Instant::now();
-        commit(&mut thread, WriteOp::Record(vec![]));
-        assert!(started.elapsed() >= RESULTS_LINGER, "results alone committed after {:?}", started.elapsed());
-        assert_eq!(synchronous(&thread), 1, "results alone do not wait for the disk");
-
         let (reply, mut change) = oneshot::channel();
         work.send(Work::Group((vec![endpoint_change()], reply))).unwrap();
         let results = commit(&mut thread, WriteOp::Record(vec![]));
@@ -200,5 +240,44 @@ mod tests {
         let change = change.try_recv().expect("the change committed with the results").unwrap();
         assert!(matches!(change.as_slice(), [WriteResult::Endpoint(0)]), "{change:?}");
         assert_eq!(synchronous(&thread), 2, "one commit, synced for the change");
+    }
+
+    /// Results alone wait for the next intake commit only when one is due soon: two of the
+    /// usual gaps after the last, never past the cap, never while intake is slow or idle.
+    #[test]
+    fn results_wait_for_an_intake_commit_only_when_one_is_due_soon() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut acks = Acknowledged::default();
+        assert_eq!(acks.linger_until(t0), t0, "nothing to wait for before any intake");
+        acks.committed(t0);
+        assert_eq!(acks.linger_until(t0 + ms(1)), t0 + ms(1), "one commit tells no pace yet");
+
+        // Intake commits every 2 ms: a result 0.2 ms after one waits for the next.
+        for i in 1..=8 {
+            acks.committed(t0 + ms(2 * i));
+        }
+        let last = t0 + ms(16);
+        assert_eq!(acks.linger_until(last + Duration::from_micros(200)), last + ms(4));
+        assert_eq!(acks.linger_until(last + ms(30)), last + ms(30), "intake stopped: no wait");
+
+        // Every 4 ms at first, then a long pause: the gap grows past the cap.
+        let mut slow = Acknowledged::default();
+        for i in 0..4 {
+            slow.committed(t0 + ms(4 * i));
+        }
+        let last = t0 + ms(12);
+        assert_eq!(slow.linger_until(last), last + ms(8), "two gaps of 4 ms");
+        slow.committed(last + ms(100));
+        let now = last + ms(100) + ms(1);
+        assert_eq!(slow.linger_until(now), now, "commits 100 ms apart are not worth waiting for");
+
+        // Never longer than the cap from now.
+        let mut steady = Acknowledged::default();
+        for i in 0..8 {
+            steady.committed(t0 + ms(9 * i));
+        }
+        let last = t0 + ms(63);
+        assert_eq!(steady.linger_until(last), last + RESULTS_LINGER_MAX);
     }
 }
