@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
 use std::sync::mpsc;
 
 use tokio::sync::oneshot;
@@ -362,36 +362,33 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
          attempts = ?4, next_attempt_at = ?5, \
          reason = CASE WHEN {unfinished} AND {settled} = 'dead' THEN 'endpoint_disabled' ELSE ?6 END, \
          last_status = ?7, last_error = ?8, lease_owner = NULL, lease_until = NULL, updated_at = ?9 \
-         WHERE id = ?1 AND fence = ?2 AND state = 'delivering' RETURNING endpoint_id"
+         WHERE id = ?1 AND fence = ?2 AND state = 'delivering'"
     ))?;
+    // The endpoint is read back from the row just updated (a page in cache), not with
+    // `RETURNING`, which builds and frees a temporary table on every execution.
     let mut insert_attempt = tx.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
          error, verdict, decided_by, endpoint_id, request_headers, request_body, request_body_size) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, endpoint_id, ?11, ?12, ?13 FROM deliveries WHERE id = ?2",
     )?;
     let mut accepted = Vec::with_capacity(results.len());
     for r in &results {
         let a = &r.attempt;
-        let endpoint: Option<String> = update
-            .query_row(
-                params![
-                    r.delivery.as_str(),
-                    r.fence,
-                    r.state.as_str(),
-                    i64::from(a.number),
-                    r.next_attempt_at,
-                    r.reason,
-                    a.status.map(i64::from),
-                    a.error,
-                    a.started_at + a.duration_ms as i64
-                ],
-                |row| row.get(0),
-            )
-            .optional()?;
-        let Some(endpoint) = endpoint else {
+        let updated = update.execute(params![
+            r.delivery.as_str(),
+            r.fence,
+            r.state.as_str(),
+            i64::from(a.number),
+            r.next_attempt_at,
+            r.reason,
+            a.status.map(i64::from),
+            a.error,
+            a.started_at + a.duration_ms as i64
+        ])?;
+        if updated == 0 {
             accepted.push(false);
             continue;
-        };
+        }
         insert_attempt.execute(params![
             a.id,
             a.delivery_id.as_str(),
@@ -403,7 +400,6 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
             a.error,
             a.verdict,
             a.decided_by,
-            endpoint,
             a.request.as_ref().map(|r| r.headers_json.as_str()),
             a.request.as_ref().and_then(|r| r.body.as_deref()),
             a.request.as_ref().map(|r| r.body_size as i64)
