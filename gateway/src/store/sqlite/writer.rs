@@ -11,13 +11,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, mpsc};
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
-use std::sync::mpsc;
-
 use tokio::sync::oneshot;
 
 use super::super::sql;
