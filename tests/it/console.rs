@@ -214,7 +214,9 @@ async fn console_reads_on(backend: tests::Backend) -> anyhow::Result<()> {
     assert!(second.json["next_after"].is_null());
     // Each endpoint's health counts its own two attempts: both delivered.
     until(api, "/v1/tenants/acme/endpoints?health=true", Duration::from_secs(10), |j| {
-        j["data"].as_array().is_some_and(|d| d.iter().all(|e| e["health"]["success_rate_1h"] == 1.0))
+        j["data"]
+            .as_array()
+            .is_some_and(|d| d.iter().all(|e| e["health"]["attempts_1h"] == 2 && e["health"]["success_rate_1h"] == 1.0))
     })
     .await?;
     let series = api.get("/v1/tenants/acme/series", ADMIN_TOKEN).await?;
