@@ -261,7 +261,8 @@ pub async fn commit(
         let mut endpoints: Vec<EndpointId> = outcomes.iter().flat_map(|(_, o)| o.endpoints.iter().cloned()).collect();
         endpoints.sort_unstable();
         endpoints.dedup();
-        engine.poke(&endpoints);
+        let seq = outcomes.iter().map(|(_, o)| o.seq).max().unwrap_or(0);
+        engine.poke_after(&endpoints, seq);
         engine.hand_over(outcomes.iter_mut().flat_map(|(_, o)| o.leased.drain(..)));
         tokio::task::yield_now().await; // the partitions just woken run before the answer
     }

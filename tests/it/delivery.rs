@@ -361,6 +361,44 @@ async fn a_trickle_of_events_needs_no_claim_per_event() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Claim at intake under load (SQLite): producers posting at once to a cold endpoint queue
+/// their first events for a claim, but once one claim finds nothing else due the partition
+/// takes every later event at intake, even those committed while it waited for that claim's
+/// answer. Before, each such commit woke it for another claim, and it never stopped
+/// claiming (450 claims for 20k deliveries in `herald-bench fanout-tail`).
+#[tokio::test]
+async fn producers_posting_at_once_settle_into_claim_at_intake() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    setup(&gw, &rx, json!({"rate_per_sec": 100000, "burst": 1000, "max_in_flight": 16})).await?;
+    const PRODUCERS: usize = 16;
+    const EACH: usize = 40;
+    let posts = (0..PRODUCERS).map(|p| {
+        let api = gw.api.clone();
+        tokio::spawn(async move {
+            for i in 0..EACH {
+                let r = api.event("acme", json!({"id": format!("evt_{p}_{i}"), "type": "t", "payload": {}})).await?;
+                anyhow::ensure!(r.status == 202, "{}", r.text);
+            }
+            anyhow::Ok(())
+        })
+    });
+    for post in posts.collect::<Vec<_>>() {
+        post.await??;
+    }
+    rx.wait_for(PRODUCERS * EACH, Duration::from_secs(30)).await?;
+    let text = gw.api.raw("GET", "/metrics", None, "").await?.text;
+    let line = text.lines().find(|l| l.starts_with("herald_claim_duration_seconds_count "));
+    let claims: f64 =
+        line.and_then(|l| l.split(' ').nth(1)?.parse().ok()).ok_or_else(|| anyhow::anyhow!("no count"))?;
+    println!("{claims} claims for {} events", PRODUCERS * EACH);
+    assert!(claims <= 10.0, "{claims} claims for {} events", PRODUCERS * EACH);
+    let got = rx.received();
+    let ids: std::collections::HashSet<&str> = got.iter().filter_map(|r| r.header("webhook-id")).collect();
+    assert_eq!(ids.len(), PRODUCERS * EACH, "each event arrives");
+    Ok(())
+}
+
 /// Every engine test runs on both stores.
 mod sqlite {
     #[tokio::test]

@@ -96,6 +96,10 @@ pub struct IngestOutcome {
     /// New deliveries leased in the intake commit itself to a partition on this node (see
     /// [`Handoff`]), with their endpoints; these endpoints are not in `endpoints`.
     pub leased: Vec<(EndpointId, Claimed)>,
+    /// Where the op stands in the store's order of writes, where the store orders them
+    /// (SQLite's writer numbers its ops; 0 elsewhere): a partition whose claim came later
+    /// (see [`Handoff::claimed`]) has seen these deliveries, and is not woken for them.
+    pub seq: u64,
 }
 
 /// Claim at intake: partitions on this node that take a new delivery already leased to
@@ -109,6 +113,13 @@ pub trait Handoff: Send + Sync {
     /// a lease is stored `delivering`, leased to [`Handoff::owner`], with fence 1, exactly
     /// as a first claim would have left it.
     fn lease(&self, endpoint: &str, now: Millis) -> Option<Millis>;
+    /// A claim under `endpoint`'s partition lease, op `seq` in the store's order of
+    /// writes, took `claimed` deliveries and found nothing else due: told as its commit
+    /// lands, before any later write runs. From here on nothing of the endpoint waits in
+    /// the store unseen, so its partition may take new deliveries at intake at once,
+    /// instead of after it has heard back (when intake commits in between would have
+    /// queued theirs for yet another claim).
+    fn claimed(&self, endpoint: &str, seq: u64, claimed: usize);
 }
 
 /// The fingerprint of a stored event: its column, or for an event stored before the
@@ -131,12 +142,19 @@ impl IngestOutcome {
     /// partitions directly.
     pub fn stored_leased(queued: Vec<EndpointId>, leased: Vec<(EndpointId, Claimed)>) -> IngestOutcome {
         let deliveries = (queued.len() + leased.len()) as u32;
-        IngestOutcome { deliveries, endpoints: queued, duplicate: false, conflict: false, leased }
+        IngestOutcome { deliveries, endpoints: queued, duplicate: false, conflict: false, leased, seq: 0 }
     }
 
     /// A repeat of a stored event that got `deliveries` deliveries the first time.
     pub fn duplicate(deliveries: u32) -> IngestOutcome {
-        IngestOutcome { deliveries, endpoints: Vec::new(), duplicate: true, conflict: false, leased: Vec::new() }
+        IngestOutcome {
+            deliveries,
+            endpoints: Vec::new(),
+            duplicate: true,
+            conflict: false,
+            leased: Vec::new(),
+            seq: 0,
+        }
     }
 
     /// The outcomes of an op of `n` events refused because event `at` conflicts.
@@ -148,6 +166,7 @@ impl IngestOutcome {
                 duplicate: false,
                 conflict: i == at,
                 leased: Vec::new(),
+                seq: 0,
             })
             .collect()
     }

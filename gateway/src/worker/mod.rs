@@ -145,8 +145,15 @@ impl Engine {
 
     /// Tells the engine that these endpoints have new work.
     pub fn poke(&self, endpoints: &[EndpointId]) {
+        self.poke_after(endpoints, 0);
+    }
+
+    /// Tells the engine that these endpoints have new work from op `seq` in the store's
+    /// order of writes (see `IngestOutcome::seq`): a running partition whose claim came
+    /// after it and took all that was due is not woken.
+    pub fn poke_after(&self, endpoints: &[EndpointId], seq: u64) {
         for id in endpoints {
-            ensure_partition(&self.inner, id);
+            wake(&self.inner, id, seq);
         }
     }
 
@@ -247,9 +254,15 @@ impl Drop for TaskDone {
 }
 
 fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
+    wake(inner, id, 0);
+}
+
+/// Wakes `id`'s partition for work from op `seq` (see [`Engine::poke_after`]), starting
+/// one where none runs.
+fn wake(inner: &Arc<Inner>, id: &EndpointId, seq: u64) {
     let mut parts = inner.partitions.lock().expect("partition map");
     match parts.get(id) {
-        Some(signal) => signal.work(),
+        Some(signal) => signal.work_after(seq),
         None => start_partition(inner, &mut parts, id, partition::Signal::default()),
     }
 }
@@ -270,6 +283,14 @@ impl Handoff for Handoffs {
         let inner = self.inner.upgrade()?;
         let partitions = inner.partitions.lock().expect("partition map");
         partitions.get(endpoint)?.lease(now)
+    }
+
+    fn claimed(&self, endpoint: &str, seq: u64, claimed: usize) {
+        let Some(inner) = self.inner.upgrade() else { return };
+        let partitions = inner.partitions.lock().expect("partition map");
+        if let Some(signal) = partitions.get(endpoint) {
+            signal.claimed(seq, claimed);
+        }
     }
 }
 

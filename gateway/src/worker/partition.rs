@@ -95,8 +95,9 @@ struct Partition {
     shared: Option<Arc<Shared>>,
     /// The endpoint's settings as of the last refill or refresh.
     target: Option<Arc<Target>>,
-    /// A claim running ahead of need, so the queue never runs dry while the pacer has slots.
-    prefetch: Option<JoinHandle<LeasedClaim>>,
+    /// A claim running ahead of need, so the queue never runs dry while the pacer has slots
+    /// (with the size it asked for).
+    prefetch: Option<JoinHandle<(usize, LeasedClaim)>>,
     /// Until when this node's partition lease is known to hold.
     held: Option<Instant>,
     /// The endpoint's tenant's outcome counters, looked up once per partition.
@@ -162,9 +163,15 @@ impl Partition {
     async fn collect_prefetch(&mut self, wait: bool) {
         let ready = self.prefetch.as_ref().is_some_and(|h| wait || h.is_finished() || self.queue.is_empty());
         if ready && let Some(h) = self.prefetch.take() {
-            match h.await {
-                Ok(leased) => {
+            let answer = h.await;
+            self.signal.forget_terms();
+            match answer {
+                Ok((limit, leased)) => {
                     if let Some(batch) = self.note_claim(leased) {
+                        // Short, and no new work since it committed: nothing else waits.
+                        if batch.claimed.len() < limit && self.signal.take_drained() {
+                            self.drained = Some(batch.next_due);
+                        }
                         self.queue.extend(batch.claimed);
                     }
                 }
@@ -242,9 +249,12 @@ impl Partition {
         }
         let (committer, metrics) = (self.inner.committer.clone(), self.inner.metrics.clone());
         let renew = self.renew_with_claim(req.now);
+        let renewed = renew.map(|_| Instant::now());
+        self.expect_drained(&tg.endpoint.spec, renewed.map(Self::held_after).or(self.held));
+        let limit = req.limit as usize;
         self.prefetch = Some(tokio::spawn(async move {
-            let renewed = renew.map(|_| Instant::now());
-            (renewed, metrics.claim_duration.time(committer.claim_in_partition(req, renew)).await)
+            let claim = metrics.claim_duration.time(committer.claim_in_partition(req, renew)).await;
+            (limit, (renewed, claim))
         }));
     }
 
@@ -355,7 +365,9 @@ impl Partition {
         let limit = req.limit as usize;
         let renew = self.renew_with_claim(now);
         let renewed = renew.map(|_| Instant::now());
+        self.expect_drained(&endpoint.spec, renewed.map(Self::held_after).or(self.held));
         let claim = inner.metrics.claim_duration.time(inner.committer.claim_in_partition(req, renew)).await;
+        self.signal.forget_terms();
         let failed = claim.is_err();
         let Some(batch) = self.note_claim((renewed, claim)) else { return Refill::Lost };
         if failed {

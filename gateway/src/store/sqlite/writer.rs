@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
 
 use rand::SeedableRng;
@@ -125,7 +125,13 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-/// A failed op rolls the whole transaction back (the `Transaction` drop does it).
+/// Numbers the ops writers apply, in the order they apply them (see `IngestOutcome::seq`).
+/// One counter for every store in the process: each writer's own ops still rise.
+static OP_SEQ: AtomicU64 = AtomicU64::new(1);
+
+/// A failed op rolls the whole transaction back (the `Transaction` drop does it). A claim
+/// under a partition lease that found nothing else due is told to the engine (see
+/// `Handoff::claimed`) once the commit lands, before the next transaction starts.
 fn transaction(
     conn: &mut Connection,
     ops: Vec<WriteOp>,
@@ -137,10 +143,24 @@ fn transaction(
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut subscribers = Subscribers::default();
     let mut results = Vec::with_capacity(ops.len());
+    // Partition claims that found nothing else due: (endpoint, op, claimed).
+    let mut drained = Vec::new();
     for op in ops {
+        let seq = OP_SEQ.fetch_add(1, Ordering::Relaxed);
         results.push(match op {
-            WriteOp::Ingest(events) => WriteResult::Ingest(ingest(&tx, events, &mut subscribers, rng, handoff)?),
-            WriteOp::Claim(req) => WriteResult::Claim(claim(&tx, req)?),
+            WriteOp::Ingest(events) => {
+                let mut outcomes = ingest(&tx, events, &mut subscribers, rng, handoff)?;
+                outcomes.iter_mut().for_each(|o| o.seq = seq);
+                WriteResult::Ingest(outcomes)
+            }
+            WriteOp::Claim(req) => {
+                let endpoint = req.in_partition.then(|| req.endpoint.clone());
+                let (batch, seen_all) = claim(&tx, req)?;
+                if let Some(endpoint) = endpoint.filter(|_| seen_all) {
+                    drained.push((endpoint, seq, batch.claimed.len()));
+                }
+                WriteResult::Claim(batch)
+            }
             WriteOp::Record(rs) => WriteResult::Record(record(&tx, rs)?),
             WriteOp::Release(rs) => {
                 release(&tx, rs)?;
@@ -156,6 +176,11 @@ fn transaction(
     }
     let applied = started.elapsed();
     tx.commit()?;
+    if let Some(handoff) = handoff {
+        for (endpoint, seq, claimed) in drained {
+            handoff.claimed(endpoint.as_str(), seq, claimed);
+        }
+    }
     tracing::trace!(
         ops = n,
         apply_micros = applied.as_micros() as u64,
@@ -305,7 +330,9 @@ fn ingest_op(
 
 /// Leases up to `limit` due deliveries of one endpoint, oldest due first, bumping each
 /// one's fence. The writer holds the write lock, so nothing changes between read and write.
-fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<ClaimBatch> {
+/// Also says whether a claim under the partition lease took all that was due, the lease
+/// held.
+fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<(ClaimBatch, bool)> {
     let mut select = tx.prepare_cached(
         "SELECT d.rowid, d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, \
          d.fence, e.payload, e.created_at, e.expires_at FROM deliveries d \
@@ -342,11 +369,19 @@ fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<ClaimBatch> {
         lease.execute(params![req.owner, req.lease_until, c.fence, req.now, rowid])?;
         claimed.push(c);
     }
-    let next_due = match claimed.len() < req.limit as usize {
+    let short = claimed.len() < req.limit as usize;
+    let next_due = match short {
         true => tx.prepare_cached(NEXT_DUE)?.query_row([req.endpoint.as_str()], |r| r.get(0))?,
         false => None,
     };
-    Ok(ClaimBatch { claimed, next_due })
+    let seen_all = short
+        && req.in_partition
+        && tx
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM partitions WHERE endpoint_id = ?1 AND owner = ?2 AND lease_until >= ?3)",
+            )?
+            .query_row(params![req.endpoint.as_str(), req.owner, req.now], |r| r.get::<_, bool>(0))?;
+    Ok((ClaimBatch { claimed, next_due }, seen_all))
 }
 
 /// Records attempt results; a result applies only while its fence still matches and the

@@ -35,8 +35,14 @@ impl Partition {
 
     /// Records a commit's answer about the partition lease, submitted at `started`.
     pub(super) fn note_lease(&mut self, started: Instant, held: bool) {
-        // Count from before the commit so the local view never outlives the stored lease.
-        self.set_held(held.then(|| started + PARTITION_LEASE - Duration::from_millis(500)));
+        self.set_held(held.then(|| Self::held_after(started)));
+    }
+
+    /// Until when a lease taken or renewed by a commit submitted at `started` holds, as
+    /// far as this node knows: counted from before the commit, so the local view never
+    /// outlives the stored lease.
+    pub(super) fn held_after(started: Instant) -> Instant {
+        started + PARTITION_LEASE - Duration::from_millis(500)
     }
 
     /// The partition lease every claim takes or renews on the way.

@@ -2,7 +2,7 @@
 //! (`Signal`), and with each attempt of one claim (`Target`).
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
@@ -87,6 +87,14 @@ pub(in crate::worker) struct Signal {
     inbox: Mutex<Vec<Claimed>>,
     /// While the partition takes deliveries at intake: on what terms.
     open: Mutex<Option<Open>>,
+    /// The terms it opens on if the claim it is waiting for finds nothing else due (room
+    /// counted before that claim's deliveries).
+    pending: Mutex<Option<Open>>,
+    /// The last op in the store's order of writes through which the partition has claimed
+    /// all that was due: intake ops up to it hold nothing new for it.
+    seen: AtomicU64,
+    /// The claim under way found nothing else due, and no new work came since.
+    drained: AtomicBool,
 }
 
 /// The terms on which a partition takes new deliveries at intake (claim at intake).
@@ -103,8 +111,17 @@ pub(in crate::worker) struct Open {
 impl Signal {
     /// The endpoint got new work: a partition that knew its next due time claims again.
     pub(in crate::worker) fn work(&self) {
+        self.drained.store(false, Ordering::Release);
         self.fresh.store(true, Ordering::Release);
         self.work.notify_one();
+    }
+
+    /// New work from op `seq` in the store's order of writes (0: unordered): news unless
+    /// a claim already took everything due after it.
+    pub(in crate::worker) fn work_after(&self, seq: u64) {
+        if seq == 0 || seq > self.seen.load(Ordering::Acquire) {
+            self.work();
+        }
     }
 
     pub(in crate::worker) fn take_fresh(&self) -> bool {
@@ -114,6 +131,7 @@ impl Signal {
     /// planned at the old rate can be far longer than the new one allows).
     pub(in crate::worker) fn changed(&self) {
         // Nothing more is leased to it at intake until it has read the endpoint again.
+        self.forget_terms();
         self.set_open(None);
         self.changed.store(true, Ordering::Release);
         self.change.notify_one();
@@ -147,6 +165,45 @@ impl Signal {
     /// Opens (`Some`) or closes the partition to deliveries leased at intake.
     pub(in crate::worker) fn set_open(&self, open: Option<Open>) {
         *self.open.lock().expect("open") = open;
+    }
+
+    /// A claim is about to be submitted: sets the terms to open on if it finds nothing
+    /// else due (`None`: stay closed; see [`Signal::claimed`]).
+    pub(in crate::worker) fn expect(&self, terms: Option<Open>) {
+        self.drained.store(false, Ordering::Release);
+        *self.pending.lock().expect("pending") = terms;
+    }
+
+    /// The claim answered (or the endpoint changed): forgets terms it did not use.
+    pub(in crate::worker) fn forget_terms(&self) {
+        *self.pending.lock().expect("pending") = None;
+    }
+
+    /// Is a claim under way that may open the partition as it commits?
+    pub(in crate::worker) fn expecting(&self) -> bool {
+        self.pending.lock().expect("pending").is_some()
+    }
+
+    /// Did the last claim find nothing else due, with no new work since? Only a store
+    /// that orders its writes says so (see [`Signal::claimed`]).
+    pub(in crate::worker) fn take_drained(&self) -> bool {
+        self.drained.swap(false, Ordering::AcqRel)
+    }
+
+    /// The store committed a claim of this partition, op `seq`, that took `claimed`
+    /// deliveries and found nothing else due. Every write before it is seen (news about
+    /// them is not news), and the partition opens on the terms it expected, in the store's
+    /// order of writes, so the very next intake commit hands its deliveries over rather
+    /// than queueing them for yet another claim.
+    pub(in crate::worker) fn claimed(&self, seq: u64, claimed: usize) {
+        self.seen.fetch_max(seq, Ordering::AcqRel);
+        self.fresh.store(false, Ordering::Release);
+        self.drained.store(true, Ordering::Release);
+        let Some(mut terms) = self.pending.lock().expect("pending").take() else { return };
+        terms.room = terms.room.saturating_sub(claimed as u32);
+        if terms.room > 0 {
+            self.set_open(Some(terms));
+        }
     }
 
     /// The lease for one more delivery made at `now`, if the partition takes it.
