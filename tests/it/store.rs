@@ -980,7 +980,8 @@ async fn claims_of_many_endpoints_in_one_commit_stay_apart(b: Backend) -> anyhow
 mod backend_specific {
     use super::*;
 
-    /// What the SQLite writer tells the engine about claims, as they commit.
+    /// What the SQLite writer tells the engine about claims; like the engine, it opens
+    /// an endpoint to intake once told its claim found nothing else due.
     #[derive(Default)]
     struct Told(std::sync::Mutex<Vec<(String, u64, usize)>>);
 
@@ -988,38 +989,43 @@ mod backend_specific {
         fn owner(&self) -> &str {
             "node-a"
         }
-        fn lease(&self, _: &str, _: Millis) -> Option<Millis> {
-            None
+        fn lease(&self, endpoint: &str, now: Millis) -> Option<Millis> {
+            let told = self.0.lock().unwrap();
+            told.iter().any(|(e, ..)| e == endpoint).then_some(now + 60_000)
         }
         fn claimed(&self, endpoint: &str, seq: u64, claimed: usize) {
             self.0.lock().unwrap().push((endpoint.to_string(), seq, claimed));
         }
     }
 
-    /// SQLite orders every write on one thread, so a partition's claim that takes all that
-    /// is due is told to the engine as it commits, with its place in that order: intake
-    /// before it holds nothing new for the partition, intake after it does. A full claim,
-    /// or one whose lease another node holds, says nothing.
+    /// SQLite applies every write on one thread, so a partition's claim that takes all
+    /// that is due is told to the engine as it is applied, with its place in that order:
+    /// intake before it holds nothing new for the partition, and intake after it, even in
+    /// the same commit, already finds the partition open. A full claim, or one whose lease
+    /// another node holds, says nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_tells_a_drained_claim_in_the_order_of_writes() -> anyhow::Result<()> {
         let b = Backend::sqlite().await?;
         setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
         let told = std::sync::Arc::new(Told::default());
         b.store.hand_off(told.clone());
-        let seq = |outcomes: Vec<store::IngestOutcome>| outcomes[0].seq;
-        let before = seq(b.committer.ingest(vec![event("acme", "evt_0", "t", T0)]).await?);
+        let before = b.committer.ingest(vec![event("acme", "evt_0", "t", T0)]).await?[0].seq;
         let in_partition = |limit| ClaimRequest { in_partition: true, ..claim_req("ep_a", T0 + 1, limit, "node-a") };
         let full = b.committer.claim_in_partition(in_partition(1), Some(T0 + 15_000)).await?.expect("lease taken");
         assert_eq!(full.claimed.len(), 1);
         assert!(told.0.lock().unwrap().is_empty(), "a full claim may have left work behind");
-        let drained = b.committer.claim_in_partition(in_partition(10), None).await?.expect("lease held");
+        let ops = vec![WriteOp::Claim(in_partition(10)), WriteOp::Ingest(vec![event("acme", "evt_1", "t", T0 + 2)])];
+        let [WriteResult::Claim(drained), WriteResult::Ingest(after)] = &b.store.apply(ops).await?[..] else {
+            panic!("a claim and an intake")
+        };
         assert!(drained.claimed.is_empty());
-        let after = seq(b.committer.ingest(vec![event("acme", "evt_1", "t", T0 + 2)]).await?);
         let heard = told.0.lock().unwrap().clone();
         assert_eq!(heard.len(), 1, "{heard:?}");
         let (endpoint, at, claimed) = heard[0].clone();
         assert_eq!((endpoint.as_str(), claimed), ("ep_a", 0));
-        assert!(before > 0 && before < at && at < after, "{before} < {at} < {after}");
+        assert!(before > 0 && before < at && at < after[0].seq, "{before} < {at} < {}", after[0].seq);
+        let leased: Vec<&str> = after[0].leased.iter().map(|(e, _)| e.as_str()).collect();
+        assert_eq!((leased, after[0].endpoints.len()), (vec!["ep_a"], 1), "ep_a open in the same commit, ep_b not");
         let elsewhere = ClaimRequest { in_partition: true, ..claim_req("ep_b", T0 + 3, 10, "node-a") };
         assert!(b.store.acquire_partition(&EndpointId::from_stored("ep_b"), "node-b", T0, T0 + 15_000).await?);
         let refused = b.committer.claim_in_partition(elsewhere, None).await?;

@@ -114,11 +114,11 @@ pub trait Handoff: Send + Sync {
     /// as a first claim would have left it.
     fn lease(&self, endpoint: &str, now: Millis) -> Option<Millis>;
     /// A claim under `endpoint`'s partition lease, op `seq` in the store's order of
-    /// writes, took `claimed` deliveries and found nothing else due: told as its commit
-    /// lands, before any later write runs. From here on nothing of the endpoint waits in
-    /// the store unseen, so its partition may take new deliveries at intake at once,
-    /// instead of after it has heard back (when intake commits in between would have
-    /// queued theirs for yet another claim).
+    /// writes, took `claimed` deliveries and found nothing else due: told as the claim is
+    /// applied, before any later op (of its own commit too) runs. From here on nothing of
+    /// the endpoint waits in the store unseen, so its partition may take new deliveries at
+    /// intake at once, instead of after it has heard back (when intake ops in between
+    /// would have queued theirs for yet another claim).
     fn claimed(&self, endpoint: &str, seq: u64, claimed: usize);
 }
 

@@ -167,9 +167,10 @@ impl Partition {
             self.signal.forget_terms();
             match answer {
                 Ok((limit, leased)) => {
+                    let committed = leased.1.is_ok();
                     if let Some(batch) = self.note_claim(leased) {
-                        // Short, and no new work since it committed: nothing else waits.
-                        if batch.claimed.len() < limit && self.signal.take_drained() {
+                        // Short, and no new work since it was applied: nothing else waits.
+                        if committed && batch.claimed.len() < limit && self.signal.take_drained() {
                             self.drained = Some(batch.next_due);
                         }
                         self.queue.extend(batch.claimed);

@@ -131,7 +131,9 @@ static OP_SEQ: AtomicU64 = AtomicU64::new(1);
 
 /// A failed op rolls the whole transaction back (the `Transaction` drop does it). A claim
 /// under a partition lease that found nothing else due is told to the engine (see
-/// `Handoff::claimed`) once the commit lands, before the next transaction starts.
+/// `Handoff::claimed`) as it is applied, so the intake ops after it in the same commit
+/// already hand their deliveries over (if that commit fails, the claim answers with the
+/// error, and the partition closes and claims again).
 fn transaction(
     conn: &mut Connection,
     ops: Vec<WriteOp>,
@@ -143,8 +145,6 @@ fn transaction(
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut subscribers = Subscribers::default();
     let mut results = Vec::with_capacity(ops.len());
-    // Partition claims that found nothing else due: (endpoint, op, claimed).
-    let mut drained = Vec::new();
     for op in ops {
         let seq = OP_SEQ.fetch_add(1, Ordering::Relaxed);
         results.push(match op {
@@ -156,8 +156,8 @@ fn transaction(
             WriteOp::Claim(req) => {
                 let endpoint = req.in_partition.then(|| req.endpoint.clone());
                 let (batch, seen_all) = claim(&tx, req)?;
-                if let Some(endpoint) = endpoint.filter(|_| seen_all) {
-                    drained.push((endpoint, seq, batch.claimed.len()));
+                if let (Some(endpoint), Some(handoff), true) = (endpoint, handoff, seen_all) {
+                    handoff.claimed(endpoint.as_str(), seq, batch.claimed.len());
                 }
                 WriteResult::Claim(batch)
             }
@@ -176,11 +176,6 @@ fn transaction(
     }
     let applied = started.elapsed();
     tx.commit()?;
-    if let Some(handoff) = handoff {
-        for (endpoint, seq, claimed) in drained {
-            handoff.claimed(endpoint.as_str(), seq, claimed);
-        }
-    }
     tracing::trace!(
         ops = n,
         apply_micros = applied.as_micros() as u64,

@@ -29,7 +29,7 @@ impl Partition {
         if self.shared.as_ref().is_some_and(|sh| sh.halted.load(Ordering::Acquire)) {
             self.signal.forget_terms();
         } else if terms.is_none() && self.drained.is_none() && self.prefetch.is_some() && self.signal.expecting() {
-            // A prefetch that may open the partition as it commits is left to do so.
+            // A prefetch that may open the partition as it is applied is left to do so.
             return;
         }
         self.signal.set_open(terms);
@@ -42,8 +42,8 @@ impl Partition {
     }
 
     /// The terms to open on once the claim about to be submitted (under a lease held until
-    /// `held`) finds nothing else due: the store opens the partition as that claim
-    /// commits (see [`Signal::claimed`](super::Signal::claimed)), not when the partition
+    /// `held`) finds nothing else due: the store opens the partition as it applies that
+    /// claim (see [`Signal::claimed`](super::Signal::claimed)), not when the partition
     /// hears back, so intake commits in between hand their deliveries over instead of
     /// queueing them for another claim. Leases long enough for a full claim more.
     pub(super) fn expect_drained(&self, spec: &EndpointSpec, held: Option<Instant>) {

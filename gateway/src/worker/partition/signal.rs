@@ -179,7 +179,7 @@ impl Signal {
         *self.pending.lock().expect("pending") = None;
     }
 
-    /// Is a claim under way that may open the partition as it commits?
+    /// Is a claim under way that may open the partition as it is applied?
     pub(in crate::worker) fn expecting(&self) -> bool {
         self.pending.lock().expect("pending").is_some()
     }
@@ -190,11 +190,11 @@ impl Signal {
         self.drained.swap(false, Ordering::AcqRel)
     }
 
-    /// The store committed a claim of this partition, op `seq`, that took `claimed`
+    /// The store applied a claim of this partition, op `seq`, that took `claimed`
     /// deliveries and found nothing else due. Every write before it is seen (news about
     /// them is not news), and the partition opens on the terms it expected, in the store's
-    /// order of writes, so the very next intake commit hands its deliveries over rather
-    /// than queueing them for yet another claim.
+    /// order of writes, so the very next intake op hands its deliveries over rather than
+    /// queueing them for yet another claim.
     pub(in crate::worker) fn claimed(&self, seq: u64, claimed: usize) {
         self.seen.fetch_max(seq, Ordering::AcqRel);
         self.fresh.store(false, Ordering::Release);
