@@ -147,6 +147,10 @@ impl Compiler {
             .arg(output)
             // A backtrace needs memory the child may no longer have.
             .env("RUST_BACKTRACE", "0")
+            // The binary's allocator (mimalloc) would otherwise map a 1 GiB arena writable
+            // at its first allocation, before the child limits itself, and then allocate
+            // from it unchecked: reserved without access, each commit meets RLIMIT_DATA.
+            .env("MIMALLOC_ARENA_EAGER_COMMIT", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -173,13 +177,14 @@ impl Compiler {
             let _ = pipe.by_ref().take(4096).read_to_string(&mut stderr);
         }
         let message = stderr.trim().lines().last().unwrap_or("").to_string();
+        // The data limit hit: the allocator's abort (a signal), or an error from a mapping
+        // the engine or the compiler could not make.
+        if stderr.contains("memory allocation") || stderr.contains("out of memory") {
+            return Err(PluginError::CompileLimit(format!("compiling needed more than {} MiB", self.memory >> 20)));
+        }
         match status.code() {
             Some(EXIT_INVALID) => Err(PluginError::Invalid(message)),
-            // Killed by a signal: the allocator's abort when the data limit is hit, or
-            // SIGXCPU/SIGKILL at the CPU limit.
-            None if stderr.contains("memory allocation") => {
-                Err(PluginError::CompileLimit(format!("compiling needed more than {} MiB", self.memory >> 20)))
-            }
+            // Killed by a signal: SIGXCPU/SIGKILL at the CPU limit.
             None => Err(PluginError::CompileLimit(format!("the compiler was stopped ({status}): {message}"))),
             Some(_) => Err(PluginError::Engine(format!("the compiler failed ({status}): {message}"))),
         }
