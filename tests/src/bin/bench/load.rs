@@ -70,7 +70,7 @@ pub async fn posting_while_delivering(
     let got = rx.wait_for(total, Duration::from_secs(300)).await?;
     let last = got.iter().map(|r| r.at).max().unwrap_or_else(Instant::now);
     let cpu = cpu_seconds(pid)? - cpu_before;
-    let acks = acks.lock().unwrap();
+    let acks = std::mem::take(&mut *acks.lock().unwrap());
     let mut l: Vec<f64> = got
         .iter()
         .filter_map(|r| Some(r.at.saturating_duration_since(*acks.get(r.header("webhook-id")?)?)))
@@ -78,6 +78,9 @@ pub async fn posting_while_delivering(
         .collect();
     if l.len() != total {
         bail!("{} arrivals matched a 202 of {total}", l.len());
+    }
+    if let Ok(path) = std::env::var("HERALD_BENCH_DUMP") {
+        dump(api, &path, &got, &acks, start).await?;
     }
     l.sort_by(f64::total_cmp);
     let secs = last.duration_since(start).as_secs_f64();
@@ -87,5 +90,29 @@ pub async fn posting_while_delivering(
     out.insert("deliveries_per_s".into(), total as f64 / secs);
     out.insert("events_per_s".into(), events as f64 / posted);
     out.insert("node_cpu_us_per_delivery".into(), cpu * 1e6 / total as f64);
+    Ok(())
+}
+
+/// `HERALD_BENCH_DUMP=FILE`: where a run's tail comes from. FILE gets one line per delivery
+/// (ms from the first post to its 202 and to its arrival, the endpoint's path, the
+/// latency), FILE.metrics the node's `/metrics` after the run (claims, commit times). Each
+/// run overwrites them: with `--runs N`, the last run's.
+async fn dump(
+    api: &Api,
+    path: &str,
+    got: &[tests::Received],
+    acks: &HashMap<String, Instant>,
+    start: Instant,
+) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    let metrics = api.raw("GET", "/metrics", None, "").await?;
+    std::fs::write(format!("{path}.metrics"), &metrics.text)?;
+    let mut out = String::from("# ack_ms arrival_ms path latency_ms\n");
+    for r in got {
+        let Some(ack) = r.header("webhook-id").and_then(|id| acks.get(id)) else { continue };
+        let (a, t) = (ack.duration_since(start).as_secs_f64() * 1e3, r.at.duration_since(start).as_secs_f64() * 1e3);
+        writeln!(out, "{a:.2} {t:.2} {} {:.2}", r.path, (t - a).max(0.0))?;
+    }
+    std::fs::write(path, out)?;
     Ok(())
 }
