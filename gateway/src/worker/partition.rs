@@ -251,7 +251,7 @@ impl Partition {
         let (committer, metrics) = (self.inner.committer.clone(), self.inner.metrics.clone());
         let renew = self.renew_with_claim(req.now);
         let renewed = renew.map(|_| Instant::now());
-        self.expect_drained(&tg.endpoint.spec, renewed.map(Self::held_after).or(self.held));
+        self.expect_drained(&tg.endpoint.spec, renewed);
         let limit = req.limit as usize;
         self.prefetch = Some(tokio::spawn(async move {
             let claim = metrics.claim_duration.time(committer.claim_in_partition(req, renew)).await;
@@ -366,7 +366,7 @@ impl Partition {
         let limit = req.limit as usize;
         let renew = self.renew_with_claim(now);
         let renewed = renew.map(|_| Instant::now());
-        self.expect_drained(&endpoint.spec, renewed.map(Self::held_after).or(self.held));
+        self.expect_drained(&endpoint.spec, renewed);
         let claim = inner.metrics.claim_duration.time(inner.committer.claim_in_partition(req, renew)).await;
         self.signal.forget_terms();
         let failed = claim.is_err();

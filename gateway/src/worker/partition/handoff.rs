@@ -41,14 +41,15 @@ impl Partition {
         self.terms(&target.endpoint.spec, held, waiting, 0)
     }
 
-    /// The terms to open on once the claim about to be submitted (under a lease held until
-    /// `held`) finds nothing else due: the store opens the partition as it applies that
-    /// claim (see [`Signal::claimed`](super::Signal::claimed)), not when the partition
-    /// hears back, so intake commits in between hand their deliveries over instead of
-    /// queueing them for another claim. Leases long enough for a full claim more.
-    pub(super) fn expect_drained(&self, spec: &EndpointSpec, held: Option<Instant>) {
+    /// The terms to open on once the claim about to be submitted (renewing the lease if
+    /// `renewed` says when) finds nothing else due: the store opens the partition as it
+    /// applies that claim (see [`Signal::claimed`](super::Signal::claimed)), not when the
+    /// partition hears back, so intake commits in between hand their deliveries over
+    /// instead of queueing them for another claim. Leases long enough for a full claim more.
+    pub(super) fn expect_drained(&self, spec: &EndpointSpec, renewed: Option<Instant>) {
         let waiting = (self.queue.len() + self.signal.inbox_len()) as u32;
         let limit = crate::lease::claim_size(spec.rate_per_sec, spec.burst, spec.max_in_flight);
+        let held = renewed.map(Self::held_after).or(self.held);
         self.signal.expect(held.and_then(|held| self.terms(spec, held, waiting, limit)));
     }
 
