@@ -154,10 +154,9 @@ fn transaction(
                 WriteResult::Ingest(outcomes)
             }
             WriteOp::Claim(req) => {
-                let endpoint = req.in_partition.then(|| req.endpoint.clone());
-                let (batch, seen_all) = claim(&tx, req)?;
-                if let (Some(endpoint), Some(handoff), true) = (endpoint, handoff, seen_all) {
-                    handoff.claimed(endpoint.as_str(), seq, batch.claimed.len());
+                let (batch, seen_all) = claim(&tx, &req)?;
+                if let (Some(handoff), true) = (handoff, seen_all) {
+                    handoff.claimed(req.endpoint.as_str(), seq, batch.claimed.len());
                 }
                 WriteResult::Claim(batch)
             }
@@ -327,7 +326,7 @@ fn ingest_op(
 /// one's fence. The writer holds the write lock, so nothing changes between read and write.
 /// Also says whether a claim under the partition lease took all that was due, the lease
 /// held.
-fn claim(tx: &Transaction<'_>, req: ClaimRequest) -> Result<(ClaimBatch, bool)> {
+fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)> {
     let mut select = tx.prepare_cached(
         "SELECT d.rowid, d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, \
          d.fence, e.payload, e.created_at, e.expires_at FROM deliveries d \
