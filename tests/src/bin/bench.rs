@@ -89,7 +89,8 @@ enum Scenario {
         concurrency: usize,
     },
     /// Time from 202 to arrival at the receiver, posting at a fixed rate, and the node's
-    /// CPU per delivery (`fixed-rate --rate 500 --seconds 20`: the moderate-load cost).
+    /// CPU per delivery (`fixed-rate --rate 500 --seconds 20`: the moderate-load cost), with
+    /// the SQLite writer thread's share and the post→202 time.
     #[command(alias = "fixed-rate")]
     Latency {
         #[arg(long, default_value_t = 200)]
@@ -257,10 +258,42 @@ fn arrivals(rx: &FakeReceiver) -> HashMap<String, Instant> {
 }
 
 /// User plus system CPU time of a process so far, from `/proc/<pid>/stat`.
+/// The SQLite writer thread's name as `/proc` shows it (cut to 15 bytes).
+const WRITER_THREAD: &str = "herald-sqlite-w";
+
 fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let out = std::process::Command::new("getconf").arg("CLK_TCK").output()?;
-    let ticks: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().context("getconf CLK_TCK")?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat"))?)
+}
+
+/// CPU seconds of the process's threads whose name starts with `name` (a thread's name is
+/// cut to 15 bytes), e.g. the SQLite writer's, to split the node's CPU by thread.
+fn thread_cpu_seconds(pid: u32, name: &str) -> anyhow::Result<f64> {
+    let mut total = 0.0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = task?.path();
+        // A thread may end between listing and reading: it counts for nothing then.
+        let (Ok(comm), Ok(stat)) =
+            (std::fs::read_to_string(dir.join("comm")), std::fs::read_to_string(dir.join("stat")))
+        else {
+            continue;
+        };
+        if comm.trim_end().starts_with(name) {
+            total += stat_cpu_seconds(&stat)?;
+        }
+    }
+    Ok(total)
+}
+
+/// utime + stime of a `/proc/…/stat` line, in seconds.
+fn stat_cpu_seconds(stat: &str) -> anyhow::Result<f64> {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let ticks = match TICKS.get() {
+        Some(t) => *t,
+        None => {
+            let out = std::process::Command::new("getconf").arg("CLK_TCK").output()?;
+            *TICKS.get_or_init(|| String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(100.0))
+        }
+    };
     // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
     let rest = stat.rsplit_once(") ").context("/proc/<pid>/stat")?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -461,6 +494,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let total = (rate * seconds) as usize;
             let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
             let cpu_before = cpu_seconds(node.pid())?;
+            let writer_before = thread_cpu_seconds(node.pid(), WRITER_THREAD)?;
             let start = Instant::now();
             let mut tasks = Vec::new();
             for i in 0..total {
@@ -470,6 +504,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                 let ty = format!("fast.{}", i % endpoints);
                 tasks.push(tokio::spawn(async move {
                     let id = format!("evt_{i}");
+                    let sent = Instant::now();
                     let r = client
                         .post(
                             "/v1/tenants/bench/events",
@@ -480,7 +515,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                     if r.status != 202 {
                         bail!("{} {}", r.status, r.text);
                     }
-                    acks.lock().unwrap().insert(id, Instant::now());
+                    acks.lock().unwrap().insert(id, (sent, Instant::now()));
                     anyhow::Ok(())
                 }));
                 if extra.is_some() && i % 10 == 0 {
@@ -500,16 +535,26 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let acks = acks.lock().unwrap();
             let mut l: Vec<f64> = acks
                 .iter()
-                .map(|(id, ack)| {
+                .map(|(id, (_, ack))| {
                     got.get(id).map_or(f64::NAN, |at| at.saturating_duration_since(*ack).as_secs_f64() * 1000.0)
                 })
                 .collect();
             l.sort_by(f64::total_cmp);
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
+            // Post to 202: what a producer waits for, the durable intake commit included.
+            let mut a: Vec<f64> =
+                acks.values().map(|(sent, ack)| ack.duration_since(*sent).as_secs_f64() * 1000.0).collect();
+            a.sort_by(f64::total_cmp);
+            out.insert("ack_p50_ms".into(), percentile(&a, 0.5));
+            out.insert("ack_p99_ms".into(), percentile(&a, 0.99));
             out.insert("extra_requests".into(), extra_rx.count() as f64);
+            let delivered = (total + extra_rx.count()) as f64;
             let cpu = cpu_seconds(node.pid())? - cpu_before;
-            out.insert("node_cpu_ms_per_delivery".into(), cpu * 1e3 / (total + extra_rx.count()) as f64);
+            out.insert("node_cpu_ms_per_delivery".into(), cpu * 1e3 / delivered);
+            // Of which the SQLite writer thread (zero on Postgres): commits, pages, syncs.
+            let writer = thread_cpu_seconds(node.pid(), WRITER_THREAD)? - writer_before;
+            out.insert("writer_cpu_ms_per_delivery".into(), writer * 1e3 / delivered);
         }
         Scenario::FanoutTail { events, endpoints, concurrency, rate } => {
             let shape = load::Shape { events, endpoints, concurrency, rate };
