@@ -257,17 +257,18 @@ fn arrivals(rx: &FakeReceiver) -> HashMap<String, Instant> {
     rx.received().into_iter().filter_map(|r| Some((r.header("webhook-id")?.to_string(), r.at))).collect()
 }
 
-/// User plus system CPU time of a process so far, from `/proc/<pid>/stat`.
 /// The SQLite writer thread's name as `/proc` shows it (cut to 15 bytes).
 const WRITER_THREAD: &str = "herald-sqlite-w";
 
+/// User plus system CPU time of a process so far, from `/proc/<pid>/stat`.
 fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat"))?)
+    stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat"))?, clock_ticks()?)
 }
 
 /// CPU seconds of the process's threads whose name starts with `name` (a thread's name is
 /// cut to 15 bytes), e.g. the SQLite writer's, to split the node's CPU by thread.
 fn thread_cpu_seconds(pid: u32, name: &str) -> anyhow::Result<f64> {
+    let ticks = clock_ticks()?;
     let mut total = 0.0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let dir = task?.path();
@@ -278,22 +279,19 @@ fn thread_cpu_seconds(pid: u32, name: &str) -> anyhow::Result<f64> {
             continue;
         };
         if comm.trim_end().starts_with(name) {
-            total += stat_cpu_seconds(&stat)?;
+            total += stat_cpu_seconds(&stat, ticks)?;
         }
     }
     Ok(total)
 }
 
+fn clock_ticks() -> anyhow::Result<f64> {
+    let out = std::process::Command::new("getconf").arg("CLK_TCK").output()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().context("getconf CLK_TCK")
+}
+
 /// utime + stime of a `/proc/…/stat` line, in seconds.
-fn stat_cpu_seconds(stat: &str) -> anyhow::Result<f64> {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let ticks = match TICKS.get() {
-        Some(t) => *t,
-        None => {
-            let out = std::process::Command::new("getconf").arg("CLK_TCK").output()?;
-            *TICKS.get_or_init(|| String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(100.0))
-        }
-    };
+fn stat_cpu_seconds(stat: &str, ticks: f64) -> anyhow::Result<f64> {
     // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
     let rest = stat.rsplit_once(") ").context("/proc/<pid>/stat")?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
