@@ -104,6 +104,10 @@ enum Scenario {
         extra: Option<Extra>,
         #[arg(long, default_value_t = 1)]
         endpoints: usize,
+        /// Deliver this many events first, to an endpoint of their own, so the run starts
+        /// on a store the size of a node that has been running a while, not an empty one.
+        #[arg(long, default_value_t = 0)]
+        history: usize,
     },
     /// Per-call cost of each example plugin's hook, in process (p50/p99 µs).
     PluginCalls {
@@ -478,7 +482,10 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let cpu = cpu_seconds(node.pid())? - cpu_before;
             out.insert("node_cpu_us_per_delivery".into(), cpu * 1e6 / total as f64);
         }
-        Scenario::Latency { rate, seconds, extra, endpoints } => {
+        Scenario::Latency { rate, seconds, extra, endpoints, history } => {
+            if history > 0 {
+                deliver_history(&api, history).await?;
+            }
             for i in 0..endpoints {
                 api.endpoint("bench", json!({"url": rx.url(), "event_types": [format!("fast.{i}")], "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16})).await?;
             }
@@ -753,6 +760,22 @@ async fn isolation_plugins(
 
 /// Posts `rate` events/s of type `<phase>` for `seconds` to tenant `bench` and returns
 /// each event's time from 202 to arrival at `rx`, in ms.
+/// Delivers `events` events (in batches, to a receiver of their own, with their attempts
+/// recorded) before a measurement starts: a store with history, not an empty one.
+async fn deliver_history(api: &tests::Api, events: usize) -> anyhow::Result<()> {
+    let rx = FakeReceiver::start().await?;
+    let spec = json!({"url": rx.url(), "event_types": ["history"], "rate_per_sec": 100_000, "burst": 1000});
+    api.endpoint("bench", spec).await?;
+    let batch: Vec<Value> = (0..events).map(|i| json!({"type": "history", "payload": {"n": i}})).collect();
+    for chunk in batch.chunks(1000) {
+        let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
+        if r.status != 202 {
+            bail!("{} {}", r.status, r.text);
+        }
+    }
+    rx.wait_for(events, Duration::from_secs(300)).await.map(drop)
+}
+
 async fn steady(api: &tests::Api, rx: &FakeReceiver, phase: &str, rate: u64, seconds: u64) -> anyhow::Result<Vec<f64>> {
     let total = (rate * seconds) as usize;
     let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
