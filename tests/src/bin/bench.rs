@@ -758,10 +758,8 @@ async fn isolation_plugins(
     Ok(())
 }
 
-/// Posts `rate` events/s of type `<phase>` for `seconds` to tenant `bench` and returns
-/// each event's time from 202 to arrival at `rx`, in ms.
-/// Delivers `events` events (in batches, to a receiver of their own, with their attempts
-/// recorded) before a measurement starts: a store with history, not an empty one.
+/// Delivers `events` events (in batches, to a receiver of their own) before a measurement
+/// starts, and waits until all have arrived: a store with history, not an empty one.
 async fn deliver_history(api: &tests::Api, events: usize) -> anyhow::Result<()> {
     let rx = FakeReceiver::start().await?;
     let spec = json!({"url": rx.url(), "event_types": ["history"], "rate_per_sec": 100_000, "burst": 1000});
@@ -776,6 +774,8 @@ async fn deliver_history(api: &tests::Api, events: usize) -> anyhow::Result<()> 
     rx.wait_for(events, Duration::from_secs(300)).await.map(drop)
 }
 
+/// Posts `rate` events/s of type `<phase>` for `seconds` to tenant `bench` and returns
+/// each event's time from 202 to arrival at `rx`, in ms.
 async fn steady(api: &tests::Api, rx: &FakeReceiver, phase: &str, rate: u64, seconds: u64) -> anyhow::Result<Vec<f64>> {
     let total = (rate * seconds) as usize;
     let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
