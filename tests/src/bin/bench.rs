@@ -465,13 +465,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             }
             let cpu_before = cpu_seconds(node.pid())?;
             let start = Instant::now();
-            let batch: Vec<Value> = (0..events).map(|i| json!({"type": "invoice.paid", "payload": {"n": i}})).collect();
-            for chunk in batch.chunks(1000) {
-                let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
-                if r.status != 202 {
-                    bail!("{} {}", r.status, r.text);
-                }
-            }
+            post_numbered(&api, "invoice.paid", events).await?;
             let total = events * endpoints;
             rx.wait_for(total, Duration::from_secs(300)).await?;
             let secs = start.elapsed().as_secs_f64();
@@ -573,13 +567,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": rate, "burst": 1, "max_in_flight": 64}))
                 .await?;
             let total = (rate * seconds as f64) as usize + 1;
-            let batch: Vec<Value> = (0..total).map(|i| json!({"type": "t", "payload": {"n": i}})).collect();
-            for chunk in batch.chunks(1000) {
-                let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
-                if r.status != 202 {
-                    bail!("{} {}", r.status, r.text);
-                }
-            }
+            post_numbered(&api, "t", total).await?;
             let got = rx.wait_for(total, Duration::from_secs(seconds * 2 + 30)).await?;
             let mut at: Vec<Instant> = got.iter().map(|r| r.at).collect();
             at.sort();
@@ -619,13 +607,7 @@ async fn rate_change(
     let ep =
         api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": 0.01, "burst": 1, "max_in_flight": 64})).await?;
     let id = ep["id"].as_str().context("endpoint id")?;
-    let batch: Vec<Value> = (0..events).map(|i| json!({"type": "t", "payload": {"n": i}})).collect();
-    for chunk in batch.chunks(1000) {
-        let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
-        if r.status != 202 {
-            bail!("{} {}", r.status, r.text);
-        }
-    }
+    post_numbered(api, "t", events).await?;
     rx.wait_for(1, Duration::from_secs(30)).await?;
     let before = rx.count();
     let patched = Instant::now();
@@ -758,19 +740,27 @@ async fn isolation_plugins(
     Ok(())
 }
 
+/// Posts `count` events of `event_type` (payload `{"n": i}`) to tenant `bench`, in batches
+/// of 1,000.
+async fn post_numbered(api: &tests::Api, event_type: &str, count: usize) -> anyhow::Result<()> {
+    for start in (0..count).step_by(1000) {
+        let chunk: Vec<Value> =
+            (start..count.min(start + 1000)).map(|i| json!({"type": event_type, "payload": {"n": i}})).collect();
+        let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
+        if r.status != 202 {
+            bail!("{} {}", r.status, r.text);
+        }
+    }
+    Ok(())
+}
+
 /// Delivers `events` events (in batches, to a receiver of their own) before a measurement
 /// starts, and waits until all have arrived: a store with history, not an empty one.
 async fn deliver_history(api: &tests::Api, events: usize) -> anyhow::Result<()> {
     let rx = FakeReceiver::start().await?;
     let spec = json!({"url": rx.url(), "event_types": ["history"], "rate_per_sec": 100_000, "burst": 1000});
     api.endpoint("bench", spec).await?;
-    let batch: Vec<Value> = (0..events).map(|i| json!({"type": "history", "payload": {"n": i}})).collect();
-    for chunk in batch.chunks(1000) {
-        let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
-        if r.status != 202 {
-            bail!("{} {}", r.status, r.text);
-        }
-    }
+    post_numbered(api, "history", events).await?;
     rx.wait_for(events, Duration::from_secs(300)).await.map(drop)
 }
 
