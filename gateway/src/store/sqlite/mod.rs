@@ -71,7 +71,14 @@ impl SqliteStore {
         // Every write runs on the writer thread. A write through the pool would wait for
         // the file's lock behind group commits (seconds under load); read-only, it fails.
         let readers = options.clone().create_if_missing(false).read_only(true);
-        let pool = SqlitePoolOptions::new().max_connections(max_connections).connect_with(readers).await?;
+        // Every reader is opened here, not by the first burst of reads: opening one takes
+        // milliseconds, and a node's first fan-out (every partition reading its endpoint
+        // at once) waited up to 30 ms for them before its first claim.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(max_connections)
+            .connect_with(readers)
+            .await?;
         let mut wal = options.get_filename().as_os_str().to_owned();
         wal.push("-wal");
         Ok(SqliteStore { q: Queries { pool }, writer, wal: wal.into() })

@@ -226,4 +226,14 @@ mod tests {
         assert!(!store.acquire_partition(&id, "node-b", 11, 30).await.unwrap(), "held by node-a");
         assert_eq!(store.get_tenant(&tenant.id).await.unwrap().map(|t| t.name), Some("x".into()));
     }
+
+    /// Every reader is open, idle, when the store is: a node's first fan-out (each
+    /// partition reading its endpoint at once) does not wait for connections to open.
+    #[tokio::test]
+    async fn every_reader_is_open_before_the_first_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("herald.db").display());
+        let store = SqliteStore::open(&url, 5).await.unwrap();
+        assert_eq!((store.q.pool.size(), store.q.pool.num_idle()), (5, 5));
+    }
 }
