@@ -199,6 +199,10 @@ fn serve(config: Option<&std::path::Path>) -> anyhow::Result<()> {
     init_logging(&config);
     // Compile plugins in a child of this very binary (memory limit, timeout).
     config.plugins.compiler_exe = Some(std::env::current_exe().context("cannot find the herald binary")?);
+    // Room for every connection the configuration allows at once (intake, deliveries in
+    // flight and as many idle, the store's), made before the runtime's threads exist.
+    let slots = config.server.max_connections + 2 * config.delivery.max_in_flight_total;
+    gateway::app::reserve_fd_table(slots + config.store_max_connections as usize + 256);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = config.worker_threads {
         runtime.worker_threads(n);

@@ -197,6 +197,9 @@ enum Extra {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The receiver and the producers hold hundreds of connections: the table grows here,
+    // once, not in the middle of a measured run (see `reserve_fd_table`).
+    gateway::app::reserve_fd_table(4096);
     let mut results = Vec::new();
     for run in 1..=cli.runs {
         let r = run_once(&cli.scenario, cli.store_url.as_deref(), cli.nodes).await?;
