@@ -31,7 +31,8 @@ impl Ticker {
             .name("herald-plugin-epoch".into())
             .spawn(move || {
                 let Ok(ticker) = rx.recv() else { return };
-                let mut idle = 0;
+                // Parked from the start: a node that has no call to run yet does not tick.
+                let mut idle = TICKER_IDLE;
                 while let Some(engine) = weak.upgrade() {
                     engine.increment_epoch();
                     drop(engine);
