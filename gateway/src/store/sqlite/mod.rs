@@ -67,6 +67,7 @@ impl SqliteStore {
         let setup = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
         MIGRATOR.run(&setup).await.map_err(|e| StoreError::backend(format!("migrations: {e}")))?;
         setup.close().await;
+        checkpoint::preallocate_wal(options.get_filename())?;
         let writer = writer::Writer::open(options.get_filename())?;
         // Every write runs on the writer thread. A write through the pool would wait for
         // the file's lock behind group commits (seconds under load); read-only, it fails.

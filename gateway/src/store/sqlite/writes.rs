@@ -227,6 +227,28 @@ mod tests {
         assert_eq!(store.get_tenant(&tenant.id).await.unwrap().map(|t| t.name), Some("x".into()));
     }
 
+    /// A fresh WAL is laid out in full before the first commit, so commits overwrite it
+    /// instead of growing it; the store reads back what it wrote across a reopen.
+    #[tokio::test]
+    async fn a_fresh_wal_is_laid_out_before_the_first_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("herald.db");
+        let url = format!("sqlite://{}", db.display());
+        let wal = dir.path().join("herald.db-wal");
+        let store = SqliteStore::open(&url, 2).await.unwrap();
+        let laid_out = std::fs::metadata(&wal).unwrap().len();
+        assert!(laid_out >= 2000 * (4096 + 24), "a WAL of {laid_out} bytes");
+        for i in 0..50 {
+            let t = Tenant { id: TenantId::parse(&format!("t{i}")).unwrap(), name: "x".into(), created_at: i };
+            store.create_tenant(&t).await.unwrap();
+        }
+        assert_eq!(std::fs::metadata(&wal).unwrap().len(), laid_out, "commits grew the WAL");
+        drop(store);
+        let store = SqliteStore::open(&url, 2).await.unwrap();
+        let t49 = store.get_tenant(&TenantId::parse("t49").unwrap()).await.unwrap();
+        assert_eq!(t49.map(|t| t.created_at), Some(49));
+    }
+
     /// Every reader is open, idle, when the store is: a node's first fan-out (each
     /// partition reading its endpoint at once) does not wait for connections to open.
     #[tokio::test]
