@@ -48,22 +48,20 @@ pub(super) fn spawn_checkpointer(path: &Path) -> Result<std_mpsc::SyncSender<()>
     Ok(dirty)
 }
 
-/// Creates a missing WAL as `WAL_RESTART_FRAMES` frames of zeros, on disk, before any
+/// Creates a missing WAL (`path`) as `WAL_RESTART_FRAMES` frames of zeros, on disk, before any
 /// connection opens it. SQLite reads a WAL whose header is not valid as empty and writes
 /// its frames from the start, so nothing changes but this: the commits that fill a fresh
 /// WAL no longer grow the file, and their `fdatasync` no longer writes the inode too
 /// (measured: 60 inode writes, 52 ms of the writer's waiting, in a fresh node's first 1.5 s
 /// under load). The file then keeps its size: the WAL restarts from its start and is never
 /// truncated. A WAL that exists is left alone: it may hold commits not yet checkpointed.
-pub(super) fn preallocate_wal(db: &Path) -> Result<()> {
-    let mut path = db.as_os_str().to_owned();
-    path.push("-wal");
+pub(super) fn preallocate_wal(path: &Path) -> Result<()> {
     let mut open = std::fs::OpenOptions::new();
     open.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-    let failed = |e: std::io::Error| StoreError::backend(format!("cannot prepare {}: {e}", Path::new(&path).display()));
-    let mut file = match open.open(&path) {
+    let failed = |e: std::io::Error| StoreError::backend(format!("cannot prepare {}: {e}", path.display()));
+    let mut file = match open.open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(failed(e)),

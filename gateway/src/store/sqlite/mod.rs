@@ -67,7 +67,10 @@ impl SqliteStore {
         let setup = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
         MIGRATOR.run(&setup).await.map_err(|e| StoreError::backend(format!("migrations: {e}")))?;
         setup.close().await;
-        checkpoint::preallocate_wal(options.get_filename())?;
+        let mut wal = options.get_filename().as_os_str().to_owned();
+        wal.push("-wal");
+        let wal = std::path::PathBuf::from(wal);
+        checkpoint::preallocate_wal(&wal)?;
         let writer = writer::Writer::open(options.get_filename())?;
         // Every write runs on the writer thread. A write through the pool would wait for
         // the file's lock behind group commits (seconds under load); read-only, it fails.
@@ -80,9 +83,7 @@ impl SqliteStore {
             .min_connections(max_connections)
             .connect_with(readers)
             .await?;
-        let mut wal = options.get_filename().as_os_str().to_owned();
-        wal.push("-wal");
-        Ok(SqliteStore { q: Queries { pool }, writer, wal: wal.into() })
+        Ok(SqliteStore { q: Queries { pool }, writer, wal })
     }
 }
 
