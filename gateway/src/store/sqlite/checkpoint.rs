@@ -56,10 +56,8 @@ pub(super) fn spawn_checkpointer(path: &Path) -> Result<std_mpsc::SyncSender<()>
 /// under load). The file then keeps its size: the WAL restarts from its start and is never
 /// truncated. A WAL that exists is left alone: it may hold commits not yet checkpointed.
 pub(super) fn preallocate_wal(path: &Path) -> Result<()> {
-    let mut open = std::fs::OpenOptions::new();
-    open.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    let mut open = super::private_file();
+    open.create_new(true);
     let failed = |e: std::io::Error| StoreError::backend(format!("cannot prepare {}: {e}", path.display()));
     let mut file = match open.open(path) {
         Ok(file) => file,

@@ -91,11 +91,19 @@ impl SqliteStore {
 /// token hashes, signing secrets and payloads; SQLite gives the `-wal` and `-shm` files it
 /// creates the database file's permissions, so they are private too.
 fn create_private(path: &std::path::Path) -> Result<()> {
+    let mut open = private_file();
+    open.create(true).truncate(false);
+    open.open(path).map(drop).map_err(|e| StoreError::backend(format!("cannot create {}: {e}", path.display())))
+}
+
+/// Options that open a file for writing and create it readable by its owner only (0600),
+/// as every file of the store is.
+fn private_file() -> std::fs::OpenOptions {
     let mut open = std::fs::OpenOptions::new();
-    open.write(true).create(true).truncate(false);
+    open.write(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-    open.open(path).map(drop).map_err(|e| StoreError::backend(format!("cannot create {}: {e}", path.display())))
+    open
 }
 
 #[async_trait]
