@@ -254,7 +254,9 @@ async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, temp
     if let Some(runtime) = &runtime {
         env.push(("HERALD_PLUGINS_JS_RUNTIME", runtime));
     }
-    let p = HeraldProcess::start(&bin, dir.path(), &env).await?;
+    // HERALD_BENCH_NODE_LOG=FILE keeps the (first) node's logs there.
+    let log = std::env::var_os("HERALD_BENCH_NODE_LOG").map(std::path::PathBuf::from);
+    let p = HeraldProcess::start_logged(&bin, dir.path(), &env, log.as_deref()).await?;
     // In this order, so that the node stops before its schema is dropped.
     Ok((schema, dir, p))
 }
