@@ -221,6 +221,9 @@ impl Tasks {
     fn spawn(self: &Arc<Self>, task: impl Future<Output = ()> + Send + 'static) {
         self.live.fetch_add(1, Ordering::AcqRel);
         let done = TaskDone(self.clone());
+        // Boxed: an attempt's future is about 3 KiB, which tokio would otherwise copy into
+        // the task cell on spawn and out of it again when the task finishes.
+        let task = Box::pin(task);
         tokio::spawn(async move {
             let _done = done;
             task.await;
