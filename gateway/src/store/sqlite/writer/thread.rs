@@ -117,6 +117,15 @@ impl Thread {
     /// Commits `first` with whatever else is waiting, up to `max_batch` ops, in one
     /// transaction; answers each caller. Returns a job that arrived in the middle. A
     /// commit of attempt results alone may first wait for company (see [`Acknowledged`]).
+    ///
+    /// Measured and not taken (`herald-bench`, alternating runs):
+    /// - Committing unsynced and syncing the WAL on a thread of its own while the next
+    ///   commit runs (answers after that sync): under `concurrent` the node spent more CPU
+    ///   per delivery (median 152 against 142 µs), for no more deliveries/s. The sync is
+    ///   what lets writes gather; without it commits are smaller and cost more each.
+    /// - Results set down beside the queue without waking this thread while it waits for
+    ///   company: 0.8 fewer context switches of the writer per event at 500/s, and no less
+    ///   CPU (node 0.65 against 0.675 ms per delivery, writer the same).
     fn group_commit(&mut self, first: Pending, max_batch: usize) -> Option<Work> {
         let mut size = first.0.len();
         let mut can_wait = first.0.iter().all(WriteOp::can_wait);
