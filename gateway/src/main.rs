@@ -136,8 +136,34 @@ enum PluginCommand {
     },
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// A failed command prints `error: ` and its causes on one line and exits 1. Never a stack
+/// backtrace, whatever `RUST_BACKTRACE` says: the error is the user's to read (a plugin
+/// refused, a setting out of range), not a bug; a panic still prints one. Symbolising a
+/// backtrace also cost a refused `plugin check` 125 MB and, on a loaded machine, seconds.
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `e` and its causes, `: `-separated, each said once: many of Herald's errors already end
+/// with their source's text (`cannot read config file …: No such file or directory`).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.ends_with(&cause) {
+            line = format!("{line}: {cause}");
+        }
+    }
+    line
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()),
         Command::Replay(args) => replay(args),

@@ -285,6 +285,28 @@ pub fn with_custom_section(mut bytes: Vec<u8>, tag: &str) -> Vec<u8> {
     bytes
 }
 
+/// CPU time (user + system) used so far by `who` (`libc::RUSAGE_SELF`: this process, every
+/// thread; `libc::RUSAGE_CHILDREN`: its children that ended and were waited for). A test
+/// that means "cheap" bounds this, not the wall clock: on a loaded machine the wall clock
+/// also counts the other processes' turns and the disk's stalls.
+#[allow(unsafe_code)]
+pub fn cpu_time(who: libc::c_int) -> Duration {
+    // SAFETY: getrusage writes one plain struct it is handed.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `who` is one of the values getrusage accepts, or it fails cleanly.
+    let rc = unsafe { libc::getrusage(who, &mut usage) };
+    assert_eq!(rc, 0, "getrusage({who}): {}", std::io::Error::last_os_error());
+    let of = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    of(usage.ru_utime) + of(usage.ru_stime)
+}
+
+/// Runs `command` to its end: its output, and the CPU time it used.
+pub fn output_and_cpu_time(command: &mut std::process::Command) -> std::io::Result<(std::process::Output, Duration)> {
+    let before = cpu_time(libc::RUSAGE_CHILDREN);
+    let output = command.output()?;
+    Ok((output, cpu_time(libc::RUSAGE_CHILDREN).saturating_sub(before)))
+}
+
 /// Path of the `herald` binary built alongside the running test or benchmark.
 pub fn herald_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
