@@ -37,7 +37,8 @@ pub(crate) struct EndpointIn {
     retry: Option<RetryIn>,
     #[schema(value_type = Option<PluginsIn>)]
     plugins: Option<PluginBindings>,
-    /// Custom headers sent with every delivery.
+    /// Custom headers sent with every delivery: at most 20, values visible ASCII or spaces,
+    /// none of the names Herald or the HTTP client set.
     headers: Option<BTreeMap<String, String>>,
 }
 

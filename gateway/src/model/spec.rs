@@ -120,7 +120,11 @@ pub fn check_header(name: &str, value: &str) -> Result<(), SpecError> {
         return Err(SpecError::new(field, "is set by Herald or the HTTP client; choose another name"));
     }
     check_text(&field, value, MAX_HEADER_VALUE)?;
-    http::HeaderValue::from_str(value).map_err(|_| SpecError::new(field, "is not a valid header value"))?;
+    // The rule a plugin's headers follow too (WIT `header`): what every receiver and proxy
+    // reads the same way. `http` would also take tabs and raw non-ASCII bytes.
+    if !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(SpecError::new(field, "must be visible ASCII or spaces (no tab, control or non-ASCII character)"));
+    }
     Ok(())
 }
 
@@ -194,6 +198,11 @@ mod tests {
             assert!(check_header(bad, "v").is_err(), "{bad}");
         }
         assert!(check_header("x-big", &"v".repeat(MAX_HEADER_VALUE + 1)).is_err());
+        assert!(check_header("x-words", "Bearer a b~c").is_ok());
+        for bad in ["a\tb", "caf\u{e9}", "a\u{7f}", "a\r\nx-evil: 1"] {
+            let err = check_header("x-key", bad).unwrap_err();
+            assert!(err.to_string().contains("visible ASCII or spaces"), "{bad:?}: {err}");
+        }
         assert!(check_header(&"x".repeat(MAX_HEADER_NAME + 1), "v").is_err());
     }
 
