@@ -85,7 +85,8 @@ pub async fn run(
         stopped.clone(),
     )
     .await;
-    let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl()).await;
+    let shared = config.store_url.starts_with("postgres");
+    let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl(), shared, stopped.clone()).await;
     let relays = start_outbox(&config, &store, &committer, &metrics, &engine, &ops, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let state =

@@ -1,13 +1,26 @@
 //! Replays: re-queue selected dead letters in batches at a bounded rate, durably (the cursor
-//! lives in the store, so a replay resumes after a restart) and on the same delivery rows
-//! the engine retries, so a delivery is never in flight twice.
+//! and the schedule live in the store, so a replay resumes after a restart at its pace) and
+//! on the same delivery rows the engine retries, so a delivery is never in flight twice.
+//!
+//! Every node runs every running replay. They take turns on the stored schedule
+//! ([`Store::replay_batch`](crate::store::Store::replay_batch)): the node whose turn it is
+//! re-queues a batch and moves the schedule on by that batch's span at the replay's rate;
+//! the others find it not due yet and sleep until it is. So a cluster keeps a replay's
+//! rate, and when the node that took the last turns dies, another takes the next.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use crate::clock::now_ms;
-use crate::store::DynStore;
+use crate::model::Millis;
+use crate::store::{DynStore, ReplayTurn, StoreError};
 use crate::worker::Engine;
+
+/// How often a node of a cluster looks for replays another node started.
+const DISCOVER_EVERY: Duration = Duration::from_secs(2);
 
 /// Runs replays. Cheap to clone.
 #[derive(Clone)]
@@ -15,46 +28,79 @@ pub struct Replayer {
     store: DynStore,
     engine: Engine,
     ttl: Duration,
+    /// The replays this node runs a task for.
+    running: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Replayer {
-    /// Starts the replayer and resumes every replay that was running.
-    pub async fn start(store: DynStore, engine: Engine, ttl: Duration) -> Replayer {
-        let r = Replayer { store, engine, ttl };
-        match r.store.running_replays().await {
-            Ok(running) => {
-                for replay in running {
-                    tracing::info!(replay = %replay.id, sent = replay.sent, selected = replay.selected, "resuming replay");
-                    r.launch(replay.id, replay.rate_per_sec, replay.batch);
+    /// Starts the replayer and resumes every running replay. `shared` (a store several
+    /// nodes use): it also takes up, until `stopped`, the replays other nodes start.
+    pub async fn start(
+        store: DynStore,
+        engine: Engine,
+        ttl: Duration,
+        shared: bool,
+        mut stopped: watch::Receiver<bool>,
+    ) -> Replayer {
+        let r = Replayer { store, engine, ttl, running: Arc::default() };
+        r.resume().await;
+        if shared {
+            let me = r.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stopped.changed() => return,
+                        () = tokio::time::sleep(DISCOVER_EVERY) => me.resume().await,
+                    }
                 }
-            }
-            Err(e) => tracing::error!(error = %e, "cannot resume replays"),
+            });
         }
         r
     }
 
-    /// Runs a stored replay to its end (or until it is cancelled).
-    pub fn launch(&self, id: String, rate_per_sec: f64, batch: u32) {
-        let me = Arc::new(self.clone());
-        tokio::spawn(async move { me.run(id, rate_per_sec, batch).await });
+    /// Runs every running replay this node does not run yet.
+    async fn resume(&self) {
+        match self.store.running_replays().await {
+            Ok(running) => {
+                for replay in running {
+                    if self.launch(replay.id.clone()) {
+                        tracing::info!(replay = %replay.id, sent = replay.sent, selected = replay.selected, "running replay");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot read the running replays"),
+        }
     }
 
-    async fn run(&self, id: String, rate_per_sec: f64, batch: u32) {
-        let spacing_ms = 1000.0 / rate_per_sec;
-        let pause = Duration::from_secs_f64(f64::from(batch) / rate_per_sec);
+    /// Runs a stored replay to its end (or until it is cancelled), unless this node runs
+    /// it already; true if it did not.
+    pub fn launch(&self, id: String) -> bool {
+        if !self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone()) {
+            return false;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            me.run(&id).await;
+            me.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        });
+        true
+    }
+
+    async fn run(&self, id: &str) {
+        let ttl_ms = self.ttl.as_millis() as i64;
         loop {
-            let now = now_ms();
-            let deadline = now + self.ttl.as_millis() as i64;
-            match self.store.replay_batch(&id, now, spacing_ms, deadline).await {
-                Ok((endpoints, n)) => {
+            match self.store.replay_batch(id, now_ms(), ttl_ms).await {
+                Ok(ReplayTurn::Requeued { endpoints, requeued, next_due, done }) => {
                     // The engine picks each re-queued delivery up when it comes due.
                     self.engine.poke(&endpoints);
-                    tracing::debug!(replay = %id, requeued = n, "replay batch");
-                    if n < batch {
+                    tracing::debug!(replay = %id, requeued, "replay batch");
+                    if done {
                         return;
                     }
-                    tokio::time::sleep(pause).await;
+                    sleep_until(next_due).await;
                 }
+                Ok(ReplayTurn::NotYet(at)) => sleep_until(at).await,
+                Ok(ReplayTurn::Ended) | Err(StoreError::NotFound(_)) => return,
                 Err(e) => {
                     tracing::warn!(replay = %id, error = %e, "replay batch failed; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -62,4 +108,10 @@ impl Replayer {
             }
         }
     }
+}
+
+/// Sleeps until the wall clock reads `at` (the store's times are wall-clock milliseconds).
+async fn sleep_until(at: Millis) {
+    let wait = at.saturating_sub(now_ms()).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
 }

@@ -203,3 +203,46 @@ async fn a_node_killed_mid_run_loses_nothing() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Every node runs every running replay, taking turns on the schedule stored with it: two
+/// nodes on one replay keep its rate between them, and when the node it was started on
+/// dies, the other finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_keeps_its_rate_across_nodes_and_outlives_the_node_it_started_on() -> anyhow::Result<()> {
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(Answer::status(422));
+    let mut cluster = Cluster::start(2, &[]).await?;
+    cluster.endpoint(&rx, json!({"rate_per_sec": 1000, "burst": 100})).await?;
+    let total = 16;
+    cluster.post(total).await?;
+    let dead = format!("/v1/tenants/acme/dead-letters?limit={}", total + 1);
+    let api = cluster.nodes[1].api.clone();
+    api.wait_for(&dead, Duration::from_secs(20), |v| v["data"].as_array().is_some_and(|d| d.len() == total)).await?;
+    rx.set_default(Answer::status(200));
+    let first_round = rx.count();
+
+    let rate = 4.0;
+    let body = json!({"filter": {}, "rate_per_sec": rate, "batch": 2});
+    let asked = Instant::now();
+    let r = cluster.nodes[0].api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, body).await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let id = r.json["id"].as_str().expect("id").to_string();
+    // By 12 of 16 (2.75 s at 4/s) the other node has found the replay (it looks every 2 s)
+    // and takes its turns too.
+    rx.wait_for(first_round + 12, Duration::from_secs(20)).await?;
+    cluster.nodes[0].kill();
+    let before_kill: Vec<Instant> = rx.received().iter().skip(first_round).map(|r| r.at).collect();
+
+    let progress = format!("/v1/tenants/acme/replays/{id}");
+    let done = api
+        .wait_for(&progress, Duration::from_secs(20), |v| v["state"] == "done" && v["sent"] == v["selected"])
+        .await?;
+    assert_eq!(done["selected"], total, "{done}");
+    // The first is due when the replay is created, the n-th n / rate later: measured from
+    // the request, a late arrival can only lower the figure.
+    let span = before_kill.last().expect("arrivals").duration_since(asked).as_secs_f64();
+    let achieved = (before_kill.len() - 1) as f64 / span;
+    eprintln!("{} replayed {span:.2} s after the request, before the kill: {achieved:.2}/s", before_kill.len());
+    assert!(achieved <= rate * 1.02, "two nodes replayed at {achieved:.2}/s, over the {rate}/s asked");
+    Ok(())
+}

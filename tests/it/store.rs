@@ -7,7 +7,7 @@ use std::time::Duration;
 use gateway::model::*;
 use gateway::store::{
     self, AttemptResult, ClaimRequest, Claimed, Committer, DeliveryFilter, DynStore, EndpointChange, Notice, Release,
-    StoreError, WriteOp, WriteResult,
+    ReplayTurn, StoreError, WriteOp, WriteResult,
 };
 use tests::pg::PgSchema;
 
@@ -883,13 +883,15 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
         selected: 5,
         sent: 0,
         cursor: String::new(),
+        next_due_at: T0 + 200,
         created_at: T0 + 200,
         updated_at: T0 + 200,
     };
     b.store.create_replay(&replay).await?;
     assert_eq!(b.store.running_replays().await?.len(), 1);
-    let (eps, n) = b.store.replay_batch("rpl_1", T0 + 300, 100.0, T0 + HOUR).await?;
-    assert_eq!((eps, n), (vec![EndpointId::from_stored("ep_a")], 3));
+    let ep_a = || vec![EndpointId::from_stored("ep_a")];
+    let turn = b.store.replay_batch("rpl_1", T0 + 300, HOUR).await?;
+    assert_eq!(turn, ReplayTurn::Requeued { endpoints: ep_a(), requeued: 3, next_due: T0 + 600, done: false });
     let queued = |b: &Backend| {
         let s = b.store.clone();
         async move {
@@ -906,7 +908,14 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
         }
     };
     assert_eq!(queued(&b).await?, [Some(T0 + 300), Some(T0 + 400), Some(T0 + 500)], "re-queued at the replay's pace");
-    assert_eq!(b.store.replay_batch("rpl_1", T0 + 600, 100.0, T0 + HOUR).await?.1, 2, "continues after its cursor");
+    // Another node's turn before the schedule has come re-queues nothing: together they
+    // keep the replay's rate.
+    assert_eq!(b.store.replay_batch("rpl_1", T0 + 450, HOUR).await?, ReplayTurn::NotYet(T0 + 600));
+    assert_eq!(queued(&b).await?.len(), 3);
+    let turn = b.store.replay_batch("rpl_1", T0 + 650, HOUR).await?;
+    let last = ReplayTurn::Requeued { endpoints: ep_a(), requeued: 2, next_due: T0 + 850, done: true };
+    assert_eq!(turn, last, "continues after its cursor, from its turn's time");
+    assert_eq!(b.store.replay_batch("rpl_1", T0 + 900, HOUR).await?, ReplayTurn::Ended);
     let progress = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
     assert_eq!((progress.replay.state, progress.replay.sent), (ReplayState::Done, 5));
     assert!(b.store.running_replays().await?.is_empty());
@@ -916,7 +925,7 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     );
 
     let again = b.committer.claim(claim_req("ep_a", T0 + 600, 2, "node-1")).await?;
-    assert_eq!((again[0].attempts, again[0].attempt_base, again[0].deadline), (1, 1, Some(T0 + HOUR)));
+    assert_eq!((again[0].attempts, again[0].attempt_base, again[0].deadline), (1, 1, Some(T0 + 300 + HOUR)));
     b.committer.record(vec![result(&again[0], again[0].fence, DeliveryState::Delivered, None, 200, T0 + 600)]).await?;
     let progress = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
     assert_eq!((progress.delivered, progress.failed), (1, 0));

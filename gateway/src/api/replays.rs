@@ -167,11 +167,12 @@ pub(crate) async fn create(
         selected,
         sent: 0,
         cursor: String::new(),
+        next_due_at: now,
         created_at: now,
         updated_at: now,
     };
     state.store.create_replay(&replay).await?;
-    state.replayer.launch(replay.id.clone(), rate_per_sec, batch);
+    state.replayer.launch(replay.id.clone());
     let progress = ReplayProgress { replay, delivered: 0, failed: 0 };
     Ok((StatusCode::ACCEPTED, Json(view(&progress))))
 }

@@ -59,8 +59,20 @@ pub struct Replay {
     pub sent: u64,
     /// The last delivery id re-queued: where a resumed replay continues.
     pub cursor: String,
+    /// When its next batch is due: the pace every node running it shares (0: at once).
+    pub next_due_at: Millis,
     pub created_at: Millis,
     pub updated_at: Millis,
+}
+
+impl Replay {
+    /// When each of `n` dead letters re-queued at `now` is due, spaced at the replay's
+    /// rate, and when the batch after them is.
+    pub fn schedule(&self, now: Millis, n: usize) -> (Vec<Millis>, Millis) {
+        let spacing_ms = 1000.0 / self.rate_per_sec;
+        let at = |i: usize| now + (i as f64 * spacing_ms) as Millis;
+        ((0..n).map(at).collect(), at(n))
+    }
 }
 
 /// A replay with the outcome of what it re-queued.

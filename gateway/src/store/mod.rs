@@ -348,6 +348,19 @@ pub struct QueueStats {
     pub wal_bytes: Option<u64>,
 }
 
+/// What one turn of a replay did ([`Store::replay_batch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayTurn {
+    /// Re-queued `requeued` dead letters, on `endpoints` (each once). The next batch is due
+    /// at `next_due`; `done`: fewer than a batch were left, and the replay is done.
+    Requeued { endpoints: Vec<EndpointId>, requeued: u32, next_due: Millis, done: bool },
+    /// Not due before this time: another node took the last turn (or the replay changed
+    /// under this one; look again then).
+    NotYet(Millis),
+    /// No longer running: done or cancelled.
+    Ended,
+}
+
 /// What [`Committer::record_with`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recorded {
@@ -500,17 +513,13 @@ pub trait Store: Send + Sync + 'static {
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>>;
     /// Replays still running (to resume after a restart).
     async fn running_replays(&self) -> Result<Vec<Replay>>;
-    /// Re-queues the replay's next batch of dead letters after its cursor: the n-th due at
-    /// `now + n × spacing_ms`, retries counted afresh, deadline `deadline`. Advances the
-    /// cursor and marks the replay done when nothing is left. Returns the endpoints touched
-    /// and how many were re-queued.
-    async fn replay_batch(
-        &self,
-        replay_id: &str,
-        now: Millis,
-        spacing_ms: f64,
-        deadline: Millis,
-    ) -> Result<(Vec<EndpointId>, u32)>;
+    /// One turn of a running replay, if its schedule (`next_due_at`) has come by `now`:
+    /// re-queues its next batch of dead letters after its cursor, spaced at its rate from
+    /// `now` ([`Replay::schedule`]), retries counted afresh, deadline `now + ttl_ms`;
+    /// advances the cursor and the schedule, and marks the replay done when fewer than a
+    /// batch were left. Every node may run a replay: they take turns on its schedule, so
+    /// together they keep its rate, and one that dies leaves it to the others.
+    async fn replay_batch(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn>;
     /// Moves a running replay to `state`; false if it was not running.
     async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool>;
     /// Dead letters of a tenant counted by reason.

@@ -13,7 +13,7 @@ use super::rows::{
     TenantRow, TokenRow,
 };
 use super::sql::{self, Sql};
-use super::{DeliveryFilter, QueueStats, Result, StoreError};
+use super::{DeliveryFilter, QueueStats, ReplayTurn, Result, StoreError};
 use crate::model::*;
 
 mod insight;
@@ -278,7 +278,7 @@ where
     pub(super) async fn create_replay(&self, r: &Replay) -> Result<()> {
         sqlx::query(
             "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
-             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+             created_at, updated_at, next_due_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(&r.id)
         .bind(r.tenant.as_str())
@@ -292,6 +292,7 @@ where
         .bind(&r.cursor)
         .bind(r.created_at)
         .bind(r.updated_at)
+        .bind(r.next_due_at)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -484,30 +485,38 @@ where
             .collect()
     }
 
-    /// Moves the replay's cursor past `picks` (re-queued at `now`); a short batch ends it.
-    /// Returns the endpoints touched, each once, and how many were re-queued.
+    /// Moves the replay's cursor past `picks` (re-queued at `now`) and its schedule to
+    /// `next_due`; a short batch ends it.
     pub(super) async fn advance_replay(
         conn: &mut DB::Connection,
         replay: &Replay,
         picks: Vec<(String, EndpointId)>,
         now: Millis,
-    ) -> Result<(Vec<EndpointId>, u32)> {
+        next_due: Millis,
+    ) -> Result<ReplayTurn> {
         let n = picks.len() as u32;
+        let done = n < replay.batch;
         let cursor = picks.last().map_or(replay.cursor.as_str(), |(id, _)| id.as_str());
         sqlx::query(
-            "UPDATE replays SET sent = sent + $1, cursor = $2, updated_at = $3, \
-             state = CASE WHEN $4 THEN 'done' ELSE state END WHERE id = $5",
+            "UPDATE replays SET sent = sent + $1, cursor = $2, updated_at = $3, next_due_at = $4, \
+             state = CASE WHEN $5 THEN 'done' ELSE state END WHERE id = $6",
         )
         .bind(i64::from(n))
         .bind(cursor)
         .bind(now)
-        .bind(n < replay.batch)
+        .bind(next_due)
+        .bind(done)
         .bind(replay.id.as_str())
         .execute(&mut *conn)
         .await?;
-        let mut endpoints: Vec<EndpointId> = picks.into_iter().map(|(_, endpoint)| endpoint).collect();
-        endpoints.sort_unstable();
-        endpoints.dedup();
-        Ok((endpoints, n))
+        let endpoints = picks.into_iter().map(|(_, endpoint)| endpoint).collect();
+        Ok(requeued(endpoints, n, next_due, done))
     }
+}
+
+/// The turn that re-queued `requeued` dead letters on `endpoints` (listed each once here).
+pub(super) fn requeued(mut endpoints: Vec<EndpointId>, requeued: u32, next_due: Millis, done: bool) -> ReplayTurn {
+    endpoints.sort_unstable();
+    endpoints.dedup();
+    ReplayTurn::Requeued { endpoints, requeued, next_due, done }
 }

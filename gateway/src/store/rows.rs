@@ -211,6 +211,7 @@ pub(super) struct ReplayRow {
     selected: i64,
     sent: i64,
     cursor: String,
+    next_due_at: Millis,
     created_at: Millis,
     updated_at: Millis,
 }
@@ -233,6 +234,7 @@ impl TryFrom<ReplayRow> for Replay {
             selected: r.selected as u64,
             sent: r.sent as u64,
             cursor: r.cursor,
+            next_due_at: r.next_due_at,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })

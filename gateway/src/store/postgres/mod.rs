@@ -218,22 +218,19 @@ impl Store for PostgresStore {
         self.q.running_replays().await
     }
 
-    async fn replay_batch(
-        &self,
-        replay_id: &str,
-        now: Millis,
-        spacing_ms: f64,
-        deadline: Millis,
-    ) -> Result<(Vec<EndpointId>, u32)> {
+    async fn replay_batch(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
         let mut tx = self.q.pool.begin().await?;
-        // Every node resumes running replays: the row lock makes their batches take turns,
-        // each continuing from the cursor the previous one committed.
+        // Every node runs every running replay: the row lock makes their turns one at a
+        // time, and each reads the schedule the previous turn committed.
         let Some(replay) = Queries::<Postgres>::replay_to_continue(&mut tx, replay_id, " FOR UPDATE").await? else {
-            return Ok((Vec::new(), 0));
+            return Ok(ReplayTurn::Ended);
         };
+        if replay.next_due_at > now {
+            return Ok(ReplayTurn::NotYet(replay.next_due_at));
+        }
         let picks = Queries::<Postgres>::replay_picks(&mut tx, &replay).await?;
         let ids: Vec<&str> = picks.iter().map(|(id, _)| id.as_str()).collect();
-        let due: Vec<i64> = (0..ids.len()).map(|i| now + (i as f64 * spacing_ms) as i64).collect();
+        let (due, next_due) = replay.schedule(now, ids.len());
         if !ids.is_empty() {
             sqlx::query(&format!(
                 "UPDATE deliveries d SET state = {}, next_attempt_at = v.due, attempt_base = d.attempts, \
@@ -243,15 +240,19 @@ impl Store for PostgresStore {
             ))
             .bind(&ids)
             .bind(&due)
-            .bind(deadline)
+            .bind(now + ttl_ms)
             .bind(replay_id)
             .bind(now)
             .execute(&mut *tx)
             .await?;
         }
-        let advanced = Queries::<Postgres>::advance_replay(&mut tx, &replay, picks, now).await?;
+        let turn = Queries::<Postgres>::advance_replay(&mut tx, &replay, picks, now, next_due).await?;
+        if let ReplayTurn::Requeued { endpoints, .. } = &turn {
+            let ids: Vec<&str> = endpoints.iter().map(EndpointId::as_str).collect();
+            writer::notify_woken(&mut tx, &self.channel, &ids).await?;
+        }
         tx.commit().await?;
-        Ok(advanced)
+        Ok(turn)
     }
 
     async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {

@@ -295,7 +295,13 @@ async fn count_duplicates(
 async fn notify(conn: &mut PgConnection, channel: &str, rows: &[NewDelivery<'_>]) -> sqlx::Result<()> {
     let mut woken: Vec<&str> = rows.iter().map(|r| r.2).collect::<HashSet<_>>().into_iter().collect();
     woken.sort_unstable();
-    for chunk in woken.chunks(IDS_PER_NOTIFY) {
+    notify_woken(conn, channel, &woken).await
+}
+
+/// Tells every node (this one too) that `endpoints` got work, when the transaction commits:
+/// whichever holds an endpoint's partition claims it then, not at its next refresh.
+pub(super) async fn notify_woken(conn: &mut PgConnection, channel: &str, endpoints: &[&str]) -> sqlx::Result<()> {
+    for chunk in endpoints.chunks(IDS_PER_NOTIFY) {
         sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(chunk.join(",")).execute(&mut *conn).await?;
     }
     Ok(())

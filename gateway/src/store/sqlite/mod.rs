@@ -248,35 +248,35 @@ impl Store for SqliteStore {
         self.q.running_replays().await
     }
 
-    async fn replay_batch(
-        &self,
-        replay_id: &str,
-        now: Millis,
-        spacing_ms: f64,
-        deadline: Millis,
-    ) -> Result<(Vec<EndpointId>, u32)> {
+    async fn replay_batch(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
         // Picked by a read; the write re-queues them only if the cursor has not moved since.
         let mut conn = self.q.pool.acquire().await?;
         let Some(replay) = Queries::<Sqlite>::replay_to_continue(&mut conn, replay_id, "").await? else {
-            return Ok((Vec::new(), 0));
+            return Ok(ReplayTurn::Ended);
         };
+        if replay.next_due_at > now {
+            return Ok(ReplayTurn::NotYet(replay.next_due_at));
+        }
         let picked = Queries::<Sqlite>::replay_picks(&mut conn, &replay).await?;
         drop(conn);
+        let (due, next_due) = replay.schedule(now, picked.len());
         let step = writes::ReplayStep {
             replay_id: replay_id.to_string(),
             from_cursor: replay.cursor.clone(),
             done: picked.len() < replay.batch as usize,
             picked: picked.into_iter().map(|(id, e)| (id, e.as_str().to_string())).collect(),
+            due,
+            next_due,
             now,
-            spacing_ms,
-            deadline,
+            deadline: now + ttl_ms,
         };
-        let (n, step) = self.writer.run(move |tx| Ok((writes::replay_step(tx, &step)?, step))).await?;
-        let mut endpoints: Vec<EndpointId> =
-            step.picked.into_iter().take(n as usize).map(|(_, e)| EndpointId::from_stored(e)).collect();
-        endpoints.sort_unstable();
-        endpoints.dedup();
-        Ok((endpoints, n))
+        let (applied, step) = self.writer.run(move |tx| Ok((writes::replay_step(tx, &step)?, step))).await?;
+        if !applied {
+            // Cancelled, or another turn moved the cursor first: read it again.
+            return Ok(ReplayTurn::NotYet(now));
+        }
+        let endpoints = step.picked.into_iter().map(|(_, e)| EndpointId::from_stored(e)).collect();
+        Ok(super::queries::requeued(endpoints, step.due.len() as u32, next_due, step.done))
     }
 
     async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {

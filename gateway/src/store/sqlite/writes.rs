@@ -103,7 +103,7 @@ pub(super) fn recover_leases(tx: &Transaction<'_>, expired_before: Millis, now: 
 pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
     tx.prepare_cached(
         "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
-         created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+         created_at, updated_at, next_due_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
         r.id,
@@ -117,7 +117,8 @@ pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
         r.sent as i64,
         r.cursor,
         r.created_at,
-        r.updated_at
+        r.updated_at,
+        r.next_due_at
     ])?;
     Ok(())
 }
@@ -130,35 +131,37 @@ pub(super) struct ReplayStep {
     pub(super) picked: Vec<(String, String)>,
     /// Fewer than a batch were left: the replay is done.
     pub(super) done: bool,
+    /// When each picked delivery is due, and when the next batch is.
+    pub(super) due: Vec<Millis>,
+    pub(super) next_due: Millis,
     pub(super) now: Millis,
-    pub(super) spacing_ms: f64,
     pub(super) deadline: Millis,
 }
 
 /// Re-queues a picked batch, if the replay is still running at the cursor it was picked
-/// from (so a batch applies once), and advances the cursor. Returns how many re-queued.
-pub(super) fn replay_step(tx: &Transaction<'_>, s: &ReplayStep) -> Result<u32> {
+/// from (so a batch applies once), and advances the cursor and the schedule. False if it
+/// was not.
+pub(super) fn replay_step(tx: &Transaction<'_>, s: &ReplayStep) -> Result<bool> {
     let cursor = s.picked.last().map_or(s.from_cursor.as_str(), |(id, _)| id.as_str());
     let moved = tx
         .prepare_cached(
-            "UPDATE replays SET sent = sent + ?1, cursor = ?2, updated_at = ?3, \
-             state = CASE WHEN ?4 THEN 'done' ELSE state END \
-             WHERE id = ?5 AND state = 'running' AND cursor = ?6",
+            "UPDATE replays SET sent = sent + ?1, cursor = ?2, updated_at = ?3, next_due_at = ?4, \
+             state = CASE WHEN ?5 THEN 'done' ELSE state END \
+             WHERE id = ?6 AND state = 'running' AND cursor = ?7",
         )?
-        .execute(params![s.picked.len() as i64, cursor, s.now, s.done, s.replay_id, s.from_cursor])?;
+        .execute(params![s.picked.len() as i64, cursor, s.now, s.next_due, s.done, s.replay_id, s.from_cursor])?;
     if moved == 0 {
-        return Ok(0);
+        return Ok(false);
     }
     let mut requeue = tx.prepare_cached(&format!(
         "UPDATE deliveries SET state = {}, next_attempt_at = ?1, attempt_base = attempts, deadline = ?2, \
          replay_id = ?3, reason = NULL, updated_at = ?4 WHERE id = ?5 AND state = 'dead'",
         sql::settle("deliveries", "'queued'")
     ))?;
-    for (i, (id, _)) in s.picked.iter().enumerate() {
-        let due = s.now + (i as f64 * s.spacing_ms) as i64;
+    for ((id, _), due) in s.picked.iter().zip(&s.due) {
         requeue.execute(params![due, s.deadline, s.replay_id, s.now, id])?;
     }
-    Ok(s.picked.len() as u32)
+    Ok(true)
 }
 
 pub(super) fn finish_replay(
