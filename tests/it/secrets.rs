@@ -244,3 +244,32 @@ async fn serve_refuses_a_short_admin_token() -> anyhow::Result<()> {
     assert!(!stderr.contains("change-me-please"), "the refused token is not echoed: {stderr}");
     Ok(())
 }
+
+/// `herald check-config` names the keys of the operator's plugin settings but not their
+/// values: a plugin's configuration may hold its own secrets (an API key, a signing key).
+#[tokio::test]
+async fn check_config_shows_plugin_settings_keys_but_not_their_values() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("herald.toml");
+    let (default, forced) = ("sk_live_plugin-default-7f3a", "tok_plugin-override-91c2");
+    std::fs::write(
+        &file,
+        format!(
+            "[plugins.config.acme.signer]\nsigning_key = \"{default}\"\n\
+             [plugins.override.acme.signer]\napi_token = \"{forced}\"\n"
+        ),
+    )?;
+    let out = std::process::Command::new(herald_binary()?)
+        .arg("check-config")
+        .arg("--config")
+        .arg(&file)
+        .env_clear()
+        .envs(tests::base_env(dir.path()))
+        .output()?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("\"acme.signer\"") && text.contains("\"signing_key\": \"<redacted>\""), "{text}");
+    assert!(text.contains("\"api_token\": \"<redacted>\""), "{text}");
+    assert!(!text.contains(default) && !text.contains(forced), "a plugin setting's value was printed: {text}");
+    Ok(())
+}

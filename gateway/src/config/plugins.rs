@@ -1,10 +1,9 @@
 //! `[plugins]`: the plugin host's settings, with `[plugins.tenant.<tenant>]` limits.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::{ConfigError, RawPlugins, RawTenantPlugins, duration, invalid, raw};
-use crate::plugin::{PluginConfig, StructureLimits, TenantLimitOverrides, TenantLimits, is_slug};
+use crate::plugin::{PluginConfig, PluginValues, StructureLimits, TenantLimitOverrides, TenantLimits, is_slug};
 
 /// The most linear memory a 32-bit WebAssembly instance can address, in MiB.
 const MAX_MEMORY_MIB: u32 = 4096;
@@ -60,12 +59,14 @@ impl RawPlugins {
 }
 
 /// `<tenant>.<plugin>.<key>` tables as the plugin host keys them.
-fn per_plugin(raw: raw::PerPlugin) -> HashMap<(String, String), HashMap<String, String>> {
-    raw.into_iter()
-        .flat_map(|(tenant, plugins)| {
-            plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
-        })
-        .collect()
+fn per_plugin(raw: raw::PerPlugin) -> PluginValues {
+    PluginValues(
+        raw.into_iter()
+            .flat_map(|(tenant, plugins)| {
+                plugins.into_iter().map(move |(name, kv)| ((tenant.clone(), name), kv.into_iter().collect()))
+            })
+            .collect(),
+    )
 }
 
 impl RawTenantPlugins {

@@ -41,7 +41,7 @@ pub use registry::{
 };
 pub use scaffold::new_js_plugin;
 pub use types::{
-    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, StructureLimits,
+    Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, PluginValues, StructureLimits,
     TenantLimitOverrides, TenantLimits, is_slug,
 };
 

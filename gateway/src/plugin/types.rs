@@ -6,6 +6,39 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+/// Settings the operator wrote for plugins, keyed by (tenant, plugin name): key → value.
+/// Its `Debug` (what `herald check-config` prints) shows the keys, not the values: a value
+/// may be a plugin's own secret (an API key, a signing key).
+#[derive(Clone, Default)]
+pub struct PluginValues(pub HashMap<(String, String), HashMap<String, String>>);
+
+impl std::ops::Deref for PluginValues {
+    type Target = HashMap<(String, String), HashMap<String, String>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PluginValues {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for PluginValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown: std::collections::BTreeMap<String, std::collections::BTreeMap<&str, &str>> = self
+            .0
+            .iter()
+            .map(|((tenant, plugin), kv)| {
+                (format!("{tenant}.{plugin}"), kv.keys().map(|k| (k.as_str(), "<redacted>")).collect())
+            })
+            .collect();
+        shown.fmt(f)
+    }
+}
+
 /// Settings of the plugin host (from the `[plugins]` TOML section).
 #[derive(Clone, Debug)]
 pub struct PluginConfig {
@@ -72,10 +105,10 @@ pub struct PluginConfig {
     /// it with `get-config`. The operator's defaults: a tenant's own settings (see
     /// [`PluginHost::set_tenant_config`](super::PluginHost::set_tenant_config)) replace
     /// these key by key.
-    pub plugin_config: HashMap<(String, String), HashMap<String, String>>,
+    pub plugin_config: PluginValues,
     /// The operator's overrides, keyed like `plugin_config`: these keys win over a
     /// tenant's own settings.
-    pub plugin_overrides: HashMap<(String, String), HashMap<String, String>>,
+    pub plugin_overrides: PluginValues,
     /// `[plugins.tenant.<tenant>]`: limits the operator sets for one tenant (a JavaScript
     /// tenant may need more memory, a trusted one a larger plugin). Unset ones follow the
     /// values above; [`PluginConfig::limits`] resolves them.
@@ -146,8 +179,8 @@ impl PluginConfig {
             watch: true,
             js_runtime: None,
             js_memory_limit: 64 << 20,
-            plugin_config: HashMap::new(),
-            plugin_overrides: HashMap::new(),
+            plugin_config: PluginValues::default(),
+            plugin_overrides: PluginValues::default(),
             tenant_limits: HashMap::new(),
         }
     }
