@@ -61,11 +61,13 @@ pub struct Config {
 }
 
 /// How the API listener treats connections: every one must send its request head within
-/// `header_read_timeout`, an idle keep-alive connection is closed after `idle_timeout`, and
-/// at most `max_connections` are served at once (the rest wait in the kernel's backlog).
+/// `header_read_timeout`, a request body may not pause for `body_read_timeout` (`408`), an
+/// idle keep-alive connection is closed after `idle_timeout`, and at most `max_connections`
+/// are served at once (the rest wait in the kernel's backlog).
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
     pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
 }
@@ -396,11 +398,15 @@ impl RawServer {
     fn limits(&self) -> Result<ServerLimits, ConfigError> {
         let limits = ServerLimits {
             header_read_timeout: duration("server.header_read_timeout", &self.header_read_timeout)?,
+            body_read_timeout: duration("server.body_read_timeout", &self.body_read_timeout)?,
             idle_timeout: duration("server.idle_timeout", &self.idle_timeout)?,
             max_connections: self.max_connections as usize,
         };
         if limits.header_read_timeout.is_zero() {
             return Err(invalid("server.header_read_timeout", "must be positive"));
+        }
+        if limits.body_read_timeout.is_zero() {
+            return Err(invalid("server.body_read_timeout", "must be positive"));
         }
         if limits.idle_timeout.is_zero() {
             return Err(invalid("server.idle_timeout", "must be positive"));

@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tests::TestGateway;
+use serde_json::json;
+use tests::{ADMIN_TOKEN, TestGateway};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -92,6 +93,69 @@ async fn idle_and_slow_connections_are_closed_after_their_timeouts() -> anyhow::
     assert!(matches!(n, Ok(0) | Err(_)), "no answer to an unfinished head: {n:?}");
     assert!(start.elapsed() < Duration::from_secs(3), "closed only after {:?}", start.elapsed());
     trickle.abort();
+    Ok(())
+}
+
+/// Reads what the server sends until it closes the connection, within `limit`.
+async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> anyhow::Result<String> {
+    let mut got = Vec::new();
+    tokio::time::timeout(limit, stream.read_to_end(&mut got))
+        .await
+        .context("the server kept the connection open")??;
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+/// A request body that pauses longer than `server.body_read_timeout` is refused with a JSON
+/// `408`, stores nothing, and its connection is closed; a slow body that keeps coming (every
+/// pause shorter than the timeout, the whole far longer) is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_is_refused_with_408_and_a_slow_steady_one_is_served() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_SERVER_BODY_READ_TIMEOUT", "500ms")]).await?;
+    gw.api.tenant("acme").await?;
+    let request = |id: &str| {
+        let body = json!({"id": id, "type": "t", "payload": {"pad": "x".repeat(200)}}).to_string();
+        let head = format!(
+            "POST /v1/tenants/acme/events HTTP/1.1\r\nhost: herald\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        (head, body)
+    };
+
+    // Half a body, then nothing.
+    let (head, body) = request("evt_stalled");
+    let mut stalled = TcpStream::connect(gw.addr).await?;
+    stalled.write_all(head.as_bytes()).await?;
+    stalled.write_all(&body.as_bytes()[..body.len() / 2]).await?;
+    let started = Instant::now();
+    let answer = read_to_close(&mut stalled, Duration::from_secs(5)).await?;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"request_timeout\"") && answer.contains("server.body_read_timeout"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(450), "refused after {:?}", started.elapsed());
+    let r = gw.api.get("/v1/tenants/acme/events/evt_stalled", ADMIN_TOKEN).await?;
+    assert_eq!(r.status, 404, "nothing of a refused request is stored: {}", r.text);
+    // A plugin upload reads its body its own way, under the same rule.
+    let mut upload = TcpStream::connect(gw.addr).await?;
+    let head = format!(
+        "PUT /v1/tenants/acme/plugins/p HTTP/1.1\r\nhost: herald\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\
+         content-length: 4096\r\n\r\n\0asm"
+    );
+    upload.write_all(head.as_bytes()).await?;
+    let answer = read_to_close(&mut upload, Duration::from_secs(5)).await?;
+    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("\"request_timeout\""), "{answer}");
+
+    // 20 bytes every 100 ms: under the timeout each time, over a second in all.
+    let (head, body) = request("evt_steady");
+    let mut steady = TcpStream::connect(gw.addr).await?;
+    steady.write_all(head.as_bytes()).await?;
+    for chunk in body.as_bytes().chunks(20) {
+        steady.write_all(chunk).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut got = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), steady.read(&mut got)).await.context("no answer")??;
+    let answer = String::from_utf8_lossy(&got[..n]);
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
     Ok(())
 }
 

@@ -47,6 +47,8 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// 409: the object exists, or an event id was reused with another type or payload.
     Conflict,
+    /// 408: the request's body paused longer than `server.body_read_timeout`.
+    RequestTimeout,
     /// 413: the body is over the limit.
     PayloadTooLarge,
     /// 409: a replay selects dead letters of a paused or disabled endpoint.
@@ -134,6 +136,7 @@ fn common_errors(path: &str, op: &Operation) -> Vec<(u16, &'static str)> {
         out.push((404, "`not_found`: no such tenant (or it is another tenant's), or no such object in it"));
     }
     if op.request_body.is_some() {
+        out.push((408, "`request_timeout`: the body paused longer than `server.body_read_timeout`"));
         out.push((413, "`payload_too_large`: the body is over the limit"));
         out.push((422, "`invalid_request`: the body is well-formed but a field is invalid"));
     }

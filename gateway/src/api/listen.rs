@@ -10,7 +10,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use hyper::body::Incoming;
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -80,6 +81,7 @@ async fn connection(
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let busy = Busy::start(requests.clone());
         let mut app = app.clone();
+        let req = req.map(|body| TimedBody::new(body, limits.body_read_timeout));
         async move {
             let response = app.call(req).await;
             drop(busy);
@@ -185,6 +187,74 @@ impl Drop for Busy {
     }
 }
 
+/// A request body paused longer than `server.body_read_timeout`: the request is refused
+/// with `408` and its connection closed.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body paused for more than {0:?} (server.body_read_timeout)")]
+pub struct BodyTimeout(pub Duration);
+
+impl BodyTimeout {
+    /// The timeout behind a failed body read, found down its chain of sources.
+    pub fn behind<'e>(mut e: Option<&'e (dyn std::error::Error + 'static)>) -> Option<&'e BodyTimeout> {
+        while let Some(err) = e {
+            if let Some(timeout) = err.downcast_ref::<BodyTimeout>() {
+                return Some(timeout);
+            }
+            e = err.source();
+        }
+        None
+    }
+}
+
+/// A request body that fails with [`BodyTimeout`] when none of it arrives for `timeout`
+/// (measured from its last frame, like nginx's `client_body_timeout`): a slow upload goes
+/// on, a trickle does not hold its connection (and its slot) for the size limit's worth of
+/// pauses. A body that is all there on the first read never arms the timer.
+struct TimedBody {
+    inner: Incoming,
+    timeout: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl TimedBody {
+    fn new(inner: Incoming, timeout: Duration) -> Self {
+        TimedBody { inner, timeout, timer: None }
+    }
+}
+
+impl Body for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                if let Some(timer) = this.timer.as_mut() {
+                    timer.as_mut().reset(Instant::now() + this.timeout);
+                }
+                Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let timeout = this.timeout;
+                let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout(timeout))))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A socket that reports every read to its connection's [`Activity`].
 struct Watched {
     inner: TcpStream,
@@ -230,6 +300,7 @@ mod tests {
 
     const LIMITS: ServerLimits = ServerLimits {
         header_read_timeout: Duration::from_secs(10),
+        body_read_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
         max_connections: 1,
     };

@@ -178,6 +178,10 @@ impl ApiError {
     pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError { status, code, message: message.into() }
     }
+    /// `408`: the body paused longer than `server.body_read_timeout`.
+    pub fn body_timeout(timeout: &listen::BodyTimeout) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, ErrorCode::RequestTimeout, timeout.to_string())
+    }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidRequest, message)
     }

@@ -135,9 +135,11 @@ pub(crate) async fn upload(
         return Err(too_large());
     }
     let body = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        // The only error besides the limit is the client's connection failing mid-body.
+        // Besides the limit: the body pausing too long, or the client's connection failing.
         if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
             too_large()
+        } else if let Some(timeout) = super::listen::BodyTimeout::behind(Some(&e)) {
+            ApiError::body_timeout(timeout)
         } else {
             ApiError::bad_request(format!("cannot read the body: {e}"))
         }
