@@ -460,6 +460,11 @@ impl DeliveryState {
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|x| x.as_str() == s)
     }
+    /// Still to be sent (a retry, a re-queue): such a result settles against its endpoint's
+    /// state when it is recorded (dead on a disabled endpoint, paused on a paused one).
+    pub fn is_unfinished(self) -> bool {
+        matches!(self, DeliveryState::Waiting | DeliveryState::Queued)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -126,6 +126,43 @@ async fn metrics_follow_real_deliveries(backend: Backend) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Attempts still in flight when their endpoint is disabled (here by another attempt's
+/// 410) end as dead letters when they fail, and `/metrics` counts them as such: with the
+/// endpoint's other dead letters, not as retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_whose_endpoint_was_disabled_meanwhile_count_as_its_dead_letters() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let rx = FakeReceiver::start().await?;
+    // The first request to arrive disables the endpoint 2 s later, when the other three are
+    // in flight; they time out (a retry) 3 s after that.
+    rx.script([Answer::status(410).delay(Duration::from_secs(2))]);
+    rx.set_default(Answer::hang());
+    let spec = json!({"url": rx.url(), "max_in_flight": 4, "rate_per_sec": 1000, "burst": 10, "timeout": "5s",
+                      "connect_timeout": "1s"});
+    api.endpoint("acme", spec).await?;
+    let events: Vec<Value> = (0..4).map(|i| json!({"type": "t", "payload": {"i": i}})).collect();
+    let r = api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": events})).await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    rx.wait_for(1, Duration::from_secs(10)).await?;
+    rx.wait_for(4, Duration::from_millis(1500)).await.context("all four in flight before the 410")?;
+
+    let dead = api
+        .wait_for("/v1/tenants/acme/dead-letters", Duration::from_secs(15), |v| {
+            v["data"].as_array().is_some_and(|d| d.len() == 4)
+        })
+        .await?;
+    assert!(dead["data"].as_array().into_iter().flatten().all(|d| d["reason"] == "endpoint_disabled"), "{dead}");
+    let want = [
+        ("herald_dead_letters_total{tenant=\"acme\",reason=\"endpoint_disabled\"}".to_string(), 4.0, 4.0),
+        ("herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"retried\"}".to_string(), 0.0, 0.0),
+        ("herald_dead_letters_stored{tenant=\"acme\"}".to_string(), 4.0, 4.0),
+    ];
+    wait_for_series(api, &want, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
 /// The dashboard's and the alert rules' expressions are valid PromQL (`promtool check
 /// rules`) and every series they name is one Herald exports.
 #[test]

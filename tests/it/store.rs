@@ -498,8 +498,13 @@ async fn unfinished_results_settle_against_the_endpoint(b: Backend) -> anyhow::R
     b.committer.change_endpoint(change("ep_429", EndpointState::Paused, Some(T0 + 60_000), T0 + 1)).await?;
 
     let retry = |c: &Claimed| result(c, c.fence, DeliveryState::Waiting, Some(T0 + 1_000), 500, T0 + 2);
-    let accepted = b.committer.record(vec![retry(&off[0]), retry(&human[0]), retry(&limited[0])]).await?;
-    assert_eq!(accepted, [true, true, true]);
+    let results = b.store.apply(vec![WriteOp::Record(vec![retry(&off[0]), retry(&human[0]), retry(&limited[0])])]);
+    let settled = match results.await?.as_slice() {
+        [WriteResult::Record(settled)] => settled.clone(),
+        other => panic!("{other:?}"),
+    };
+    use DeliveryState::{Dead, Paused, Waiting};
+    assert_eq!(settled, [Some(Dead), Some(Paused), Some(Waiting)], "each result says what it settled as");
     let get = |c: &Claimed| {
         let (s, c) = (&b.store, c.clone());
         async move { s.get_delivery(&c.tenant, &c.id).await.map(|d| d.expect("delivery").0) }
@@ -796,9 +801,9 @@ async fn one_commit_applies_mixed_ops_in_order(b: Backend) -> anyhow::Result<()>
         "earlier ops of the commit are visible"
     );
     let WriteResult::Record(r) = &results[2] else { panic!("{:?}", results[2]) };
-    assert_eq!(r, &[true]);
+    assert_eq!(r, &[Some(DeliveryState::Delivered)]);
     let WriteResult::Record(r) = &results[3] else { panic!("{:?}", results[3]) };
-    assert_eq!(r, &[false], "the second result for one lease is refused");
+    assert_eq!(r, &[None], "the second result for one lease is refused");
     let WriteResult::Claim(batch) = &results[4] else { panic!("{:?}", results[4]) };
     let ids: Vec<&str> = batch.claimed.iter().map(|c| c.event_id.as_str()).collect();
     assert_eq!(ids, ["evt_0", "evt_1", "evt_2"], "the claim sees deliveries ingested before it");

@@ -66,15 +66,15 @@ impl Committer {
     pub async fn record_with(&self, change: Option<EndpointChange>, result: AttemptResult) -> Result<Recorded> {
         let ops = change.map(WriteOp::Endpoint).into_iter().chain([WriteOp::Record(vec![result])]).collect();
         let mut results = self.submit_all(ops).await?;
-        let recorded = match results.pop() {
-            Some(WriteResult::Record(v)) => v.first() == Some(&true),
+        let settled = match results.pop() {
+            Some(WriteResult::Record(v)) => v.first().copied().flatten(),
             other => return Err(StoreError::backend(format!("committer answered with the wrong kind: {other:?}"))),
         };
         let dead_lettered = match results.pop() {
             Some(WriteResult::Endpoint(n)) => n,
             _ => 0,
         };
-        Ok(Recorded { recorded, dead_lettered })
+        Ok(Recorded { settled, dead_lettered })
     }
 
     pub async fn ingest(&self, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {
@@ -117,9 +117,10 @@ impl Committer {
         partition_result(Some(self.submit(WriteOp::Partition(lease)).await?))
     }
 
+    /// Records attempt results; per result, whether it was accepted (the fence held).
     pub async fn record(&self, results: Vec<AttemptResult>) -> Result<Vec<bool>> {
         match self.submit(WriteOp::Record(results)).await? {
-            WriteResult::Record(v) => Ok(v),
+            WriteResult::Record(v) => Ok(v.iter().map(Option::is_some).collect()),
             other => Err(unexpected(other)),
         }
     }

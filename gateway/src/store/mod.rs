@@ -321,8 +321,10 @@ impl WriteOp {
 pub enum WriteResult {
     Ingest(Vec<IngestOutcome>),
     Claim(ClaimBatch),
-    /// Per result: was it accepted (the fence still matched)?
-    Record(Vec<bool>),
+    /// Per result: the state the delivery settled in, or `None` when the fence no longer
+    /// matched. An unfinished result settles against its endpoint's state at commit
+    /// time: a retry on an endpoint disabled meanwhile is `Dead`.
+    Record(Vec<Option<DeliveryState>>),
     Release,
     /// Deliveries dead-lettered by the change (disable).
     Endpoint(u64),
@@ -364,8 +366,9 @@ pub enum ReplayTurn {
 /// What [`Committer::record_with`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recorded {
-    /// The result was recorded (the fence still matched).
-    pub recorded: bool,
+    /// The state the delivery settled in (see [`WriteResult::Record`]); `None`: the fence
+    /// no longer matched and nothing was recorded.
+    pub settled: Option<DeliveryState>,
     /// Other deliveries the endpoint change dead-lettered (disabling it).
     pub dead_lettered: u64,
 }

@@ -20,6 +20,11 @@ fn corrupt(what: &str, value: impl std::fmt::Display) -> StoreError {
     StoreError::backend(format!("stored {what} is invalid: {value}"))
 }
 
+/// A delivery state as stored.
+pub(super) fn delivery_state(stored: &str) -> Result<DeliveryState> {
+    DeliveryState::parse(stored).ok_or_else(|| corrupt("delivery state", stored))
+}
+
 #[derive(sqlx::FromRow)]
 pub(super) struct TenantRow {
     id: String,
@@ -144,7 +149,7 @@ impl TryFrom<DeliveryRow> for Delivery {
             event_id: EventId::from_stored(r.event_id),
             endpoint_id: EndpointId::from_stored(r.endpoint_id),
             event_type: r.event_type,
-            state: DeliveryState::parse(&r.state).ok_or_else(|| corrupt("delivery state", &r.state))?,
+            state: delivery_state(&r.state)?,
             attempts: r.attempts as u32,
             next_attempt_at: r.next_attempt_at,
             reason: r.reason,

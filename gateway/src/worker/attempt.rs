@@ -209,21 +209,32 @@ async fn record(
             "dead letters: the disabled endpoint's other deliveries"
         );
     }
-    match recorded.map(|r| r.recorded) {
-        Ok(false) => {
+    match recorded.map(|r| r.settled) {
+        Ok(None) => {
             inner.metrics.fenced_results.inc();
             tracing::warn!(
                 tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
                 attempt = number, "lease lost before the result was recorded"
             );
         }
-        Ok(true) => match decision.state {
+        Ok(Some(settled)) => match settled {
             DeliveryState::Delivered => {
-                target.counters.settled(decision.state, None);
+                target.counters.settled(settled, None);
                 let waited = inner.clock.now().saturating_sub(d.event_created_at).max(0) as u64;
                 inner.metrics.arrival_latency.observe(Duration::from_millis(waited));
             }
-            DeliveryState::Dead => dead_lettered(inner, target, d, &decision, number),
+            DeliveryState::Dead if decision.state == DeliveryState::Dead => {
+                dead_lettered(inner, target, d, &decision, number)
+            }
+            DeliveryState::Dead => {
+                // A retry whose endpoint was disabled meanwhile (by another attempt, or an
+                // operator): a dead letter like the endpoint's others, counted the same.
+                target.counters.settled(settled, Some("endpoint_disabled"));
+                tracing::warn!(
+                    tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id,
+                    event_id = %d.event_id, attempt = number, reason = "endpoint_disabled", "dead letter"
+                );
+            }
             state => target.counters.settled(state, None),
         },
         Err(e) => {

@@ -390,8 +390,9 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Clai
 }
 
 /// Records results whose fence still matches, and their attempts. A delivery appearing
-/// twice starts a new statement, so results apply in order as if one by one.
-async fn record(conn: &mut PgConnection, results: &[&AttemptResult]) -> sqlx::Result<Vec<bool>> {
+/// twice starts a new statement, so results apply in order as if one by one. Per result:
+/// the state it settled in, `None` when refused.
+async fn record(conn: &mut PgConnection, results: &[&AttemptResult]) -> sqlx::Result<Vec<Option<DeliveryState>>> {
     let mut accepted = Vec::with_capacity(results.len());
     let mut start = 0;
     while start < results.len() {
@@ -406,7 +407,10 @@ async fn record(conn: &mut PgConnection, results: &[&AttemptResult]) -> sqlx::Re
     Ok(accepted)
 }
 
-async fn record_distinct(conn: &mut PgConnection, results: &[&AttemptResult]) -> sqlx::Result<Vec<bool>> {
+async fn record_distinct(
+    conn: &mut PgConnection,
+    results: &[&AttemptResult],
+) -> sqlx::Result<Vec<Option<DeliveryState>>> {
     // An unfinished delivery settles against its endpoint's state at commit time (a
     // concurrent disable or human pause wins over a retry).
     let sql = format!(
@@ -420,7 +424,7 @@ async fn record_distinct(conn: &mut PgConnection, results: &[&AttemptResult]) ->
          FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::int8[], $6::text[], $7::int8[], \
          $8::text[], $9::int8[]) \
          AS v(id, fence, state, attempts, next_attempt_at, reason, last_status, last_error, updated_at) \
-         WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering' RETURNING d.id",
+         WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering' RETURNING d.id, d.state",
         settled = sql::settle("d", "v.state"),
     );
     let rows = sqlx::query(&sql)
@@ -435,10 +439,16 @@ async fn record_distinct(conn: &mut PgConnection, results: &[&AttemptResult]) ->
         .bind(results.iter().map(|r| r.attempt.started_at + r.attempt.duration_ms as i64).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
-    let updated: HashSet<String> = rows.iter().map(|r| r.try_get("id")).collect::<sqlx::Result<_>>()?;
-    let accepted: Vec<bool> = results.iter().map(|r| updated.contains(r.delivery.as_str())).collect();
+    let mut updated: HashMap<String, DeliveryState> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let state =
+            super::super::rows::delivery_state(row.try_get("state")?).map_err(|e| sqlx::Error::Decode(e.into()))?;
+        updated.insert(row.try_get("id")?, state);
+    }
+    let accepted: Vec<Option<DeliveryState>> =
+        results.iter().map(|r| updated.get(r.delivery.as_str()).copied()).collect();
     let attempts: Vec<&Attempt> =
-        results.iter().zip(&accepted).filter(|(_, ok)| **ok).map(|(r, _)| &r.attempt).collect();
+        results.iter().zip(&accepted).filter(|(_, settled)| settled.is_some()).map(|(r, _)| &r.attempt).collect();
     if !attempts.is_empty() {
         sqlx::query(
             "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \

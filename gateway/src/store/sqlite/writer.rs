@@ -380,9 +380,9 @@ fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)>
 
 /// Records attempt results; a result applies only while its fence still matches and the
 /// delivery is still leased, so a second result for one lease (in this commit or a later
-/// one) is refused. Returns, per result, whether it was accepted.
-fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>> {
-    let unfinished = "?3 IN ('waiting', 'queued')";
+/// one) is refused. Returns, per result, the state it settled in (`None`: refused).
+fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Option<DeliveryState>>> {
+    let unfinished = "?3 IN ('waiting', 'queued')"; // DeliveryState::is_unfinished
     let settled = sql::settle("deliveries", "?3");
     let mut update = tx.prepare_cached(&format!(
         "UPDATE deliveries SET state = CASE WHEN {unfinished} THEN {settled} ELSE ?3 END, \
@@ -398,6 +398,8 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
          error, verdict, decided_by, endpoint_id, request_headers, request_body, request_body_size) \
          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, endpoint_id, ?11, ?12, ?13 FROM deliveries WHERE id = ?2",
     )?;
+    // Only an unfinished result can settle otherwise than asked: read back what it became.
+    let mut settled_as = tx.prepare_cached("SELECT state FROM deliveries WHERE id = ?1")?;
     let mut accepted = Vec::with_capacity(results.len());
     for r in &results {
         let a = &r.attempt;
@@ -413,7 +415,7 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
             a.started_at + a.duration_ms as i64
         ])?;
         if updated == 0 {
-            accepted.push(false);
+            accepted.push(None);
             continue;
         }
         insert_attempt.execute(params![
@@ -431,7 +433,13 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<bool>
             a.request.as_ref().and_then(|r| r.body.as_deref()),
             a.request.as_ref().map(|r| r.body_size as i64)
         ])?;
-        accepted.push(true);
+        let state = match r.state.is_unfinished() {
+            true => super::super::rows::delivery_state(
+                &settled_as.query_row(params![r.delivery.as_str()], |row| row.get::<_, String>(0))?,
+            )?,
+            false => r.state,
+        };
+        accepted.push(Some(state));
     }
     Ok(accepted)
 }
