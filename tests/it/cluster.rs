@@ -156,7 +156,10 @@ async fn a_node_killed_mid_run_loses_nothing() -> anyhow::Result<()> {
     let rx = FakeReceiver::start().await?;
     rx.set_default(Answer::status(200).delay(RECEIVER_DELAY));
     // Short delivery leases, so the others recover the dead node's work within seconds.
-    let mut cluster = Cluster::start(3, &[("HERALD_DELIVERY_LEASE_MARGIN", "2s")]).await?;
+    // What the kill can make go out twice (sent, result not yet committed) is bounded by
+    // the node-wide slots, held through the commit: here the endpoint's own 4.
+    let env = [("HERALD_DELIVERY_LEASE_MARGIN", "2s"), ("HERALD_DELIVERY_MAX_IN_FLIGHT_TOTAL", "4")];
+    let mut cluster = Cluster::start(3, &env).await?;
     let max_in_flight = 4;
     cluster.endpoint(&rx, json!({"timeout": "2s", "connect_timeout": "1s", "max_in_flight": max_in_flight})).await?;
     let total = 200;

@@ -55,7 +55,10 @@ async fn sigkill_mid_delivery_loses_nothing_and_bounds_duplicates() -> anyhow::R
     let dir = tempfile::tempdir()?;
     let rx = FakeReceiver::start().await?;
     rx.set_default(tests::Answer::status(200).delay(Duration::from_millis(20)));
-    let mut node = HeraldProcess::start(&bin, dir.path(), &[]).await?;
+    // A kill can make go out twice what was sent and not yet recorded: the node-wide slots
+    // (held through the result's commit) bound that, here to the endpoint's own 8.
+    let env = [("HERALD_DELIVERY_MAX_IN_FLIGHT_TOTAL", "8")];
+    let mut node = HeraldProcess::start(&bin, dir.path(), &env).await?;
     node.api.tenant("acme").await?;
     let max_in_flight = 8;
     node.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 200, "max_in_flight": max_in_flight})).await?;
@@ -71,7 +74,7 @@ async fn sigkill_mid_delivery_loses_nothing_and_bounds_duplicates() -> anyhow::R
     let at_kill = rx.count();
     assert!(at_kill < total, "the kill came mid-delivery ({at_kill} of {total} arrived)");
 
-    let node = HeraldProcess::start(&bin, dir.path(), &[]).await?;
+    let node = HeraldProcess::start(&bin, dir.path(), &env).await?;
     node.api
         .wait_for("/v1/tenants/acme/deliveries?state=delivered&limit=1000", Duration::from_secs(60), |v| {
             v["data"].as_array().is_some_and(|d| d.len() == total)
