@@ -84,6 +84,7 @@ conformance!(
     release_hands_deliveries_back,
     endpoint_changes_move_its_deliveries,
     unfinished_results_settle_against_the_endpoint,
+    enabling_an_endpoint_lifts_its_timed_pause,
     abandoned_leases_are_recovered,
     partitions_have_one_owner_at_a_time,
     claims_in_a_partition_need_its_lease,
@@ -484,6 +485,32 @@ async fn endpoint_changes_move_its_deliveries(b: Backend) -> anyhow::Result<()> 
     assert_eq!(b.committer.change_endpoint(only_failing).await?, 0);
     let e = b.store.endpoint(&EndpointId::from_stored("ep_b")).await?.expect("endpoint");
     assert_eq!((e.state, e.failing_since), (EndpointState::Active, Some(T0 + 70)));
+    Ok(())
+}
+
+async fn enabling_an_endpoint_lifts_its_timed_pause(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    ingest(&b, (0..2).map(|i| event("acme", &format!("evt_{i}"), "t", T0)).collect()).await?;
+    let got = b.committer.claim(claim_req("ep_a", T0, 2, "node-1")).await?;
+    let until = T0 + HOUR;
+    b.committer.change_endpoint(change("ep_a", EndpointState::Paused, Some(until), T0 + 1)).await?;
+    // One handed back to the pause's end (as the engine's clock reads it), one retry due
+    // an hour after it.
+    let back = Release { delivery: got[0].id.clone(), fence: got[0].fence, next_attempt_at: until + 3 };
+    b.committer.release(vec![back]).await?;
+    let later = result(&got[1], got[1].fence, DeliveryState::Waiting, Some(until + HOUR), 500, T0 + 2);
+    assert_eq!(b.committer.record(vec![later]).await?, [true]);
+
+    b.committer.change_endpoint(change("ep_a", EndpointState::Active, None, T0 + 10)).await?;
+    let f = DeliveryFilter { endpoint: Some(EndpointId::from_stored("ep_a")), limit: 10, ..Default::default() };
+    let mut due: Vec<Option<Millis>> =
+        b.store.list_deliveries(&f).await?.into_iter().map(|d| d.next_attempt_at).collect();
+    due.sort();
+    assert_eq!(
+        due,
+        [Some(T0 + 10), Some(until + HOUR)],
+        "what the pause held is due now; a later retry keeps its time"
+    );
     Ok(())
 }
 

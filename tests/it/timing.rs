@@ -112,32 +112,62 @@ async fn retries_follow_the_backoff_schedule() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An endpoint whose first delivery got a 429 with `Retry-After: retry_after` seconds, and
+/// two more events posted behind it: the node, the endpoint's id, and when the 429 came.
+async fn limited_by_a_429(rx: &FakeReceiver, retry_after: u64) -> anyhow::Result<(TestGateway, String, i64)> {
+    rx.script([Answer::status(429).header("retry-after", &retry_after.to_string())]);
+    let (gw, id, delivery) = setup(rx, &[], json!({"rate_per_sec": 100, "max_in_flight": 1})).await?;
+    let d = attempted(&gw.api, &delivery, 1).await?;
+    let limited = ms(&d["attempt_history"][0]["started_at"]);
+    let ep = until(&gw.api, &format!("/v1/tenants/acme/endpoints/{id}"), |e| e["state"] == "paused").await?;
+    assert_eq!(ms(&ep["paused_until"]) - limited, retry_after as i64 * 1000, "{ep}");
+    for i in 2..=3 {
+        let r = gw.api.event("acme", json!({"id": format!("evt_{i}"), "type": "a.b", "payload": {}})).await?;
+        anyhow::ensure!(r.status == 202, "{}", r.text);
+    }
+    Ok((gw, id, limited))
+}
+
+/// When each of acme's deliveries made its last attempt, once all are delivered.
+async fn last_attempts(api: &Api) -> anyhow::Result<Vec<(Value, i64)>> {
+    let all = read(api, "/v1/tenants/acme/deliveries?limit=10").await?;
+    let mut out = Vec::new();
+    for d in all["data"].as_array().expect("deliveries") {
+        let path = format!("/v1/tenants/acme/deliveries/{}", d["id"].as_str().expect("id"));
+        let d = until(api, &path, |d| d["state"] == "delivered").await?;
+        let last = ms(&d["attempt_history"].as_array().and_then(|a| a.last()).expect("an attempt")["started_at"]);
+        out.push((d, last));
+    }
+    Ok(out)
+}
+
 /// A 429 with `Retry-After: 120` pauses the whole endpoint: the other deliveries wait for
 /// the pause to end, then go at the paced rate.
 #[tokio::test(start_paused = true)]
 async fn a_429_pauses_the_whole_endpoint_for_its_retry_after() -> anyhow::Result<()> {
     let _time = hold_time();
     let rx = FakeReceiver::start().await?;
-    rx.script([Answer::status(429).header("retry-after", "120")]);
-    let (gw, id, delivery) = setup(&rx, &[], json!({"rate_per_sec": 100, "max_in_flight": 1})).await?;
-    let d = attempted(&gw.api, &delivery, 1).await?;
-    let limited = ms(&d["attempt_history"][0]["started_at"]);
-    let ep = until(&gw.api, &format!("/v1/tenants/acme/endpoints/{id}"), |e| e["state"] == "paused").await?;
-    assert_eq!(ms(&ep["paused_until"]) - limited, 120_000, "{ep}");
-    for i in 2..=3 {
-        let r = gw.api.event("acme", json!({"id": format!("evt_{i}"), "type": "a.b", "payload": {}})).await?;
-        anyhow::ensure!(r.status == 202, "{}", r.text);
-    }
+    let (gw, _, limited) = limited_by_a_429(&rx, 120).await?;
     tokio::time::advance(Duration::from_secs(120)).await;
     arrivals(&rx, 4).await?;
-    let all = read(&gw.api, "/v1/tenants/acme/deliveries?limit=10").await?;
-    for d in all["data"].as_array().expect("deliveries") {
-        let d = until(&gw.api, &format!("/v1/tenants/acme/deliveries/{}", d["id"].as_str().expect("id")), |d| {
-            d["state"] == "delivered"
-        })
-        .await?;
-        let last = d["attempt_history"].as_array().and_then(|a| a.last()).expect("an attempt");
-        assert!(ms(&last["started_at"]) >= limited + 120_000, "sent during the pause: {d}");
+    for (d, last) in last_attempts(&gw.api).await? {
+        assert!(last >= limited + 120_000, "sent during the pause: {d}");
+    }
+    Ok(())
+}
+
+/// Re-enabling an endpoint a 429 paused for an hour lifts the pause: the 429'd delivery and
+/// those that waited behind it go out at once, without the hour passing.
+#[tokio::test(start_paused = true)]
+async fn re_enabling_an_endpoint_a_429_paused_sends_what_waited_at_once() -> anyhow::Result<()> {
+    let _time = hold_time();
+    let rx = FakeReceiver::start().await?;
+    let (gw, id, limited) = limited_by_a_429(&rx, 3600).await?;
+    let r = gw.api.post(&format!("/v1/tenants/acme/endpoints/{id}/enable"), ADMIN_TOKEN, json!({})).await?;
+    anyhow::ensure!(r.status == 200 && r.json["state"] == "active", "{}", r.text);
+    arrivals(&rx, 4).await?;
+    for (d, last) in last_attempts(&gw.api).await? {
+        assert!(last < limited + 3_600_000, "waited out the lifted pause: {d}");
     }
     Ok(())
 }
