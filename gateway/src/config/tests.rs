@@ -93,6 +93,8 @@ fn errors_name_the_key() {
         ("", &[("HERALD_SERVER_ADMIN_TOKEN", &LONG_TOKEN[1..])], "server.admin_token"),
         ("[server]\nidle_timeout = \"0s\"\n", &[], "server.idle_timeout"),
         ("[server]\nheader_read_timeout = \"soon\"\n", &[], "server.header_read_timeout"),
+        ("[server]\nbody_read_timeout = \"0s\"\n", &[], "server.body_read_timeout"),
+        ("", &[("HERALD_SERVER_BODY_READ_TIMEOUT", "soon")], "server.body_read_timeout"),
         ("[server]\nmax_connections = 0\n", &[], "server.max_connections"),
         ("[server]\nworker_threads = 5000\n", &[], "server.worker_threads"),
         ("", &[("HERALD_SERVER_WORKER_THREADS", "-1")], "server.worker_threads"),
