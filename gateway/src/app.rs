@@ -72,7 +72,9 @@ pub async fn run(
     let ops = Ops::setup(&store, committer.clone(), &config.operator, config.retry.ttl()).await?;
     let plugins = start_plugins(&config).await?;
     apply_plugin_settings(&store, &plugins).await?;
-    if config.store_url.starts_with("postgres") {
+    // Several nodes may share a Postgres store: each follows what the others change.
+    let shared = config.store_url.starts_with("postgres");
+    if shared {
         tokio::spawn(follow_plugin_settings(store.clone(), plugins.clone(), stopped.clone()));
     }
     let engine = Engine::start(
@@ -85,7 +87,6 @@ pub async fn run(
         stopped.clone(),
     )
     .await;
-    let shared = config.store_url.starts_with("postgres");
     let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl(), shared, stopped.clone()).await;
     let relays = start_outbox(&config, &store, &committer, &metrics, &engine, &ops, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);

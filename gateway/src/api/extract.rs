@@ -84,7 +84,7 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         Bytes::from_request(req, state).await.map(RawBody).map_err(|e| {
-            if let Some(timeout) = super::listen::BodyTimeout::behind(Some(&e)) {
+            if let Some(timeout) = super::listen::BodyTimeout::behind(&e) {
                 ApiError::body_timeout(timeout)
             } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, e.body_text())

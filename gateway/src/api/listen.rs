@@ -195,14 +195,8 @@ pub struct BodyTimeout(pub Duration);
 
 impl BodyTimeout {
     /// The timeout behind a failed body read, found down its chain of sources.
-    pub fn behind<'e>(mut e: Option<&'e (dyn std::error::Error + 'static)>) -> Option<&'e BodyTimeout> {
-        while let Some(err) = e {
-            if let Some(timeout) = err.downcast_ref::<BodyTimeout>() {
-                return Some(timeout);
-            }
-            e = err.source();
-        }
-        None
+    pub fn behind<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e BodyTimeout> {
+        std::iter::successors(Some(e), |e| e.source()).find_map(|e| e.downcast_ref())
     }
 }
 

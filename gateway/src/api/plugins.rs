@@ -138,7 +138,7 @@ pub(crate) async fn upload(
         // Besides the limit: the body pausing too long, or the client's connection failing.
         if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
             too_large()
-        } else if let Some(timeout) = super::listen::BodyTimeout::behind(Some(&e)) {
+        } else if let Some(timeout) = super::listen::BodyTimeout::behind(&e) {
             ApiError::body_timeout(timeout)
         } else {
             ApiError::bad_request(format!("cannot read the body: {e}"))

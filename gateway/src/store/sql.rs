@@ -56,12 +56,12 @@ impl<'a, DB: Database> Sql<'a, DB> {
     }
 }
 
-/// Re-enabling an endpoint during a timed pause (a 429's `Retry-After`) lifts it: what the
-/// pause handed back, due at its end `$3`, is due now `$1` (`$2`: the endpoint). Within a
-/// second of that end, as the engine's clock reads it.
+/// Re-enabling endpoint `$2` at `$1` lifts its timed pause (a 429's `Retry-After`), if it
+/// has one: what the pause handed back, due at its end (within a second, as the engine's
+/// clock reads it), is due now. Run before the endpoint's `paused_until` is cleared.
 pub(super) const DUE_AT_LIFTED_PAUSE: &str = "UPDATE deliveries SET next_attempt_at = $1, updated_at = $1 \
      WHERE endpoint_id = $2 AND state IN ('queued', 'waiting') AND next_attempt_at > $1 \
-     AND next_attempt_at BETWEEN $3 - 1000 AND $3 + 1000";
+     AND next_attempt_at - (SELECT paused_until FROM endpoints WHERE id = $2) BETWEEN -1000 AND 1000";
 
 /// What a delivery row (named `row`) that is not finished becomes, given its endpoint's
 /// state right now: dead on a disabled endpoint, paused on an endpoint paused for a human

@@ -500,19 +500,7 @@ async fn release(conn: &mut PgConnection, releases: &[Release]) -> sqlx::Result<
 
 async fn change_endpoint(conn: &mut PgConnection, c: &EndpointChange) -> sqlx::Result<u64> {
     if c.state == Some(EndpointState::Active) {
-        let lifted: Option<Millis> = sqlx::query_scalar("SELECT paused_until FROM endpoints WHERE id = $1")
-            .bind(c.endpoint.as_str())
-            .fetch_optional(&mut *conn)
-            .await?
-            .flatten();
-        if let Some(until) = lifted {
-            sqlx::query(sql::DUE_AT_LIFTED_PAUSE)
-                .bind(c.now)
-                .bind(c.endpoint.as_str())
-                .bind(until)
-                .execute(&mut *conn)
-                .await?;
-        }
+        sqlx::query(sql::DUE_AT_LIFTED_PAUSE).bind(c.now).bind(c.endpoint.as_str()).execute(&mut *conn).await?;
     }
     let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new("UPDATE endpoints SET updated_at = ");
     q.push_bind(c.now);

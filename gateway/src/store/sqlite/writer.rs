@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock, mpsc};
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use super::super::sql;
@@ -481,14 +481,9 @@ fn release(tx: &Transaction<'_>, releases: Vec<Release>) -> Result<()> {
 fn change_endpoint(tx: &Transaction<'_>, c: EndpointChange) -> Result<u64> {
     let now = c.now;
     let id = c.endpoint.as_str();
-    let lifted: Option<Millis> = match c.state {
-        Some(EndpointState::Active) => tx
-            .prepare_cached("SELECT paused_until FROM endpoints WHERE id = ?1")?
-            .query_row(params![id], |r| r.get(0))
-            .optional()?
-            .flatten(),
-        _ => None,
-    };
+    if c.state == Some(EndpointState::Active) {
+        tx.prepare_cached(sql::DUE_AT_LIFTED_PAUSE)?.execute(params![now, id])?;
+    }
     if let Some(state) = c.state {
         tx.prepare_cached(
             "UPDATE endpoints SET updated_at = ?1, state = ?2, state_reason = ?3, paused_until = ?4 WHERE id = ?5",
@@ -511,9 +506,6 @@ fn change_endpoint(tx: &Transaction<'_>, c: EndpointChange) -> Result<u64> {
              WHERE endpoint_id = ?2 AND state IN ('queued', 'waiting')"
         }
         (Some(EndpointState::Active), _) => {
-            if let Some(until) = lifted {
-                tx.prepare_cached(sql::DUE_AT_LIFTED_PAUSE)?.execute(params![now, id, until])?;
-            }
             "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?1, updated_at = ?1 \
              WHERE endpoint_id = ?2 AND state = 'paused'"
         }
