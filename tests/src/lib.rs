@@ -399,6 +399,26 @@ impl HeraldProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// SIGTERM, and waits (up to `within`) for the drained shutdown to end the process.
+    pub async fn terminate(&mut self, within: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let pid = libc::pid_t::try_from(self.child.id())?;
+        // SAFETY: kill(2) sends a signal to the child this value owns; it has not been waited for.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        anyhow::ensure!(rc == 0, "SIGTERM {pid}: {}", std::io::Error::last_os_error());
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                bail!("herald {pid} did not stop within {within:?} of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 impl Drop for HeraldProcess {

@@ -495,6 +495,9 @@ pub trait Store: Send + Sync + 'static {
         let lease = PartitionLease { endpoint: endpoint.clone(), owner: owner.into(), now: 0, until: None };
         partition_result(self.apply(vec![WriteOp::Partition(lease)]).await?.pop()).map(drop)
     }
+    /// Gives up every partition lease `owner` holds, or every lease at all (`None`: only for
+    /// a store this node alone uses, at its start). The number given up.
+    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64>;
     /// What other nodes announce as they commit it: endpoints with new work, endpoints
     /// whose settings or state changed (`None`: single-node store).
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>>;

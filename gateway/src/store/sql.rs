@@ -63,6 +63,15 @@ pub(super) const DUE_AT_LIFTED_PAUSE: &str = "UPDATE deliveries SET next_attempt
      WHERE endpoint_id = $2 AND state IN ('queued', 'waiting') AND next_attempt_at > $1 \
      AND next_attempt_at - (SELECT paused_until FROM endpoints WHERE id = $2) BETWEEN -1000 AND 1000";
 
+/// Gives up every partition lease `$1` holds: a node whose attempts have all recorded their
+/// results (a drained shutdown), so a node that follows (its own restart, or another node)
+/// paces those endpoints at once instead of waiting out the lease.
+pub(super) const RELEASE_PARTITIONS_OF: &str = "DELETE FROM partitions WHERE owner = $1";
+
+/// Gives up every partition lease: a store one node owns (SQLite) at that node's start,
+/// where whoever held them was that node's previous process.
+pub(super) const RELEASE_ALL_PARTITIONS: &str = "DELETE FROM partitions";
+
 /// What a delivery row (named `row`) that is not finished becomes, given its endpoint's
 /// state right now: dead on a disabled endpoint, paused on an endpoint paused for a human
 /// (no `paused_until`), else `wanted` (an SQL expression).

@@ -107,17 +107,7 @@ impl Engine {
             clock,
             tasks: Arc::default(),
         });
-        // A single SQLite node owns every lease in its file: whatever was in flight when
-        // the previous process died can be retried at once. Shared stores wait for expiry.
-        let horizon = if inner.config.store_url.starts_with("sqlite:") { Millis::MAX } else { inner.clock.now() };
-        match inner.store.recover_leases(horizon, inner.clock.now()).await {
-            Ok(n) if n > 0 => {
-                inner.metrics.leases_recovered.inc_by(n);
-                tracing::info!(recovered = n, "recovered abandoned leases");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "lease recovery failed"),
-        }
+        recover(&inner).await;
         match inner.store.subscribe().await {
             Ok(Some(mut rx)) => {
                 let listener = inner.clone();
@@ -195,6 +185,10 @@ impl Engine {
     /// back, and waits up to `grace` for them and for in-flight attempts to record their
     /// results. False when something was still running at the deadline (its leases then
     /// expire, or a restarted SQLite node recovers them at once).
+    ///
+    /// Once drained, nothing of this node is in flight: it gives its partition leases up,
+    /// so whoever paces those endpoints next (its own restart, another node) starts at once
+    /// rather than after the lease runs out.
     pub async fn drain(&self, grace: Duration) -> bool {
         for signal in self.inner.partitions.lock().expect("partition map").values() {
             signal.stop();
@@ -202,8 +196,12 @@ impl Engine {
         let drained = tokio::time::timeout(grace, self.inner.tasks.idle()).await.is_ok();
         if !drained {
             tracing::warn!(running = self.inner.tasks.live(), "shutdown grace ran out with attempts in flight");
+            return false;
         }
-        drained
+        if let Err(e) = self.inner.store.release_partitions(Some(&self.inner.owner)).await {
+            tracing::warn!(error = %e, "cannot give the partition leases up; they expire instead");
+        }
+        true
     }
 }
 
@@ -252,6 +250,30 @@ impl Drop for TaskDone {
     fn drop(&mut self) {
         if self.0.live.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.finished.notify_waiters();
+        }
+    }
+}
+
+/// Takes up what the previous process of this node left. A single SQLite node owns every
+/// lease in its file: whatever was in flight when that process died is retried at once, and
+/// the partitions it held are free at once (it never sends again). Shared stores wait for
+/// other nodes' leases to expire.
+async fn recover(inner: &Inner) {
+    let alone = inner.config.store_url.starts_with("sqlite:");
+    let now = inner.clock.now();
+    match inner.store.recover_leases(if alone { Millis::MAX } else { now }, now).await {
+        Ok(n) if n > 0 => {
+            inner.metrics.leases_recovered.inc_by(n);
+            tracing::info!(recovered = n, "recovered abandoned leases");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "lease recovery failed"),
+    }
+    if alone {
+        match inner.store.release_partitions(None).await {
+            Ok(n) if n > 0 => tracing::info!(released = n, "took up the partitions of the previous process"),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "cannot free the previous process's partitions; they expire instead"),
         }
     }
 }

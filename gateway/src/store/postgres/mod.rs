@@ -181,6 +181,14 @@ impl Store for PostgresStore {
         Ok(done.rows_affected())
     }
 
+    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64> {
+        let done = match owner {
+            Some(owner) => sqlx::query(sql::RELEASE_PARTITIONS_OF).bind(owner).execute(&self.q.pool).await?,
+            None => sqlx::query(sql::RELEASE_ALL_PARTITIONS).execute(&self.q.pool).await?,
+        };
+        Ok(done.rows_affected())
+    }
+
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>> {
         let listener = listen(&self.q.pool, &self.channel).await?;
         let (tx, rx) = mpsc::channel(256);

@@ -218,6 +218,11 @@ impl Store for SqliteStore {
         self.writer.run(move |tx| writes::recover_leases(tx, expired_before, now)).await
     }
 
+    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64> {
+        let owner = owner.map(str::to_owned);
+        self.writer.run(move |tx| writes::release_partitions(tx, owner.as_deref())).await
+    }
+
     async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Notice>>> {
         Ok(None)
     }

@@ -100,6 +100,14 @@ pub(super) fn recover_leases(tx: &Transaction<'_>, expired_before: Millis, now: 
     Ok(n as u64)
 }
 
+pub(super) fn release_partitions(tx: &Transaction<'_>, owner: Option<&str>) -> Result<u64> {
+    let n = match owner {
+        Some(owner) => tx.prepare_cached(sql::RELEASE_PARTITIONS_OF)?.execute(params![owner])?,
+        None => tx.prepare_cached(sql::RELEASE_ALL_PARTITIONS)?.execute([])?,
+    };
+    Ok(n as u64)
+}
+
 pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
     tx.prepare_cached(
         "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
