@@ -256,6 +256,41 @@ async fn console_reads_on_postgres() -> anyhow::Result<()> {
     console_reads_on(tests::Backend::Postgres).await
 }
 
+/// `GET /v1/whoami` tells a token what it may do, so the console offers only that: the
+/// admin every scope of every tenant, a tenant token its tenant and its own scopes; no
+/// token, an unknown or a revoked one get `401`. It is in the API document.
+#[tokio::test]
+async fn a_token_learns_its_own_tenant_and_scopes() -> anyhow::Result<()> {
+    let gw = tests::TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let me = |token: String| async move { api.get("/v1/whoami", &token).await };
+    let admin = me(ADMIN_TOKEN.into()).await?;
+    assert_eq!(admin.status, 200, "{}", admin.text);
+    assert_eq!(
+        admin.json,
+        json!({"admin": true, "tenant": null, "scopes": ["events:write", "read", "manage", "replay"]})
+    );
+    let reader = me(api.token("acme", &["read"]).await?).await?;
+    assert_eq!(reader.json, json!({"admin": false, "tenant": "acme", "scopes": ["read"]}), "{}", reader.text);
+    let operator = me(api.token("acme", &["replay", "manage"]).await?).await?;
+    assert_eq!(operator.json, json!({"admin": false, "tenant": "acme", "scopes": ["replay", "manage"]}));
+    let created = api.post("/v1/tenants/acme/tokens", ADMIN_TOKEN, json!({"scopes": ["read"]})).await?;
+    let (revoked, id) = (created.json["token"].as_str().context("token")?, created.json["id"].as_str().context("id")?);
+    let gone = api.call("DELETE", &format!("/v1/tenants/acme/tokens/{id}"), ADMIN_TOKEN, None).await?;
+    assert_eq!(gone.status, 204, "{}", gone.text);
+    for token in [revoked, "hrld_unknown"] {
+        let r = me(token.into()).await?;
+        assert_eq!((r.status, r.json["error"]["code"].as_str()), (401, Some("unauthorized")), "{}", r.text);
+    }
+    assert_eq!(api.raw("GET", "/v1/whoami", None, "").await?.status, 401);
+    let doc = api.raw("GET", "/openapi.json", None, "").await?.json;
+    let op = &doc["paths"]["/v1/whoami"]["get"];
+    assert_eq!(op["operationId"], "whoami", "{op}");
+    assert!(op["responses"]["200"].is_object() && op["responses"]["401"].is_object(), "{op}");
+    Ok(())
+}
+
 tests::backends!(endpoints_filter_by_the_plugin_they_bind);
 
 /// "Which endpoints use it", from the server: `?plugin=NAME` matches a binding of NAME to
