@@ -57,6 +57,13 @@ export async function api(method, path, { body, query, raw, token } = {}) {
   return json;
 }
 
+/** Whether the session's token may act with `scope` (`manage`, `replay`, …), as
+ *  `GET /v1/whoami` said at sign-in: the console offers only what the API would allow. */
+export function can(scope) {
+  const s = session();
+  return Boolean(s?.admin || s?.scopes?.includes(scope));
+}
+
 /** `/v1/tenants/{the session's tenant}` + `rest`. */
 export function tenantPath(rest = '') {
   return `/v1/tenants/${encodeURIComponent(session()?.tenant ?? '')}${rest}`;

@@ -2,7 +2,7 @@
 import { ApiError, api, clearSession, saveSession, session } from './api.js';
 import { deadLettersPage } from './deadletters.js';
 import { deliveriesPage, deliveryPage } from './deliveries.js';
-import { field, guard, h, put, say } from './dom.js';
+import { field, guard, h, problem, put, say } from './dom.js';
 import { endpointPage, endpointsPage } from './endpoints.js';
 import { overviewPage } from './overview.js';
 import { pluginsPage } from './plugins.js';
@@ -17,17 +17,32 @@ const PAGES = [
 
 const main = () => document.getElementById('main');
 
-/** Signs in: the admin token reads the tenant list; a tenant token must reach its tenant. */
+/** Signs in: the API says whose the token is and its scopes (the pages offer only what
+ *  those allow); the admin opens `tenant` or the first tenant, a tenant token its own. */
 async function signIn(token, tenant) {
-  try {
+  const me = await api('GET', '/v1/whoami', { token });
+  if (me.admin) {
     const tenants = await api('GET', '/v1/tenants', { token });
-    return { token, admin: true, tenant: tenant || tenants.data[0]?.id || '' };
-  } catch (e) {
-    if (!(e instanceof ApiError) || e.status !== 403) throw e;
+    return { token, admin: true, scopes: me.scopes, tenant: tenant || tenants.data[0]?.id || '' };
   }
-  if (!tenant) throw new Error('A tenant token needs its tenant id.');
-  await api('GET', `/v1/tenants/${encodeURIComponent(tenant)}/endpoints`, { token, query: { limit: 1 } });
-  return { token, admin: false, tenant };
+  // As the API answers for another tenant's objects.
+  if (tenant && tenant !== me.tenant) throw new ApiError(404, 'not_found', `tenant ${tenant} not found for this token`);
+  return { token, admin: false, scopes: me.scopes, tenant: me.tenant };
+}
+
+/** The session with the token's scopes, asked again if it was saved without them. */
+async function withScopes(s) {
+  if (Array.isArray(s.scopes)) return s;
+  const me = await api('GET', '/v1/whoami');
+  saveSession({ ...s, scopes: me.scopes });
+  return session();
+}
+
+/** Moves to `hash` and renders once: a changed hash renders through `hashchange`. */
+function go(hash) {
+  if (location.hash === hash) return render();
+  location.hash = hash;
+  return undefined;
 }
 
 function signInForm() {
@@ -38,13 +53,13 @@ function signInForm() {
     guard(async () => {
       saveSession(await signIn(token.value.trim(), tenant.value.trim()));
       say('Signed in.');
-      location.hash = session().admin ? '#/overview' : '#/endpoints';
-      await render();
+      await go(session().admin ? '#/overview' : '#/endpoints');
     });
   } }, h('h1', {}, 'Sign in to Herald'),
   h('p', { class: 'muted' }, 'The admin token sees every tenant; a tenant token sees its own tenant, as far as its scopes allow. ' +
     'The token stays in this browser tab\u2019s session storage.'),
-  field('API token', token), field('Tenant (needed for a tenant token)', tenant), h('button', { type: 'submit' }, 'Sign in'));
+  field('API token', token), field('Tenant (optional: the admin\u2019s first; a tenant token\u2019s own)', tenant),
+  h('button', { type: 'submit' }, 'Sign in'));
 }
 
 async function tenantPicker(s) {
@@ -55,21 +70,24 @@ async function tenantPicker(s) {
   } }, tenants.data.map((t) => h('option', { value: t.id, selected: t.id === s.tenant }, t.id)));
 }
 
+/** The header for `page`, once what it shows has been read: a function that draws it,
+ *  replacing the previous one whole (two renders under way must not both add to it). */
 async function header(s, page) {
-  const nav = document.getElementById('nav');
-  nav.hidden = false;
-  nav.replaceChildren(...PAGES.filter((p) => s.admin || !p.admin).map((p) =>
-    h('a', { href: `#/${p.id}`, 'aria-current': p.id === page ? 'page' : null }, p.label)));
-  const who = document.getElementById('who');
-  who.replaceChildren();
-  put(who, h('span', {}, s.admin ? 'admin' : `tenant ${s.tenant}`),
-    s.admin ? await tenantPicker(s) : null,
+  const picker = s.admin ? await tenantPicker(s) : null;
+  const links = PAGES.filter((p) => s.admin || !p.admin).map((p) =>
+    h('a', { href: `#/${p.id}`, 'aria-current': p.id === page ? 'page' : null }, p.label));
+  const who = [h('span', {}, s.admin ? 'admin' : `tenant ${s.tenant} (${s.scopes.join(', ')})`), picker,
     h('button', { type: 'button', class: 'secondary', onclick: () => {
       clearSession();
-      location.hash = '';
       say('Signed out.');
-      render();
-    } }, 'Sign out'));
+      go('');
+    } }, 'Sign out')];
+  return () => {
+    const nav = document.getElementById('nav');
+    nav.hidden = false;
+    nav.replaceChildren(...links);
+    document.getElementById('who').replaceChildren(...who.filter(Boolean));
+  };
 }
 
 function route() {
@@ -82,7 +100,7 @@ let generation = 0;
 
 async function render() {
   const mine = ++generation;
-  const s = session();
+  let s = session();
   const m = main();
   if (!s?.token) {
     document.getElementById('nav').hidden = true;
@@ -92,7 +110,12 @@ async function render() {
   }
   let { page, id, params } = route();
   if (!PAGES.some((p) => p.id === page && (s.admin || !p.admin))) page = s.admin ? 'overview' : 'endpoints';
-  await header(s, page);
+  s = await guard(() => withScopes(s));
+  if (!s) return;
+  const draw = await header(s, page);
+  // A later navigation has started its own render: it draws the header.
+  if (mine !== generation) return;
+  draw();
   // `data-route`: which navigation this page answers (tests wait for it).
   const content = h('div', { id: `page-${page}`, 'data-route': location.hash });
   const rerender = () => render();
@@ -104,7 +127,12 @@ async function render() {
     plugins: () => pluginsPage(content, rerender, id, params),
   };
   m.setAttribute('aria-busy', 'true');
-  await guard(pages[page]);
+  try {
+    await pages[page]();
+  } catch (e) {
+    // Said where it happened: what the page drew before it (heading, search form) stays.
+    put(content, problem(e));
+  }
   // A later navigation has started its own render: this one's page is stale.
   if (mine !== generation) return;
   m.replaceChildren(content);

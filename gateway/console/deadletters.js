@@ -1,8 +1,8 @@
 // Dead letters: counts by reason, filter, select, a rate-limited replay whose progress is
 // followed live (selected, sent, delivered, failed), and its cancellation.
-import { api, tenantPath } from './api.js';
+import { api, can, tenantPath } from './api.js';
 import { searchForm, utc } from './deliveries.js';
-import { field, guard, h, link, say, stateText, table, when, put } from './dom.js';
+import { field, guard, h, link, needs, say, stateText, table, when, put } from './dom.js';
 
 let following = null;
 
@@ -24,12 +24,14 @@ export async function deadLettersPage(main, params) {
   const next = new URLSearchParams(params);
   if (page.next_after) next.set('after', page.next_after);
   const cleanFilter = Object.fromEntries(Object.entries(filter).filter(([, v]) => v));
+  const replaying = can('replay');
   put(main, h('h1', {}, 'Dead letters'),
     h('section', {}, h('h2', {}, 'By reason'), counts.length === 0 ? h('p', { class: 'muted' }, 'No dead letters.') :
       h('ul', { class: 'chips', id: 'reason-counts' }, counts.map(([reason, n]) =>
         h('li', {}, link(`#/dead-letters?reason=${encodeURIComponent(reason)}`, `${reason || '(none)'}: ${n}`))))),
     searchForm('dead-letters', params, ['endpoint', 'type', 'reason', 'since', 'until'], { button: 'Filter' }),
-    h('form', { class: 'inline', 'aria-label': 'Replay', onsubmit: (ev) => ev.preventDefault() },
+    !replaying ? needs('replay-actions', 'Replaying dead letters', 'replay') :
+    h('form', { id: 'replay-actions', class: 'inline', 'aria-label': 'Replay', onsubmit: (ev) => ev.preventDefault() },
       field('Replay rate per second', rate),
       h('button', { type: 'button', id: 'replay-selected', onclick: () => guard(() => {
         const ids = [...boxes].filter(([, b]) => b.checked).map(([id]) => id);
@@ -40,7 +42,7 @@ export async function deadLettersPage(main, params) {
         'Replay every dead letter matching the filter')),
     progress,
     table('Dead letters, oldest first', [
-      { label: 'Select', cell: (d) => {
+      replaying && { label: 'Select', cell: (d) => {
         const b = h('input', { type: 'checkbox', 'aria-label': `Select ${d.id}` });
         boxes.set(d.id, b);
         return b;
@@ -51,7 +53,7 @@ export async function deadLettersPage(main, params) {
       { label: 'Reason', cell: (d) => stateText('dead', d.reason) },
       { label: 'Attempts', num: true, cell: (d) => d.attempts },
       { label: 'Dead since', cell: (d) => when(d.updated_at) },
-    ], page.data, 'No dead letter matches.'),
+    ].filter(Boolean), page.data, 'No dead letter matches.'),
     page.next_after ? link(`#/dead-letters?${next}`, 'Next page') : null);
 }
 

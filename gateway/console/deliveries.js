@@ -1,7 +1,7 @@
 // Deliveries: search by event id, endpoint, state, type and time window (newest first);
 // one delivery with every attempt and the exact request each sent.
 import { api, tenantPath } from './api.js';
-import { facts, field, h, link, stateText, table, when, put } from './dom.js';
+import { facts, field, h, link, problem, stateText, table, when, put } from './dom.js';
 
 const STATES = ['', 'queued', 'delivering', 'waiting', 'delivered', 'dead', 'paused'];
 const FILTERS = ['event', 'endpoint', 'state', 'type', 'since', 'until'];
@@ -39,12 +39,20 @@ export async function deliveriesPage(main, params) {
     since: utc(params.get('since')), until: utc(params.get('until')), after: params.get('after'), limit: 50,
   };
   const event = params.get('event');
-  const page = event
-    ? await api('GET', tenantPath(`/events/${encodeURIComponent(event)}/deliveries`), { query: q })
-    : await api('GET', tenantPath('/deliveries'), { query: { ...q, order: 'desc' } });
+  // The search stays whatever the search finds: an unknown event is said under it.
+  put(main, h('h1', {}, 'Deliveries'), searchForm('deliveries', params, FILTERS));
+  let page;
+  try {
+    page = event
+      ? await api('GET', tenantPath(`/events/${encodeURIComponent(event)}/deliveries`), { query: q })
+      : await api('GET', tenantPath('/deliveries'), { query: { ...q, order: 'desc' } });
+  } catch (e) {
+    put(main, problem(e, event && `Event ${event}`));
+    return;
+  }
   const next = new URLSearchParams(params);
   if (page.next_after) next.set('after', page.next_after);
-  put(main, h('h1', {}, 'Deliveries'), searchForm('deliveries', params, FILTERS),
+  put(main,
     table(event ? `Deliveries of event ${event}` : 'Deliveries, newest first', [
       { label: 'Delivery', cell: (d) => link(`#/deliveries/${encodeURIComponent(d.id)}`, d.id) },
       { label: 'Event', cell: (d) => d.event_id },
@@ -59,8 +67,10 @@ export async function deliveriesPage(main, params) {
 }
 
 export async function deliveryPage(main, id) {
+  // Drawn first: an unknown id is said under them.
+  put(main, h('p', {}, link('#/deliveries', 'All deliveries')), h('h1', {}, 'Delivery ', id));
   const d = await api('GET', tenantPath(`/deliveries/${encodeURIComponent(id)}`));
-  put(main, h('h1', {}, 'Delivery ', d.id),
+  put(main,
     facts([
       ['Event', d.event_id], ['Type', d.event_type],
       ['Endpoint', link(`#/endpoints/${encodeURIComponent(d.endpoint_id)}`, d.endpoint_id)],

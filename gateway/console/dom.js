@@ -63,6 +63,18 @@ export function say(message, isError = false) {
   document.getElementById(isError ? 'status' : 'alert').textContent = '';
 }
 
+/** An error said inside the page, where it happened (the rest of the page stays):
+ *  `subject` (what was looked for), then the refusal's code and message. */
+export function problem(e, subject) {
+  const text = e?.message || String(e);
+  return h('p', { class: 'problem', role: 'alert' }, subject ? `${subject}: ${text}` : text);
+}
+
+/** In place of an action the token's scopes do not allow: what it would need. */
+export function needs(id, what, scope) {
+  return h('p', { id, class: 'muted needs' }, `${what} needs a token with the ${scope} scope.`);
+}
+
 /** Runs `f`, showing an API refusal as the page's alert rather than losing it. */
 export async function guard(f) {
   try {

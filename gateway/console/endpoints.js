@@ -1,8 +1,11 @@
 // Endpoints: health beside pacing for a page of them; one endpoint's settings, chart and
-// actions (pause, enable, pacing, secret rotation, plugin bindings).
-import { api, tenantPath } from './api.js';
+// actions (pause, enable, pacing, secret rotation, plugin bindings), for a token that may
+// manage it.
+import { api, can, tenantPath } from './api.js';
 import { rateChart } from './chart.js';
-import { facts, field, guard, h, link, percent, say, stateText, table, when, put } from './dom.js';
+import { facts, field, guard, h, link, needs, percent, say, stateText, table, when, put } from './dom.js';
+
+const HOOKS = ['transform', 'classify', 'sign'];
 
 const PAGE = 50;
 
@@ -32,13 +35,16 @@ export async function endpointsPage(main, params) {
 
 export async function endpointPage(main, id, rerender) {
   const path = tenantPath(`/endpoints/${encodeURIComponent(id)}`);
+  // Drawn first: an unknown id is said under them.
+  put(main, h('p', {}, link('#/endpoints', 'All endpoints')), h('h1', {}, 'Endpoint ', id));
+  const manage = can('manage');
   const [e, series, plugins] = await Promise.all([
     api('GET', path),
     api('GET', tenantPath('/series'), { query: { endpoint: id } }),
-    api('GET', tenantPath('/plugins')).catch(() => ({ data: [] })),
+    manage ? api('GET', tenantPath('/plugins')).catch(() => ({ data: [] })) : null,
   ]);
   const hl = e.health;
-  put(main, h('h1', {}, 'Endpoint ', e.id),
+  put(main,
     h('section', {}, h('h2', {}, 'Health and pacing'), facts([
       ['URL', e.url], ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
       ['State', stateText(e.state, e.state_reason, e.paused_until)],
@@ -48,11 +54,22 @@ export async function endpointPage(main, id, rerender) {
       ['Backlog', String(hl.backlog)], ['Dead letters', String(hl.dead_letters)],
       ['Last success', when(hl.last_success_at)], ['Last attempt', when(hl.last_attempt_at)],
       ['Failing since', when(hl.failing_since)],
-      ['Plugins', ['transform', 'classify', 'sign'].map((k) => `${k}: ${e.plugins[k] ?? '—'}`).join(', ')],
+      ['Plugins', HOOKS.map((k) => `${k}: ${e.plugins[k] ?? '—'}`).join(', ')],
     ]), h('p', {}, link(`#/deliveries?endpoint=${encodeURIComponent(e.id)}`, 'Its deliveries'), ' · ',
       link(`#/dead-letters?endpoint=${encodeURIComponent(e.id)}`, 'Its dead letters'))),
     h('section', {}, h('h2', {}, 'Delivery rate and latency, last hour'), rateChart(`Endpoint ${e.id}`, series)),
-    actions(e, path, plugins.data, rerender));
+    manage ? actions(e, path, plugins.data, rerender)
+      : h('section', { id: 'actions' }, h('h2', {}, 'Actions'), needs('manage-needed', 'Changing an endpoint', 'manage')));
+}
+
+/** The hook's selector: none, the tenant's plugins with that hook, and whatever the
+ *  endpoint binds now even when no listed plugin is it (a pinned `name@version`, a plugin
+ *  that is not listed): the page shows every binding, so saving keeps what it showed. */
+function bindingSelect(hook, bound, plugins) {
+  const names = plugins.filter((p) => p.hooks.includes(hook)).map((p) => p.name);
+  if (bound && !names.includes(bound)) names.unshift(bound);
+  return h('select', { name: hook }, h('option', { value: '' }, 'none'),
+    names.map((n) => h('option', { value: n, selected: n === bound }, n)));
 }
 
 function actions(e, path, plugins, rerender) {
@@ -63,11 +80,9 @@ function actions(e, path, plugins, rerender) {
   const burst = h('input', { name: 'burst', type: 'number', min: '1', value: e.burst });
   const inflight = h('input', { name: 'max_in_flight', type: 'number', min: '1', value: e.max_in_flight });
   const secretOut = h('p', { id: 'rotated', 'aria-live': 'polite' });
-  const pick = (hook) => h('select', { name: hook }, h('option', { value: '' }, 'none'),
-    plugins.filter((p) => p.hooks.includes(hook)).map((p) => h('option', { value: p.name, selected: e.plugins[hook] === p.name }, p.name)));
-  const binds = { transform: pick('transform'), classify: pick('classify'), sign: pick('sign') };
+  const binds = Object.fromEntries(HOOKS.map((k) => [k, bindingSelect(k, e.plugins[k], plugins)]));
   const submit = (f) => (ev) => { ev.preventDefault(); guard(f); };
-  return h('section', {}, h('h2', {}, 'Actions'),
+  return h('section', { id: 'actions' }, h('h2', {}, 'Actions'),
     h('form', { class: 'inline', 'aria-label': 'Pause', onsubmit: submit(async () => {
       await api('POST', `${path}/pause`, { body: { for: pauseFor.value || undefined, reason: reason.value || undefined } });
       done('Endpoint paused.');

@@ -1,9 +1,9 @@
 // Plugins: the tenant's plugins with hooks, version, size, load error, how their calls went
 // (calls, failures, p50/p99) and which endpoints bind each; one plugin's page with its
 // failures by reason and its latest failures (message and log lines); an upload that shows
-// why a file was refused.
-import { api, tenantPath } from './api.js';
-import { facts, field, guard, h, link, say, table, when, put } from './dom.js';
+// why a file was refused (for a token that may manage plugins).
+import { api, can, tenantPath } from './api.js';
+import { facts, field, guard, h, link, needs, say, table, when, put } from './dom.js';
 
 const pluginPath = (name) => tenantPath(`/plugins/${encodeURIComponent(name)}`);
 
@@ -55,7 +55,8 @@ export async function pluginsPage(main, rerender, name, params) {
       { label: 'Latest failure', cls: 'url', cell: (p) => p.stats.recent_failures[0]?.message ?? '—' },
       { label: 'Bound by', cls: 'url', cell: (p) => boundCell(p.bound) },
     ], details, 'This tenant has no plugins.'),
-    h('section', {}, h('h2', {}, 'Upload a plugin'),
+    h('section', { id: 'upload' }, h('h2', {}, 'Upload a plugin'),
+      !can('manage') ? needs('manage-needed', 'Uploading a plugin', 'manage') :
       h('form', { class: 'inline', 'aria-label': 'Upload a plugin', onsubmit: (ev) => {
         ev.preventDefault();
         result.textContent = '';

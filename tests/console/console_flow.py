@@ -1,7 +1,9 @@
 """Drives the Herald console in headless Chromium (the system's chromium and chromedriver)
 against a live `herald serve` that tests/it/console.rs seeded. Every check is something a
-user would see; a failed check raises, and the script exits non-zero. Prints a JSON summary
-(page load times in ms) on stdout; saves a PNG of each page under the screenshot directory.
+user would see; a failed check raises, and the script exits non-zero (issue 29's console
+items each run on their own: every one that fails is reported, with a screenshot). Prints a
+JSON summary (page load times in ms) on stdout; saves a PNG of each page under the
+screenshot directory, named by what it shows.
 
 Usage: console_flow.py CONFIG.json   (written by tests/it/console.rs)
        console_flow.py --measure BASE ADMIN_TOKEN SCREENSHOT_DIR   (page loads only)
@@ -17,7 +19,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 WAIT = 30
 
@@ -35,6 +37,7 @@ def browser():
 class Console:
     def __init__(self, driver, base, shots):
         self.d, self.base, self.shots = driver, base, shots
+        self.failures = []
         # A page re-renders as a whole: an element found a moment ago may be gone; look again.
         self.wait = WebDriverWait(driver, WAIT, poll_frequency=0.01,
                                   ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
@@ -59,8 +62,12 @@ class Console:
             "const p = document.querySelector('main > div[data-route]');"
             "return p !== null && p.dataset.route === location.hash && p.matches(arguments[0])", page_css))
 
-    def shot(self, name):
+    def shot(self, name, at=None):
+        """A PNG of the window, scrolled to the top or to what `at` (CSS) finds."""
         os.makedirs(self.shots, exist_ok=True)
+        self.d.execute_script(
+            "const el = arguments[0] && document.querySelector(arguments[0]);"
+            "if (el) el.scrollIntoView({block: 'center'}); else window.scrollTo(0, 0)", at)
         self.d.save_screenshot(os.path.join(self.shots, f"{name}.png"))
 
     def sign_in(self, token, tenant=""):
@@ -72,14 +79,33 @@ class Console:
         self.d.find_element(By.CSS_SELECTOR, "form.signin button[type=submit]").click()
 
     def sign_out(self):
-        self.d.find_element(By.XPATH, "//button[text()='Sign out']").click()
-        self.find("form.signin")
+        # None when a failed check left the console signed out.
+        for button in self.d.find_elements(By.XPATH, "//button[text()='Sign out']")[:1]:
+            button.click()
+            self.find("form.signin")
 
     def no_script_ran(self):
         assert self.d.execute_script("return window.__xss") is None, "a stored payload ran as script"
 
     def alert(self, text):
         return self.text_in("#alert", text)
+
+    def item(self, name, check, *args):
+        """Runs one check; a failure is kept (with a screenshot) and reported with the others
+        at the end, so one run shows every item that fails."""
+        try:
+            check(self, *args)
+        except Exception as e:  # noqa: BLE001 -- reported at the end
+            self.failures.append(f"{name}: {type(e).__name__}: {e}")
+            self.shot(f"failed-{name}")
+
+    def absent(self, css):
+        """Nothing matches `css` on the page as it is now (call once the page has arrived)."""
+        found = self.d.find_elements(By.CSS_SELECTOR, css)
+        assert not found, f"{css} is on the page: {[e.text for e in found]}"
+
+    def buttons(self):
+        return [b.text for b in self.d.find_elements(By.CSS_SELECTOR, "main button")]
 
 
 def row_of(c, table_text):
@@ -97,6 +123,7 @@ def headers(c):
 def admin_pages(c, cfg, times):
     c.sign_in(cfg["admin_token"])
     c.find("main > #page-overview")
+    c.item("14-header-drawn-once", header_drawn_once)
     cards = c.find("#overview-cards").text
     assert "Tenants" in cards and "2" in cards, cards
     assert "Dead letters" in cards, cards
@@ -123,6 +150,17 @@ def admin_pages(c, cfg, times):
     c.arrived("#page-endpoints")
     assert "100.0 % of" in c.find("main dl").text
     c.shot("endpoint")
+
+
+def header_drawn_once(c):
+    """Issue 29 #14: the header is drawn once after an admin sign-in (it was drawn twice)."""
+    c.arrived("#page-overview")
+    who = c.find("#who")
+    signs_out = c.d.find_elements(By.XPATH, "//*[@id='who']//button[text()='Sign out']")
+    pickers = c.d.find_elements(By.CSS_SELECTOR, "#who select")
+    c.shot("header-after-admin-sign-in")
+    assert (len(signs_out), len(pickers)) == (1, 1), who.text
+    assert who.text.count("admin") == 1, who.text
 
 
 def find_delivery(c, cfg, times):
@@ -152,6 +190,36 @@ def find_delivery(c, cfg, times):
     c.no_script_ran()
     c.shot("delivery")
     times["delivery"] = c.go(c.d.execute_script("return location.hash"), "#page-deliveries")
+
+
+def unknown_ids_inline(c):
+    """Issue 29 #15: an unknown event or endpoint id is said inside the page, which keeps its
+    heading and its search form (the whole page was replaced)."""
+    c.go("#/deliveries?event=evt_nope", "#page-deliveries")
+    c.shot("unknown-event-error-inline")
+    searched = c.d.find_elements(By.CSS_SELECTOR, "main form[role=search] input[name=event]")
+    assert searched, "the search form is gone"
+    assert searched[0].get_attribute("value") == "evt_nope", searched[0].get_attribute("value")
+    problem = c.d.find_elements(By.CSS_SELECTOR, "main .problem")
+    assert problem and "not_found" in problem[0].text, "no error in the page"
+    assert "evt_nope" in problem[0].text, problem[0].text
+    c.go("#/endpoints/ep_nope", "#page-endpoints")
+    c.shot("unknown-endpoint-error-inline")
+    heading = c.d.find_elements(By.CSS_SELECTOR, "main h1")
+    assert heading and "ep_nope" in heading[0].text, "no heading"
+    problem = c.d.find_elements(By.CSS_SELECTOR, "main .problem")
+    assert problem and "not_found" in problem[0].text, "no error in the page"
+    assert c.d.find_elements(By.CSS_SELECTOR, "main a[href='#/endpoints']"), "no way back to the list"
+
+
+def reason_counts_without_bullets(c):
+    """Issue 29 #17: the counts by reason are chips, with no list bullet drawn over them."""
+    c.go("#/dead-letters", "#page-dead-letters")
+    chips = c.d.find_elements(By.CSS_SELECTOR, "#reason-counts li")
+    assert chips, "no counts by reason"
+    c.shot("dead-letter-reason-counts")
+    styles = [c.d.execute_script("return getComputedStyle(arguments[0]).listStyleType", li) for li in chips]
+    assert all(s == "none" for s in styles), styles
 
 
 def replay_dead_letters(c, cfg, times):
@@ -194,6 +262,23 @@ def plugin_failures(c, cfg, times):
     c.shot("plugin")
 
 
+def pinned_binding_kept(c, cfg):
+    """Issue 29 #3: a pinned binding (`name@version`) shows in its hook's selector, and saving
+    the bindings keeps it (it showed "none" and saving dropped it)."""
+    c.go(f"#/endpoints/{cfg['plugin_endpoint']}", "#page-endpoints")
+    pick = lambda hook: Select(c.d.find_element(By.CSS_SELECTOR, f"main select[name={hook}]"))
+    c.shot("pinned-binding-shown", "form[aria-label=Plugins]")
+    shown = pick("transform").first_selected_option.text
+    assert shown == cfg["pinned"], f"the transform selector shows {shown!r}"
+    pick("classify").select_by_value(cfg["classify_plugin"])
+    c.d.find_element(By.XPATH, "//button[text()='Bind plugins']").click()
+    c.text_in("#status", "Plugin bindings saved.")
+    facts = c.text_in("main dl", f"classify: {cfg['classify_plugin']}")
+    assert f"transform: {cfg['pinned']}" in facts, facts
+    assert pick("transform").first_selected_option.text == cfg["pinned"]
+    c.shot("pinned-binding-kept-after-save", "form[aria-label=Plugins]")
+
+
 def upload_broken_plugin(c, cfg, times):
     c.go("#/plugins", "#page-plugins")
     c.find("input[name=name]").send_keys("broken")
@@ -202,10 +287,12 @@ def upload_broken_plugin(c, cfg, times):
     result = c.text_in("#upload-result", "invalid_plugin")
     assert result.startswith("Refused: invalid_plugin:"), result
     c.alert("invalid_plugin")
-    c.shot("plugins")
+    c.shot("plugins", "#upload-result")
 
 
 def read_only_tenant(c, cfg):
+    """A read-only tenant token sees its tenant's pages and none of the actions its scopes do
+    not allow (issue 29 #16: every button showed, and a click got a 403)."""
     c.sign_out()
     c.sign_in(cfg["read_token"], cfg["tenant"])
     c.find("main > #page-endpoints")
@@ -216,15 +303,19 @@ def read_only_tenant(c, cfg):
     c.d.find_element(By.LINK_TEXT, cfg["healthy_url"]).click()
     c.wait.until(lambda d: "#/endpoints/" in d.execute_script("return location.hash"))
     c.arrived("#page-endpoints")
-    c.d.find_element(By.XPATH, "//button[text()='Pause']").click()
-    message = c.alert("forbidden")
-    assert "manage" in message, message
-    # Nothing changed: the endpoint is still active.
-    c.d.refresh()
-    c.arrived("#page-endpoints")
-    state = c.find("main dl").text
-    assert "active" in state and "paused" not in state, state
-    c.shot("read-only-tenant")
+    c.shot("read-only-endpoint-without-actions", "#actions")
+    assert c.buttons() == [], c.buttons()
+    c.absent("main input[name=rate_per_sec]")
+    assert "manage" in c.find("#actions").text, c.find("#actions").text
+    c.go("#/dead-letters", "#page-dead-letters")
+    c.shot("read-only-dead-letters-without-replay")
+    c.absent("#replay-filter, #replay-selected, main input[type=checkbox]")
+    assert "replay" in c.find("#replay-actions").text
+    c.go("#/plugins", "#page-plugins")
+    c.shot("read-only-plugins-without-upload")
+    c.absent("main input[type=file]")
+    assert "Upload" not in c.buttons(), c.buttons()
+    assert "manage" in c.find("#upload").text
 
 
 def other_tenant_is_invisible(c, cfg):
@@ -237,27 +328,44 @@ def other_tenant_is_invisible(c, cfg):
     return message
 
 
+def tenant_token_without_its_tenant(c, cfg):
+    """A tenant token signs in without its tenant id: the API tells the console whose it is."""
+    c.sign_in(cfg["read_token"])
+    c.find("main > #page-endpoints")
+    who = c.find("#who").text
+    assert who.startswith(f"tenant {cfg['tenant']}"), who
+    row_of(c, cfg["healthy_url"])
+
+
 def flow(cfg):
     times = {}
     d = browser()
+    c = Console(d, cfg["base"], cfg["screenshots"])
     try:
-        c = Console(d, cfg["base"], cfg["screenshots"])
         admin_pages(c, cfg, times)
         find_delivery(c, cfg, times)
+        c.item("15-unknown-ids-inline", unknown_ids_inline)
+        c.item("17-reason-counts-without-bullets", reason_counts_without_bullets)
         replay_dead_letters(c, cfg, times)
         plugin_failures(c, cfg, times)
+        c.item("3-pinned-binding-kept", pinned_binding_kept, cfg)
         upload_broken_plugin(c, cfg, times)
-        read_only_tenant(c, cfg)
+        c.item("16-read-only-token-offered-only-what-it-may", read_only_tenant, cfg)
         other = other_tenant_is_invisible(c, cfg)
+        tenant_token_without_its_tenant(c, cfg)
         c.no_script_ran()
-        print(json.dumps({"page_ms": times, "other_tenant": other}))
     except Exception:
         try:
             d.save_screenshot(os.path.join(cfg["screenshots"], "failure.png"))
         finally:
+            if c.failures:
+                print("Checks that failed before this:\n" + "\n".join(c.failures), file=sys.stderr)
             raise
     finally:
         d.quit()
+    if c.failures:
+        raise AssertionError("\n".join(c.failures))
+    print(json.dumps({"page_ms": times, "other_tenant": other}))
 
 
 def measure(base, token, shots, runs=5):

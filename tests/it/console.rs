@@ -2,7 +2,7 @@
 //! `chromium-driver`, installed by `scripts/test`) driven by Selenium
 //! (`tests/console/console_flow.py`, from the virtualenv `scripts/pytools` builds) against a
 //! live `herald serve`. A missing tool fails the test, it never skips it. Screenshots of each
-//! page land in `target/console-screenshots/`.
+//! page, named by what they show, land in `target/artifacts/console/`.
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -19,6 +19,10 @@ const XSS_BODY: &str = "<script>window.__xss=3</script><img src=x onerror=\"wind
 const DEAD: usize = 3;
 /// The event the hostile plugin refuses (its type's last segment says how it misbehaves).
 const PLUGIN_EVENT: &str = "evt_plugin_fail";
+/// The hostile transform's first stored version, which its endpoint is pinned to.
+const PINNED: &str = "hostile@1";
+/// A classify plugin the browser binds beside the pinned transform.
+const CLASSIFY: &str = "classify-409";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
@@ -90,6 +94,7 @@ async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow
     // Fixed: a replay now delivers.
     bad.set_default(Answer::status(200));
     let plugin_endpoint = failing_plugin(api, bad).await?;
+    pin_and_offer_a_classifier(api, &plugin_endpoint).await?;
     Ok(json!({
         "admin_token": ADMIN_TOKEN,
         "read_token": api.token("acme", &["read"]).await?,
@@ -103,7 +108,24 @@ async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow
         "dead": DEAD,
         "plugin_event": PLUGIN_EVENT,
         "plugin_endpoint": plugin_endpoint,
+        "pinned": PINNED,
+        "classify_plugin": CLASSIFY,
     }))
+}
+
+/// Pins the hostile transform's endpoint to its first version (`hostile@1`, which no
+/// plugin listing names), and uploads a classify plugin for the browser to bind beside it.
+async fn pin_and_offer_a_classifier(api: &tests::Api, endpoint: &str) -> anyhow::Result<()> {
+    let path = format!("/v1/tenants/acme/endpoints/{endpoint}");
+    let r = api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"plugins": {"transform": PINNED}}))).await?;
+    ensure!(r.status == 200 && r.json["plugins"]["transform"] == PINNED, "pin: {} {}", r.status, r.text);
+    let plugin = format!("/v1/tenants/acme/plugins/{CLASSIFY}");
+    let r = api.raw("PUT", &plugin, Some(ADMIN_TOKEN), crate::plugins::plugin_bytes("classify_409")).await?;
+    ensure!(r.status == 200, "upload: {} {}", r.status, r.text);
+    until(api, &plugin, Duration::from_secs(30), |j| {
+        j["hooks"].as_array().is_some_and(|h| h.contains(&json!("classify")))
+    })
+    .await
 }
 
 /// The hostile guest as acme's `hostile` transform, refusing one event: its failure (and
@@ -130,7 +152,11 @@ async fn failing_plugin(api: &tests::Api, bad: &FakeReceiver) -> anyhow::Result<
 /// Every item of issue 16's "How it is checked", in one browser session: admin sign-in,
 /// the success rate beside the rate, a delivery and its attempts, a replay by filter to
 /// its end, a plugin's failures with its log lines, a refused plugin upload, a read-only
-/// tenant token, another tenant invisible, hostile stored text rendered as text.
+/// tenant token, another tenant invisible, hostile stored text rendered as text. And issue
+/// 29's console items: one header after an admin sign-in, an unknown event or endpoint
+/// shown inline (the search form kept), reason counts without list bullets, a pinned
+/// plugin binding shown and kept when the bindings are saved, a read-only token offered
+/// no action its scopes do not allow.
 #[tokio::test]
 async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -139,7 +165,7 @@ async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
     let mut cfg = seed(&node.api, &ok, &bad).await?;
     let broken = dir.path().join("broken.wasm");
     std::fs::write(&broken, b"\0asm\x0d\0\x01\0 this is not a component")?;
-    let shots = repo().join("target/console-screenshots");
+    let shots = repo().join("target/artifacts/console");
     cfg["base"] = json!(node.api.base);
     cfg["broken_plugin"] = json!(broken);
     cfg["screenshots"] = json!(shots);
@@ -151,9 +177,30 @@ async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
     assert!(summary["other_tenant"].as_str().is_some_and(|m| m.contains("not_found")), "{summary}");
     // The replay reached the receiver: each dead letter delivered once more.
     bad.wait_for(DEAD * 2, Duration::from_secs(10)).await?;
-    for page in
-        ["overview", "endpoints", "endpoint", "delivery", "dead-letters", "plugins", "plugin", "read-only-tenant"]
-    {
+    // Saving the bindings kept the pinned transform the page showed, beside the classifier.
+    let bound = node
+        .api
+        .get(&format!("/v1/tenants/acme/endpoints/{}", cfg["plugin_endpoint"].as_str().context("id")?), ADMIN_TOKEN)
+        .await?;
+    assert_eq!(bound.json["plugins"], json!({"transform": PINNED, "classify": CLASSIFY}), "{}", bound.text);
+    for page in [
+        "overview",
+        "header-after-admin-sign-in",
+        "endpoints",
+        "endpoint",
+        "delivery",
+        "unknown-event-error-inline",
+        "unknown-endpoint-error-inline",
+        "dead-letter-reason-counts",
+        "dead-letters",
+        "plugins",
+        "plugin",
+        "pinned-binding-shown",
+        "pinned-binding-kept-after-save",
+        "read-only-endpoint-without-actions",
+        "read-only-dead-letters-without-replay",
+        "read-only-plugins-without-upload",
+    ] {
         let png = std::fs::read(shots.join(format!("{page}.png"))).with_context(|| format!("screenshot {page}"))?;
         assert!(png.starts_with(b"\x89PNG"), "{page}.png is not a PNG");
     }
@@ -254,6 +301,41 @@ async fn console_reads_on_sqlite() -> anyhow::Result<()> {
 #[tokio::test]
 async fn console_reads_on_postgres() -> anyhow::Result<()> {
     console_reads_on(tests::Backend::Postgres).await
+}
+
+/// `GET /v1/whoami` tells a token what it may do, so the console offers only that: the
+/// admin every scope of every tenant, a tenant token its tenant and its own scopes; no
+/// token, an unknown or a revoked one get `401`. It is in the API document.
+#[tokio::test]
+async fn a_token_learns_its_own_tenant_and_scopes() -> anyhow::Result<()> {
+    let gw = tests::TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let me = |token: String| async move { api.get("/v1/whoami", &token).await };
+    let admin = me(ADMIN_TOKEN.into()).await?;
+    assert_eq!(admin.status, 200, "{}", admin.text);
+    assert_eq!(
+        admin.json,
+        json!({"admin": true, "tenant": null, "scopes": ["events:write", "read", "manage", "replay"]})
+    );
+    let reader = me(api.token("acme", &["read"]).await?).await?;
+    assert_eq!(reader.json, json!({"admin": false, "tenant": "acme", "scopes": ["read"]}), "{}", reader.text);
+    let operator = me(api.token("acme", &["replay", "manage"]).await?).await?;
+    assert_eq!(operator.json, json!({"admin": false, "tenant": "acme", "scopes": ["replay", "manage"]}));
+    let created = api.post("/v1/tenants/acme/tokens", ADMIN_TOKEN, json!({"scopes": ["read"]})).await?;
+    let (revoked, id) = (created.json["token"].as_str().context("token")?, created.json["id"].as_str().context("id")?);
+    let gone = api.call("DELETE", &format!("/v1/tenants/acme/tokens/{id}"), ADMIN_TOKEN, None).await?;
+    assert_eq!(gone.status, 204, "{}", gone.text);
+    for token in [revoked, "hrld_unknown"] {
+        let r = me(token.into()).await?;
+        assert_eq!((r.status, r.json["error"]["code"].as_str()), (401, Some("unauthorized")), "{}", r.text);
+    }
+    assert_eq!(api.raw("GET", "/v1/whoami", None, "").await?.status, 401);
+    let doc = api.raw("GET", "/openapi.json", None, "").await?.json;
+    let op = &doc["paths"]["/v1/whoami"]["get"];
+    assert_eq!(op["operationId"], "whoami", "{op}");
+    assert!(op["responses"]["200"].is_object() && op["responses"]["401"].is_object(), "{op}");
+    Ok(())
 }
 
 tests::backends!(endpoints_filter_by_the_plugin_they_bind);

@@ -95,6 +95,7 @@ conformance!(
     concurrent_nodes_never_claim_the_same_delivery,
     dead_letters_replay_report_and_purge,
     claims_of_many_endpoints_in_one_commit_stay_apart,
+    health_of_a_page_of_endpoints,
 );
 
 // ---- fixtures ----
@@ -976,6 +977,57 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     assert!(b.store.get_event(&acme, &gone.event_id).await?.is_none(), "no delivery left: the event is purged");
     assert!(b.store.get_event(&acme, &again[1].event_id).await?.is_some(), "an event with live deliveries stays");
     assert_eq!(b.store.purge(T0 + 10_000, T0 + 10_000, 100).await?, 0);
+    Ok(())
+}
+
+/// A page's health in one read: attempts in the last hour and day and the latest ones,
+/// backlog and dead letters, each endpoint apart; one with neither attempts nor deliveries,
+/// and one not asked for, are left out.
+async fn health_of_a_page_of_endpoints(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &[]), ("ep_c", &["never.sent"])]).await?;
+    ingest(&b, (0..4).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
+    let now = T0 + 30 * HOUR;
+    let a = b.committer.claim(claim_req("ep_a", T0 + 10, 3, "node-1")).await?;
+    b.committer
+        .record(vec![
+            // A day and more ago: only the latest success counts it.
+            result(&a[0], a[0].fence, DeliveryState::Delivered, None, 200, T0 + 100),
+            result(&a[1], a[1].fence, DeliveryState::Waiting, Some(now + HOUR), 500, now - 2 * HOUR),
+            result(&a[2], a[2].fence, DeliveryState::Dead, None, 422, now - 600_000),
+        ])
+        .await?;
+    let bb = b.committer.claim(claim_req("ep_b", T0 + 10, 1, "node-1")).await?;
+    b.committer.record(vec![result(&bb[0], bb[0].fence, DeliveryState::Delivered, None, 200, now - 300_000)]).await?;
+
+    let ids = ["ep_a", "ep_b", "ep_c"].map(EndpointId::from_stored);
+    let page = b.store.endpoint_health_page(&ids, now).await?;
+    let ep_a = Health {
+        attempts_1h: 1,
+        successes_1h: 0,
+        attempts_24h: 2,
+        successes_24h: 0,
+        last_success_at: Some(T0 + 100),
+        last_attempt_at: Some(now - 600_000),
+        backlog: 2,
+        dead_letters: 1,
+    };
+    let ep_b = Health {
+        attempts_1h: 1,
+        successes_1h: 1,
+        attempts_24h: 1,
+        successes_24h: 1,
+        last_success_at: Some(now - 300_000),
+        last_attempt_at: Some(now - 300_000),
+        backlog: 3,
+        dead_letters: 0,
+    };
+    assert_eq!(page.len(), 2, "{page:?}");
+    assert_eq!((page.get("ep_a"), page.get("ep_b")), (Some(&ep_a), Some(&ep_b)));
+    assert_eq!(b.store.endpoint_health(&ids[0], now).await?, ep_a, "one endpoint reads as it does in a page");
+    assert_eq!(b.store.endpoint_health(&ids[2], now).await?, Health::default());
+    let only_b = b.store.endpoint_health_page(&ids[1..2], now).await?;
+    assert_eq!(only_b.keys().collect::<Vec<_>>(), [&ids[1]]);
+    assert!(b.store.endpoint_health_page(&[], now).await?.is_empty());
     Ok(())
 }
 

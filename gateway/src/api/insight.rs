@@ -43,8 +43,19 @@ pub(crate) struct HealthOut {
 /// The health of `endpoint` now.
 pub(crate) async fn health(state: &AppState, endpoint: &Endpoint) -> Result<HealthOut, ApiError> {
     let h = state.store.endpoint_health(&endpoint.id, state.clock.now()).await?;
+    Ok(health_view(endpoint, h))
+}
+
+/// The health of each of `endpoints` now, read for the whole page at once.
+async fn page_health(state: &AppState, endpoints: &[Endpoint]) -> Result<Vec<HealthOut>, ApiError> {
+    let ids: Vec<EndpointId> = endpoints.iter().map(|e| e.id.clone()).collect();
+    let mut found = state.store.endpoint_health_page(&ids, state.clock.now()).await?;
+    Ok(endpoints.iter().map(|e| health_view(e, found.remove(&e.id).unwrap_or_default())).collect())
+}
+
+fn health_view(endpoint: &Endpoint, h: Health) -> HealthOut {
     let rate = |s: u64, a: u64| (a > 0).then(|| s as f64 / a as f64);
-    Ok(HealthOut {
+    HealthOut {
         success_rate_1h: rate(h.successes_1h, h.attempts_1h),
         success_rate_24h: rate(h.successes_24h, h.attempts_24h),
         attempts_1h: h.attempts_1h,
@@ -58,7 +69,7 @@ pub(crate) async fn health(state: &AppState, endpoint: &Endpoint) -> Result<Heal
         rate_per_sec: endpoint.spec.rate_per_sec,
         burst: endpoint.spec.burst,
         max_in_flight: endpoint.spec.max_in_flight,
-    })
+    }
 }
 
 /// Paging of the endpoint listing.
@@ -110,14 +121,11 @@ pub(crate) async fn list_endpoints(
         return Err(ApiError::bad_request(format!("plugin: {name:?} is not a plugin name (1-64 of [a-z0-9_-])")));
     }
     let endpoints = state.store.endpoint_page(&tenant, after.as_ref(), limit, q.plugin.as_deref()).await?;
-    let mut data = Vec::with_capacity(endpoints.len());
-    for e in &endpoints {
-        let health = match q.health {
-            Some(true) => Some(health(&state, e).await?),
-            _ => None,
-        };
-        data.push(EndpointItem { endpoint: view(e), health });
-    }
+    let health: Vec<Option<HealthOut>> = match q.health {
+        Some(true) => page_health(&state, &endpoints).await?.into_iter().map(Some).collect(),
+        _ => endpoints.iter().map(|_| None).collect(),
+    };
+    let data = endpoints.iter().zip(health).map(|(e, health)| EndpointItem { endpoint: view(e), health }).collect();
     let next_after = (endpoints.len() as u32 == limit).then(|| endpoints.last().map(|e| e.id.to_string())).flatten();
     Ok(Json(EndpointPage { data, next_after }))
 }

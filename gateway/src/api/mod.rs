@@ -32,6 +32,7 @@ mod plugin_versions;
 mod plugins;
 mod replays;
 mod tenants;
+mod whoami;
 
 pub use auth::hash_token;
 pub use console::{CONTENT_SECURITY_POLICY, asset_names as console_assets};
@@ -112,6 +113,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(insight::overview))
         .routes(routes!(tenants::create_token, tenants::list_tokens))
         .routes(routes!(tenants::revoke_token))
+        .routes(routes!(whoami::whoami))
         .routes(routes!(endpoints::create, insight::list_endpoints))
         .routes(routes!(endpoints::get_one, endpoints::patch, endpoints::delete))
         .routes(routes!(endpoints::enable))

@@ -84,7 +84,7 @@ pub struct ReplayProgress {
 }
 
 /// An endpoint's recent delivery health.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Health {
     pub attempts_1h: u64,
     pub successes_1h: u64,

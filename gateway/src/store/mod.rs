@@ -2,6 +2,7 @@
 //! group committer that folds many concurrent writes into one durable transaction.
 //! Architecture invariant: this is the only module that speaks SQL.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -532,7 +533,14 @@ pub trait Store: Send + Sync + 'static {
     async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>>;
     /// Per tenant: the oldest unresolved dead letter, if older than `older_than`, and the count.
     async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>>;
-    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health>;
+    /// The health of each of `endpoints` (a page of them) at `now`, in one statement: an
+    /// endpoint without attempts or deliveries is left out (its health is the default).
+    async fn endpoint_health_page(&self, endpoints: &[EndpointId], now: Millis) -> Result<HashMap<EndpointId, Health>>;
+    /// One endpoint's health at `now` (see [`Store::endpoint_health_page`]).
+    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
+        let mut page = self.endpoint_health_page(std::slice::from_ref(endpoint), now).await?;
+        Ok(page.remove(endpoint).unwrap_or_default())
+    }
     /// Queue depth, dead letters and endpoint states for the metrics, with the `top`
     /// endpoints that have the most due deliveries.
     async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats>;

@@ -415,44 +415,6 @@ where
         })
     }
 
-    pub(super) async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
-        let r = sqlx::query(
-            "SELECT COUNT(*) FILTER (WHERE started_at >= $1) AS a1, \
-             COUNT(*) FILTER (WHERE started_at >= $1 AND status BETWEEN 200 AND 299) AS s1, \
-             COUNT(*) AS a24, COUNT(*) FILTER (WHERE status BETWEEN 200 AND 299) AS s24 \
-             FROM attempts WHERE endpoint_id = $2 AND started_at >= $3",
-        )
-        .bind(now - 3_600_000)
-        .bind(endpoint.as_str())
-        .bind(now - 86_400_000)
-        .fetch_one(&self.pool)
-        .await?;
-        let last = sqlx::query(
-            "SELECT MAX(started_at) FILTER (WHERE status BETWEEN 200 AND 299) AS success, MAX(started_at) AS attempt \
-             FROM attempts WHERE endpoint_id = $1",
-        )
-        .bind(endpoint.as_str())
-        .fetch_one(&self.pool)
-        .await?;
-        let b = sqlx::query(
-            "SELECT COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')) AS backlog, \
-             COUNT(*) FILTER (WHERE state = 'dead') AS dead FROM deliveries WHERE endpoint_id = $1",
-        )
-        .bind(endpoint.as_str())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(Health {
-            attempts_1h: count(&r, "a1")?,
-            successes_1h: count(&r, "s1")?,
-            attempts_24h: count(&r, "a24")?,
-            successes_24h: count(&r, "s24")?,
-            last_success_at: last.try_get("success")?,
-            last_attempt_at: last.try_get("attempt")?,
-            backlog: count(&b, "backlog")?,
-            dead_letters: count(&b, "dead")?,
-        })
-    }
-
     // The steps of a replay batch both backends share; each re-queues the picked rows its own way.
 
     /// The replay to continue, read inside the batch's transaction (`lock`: the dialect's

@@ -279,8 +279,12 @@ impl Store for PostgresStore {
         self.q.queue_stats(now, top).await
     }
 
-    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
-        self.q.endpoint_health(endpoint, now).await
+    async fn endpoint_health_page(
+        &self,
+        endpoints: &[EndpointId],
+        now: Millis,
+    ) -> Result<std::collections::HashMap<EndpointId, Health>> {
+        self.q.endpoint_health_page(endpoints, now).await
     }
 
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {

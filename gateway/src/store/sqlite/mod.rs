@@ -302,8 +302,12 @@ impl Store for SqliteStore {
         Ok(QueueStats { wal_bytes: Some(std::fs::metadata(&self.wal).map_or(0, |m| m.len())), ..stats })
     }
 
-    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
-        self.q.endpoint_health(endpoint, now).await
+    async fn endpoint_health_page(
+        &self,
+        endpoints: &[EndpointId],
+        now: Millis,
+    ) -> Result<std::collections::HashMap<EndpointId, Health>> {
+        self.q.endpoint_health_page(endpoints, now).await
     }
 
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {

@@ -1,0 +1,42 @@
+//! `GET /v1/whoami`: what the calling token may do (admin or a tenant's, and its scopes),
+//! so a client such as the console offers only the actions the token is allowed. Reads
+//! nothing but the token itself, and needs no scope.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::auth::{self, Caller};
+use super::{ApiError, AppState};
+
+/// The calling token.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WhoamiOut {
+    /// The admin token: every tenant, every scope.
+    admin: bool,
+    /// The tenant a tenant token belongs to; null for the admin token.
+    tenant: Option<String>,
+    /// What it may do: `events:write`, `read`, `manage`, `replay` (all four for the admin).
+    scopes: Vec<&'static str>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/whoami", tag = "tenants", operation_id = "whoami",
+    responses((status = 200, description = "The calling token's tenant and scopes", body = WhoamiOut)),
+    security(("tenant_token" = []), ("admin_token" = [])),
+)]
+pub(crate) async fn whoami(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Json<WhoamiOut>, ApiError> {
+    let (caller, scopes) = auth::caller(&state, &headers).await?;
+    let scopes = scopes.iter().map(|s| s.as_str()).collect();
+    Ok(Json(match caller {
+        Caller::Admin => WhoamiOut { admin: true, tenant: None, scopes },
+        Caller::Tenant(t) => WhoamiOut { admin: false, tenant: Some(t.to_string()), scopes },
+    }))
+}
