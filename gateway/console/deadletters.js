@@ -49,6 +49,7 @@ export async function deadLettersPage(main, params) {
       { label: 'Endpoint', cell: (d) => d.endpoint_id },
       { label: 'Type', cell: (d) => d.event_type },
       { label: 'Reason', cell: (d) => stateText('dead', d.reason) },
+      { label: 'Last error', cell: (d) => d.last_error ?? '' },
       { label: 'Attempts', num: true, cell: (d) => d.attempts },
       { label: 'Dead since', cell: (d) => when(d.updated_at) },
     ], page.data, 'No dead letter matches.'),

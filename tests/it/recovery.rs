@@ -1,10 +1,20 @@
-//! Dead-letter recovery: filtered replays, their rate, restarts and scopes; operational
-//! events; endpoint health; retention.
+//! Dead-letter recovery: filtered replays, their rate, restarts and scopes; a plugin's
+//! drops as one reason; operational events; endpoint health; retention.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, TestGateway};
+
+use super::plugins::{plugin_bytes, upload};
+
+tests::backends!(
+    a_filtered_replay_delivers_exactly_the_selection_at_its_rate,
+    replays_need_the_replay_scope_and_stay_in_their_tenant,
+    a_disabled_endpoint_refuses_replay_until_re_enabled,
+    retention_purges_delivered_work_and_keeps_dead_letters,
+    a_plugins_drops_are_one_dead_letter_reason,
+);
 
 async fn dead_letters(gw: &TestGateway, query: &str, n: usize) -> anyhow::Result<Vec<Value>> {
     let path = format!("/v1/tenants/acme/dead-letters?{query}");
@@ -251,43 +261,35 @@ async fn retention_purges_delivered_work_and_keeps_dead_letters(b: Backend) -> a
     Ok(())
 }
 
-/// Every engine test runs on both stores.
-mod sqlite {
-    #[tokio::test]
-    async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate() -> anyhow::Result<()> {
-        super::a_filtered_replay_delivers_exactly_the_selection_at_its_rate(super::Backend::Sqlite).await
+/// A transform plugin's drop is dead letter reason `dropped`, whatever the plugin said
+/// (its words are the delivery's last error): `reason=dropped` lists them, the counts by
+/// reason have one row for them, a replay's filter selects them, and so do the metrics.
+async fn a_plugins_drops_are_one_dead_letter_reason(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    gw.api.tenant("acme").await?;
+    assert_eq!(upload(&gw, "acme", "chat", plugin_bytes("transform_chat"), ADMIN_TOKEN).await?.status, 200);
+    let set = json!({"values": {"skip_types": "audit.*"}});
+    let r = gw.api.call("PUT", "/v1/tenants/acme/plugins/chat/config", ADMIN_TOKEN, Some(set)).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let rx = FakeReceiver::start().await?;
+    gw.api.endpoint("acme", json!({"url": rx.url(), "plugins": {"transform": "chat"}})).await?;
+    for (id, kind) in [("evt_in", "audit.login"), ("evt_out", "audit.logout")] {
+        let r = gw.api.event("acme", json!({"id": id, "type": kind, "payload": {}})).await?;
+        assert_eq!(r.status, 202, "{}", r.text);
     }
-    #[tokio::test]
-    async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Result<()> {
-        super::replays_need_the_replay_scope_and_stay_in_their_tenant(super::Backend::Sqlite).await
-    }
-    #[tokio::test]
-    async fn a_disabled_endpoint_refuses_replay_until_re_enabled() -> anyhow::Result<()> {
-        super::a_disabled_endpoint_refuses_replay_until_re_enabled(super::Backend::Sqlite).await
-    }
-    #[tokio::test]
-    async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Result<()> {
-        super::retention_purges_delivered_work_and_keeps_dead_letters(super::Backend::Sqlite).await
-    }
-}
 
-mod postgres {
-    #[tokio::test]
-    async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate() -> anyhow::Result<()> {
-        super::a_filtered_replay_delivers_exactly_the_selection_at_its_rate(super::Backend::Postgres).await
-    }
-    #[tokio::test]
-    async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Result<()> {
-        super::replays_need_the_replay_scope_and_stay_in_their_tenant(super::Backend::Postgres).await
-    }
-    #[tokio::test]
-    async fn a_disabled_endpoint_refuses_replay_until_re_enabled() -> anyhow::Result<()> {
-        super::a_disabled_endpoint_refuses_replay_until_re_enabled(super::Backend::Postgres).await
-    }
-    #[tokio::test]
-    async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Result<()> {
-        super::retention_purges_delivered_work_and_keeps_dead_letters(super::Backend::Postgres).await
-    }
+    let dropped = dead_letters(&gw, "reason=dropped", 2).await?;
+    let mut words: Vec<&str> = dropped.iter().map(|d| d["last_error"].as_str().unwrap_or_default()).collect();
+    words.sort();
+    assert_eq!(words, ["event type audit.login is skipped", "event type audit.logout is skipped"], "{dropped:?}");
+    let r = gw.api.get("/v1/tenants/acme/dead-letters", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["counts_by_reason"], json!({"dropped": 2}), "{}", r.text);
+    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"reason": "dropped"}})).await?;
+    assert_eq!((r.status, r.json["selected"].as_u64()), (202, Some(2)), "{}", r.text);
+    let metrics = gw.api.raw("GET", "/metrics", None, "").await?.text;
+    assert!(metrics.contains(r#"herald_dead_letters_total{tenant="acme",reason="dropped"} 2"#), "{metrics}");
+    assert_eq!(rx.count(), 0, "a dropped delivery is never sent");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
