@@ -75,12 +75,18 @@ pub async fn replay(req: ReplayRequest) -> Result<Value, CliError> {
     }
     loop {
         let p = call(&req.api, "GET", &format!("{base}/{id}"), &req.token, None).await?;
-        let (selected, sent) = (p["selected"].as_u64().unwrap_or(0), p["sent"].as_u64().unwrap_or(0));
-        let (delivered, failed) = (p["delivered"].as_u64().unwrap_or(0), p["failed"].as_u64().unwrap_or(0));
-        eprint!("\r{} re-queued {sent}/{selected}, delivered {delivered}, failed {failed}   ", bar(sent, selected));
+        let figure = |name: &str| p[name].as_u64().unwrap_or(0);
+        let (selected, sent) = (figure("selected"), figure("sent"));
+        eprint!(
+            "\r{} sent {sent}/{selected}: delivered {}, failed {}, pending {}   ",
+            bar(sent, selected),
+            figure("delivered"),
+            figure("failed"),
+            figure("pending")
+        );
         let _ = std::io::stderr().flush();
-        let finished = p["state"] != "running" && delivered + failed >= sent;
-        if finished {
+        // Running until everything it re-queued has settled; a cancel ends it.
+        if p["state"] != "running" {
             eprintln!();
             return Ok(p);
         }

@@ -1,6 +1,7 @@
-//! Dead-letter recovery: filtered replays, their rate, restarts and scopes; a plugin's
-//! drops as one reason; operational events; endpoint health; retention.
+//! Dead-letter recovery: filtered replays, their rate, restarts, cancels, listing and
+//! scopes; a plugin's drops as one reason; operational events; endpoint health; retention.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -13,6 +14,8 @@ tests::backends!(
     replays_need_the_replay_scope_and_stay_in_their_tenant,
     a_disabled_endpoint_refuses_replay_until_re_enabled,
     retention_purges_delivered_work_and_keeps_dead_letters,
+    a_replay_cancelled_midway_sends_nothing_more,
+    replays_are_listed_newest_first_in_pages,
     a_plugins_drops_are_one_dead_letter_reason,
 );
 
@@ -261,6 +264,93 @@ async fn retention_purges_delivered_work_and_keeps_dead_letters(b: Backend) -> a
     Ok(())
 }
 
+/// A replay at a low rate, cancelled midway: nothing it had not sent goes out after the
+/// cancel (the receiver is watched for a window), what it had not sent is back among the
+/// dead letters as it was, and its figures add up.
+async fn a_replay_cancelled_midway_sends_nothing_more(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    seed_dead_letters(&gw, &rx, 12, 0).await?;
+    let id_of = |d: &Value| d["id"].as_str().unwrap_or_default().to_string();
+    let before: HashMap<String, Value> =
+        dead_letters(&gw, "limit=1000", 12).await?.into_iter().map(|d| (id_of(&d), d)).collect();
+    rx.set_default(Answer::status(200));
+    let first_round = rx.count();
+
+    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {}, "rate_per_sec": 4})).await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let id = r.json["id"].as_str().unwrap().to_string();
+    rx.wait_for(first_round + 3, Duration::from_secs(10)).await?;
+    let cancel = gw.api.post(&format!("/v1/tenants/acme/replays/{id}/cancel"), ADMIN_TOKEN, json!({})).await?;
+    let at_cancel = rx.count() - first_round;
+    // An absence needs a window: two seconds is eight of the replay's intervals.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let replayed = rx.count() - first_round;
+    assert!(replayed <= at_cancel + 1, "{} sent after the cancel (one may have been in flight)", replayed - at_cancel);
+    assert_eq!((cancel.status, cancel.json["state"].as_str()), (200, Some("cancelled")), "{}", cancel.text);
+
+    let done = gw
+        .api
+        .wait_for(&format!("/v1/tenants/acme/replays/{id}"), Duration::from_secs(10), |v| v["pending"] == 0)
+        .await?;
+    let figure = |k: &str| done[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!((figure("sent"), figure("delivered")), (replayed as u64, replayed as u64), "{done}");
+    assert_eq!((figure("selected"), figure("failed"), done["state"].as_str()), (12, 0, Some("cancelled")), "{done}");
+    assert_eq!(figure("requeued"), figure("delivered") + figure("returned"), "the figures add up: {done}");
+    assert!(figure("requeued") < 12, "{done}");
+
+    // Back among the dead letters as they were: reason, time of death, attempt history.
+    let after = dead_letters(&gw, "limit=1000", 12 - replayed).await?;
+    for d in &after {
+        let was = &before[&id_of(d)];
+        let kept =
+            |d: &Value| (d["reason"].clone(), d["updated_at"].clone(), d["attempts"].clone(), d["state"].clone());
+        assert_eq!(kept(d), kept(was), "{d}");
+    }
+    let one = gw.api.get(&format!("/v1/tenants/acme/deliveries/{}", id_of(&after[0])), ADMIN_TOKEN).await?;
+    assert_eq!(one.json["attempt_history"].as_array().map(Vec::len), Some(1), "{}", one.text);
+    assert_eq!(rx.count() - first_round, replayed, "nothing went out since the window");
+    Ok(())
+}
+
+/// `GET …/replays`: newest first, paged like the other lists, with each replay's figures;
+/// `read` is enough; another tenant's are not there.
+async fn replays_are_listed_newest_first_in_pages(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    seed_dead_letters(&gw, &rx, 3, 0).await?;
+    rx.set_default(Answer::status(200));
+    let mut made = Vec::new();
+    for d in dead_letters(&gw, "", 3).await? {
+        let r = gw
+            .api
+            .post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"ids": [d["id"]], "rate_per_sec": 100}))
+            .await?;
+        assert_eq!(r.status, 202, "{}", r.text);
+        made.push(r.json["id"].as_str().unwrap().to_string());
+    }
+    let reader = gw.api.token("acme", &["read"]).await?;
+    let r = gw.api.get("/v1/tenants/acme/replays?limit=2", &reader).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let ids = |v: &Value| {
+        v["data"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&r.json), [made[2].clone(), made[1].clone()], "newest first");
+    assert_eq!(r.json["data"][0]["selected"], 1, "with its figures: {}", r.text);
+    let next = r.json["next_after"].as_str().expect("a next page").to_string();
+    let r = gw.api.get(&format!("/v1/tenants/acme/replays?limit=2&after={next}"), &reader).await?;
+    assert_eq!((ids(&r.json), &r.json["next_after"]), (vec![made[0].clone()], &Value::Null), "{}", r.text);
+
+    let r = gw.api.get("/v1/tenants/acme/replays?limit=0", &reader).await?;
+    assert_eq!((r.status, r.json["error"]["code"].as_str()), (400, Some("invalid_query")), "{}", r.text);
+    gw.api.tenant("other").await?;
+    let other = gw.api.token("other", &["read"]).await?;
+    assert_eq!(gw.api.get("/v1/tenants/acme/replays", &other).await?.status, 404);
+    let r = gw.api.get("/v1/tenants/other/replays", &other).await?;
+    assert_eq!(r.json["data"], json!([]), "{}", r.text);
+    Ok(())
+}
+
 /// A transform plugin's drop is dead letter reason `dropped`, whatever the plugin said
 /// (its words are the delivery's last error): `reason=dropped` lists them, the counts by
 /// reason have one row for them, a replay's filter selects them, and so do the metrics.
@@ -312,6 +402,7 @@ async fn herald_replay_follows_a_replay_to_its_end() -> anyhow::Result<()> {
     assert!(stderr.contains("4 dead letters selected") && stderr.contains("####"), "progress shown: {stderr}");
     let result: Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!((result["delivered"].as_u64(), result["failed"].as_u64()), (Some(4), Some(0)), "{result}");
+    assert_eq!((result["state"].as_str(), result["pending"].as_u64()), (Some("done"), Some(0)), "{result}");
     // A refused replay is a clear error and a failed command.
     let bin = tests::herald_binary()?;
     let api = gw.api.base.clone();
