@@ -404,12 +404,24 @@ async fn herald_replay_follows_a_replay_to_its_end() -> anyhow::Result<()> {
     assert_eq!((result["delivered"].as_u64(), result["failed"].as_u64()), (Some(4), Some(0)), "{result}");
     assert_eq!((result["state"].as_str(), result["pending"].as_u64()), (Some("done"), Some(0)), "{result}");
     // A refused replay is a clear error and a failed command.
-    let bin = tests::herald_binary()?;
-    let api = gw.api.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(bin).args(["replay", "--api", &api, "--token", "wrong", "--tenant", "acme"]).output()
-    })
-    .await??;
+    let replay = |args: &'static [&'static str]| {
+        let (bin, api) = (tests::herald_binary(), gw.api.base.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = std::process::Command::new(bin?);
+            cmd.args(["replay", "--api", &api, "--tenant", "acme"]).args(args);
+            anyhow::Ok(cmd.stdin(std::process::Stdio::null()).output()?)
+        })
+    };
+    // Every dead letter, with no terminal to ask on and no --all: refused, nothing asked of
+    // the node.
+    let out = tokio::time::timeout(Duration::from_secs(30), replay(&["--token", ADMIN_TOKEN])).await???;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("error: ") && stderr.contains("--all"), "{stderr}");
+    let listed = gw.api.get("/v1/tenants/acme/replays", ADMIN_TOKEN).await?;
+    assert_eq!(listed.json["data"].as_array().map(Vec::len), Some(1), "only the filtered replay: {}", listed.text);
+    let out = tokio::time::timeout(Duration::from_secs(30), replay(&["--token", "wrong", "--all"])).await???;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("401"), "{}", String::from_utf8_lossy(&out.stderr));
     Ok(())
