@@ -1,5 +1,6 @@
 // Dead letters: counts by reason, filter, select, a rate-limited replay whose progress is
-// followed live (selected, sent, delivered, failed), and its cancellation.
+// followed live (selected, re-queued, sent, delivered, failed, back among the dead letters,
+// pending), the recent replays, and cancelling one while it runs.
 import { api, can, tenantPath } from './api.js';
 import { searchForm, utc } from './deliveries.js';
 import { field, guard, h, link, needs, say, stateText, table, when, put } from './dom.js';
@@ -11,7 +12,10 @@ export async function deadLettersPage(main, params) {
     endpoint: params.get('endpoint'), type: params.get('type'), reason: params.get('reason'),
     since: utc(params.get('since')), until: utc(params.get('until')),
   };
-  const page = await api('GET', tenantPath('/dead-letters'), { query: { ...filter, after: params.get('after'), limit: 100 } });
+  const [page, replays] = await Promise.all([
+    api('GET', tenantPath('/dead-letters'), { query: { ...filter, after: params.get('after'), limit: 100 } }),
+    api('GET', tenantPath('/replays'), { query: { limit: 5 } }),
+  ]);
   const counts = Object.entries(page.counts_by_reason);
   const boxes = new Map();
   const rate = h('input', { name: 'rate_per_sec', type: 'number', step: 'any', min: '0.1', value: '10' });
@@ -41,6 +45,13 @@ export async function deadLettersPage(main, params) {
       h('button', { type: 'button', id: 'replay-filter', onclick: () => guard(() => replay({ filter: cleanFilter })) },
         'Replay every dead letter matching the filter')),
     progress,
+    h('section', {}, h('h2', {}, 'Recent replays'), table('Recent replays, newest first', [
+      { label: 'Replay', cell: (r) => r.id },
+      { label: 'State', cell: (r) => r.state },
+      ...FIGURES.map(([key, label]) => ({ label, num: true, cell: (r) => r[key] })),
+      { label: 'Started', cell: (r) => when(r.created_at) },
+      { label: 'Follow', cell: (r) => h('button', { type: 'button', class: 'secondary', onclick: () => follow(progress, r.id) }, 'Follow') },
+    ], replays.data, 'No replay yet.')),
     table('Dead letters, oldest first', [
       replaying && { label: 'Select', cell: (d) => {
         const b = h('input', { type: 'checkbox', 'aria-label': `Select ${d.id}` });
@@ -51,13 +62,25 @@ export async function deadLettersPage(main, params) {
       { label: 'Endpoint', cell: (d) => d.endpoint_id },
       { label: 'Type', cell: (d) => d.event_type },
       { label: 'Reason', cell: (d) => stateText('dead', d.reason) },
+      { label: 'Last error', cell: (d) => d.last_error ?? '' },
       { label: 'Attempts', num: true, cell: (d) => d.attempts },
       { label: 'Dead since', cell: (d) => when(d.updated_at) },
     ].filter(Boolean), page.data, 'No dead letter matches.'),
     page.next_after ? link(`#/dead-letters?${next}`, 'Next page') : null);
+  const latest = replays.data[0];
+  if (latest && latest.state === 'running') follow(progress, latest.id);
 }
 
-/** Polls the replay until every re-queued delivery has an outcome (or it was cancelled). */
+/** A replay's figures, in the order they happen: [field, label]. */
+const FIGURES = [
+  ['selected', 'Selected'], ['requeued', 'Re-queued'], ['sent', 'Sent'], ['delivered', 'Delivered'],
+  ['failed', 'Failed'], ['returned', 'Back among the dead letters'], ['pending', 'Pending'],
+];
+
+/**
+ * Polls the replay until everything it re-queued has settled: it is `running` until then
+ * (or until it is cancelled, after which what it had sent may still be retried).
+ */
 function follow(section, id) {
   const me = Symbol(id);
   following = me;
@@ -66,18 +89,20 @@ function follow(section, id) {
     if (following !== me || !section.isConnected) return;
     const r = await guard(() => api('GET', path));
     if (!r) return;
-    const finished = r.delivered + r.failed;
+    const settled = r.delivered + r.failed + r.returned;
+    const figures = FIGURES.map(([key, label]) => `${label.toLowerCase()} ${r[key]}`).join(', ');
     section.replaceChildren();
     put(section, h('h2', {}, 'Replay ', r.id),
-      h('p', { id: 'replay-state' }, `State: ${r.state}. Selected ${r.selected}, sent ${r.sent}, delivered ${r.delivered}, failed ${r.failed}.`),
-      h('progress', { max: Math.max(1, r.selected), value: finished, 'aria-label': 'Replay progress' }),
-      r.state === 'running' ? h('button', { type: 'button', class: 'secondary', onclick: () => guard(async () => {
+      h('p', { id: 'replay-state' }, `State: ${r.state}. ${figures[0].toUpperCase()}${figures.slice(1)}.`),
+      h('progress', { max: Math.max(1, r.selected), value: settled, 'aria-label': 'Replay progress' }),
+      // While it runs, a cancel stops whatever it has not sent yet.
+      r.state === 'running' && can('replay') ? h('button', { type: 'button', id: 'replay-cancel', class: 'secondary', onclick: () => guard(async () => {
         await api('POST', `${path}/cancel`);
-        say(`Replay ${r.id} cancelled.`);
+        say(`Replay ${r.id} cancelled: what it had not sent is back among the dead letters.`);
       }) }, 'Cancel replay') : null);
-    const over = r.state === 'cancelled' || (r.state === 'done' && finished >= r.sent);
-    if (over) section.append(h('p', { id: 'replay-finished' }, 'Replay finished.'));
-    else setTimeout(tick, 500);
+    if (r.state !== 'running' && r.pending === 0) {
+      section.append(h('p', { id: 'replay-finished' }, r.state === 'cancelled' ? 'Replay cancelled.' : 'Replay finished.'));
+    } else setTimeout(tick, 500);
   };
   tick();
 }

@@ -1,7 +1,7 @@
 //! Operator commands that talk to a running Herald over its own API (`herald replay`).
 //! Not a webhook client: `deliver` alone talks to endpoints.
 
-use std::io::Write;
+use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +18,10 @@ pub enum CliError {
     Unreachable(String, String),
     #[error("Herald answered {0}: {1}")]
     Refused(u16, String),
+    #[error("refusing to replay every dead letter of tenant {0} without --all (name a filter or --ids to replay some)")]
+    NeedsAll(String),
+    #[error("not confirmed: nothing replayed")]
+    NotConfirmed,
 }
 
 /// What `herald replay` asks for.
@@ -31,6 +35,56 @@ pub struct ReplayRequest {
     pub rate_per_sec: f64,
     pub batch: u32,
     pub wait: bool,
+    /// Replaying every dead letter (no ids, no filter) is meant.
+    pub all: bool,
+}
+
+/// What to do before a replay is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// Ids, a filter, or `--all`: go.
+    Go,
+    /// Every dead letter, on a terminal: ask first.
+    Ask,
+    /// Every dead letter, with no one to ask: refuse.
+    Refuse,
+}
+
+impl ReplayRequest {
+    /// Does it name neither ids nor any filter, selecting every dead letter of the tenant?
+    pub fn selects_everything(&self) -> bool {
+        self.ids.is_empty() && self.filter.as_object().is_none_or(|f| f.is_empty())
+    }
+
+    /// A replay of every dead letter needs `--all`, or a yes on a terminal.
+    pub fn selection(&self, terminal: bool) -> Selection {
+        match (self.selects_everything() && !self.all, terminal) {
+            (false, _) => Selection::Go,
+            (true, true) => Selection::Ask,
+            (true, false) => Selection::Refuse,
+        }
+    }
+}
+
+/// Asks on the terminal before a replay of every dead letter; refuses one without `--all`
+/// where there is no terminal to ask on (a script, a pipe).
+pub fn confirm(req: &ReplayRequest) -> Result<(), CliError> {
+    let stdin = std::io::stdin();
+    match req.selection(stdin.is_terminal()) {
+        Selection::Go => Ok(()),
+        Selection::Refuse => Err(CliError::NeedsAll(req.tenant.clone())),
+        Selection::Ask => {
+            eprint!("Replay every dead letter of tenant {}? [y/N] ", req.tenant);
+            let _ = std::io::stderr().flush();
+            let mut answer = String::new();
+            // An unreadable terminal is a no.
+            let _ = stdin.lock().read_line(&mut answer);
+            match answer.trim() {
+                "y" | "Y" | "yes" => Ok(()),
+                _ => Err(CliError::NotConfirmed),
+            }
+        }
+    }
 }
 
 async fn call(api: &str, method: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value, CliError> {
@@ -75,12 +129,18 @@ pub async fn replay(req: ReplayRequest) -> Result<Value, CliError> {
     }
     loop {
         let p = call(&req.api, "GET", &format!("{base}/{id}"), &req.token, None).await?;
-        let (selected, sent) = (p["selected"].as_u64().unwrap_or(0), p["sent"].as_u64().unwrap_or(0));
-        let (delivered, failed) = (p["delivered"].as_u64().unwrap_or(0), p["failed"].as_u64().unwrap_or(0));
-        eprint!("\r{} re-queued {sent}/{selected}, delivered {delivered}, failed {failed}   ", bar(sent, selected));
+        let figure = |name: &str| p[name].as_u64().unwrap_or(0);
+        let (selected, sent) = (figure("selected"), figure("sent"));
+        eprint!(
+            "\r{} sent {sent}/{selected}: delivered {}, failed {}, pending {}   ",
+            bar(sent, selected),
+            figure("delivered"),
+            figure("failed"),
+            figure("pending")
+        );
         let _ = std::io::stderr().flush();
-        let finished = p["state"] != "running" && delivered + failed >= sent;
-        if finished {
+        // Running until everything it re-queued has settled; a cancel ends it.
+        if p["state"] != "running" {
             eprintln!();
             return Ok(p);
         }
@@ -92,4 +152,38 @@ fn bar(done: u64, total: u64) -> String {
     let width = 30;
     let filled = (done.min(total) * width).checked_div(total).unwrap_or(width);
     format!("[{}{}]", "#".repeat(filled as usize), "-".repeat((width - filled) as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(ids: &[&str], filter: Value, all: bool) -> ReplayRequest {
+        ReplayRequest {
+            api: String::new(),
+            token: String::new(),
+            tenant: "acme".into(),
+            ids: ids.iter().map(|s| s.to_string()).collect(),
+            filter,
+            rate_per_sec: 10.0,
+            batch: 100,
+            wait: false,
+            all,
+        }
+    }
+
+    #[test]
+    fn replaying_every_dead_letter_needs_all_or_a_yes() {
+        let cases = [
+            (request(&[], json!({}), false), true, Selection::Ask),
+            (request(&[], json!({}), false), false, Selection::Refuse),
+            (request(&[], Value::Null, false), false, Selection::Refuse),
+            (request(&[], json!({}), true), false, Selection::Go),
+            (request(&[], json!({"type": "invoice.paid"}), false), false, Selection::Go),
+            (request(&["dlv_1"], json!({}), false), false, Selection::Go),
+        ];
+        for (req, terminal, want) in cases {
+            assert_eq!(req.selection(terminal), want, "{req:?} on a terminal: {terminal}");
+        }
+    }
 }

@@ -83,6 +83,10 @@ struct ReplayArgs {
     /// Return once the replay is accepted instead of following it.
     #[arg(long)]
     no_wait: bool,
+    /// Replay every dead letter of the tenant (no ids, no filter). Without it such a
+    /// replay is asked about on a terminal, and refused elsewhere.
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(Subcommand)]
@@ -274,7 +278,9 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         rate_per_sec: args.rate,
         batch: args.batch,
         wait: !args.no_wait,
+        all: args.all,
     };
+    gateway::cli::confirm(&req)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = runtime.block_on(gateway::cli::replay(req))?;
     println!("{}", serde_json::to_string_pretty(&result)?);

@@ -1,12 +1,17 @@
-//! Replays: re-queue selected dead letters in batches at a bounded rate, durably (the cursor
-//! and the schedule live in the store, so a replay resumes after a restart at its pace) and
-//! on the same delivery rows the engine retries, so a delivery is never in flight twice.
+//! Replays: re-queue selected dead letters at a bounded rate, durably (the cursor and the
+//! schedule live in the store, so a replay resumes after a restart at its pace) and on the
+//! same delivery rows the engine retries, so a delivery is never in flight twice. A turn
+//! re-queues only about a tenth of a second of the replay's rate, and never more than a
+//! batch that has not been sent yet, so the rate is the pace deliveries go out at, and a
+//! cancel finds little re-queued ahead: it puts what was not sent back among the dead
+//! letters and tells the partitions holding any of it to hand it back unsent.
 //!
 //! Every node runs every running replay. They take turns on the stored schedule
-//! ([`Store::replay_batch`](crate::store::Store::replay_batch)): the node whose turn it is
-//! re-queues a batch and moves the schedule on by that batch's span at the replay's rate;
-//! the others find it not due yet and sleep until it is. So a cluster keeps a replay's
-//! rate, and when the node that took the last turns dies, another takes the next.
+//! ([`Store::replay_turn`](crate::store::Store::replay_turn)): the node whose turn it is
+//! re-queues and moves the schedule on by that turn's span at the replay's rate; the
+//! others find it not due yet and sleep until it is. So a cluster keeps a replay's rate,
+//! and when the node that took the last turns dies, another takes the next. Once
+//! everything is re-queued, the turns look whether it has all settled, and mark it done.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -15,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::clock::now_ms;
-use crate::model::Millis;
+use crate::model::{Millis, TenantId};
 use crate::store::{DynStore, ReplayTurn, StoreError};
 use crate::worker::Engine;
 
@@ -64,7 +69,7 @@ impl Replayer {
             Ok(running) => {
                 for replay in running {
                     if self.launch(replay.id.clone()) {
-                        tracing::info!(replay = %replay.id, sent = replay.sent, selected = replay.selected, "running replay");
+                        tracing::info!(replay = %replay.id, requeued = replay.requeued, selected = replay.selected, "running replay");
                     }
                 }
             }
@@ -86,17 +91,26 @@ impl Replayer {
         true
     }
 
+    /// Cancels a running replay of `tenant`: what it has not sent goes back among the dead
+    /// letters, and the partitions (of any node) that hold some of it claimed are told to
+    /// hand it back unsent. False when it was not running.
+    pub async fn cancel(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<bool, StoreError> {
+        let Some(claimed) = self.store.cancel_replay(tenant, id, now).await? else { return Ok(false) };
+        if !claimed.is_empty() {
+            self.engine.changed(&claimed);
+        }
+        tracing::info!(replay = %id, tenant = %tenant, "replay cancelled");
+        Ok(true)
+    }
+
     async fn run(&self, id: &str) {
         let ttl_ms = self.ttl.as_millis() as i64;
         loop {
-            match self.store.replay_batch(id, now_ms(), ttl_ms).await {
-                Ok(ReplayTurn::Requeued { endpoints, requeued, next_due, done }) => {
+            match self.store.replay_turn(id, now_ms(), ttl_ms).await {
+                Ok(ReplayTurn::Requeued { endpoints, requeued, next_due }) => {
                     // The engine picks each re-queued delivery up when it comes due.
                     self.engine.poke(&endpoints);
-                    tracing::debug!(replay = %id, requeued, "replay batch");
-                    if done {
-                        return;
-                    }
+                    tracing::debug!(replay = %id, requeued, "replay turn");
                     sleep_until(next_due).await;
                 }
                 Ok(ReplayTurn::NotYet(at)) => sleep_until(at).await,

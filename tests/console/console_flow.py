@@ -225,16 +225,36 @@ def reason_counts_without_bullets(c):
 def replay_dead_letters(c, cfg, times):
     times["dead_letters"] = c.go("#/dead-letters", "#page-dead-letters")
     counts = c.find("#reason-counts").text
-    assert f"permanent:422: {cfg['dead']}" in counts, counts
+    dead = cfg["dead"]
+    assert f"permanent:422: {dead}" in counts, counts
     c.d.find_element(By.PARTIAL_LINK_TEXT, "permanent:422").click()
     c.wait.until(lambda d: "reason=permanent" in d.execute_script("return location.hash"))
     c.arrived("#page-dead-letters")
     assert c.find("input[name=reason]").get_attribute("value") == "permanent:422"
+    # A slow replay is cancelled once its first delivery is in: one every ten seconds, so
+    # the second is not due yet. The rest stay dead letters.
+    rate = c.find("input[name=rate_per_sec]")
+    rate.clear()
+    rate.send_keys("0.1")
+    c.find("main > #page-dead-letters #replay-filter").click()
+    c.text_in("#replay-state", "delivered 1,")
+    assert "State: running" in c.find("#replay-state").text
+    c.find("#replay-cancel").click()
+    c.text_in("#replay-progress", "Replay cancelled.")
+    state = c.find("#replay-state").text
+    assert "State: cancelled" in state, state
+    assert f"Selected {dead}, re-queued 1, sent 1, delivered 1, failed 0, back among the dead letters 0, pending 0." in state, state
+    assert c.d.find_elements(By.CSS_SELECTOR, "#replay-cancel") == [], "no Cancel once cancelled"
+    # The rest, at the default pace, to the end.
+    c.d.refresh()
+    c.arrived("#page-dead-letters")
+    assert "cancelled" in c.find("main > #page-dead-letters table").text, "the cancelled replay is listed"
     c.find("main > #page-dead-letters #replay-filter").click()
     done = c.text_in("#replay-progress", "Replay finished.")
     state = c.find("#replay-state").text
-    dead = cfg["dead"]
-    assert f"Selected {dead}, sent {dead}, delivered {dead}, failed 0." in state, state
+    rest = dead - 1
+    figures = f"Selected {rest}, re-queued {rest}, sent {rest}, delivered {rest}, failed 0, back among the dead letters 0, pending 0."
+    assert figures in state, state
     assert "State: done" in state, state
     assert "Replay finished." in done
     c.shot("dead-letters")

@@ -237,8 +237,11 @@ async fn a_replay_keeps_its_rate_across_nodes_and_outlives_the_node_it_started_o
     let before_kill: Vec<Instant> = rx.received().iter().skip(first_round).map(|r| r.at).collect();
 
     let progress = format!("/v1/tenants/acme/replays/{id}");
+    // Done once everything it re-queued has settled: what the dead node had claimed waits
+    // for its leases to expire (the endpoint's partition lease, 15 s, and the deliveries'),
+    // and for the survivor's recovery scan.
     let done = api
-        .wait_for(&progress, Duration::from_secs(20), |v| v["state"] == "done" && v["sent"] == v["selected"])
+        .wait_for(&progress, Duration::from_secs(60), |v| v["state"] == "done" && v["sent"] == v["selected"])
         .await?;
     assert_eq!(done["selected"], total, "{done}");
     // The first is due when the replay is created, the n-th n / rate later: measured from

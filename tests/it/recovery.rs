@@ -1,10 +1,23 @@
-//! Dead-letter recovery: filtered replays, their rate, restarts and scopes; operational
-//! events; endpoint health; retention.
+//! Dead-letter recovery: filtered replays, their rate, restarts, cancels, listing and
+//! scopes; a plugin's drops as one reason; operational events; endpoint health; retention.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, TestGateway};
+
+use super::plugins::{plugin_bytes, upload};
+
+tests::backends!(
+    a_filtered_replay_delivers_exactly_the_selection_at_its_rate,
+    replays_need_the_replay_scope_and_stay_in_their_tenant,
+    a_disabled_endpoint_refuses_replay_until_re_enabled,
+    retention_purges_delivered_work_and_keeps_dead_letters,
+    a_replay_cancelled_midway_sends_nothing_more,
+    replays_are_listed_newest_first_in_pages,
+    a_plugins_drops_are_one_dead_letter_reason,
+);
 
 async fn dead_letters(gw: &TestGateway, query: &str, n: usize) -> anyhow::Result<Vec<Value>> {
     let path = format!("/v1/tenants/acme/dead-letters?{query}");
@@ -251,43 +264,122 @@ async fn retention_purges_delivered_work_and_keeps_dead_letters(b: Backend) -> a
     Ok(())
 }
 
-/// Every engine test runs on both stores.
-mod sqlite {
-    #[tokio::test]
-    async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate() -> anyhow::Result<()> {
-        super::a_filtered_replay_delivers_exactly_the_selection_at_its_rate(super::Backend::Sqlite).await
+/// A replay at a low rate, cancelled midway: nothing it had not sent goes out after the
+/// cancel (the receiver is watched for a window), what it had not sent is back among the
+/// dead letters as it was, and its figures add up.
+async fn a_replay_cancelled_midway_sends_nothing_more(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    seed_dead_letters(&gw, &rx, 12, 0).await?;
+    let id_of = |d: &Value| d["id"].as_str().unwrap_or_default().to_string();
+    let before: HashMap<String, Value> =
+        dead_letters(&gw, "limit=1000", 12).await?.into_iter().map(|d| (id_of(&d), d)).collect();
+    rx.set_default(Answer::status(200));
+    let first_round = rx.count();
+
+    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {}, "rate_per_sec": 4})).await?;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let id = r.json["id"].as_str().unwrap().to_string();
+    rx.wait_for(first_round + 3, Duration::from_secs(10)).await?;
+    let cancel = gw.api.post(&format!("/v1/tenants/acme/replays/{id}/cancel"), ADMIN_TOKEN, json!({})).await?;
+    let at_cancel = rx.count() - first_round;
+    // An absence needs a window: two seconds is eight of the replay's intervals.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let replayed = rx.count() - first_round;
+    assert!(replayed <= at_cancel + 1, "{} sent after the cancel (one may have been in flight)", replayed - at_cancel);
+    assert_eq!((cancel.status, cancel.json["state"].as_str()), (200, Some("cancelled")), "{}", cancel.text);
+
+    let done = gw
+        .api
+        .wait_for(&format!("/v1/tenants/acme/replays/{id}"), Duration::from_secs(10), |v| v["pending"] == 0)
+        .await?;
+    let figure = |k: &str| done[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!((figure("sent"), figure("delivered")), (replayed as u64, replayed as u64), "{done}");
+    assert_eq!((figure("selected"), figure("failed"), done["state"].as_str()), (12, 0, Some("cancelled")), "{done}");
+    assert_eq!(figure("requeued"), figure("delivered") + figure("returned"), "the figures add up: {done}");
+    assert!(figure("requeued") < 12, "{done}");
+
+    // Back among the dead letters as they were: reason, time of death, attempt history.
+    let after = dead_letters(&gw, "limit=1000", 12 - replayed).await?;
+    for d in &after {
+        let was = &before[&id_of(d)];
+        let kept =
+            |d: &Value| (d["reason"].clone(), d["updated_at"].clone(), d["attempts"].clone(), d["state"].clone());
+        assert_eq!(kept(d), kept(was), "{d}");
     }
-    #[tokio::test]
-    async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Result<()> {
-        super::replays_need_the_replay_scope_and_stay_in_their_tenant(super::Backend::Sqlite).await
-    }
-    #[tokio::test]
-    async fn a_disabled_endpoint_refuses_replay_until_re_enabled() -> anyhow::Result<()> {
-        super::a_disabled_endpoint_refuses_replay_until_re_enabled(super::Backend::Sqlite).await
-    }
-    #[tokio::test]
-    async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Result<()> {
-        super::retention_purges_delivered_work_and_keeps_dead_letters(super::Backend::Sqlite).await
-    }
+    let one = gw.api.get(&format!("/v1/tenants/acme/deliveries/{}", id_of(&after[0])), ADMIN_TOKEN).await?;
+    assert_eq!(one.json["attempt_history"].as_array().map(Vec::len), Some(1), "{}", one.text);
+    assert_eq!(rx.count() - first_round, replayed, "nothing went out since the window");
+    Ok(())
 }
 
-mod postgres {
-    #[tokio::test]
-    async fn a_filtered_replay_delivers_exactly_the_selection_at_its_rate() -> anyhow::Result<()> {
-        super::a_filtered_replay_delivers_exactly_the_selection_at_its_rate(super::Backend::Postgres).await
+/// `GET …/replays`: newest first, paged like the other lists, with each replay's figures;
+/// `read` is enough; another tenant's are not there.
+async fn replays_are_listed_newest_first_in_pages(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    seed_dead_letters(&gw, &rx, 3, 0).await?;
+    rx.set_default(Answer::status(200));
+    let mut made = Vec::new();
+    for d in dead_letters(&gw, "", 3).await? {
+        let r = gw
+            .api
+            .post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"ids": [d["id"]], "rate_per_sec": 100}))
+            .await?;
+        assert_eq!(r.status, 202, "{}", r.text);
+        made.push(r.json["id"].as_str().unwrap().to_string());
     }
-    #[tokio::test]
-    async fn replays_need_the_replay_scope_and_stay_in_their_tenant() -> anyhow::Result<()> {
-        super::replays_need_the_replay_scope_and_stay_in_their_tenant(super::Backend::Postgres).await
+    let reader = gw.api.token("acme", &["read"]).await?;
+    let r = gw.api.get("/v1/tenants/acme/replays?limit=2", &reader).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let ids = |v: &Value| {
+        v["data"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&r.json), [made[2].clone(), made[1].clone()], "newest first");
+    assert_eq!(r.json["data"][0]["selected"], 1, "with its figures: {}", r.text);
+    let next = r.json["next_after"].as_str().expect("a next page").to_string();
+    let r = gw.api.get(&format!("/v1/tenants/acme/replays?limit=2&after={next}"), &reader).await?;
+    assert_eq!((ids(&r.json), &r.json["next_after"]), (vec![made[0].clone()], &Value::Null), "{}", r.text);
+
+    let r = gw.api.get("/v1/tenants/acme/replays?limit=0", &reader).await?;
+    assert_eq!((r.status, r.json["error"]["code"].as_str()), (400, Some("invalid_query")), "{}", r.text);
+    gw.api.tenant("other").await?;
+    let other = gw.api.token("other", &["read"]).await?;
+    assert_eq!(gw.api.get("/v1/tenants/acme/replays", &other).await?.status, 404);
+    let r = gw.api.get("/v1/tenants/other/replays", &other).await?;
+    assert_eq!(r.json["data"], json!([]), "{}", r.text);
+    Ok(())
+}
+
+/// A transform plugin's drop is dead letter reason `dropped`, whatever the plugin said
+/// (its words are the delivery's last error): `reason=dropped` lists them, the counts by
+/// reason have one row for them, a replay's filter selects them, and so do the metrics.
+async fn a_plugins_drops_are_one_dead_letter_reason(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    gw.api.tenant("acme").await?;
+    assert_eq!(upload(&gw, "acme", "chat", plugin_bytes("transform_chat"), ADMIN_TOKEN).await?.status, 200);
+    let set = json!({"values": {"skip_types": "audit.*"}});
+    let r = gw.api.call("PUT", "/v1/tenants/acme/plugins/chat/config", ADMIN_TOKEN, Some(set)).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let rx = FakeReceiver::start().await?;
+    gw.api.endpoint("acme", json!({"url": rx.url(), "plugins": {"transform": "chat"}})).await?;
+    for (id, kind) in [("evt_in", "audit.login"), ("evt_out", "audit.logout")] {
+        let r = gw.api.event("acme", json!({"id": id, "type": kind, "payload": {}})).await?;
+        assert_eq!(r.status, 202, "{}", r.text);
     }
-    #[tokio::test]
-    async fn a_disabled_endpoint_refuses_replay_until_re_enabled() -> anyhow::Result<()> {
-        super::a_disabled_endpoint_refuses_replay_until_re_enabled(super::Backend::Postgres).await
-    }
-    #[tokio::test]
-    async fn retention_purges_delivered_work_and_keeps_dead_letters() -> anyhow::Result<()> {
-        super::retention_purges_delivered_work_and_keeps_dead_letters(super::Backend::Postgres).await
-    }
+
+    let dropped = dead_letters(&gw, "reason=dropped", 2).await?;
+    let mut words: Vec<&str> = dropped.iter().map(|d| d["last_error"].as_str().unwrap_or_default()).collect();
+    words.sort();
+    assert_eq!(words, ["event type audit.login is skipped", "event type audit.logout is skipped"], "{dropped:?}");
+    let r = gw.api.get("/v1/tenants/acme/dead-letters", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["counts_by_reason"], json!({"dropped": 2}), "{}", r.text);
+    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"reason": "dropped"}})).await?;
+    assert_eq!((r.status, r.json["selected"].as_u64()), (202, Some(2)), "{}", r.text);
+    let metrics = gw.api.raw("GET", "/metrics", None, "").await?.text;
+    assert!(metrics.contains(r#"herald_dead_letters_total{tenant="acme",reason="dropped"} 2"#), "{metrics}");
+    assert_eq!(rx.count(), 0, "a dropped delivery is never sent");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,13 +402,26 @@ async fn herald_replay_follows_a_replay_to_its_end() -> anyhow::Result<()> {
     assert!(stderr.contains("4 dead letters selected") && stderr.contains("####"), "progress shown: {stderr}");
     let result: Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!((result["delivered"].as_u64(), result["failed"].as_u64()), (Some(4), Some(0)), "{result}");
+    assert_eq!((result["state"].as_str(), result["pending"].as_u64()), (Some("done"), Some(0)), "{result}");
     // A refused replay is a clear error and a failed command.
-    let bin = tests::herald_binary()?;
-    let api = gw.api.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(bin).args(["replay", "--api", &api, "--token", "wrong", "--tenant", "acme"]).output()
-    })
-    .await??;
+    let replay = |args: &'static [&'static str]| {
+        let (bin, api) = (tests::herald_binary(), gw.api.base.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = std::process::Command::new(bin?);
+            cmd.args(["replay", "--api", &api, "--tenant", "acme"]).args(args);
+            anyhow::Ok(cmd.stdin(std::process::Stdio::null()).output()?)
+        })
+    };
+    // Every dead letter, with no terminal to ask on and no --all: refused, nothing asked of
+    // the node.
+    let out = tokio::time::timeout(Duration::from_secs(30), replay(&["--token", ADMIN_TOKEN])).await???;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("error: ") && stderr.contains("--all"), "{stderr}");
+    let listed = gw.api.get("/v1/tenants/acme/replays", ADMIN_TOKEN).await?;
+    assert_eq!(listed.json["data"].as_array().map(Vec::len), Some(1), "only the filtered replay: {}", listed.text);
+    let out = tokio::time::timeout(Duration::from_secs(30), replay(&["--token", "wrong", "--all"])).await???;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("401"), "{}", String::from_utf8_lossy(&out.stderr));
     Ok(())

@@ -94,6 +94,7 @@ conformance!(
     one_commit_applies_mixed_ops_in_order,
     concurrent_nodes_never_claim_the_same_delivery,
     dead_letters_replay_report_and_purge,
+    a_cancelled_replay_returns_what_it_has_not_sent,
     claims_of_many_endpoints_in_one_commit_stay_apart,
     health_of_a_page_of_endpoints,
 );
@@ -905,26 +906,10 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     assert_eq!(b.store.stale_dead_letters(T0 + 200).await?, [(acme.clone(), T0 + 50, 10)]);
     assert!(b.store.stale_dead_letters(T0 + 50).await?.is_empty());
 
-    let replay = Replay {
-        id: "rpl_1".into(),
-        tenant: acme.clone(),
-        state: ReplayState::Running,
-        ids: None,
-        filter: Some(only_a),
-        rate_per_sec: 10.0,
-        batch: 3,
-        selected: 5,
-        sent: 0,
-        cursor: String::new(),
-        next_due_at: T0 + 200,
-        created_at: T0 + 200,
-        updated_at: T0 + 200,
-    };
+    let replay = replay("rpl_1", Some(only_a), 3, 5, T0 + 200);
     b.store.create_replay(&replay).await?;
     assert_eq!(b.store.running_replays().await?.len(), 1);
     let ep_a = || vec![EndpointId::from_stored("ep_a")];
-    let turn = b.store.replay_batch("rpl_1", T0 + 300, HOUR).await?;
-    assert_eq!(turn, ReplayTurn::Requeued { endpoints: ep_a(), requeued: 3, next_due: T0 + 600, done: false });
     let queued = |b: &Backend| {
         let s = b.store.clone();
         async move {
@@ -940,43 +925,153 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
             anyhow::Ok(due)
         }
     };
-    assert_eq!(queued(&b).await?, [Some(T0 + 300), Some(T0 + 400), Some(T0 + 500)], "re-queued at the replay's pace");
+    // At 100/s a turn re-queues a tenth of a second's worth, up to the batch of 3.
+    let turn = b.store.replay_turn("rpl_1", T0 + 300, HOUR).await?;
+    assert_eq!(turn, ReplayTurn::Requeued { endpoints: ep_a(), requeued: 3, next_due: T0 + 330 });
+    assert_eq!(queued(&b).await?, [Some(T0 + 300), Some(T0 + 310), Some(T0 + 320)], "spaced at the replay's rate");
     // Another node's turn before the schedule has come re-queues nothing: together they
     // keep the replay's rate.
-    assert_eq!(b.store.replay_batch("rpl_1", T0 + 450, HOUR).await?, ReplayTurn::NotYet(T0 + 600));
+    assert_eq!(b.store.replay_turn("rpl_1", T0 + 320, HOUR).await?, ReplayTurn::NotYet(T0 + 330));
+    // A batch re-queued and not sent: nothing more until some of it is.
+    assert_eq!(b.store.replay_turn("rpl_1", T0 + 340, HOUR).await?, ReplayTurn::NotYet(T0 + 440));
     assert_eq!(queued(&b).await?.len(), 3);
-    let turn = b.store.replay_batch("rpl_1", T0 + 650, HOUR).await?;
-    let last = ReplayTurn::Requeued { endpoints: ep_a(), requeued: 2, next_due: T0 + 850, done: true };
-    assert_eq!(turn, last, "continues after its cursor, from its turn's time");
-    assert_eq!(b.store.replay_batch("rpl_1", T0 + 900, HOUR).await?, ReplayTurn::Ended);
-    let progress = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
-    assert_eq!((progress.replay.state, progress.replay.sent), (ReplayState::Done, 5));
-    assert!(b.store.running_replays().await?.is_empty());
-    assert!(
-        !b.store.finish_replay(&acme, "rpl_1", ReplayState::Cancelled, T0 + 700).await?,
-        "only a running replay finishes"
-    );
 
-    let again = b.committer.claim(claim_req("ep_a", T0 + 600, 2, "node-1")).await?;
-    assert_eq!((again[0].attempts, again[0].attempt_base, again[0].deadline), (1, 1, Some(T0 + 300 + HOUR)));
-    b.committer.record(vec![result(&again[0], again[0].fence, DeliveryState::Delivered, None, 200, T0 + 600)]).await?;
-    let progress = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
-    assert_eq!((progress.delivered, progress.failed), (1, 0));
+    let sent = b.committer.claim(claim_req("ep_a", T0 + 340, 2, "node-1")).await?;
+    let replayed = sent.iter().map(|c| (c.attempts, c.attempt_base, c.deadline, c.replay.as_deref()));
+    assert!(replayed.clone().all(|r| r == (1, 1, Some(T0 + 300 + HOUR), Some("rpl_1"))), "{sent:?}");
+    b.committer
+        .record(vec![
+            result(&sent[0], sent[0].fence, DeliveryState::Delivered, None, 200, T0 + 345),
+            result(&sent[1], sent[1].fence, DeliveryState::Dead, None, 422, T0 + 345),
+        ])
+        .await?;
+    let turn = b.store.replay_turn("rpl_1", T0 + 450, HOUR).await?;
+    let last = ReplayTurn::Requeued { endpoints: ep_a(), requeued: 2, next_due: T0 + 470 };
+    assert_eq!(turn, last, "continues after its cursor, from its turn's time, as sends make room");
+    let p = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
+    assert_eq!((p.replay.state, p.replay.requeued), (ReplayState::Running, 5));
+    let f = ReplayFigures { sent: 2, delivered: 1, failed: 1, returned: 0, pending: 3 };
+    assert_eq!(p.figures, f, "each re-queued delivery counted once, by what became of it");
+
+    let rest = b.committer.claim(claim_req("ep_a", T0 + 600, 10, "node-1")).await?;
+    assert_eq!(rest.len(), 3);
+    b.committer
+        .record(rest.iter().map(|c| result(c, c.fence, DeliveryState::Delivered, None, 200, T0 + 610)).collect())
+        .await?;
+    // Everything re-queued and settled: done.
+    assert_eq!(b.store.replay_turn("rpl_1", T0 + 700, HOUR).await?, ReplayTurn::Ended);
+    let p = b.store.get_replay(&acme, "rpl_1").await?.expect("replay");
+    assert_eq!(p.replay.state, ReplayState::Done);
+    assert_eq!(p.figures, ReplayFigures { sent: 5, delivered: 4, failed: 1, returned: 0, pending: 0 });
+    assert!(b.store.running_replays().await?.is_empty());
+    assert_eq!(b.store.cancel_replay(&acme, "rpl_1", T0 + 700).await?, None, "only a running replay is cancelled");
 
     let h = b.store.endpoint_health(&EndpointId::from_stored("ep_a"), T0 + 1_000).await?;
-    assert_eq!((h.attempts_1h, h.successes_1h, h.attempts_24h, h.successes_24h), (6, 1, 6, 1));
+    assert_eq!((h.attempts_1h, h.successes_1h, h.attempts_24h, h.successes_24h), (10, 4, 10, 4));
     assert_eq!(
         (h.last_success_at, h.last_attempt_at, h.backlog, h.dead_letters),
-        (Some(T0 + 600), Some(T0 + 600), 4, 0)
+        (Some(T0 + 610), Some(T0 + 610), 0, 1)
     );
 
-    // Retention: the delivered one and ep_b's dead letters go; an event goes with its last delivery.
-    assert_eq!(b.store.purge(T0 + 10_000, T0 + 10_000, 100).await?, 6);
-    let gone = &again[0];
+    // Retention: delivered work and old dead letters go; an event goes with its last delivery.
+    assert_eq!(b.store.purge(T0 + 10_000, T0 + 200, 100).await?, 9);
+    let gone = &sent[0];
     assert!(b.store.get_delivery(&acme, &gone.id).await?.is_none());
     assert!(b.store.get_event(&acme, &gone.event_id).await?.is_none(), "no delivery left: the event is purged");
-    assert!(b.store.get_event(&acme, &again[1].event_id).await?.is_some(), "an event with live deliveries stays");
-    assert_eq!(b.store.purge(T0 + 10_000, T0 + 10_000, 100).await?, 0);
+    assert!(b.store.get_event(&acme, &sent[1].event_id).await?.is_some(), "an event with a delivery left stays");
+    assert_eq!(b.store.purge(T0 + 10_000, T0 + 200, 100).await?, 0);
+    Ok(())
+}
+
+/// A running replay of `acme` created at `at`, due then, at 100/s.
+fn replay(id: &str, filter: Option<DeadLetterFilter>, batch: u32, selected: u64, at: Millis) -> Replay {
+    Replay {
+        id: id.into(),
+        tenant: TenantId::parse("acme").unwrap(),
+        state: ReplayState::Running,
+        ids: None,
+        filter,
+        rate_per_sec: 100.0,
+        batch,
+        selected,
+        requeued: 0,
+        cursor: String::new(),
+        next_due_at: at,
+        created_at: at,
+        updated_at: at,
+    }
+}
+
+/// A cancel puts what the replay re-queued and did not send back among the dead letters as
+/// it was, at once for what waits in the store, and for what a partition holds when it is
+/// handed back or its lease is recovered; what it sent stays sent. Replays list newest
+/// first.
+async fn a_cancelled_replay_returns_what_it_has_not_sent(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    let acme = TenantId::parse("acme")?;
+    ingest(&b, (0..6).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
+    let first = b.committer.claim(claim_req("ep_a", T0 + 10, 6, "node-1")).await?;
+    b.committer
+        .record(first.iter().map(|c| result(c, c.fence, DeliveryState::Dead, None, 422, T0 + 100)).collect())
+        .await?;
+    let dead = |b: &Backend| {
+        let s = b.store.clone();
+        async move {
+            let f = DeliveryFilter { state: Some(DeliveryState::Dead), limit: 100, ..Default::default() };
+            anyhow::Ok(s.list_deliveries(&f).await?)
+        }
+    };
+    let as_it_was = |d: &Delivery| {
+        (d.reason.as_deref(), d.attempts, d.updated_at, d.next_attempt_at) == (Some("permanent:422"), 1, T0 + 112, None)
+    };
+    assert!(dead(&b).await?.iter().all(as_it_was));
+
+    b.store.create_replay(&replay("rpl_c", Some(DeadLetterFilter::default()), 4, 6, T0 + 200)).await?;
+    let turn = b.store.replay_turn("rpl_c", T0 + 300, HOUR).await?;
+    assert!(matches!(turn, ReplayTurn::Requeued { requeued: 4, .. }), "{turn:?}");
+    // Two come due and a partition claims them; it sends one.
+    let leased = b.committer.claim(claim_req("ep_a", T0 + 315, 10, "node-1")).await?;
+    assert_eq!(leased.len(), 2);
+    b.committer
+        .record(vec![result(&leased[0], leased[0].fence, DeliveryState::Delivered, None, 200, T0 + 320)])
+        .await?;
+
+    let told = b.store.cancel_replay(&acme, "rpl_c", T0 + 400).await?;
+    assert_eq!(told, Some(vec![EndpointId::from_stored("ep_a")]), "the partition holding one unsent is named");
+    assert_eq!(b.store.cancelled_replays(&["rpl_c".into(), "rpl_x".into()]).await?, ["rpl_c"]);
+    // The two still queued are dead letters again, as they were; the held one waits for
+    // its partition.
+    assert_eq!(dead(&b).await?.iter().filter(|d| as_it_was(d)).count(), 4);
+    let held = delivery_of(&b, leased[1].event_id.as_str(), "ep_a").await?;
+    assert_eq!(held.state, DeliveryState::Delivering);
+    let back = Release { delivery: leased[1].id.clone(), fence: leased[1].fence, next_attempt_at: T0 + 410 };
+    b.committer.release(vec![back]).await?;
+    assert_eq!(dead(&b).await?.iter().filter(|d| as_it_was(d)).count(), 5, "handed back: dead as it was");
+    assert!(b.committer.claim(claim_req("ep_a", T0 + 10_000, 10, "node-1")).await?.is_empty(), "none comes back");
+    assert_eq!(b.store.replay_turn("rpl_c", T0 + 500, HOUR).await?, ReplayTurn::Ended);
+    let p = b.store.get_replay(&acme, "rpl_c").await?.expect("replay");
+    assert_eq!((p.replay.state, p.replay.selected, p.replay.requeued), (ReplayState::Cancelled, 6, 4));
+    assert_eq!(p.figures, ReplayFigures { sent: 1, delivered: 1, failed: 0, returned: 3, pending: 0 });
+    assert_eq!(b.store.cancel_replay(&acme, "rpl_c", T0 + 500).await?, None);
+    assert_eq!(b.store.dead_letter_counts(&acme).await?, [("permanent:422".to_string(), 5)]);
+
+    // A node that dies holding a cancelled replay's deliveries: lease recovery returns them.
+    b.store.create_replay(&replay("rpl_d", Some(DeadLetterFilter::default()), 4, 5, T0 + 600)).await?;
+    assert!(matches!(b.store.replay_turn("rpl_d", T0 + 700, HOUR).await?, ReplayTurn::Requeued { requeued: 4, .. }));
+    assert_eq!(b.committer.claim(claim_req("ep_a", T0 + 800, 10, "node-2")).await?.len(), 4);
+    assert!(b.store.cancel_replay(&acme, "rpl_d", T0 + 900).await?.is_some());
+    assert_eq!(b.store.recover_leases(Millis::MAX, T0 + 1_000).await?, 4);
+    assert_eq!(dead(&b).await?.iter().filter(|d| as_it_was(d)).count(), 5, "recovered: dead as they were");
+    let p = b.store.get_replay(&acme, "rpl_d").await?.expect("replay");
+    assert_eq!(p.figures, ReplayFigures { sent: 0, delivered: 0, failed: 0, returned: 4, pending: 0 });
+
+    // Newest first, in pages; a tenant sees only its own.
+    let ids = |page: Vec<ReplayProgress>| page.into_iter().map(|p| p.replay.id).collect::<Vec<_>>();
+    assert_eq!(ids(b.store.list_replays(&acme, None, 1).await?), ["rpl_d"]);
+    assert_eq!(ids(b.store.list_replays(&acme, Some("rpl_d"), 10).await?), ["rpl_c"]);
+    assert!(b.store.list_replays(&acme, Some("rpl_c"), 10).await?.is_empty());
+    b.store.create_tenant(&tenant("other")).await?;
+    assert!(b.store.list_replays(&TenantId::parse("other")?, None, 10).await?.is_empty());
     Ok(())
 }
 

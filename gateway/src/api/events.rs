@@ -143,7 +143,7 @@ pub struct ListQuery {
     #[serde(rename = "type")]
     #[param(rename = "type")]
     event_type: Option<String>,
-    /// A dead letter's reason, e.g. `exhausted`, `permanent:422`.
+    /// A dead letter's reason, e.g. `exhausted`, `permanent:422`, `dropped`.
     reason: Option<String>,
     /// Dead (or created) at or after.
     since: Option<String>,
@@ -197,7 +197,8 @@ pub(crate) struct DeliveryOut {
     attempts: u32,
     next_attempt_at: Option<String>,
     /// Why a dead letter is dead: `exhausted`, `expired`, `permanent:<status>`,
-    /// `endpoint_disabled`, `retry_after_beyond_deadline`, `plugin:<message>`.
+    /// `endpoint_disabled`, `retry_after_beyond_deadline`, `plugin:<message>`, `dropped`
+    /// (a transform plugin dropped it; its reason is `last_error`).
     reason: Option<String>,
     last_status: Option<u16>,
     last_error: Option<String>,

@@ -128,7 +128,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(events::get_delivery))
         .routes(routes!(events::dead_letters))
         .routes(routes!(insight::tenant_series))
-        .routes(routes!(replays::create))
+        .routes(routes!(replays::create, replays::list))
         .routes(routes!(replays::get_one))
         .routes(routes!(replays::cancel))
         .routes(routes!(plugins::list))

@@ -1,4 +1,4 @@
-//! Replays of dead letters: create (scope `replay`), follow, cancel.
+//! Replays of dead letters: create and cancel (scope `replay`), follow and list (`read`).
 
 use std::sync::Arc;
 
@@ -6,11 +6,11 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::doc::ErrorCode;
-use super::extract::{ItemPath, JsonBody, Path, Read, Replay as ReplayScope, TenantAuth, TenantPath};
-use super::{ApiError, AppState, parse_rfc3339, rfc3339};
+use super::extract::{ItemPath, JsonBody, Path, Query, Read, Replay as ReplayScope, TenantAuth, TenantPath};
+use super::{ApiError, AppState, page_limit, parse_rfc3339, rfc3339};
 use crate::model::*;
 
 /// Most delivery ids one replay may name.
@@ -23,9 +23,9 @@ pub(crate) struct ReplayIn {
     /// 1 to 10 000 delivery ids.
     ids: Option<Vec<String>>,
     filter: Option<FilterIn>,
-    /// Re-queued per second, in (0, 10000]; default 10.
+    /// Sent per second, in (0, 10000]; default 10.
     rate_per_sec: Option<f64>,
-    /// Re-queued per step, 1 to 1000; default 100.
+    /// The most re-queued at a time and not sent yet, 1 to 1000; default 100.
     batch: Option<u32>,
 }
 
@@ -43,17 +43,27 @@ pub(crate) struct FilterIn {
     until: Option<String>,
 }
 
-/// A replay and its progress.
+/// A replay and its progress. Each delivery it re-queued is in exactly one of
+/// `delivered`, `failed`, `returned` and `pending`, so those add up to `requeued`.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct ReplayOut {
     id: String,
+    /// `running` until everything it re-queued has settled (or it is cancelled), then
+    /// `done`.
     state: ReplayState,
     /// Dead letters selected when the replay started.
     selected: u64,
     /// Re-queued so far.
+    requeued: u64,
+    /// Re-queued and attempted at least once since.
     sent: u64,
     delivered: u64,
+    /// Sent, and dead letters again.
     failed: u64,
+    /// Re-queued and dead letters again without being sent: the replay was cancelled
+    /// first (they are back as they were), or their endpoint was disabled.
+    returned: u64,
+    /// Re-queued and not settled: waiting to be sent, in flight, or waiting for a retry.
     pending: u64,
     rate_per_sec: f64,
     batch: u32,
@@ -78,15 +88,17 @@ pub(crate) struct FilterOut {
 }
 
 fn view(p: &ReplayProgress) -> ReplayOut {
-    let r = &p.replay;
+    let (r, f) = (&p.replay, &p.figures);
     ReplayOut {
         id: r.id.clone(),
         state: r.state,
         selected: r.selected,
-        sent: r.sent,
-        delivered: p.delivered,
-        failed: p.failed,
-        pending: r.sent.saturating_sub(p.delivered + p.failed),
+        requeued: r.requeued,
+        sent: f.sent,
+        delivered: f.delivered,
+        failed: f.failed,
+        returned: f.returned,
+        pending: f.pending,
         rate_per_sec: r.rate_per_sec,
         batch: r.batch,
         ids: r.ids.clone(),
@@ -165,7 +177,7 @@ pub(crate) async fn create(
         rate_per_sec,
         batch,
         selected,
-        sent: 0,
+        requeued: 0,
         cursor: String::new(),
         next_due_at: now,
         created_at: now,
@@ -173,7 +185,7 @@ pub(crate) async fn create(
     };
     state.store.create_replay(&replay).await?;
     state.replayer.launch(replay.id.clone());
-    let progress = ReplayProgress { replay, delivered: 0, failed: 0 };
+    let progress = ReplayProgress { replay, figures: ReplayFigures::default() };
     Ok((StatusCode::ACCEPTED, Json(view(&progress))))
 }
 
@@ -192,10 +204,51 @@ pub(crate) async fn get_one(
     Ok(Json(view(&p)))
 }
 
+/// Paging of the replay listing.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReplayQuery {
+    /// The `next_after` of the previous page.
+    after: Option<String>,
+    /// Page size (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+}
+
+/// A page of replays, newest first; `next_after` is null on the last page.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ReplayPage {
+    data: Vec<ReplayOut>,
+    next_after: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/replays", tag = "replays", operation_id = "list_replays",
+    params(TenantPath, ReplayQuery),
+    responses((status = 200, description = "A page of the tenant's replays, newest first", body = ReplayPage)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
+pub(crate) async fn list(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Query(q): Query<ReplayQuery>,
+) -> Result<Json<ReplayPage>, ApiError> {
+    let limit = page_limit(q.limit)?;
+    let replays = state.store.list_replays(&tenant, q.after.as_deref(), limit).await?;
+    let next_after = (replays.len() as u32 == limit).then(|| replays.last().map(|p| p.replay.id.clone())).flatten();
+    Ok(Json(ReplayPage { data: replays.iter().map(view).collect(), next_after }))
+}
+
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/replays/{id}/cancel", tag = "replays", operation_id = "cancel_replay",
     params(ItemPath),
-    responses((status = 200, description = "Cancelled", body = ReplayOut)),
+    responses((
+        status = 200,
+        description = "Cancelled: what it had not sent is back among the dead letters, as it was; what it \
+            had sent keeps its retries. A replay no longer running is answered as it stands.",
+        body = ReplayOut,
+    )),
     security(("tenant_token" = ["replay"]), ("admin_token" = [])),
 )]
 pub(crate) async fn cancel(
@@ -206,7 +259,7 @@ pub(crate) async fn cancel(
     if state.store.get_replay(&tenant, &id).await?.is_none() {
         return Err(ApiError::not_found("replay"));
     }
-    state.store.finish_replay(&tenant, &id, ReplayState::Cancelled, state.clock.now()).await?;
+    state.replayer.cancel(&tenant, &id, state.clock.now()).await?;
     let p = state.store.get_replay(&tenant, &id).await?.ok_or_else(|| ApiError::not_found("replay"))?;
     Ok(Json(view(&p)))
 }

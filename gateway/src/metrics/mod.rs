@@ -322,6 +322,7 @@ mod tests {
             ("exhausted", "exhausted"),
             ("permanent:404", "permanent"),
             ("plugin:timeout", "plugin"),
+            ("dropped", "dropped"),
             ("dropped:spam", "dropped"),
             ("endpoint_disabled", "endpoint_disabled"),
             ("something new", "other"),
@@ -336,7 +337,7 @@ mod tests {
         let acme = m.tenant("acme");
         acme.settled(DeliveryState::Delivered, None);
         acme.settled(DeliveryState::Dead, Some("permanent:400"));
-        acme.settled(DeliveryState::Dead, Some("dropped:x"));
+        acme.settled(DeliveryState::Dead, Some("dropped"));
         m.tenant("acme").settled(DeliveryState::Waiting, None);
         let text = m.render();
         for line in [

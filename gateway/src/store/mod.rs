@@ -212,6 +212,8 @@ pub struct Claimed {
     pub attempt_base: u32,
     /// A deadline set by a replay, replacing the event's own.
     pub deadline: Option<Millis>,
+    /// The replay that last re-queued it.
+    pub replay: Option<String>,
     pub fence: i64,
 }
 
@@ -230,8 +232,15 @@ impl Claimed {
             attempts: 0,
             attempt_base: 0,
             deadline: None,
+            replay: None,
             fence: 1,
         }
+    }
+
+    /// The replay that re-queued it, while it has not been sent since: if that replay is
+    /// cancelled, it must not be sent (see [`Store::cancel_replay`]).
+    pub fn unsent_of_replay(&self) -> Option<&str> {
+        self.replay.as_deref().filter(|_| self.attempts == self.attempt_base)
     }
 }
 
@@ -351,16 +360,17 @@ pub struct QueueStats {
     pub wal_bytes: Option<u64>,
 }
 
-/// What one turn of a replay did ([`Store::replay_batch`]).
+/// What one turn of a replay did ([`Store::replay_turn`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayTurn {
-    /// Re-queued `requeued` dead letters, on `endpoints` (each once). The next batch is due
-    /// at `next_due`; `done`: fewer than a batch were left, and the replay is done.
-    Requeued { endpoints: Vec<EndpointId>, requeued: u32, next_due: Millis, done: bool },
-    /// Not due before this time: another node took the last turn (or the replay changed
-    /// under this one; look again then).
+    /// Re-queued `requeued` dead letters, on `endpoints` (each once). The next turn is due
+    /// at `next_due`.
+    Requeued { endpoints: Vec<EndpointId>, requeued: u32, next_due: Millis },
+    /// Nothing to do before this time: the turn is not due (another node took the last
+    /// one), a batch waits to be sent, or everything is re-queued and not all of it has
+    /// settled.
     NotYet(Millis),
-    /// No longer running: done or cancelled.
+    /// No longer running: done (everything it re-queued has settled) or cancelled.
     Ended,
 }
 
@@ -518,17 +528,27 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(u64, Vec<EndpointId>)>;
     async fn create_replay(&self, replay: &Replay) -> Result<()>;
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>>;
+    /// Up to `limit` of a tenant's replays, newest first, older than the replay `after`.
+    async fn list_replays(&self, tenant: &TenantId, after: Option<&str>, limit: u32) -> Result<Vec<ReplayProgress>>;
     /// Replays still running (to resume after a restart).
     async fn running_replays(&self) -> Result<Vec<Replay>>;
     /// One turn of a running replay, if its schedule (`next_due_at`) has come by `now`:
-    /// re-queues its next batch of dead letters after its cursor, spaced at its rate from
-    /// `now` ([`Replay::schedule`]), retries counted afresh, deadline `now + ttl_ms`;
-    /// advances the cursor and the schedule, and marks the replay done when fewer than a
-    /// batch were left. Every node may run a replay: they take turns on its schedule, so
-    /// together they keep its rate, and one that dies leaves it to the others.
-    async fn replay_batch(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn>;
-    /// Moves a running replay to `state`; false if it was not running.
-    async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool>;
+    /// re-queues what [`Replay::plan`] allows of the dead letters after its cursor (those
+    /// it selected when it started, on endpoints not disabled), spaced at its rate from
+    /// `now` ([`Replay::schedule`]), retries counted afresh, deadline `now + ttl_ms`, each
+    /// keeping the reason and time it was dead with; advances the cursor and the schedule.
+    /// With nothing left to re-queue, it marks the replay done once everything it
+    /// re-queued has settled. Every node may run a replay: they take turns on its
+    /// schedule, so together they keep its rate, and one that dies leaves it to the others.
+    async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn>;
+    /// Cancels a running replay: what it re-queued and has not sent goes back among the
+    /// dead letters as it was (reason, time, attempts), in the same transaction. Those a
+    /// partition has claimed but not sent go back when it hands them back (a release, or
+    /// lease recovery), never to be claimed again. `None` when it was not running;
+    /// otherwise the endpoints with such claimed deliveries, whose partitions must be told.
+    async fn cancel_replay(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<Option<Vec<EndpointId>>>;
+    /// Which of these replays are cancelled.
+    async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>>;
     /// Dead letters of a tenant counted by reason.
     async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>>;
     /// Per tenant: the oldest unresolved dead letter, if older than `older_than`, and the count.

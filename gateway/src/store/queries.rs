@@ -13,7 +13,7 @@ use super::rows::{
     TenantRow, TokenRow,
 };
 use super::sql::{self, Sql};
-use super::{DeliveryFilter, QueueStats, ReplayTurn, Result, StoreError};
+use super::{DeliveryFilter, QueueStats, Result, StoreError};
 use crate::model::*;
 
 mod insight;
@@ -277,7 +277,7 @@ where
 
     pub(super) async fn create_replay(&self, r: &Replay) -> Result<()> {
         sqlx::query(
-            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
+            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, requeued, cursor, \
              created_at, updated_at, next_due_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(&r.id)
@@ -288,7 +288,7 @@ where
         .bind(r.rate_per_sec)
         .bind(i64::from(r.batch))
         .bind(r.selected as i64)
-        .bind(r.sent as i64)
+        .bind(r.requeued as i64)
         .bind(&r.cursor)
         .bind(r.created_at)
         .bind(r.updated_at)
@@ -305,21 +305,59 @@ where
             .fetch_optional(&self.pool)
             .await?;
         let Some(row) = row else { return Ok(None) };
-        let replay = Replay::try_from(row)?;
-        let counts = sqlx::query("SELECT state, COUNT(*) AS n FROM deliveries WHERE replay_id = $1 GROUP BY state")
-            .bind(id)
-            .fetch_all(&self.pool)
-            .await?;
-        let (mut delivered, mut failed) = (0, 0);
-        for r in counts {
-            let state: String = r.try_get("state")?;
-            match state.as_str() {
-                "delivered" => delivered = count(&r, "n")?,
-                "dead" => failed = count(&r, "n")?,
-                _ => {}
-            }
+        Ok(self.with_figures(vec![Replay::try_from(row)?]).await?.pop())
+    }
+
+    pub(super) async fn list_replays(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<ReplayProgress>> {
+        let mut q = Sql::<DB>::new("SELECT * FROM replays WHERE tenant_id = ");
+        q.push_bind(tenant.as_str());
+        if let Some(after) = after {
+            q.push(" AND id < ").push_bind(after);
         }
-        Ok(Some(ReplayProgress { replay, delivered, failed }))
+        q.push(" ORDER BY id DESC LIMIT ").push_bind(i64::from(limit.max(1)));
+        let (text, args) = q.take()?;
+        let rows = sqlx::query_as_with::<_, ReplayRow, _>(&text, args).fetch_all(&self.pool).await?;
+        self.with_figures(rows::all(rows)?).await
+    }
+
+    /// The replays with what became of the deliveries each re-queued, in one grouped query.
+    async fn with_figures(&self, replays: Vec<Replay>) -> Result<Vec<ReplayProgress>> {
+        if replays.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = Sql::<DB>::new(
+            "SELECT replay_id, COUNT(*) FILTER (WHERE attempts > attempt_base) AS sent, \
+             COUNT(*) FILTER (WHERE state = 'delivered') AS delivered, \
+             COUNT(*) FILTER (WHERE state = 'dead' AND attempts > attempt_base) AS failed, \
+             COUNT(*) FILTER (WHERE state = 'dead' AND attempts = attempt_base) AS returned, \
+             COUNT(*) FILTER (WHERE state NOT IN ('delivered', 'dead')) AS pending \
+             FROM deliveries WHERE replay_id IN (",
+        );
+        for (i, r) in replays.iter().enumerate() {
+            q.push(if i == 0 { "" } else { ", " }).push_bind(r.id.as_str());
+        }
+        q.push(") GROUP BY replay_id");
+        let (text, args) = q.take()?;
+        let mut figures = std::collections::HashMap::new();
+        for r in sqlx::query_with(&text, args).fetch_all(&self.pool).await? {
+            let f = ReplayFigures {
+                sent: count(&r, "sent")?,
+                delivered: count(&r, "delivered")?,
+                failed: count(&r, "failed")?,
+                returned: count(&r, "returned")?,
+                pending: count(&r, "pending")?,
+            };
+            figures.insert(r.try_get::<String, _>("replay_id")?, f);
+        }
+        Ok(replays
+            .into_iter()
+            .map(|replay| ReplayProgress { figures: figures.get(&replay.id).copied().unwrap_or_default(), replay })
+            .collect())
     }
 
     pub(super) async fn running_replays(&self) -> Result<Vec<Replay>> {
@@ -329,23 +367,17 @@ where
         rows::all(rows)
     }
 
-    pub(super) async fn finish_replay(
-        &self,
-        tenant: &TenantId,
-        id: &str,
-        state: ReplayState,
-        now: Millis,
-    ) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE replays SET state = $1, updated_at = $2 WHERE id = $3 AND tenant_id = $4 AND state = 'running'",
-        )
-        .bind(state.as_str())
-        .bind(now)
-        .bind(id)
-        .bind(tenant.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(DB::rows_affected(&done) == 1)
+    pub(super) async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = Sql::<DB>::new("SELECT id FROM replays WHERE state = 'cancelled' AND id IN (");
+        for (i, id) in ids.iter().enumerate() {
+            q.push(if i == 0 { "" } else { ", " }).push_bind(id.as_str());
+        }
+        q.push(")");
+        let (text, args) = q.take()?;
+        Ok(sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?)
     }
 
     pub(super) async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
@@ -415,30 +447,56 @@ where
         })
     }
 
-    // The steps of a replay batch both backends share; each re-queues the picked rows its own way.
+    // The reads of a replay's turn both backends share; each applies the turn its own way.
 
-    /// The replay to continue, read inside the batch's transaction (`lock`: the dialect's
-    /// row lock clause, if it needs one); `None` when it is no longer running.
-    pub(super) async fn replay_to_continue(
+    /// What a turn of replay `replay_id` at `now` is to do, read on `conn` (inside the
+    /// turn's transaction where the backend has one; `lock`: the dialect's row lock clause
+    /// for the replay, if it needs one).
+    pub(super) async fn plan_turn(
         conn: &mut DB::Connection,
         replay_id: &str,
         lock: &str,
-    ) -> Result<Option<Replay>> {
+        now: Millis,
+    ) -> Result<TurnStep> {
         let row = sqlx::query_as::<_, ReplayRow>(&format!("SELECT * FROM replays WHERE id = $1{lock}"))
             .bind(replay_id)
             .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else { return Err(StoreError::NotFound(format!("replay {replay_id}"))) };
         let replay = Replay::try_from(row)?;
-        Ok((replay.state == ReplayState::Running).then_some(replay))
+        if replay.state != ReplayState::Running {
+            return Ok(TurnStep::Ended);
+        }
+        if replay.next_due_at > now {
+            return Ok(TurnStep::NotYet(replay.next_due_at));
+        }
+        let outstanding = sqlx::query(sql::REPLAY_OUTSTANDING).bind(replay_id).fetch_one(&mut *conn).await?;
+        let (unsent, unsettled) = (count(&outstanding, "unsent")?, count(&outstanding, "unsettled")?);
+        let limit = match replay.plan(now, unsent) {
+            TurnPlan::WaitUntil(at) => return Ok(TurnStep::NotYet(at)),
+            TurnPlan::Requeue(n) => n,
+        };
+        let picks = Self::replay_picks(conn, &replay, limit).await?;
+        Ok(match (picks.is_empty(), unsettled) {
+            (false, _) => TurnStep::Requeue(Box::new(replay), picks),
+            (true, 0) => TurnStep::Done,
+            (true, _) => TurnStep::NotYet(now + SETTLE_CHECK_MS),
+        })
     }
 
-    /// The replay's next batch of dead letters after its cursor: (delivery id, endpoint).
-    pub(super) async fn replay_picks(conn: &mut DB::Connection, replay: &Replay) -> Result<Vec<(String, EndpointId)>> {
+    /// Up to `limit` of the replay's dead letters after its cursor, in id order: those it
+    /// selected when it started (dead by then: not the ones its own sends failed since),
+    /// on endpoints not disabled. (delivery id, endpoint).
+    async fn replay_picks(conn: &mut DB::Connection, replay: &Replay, limit: u32) -> Result<Vec<(String, EndpointId)>> {
         let mut q = Sql::<DB>::new("SELECT id, endpoint_id FROM deliveries WHERE 1 = 1");
         let (ids, filter) = (replay.ids.as_deref(), replay.filter.as_ref());
         sql::push_dead_selection(&mut q, &replay.tenant, ids, filter, &replay.cursor, DB::push_ids);
-        q.push(" ORDER BY id LIMIT ").push_bind(i64::from(replay.batch));
+        q.push(" AND deliveries.updated_at <= ").push_bind(replay.created_at);
+        q.push(
+            " AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = deliveries.endpoint_id \
+             AND e.state = 'disabled') ORDER BY id LIMIT ",
+        )
+        .push_bind(i64::from(limit));
         let (text, args) = q.take()?;
         let picked = sqlx::query_with(&text, args).fetch_all(&mut *conn).await?;
         picked
@@ -448,37 +506,44 @@ where
     }
 
     /// Moves the replay's cursor past `picks` (re-queued at `now`) and its schedule to
-    /// `next_due`; a short batch ends it.
+    /// `next_due`, if it is still running at the cursor they were picked from; false if not.
     pub(super) async fn advance_replay(
         conn: &mut DB::Connection,
         replay: &Replay,
-        picks: Vec<(String, EndpointId)>,
+        picks: &[(String, EndpointId)],
         now: Millis,
         next_due: Millis,
-    ) -> Result<ReplayTurn> {
-        let n = picks.len() as u32;
-        let done = n < replay.batch;
+    ) -> Result<bool> {
         let cursor = picks.last().map_or(replay.cursor.as_str(), |(id, _)| id.as_str());
-        sqlx::query(
-            "UPDATE replays SET sent = sent + $1, cursor = $2, updated_at = $3, next_due_at = $4, \
-             state = CASE WHEN $5 THEN 'done' ELSE state END WHERE id = $6",
-        )
-        .bind(i64::from(n))
-        .bind(cursor)
-        .bind(now)
-        .bind(next_due)
-        .bind(done)
-        .bind(replay.id.as_str())
-        .execute(&mut *conn)
-        .await?;
-        let endpoints = picks.into_iter().map(|(_, endpoint)| endpoint).collect();
-        Ok(requeued(endpoints, n, next_due, done))
+        let moved = sqlx::query(sql::ADVANCE_REPLAY)
+            .bind(picks.len() as i64)
+            .bind(cursor)
+            .bind(now)
+            .bind(next_due)
+            .bind(replay.id.as_str())
+            .bind(replay.cursor.as_str())
+            .execute(&mut *conn)
+            .await?;
+        Ok(DB::rows_affected(&moved) == 1)
     }
 }
 
+/// What a replay's turn is to do, as its reads found.
+pub(super) enum TurnStep {
+    /// No longer running.
+    Ended,
+    /// Nothing before this time.
+    NotYet(Millis),
+    /// Nothing left to re-queue and everything re-queued has settled: mark it done
+    /// ([`sql::REPLAY_DONE`], which checks the last part again as it writes).
+    Done,
+    /// Re-queue these (delivery id, endpoint), spaced at the replay's rate.
+    Requeue(Box<Replay>, Vec<(String, EndpointId)>),
+}
+
 /// The turn that re-queued `requeued` dead letters on `endpoints` (listed each once here).
-pub(super) fn requeued(mut endpoints: Vec<EndpointId>, requeued: u32, next_due: Millis, done: bool) -> ReplayTurn {
+pub(super) fn requeued(mut endpoints: Vec<EndpointId>, requeued: u32, next_due: Millis) -> super::ReplayTurn {
     endpoints.sort_unstable();
     endpoints.dedup();
-    ReplayTurn::Requeued { endpoints, requeued, next_due, done }
+    super::ReplayTurn::Requeued { endpoints, requeued, next_due }
 }

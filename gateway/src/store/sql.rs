@@ -1,6 +1,8 @@
 //! SQL both backends share: how an unfinished delivery settles against its endpoint's
 //! state, and the delivery and dead-letter filters, built once for either dialect
-//! ([`Sql`] writes `?` or `$n` itself). The write paths stay per backend.
+//! ([`Sql`] writes `?` or `$n` itself); the statements of a replay's turn and cancel. The
+//! write paths stay per backend. A statement here that SQLite's writer runs (rusqlite)
+//! numbers its `$n` in order of first appearance: there `$n` is a name, numbered so.
 
 use std::fmt::{Display, Write};
 
@@ -82,6 +84,62 @@ pub(super) fn settle(row: &str, wanted: &str) -> String {
          WHEN 'disabled' THEN 'dead' WHEN 'paused' THEN 'paused' ELSE {wanted} END"
     )
 }
+
+/// The `SET` of a replay re-queueing a dead letter (the row named `row`): due at `due`,
+/// retries counted afresh, deadline `deadline`, tied to replay `replay` (SQL expressions).
+/// The reason and time it was dead with are kept, for a cancel to put it back as it was
+/// ([`return_unsent`]); a disabled endpoint leaves it dead.
+pub(super) fn requeue_set(row: &str, due: &str, deadline: &str, replay: &str, now: &str) -> String {
+    let settled = settle(row, "'queued'");
+    format!(
+        "state = {settled}, next_attempt_at = {due}, attempt_base = {row}.attempts, deadline = {deadline}, \
+         replay_id = {replay}, prior_reason = {row}.reason, prior_dead_at = {row}.updated_at, \
+         reason = CASE WHEN {settled} = 'dead' THEN 'endpoint_disabled' END, updated_at = {now}"
+    )
+}
+
+/// Puts the deliveries of cancelled replays that were re-queued and not sent since back
+/// among the dead letters, as they were before the replay took them (their reason and
+/// time; their attempts were never touched). `which`: an SQL condition on `deliveries`
+/// naming the rows to look at; `$1`: now, the time of rows re-queued before the prior
+/// time was kept. Not for leased rows: a lease holder hands them back first.
+pub(super) fn return_unsent(which: &str) -> String {
+    format!(
+        "UPDATE deliveries SET state = 'dead', reason = COALESCE(prior_reason, 'replay_cancelled'), \
+         updated_at = COALESCE(prior_dead_at, $1), next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL \
+         WHERE {which} AND state IN ('queued', 'waiting', 'paused') AND attempts = attempt_base \
+         AND EXISTS (SELECT 1 FROM replays r WHERE r.id = deliveries.replay_id AND r.state = 'cancelled')"
+    )
+}
+
+/// [`return_unsent`]'s rows after lease recovery: any of a cancelled replay.
+pub(super) const OF_CANCELLED_REPLAYS: &str = "replay_id IN (SELECT id FROM replays WHERE state = 'cancelled')";
+
+/// Cancels running replay `$2` of tenant `$3` at `$1`.
+pub(super) const CANCEL_REPLAY: &str =
+    "UPDATE replays SET state = 'cancelled', updated_at = $1 WHERE id = $2 AND tenant_id = $3 AND state = 'running'";
+
+/// The endpoints of replay `$1`'s deliveries that a partition has claimed and not sent.
+pub(super) const REPLAY_CLAIMED_UNSENT: &str = "SELECT DISTINCT endpoint_id FROM deliveries \
+     WHERE replay_id = $1 AND state = 'delivering' AND attempts = attempt_base";
+
+/// How many of replay `$1`'s deliveries are re-queued and not sent (`unsent`), and not
+/// settled (`unsettled`, which includes those waiting for a retry and those paused).
+pub(super) const REPLAY_OUTSTANDING: &str = "SELECT \
+     COUNT(*) FILTER (WHERE attempts = attempt_base AND state IN ('queued', 'waiting', 'delivering')) AS unsent, \
+     COUNT(*) AS unsettled FROM deliveries \
+     WHERE replay_id = $1 AND state IN ('queued', 'waiting', 'delivering', 'paused')";
+
+/// Moves running replay `$5`'s cursor from `$6` to `$2` past `$1` re-queued at `$3`, and its
+/// schedule to `$4`; nothing if it is no longer running at that cursor (cancelled, or
+/// another turn moved it first).
+pub(super) const ADVANCE_REPLAY: &str = "UPDATE replays SET requeued = requeued + $1, cursor = $2, updated_at = $3, \
+     next_due_at = $4 WHERE id = $5 AND state = 'running' AND cursor = $6";
+
+/// Marks running replay `$2` done at `$1` if everything it re-queued has settled.
+pub(super) const REPLAY_DONE: &str = "UPDATE replays SET state = 'done', updated_at = $1 \
+     WHERE id = $2 AND state = 'running' AND NOT EXISTS (SELECT 1 FROM deliveries \
+     WHERE replay_id = $2 AND state IN ('queued', 'waiting', 'delivering', 'paused'))";
 
 /// Restricts a query on `deliveries` (after a `WHERE`) to `f`, ordered by id and limited.
 pub(super) fn push_delivery_filter<'a, DB>(q: &mut Sql<'a, DB>, f: &'a DeliveryFilter)

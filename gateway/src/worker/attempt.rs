@@ -349,10 +349,12 @@ async fn transformed(
             let unchanged = r.body == request.body;
             Ok((r, unchanged))
         }
+        // One dead-letter reason for every drop, so `reason=dropped` finds them all; the
+        // plugin's own words are the attempt's error (and the delivery's last error).
         Ok(plugin::TransformResult::Drop(reason)) => Err(Exchange::Decided {
-            verdict: Verdict::Fail { reason: format!("dropped:{reason}") },
+            verdict: Verdict::Fail { reason: "dropped".into() },
             by: format!("plugin:{name}"),
-            error: None,
+            error: Some(reason),
         }),
         Err(f) => Err(plugin_failed(inner, d, ctx, name, plugin::Hook::Transform, f)),
     }

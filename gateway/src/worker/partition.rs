@@ -36,6 +36,7 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
         if p.signal.take_changed() {
             p.stale = true;
             p.drained = None;
+            p.hand_back_cancelled().await;
         }
         if p.signal.take_fresh() {
             // New work while sending: the queue ran dry of what the last claim knew.
@@ -437,6 +438,11 @@ impl Partition {
     /// Asks the pacer, and sends the next delivery when it allows; otherwise waits as it says.
     async fn send_next(&mut self) -> Flow {
         let (Some(sh), Some(tg)) = (self.shared.clone(), self.target.clone()) else { return Flow::Again };
+        if self.signal.has_changed() {
+            // A change that came during a claim is seen before anything more is sent (it
+            // may have cancelled a replay whose deliveries that claim took).
+            return Flow::Again;
+        }
         if sh.halted.load(Ordering::Acquire) {
             self.release_queue(self.inner.clock.now()).await;
             return Flow::Again;
@@ -516,6 +522,35 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
 }
 
 impl Partition {
+    /// After a change: hands back the claimed deliveries of replays cancelled since they
+    /// were re-queued and not sent since (the store puts them back among the dead
+    /// letters), so a cancel stops what this node has claimed and not sent. Reads the
+    /// store only when the queue (with a running prefetch's claim) holds any of a replay.
+    async fn hand_back_cancelled(&mut self) {
+        self.collect_prefetch(true).await;
+        let mut replays: Vec<String> =
+            self.queue.iter().filter_map(|c| c.unsent_of_replay()).map(String::from).collect();
+        if replays.is_empty() {
+            return;
+        }
+        replays.sort_unstable();
+        replays.dedup();
+        let cancelled = match self.inner.store.cancelled_replays(&replays).await {
+            Ok(c) if c.is_empty() => return,
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot read which replays are cancelled");
+                return;
+            }
+        };
+        let of_cancelled = |c: &Claimed| c.unsent_of_replay().is_some_and(|r| cancelled.iter().any(|x| x == r));
+        let (mut gone, keep): (VecDeque<Claimed>, VecDeque<Claimed>) = self.queue.drain(..).partition(of_cancelled);
+        self.queue = keep;
+        tracing::info!(endpoint_id = %self.id, handed_back = gone.len(), "unsent deliveries of cancelled replays");
+        self.drained = None;
+        release_all(&self.inner, &mut gone, self.inner.clock.now()).await;
+    }
+
     /// Hands the queue back, due at `at`: the next due time is no longer known.
     async fn release_queue(&mut self, at: Millis) {
         self.drained = None;

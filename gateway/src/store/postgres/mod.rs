@@ -13,7 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult}
 use sqlx::{PgPool, Postgres, Row};
 use tokio::sync::mpsc;
 
-use super::queries::{Dialect, Queries};
+use super::queries::{self, Dialect, Queries, TurnStep};
 use super::sql::{self, Sql};
 use super::*;
 
@@ -168,6 +168,7 @@ impl Store for PostgresStore {
     }
 
     async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
+        let mut tx = self.q.pool.begin().await?;
         // SKIP LOCKED: a row some node is recording right now is not abandoned.
         let done = sqlx::query(
             "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, lease_owner = NULL, \
@@ -176,8 +177,13 @@ impl Store for PostgresStore {
         )
         .bind(now)
         .bind(expired_before)
-        .execute(&self.q.pool)
+        .execute(&mut *tx)
         .await?;
+        if done.rows_affected() > 0 {
+            // Unsent deliveries of replays cancelled while they were leased: dead letters again.
+            sqlx::query(&sql::return_unsent(sql::OF_CANCELLED_REPLAYS)).bind(now).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 
@@ -222,39 +228,51 @@ impl Store for PostgresStore {
         self.q.get_replay(tenant, id).await
     }
 
+    async fn list_replays(&self, tenant: &TenantId, after: Option<&str>, limit: u32) -> Result<Vec<ReplayProgress>> {
+        self.q.list_replays(tenant, after, limit).await
+    }
+
     async fn running_replays(&self) -> Result<Vec<Replay>> {
         self.q.running_replays().await
     }
 
-    async fn replay_batch(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
+    async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
         let mut tx = self.q.pool.begin().await?;
         // Every node runs every running replay: the row lock makes their turns one at a
         // time, and each reads the schedule the previous turn committed.
-        let Some(replay) = Queries::<Postgres>::replay_to_continue(&mut tx, replay_id, " FOR UPDATE").await? else {
-            return Ok(ReplayTurn::Ended);
+        let (replay, picks) = match Queries::<Postgres>::plan_turn(&mut tx, replay_id, " FOR UPDATE", now).await? {
+            TurnStep::Ended => return Ok(ReplayTurn::Ended),
+            TurnStep::NotYet(at) => return Ok(ReplayTurn::NotYet(at)),
+            TurnStep::Done => {
+                let done = sqlx::query(sql::REPLAY_DONE).bind(now).bind(replay_id).execute(&mut *tx).await?;
+                tx.commit().await?;
+                return Ok(match done.rows_affected() {
+                    1 => ReplayTurn::Ended,
+                    _ => ReplayTurn::NotYet(now + SETTLE_CHECK_MS),
+                });
+            }
+            TurnStep::Requeue(replay, picks) => (*replay, picks),
         };
-        if replay.next_due_at > now {
-            return Ok(ReplayTurn::NotYet(replay.next_due_at));
-        }
-        let picks = Queries::<Postgres>::replay_picks(&mut tx, &replay).await?;
         let ids: Vec<&str> = picks.iter().map(|(id, _)| id.as_str()).collect();
         let (due, next_due) = replay.schedule(now, ids.len());
-        if !ids.is_empty() {
-            sqlx::query(&format!(
-                "UPDATE deliveries d SET state = {}, next_attempt_at = v.due, attempt_base = d.attempts, \
-                 deadline = $3, replay_id = $4, reason = NULL, updated_at = $5 \
-                 FROM UNNEST($1::text[], $2::int8[]) AS v(id, due) WHERE d.id = v.id AND d.state = 'dead'",
-                sql::settle("d", "'queued'")
-            ))
-            .bind(&ids)
-            .bind(&due)
-            .bind(now + ttl_ms)
-            .bind(replay_id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(&format!(
+            "UPDATE deliveries d SET {} FROM UNNEST($1::text[], $2::int8[]) AS v(id, due) \
+             WHERE d.id = v.id AND d.state = 'dead'",
+            sql::requeue_set("d", "v.due", "$3", "$4", "$5")
+        ))
+        .bind(&ids)
+        .bind(&due)
+        .bind(now + ttl_ms)
+        .bind(replay_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        if !Queries::<Postgres>::advance_replay(&mut tx, &replay, &picks, now, next_due).await? {
+            // Cannot happen under the row lock; said for the reader.
+            return Ok(ReplayTurn::NotYet(now));
         }
-        let turn = Queries::<Postgres>::advance_replay(&mut tx, &replay, picks, now, next_due).await?;
+        let n = picks.len() as u32;
+        let turn = queries::requeued(picks.into_iter().map(|(_, e)| e).collect(), n, next_due);
         if let ReplayTurn::Requeued { endpoints, .. } = &turn {
             let ids: Vec<&str> = endpoints.iter().map(EndpointId::as_str).collect();
             writer::notify_woken(&mut tx, &self.channel, &ids).await?;
@@ -263,8 +281,21 @@ impl Store for PostgresStore {
         Ok(turn)
     }
 
-    async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
-        self.q.finish_replay(tenant, id, state, now).await
+    async fn cancel_replay(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<Option<Vec<EndpointId>>> {
+        let mut tx = self.q.pool.begin().await?;
+        let cancelled =
+            sqlx::query(sql::CANCEL_REPLAY).bind(now).bind(id).bind(tenant.as_str()).execute(&mut *tx).await?;
+        if cancelled.rows_affected() == 0 {
+            return Ok(None);
+        }
+        sqlx::query(&sql::return_unsent("replay_id = $2")).bind(now).bind(id).execute(&mut *tx).await?;
+        let claimed: Vec<String> = sqlx::query_scalar(sql::REPLAY_CLAIMED_UNSENT).bind(id).fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(Some(claimed.into_iter().map(EndpointId::from_stored).collect()))
+    }
+
+    async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>> {
+        self.q.cancelled_replays(ids).await
     }
 
     async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {

@@ -347,7 +347,7 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Clai
          updated_at = $2 FROM picked, events e \
          WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
          RETURNING d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
-         d.next_attempt_at, \
+         d.next_attempt_at, d.replay_id, \
          e.payload, e.created_at AS event_created_at, e.expires_at",
     )
     .bind(req.endpoint.as_str())
@@ -374,6 +374,7 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Clai
                     attempts: r.try_get::<i64, _>("attempts")? as u32,
                     attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
                     deadline: r.try_get("deadline")?,
+                    replay: r.try_get("replay_id")?,
                     fence: r.try_get("fence")?,
                 },
             ))
@@ -478,23 +479,34 @@ async fn record_distinct(
     Ok(accepted)
 }
 
-/// Hands claimed deliveries back (fenced), settling them against their endpoint's state.
+/// Hands claimed deliveries back (fenced), settling them against their endpoint's state;
+/// those of a replay cancelled meanwhile are dead letters again, as they were.
 async fn release(conn: &mut PgConnection, releases: &[Release]) -> sqlx::Result<()> {
     if releases.is_empty() {
         return Ok(());
     }
     let settled = sql::settle("d", "'waiting'");
-    sqlx::query(&format!(
+    let released = sqlx::query(&format!(
         "UPDATE deliveries d SET state = {settled}, next_attempt_at = v.at, lease_owner = NULL, \
          lease_until = NULL, reason = CASE WHEN {settled} = 'dead' THEN 'endpoint_disabled' END \
          FROM UNNEST($1::text[], $2::int8[], $3::int8[]) AS v(id, fence, at) \
-         WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering'"
+         WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering' RETURNING d.id, d.replay_id"
     ))
     .bind(releases.iter().map(|r| r.delivery.as_str()).collect::<Vec<_>>())
     .bind(releases.iter().map(|r| r.fence).collect::<Vec<_>>())
     .bind(releases.iter().map(|r| r.next_attempt_at).collect::<Vec<_>>())
-    .execute(&mut *conn)
+    .fetch_all(&mut *conn)
     .await?;
+    let mut replayed = Vec::new();
+    for row in &released {
+        if row.try_get::<Option<String>, _>("replay_id")?.is_some() {
+            replayed.push(row.try_get::<String, _>("id")?);
+        }
+    }
+    if !replayed.is_empty() {
+        let now = releases.iter().map(|r| r.next_attempt_at).max().unwrap_or_default();
+        sqlx::query(&sql::return_unsent("id = ANY($2)")).bind(now).bind(&replayed).execute(&mut *conn).await?;
+    }
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult};
 
-use super::queries::{Dialect, Queries};
+use super::queries::{self, Dialect, Queries, TurnStep};
 use super::sql::Sql;
 use super::*;
 
@@ -249,44 +249,50 @@ impl Store for SqliteStore {
         self.q.get_replay(tenant, id).await
     }
 
+    async fn list_replays(&self, tenant: &TenantId, after: Option<&str>, limit: u32) -> Result<Vec<ReplayProgress>> {
+        self.q.list_replays(tenant, after, limit).await
+    }
+
     async fn running_replays(&self) -> Result<Vec<Replay>> {
         self.q.running_replays().await
     }
 
-    async fn replay_batch(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
-        // Picked by a read; the write re-queues them only if the cursor has not moved since.
+    async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
+        // Planned by reads; the writes apply only if nothing moved since (see each).
         let mut conn = self.q.pool.acquire().await?;
-        let Some(replay) = Queries::<Sqlite>::replay_to_continue(&mut conn, replay_id, "").await? else {
-            return Ok(ReplayTurn::Ended);
-        };
-        if replay.next_due_at > now {
-            return Ok(ReplayTurn::NotYet(replay.next_due_at));
-        }
-        let picked = Queries::<Sqlite>::replay_picks(&mut conn, &replay).await?;
+        let step = Queries::<Sqlite>::plan_turn(&mut conn, replay_id, "", now).await?;
         drop(conn);
-        let (due, next_due) = replay.schedule(now, picked.len());
-        let step = writes::ReplayStep {
-            replay_id: replay_id.to_string(),
-            from_cursor: replay.cursor.clone(),
-            done: picked.len() < replay.batch as usize,
-            picked: picked.into_iter().map(|(id, e)| (id, e.as_str().to_string())).collect(),
-            due,
-            next_due,
-            now,
-            deadline: now + ttl_ms,
+        let (replay, picked) = match step {
+            TurnStep::Ended => return Ok(ReplayTurn::Ended),
+            TurnStep::NotYet(at) => return Ok(ReplayTurn::NotYet(at)),
+            TurnStep::Done => {
+                let id = replay_id.to_string();
+                return match self.writer.run(move |tx| writes::replay_done(tx, &id, now)).await? {
+                    true => Ok(ReplayTurn::Ended),
+                    // Cancelled, or something it re-queued came back meanwhile.
+                    false => Ok(ReplayTurn::NotYet(now + SETTLE_CHECK_MS)),
+                };
+            }
+            TurnStep::Requeue(replay, picked) => (*replay, picked),
         };
+        let (due, next_due) = replay.schedule(now, picked.len());
+        let step = writes::ReplayStep { replay, picked, due, next_due, now, deadline: now + ttl_ms };
         let (applied, step) = self.writer.run(move |tx| Ok((writes::replay_step(tx, &step)?, step))).await?;
         if !applied {
             // Cancelled, or another turn moved the cursor first: read it again.
             return Ok(ReplayTurn::NotYet(now));
         }
-        let endpoints = step.picked.into_iter().map(|(_, e)| EndpointId::from_stored(e)).collect();
-        Ok(super::queries::requeued(endpoints, step.due.len() as u32, next_due, step.done))
+        let n = step.picked.len() as u32;
+        Ok(queries::requeued(step.picked.into_iter().map(|(_, e)| e).collect(), n, next_due))
     }
 
-    async fn finish_replay(&self, tenant: &TenantId, id: &str, state: ReplayState, now: Millis) -> Result<bool> {
+    async fn cancel_replay(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<Option<Vec<EndpointId>>> {
         let (tenant, id) = (tenant.clone(), id.to_string());
-        self.writer.run(move |tx| writes::finish_replay(tx, &tenant, &id, state, now)).await
+        self.writer.run(move |tx| writes::cancel_replay(tx, &tenant, &id, now)).await
+    }
+
+    async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>> {
+        self.q.cancelled_replays(ids).await
     }
 
     async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {

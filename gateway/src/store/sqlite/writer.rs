@@ -329,7 +329,7 @@ fn ingest_op(
 fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)> {
     let mut select = tx.prepare_cached(
         "SELECT d.rowid, d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, \
-         d.fence, e.payload, e.created_at, e.expires_at FROM deliveries d \
+         d.fence, e.payload, e.created_at, e.expires_at, d.replay_id FROM deliveries d \
          JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
          WHERE d.endpoint_id = ?1 AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ?2 \
          AND (NOT ?4 OR EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = ?1 AND p.owner = ?5 \
@@ -350,6 +350,7 @@ fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)>
             payload: r.get(9)?,
             event_created_at: r.get(10)?,
             expires_at: r.get(11)?,
+            replay: r.get(12)?,
         };
         Ok((r.get::<_, i64>(0)?, claimed))
     })?;
@@ -462,7 +463,8 @@ fn partition(tx: &Transaction<'_>, lease: PartitionLease) -> Result<bool> {
     Ok(taken == 1)
 }
 
-/// Hands claimed-but-unsent deliveries back, due at their `next_attempt_at`.
+/// Hands claimed-but-unsent deliveries back, due at their `next_attempt_at`; those of a
+/// replay cancelled meanwhile are dead letters again, as they were.
 fn release(tx: &Transaction<'_>, releases: Vec<Release>) -> Result<()> {
     let settled = sql::settle("deliveries", "'waiting'");
     let mut update = tx.prepare_cached(&format!(
@@ -470,8 +472,11 @@ fn release(tx: &Transaction<'_>, releases: Vec<Release>) -> Result<()> {
          reason = CASE WHEN {settled} = 'dead' THEN 'endpoint_disabled' END \
          WHERE id = ?2 AND fence = ?3 AND state = 'delivering'"
     ))?;
+    let mut returned = tx.prepare_cached(&sql::return_unsent("id = $2 AND replay_id IS NOT NULL"))?;
     for r in releases {
-        update.execute(params![r.next_attempt_at, r.delivery.as_str(), r.fence])?;
+        if update.execute(params![r.next_attempt_at, r.delivery.as_str(), r.fence])? == 1 {
+            returned.execute(params![r.next_attempt_at, r.delivery.as_str()])?;
+        }
     }
     Ok(())
 }

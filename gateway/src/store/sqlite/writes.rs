@@ -97,6 +97,10 @@ pub(super) fn recover_leases(tx: &Transaction<'_>, expired_before: Millis, now: 
              lease_until = NULL, updated_at = ?1 WHERE state = 'delivering' AND lease_until < ?2",
         )?
         .execute(params![now, expired_before])?;
+    if n > 0 {
+        // Unsent deliveries of replays cancelled while they were leased: dead letters again.
+        tx.prepare_cached(&sql::return_unsent(sql::OF_CANCELLED_REPLAYS))?.execute(params![now])?;
+    }
     Ok(n as u64)
 }
 
@@ -110,7 +114,7 @@ pub(super) fn release_partitions(tx: &Transaction<'_>, owner: Option<&str>) -> R
 
 pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
     tx.prepare_cached(
-        "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, sent, cursor, \
+        "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, requeued, cursor, \
          created_at, updated_at, next_due_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
@@ -122,7 +126,7 @@ pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
         r.rate_per_sec,
         i64::from(r.batch),
         r.selected as i64,
-        r.sent as i64,
+        r.requeued as i64,
         r.cursor,
         r.created_at,
         r.updated_at,
@@ -131,60 +135,64 @@ pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
     Ok(())
 }
 
-/// One replay batch, picked by a read: the dead letters after `from_cursor`, in id order.
+/// One replay turn's picks, read from the cursor `replay.cursor`, in id order.
 pub(super) struct ReplayStep {
-    pub(super) replay_id: String,
-    pub(super) from_cursor: String,
+    pub(super) replay: Replay,
     /// (delivery id, endpoint id), in id order.
-    pub(super) picked: Vec<(String, String)>,
-    /// Fewer than a batch were left: the replay is done.
-    pub(super) done: bool,
-    /// When each picked delivery is due, and when the next batch is.
+    pub(super) picked: Vec<(String, EndpointId)>,
+    /// When each picked delivery is due, and when the next turn is.
     pub(super) due: Vec<Millis>,
     pub(super) next_due: Millis,
     pub(super) now: Millis,
     pub(super) deadline: Millis,
 }
 
-/// Re-queues a picked batch, if the replay is still running at the cursor it was picked
-/// from (so a batch applies once), and advances the cursor and the schedule. False if it
-/// was not.
+/// Re-queues a turn's picks, if the replay is still running at the cursor they were
+/// picked from (so a turn applies once), and advances the cursor and the schedule. False
+/// if it was not.
 pub(super) fn replay_step(tx: &Transaction<'_>, s: &ReplayStep) -> Result<bool> {
-    let cursor = s.picked.last().map_or(s.from_cursor.as_str(), |(id, _)| id.as_str());
-    let moved = tx
-        .prepare_cached(
-            "UPDATE replays SET sent = sent + ?1, cursor = ?2, updated_at = ?3, next_due_at = ?4, \
-             state = CASE WHEN ?5 THEN 'done' ELSE state END \
-             WHERE id = ?6 AND state = 'running' AND cursor = ?7",
-        )?
-        .execute(params![s.picked.len() as i64, cursor, s.now, s.next_due, s.done, s.replay_id, s.from_cursor])?;
+    let cursor = s.picked.last().map_or(s.replay.cursor.as_str(), |(id, _)| id.as_str());
+    let moved = tx.prepare_cached(sql::ADVANCE_REPLAY)?.execute(params![
+        s.picked.len() as i64,
+        cursor,
+        s.now,
+        s.next_due,
+        s.replay.id,
+        s.replay.cursor
+    ])?;
     if moved == 0 {
         return Ok(false);
     }
     let mut requeue = tx.prepare_cached(&format!(
-        "UPDATE deliveries SET state = {}, next_attempt_at = ?1, attempt_base = attempts, deadline = ?2, \
-         replay_id = ?3, reason = NULL, updated_at = ?4 WHERE id = ?5 AND state = 'dead'",
-        sql::settle("deliveries", "'queued'")
+        "UPDATE deliveries SET {} WHERE id = ?5 AND state = 'dead'",
+        sql::requeue_set("deliveries", "?1", "?2", "?3", "?4")
     ))?;
     for ((id, _), due) in s.picked.iter().zip(&s.due) {
-        requeue.execute(params![due, s.deadline, s.replay_id, s.now, id])?;
+        requeue.execute(params![due, s.deadline, s.replay.id, s.now, id])?;
     }
     Ok(true)
 }
 
-pub(super) fn finish_replay(
+/// Marks a replay done if everything it re-queued has settled; false if not (or it was
+/// not running).
+pub(super) fn replay_done(tx: &Transaction<'_>, id: &str, now: Millis) -> Result<bool> {
+    Ok(tx.prepare_cached(sql::REPLAY_DONE)?.execute(params![now, id])? == 1)
+}
+
+/// See [`Store::cancel_replay`].
+pub(super) fn cancel_replay(
     tx: &Transaction<'_>,
     tenant: &TenantId,
     id: &str,
-    state: ReplayState,
     now: Millis,
-) -> Result<bool> {
-    let n = tx
-        .prepare_cached(
-            "UPDATE replays SET state = ?1, updated_at = ?2 WHERE id = ?3 AND tenant_id = ?4 AND state = 'running'",
-        )?
-        .execute(params![state.as_str(), now, id, tenant.as_str()])?;
-    Ok(n == 1)
+) -> Result<Option<Vec<EndpointId>>> {
+    if tx.prepare_cached(sql::CANCEL_REPLAY)?.execute(params![now, id, tenant.as_str()])? == 0 {
+        return Ok(None);
+    }
+    tx.prepare_cached(&sql::return_unsent("replay_id = $2"))?.execute(params![now, id])?;
+    let mut claimed = tx.prepare_cached(sql::REPLAY_CLAIMED_UNSENT)?;
+    let endpoints = claimed.query_map([id], |r| r.get::<_, String>(0))?;
+    Ok(Some(endpoints.map(|e| e.map(EndpointId::from_stored)).collect::<rusqlite::Result<_>>()?))
 }
 
 pub(super) fn purge(tx: &Transaction<'_>, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {

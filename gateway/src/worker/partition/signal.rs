@@ -147,6 +147,11 @@ impl Signal {
         self.changed.swap(false, Ordering::AcqRel)
     }
 
+    /// Has the endpoint changed since the partition last took the news?
+    pub(in crate::worker) fn has_changed(&self) -> bool {
+        self.changed.load(Ordering::Acquire)
+    }
+
     /// A delivery leased to this partition at intake: queued for it, and the partition
     /// woken. Unlike [`Signal::work`], it says nothing new is waiting in the store.
     pub(in crate::worker) fn hand(&self, claimed: Claimed) {
