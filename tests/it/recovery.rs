@@ -376,8 +376,17 @@ async fn a_plugins_drops_are_one_dead_letter_reason(b: Backend) -> anyhow::Resul
     assert_eq!(r.json["counts_by_reason"], json!({"dropped": 2}), "{}", r.text);
     let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"reason": "dropped"}})).await?;
     assert_eq!((r.status, r.json["selected"].as_u64()), (202, Some(2)), "{}", r.text);
-    let metrics = gw.api.raw("GET", "/metrics", None, "").await?.text;
-    assert!(metrics.contains(r#"herald_dead_letters_total{tenant="acme",reason="dropped"} 2"#), "{metrics}");
+    // The counter moves once the result's commit returns, just after the rows are readable.
+    let counted = r#"herald_dead_letters_total{tenant="acme",reason="dropped"} 2"#;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = gw.api.raw("GET", "/metrics", None, "").await?.text;
+        if metrics.contains(counted) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{counted} never showed:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(rx.count(), 0, "a dropped delivery is never sent");
     Ok(())
 }
