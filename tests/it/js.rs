@@ -44,18 +44,19 @@ async fn settled(api: &Api, tenant: &str, event: &str) -> anyhow::Result<Value> 
     Ok(api.get(&format!("/v1/tenants/{tenant}/deliveries/{id}"), ADMIN_TOKEN).await?.json)
 }
 
-/// `herald serve` with the three example plugins uploaded as JavaScript: the transform
-/// reshapes the body (with its config), the signature verifies, and a 409 counts as
-/// delivered.
+/// `herald serve`, finding the JavaScript runtime without being told where, with the three
+/// example plugins uploaded as JavaScript: the transform reshapes the body (with its
+/// config), the signature verifies, and a 409 counts as delivered.
 async fn each_example_hook_runs_in_a_real_server(backend: Backend) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let schema = match backend {
         Backend::Postgres => Some(PgSchema::create().await?),
         Backend::Sqlite => None,
     };
-    let runtime = js_runtime();
+    // No `plugins.js_runtime`: `herald serve` finds the runtime in `js-runtime/` of the
+    // target directory it was built in, from a working directory of its own.
+    js_runtime();
     let mut env = vec![
-        ("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str()),
         ("HERALD_PLUGINS_CONFIG", r#"{acme = {chat = {prefix = "> "}}}"#),
         // This test is about each hook working in a server, not about the budget (tested on
         // its own): a debug build's host side (lifting strings and lists into the guest) is
@@ -201,13 +202,23 @@ async fn hostile_javascript_is_contained_and_other_tenants_deliver() -> anyhow::
     Ok(())
 }
 
-/// Runs `program args` in `dir` (with `env`) for at most a minute; returns its output
-/// when it succeeds.
-async fn run(dir: &std::path::Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+/// Runs `program args` in `dir` (with `env`, and no `HERALD_PLUGINS_JS_RUNTIME` but one
+/// `env` sets) for at most a minute; returns its output, whether it succeeded or not.
+async fn output(
+    dir: &std::path::Path,
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<std::process::Output> {
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).current_dir(dir).kill_on_drop(true);
+    cmd.args(args).current_dir(dir).kill_on_drop(true).env_remove("HERALD_PLUGINS_JS_RUNTIME");
     cmd.envs(env.iter().copied());
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await??;
+    Ok(tokio::time::timeout(Duration::from_secs(60), cmd.output()).await??)
+}
+
+/// Like [`output`], for a command that must succeed: its stdout and stderr.
+async fn run(dir: &std::path::Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+    let out = output(dir, program, args, env).await?;
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     anyhow::ensure!(out.status.success(), "{program} {args:?} failed ({}): {text}", out.status);
     Ok(text)
@@ -242,5 +253,28 @@ async fn a_scaffolded_javascript_plugin_passes_its_test_and_loads() -> anyhow::R
     assert!(bad.is_err_and(|e| e.to_string().contains("HERALD_PLUGINS_CALL_TIMEOUT: invalid duration")));
     let again = run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await;
     assert!(again.is_err_and(|e| e.to_string().contains("exists")));
+    Ok(())
+}
+
+/// Without a JavaScript runtime, a tenant's JavaScript upload is refused with a message
+/// that names no path of the server; `herald plugin check`, whose user runs the server,
+/// says where it looked.
+#[tokio::test]
+async fn a_missing_runtime_shows_a_tenant_no_server_path() -> anyhow::Result<()> {
+    let place = "/srv/herald-secret-place/herald-js.wasm";
+    let gw = TestGateway::start_with(&[("HERALD_PLUGINS_JS_RUNTIME", place)]).await?;
+    gw.api.tenant("acme").await?;
+    let r = upload(&gw.api, "acme", "chat", example("transform-chat")).await?;
+    assert_eq!(r.status, 422, "{}", r.text);
+    let message = r.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("runs no JavaScript plugins") && !message.contains('/'), "{message}");
+
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("plugin.js"), example("transform-chat"))?;
+    let bin = herald_binary()?.display().to_string();
+    let env = [("HERALD_PLUGINS_JS_RUNTIME", place)];
+    let checked = output(dir.path(), &bin, &["plugin", "check", "plugin.js"], &env).await?;
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert!(!checked.status.success() && stderr.contains(place), "{stderr}");
     Ok(())
 }

@@ -124,7 +124,7 @@ impl Runtime {
         let (pre, js_source, memory_limit) = match js::detect(bytes)? {
             Source::Component => (self.pre_component(bytes, &sha256)?, None, limits.memory_limit),
             Source::Js(text) => {
-                let pre = self.js.pre(&self.engine, &self.linker).map_err(js::as_js_error)?;
+                let pre = self.js.pre(&self.engine, &self.linker)?;
                 (pre, Some(Arc::from(text)), limits.js_memory_limit)
             }
         };
@@ -178,6 +178,12 @@ impl Runtime {
             Ok(Source::Js(_)) => self.js.is_cached(),
             _ => self.compiler.is_cached(&hex::encode(Sha256::digest(bytes))),
         }
+    }
+
+    /// `None` when JavaScript sources can run; else where the runtime was looked for (for
+    /// `herald plugin check|run`, whose user is the operator or the author).
+    pub(crate) fn js_missing(&self) -> Option<String> {
+        self.js.missing()
     }
 
     /// The import names of a loaded plugin (for `herald plugin check`).

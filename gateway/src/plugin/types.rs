@@ -95,8 +95,9 @@ pub struct PluginConfig {
     pub watch: bool,
     /// Herald's JavaScript runtime component (`scripts/build-js-runtime` builds
     /// `target/js-runtime/herald-js.wasm`), which runs every tenant's `.js` plugin.
-    /// `None`: `herald-js.wasm` beside the running executable; JavaScript uploads are
-    /// refused when there is none.
+    /// `None`: looked for beside the running executable, in `js-runtime/` of the target
+    /// directory it was built in, then in `target/js-runtime/` of the working directory;
+    /// JavaScript uploads are refused when there is none.
     pub js_runtime: Option<PathBuf>,
     /// Linear memory cap of one JavaScript plugin instance (the runtime's own heap
     /// included), in bytes. Default 64 MiB.
