@@ -173,7 +173,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Plugin { command: PluginCommand::Run { file, hook, input } } => {
             let input = std::fs::read_to_string(&input).with_context(|| format!("cannot read {}", input.display()))?;
-            println!("{}", gateway::plugin::run_hook_file(&file, &hook, &input)?);
+            let run = gateway::plugin::run_hook_file(&file, &hook, &input);
+            // A failed call prints its report too: what the plugin logged before it failed.
+            if let Err(gateway::plugin::PluginError::Call { report, .. }) = &run {
+                println!("{report}");
+            }
+            println!("{}", run?);
             Ok(())
         }
         Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk: _ } } if lang == "js" => {

@@ -87,7 +87,9 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
 ///   "disable_endpoint" | "default", "after_secs"?, "secs"?, "reason"?}`;
 /// - sign: `{"headers": [[n, v]…]}`.
 ///
-/// A failed call is an `Err(PluginError::Call(failure))`.
+/// A failed call is an `Err(PluginError::Call { failure, report })`, where `report` is
+/// `{"hook": …, "error": "plugin:…", "logs": […]}`: what the plugin logged before it
+/// failed is often why.
 pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String, PluginError> {
     let hook = Hook::parse(hook)
         .ok_or_else(|| PluginError::Input(format!("unknown hook {hook:?} (transform, classify, sign)")))?;
@@ -102,23 +104,28 @@ pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String
     let result = match hook {
         Hook::Transform => {
             let req = request(input.get("request"))?;
-            transform_json(plugin.transform(&ctx, &req, Some(&mut logs)).map_err(PluginError::Call)?)
+            plugin.transform(&ctx, &req, Some(&mut logs)).map(transform_json)
         }
         Hook::Classify => {
             let outcome = outcome(input.get("outcome"))?;
-            verdict_json(plugin.classify(&ctx, &outcome, Some(&mut logs)).map_err(PluginError::Call)?)
+            plugin.classify(&ctx, &outcome, Some(&mut logs)).map(verdict_json)
         }
         Hook::Sign => {
             let secrets = secrets(input.get("secrets"))?;
             let req = request(input.get("request"))?;
-            let headers = plugin.sign(&ctx, &secrets, &req, Some(&mut logs)).map_err(PluginError::Call)?;
-            json!({ "headers": headers })
+            plugin.sign(&ctx, &secrets, &req, Some(&mut logs)).map(|headers| json!({ "headers": headers }))
         }
     };
     let logs: Vec<Value> =
         logs.into_iter().map(|(level, message)| json!({"level": level, "message": message})).collect();
-    let out = json!({ "hook": hook.as_str(), "result": result, "logs": logs });
-    Ok(serde_json::to_string_pretty(&out).unwrap_or_default())
+    let pretty = |out: Value| serde_json::to_string_pretty(&out).unwrap_or_default();
+    match result {
+        Ok(result) => Ok(pretty(json!({ "hook": hook.as_str(), "result": result, "logs": logs }))),
+        Err(failure) => {
+            let report = pretty(json!({ "hook": hook.as_str(), "error": failure.reason(), "logs": logs }));
+            Err(PluginError::Call { failure, report })
+        }
+    }
 }
 
 /// Loads a plugin file as the server would, except that JavaScript without a runtime

@@ -13,6 +13,11 @@
 //! is, when `plugins.js_runtime` does not say, is looked up ([`JsRuntime::new`]); no error
 //! a tenant can see names a path on the server (it is logged for the operator).
 //!
+//! The runtime checks what a hook returns (`sdk-js/plugin-host.js`) and ends a call whose
+//! output its WIT type cannot hold, or whose source does not evaluate, through the
+//! `js-failure` import with a message naming the field or the line: [`JsFailure`], which
+//! the call's error carries to `output::failure_from`.
+//!
 //! Why one shared runtime: a JavaScript component is ~12 MB and compiles to ~37 MB of
 //! native code in seconds, far too much per tenant. Shared, a tenant's plugin costs one
 //! instance: ~2.6 MiB of RSS per tenant with 100 tenants' plugins warm, a load (instance +
@@ -25,12 +30,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, ComponentType, Lift, Linker};
 
 use super::bindings::PluginPre;
-use super::output::root_message;
+use super::output::{MAX_REASON, root_message, truncate};
 use super::sandbox::HostState;
-use super::types::{PluginConfig, PluginError};
+use super::types::{PluginConfig, PluginError, PluginFailure};
 
 /// The WASM binary magic; what does not start with it is taken for JavaScript.
 const WASM_MAGIC: &[u8] = b"\0asm";
@@ -40,6 +45,8 @@ const DEFAULT_FILE: &str = "herald-js.wasm";
 const BUILD_DIR: &str = "js-runtime";
 /// The runtime's import of the tenant source.
 const SOURCE_IMPORT: &str = "herald:plugin/js-source@0.1.0";
+/// The runtime's import that ends a failed call.
+const FAILURE_IMPORT: &str = "herald:plugin/js-failure@0.1.0";
 
 /// What a plugin file holds.
 pub(crate) enum Source<'a> {
@@ -64,18 +71,65 @@ pub(crate) fn detect(bytes: &[u8]) -> Result<Source<'_>, PluginError> {
     }
 }
 
-/// What an upload that is not a component failed on as JavaScript, said so that an author
-/// who meant to upload a component learns that too.
+/// A JavaScript source's load-check error as its author reads it: what the runtime said
+/// of the source (a syntax error and its line, a field of `describe`), not the wording
+/// of a component's load check.
 pub(crate) fn as_js_error(e: PluginError) -> PluginError {
-    if e.is_client_error() { PluginError::Invalid(format!("no \\0asm magic, so read as JavaScript: {e}")) } else { e }
+    match e {
+        PluginError::Rejected(message) => PluginError::Js(message),
+        other => other,
+    }
 }
 
-/// Links the `js-source` import: the source of the store's plugin (empty for a
-/// component plugin, which never imports it).
-pub(super) fn link_source(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+/// What a failed `describe` at load means for a JavaScript source.
+pub(crate) fn describe_failed(f: PluginFailure) -> PluginError {
+    match f {
+        PluginFailure::Guest(message) | PluginFailure::InvalidOutput(message) => PluginError::Js(message),
+        other => PluginError::Js(format!("evaluating it and calling describe failed: plugin:{other}")),
+    }
+}
+
+/// What the runtime says went wrong, in `fail` (`wit/js.wit`).
+#[derive(ComponentType, Lift, Clone, Copy, Debug, PartialEq, Eq)]
+#[component(enum)]
+#[repr(u8)]
+#[allow(dead_code)] // Its values are lifted from the runtime's argument, never written here.
+enum FailureKind {
+    #[component(name = "invalid-output")]
+    InvalidOutput,
+    #[component(name = "error")]
+    Error,
+}
+
+/// A call the runtime ended through `fail`: the error its trap carries.
+#[derive(Debug, thiserror::Error)]
+#[error("the JavaScript runtime ended the call: {message}")]
+pub(super) struct JsFailure {
+    kind: FailureKind,
+    message: String,
+}
+
+impl JsFailure {
+    /// The call's failure: `plugin:invalid_output: …` or `plugin:error: …`.
+    pub(super) fn failure(&self) -> PluginFailure {
+        let message = truncate(self.message.clone(), MAX_REASON);
+        match self.kind {
+            FailureKind::InvalidOutput => PluginFailure::InvalidOutput(message),
+            FailureKind::Error => PluginFailure::Guest(message),
+        }
+    }
+}
+
+/// Links the runtime's own imports: `js-source`, the source of the store's plugin (empty
+/// for a component plugin, which never imports it), and `js-failure`, which ends the call
+/// with a [`JsFailure`].
+pub(super) fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.instance(SOURCE_IMPORT)?.func_wrap("source", |store, (): ()| {
         let state: &HostState = store.data();
         Ok((state.js_source.as_deref().unwrap_or_default().to_string(),))
+    })?;
+    linker.instance(FAILURE_IMPORT)?.func_wrap("fail", |_store, (kind, message): (FailureKind, String)| {
+        Err::<(), _>(wasmtime::Error::new(JsFailure { kind, message }))
     })?;
     Ok(())
 }

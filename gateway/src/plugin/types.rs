@@ -514,6 +514,10 @@ pub enum PluginError {
     /// Instantiating or describing the plugin failed, or it declares no hook.
     #[error("plugin failed its load check: {0}")]
     Rejected(String),
+    /// JavaScript source that does not load: it does not evaluate (a syntax error, with
+    /// its line and column), `describe` is refused, or it defines no hook.
+    #[error("JavaScript source refused: {0}")]
+    Js(String),
     /// Reading or writing a plugin file failed.
     #[error("{}: {source}", path.display())]
     Io {
@@ -536,9 +540,15 @@ pub enum PluginError {
     /// `run_hook_file` input that does not parse.
     #[error("invalid input: {0}")]
     Input(String),
-    /// `run_hook_file`: the hook call failed.
-    #[error("plugin:{0}")]
-    Call(PluginFailure),
+    /// `run_hook_file`: the hook call failed. `report` is what the CLI prints besides the
+    /// error: the JSON document of a run, with the `error` and the plugin's log lines.
+    #[error("plugin:{failure}")]
+    Call {
+        /// Why.
+        failure: PluginFailure,
+        /// `{"hook", "error", "logs"}`, pretty-printed.
+        report: String,
+    },
 }
 
 impl PluginError {
