@@ -201,11 +201,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk } } => {
             let sdk = sdk.unwrap_or_else(gateway::scaffold::default_sdk);
             let root = gateway::scaffold::new_plugin(&lang, &name, &dir, &sdk)?;
+            let wasm = format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_"));
             println!("created {}; `cargo test` runs its test, then", root.display());
-            println!(
-                "  cargo build --release --target wasm32-wasip2 && herald plugin check target/wasm32-wasip2/release/{}.wasm",
-                name.replace('-', "_")
-            );
+            println!("  cargo build --release --target wasm32-wasip2 && herald plugin check {wasm}");
+            println!("  herald plugin run {wasm} --hook transform --input input.json");
             Ok(())
         }
         Command::CheckConfig { config } => {

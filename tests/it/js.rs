@@ -431,21 +431,32 @@ async fn a_missing_runtime_shows_a_tenant_no_server_path() -> anyhow::Result<()>
     Ok(())
 }
 
-/// `herald plugin new --lang js` scaffolds a plugin whose own test passes under node and
-/// which `herald plugin check` loads; a second scaffold over it is refused.
+/// README's "Writing a plugin in JavaScript", followed literally from a fresh directory
+/// with only the `herald` binary (which finds the runtime itself): `herald plugin new
+/// --lang js` scaffolds a plugin whose own test passes under node, which `plugin check`
+/// loads and `plugin run` runs on the `input.json` it wrote; a second scaffold over it is
+/// refused.
 #[tokio::test]
-async fn a_scaffolded_javascript_plugin_passes_its_test_and_loads() -> anyhow::Result<()> {
-    let (dir, bin, runtime) = (tempfile::tempdir()?, herald_binary()?, js_runtime());
+async fn a_scaffolded_javascript_plugin_passes_its_test_loads_and_runs_on_its_input() -> anyhow::Result<()> {
+    js_runtime();
+    let (dir, bin) = (tempfile::tempdir()?, herald_binary()?);
     let bin = bin.display().to_string();
     run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await?;
     let project = dir.path().join("shiny");
     let out = run(&project, "node", &["--test"], &[]).await?;
     assert!(out.contains("# pass 2") && out.contains("# fail 0"), "{out}");
     // A budget for evaluating the source that a debug build on a busy machine meets too.
-    let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str()), ("HERALD_PLUGINS_CALL_TIMEOUT", "200ms")];
+    let env = [("HERALD_PLUGINS_CALL_TIMEOUT", "200ms")];
     let report = run(&project, &bin, &["plugin", "check", "plugin.js"], &env).await?;
     assert!(report.contains("shiny 0.1.0") && report.contains("hooks:   transform"), "{report}");
-    let env = [("HERALD_PLUGINS_JS_RUNTIME", runtime.as_str()), ("HERALD_PLUGINS_CALL_TIMEOUT", "soon")];
+    let args = ["plugin", "run", "plugin.js", "--hook", "transform", "--input", "input.json"];
+    let ran: Value = serde_json::from_str(&run(&project, &bin, &args, &env).await?)?;
+    let result = &ran["result"];
+    assert_eq!(result["action"], "send", "{ran}");
+    assert_eq!(result["headers"].as_array().and_then(|h| h.last()), Some(&json!(["x-shiny", "blue"])), "{ran}");
+    let body: Value = serde_json::from_str(result["body"].as_str().unwrap_or_default())?;
+    assert_eq!((&body["event_type"], &body["data"]["amount"]), (&json!("invoice.paid"), &json!(1999)), "{ran}");
+    let env = [("HERALD_PLUGINS_CALL_TIMEOUT", "soon")];
     let bad = run(&project, &bin, &["plugin", "check", "plugin.js"], &env).await;
     assert!(bad.is_err_and(|e| e.to_string().contains("HERALD_PLUGINS_CALL_TIMEOUT: invalid duration")));
     let again = run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await;
