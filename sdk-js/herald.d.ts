@@ -17,9 +17,25 @@ import type { Level } from './types/interfaces/herald-plugin-types.js';
 
 export type { DeliveryContext, Header, Outcome, PluginInfo, Request, TransformResult, Verdict, Level };
 
-/** `transform`: a result, a bare request (sent as is), or nothing (dropped). Throw to fail the attempt. */
-export type Transform = (ctx: DeliveryContext, req: Request) => TransformResult | Request | null | undefined;
-/** `classify`: a verdict, a bare tag such as `'delivered'`, or nothing (the built-in table). */
+/** A request a hook returns: its body a `Uint8Array`, or a string (sent as UTF-8). */
+export interface OutgoingRequest {
+  headers: Header[];
+  body: Uint8Array | string;
+}
+/**
+ * `transform`: `{ tag: 'send', val }`, `{ tag: 'drop', val: reason }`, or a bare request
+ * (sent). Throw to fail the attempt (`plugin:error`); anything else, nothing included, fails
+ * it as `plugin:invalid_output`, naming the field.
+ */
+export type Transform = (
+  ctx: DeliveryContext,
+  req: Request,
+) => { tag: 'send'; val: OutgoingRequest } | { tag: 'drop'; val: string } | OutgoingRequest;
+/**
+ * `classify`: a verdict, a bare tag such as `'delivered'`, or nothing (the built-in table).
+ * A throw, or a verdict its type cannot hold, falls back to the built-in table and is
+ * counted as the plugin's failure.
+ */
 export type Classify = (ctx: DeliveryContext, outcome: Outcome) => Verdict | Verdict['tag'] | null | undefined;
 /** `sign`: the headers to set. Throw to fail the attempt. */
 export type Sign = (ctx: DeliveryContext, secrets: Uint8Array[], req: Request) => Header[];
@@ -34,8 +50,8 @@ export interface PluginMeta {
 declare global {
   /** Herald's host functions. */
   const herald: {
-    /** A line in Herald's log, tagged with tenant, plugin and attempt (1 KiB, 32 lines a call). */
-    log(level: Level, message: string): void;
+    /** A line in Herald's log, tagged with tenant, plugin and attempt (1 KiB, 32 lines a call). Not a string: JSON. */
+    log(level: Level, message: unknown): void;
     /** This plugin's configuration value for `key`. */
     config(key: string): string | undefined;
     /** UTF-8 text of bytes (a body). */

@@ -13,18 +13,30 @@
 //     assert.deepEqual(json(out.val.body), { text: '> x.y: {}' });
 //   });
 //
-// What Herald adds and this does not: the time and memory limits, the output checks
-// (header syntax, size caps) and the sandbox; check those with `herald plugin run`.
+// What a hook returns is converted and checked as in Herald: a string body comes out as
+// its UTF-8 bytes, and what Herald would refuse throws a HookFailure whose `reason` is
+// what Herald records (`plugin:invalid_output: transform: request.body must be …`):
+//
+//   assert.throws(() => plugin.transform(context(), request({})), { reason: /^plugin:invalid_output/ });
+//
+// What Herald adds and this does not: the time and memory limits, the header syntax and
+// size caps, the sandbox, and the line and column of an error (node's engine does not
+// say them for a plugin's source); check those with `herald plugin run`.
 import { readFileSync } from 'node:fs';
 import { evaluate } from './plugin-host.js';
+
+export { HookFailure } from './plugin-host.js';
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
 /**
  * Loads the plugin at `path` (a path or file URL). Returns its hooks (`describe`,
- * `transform`, `classify`, `sign`, with Herald's conventions: a thrown error comes out as
- * its message string) and `logs`, the `[level, message]` lines it wrote.
+ * `transform`, `classify`, `sign`, with Herald's conventions: an error thrown by
+ * `transform` or `sign` comes out as its message string, anything else as a HookFailure)
+ * and `logs`, the `[level, message]` lines it wrote. A source that Herald would refuse
+ * at upload (it does not evaluate, defines no hook, or describes itself wrongly) throws a
+ * HookFailure here.
  */
 export function load(path, { config = {} } = {}) {
   const logs = [];
@@ -35,6 +47,8 @@ export function load(path, { config = {} } = {}) {
     encode: (text) => encoder.encode(text),
   };
   const plugin = evaluate(readFileSync(path, 'utf8'), host);
+  // Herald's load check: a source whose `describe` it would refuse is refused here too.
+  plugin.describe();
   return { ...plugin, logs };
 }
 

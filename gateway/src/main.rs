@@ -177,7 +177,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Plugin { command: PluginCommand::Run { file, hook, input } } => {
             let input = std::fs::read_to_string(&input).with_context(|| format!("cannot read {}", input.display()))?;
-            println!("{}", gateway::plugin::run_hook_file(&file, &hook, &input)?);
+            let run = gateway::plugin::run_hook_file(&file, &hook, &input);
+            // A failed call prints its report too: what the plugin logged before it failed.
+            if let Err(gateway::plugin::PluginError::Call { report, .. }) = &run {
+                println!("{report}");
+            }
+            println!("{}", run?);
             Ok(())
         }
         Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk: _ } } if lang == "js" => {
@@ -200,11 +205,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk } } => {
             let sdk = sdk.unwrap_or_else(gateway::scaffold::default_sdk);
             let root = gateway::scaffold::new_plugin(&lang, &name, &dir, &sdk)?;
+            let wasm = format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_"));
             println!("created {}; `cargo test` runs its test, then", root.display());
-            println!(
-                "  cargo build --release --target wasm32-wasip2 && herald plugin check target/wasm32-wasip2/release/{}.wasm",
-                name.replace('-', "_")
-            );
+            println!("  cargo build --release --target wasm32-wasip2 && herald plugin check {wasm}");
+            println!("  herald plugin run {wasm} --hook transform --input input.json");
             Ok(())
         }
         Command::CheckConfig { config } => {

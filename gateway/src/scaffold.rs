@@ -6,6 +6,11 @@ use std::path::{Path, PathBuf};
 /// The languages `plugin new` scaffolds (`js`: [`crate::plugin::new_js_plugin`]).
 pub const LANGS: [&str; 2] = ["rust", "js"];
 
+/// `input.json` of every scaffold: an example delivery for `herald plugin run --hook
+/// transform --input input.json` (the hook both scaffolds implement), with the context,
+/// the `tag` setting they read and the envelope Herald sends by default.
+pub const INPUT_JSON: &str = include_str!("scaffold/input.json.tmpl");
+
 /// Why a project could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum ScaffoldError {
@@ -24,8 +29,8 @@ pub fn default_sdk() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugin-sdk")
 }
 
-/// Creates `<dir>/<name>/` (`Cargo.toml`, `src/lib.rs`) depending on the SDK at `sdk`;
-/// returns the project's directory.
+/// Creates `<dir>/<name>/` (`Cargo.toml`, `src/lib.rs`, `input.json`) depending on the
+/// SDK at `sdk`; returns the project's directory.
 pub fn new_plugin(lang: &str, name: &str, dir: &Path, sdk: &Path) -> Result<PathBuf, ScaffoldError> {
     if lang != "rust" {
         return Err(ScaffoldError::Lang(lang.to_string()));
@@ -54,6 +59,7 @@ pub fn new_plugin(lang: &str, name: &str, dir: &Path, sdk: &Path) -> Result<Path
     let files = [
         ("Cargo.toml", include_str!("scaffold/Cargo.toml.tmpl")),
         ("src/lib.rs", include_str!("scaffold/lib.rs.tmpl")),
+        ("input.json", INPUT_JSON),
     ];
     for (file, template) in files {
         let path = root.join(file);
@@ -81,6 +87,9 @@ mod tests {
         let root = new_plugin("rust", "add-tag", dir.path(), &sdk).unwrap();
         let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
         assert!(lib.contains("struct AddTag;") && !lib.contains("{{"), "{lib}");
+        let input: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.join("input.json")).unwrap()).unwrap();
+        assert_eq!(input["config"]["tag"], "blue", "an example for `plugin run --input input.json`: {input}");
         assert!(matches!(new_plugin("rust", "add-tag", dir.path(), &sdk), Err(ScaffoldError::Exists(_))));
     }
 }

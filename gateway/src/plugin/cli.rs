@@ -7,7 +7,8 @@ use std::path::Path;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
-use super::runtime::{LogCapture, Runtime};
+use super::js::{Source, detect};
+use super::runtime::{LoadedPlugin, LogCapture, Runtime};
 use super::types::{Hook, PluginConfig, PluginError};
 use super::{
     DeliveryContext, Outcome, Pause, Request, Response, TransformResult, TransportError, TransportErrorKind, Verdict,
@@ -23,7 +24,7 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
         return Err(PluginError::TooLarge { size: bytes.len(), limit: config.max_plugin_bytes, key });
     }
     let runtime = Runtime::new(&config)?;
-    let plugin = runtime.load("cli", "cli", &bytes, HashMap::new())?;
+    let plugin = load(&runtime, "cli", &bytes, HashMap::new())?;
     let imports = runtime.imports(&plugin);
     let hooks: Vec<String> = plugin
         .hooks
@@ -86,7 +87,9 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
 ///   "disable_endpoint" | "default", "after_secs"?, "secs"?, "reason"?}`;
 /// - sign: `{"headers": [[n, v]…]}`.
 ///
-/// A failed call is an `Err(PluginError::Call(failure))`.
+/// A failed call is an `Err(PluginError::Call { failure, report })`, where `report` is
+/// `{"hook": …, "error": "plugin:…", "logs": […]}`: what the plugin logged before it
+/// failed is often why.
 pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String, PluginError> {
     let hook = Hook::parse(hook)
         .ok_or_else(|| PluginError::Input(format!("unknown hook {hook:?} (transform, classify, sign)")))?;
@@ -96,28 +99,50 @@ pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String
     let plugin_config = string_map(input.get("config"), "config")?;
     let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
     let runtime = Runtime::new(&cli_config()?)?;
-    let plugin = runtime.load(&ctx.tenant, "cli", &bytes, plugin_config)?;
+    let plugin = load(&runtime, &ctx.tenant, &bytes, plugin_config)?;
     let mut logs = LogCapture::new();
     let result = match hook {
         Hook::Transform => {
             let req = request(input.get("request"))?;
-            transform_json(plugin.transform(&ctx, &req, Some(&mut logs)).map_err(PluginError::Call)?)
+            plugin.transform(&ctx, &req, Some(&mut logs)).map(transform_json)
         }
         Hook::Classify => {
             let outcome = outcome(input.get("outcome"))?;
-            verdict_json(plugin.classify(&ctx, &outcome, Some(&mut logs)).map_err(PluginError::Call)?)
+            plugin.classify(&ctx, &outcome, Some(&mut logs)).map(verdict_json)
         }
         Hook::Sign => {
             let secrets = secrets(input.get("secrets"))?;
             let req = request(input.get("request"))?;
-            let headers = plugin.sign(&ctx, &secrets, &req, Some(&mut logs)).map_err(PluginError::Call)?;
-            json!({ "headers": headers })
+            plugin.sign(&ctx, &secrets, &req, Some(&mut logs)).map(|headers| json!({ "headers": headers }))
         }
     };
     let logs: Vec<Value> =
         logs.into_iter().map(|(level, message)| json!({"level": level, "message": message})).collect();
-    let out = json!({ "hook": hook.as_str(), "result": result, "logs": logs });
-    Ok(serde_json::to_string_pretty(&out).unwrap_or_default())
+    let pretty = |out: Value| serde_json::to_string_pretty(&out).unwrap_or_default();
+    match result {
+        Ok(result) => Ok(pretty(json!({ "hook": hook.as_str(), "result": result, "logs": logs }))),
+        Err(failure) => {
+            let report = pretty(json!({ "hook": hook.as_str(), "error": failure.reason(), "logs": logs }));
+            Err(PluginError::Call { failure, report })
+        }
+    }
+}
+
+/// Loads a plugin file as the server would, except that JavaScript without a runtime
+/// says where the runtime was looked for: the CLI's user is the operator or the author,
+/// who can act on that (a tenant never sees the server's paths).
+fn load(
+    runtime: &std::sync::Arc<Runtime>,
+    tenant: &str,
+    bytes: &[u8],
+    config: HashMap<String, String>,
+) -> Result<std::sync::Arc<LoadedPlugin>, PluginError> {
+    if let (Ok(Source::Js(_)), Some(looked)) = (detect(bytes), runtime.js_missing()) {
+        return Err(PluginError::Engine(format!(
+            "{looked}: build it with scripts/build-js-runtime, or set HERALD_PLUGINS_JS_RUNTIME"
+        )));
+    }
+    runtime.load(tenant, "cli", bytes, config)
 }
 
 /// The server's defaults, with the two variables that set `plugins.js_runtime` and

@@ -26,6 +26,10 @@ pub(super) fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> Plug
     if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
         return PluginFailure::Trap(format!("exit({})", exit.0));
     }
+    // The JavaScript runtime ended the call, saying why (a field it refused, a syntax error).
+    if let Some(js) = err.downcast_ref::<super::js::JsFailure>() {
+        return js.failure();
+    }
     // wasmtime's error type for this is private, so it is recognised by its message
     // (`aliased_output_is_refused_before_the_host_copies_it` notices if that changes).
     if err.chain().any(|e| e.to_string().contains("fuel allocated for hostcalls has been exhausted")) {

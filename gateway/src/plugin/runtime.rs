@@ -89,7 +89,7 @@ impl Runtime {
         Bindings::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
         sandbox::link_insecure_seed(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
-        js::link_source(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
+        js::link(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
         let js = JsRuntime::new(cfg, compiler.engine_key().to_string());
         let ticker = Ticker::start(&engine)?;
         let limits = Limits { max_output_bytes: cfg.max_output_bytes, warm_per_plugin: cfg.warm_instances_per_plugin };
@@ -124,7 +124,7 @@ impl Runtime {
         let (pre, js_source, memory_limit) = match js::detect(bytes)? {
             Source::Component => (self.pre_component(bytes, &sha256)?, None, limits.memory_limit),
             Source::Js(text) => {
-                let pre = self.js.pre(&self.engine, &self.linker).map_err(js::as_js_error)?;
+                let pre = self.js.pre(&self.engine, &self.linker)?;
                 (pre, Some(Arc::from(text)), limits.js_memory_limit)
             }
         };
@@ -178,6 +178,12 @@ impl Runtime {
             Ok(Source::Js(_)) => self.js.is_cached(),
             _ => self.compiler.is_cached(&hex::encode(Sha256::digest(bytes))),
         }
+    }
+
+    /// `None` when JavaScript sources can run; else where the runtime was looked for (for
+    /// `herald plugin check|run`, whose user is the operator or the author).
+    pub(crate) fn js_missing(&self) -> Option<String> {
+        self.js.missing()
     }
 
     /// The import names of a loaded plugin (for `herald plugin check`).
@@ -280,12 +286,11 @@ impl LoadedPlugin {
             timestamp: 0,
             attempt_id: "load".to_string(),
         };
-        let mut logs = LogCapture::new();
-        let info = self.call(&load_ctx, Some(&mut logs), 0, |b, store| b.call_describe(store)).map_err(|f| {
-            // The JavaScript runtime logs why evaluating the source failed before it traps.
-            let why = logs.iter().rev().find(|(level, _)| *level == "error").map(|(_, line)| format!(" ({line})"));
-            PluginError::Rejected(format!("describe failed: plugin:{f}{}", why.unwrap_or_default()))
-        })?;
+        let info =
+            self.call(&load_ctx, None, 0, |b, store| b.call_describe(store)).map_err(|f| match self.is_js() {
+                true => js::describe_failed(f),
+                false => PluginError::Rejected(format!("describe failed: plugin:{f}")),
+            })?;
         // Loading is not a use: keep no slot for a plugin nobody calls yet.
         self.drop_warm(|_| true);
         self.describe_as(info)?;

@@ -1,5 +1,6 @@
 //! `herald plugin new --lang js NAME`: a directory with a working JavaScript plugin, a
-//! unit test of it that runs under node without Herald (`npm test`), and the author kit
+//! unit test of it that runs under node without Herald (`npm test`), an `input.json` for
+//! `herald plugin run --input` (shared with the Rust scaffold), and the author kit
 //! it uses (the test helper, the evaluation rules Herald applies, the TypeScript
 //! definitions), copied from `sdk-js/` at build time so the scaffold matches this Herald.
 //! Writes files only; never overwrites a directory that exists.
@@ -13,6 +14,7 @@ use super::types::{PluginError, check_slug};
 const JS_FILES: &[(&str, &str)] = &[
     ("plugin.js", JS_PLUGIN),
     ("plugin.test.mjs", JS_TEST),
+    ("input.json", crate::scaffold::INPUT_JSON),
     ("package.json", JS_PACKAGE),
     ("README.md", JS_README),
     ("herald/testing.mjs", include_str!("../../../sdk-js/testing.mjs")),
@@ -41,7 +43,8 @@ function transform(ctx, req) {
   const event = JSON.parse(herald.text(req.body));
   event.event_type = ctx.eventType;
   const headers = [...req.headers, ['x-{name}', herald.config('tag') ?? 'untagged']];
-  return { tag: 'send', val: { headers, body: herald.bytes(JSON.stringify(event)) } };
+  // A body is a string (sent as UTF-8) or a Uint8Array.
+  return { tag: 'send', val: { headers, body: JSON.stringify(event) } };
 }
 "#;
 
@@ -82,9 +85,12 @@ A Herald plugin in JavaScript.
   `herald/herald.d.ts`, generated from Herald's WIT).
 - `npm test` (or `node --test`) runs `plugin.test.mjs` without Herald.
 - `herald plugin check plugin.js` loads it as Herald would; `herald plugin run plugin.js
-  --hook transform --input input.json` runs one call within Herald's limits.
-- Upload it: `curl -X PUT --data-binary @plugin.js -H "authorization: Bearer $TOKEN"
-  $HERALD/v1/tenants/$TENANT/plugins/{name}`.
+  --hook transform --input input.json` runs one call within Herald's limits on the
+  example delivery in `input.json` (its `context`, the plugin's `config`, the `request`
+  Herald would send), and prints the result and the plugin's log lines.
+- Upload it (`$HERALD`: the node's address, `$TOKEN`: a token of the tenant with scope
+  `manage`): `curl -X PUT --data-binary @plugin.js -H "authorization: Bearer $TOKEN"
+  $HERALD/v1/tenants/acme/plugins/{name}`.
 "#;
 
 /// Writes a new JavaScript plugin `name` into `parent/name`; returns the files written.

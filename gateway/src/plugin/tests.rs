@@ -460,7 +460,7 @@ fn plugin_config_and_logs_reach_the_cli_runner() {
     assert_eq!(out["logs"][0]["level"], "info");
 
     let err = run_hook_file(&path, "sign", r#"{"secrets": ["k"]}"#).unwrap_err();
-    assert!(matches!(err, PluginError::Call(PluginFailure::HookNotImplemented)), "{err}");
+    assert!(matches!(err, PluginError::Call { failure: PluginFailure::HookNotImplemented, .. }), "{err}");
     assert!(matches!(run_hook_file(&path, "classify", "{}"), Err(PluginError::Input(_))));
 }
 

@@ -95,8 +95,9 @@ pub struct PluginConfig {
     pub watch: bool,
     /// Herald's JavaScript runtime component (`scripts/build-js-runtime` builds
     /// `target/js-runtime/herald-js.wasm`), which runs every tenant's `.js` plugin.
-    /// `None`: `herald-js.wasm` beside the running executable; JavaScript uploads are
-    /// refused when there is none.
+    /// `None`: looked for beside the running executable, in `js-runtime/` of the target
+    /// directory it was built in, then in `target/js-runtime/` of the working directory;
+    /// JavaScript uploads are refused when there is none.
     pub js_runtime: Option<PathBuf>,
     /// Linear memory cap of one JavaScript plugin instance (the runtime's own heap
     /// included), in bytes. Default 64 MiB.
@@ -513,6 +514,10 @@ pub enum PluginError {
     /// Instantiating or describing the plugin failed, or it declares no hook.
     #[error("plugin failed its load check: {0}")]
     Rejected(String),
+    /// JavaScript source that does not load: it does not evaluate (a syntax error, with
+    /// its line and column), `describe` is refused, or it defines no hook.
+    #[error("JavaScript source refused: {0}")]
+    Js(String),
     /// Reading or writing a plugin file failed.
     #[error("{}: {source}", path.display())]
     Io {
@@ -535,9 +540,15 @@ pub enum PluginError {
     /// `run_hook_file` input that does not parse.
     #[error("invalid input: {0}")]
     Input(String),
-    /// `run_hook_file`: the hook call failed.
-    #[error("plugin:{0}")]
-    Call(PluginFailure),
+    /// `run_hook_file`: the hook call failed. `report` is what the CLI prints besides the
+    /// error: the JSON document of a run, with the `error` and the plugin's log lines.
+    #[error("plugin:{failure}")]
+    Call {
+        /// Why.
+        failure: PluginFailure,
+        /// `{"hook", "error", "logs"}`, pretty-printed.
+        report: String,
+    },
 }
 
 impl PluginError {
