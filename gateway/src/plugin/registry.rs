@@ -450,7 +450,15 @@ impl PluginHost {
     /// previous version keeps serving.
     fn swap(&self, tenant: &str, name: &str, loaded: Result<Arc<LoadedPlugin>, Option<String>>) {
         let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
-        let slot = tenants.entry(tenant.to_string()).or_default().entry(name.to_string()).or_insert_with(Slot::new);
+        let plugins = tenants.entry(tenant.to_string()).or_default();
+        // A load that ends without a plugin never creates a slot: a delete that removed it
+        // while the load ran stays done.
+        if loaded.is_err() && !plugins.contains_key(name) {
+            drop(tenants);
+            self.inner.loads_ended.notify_waiters();
+            return;
+        }
+        let slot = plugins.entry(name.to_string()).or_insert_with(Slot::new);
         slot.loading = false;
         match loaded {
             Ok(plugin) => {

@@ -147,8 +147,12 @@ impl PluginHost {
                 // An upload or rollback may have replaced the file since it was read: then
                 // its own swap stands, and the watcher reloads the newer file anyway.
                 let _installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
-                let now = std::fs::read(&path).map(|b| hex::encode(Sha256::digest(&b)));
-                if now.is_ok_and(|now| now != plugin.sha256) {
+                // A delete may have removed the file since: then nothing serves it.
+                let now = match std::fs::read(&path) {
+                    Ok(b) => hex::encode(Sha256::digest(&b)),
+                    Err(_) => return self.swap(tenant, name, Err(None)),
+                };
+                if now != plugin.sha256 {
                     self.swap(tenant, name, Err(None));
                     return;
                 }

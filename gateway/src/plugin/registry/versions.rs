@@ -153,6 +153,9 @@ impl PluginHost {
     /// serves it (pinned versions too). The caller checks that no endpoint binds it.
     /// False when there is no such plugin.
     pub fn delete(&self, tenant: &str, name: &str) -> Result<bool, PluginError> {
+        // Under the install lock, so a reload that read the file before it went cannot
+        // serve it again after.
+        let _installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
         let dir = self.inner.config.dir.join(tenant);
         let file = dir.join(format!("{name}.wasm"));
         let existed = self.list(tenant).iter().any(|p| p.name == name);
