@@ -69,7 +69,7 @@ pub async fn run(
     let committer = Committer::start(store.clone(), config.intake_max_batch);
     let metrics = Arc::new(Metrics::default());
     let (stop, stopped) = watch::channel(false);
-    let ops = Ops::setup(&store, committer.clone(), &config.operator, config.retry.ttl()).await?;
+    let ops = Ops::setup(&store, committer.clone(), metrics.clone(), &config.operator, config.retry.ttl()).await?;
     let plugins = start_plugins(&config).await?;
     apply_plugin_settings(&store, &plugins).await?;
     // Several nodes may share a Postgres store: each follows what the others change.
@@ -87,11 +87,12 @@ pub async fn run(
         stopped.clone(),
     )
     .await;
-    let replayer = Replayer::start(store.clone(), engine.clone(), config.retry.ttl(), shared, stopped.clone()).await;
-    let relays = start_outbox(&config, &store, &committer, &metrics, &engine, &ops, stopped.clone())?;
+    let waker: crate::intake::Waker = Arc::new(engine.clone());
+    ops.attach(&waker);
+    let replayer = Replayer::start(store.clone(), waker.clone(), config.retry.ttl(), shared, stopped.clone()).await;
+    let relays = start_outbox(&config, &store, &committer, &metrics, &waker, &ops, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
-    let state =
-        AppState::new(config.clone(), store, committer, metrics, engine.clone(), replayer, plugins).with_outbox(relays);
+    let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins).with_outbox(relays);
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
     let shutdown = async move {
         shutdown.await;
@@ -110,7 +111,7 @@ fn start_outbox(
     store: &store::DynStore,
     committer: &Committer,
     metrics: &Arc<Metrics>,
-    engine: &Engine,
+    engine: &crate::intake::Waker,
     ops: &Ops,
     stopped: watch::Receiver<bool>,
 ) -> Result<outbox::Relays, AppError> {

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use crate::model::Millis;
+pub use crate::model::rfc3339;
 
 /// Wall time in milliseconds that advances with tokio's clock: the wall clock is read once,
 /// when the clock is made, and tokio's monotonic clock counts from there. So a paused
@@ -64,14 +65,6 @@ pub fn now_ms() -> Millis {
 #[allow(clippy::disallowed_methods)]
 pub fn wall() -> SystemTime {
     SystemTime::now()
-}
-
-/// Formats milliseconds since the epoch as RFC 3339 (UTC).
-pub fn rfc3339(ms: Millis) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -259,6 +259,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// What `herald plugin check` and `plugin run` load with: [`PluginConfig::for_cli`], with
+/// the two variables that set `plugins.js_runtime` and `plugins.call_timeout` for `herald
+/// serve` (a slower machine can check with the budget its server will give).
+pub fn plugin_cli_config() -> Result<PluginConfig, String> {
+    let mut config = PluginConfig::for_cli();
+    config.js_runtime = std::env::var_os("HERALD_PLUGINS_JS_RUNTIME").map(Into::into);
+    if let Ok(text) = std::env::var("HERALD_PLUGINS_CALL_TIMEOUT") {
+        config.call_timeout = parse_duration(&text).map_err(|e| format!("HERALD_PLUGINS_CALL_TIMEOUT: {e}"))?;
+    }
+    Ok(config)
+}
+
 /// [`parse_duration`] in whole milliseconds (exact: the bound keeps it within `u64`).
 pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
     parse_duration(text).map(|d| u64::try_from(d.as_millis()).expect("MAX_DURATION fits in u64 milliseconds"))
@@ -337,7 +349,7 @@ impl RawDelivery {
             max_in_flight_total: self.max_in_flight_total as usize,
             secret_grace: duration("delivery.secret_grace", &self.secret_grace)?,
         };
-        crate::model::check_timeouts(delivery.timeout, delivery.connect_timeout, MAX_TIMEOUT)
+        crate::spec::check_timeouts(delivery.timeout, delivery.connect_timeout, MAX_TIMEOUT)
             .map_err(|e| invalid(&format!("delivery.{}", e.field), e.reason))?;
         if delivery.max_in_flight_total == 0 {
             return Err(invalid("delivery.max_in_flight_total", "must be at least 1"));
@@ -434,7 +446,7 @@ impl RawOperator {
         let url = Some(self.url).filter(|u| !u.is_empty());
         if let Some(u) = &url {
             // The operator's own endpoint may be private: the operator chose it.
-            crate::model::validate_url(u, true).map_err(|e| invalid("operator.url", e.reason))?;
+            crate::spec::validate_url(u, true).map_err(|e| invalid("operator.url", e.reason))?;
             crate::sign::Secret::parse(&self.secret).map_err(|e| {
                 invalid("operator.secret", format!("a whsec_ secret is required with operator.url: {e}"))
             })?;

@@ -5,14 +5,33 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::model::{
-    DeliveryId, EndpointId, EventId, Millis, NewEvent, TenantId, event_fingerprint, type_filter_matches,
-    validate_event_type,
-};
-use crate::store::{Committer, IngestOutcome, StoreError};
-use crate::worker::Engine;
+use crate::model::{EndpointId, EventId, Millis, NewEvent, TenantId, event_fingerprint, validate_event_type};
+use crate::store::{Claimed, Committer, IngestOutcome, StoreError};
+
+/// The delivery engine as the layers above it see it: told of committed work and
+/// changes. `worker::Engine` implements it, so intake, the API, the outbox relays and
+/// replays never need the engine itself (and `worker` stays above them all).
+pub trait Wake: Send + Sync {
+    /// These endpoints have new work from op `seq` in the store's order of writes (see
+    /// `IngestOutcome::seq`; 0 when unknown).
+    fn poke_after(&self, endpoints: &[EndpointId], seq: u64);
+    /// Deliveries leased at intake (see `store::Handoff`), for their partitions.
+    fn hand_over(&self, leased: &mut dyn Iterator<Item = (EndpointId, Claimed)>);
+    /// These endpoints' settings or state changed (committed).
+    fn changed(&self, endpoints: &[EndpointId]);
+    /// The engine's clock, for the stored times written above it.
+    fn clock(&self) -> Clock;
+    /// These endpoints have new work.
+    fn poke(&self, endpoints: &[EndpointId]) {
+        self.poke_after(endpoints, 0);
+    }
+}
+
+/// The engine, shared by everything above it that wakes it.
+pub type Waker = std::sync::Arc<dyn Wake>;
 
 /// Why an event was refused before anything was written.
 #[derive(Debug, thiserror::Error)]
@@ -78,23 +97,6 @@ impl IntakeLimits {
             ttl_ms: config.retry.ttl().as_millis() as i64,
         }
     }
-}
-
-/// The deliveries a new event fans out to: one per subscriber of its tenant (in the order
-/// given) whose event-type filter matches, each with a fresh time-ordered id. Pure; both
-/// stores call it inside the transaction that stores the event, so a subscription change
-/// and the fan-out never interleave.
-pub fn fan_out<'s>(
-    event_type: &str,
-    created_at: Millis,
-    subscribers: &'s [(String, Vec<String>)],
-    rng: &mut impl rand::Rng,
-) -> Vec<(DeliveryId, &'s str)> {
-    subscribers
-        .iter()
-        .filter(|(_, types)| type_filter_matches(types, event_type))
-        .map(|(endpoint, _)| (DeliveryId::generate(created_at, rng), endpoint.as_str()))
-        .collect()
 }
 
 /// Validates one posted event into a `NewEvent` stamped with `now`.
@@ -248,7 +250,7 @@ pub async fn accept(
 pub async fn commit(
     committer: &Committer,
     metrics: &Metrics,
-    engine: &Engine,
+    engine: &dyn Wake,
     events: Vec<NewEvent>,
 ) -> Result<Vec<(EventId, IngestOutcome)>, IntakeError> {
     tokio::task::yield_now().await; // delivery first (see above)
@@ -263,7 +265,7 @@ pub async fn commit(
         endpoints.dedup();
         let seq = outcomes.iter().map(|(_, o)| o.seq).max().unwrap_or(0);
         engine.poke_after(&endpoints, seq);
-        engine.hand_over(outcomes.iter_mut().flat_map(|(_, o)| o.leased.drain(..)));
+        engine.hand_over(&mut outcomes.iter_mut().flat_map(|(_, o)| o.leased.drain(..)));
         tokio::task::yield_now().await; // the partitions just woken run before the answer
     }
     Ok(outcomes)
@@ -271,28 +273,7 @@ pub async fn commit(
 
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
-
     use super::*;
-
-    #[test]
-    fn fan_out_keeps_subscriber_order_and_matches_filters() {
-        let subs = |list: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
-            list.iter().map(|(id, types)| (id.to_string(), types.iter().map(|t| t.to_string()).collect())).collect()
-        };
-        let subscribers = subs(&[
-            ("ep_all", &[]),
-            ("ep_inv", &["invoice.*"]),
-            ("ep_user", &["user.created"]),
-            ("ep_paid", &["invoice.paid"]),
-        ]);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-        let out = fan_out("invoice.paid", 1_000, &subscribers, &mut rng);
-        let endpoints: Vec<&str> = out.iter().map(|(_, e)| *e).collect();
-        assert_eq!(endpoints, ["ep_all", "ep_inv", "ep_paid"]);
-        assert!(out[0].0 != out[1].0 && out[1].0 != out[2].0, "fresh ids: {out:?}");
-        assert!(fan_out("order.shipped", 1_000, &subscribers[1..], &mut rng).is_empty());
-    }
 
     #[test]
     fn depth_counts_brackets_outside_strings() {

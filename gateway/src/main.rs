@@ -172,12 +172,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve { config } => serve(config.as_deref()),
         Command::Replay(args) => replay(args),
         Command::Plugin { command: PluginCommand::Check { file } } => {
-            println!("{}", gateway::plugin::check_file(&file)?);
+            println!("{}", gateway::plugin::check_file(&file, &plugin_cli_config()?)?);
             Ok(())
         }
         Command::Plugin { command: PluginCommand::Run { file, hook, input } } => {
             let input = std::fs::read_to_string(&input).with_context(|| format!("cannot read {}", input.display()))?;
-            let run = gateway::plugin::run_hook_file(&file, &hook, &input);
+            let run = gateway::plugin::run_hook_file(&file, &plugin_cli_config()?, &hook, &input);
             // A failed call prints its report too: what the plugin logged before it failed.
             if let Err(gateway::plugin::PluginError::Call { report, .. }) = &run {
                 println!("{report}");
@@ -186,7 +186,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk: _ } } if lang == "js" => {
-            for file in gateway::plugin::new_js_plugin(&dir, &name)? {
+            for file in gateway::scaffold::new_js_plugin(&dir, &name)? {
                 println!("created {}", file.display());
             }
             println!("test it with `npm test` in {}", dir.join(&name).display());
@@ -310,4 +310,9 @@ async fn shutdown_signal() {
         _ = term.recv() => {},
     }
     tracing::info!("shutting down");
+}
+
+/// The plugin host's settings for `plugin check` and `plugin run`.
+fn plugin_cli_config() -> anyhow::Result<gateway::plugin::PluginConfig> {
+    gateway::config::plugin_cli_config().map_err(anyhow::Error::msg)
 }

@@ -7,16 +7,15 @@ use std::fmt;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::schedule::RetryOverride;
+/// The reserved tenant that owns operational events: no API client may create or post to it.
+pub const OPS_TENANT: &str = "herald-ops";
 
 mod plugin_settings;
 mod replay;
 mod sent;
-mod spec;
 pub use plugin_settings::*;
 pub use replay::*;
-pub use sent::{MAX_SENT_BODY, SentRequest};
-pub use spec::*;
+pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
 
 /// Milliseconds since the Unix epoch: how every instant is stored.
 pub type Millis = i64;
@@ -280,21 +279,6 @@ impl RetryOverrideDoc {
     pub fn is_empty(&self) -> bool {
         *self == RetryOverrideDoc::default()
     }
-    pub fn to_override(&self) -> Result<RetryOverride, String> {
-        use std::time::Duration;
-        let ms = |v: Option<u64>| v.map(Duration::from_millis);
-        Ok(RetryOverride {
-            base: ms(self.base_ms),
-            factor: self.factor,
-            cap: ms(self.cap_ms),
-            jitter: match &self.jitter {
-                Some(j) => Some(j.parse().map_err(|e| format!("retry.jitter: {e}"))?),
-                None => None,
-            },
-            max_attempts: self.max_attempts,
-            ttl: ms(self.ttl_ms),
-        })
-    }
 }
 
 /// Whether an endpoint receives deliveries.
@@ -351,6 +335,31 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// A new, active endpoint with a spec the caller has validated.
+    pub fn new(id: EndpointId, tenant: TenantId, spec: EndpointSpec, now: Millis) -> Endpoint {
+        Endpoint {
+            id,
+            tenant,
+            spec,
+            state: EndpointState::Active,
+            state_reason: None,
+            paused_until: None,
+            failing_since: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
+/// Formats milliseconds since the epoch as RFC 3339 (UTC).
+pub fn rfc3339(ms: Millis) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
+}
+
 /// Matches an event type against a filter of exact names, `prefix.*` patterns, or `*`.
 pub fn type_filter_matches(filter: &[String], event_type: &str) -> bool {
     filter.is_empty()
@@ -363,6 +372,23 @@ pub fn type_filter_matches(filter: &[String], event_type: &str) -> bool {
                         && event_type.as_bytes()[p.len()] == b'.'
                 })
         })
+}
+
+/// The deliveries a new event fans out to: one per subscriber of its tenant (in the order
+/// given) whose event-type filter matches, each with a fresh time-ordered id. Pure; both
+/// stores call it inside the transaction that stores the event, so a subscription change
+/// and the fan-out never interleave.
+pub fn fan_out<'s>(
+    event_type: &str,
+    created_at: Millis,
+    subscribers: &'s [(String, Vec<String>)],
+    rng: &mut impl rand::Rng,
+) -> Vec<(DeliveryId, &'s str)> {
+    subscribers
+        .iter()
+        .filter(|(_, types)| type_filter_matches(types, event_type))
+        .map(|(endpoint, _)| (DeliveryId::generate(created_at, rng), endpoint.as_str()))
+        .collect()
 }
 
 /// A validated event type filter entry: `name`, `prefix.*` or `*`.

@@ -3,24 +3,28 @@
 //! endpoint from config, through the same durable, signed, retried path as any tenant's;
 //! and it purges finished deliveries past their retention in small batches.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::clock::{now_ms, rfc3339};
+use crate::clock::{Clock, now_ms, rfc3339};
 use crate::config::{OperatorConfig, RetentionConfig};
+use crate::intake::{Wake, Waker};
+use crate::metrics::Metrics;
 use crate::model::*;
-use crate::store::{Committer, DynStore, StoreError};
+use crate::store::{Claimed, Committer, DynStore, StoreError};
 
-/// The reserved tenant that owns operational events.
-pub const OPS_TENANT: &str = "herald-ops";
 const OPS_ENDPOINT: &str = "ep_operator";
 
 /// Emits operational events. Cheap to clone; a no-op when no operator URL is configured.
 #[derive(Clone)]
 pub struct Ops {
     committer: Committer,
+    metrics: Arc<Metrics>,
+    /// The engine, once it runs (it is started with these `Ops`, so a weak reference):
+    /// events are committed through `intake::commit` like every other, on its clock.
+    engine: Arc<OnceLock<Weak<dyn Wake>>>,
     enabled: bool,
     ttl_ms: Millis,
 }
@@ -30,10 +34,17 @@ impl Ops {
     pub async fn setup(
         store: &DynStore,
         committer: Committer,
+        metrics: Arc<Metrics>,
         config: &OperatorConfig,
         ttl: Duration,
     ) -> Result<Ops, StoreError> {
-        let ops = Ops { committer, enabled: config.url.is_some(), ttl_ms: ttl.as_millis() as i64 };
+        let ops = Ops {
+            committer,
+            metrics,
+            engine: Arc::default(),
+            enabled: config.url.is_some(),
+            ttl_ms: ttl.as_millis() as i64,
+        };
         let Some(url) = &config.url else { return Ok(ops) };
         let tenant = TenantId::from_stored(OPS_TENANT);
         let now = now_ms();
@@ -77,12 +88,22 @@ impl Ops {
         Ok(ops)
     }
 
+    /// Tells these `Ops` the engine they wake (and whose clock they read) from now on.
+    pub fn attach(&self, engine: &Waker) {
+        let _ = self.engine.set(Arc::downgrade(engine));
+    }
+
+    /// The engine's time, or the wall clock's before the engine runs.
+    pub fn now(&self) -> Millis {
+        Attached(self.engine.clone()).get().map_or_else(now_ms, |e| e.clock().now())
+    }
+
     /// Emits one event, idempotently by `id`; delivered by the engine like any other.
     pub fn emit(&self, tenant: &TenantId, event_type: &str, id: String, data: serde_json::Value) {
         if !self.enabled || tenant.as_str() == OPS_TENANT {
             return;
         }
-        let now = now_ms();
+        let now = self.now();
         let payload = json!({ "tenant": tenant, "at": rfc3339(now), "data": data }).to_string();
         let event = match EventId::parse(&id) {
             Ok(id) => NewEvent {
@@ -99,12 +120,43 @@ impl Ops {
                 return;
             }
         };
-        let committer = self.committer.clone();
+        let (committer, metrics, engine) = (self.committer.clone(), self.metrics.clone(), self.engine.clone());
         tokio::spawn(async move {
-            if let Err(e) = committer.ingest(vec![event]).await {
+            if let Err(e) = crate::intake::commit(&committer, &metrics, &Attached(engine), vec![event]).await {
                 tracing::error!(error = %e, "cannot record operational event");
             }
         });
+    }
+}
+
+/// The engine once attached; before that (or after it is gone), nothing to wake: its
+/// first scan finds the work.
+struct Attached(Arc<OnceLock<Weak<dyn Wake>>>);
+
+impl Attached {
+    fn get(&self) -> Option<Waker> {
+        self.0.get().and_then(Weak::upgrade)
+    }
+}
+
+impl Wake for Attached {
+    fn poke_after(&self, endpoints: &[EndpointId], seq: u64) {
+        if let Some(engine) = self.get() {
+            engine.poke_after(endpoints, seq);
+        }
+    }
+    fn hand_over(&self, leased: &mut dyn Iterator<Item = (EndpointId, Claimed)>) {
+        if let Some(engine) = self.get() {
+            engine.hand_over(leased);
+        }
+    }
+    fn changed(&self, endpoints: &[EndpointId]) {
+        if let Some(engine) = self.get() {
+            engine.changed(endpoints);
+        }
+    }
+    fn clock(&self) -> Clock {
+        self.get().map_or_else(Clock::new, |e| e.clock())
     }
 }
 
@@ -120,7 +172,7 @@ pub fn start_housekeeping(
     tokio::spawn(async move {
         let mut stop = stop;
         loop {
-            let now = now_ms();
+            let now = ops.now();
             if ops.enabled {
                 match store.stale_dead_letters(now - operator.stale_after.as_millis() as i64).await {
                     Ok(stale) => {

@@ -19,10 +19,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::clock::now_ms;
+use crate::intake::Waker;
 use crate::model::{Millis, TenantId};
 use crate::store::{DynStore, ReplayTurn, StoreError};
-use crate::worker::Engine;
 
 /// How often a node of a cluster looks for replays another node started.
 const DISCOVER_EVERY: Duration = Duration::from_secs(2);
@@ -31,7 +30,7 @@ const DISCOVER_EVERY: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct Replayer {
     store: DynStore,
-    engine: Engine,
+    engine: Waker,
     ttl: Duration,
     /// The replays this node runs a task for.
     running: Arc<Mutex<HashSet<String>>>,
@@ -42,7 +41,7 @@ impl Replayer {
     /// nodes use): it also takes up, until `stopped`, the replays other nodes start.
     pub async fn start(
         store: DynStore,
-        engine: Engine,
+        engine: Waker,
         ttl: Duration,
         shared: bool,
         mut stopped: watch::Receiver<bool>,
@@ -106,14 +105,15 @@ impl Replayer {
     async fn run(&self, id: &str) {
         let ttl_ms = self.ttl.as_millis() as i64;
         loop {
-            match self.store.replay_turn(id, now_ms(), ttl_ms).await {
+            let clock = self.engine.clock();
+            match self.store.replay_turn(id, clock.now(), ttl_ms).await {
                 Ok(ReplayTurn::Requeued { endpoints, requeued, next_due }) => {
                     // The engine picks each re-queued delivery up when it comes due.
                     self.engine.poke(&endpoints);
                     tracing::debug!(replay = %id, requeued, "replay turn");
-                    sleep_until(next_due).await;
+                    tokio::time::sleep_until(clock.instant_at(next_due)).await;
                 }
-                Ok(ReplayTurn::NotYet(at)) => sleep_until(at).await,
+                Ok(ReplayTurn::NotYet(at)) => tokio::time::sleep_until(clock.instant_at(at)).await,
                 Ok(ReplayTurn::Ended) | Err(StoreError::NotFound(_)) => return,
                 Err(e) => {
                     tracing::warn!(replay = %id, error = %e, "replay batch failed; retrying");
@@ -122,10 +122,4 @@ impl Replayer {
             }
         }
     }
-}
-
-/// Sleeps until the wall clock reads `at` (the store's times are wall-clock milliseconds).
-async fn sleep_until(at: Millis) {
-    let wait = at.saturating_sub(now_ms()).max(0) as u64;
-    tokio::time::sleep(Duration::from_millis(wait)).await;
 }

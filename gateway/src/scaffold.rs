@@ -1,9 +1,13 @@
 //! `herald plugin new --lang rust NAME`: a plugin project that builds, with a unit test
 //! that runs its hook through `plugin_sdk::testing`. Writes files only; never overwrites.
 
+mod js;
+
 use std::path::{Path, PathBuf};
 
-/// The languages `plugin new` scaffolds (`js`: [`crate::plugin::new_js_plugin`]).
+pub use js::new_js_plugin;
+
+/// The languages `plugin new` scaffolds (`js`: [`new_js_plugin`]).
 pub const LANGS: [&str; 2] = ["rust", "js"];
 
 /// `input.json` of every scaffold: an example delivery for `herald plugin run --hook

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::model::Millis;
+use crate::model::{Millis, RetryOverrideDoc};
 
 /// How a computed backoff delay is randomised.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,6 +47,24 @@ pub struct RetryOverride {
     pub max_attempts: Option<u32>,
     /// How long an event stays deliverable after it was accepted.
     pub ttl: Option<Duration>,
+}
+
+impl RetryOverride {
+    /// The override an endpoint's stored retry document asks for; an error names the field.
+    pub fn from_doc(doc: &RetryOverrideDoc) -> Result<RetryOverride, String> {
+        let ms = |v: Option<u64>| v.map(Duration::from_millis);
+        Ok(RetryOverride {
+            base: ms(doc.base_ms),
+            factor: doc.factor,
+            cap: ms(doc.cap_ms),
+            jitter: match &doc.jitter {
+                Some(j) => Some(j.parse().map_err(|e| format!("retry.jitter: {e}"))?),
+                None => None,
+            },
+            max_attempts: doc.max_attempts,
+            ttl: ms(doc.ttl_ms),
+        })
+    }
 }
 
 /// What to do after a failed attempt.

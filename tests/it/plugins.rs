@@ -253,7 +253,8 @@ async fn hot_reload_under_load_loses_nothing_and_a_corrupt_file_keeps_the_old_ve
 async fn cli_transform(path: PathBuf, event_type: &str) -> String {
     let input = json!({"context": {"event_type": event_type}}).to_string();
     // A plain thread, as the `herald` binary runs it (not inside this test's runtime).
-    let run = move || gateway::plugin::run_hook_file(&path, "transform", &input);
+    let run =
+        move || gateway::plugin::run_hook_file(&path, &gateway::plugin::PluginConfig::for_cli(), "transform", &input);
     let result = tokio::task::spawn_blocking(move || std::thread::spawn(run).join().unwrap()).await.unwrap();
     match result {
         Ok(out) => serde_json::from_str::<serde_json::Value>(&out).unwrap()["result"]["action"].to_string(),

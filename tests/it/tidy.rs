@@ -81,6 +81,135 @@ fn the_scan_sees_paths_and_ignores_comments() {
     assert_eq!(mentions("crate::sqlx::x", "sqlx"), Vec::<usize>::new());
 }
 
+/// Herald's layers, lowest first (ARCHITECTURE.md, "Layers"): a module of `gateway/src`
+/// may import (`crate::x`) only modules of lower layers. Modules of one layer never import
+/// each other. `main.rs` and `lib.rs` sit above everything.
+const LAYERS: &[&[&str]] = &[
+    &["model"],
+    &["clock"],
+    &["schedule", "pace", "lease", "classify", "sign", "net"],
+    &["spec"],
+    &["store", "deliver", "plugin"],
+    &["config"],
+    &["metrics"],
+    &["intake"],
+    &["ops"],
+    &["worker"],
+    &["outbox", "replay"],
+    &["api"],
+    &["app"],
+    &["cli", "scaffold"],
+];
+
+/// The same rule inside a folder, for the files under it (`super::x` and
+/// `crate::folder::x`): lowest first. Its `mod.rs` (or `folder.rs`) sits above them all.
+const INNER: &[(&str, &[&[&str]])] = &[("worker", &[&["decide", "signal"], &["attempt"], &["partition"]])];
+
+fn rank(layers: &[&[&str]], module: &str) -> Option<usize> {
+    layers.iter().position(|layer| layer.contains(&module))
+}
+
+/// `path` segments right after each `prefix` on the code part of `text`'s lines:
+/// (line, segment).
+fn imported(text: &str, prefix: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        for (at, _) in code.match_indices(prefix) {
+            if at > 0 && code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let rest = &code[at + prefix.len()..];
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            if !name.is_empty() {
+                found.push((n + 1, name));
+            }
+        }
+    }
+    found
+}
+
+/// Every import of a higher or same layer, as "file:line: a (layer i) imports b (layer j)".
+fn upward_imports(root: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    sources(root, &mut files);
+    assert!(files.len() > 20, "found only {} sources under {}", files.len(), root.display());
+    let mut found = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(root).expect("under src").to_string_lossy().replace('\\', "/");
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let parts: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
+        let top = parts[0];
+        if let Some(mine) = rank(LAYERS, top) {
+            for (line, to) in imported(&text, "crate::") {
+                match rank(LAYERS, &to) {
+                    Some(theirs) if to != top && theirs >= mine => found
+                        .push(format!("gateway/src/{rel}:{line}: {top} (layer {mine}) imports {to} (layer {theirs})")),
+                    _ => {}
+                }
+            }
+        }
+        for (folder, order) in INNER {
+            if parts[0] != *folder || parts.len() < 2 || parts[1] == "mod" {
+                continue;
+            }
+            let me = parts[1];
+            let Some(mine) = rank(order, me) else {
+                found.push(format!("gateway/src/{rel}: {folder}/{me} has no place in the {folder}/ order"));
+                continue;
+            };
+            // `super::` from a file directly under the folder, `super::super::` from one below.
+            let up = "super::".repeat(parts.len() - 1);
+            let mut seen = imported(&text, &up);
+            seen.extend(imported(&text, &format!("crate::{folder}::")));
+            for (line, to) in seen {
+                match rank(order, &to) {
+                    Some(theirs) if to != me && theirs >= mine => found
+                        .push(format!("gateway/src/{rel}:{line}: {folder}/{me} imports {folder}/{to}, not below it")),
+                    _ => {}
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn modules_import_only_lower_layers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
+    let found = upward_imports(&root);
+    assert!(found.is_empty(), "imports against the layer order (ARCHITECTURE.md, \"Layers\"):\n{}", found.join("\n"));
+}
+
+/// The scan catches a planted upward import, at the top level and inside a folder.
+#[test]
+fn the_layer_scan_sees_a_planted_upward_import() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |rel: &str, text: &str| {
+        let path = dir.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    for i in 0..20 {
+        write(&format!("model/part{i}.rs"), "use crate::model::Millis;\n");
+    }
+    write("store.rs", "use crate::model::Millis;\n// crate::worker::Engine in a comment\n");
+    write("intake.rs", "use crate::store::Committer;\n");
+    write("worker/attempt.rs", "use super::decide::decide;\n");
+    assert_eq!(upward_imports(dir.path()), Vec::<String>::new());
+    write("store/writer.rs", "fn f() { crate::intake::fan_out(); }\n");
+    write("worker/decide.rs", "use super::attempt::run;\n");
+    let mut found = upward_imports(dir.path());
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "gateway/src/store/writer.rs:1: store (layer 4) imports intake (layer 7)",
+            "gateway/src/worker/decide.rs:1: worker/decide imports worker/attempt, not below it",
+        ]
+    );
+}
+
 /// Calls that would add a route to the API's router without its OpenAPI operation. Every
 /// route goes through `api::routes` (`routes!` of handlers with `#[utoipa::path]`), so the
 /// document lists every route the router serves (`contract.rs` checks the converse).

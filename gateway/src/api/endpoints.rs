@@ -15,6 +15,7 @@ use super::{ApiError, AppState, rfc3339};
 use crate::config::parse_duration_ms;
 use crate::model::*;
 use crate::sign::Secret;
+use crate::spec::{SpecRules, check_text, validate_url};
 use crate::store::EndpointChange;
 
 /// An endpoint as posted (create: `url` required) or patched: every field optional.

@@ -87,7 +87,7 @@ pub(crate) async fn create_batch(
 
 /// Hands events to intake's durable commit (shared with the outbox relay).
 async fn accept(state: &AppState, events: Vec<NewEvent>) -> Result<Vec<(EventId, IngestOutcome)>, ApiError> {
-    Ok(intake::commit(&state.committer, &state.metrics, &state.engine, events).await?)
+    Ok(intake::commit(&state.committer, &state.metrics, &*state.engine, events).await?)
 }
 
 /// A stored event; `payload` comes back byte for byte as it was posted.
@@ -370,7 +370,7 @@ pub(crate) async fn get_delivery(
             .store
             .get_event(&tenant, &delivery.event_id)
             .await?
-            .map(|e| crate::worker::envelope(e.id.as_str(), &e.event_type, e.created_at, &e.payload)),
+            .map(|e| crate::model::envelope(e.id.as_str(), &e.event_type, e.created_at, &e.payload)),
         false => None,
     };
     let attempt_history = attempts

@@ -48,7 +48,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The delivery engine, told of committed new work (`poke`) and of committed endpoint
     /// changes (`changed`: this node's partitions and, through the store, the others').
-    pub engine: crate::worker::Engine,
+    pub engine: crate::intake::Waker,
     pub replayer: crate::replay::Replayer,
     pub plugins: crate::plugin::PluginHost,
     /// The outbox relays' status (for `/readyz`); empty without `[[outbox]]` sources.
@@ -68,7 +68,7 @@ impl AppState {
         store: DynStore,
         committer: Committer,
         metrics: Arc<Metrics>,
-        engine: crate::worker::Engine,
+        engine: crate::intake::Waker,
         replayer: crate::replay::Replayer,
         plugins: crate::plugin::PluginHost,
     ) -> Arc<AppState> {
@@ -233,8 +233,8 @@ impl From<IntakeError> for ApiError {
     }
 }
 
-impl From<crate::model::SpecError> for ApiError {
-    fn from(e: crate::model::SpecError) -> Self {
+impl From<crate::spec::SpecError> for ApiError {
+    fn from(e: crate::spec::SpecError) -> Self {
         ApiError::unprocessable(e.to_string())
     }
 }

@@ -12,6 +12,7 @@ use super::doc::ErrorCode;
 use super::extract::{ItemPath, JsonBody, Path, Query, Read, Replay as ReplayScope, TenantAuth, TenantPath};
 use super::{ApiError, AppState, page_limit, parse_rfc3339, rfc3339};
 use crate::model::*;
+use crate::spec::{MAX_FILTER_TEXT, check_text};
 
 /// Most delivery ids one replay may name.
 const MAX_IDS: usize = 10_000;

@@ -12,7 +12,8 @@ use utoipa::ToSchema;
 
 use super::extract::{Admin, ItemPath, JsonBody, Manage, Path, TenantAuth, TenantPath};
 use super::{ApiError, AppState, auth, rfc3339};
-use crate::model::{MAX_TENANT_NAME, Scope, Tenant, TenantId, TokenRecord, check_text};
+use crate::model::{Scope, Tenant, TenantId, TokenRecord};
+use crate::spec::{MAX_TENANT_NAME, check_text};
 
 /// A tenant to create.
 #[derive(Deserialize, ToSchema)]

@@ -125,7 +125,7 @@ impl RawOutbox {
 /// A Herald tenant id a source may ingest into: valid, and not the reserved one.
 fn tenant_id(key: &str, value: &str) -> Result<TenantId, ConfigError> {
     let id = TenantId::parse(value).map_err(|e| invalid(key, e.0))?;
-    if id.as_str() == crate::ops::OPS_TENANT {
+    if id.as_str() == crate::model::OPS_TENANT {
         return Err(invalid(key, format!("{value:?} is Herald's own tenant for operational events")));
     }
     Ok(id)

@@ -55,6 +55,18 @@ fn text_prefix(body: &[u8]) -> String {
     String::from_utf8_lossy(cut).into_owned()
 }
 
+/// The JSON envelope a receiver gets by default; the payload bytes are kept exactly.
+pub fn envelope(event_id: &str, event_type: &str, created_at: super::Millis, payload: &str) -> String {
+    let s = |v: &str| serde_json::to_string(v).expect("string serializes");
+    format!(
+        "{{\"id\":{},\"type\":{},\"timestamp\":{},\"data\":{}}}",
+        s(event_id),
+        s(event_type),
+        s(&super::rfc3339(created_at)),
+        payload
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +102,15 @@ mod tests {
         assert!(s.truncated());
         let binary = SentRequest::new(&[], &[0xff, b'x'], false);
         assert_eq!(binary.body.as_deref(), Some("\u{fffd}x"));
+    }
+
+    #[test]
+    fn envelope_keeps_payload_bytes() {
+        let e = envelope("evt_1", "a.b", 0, "{\"x\": 1.50}");
+        assert_eq!(
+            e,
+            "{\"id\":\"evt_1\",\"type\":\"a.b\",\"timestamp\":\"1970-01-01T00:00:00Z\",\"data\":{\"x\": 1.50}}"
+        );
+        serde_json::from_str::<serde_json::Value>(&e).unwrap();
     }
 }

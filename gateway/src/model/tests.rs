@@ -36,3 +36,22 @@ fn ids_are_time_ordered_and_valid() {
     assert!(EventId::parse("a/b").is_err());
     assert!(EventId::parse("has space").is_err());
 }
+
+#[test]
+fn fan_out_keeps_subscriber_order_and_matches_filters() {
+    let subs = |list: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
+        list.iter().map(|(id, types)| (id.to_string(), types.iter().map(|t| t.to_string()).collect())).collect()
+    };
+    let subscribers = subs(&[
+        ("ep_all", &[]),
+        ("ep_inv", &["invoice.*"]),
+        ("ep_user", &["user.created"]),
+        ("ep_paid", &["invoice.paid"]),
+    ]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let out = fan_out("invoice.paid", 1_000, &subscribers, &mut rng);
+    let endpoints: Vec<&str> = out.iter().map(|(_, e)| *e).collect();
+    assert_eq!(endpoints, ["ep_all", "ep_inv", "ep_paid"]);
+    assert!(out[0].0 != out[1].0 && out[1].0 != out[2].0, "fresh ids: {out:?}");
+    assert!(fan_out("order.shipped", 1_000, &subscribers[1..], &mut rng).is_empty());
+}

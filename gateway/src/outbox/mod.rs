@@ -20,7 +20,6 @@ use crate::config::OutboxSource;
 use crate::metrics::Metrics;
 use crate::ops::Ops;
 use crate::store::{Committer, DynStore, StoreError};
-use crate::worker::Engine;
 
 /// What a source's relay is doing, for `GET /readyz`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +77,7 @@ pub struct Node {
     pub store: DynStore,
     pub committer: Committer,
     pub metrics: Arc<Metrics>,
-    pub engine: Engine,
+    pub engine: crate::intake::Waker,
     pub ops: Ops,
     pub limits: crate::intake::IntakeLimits,
 }

@@ -13,8 +13,8 @@ use super::{Node, RelayState, SourceStatus};
 use crate::config::OutboxSource;
 use crate::intake::{self, IntakeError};
 use crate::metrics::SourceMetrics;
+use crate::model::OPS_TENANT;
 use crate::model::{NewEvent, TenantId};
-use crate::ops::OPS_TENANT;
 use crate::store::StoreError;
 use crate::store::outbox::{OutboxRow, ProducerOutbox};
 
@@ -125,7 +125,7 @@ impl Relay {
         let n = &self.node;
         while !valid.is_empty() {
             let events = valid.iter().map(|(_, e)| e.clone()).collect();
-            match intake::commit(&n.committer, &n.metrics, &n.engine, events).await {
+            match intake::commit(&n.committer, &n.metrics, &*n.engine, events).await {
                 Ok(outcomes) => return Ok(outcomes.iter().filter(|(_, o)| o.duplicate).count() as u64),
                 Err(e @ IntakeError::Conflict { at, .. }) => {
                     let (row, _) = valid.remove(at);

@@ -16,14 +16,13 @@ use super::{
 
 /// Loads `path` like the server would (compile, world check, `describe`) and returns a
 /// human-readable report: name, version, size, SHA-256, hooks and imports.
-pub fn check_file(path: &Path) -> Result<String, PluginError> {
+pub fn check_file(path: &Path, config: &PluginConfig) -> Result<String, PluginError> {
     let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
-    let config = cli_config()?;
     if bytes.len() > config.max_plugin_bytes {
         let key = "plugins.max_plugin_bytes".to_string();
         return Err(PluginError::TooLarge { size: bytes.len(), limit: config.max_plugin_bytes, key });
     }
-    let runtime = Runtime::new(&config)?;
+    let runtime = Runtime::new(config)?;
     let plugin = load(&runtime, "cli", &bytes, HashMap::new())?;
     let imports = runtime.imports(&plugin);
     let hooks: Vec<String> = plugin
@@ -90,7 +89,7 @@ pub fn check_file(path: &Path) -> Result<String, PluginError> {
 /// A failed call is an `Err(PluginError::Call { failure, report })`, where `report` is
 /// `{"hook": …, "error": "plugin:…", "logs": […]}`: what the plugin logged before it
 /// failed is often why.
-pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String, PluginError> {
+pub fn run_hook_file(path: &Path, config: &PluginConfig, hook: &str, input_json: &str) -> Result<String, PluginError> {
     let hook = Hook::parse(hook)
         .ok_or_else(|| PluginError::Input(format!("unknown hook {hook:?} (transform, classify, sign)")))?;
     let input: Value =
@@ -98,7 +97,7 @@ pub fn run_hook_file(path: &Path, hook: &str, input_json: &str) -> Result<String
     let ctx = context(input.get("context"))?;
     let plugin_config = string_map(input.get("config"), "config")?;
     let bytes = std::fs::read(path).map_err(|e| PluginError::io(path, e))?;
-    let runtime = Runtime::new(&cli_config()?)?;
+    let runtime = Runtime::new(config)?;
     let plugin = load(&runtime, &ctx.tenant, &bytes, plugin_config)?;
     let mut logs = LogCapture::new();
     let result = match hook {
@@ -143,21 +142,6 @@ fn load(
         )));
     }
     runtime.load(tenant, "cli", bytes, config)
-}
-
-/// The server's defaults, with the two variables that set `plugins.js_runtime` and
-/// `plugins.call_timeout` for `herald serve` (a slower machine can check with the budget
-/// its server will give).
-fn cli_config() -> Result<PluginConfig, PluginError> {
-    let mut config = PluginConfig::new(".");
-    config.max_instances = 4;
-    config.watch = false;
-    config.js_runtime = std::env::var_os("HERALD_PLUGINS_JS_RUNTIME").map(Into::into);
-    if let Ok(text) = std::env::var("HERALD_PLUGINS_CALL_TIMEOUT") {
-        config.call_timeout = crate::config::parse_duration(&text)
-            .map_err(|e| PluginError::Input(format!("HERALD_PLUGINS_CALL_TIMEOUT: {e}")))?;
-    }
-    Ok(config)
 }
 
 fn context(v: Option<&Value>) -> Result<DeliveryContext, PluginError> {

@@ -26,7 +26,6 @@ mod pool;
 mod registry;
 mod runtime;
 mod sandbox;
-mod scaffold;
 mod ticker;
 mod types;
 
@@ -39,10 +38,9 @@ pub use convert::verdict;
 pub use registry::{
     FailureRecord, MAX_VERSIONS, PluginHost, PluginStats, PluginVersion, RECENT_FAILURES, split_pinned,
 };
-pub use scaffold::new_js_plugin;
 pub use types::{
     Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, PluginValues, StructureLimits,
-    TenantLimitOverrides, TenantLimits, is_slug,
+    TenantLimitOverrides, TenantLimits, check_slug, is_slug,
 };
 
 /// The hook data types, generated from `wit/plugin.wit`.

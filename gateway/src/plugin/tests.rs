@@ -450,18 +450,20 @@ fn plugin_config_and_logs_reach_the_cli_runner() {
     let path = dir.path().join("p.wasm");
     std::fs::write(&path, logging.wasm()).unwrap();
 
-    let report = check_file(&path).unwrap();
+    let report = check_file(&path, &PluginConfig::for_cli()).unwrap();
     assert!(report.contains("hooks:   classify"), "{report}");
 
-    let out = run_hook_file(&path, "classify", r#"{"outcome": {"status": 409, "body": "dup"}}"#).unwrap();
+    let out =
+        run_hook_file(&path, &PluginConfig::for_cli(), "classify", r#"{"outcome": {"status": 409, "body": "dup"}}"#)
+            .unwrap();
     let out: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(out["result"]["verdict"], "default");
     assert_eq!(out["logs"][0]["message"], "hello");
     assert_eq!(out["logs"][0]["level"], "info");
 
-    let err = run_hook_file(&path, "sign", r#"{"secrets": ["k"]}"#).unwrap_err();
+    let err = run_hook_file(&path, &PluginConfig::for_cli(), "sign", r#"{"secrets": ["k"]}"#).unwrap_err();
     assert!(matches!(err, PluginError::Call { failure: PluginFailure::HookNotImplemented, .. }), "{err}");
-    assert!(matches!(run_hook_file(&path, "classify", "{}"), Err(PluginError::Input(_))));
+    assert!(matches!(run_hook_file(&path, &PluginConfig::for_cli(), "classify", "{}"), Err(PluginError::Input(_))));
 }
 
 #[test]
@@ -720,7 +722,7 @@ fn a_compile_bomb_is_refused_before_compiling_at_upload_and_by_the_cli() {
     let path = dir.path().join("bomb.wasm");
     std::fs::write(&path, bomb(200_000)).unwrap();
     let cpu = cpu_time();
-    let err = check_file(&path).unwrap_err();
+    let err = check_file(&path, &PluginConfig::for_cli()).unwrap_err();
     assert!(matches!(&err, PluginError::Structure(_)), "{err}");
     assert!(err.to_string().contains("refused before compiling"), "{err}");
     assert!(cpu_time() - cpu < Duration::from_secs(1), "took {:?} of CPU", cpu_time() - cpu);

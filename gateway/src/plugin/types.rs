@@ -155,6 +155,12 @@ pub struct TenantLimits {
 }
 
 impl PluginConfig {
+    /// The server's defaults for one file checked or run from the command line: no
+    /// directory watched, a few instances.
+    pub fn for_cli() -> Self {
+        PluginConfig { max_instances: 4, watch: false, ..PluginConfig::new(".") }
+    }
+
     /// The defaults, with plugins under `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         PluginConfig {
@@ -568,6 +574,6 @@ pub fn is_slug(s: &str) -> bool {
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-pub(crate) fn check_slug(what: &'static str, value: &str) -> Result<(), PluginError> {
+pub fn check_slug(what: &'static str, value: &str) -> Result<(), PluginError> {
     if is_slug(value) { Ok(()) } else { Err(PluginError::InvalidName { what, value: value.to_string() }) }
 }

@@ -13,28 +13,17 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_effect};
-use super::partition::{Shared, Target};
+use super::signal::{Shared, Target};
 use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
-use crate::clock::rfc3339;
 use crate::deliver::Outgoing;
-use crate::deliver::headers::is_reserved;
-use crate::model::{Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, new_id};
+use crate::model::{
+    Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, envelope, new_id,
+};
+use crate::net::headers::is_reserved;
 use crate::plugin;
 use crate::sign::{self, Secret};
 use crate::store::{AttemptResult, Claimed, EndpointChange, Recorded, Release};
-
-/// The JSON envelope a receiver gets by default; the payload bytes are kept exactly.
-pub fn envelope(event_id: &str, event_type: &str, created_at: Millis, payload: &str) -> String {
-    let s = |v: &str| serde_json::to_string(v).expect("string serializes");
-    format!(
-        "{{\"id\":{},\"type\":{},\"timestamp\":{},\"data\":{}}}",
-        s(event_id),
-        s(event_type),
-        s(&rfc3339(created_at)),
-        payload
-    )
-}
 
 /// What an attempt produced before classification.
 enum Exchange {
@@ -321,6 +310,7 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
             connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
             timeout: Duration::from_millis(spec.timeout_ms),
             keep_headers: spec.plugins.classify.is_some(),
+            now: inner.clock.now(),
         })
         .await;
     inner.metrics.attempts.inc();
@@ -490,20 +480,5 @@ fn apply_effect(
             );
             Some(change(Some(EndpointState::Disabled), Some(reason.clone()), None))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn envelope_keeps_payload_bytes() {
-        let e = envelope("evt_1", "a.b", 0, "{\"x\": 1.50}");
-        assert_eq!(
-            e,
-            "{\"id\":\"evt_1\",\"type\":\"a.b\",\"timestamp\":\"1970-01-01T00:00:00Z\",\"data\":{\"x\": 1.50}}"
-        );
-        serde_json::from_str::<serde_json::Value>(&e).unwrap();
     }
 }

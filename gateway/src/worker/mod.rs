@@ -12,8 +12,8 @@
 mod attempt;
 mod decide;
 mod partition;
+mod signal;
 
-pub use attempt::envelope;
 pub use decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_effect};
 
 use std::collections::HashMap;
@@ -63,7 +63,7 @@ struct Inner {
     config: Arc<Config>,
     metrics: Arc<Metrics>,
     owner: String,
-    partitions: Mutex<HashMap<EndpointId, Arc<partition::Signal>>>,
+    partitions: Mutex<HashMap<EndpointId, Arc<signal::Signal>>>,
     global: Arc<Semaphore>,
     scan: Notify,
     shutdown: watch::Receiver<bool>,
@@ -155,7 +155,7 @@ impl Engine {
             match parts.get(&id) {
                 Some(signal) => signal.hand(claimed),
                 None => {
-                    let signal = partition::Signal::default();
+                    let signal = signal::Signal::default();
                     signal.hand(claimed);
                     start_partition(&self.inner, &mut parts, &id, signal);
                 }
@@ -288,7 +288,7 @@ fn wake(inner: &Arc<Inner>, id: &EndpointId, seq: u64) {
     let mut parts = inner.partitions.lock().expect("partition map");
     match parts.get(id) {
         Some(signal) => signal.work_after(seq),
-        None => start_partition(inner, &mut parts, id, partition::Signal::default()),
+        None => start_partition(inner, &mut parts, id, signal::Signal::default()),
     }
 }
 
@@ -322,9 +322,9 @@ impl Handoff for Handoffs {
 /// Starts `id`'s partition with `signal` (the caller found none in `parts`).
 fn start_partition(
     inner: &Arc<Inner>,
-    parts: &mut HashMap<EndpointId, Arc<partition::Signal>>,
+    parts: &mut HashMap<EndpointId, Arc<signal::Signal>>,
     id: &EndpointId,
-    signal: partition::Signal,
+    signal: signal::Signal,
 ) {
     let signal = Arc::new(signal);
     parts.insert(id.clone(), signal.clone());
@@ -382,5 +382,20 @@ async fn dispatch(inner: Arc<Inner>) {
             _ = inner.scan.notified() => {}
             _ = shutdown.changed() => {}
         }
+    }
+}
+
+impl crate::intake::Wake for Engine {
+    fn poke_after(&self, endpoints: &[EndpointId], seq: u64) {
+        Engine::poke_after(self, endpoints, seq);
+    }
+    fn hand_over(&self, leased: &mut dyn Iterator<Item = (EndpointId, Claimed)>) {
+        Engine::hand_over(self, leased);
+    }
+    fn changed(&self, endpoints: &[EndpointId]) {
+        Engine::changed(self, endpoints);
+    }
+    fn clock(&self) -> Clock {
+        Engine::clock(self)
     }
 }

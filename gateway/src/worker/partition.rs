@@ -17,14 +17,14 @@ use crate::lease;
 use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
 use crate::pace::{Pacer, Permit};
+use crate::schedule::RetryOverride;
 use crate::sign::Secret;
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, Release, Result as StoreResult};
 
 mod handoff;
 mod held;
-mod signal;
 
-pub(super) use signal::{Shared, Signal, Target};
+use super::signal::{Shared, Signal, Target};
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
 /// engine shuts down. Each turn of the loop is a list of named steps.
@@ -510,10 +510,7 @@ fn sendable(e: &Endpoint, now: Millis) -> bool {
 
 /// The endpoint's effective retry policy and signing secrets at `now`.
 fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now: Millis) -> Target {
-    let policy = endpoint
-        .spec
-        .retry
-        .to_override()
+    let policy = RetryOverride::from_doc(&endpoint.spec.retry)
         .ok()
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());

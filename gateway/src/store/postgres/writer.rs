@@ -10,7 +10,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
 use super::super::sql;
 use super::super::*;
 use super::IDS_PER_NOTIFY;
-use crate::intake::fan_out;
+use crate::model::fan_out;
 
 /// Deadlocks and serialization failures between nodes' commits: the whole batch can be
 /// replayed (it was rolled back as a unit).

@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use super::super::sql;
 use super::super::*;
 use super::checkpoint::{WAL_RESTART_FRAMES, connect, spawn_checkpointer};
-use crate::intake::fan_out;
+use crate::model::fan_out;
 use thread::{Sink, Thread, Work};
 
 mod thread;

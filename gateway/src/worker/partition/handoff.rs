@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
-use super::signal::Open;
+use super::super::signal::Open;
 use super::{Partition, claim_request};
 use crate::model::EndpointSpec;
 

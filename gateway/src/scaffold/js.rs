@@ -7,14 +7,14 @@
 
 use std::path::{Path, PathBuf};
 
-use super::types::{PluginError, check_slug};
+use crate::plugin::{PluginError, check_slug};
 
 /// The files of a new JavaScript plugin, relative to its directory. `{name}` in the
 /// templates (not in the kit under `herald/`) is replaced by the plugin's name.
 const JS_FILES: &[(&str, &str)] = &[
     ("plugin.js", JS_PLUGIN),
     ("plugin.test.mjs", JS_TEST),
-    ("input.json", crate::scaffold::INPUT_JSON),
+    ("input.json", super::INPUT_JSON),
     ("package.json", JS_PACKAGE),
     ("README.md", JS_README),
     ("herald/testing.mjs", include_str!("../../../sdk-js/testing.mjs")),

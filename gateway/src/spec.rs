@@ -1,12 +1,13 @@
 //! Validation of what tenants and producers store: the size limits of every stored text
-//! field and the rules of an endpoint's spec, shared by the API, `config` and `ops`. Pure:
+//! field and the rules of an endpoint's spec, shared by the API, `config` and `ops`. It
+//! composes the policies (`schedule`, `pace`, `sign`, `net`), so it sits above them. Pure:
 //! no I/O, no clock.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use super::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, TenantId, validate_type_filter};
-use crate::schedule::RetryPolicy;
+use crate::model::{EndpointSpec, validate_type_filter};
+use crate::schedule::{RetryOverride, RetryPolicy};
 
 /// Longest endpoint URL, in bytes.
 pub const MAX_URL: usize = 2048;
@@ -83,7 +84,7 @@ pub fn validate_url(raw: &str, allow_private: bool) -> Result<String, SpecError>
     };
     if let Some(ip) = ip
         && !allow_private
-        && crate::deliver::is_forbidden(ip)
+        && crate::net::is_forbidden(ip)
     {
         return Err(err(format!(
             "{ip} is a private, loopback or link-local address (see delivery.allow_private_destinations)"
@@ -116,7 +117,7 @@ pub fn check_header(name: &str, value: &str) -> Result<(), SpecError> {
     let parsed = http::HeaderName::from_bytes(name.as_bytes())
         .map_err(|_| SpecError::new("headers", format!("{name:?} is not a header name")))?;
     let field = format!("headers.{name}");
-    if crate::deliver::headers::is_reserved(parsed.as_str()) || parsed == http::header::CONTENT_TYPE {
+    if crate::net::headers::is_reserved(parsed.as_str()) || parsed == http::header::CONTENT_TYPE {
         return Err(SpecError::new(field, "is set by Herald or the HTTP client; choose another name"));
     }
     check_text(&field, value, MAX_HEADER_VALUE)?;
@@ -148,7 +149,7 @@ impl EndpointSpec {
             Duration::from_millis(self.connect_timeout_ms),
             rules.max_timeout,
         )?;
-        let over = self.retry.to_override().map_err(|reason| SpecError::new("retry", reason))?;
+        let over = RetryOverride::from_doc(&self.retry).map_err(|reason| SpecError::new("retry", reason))?;
         rules.retry.with_override(&over).map_err(|e| SpecError::new("retry", e.to_string()))?;
         if self.headers.len() > MAX_HEADERS {
             return Err(SpecError::new("headers", format!("at most {MAX_HEADERS} custom headers")));
@@ -160,23 +161,6 @@ impl EndpointSpec {
             crate::sign::Secret::parse(&s.secret).map_err(|e| SpecError::new("secret", e.to_string()))?;
         }
         Ok(())
-    }
-}
-
-impl Endpoint {
-    /// A new, active endpoint with a spec the caller has validated.
-    pub fn new(id: EndpointId, tenant: TenantId, spec: EndpointSpec, now: Millis) -> Endpoint {
-        Endpoint {
-            id,
-            tenant,
-            spec,
-            state: EndpointState::Active,
-            state_reason: None,
-            paused_until: None,
-            failing_since: None,
-            created_at: now,
-            updated_at: now,
-        }
     }
 }
 
