@@ -6,11 +6,13 @@
 
 use std::path::PathBuf;
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
+
+tests::backends!(console_reads_on, endpoints_filter_by_the_plugin_they_bind);
 
 /// Stored where the console shows it; each would set `window.__xss` if it ran.
 const XSS_DESCRIPTION: &str = "<img src=x onerror=\"window.__xss=1\"><script>window.__xss=2</script>";
@@ -55,15 +57,7 @@ async fn browse(args: &[&str], limit: Duration) -> anyhow::Result<Value> {
 
 /// Polls `GET path` until `done` holds for its JSON, within `limit`.
 async fn until(api: &tests::Api, path: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let r = api.get(path, ADMIN_TOKEN).await?;
-        if done(&r.json) {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "{path} did not get there within {limit:?}: {}", r.text);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    api.wait_for(path, limit, done).await.map(drop)
 }
 
 /// Two tenants; acme has a healthy endpoint (a hostile description), one whose receiver
@@ -293,16 +287,6 @@ async fn console_reads_on(backend: tests::Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn console_reads_on_sqlite() -> anyhow::Result<()> {
-    console_reads_on(tests::Backend::Sqlite).await
-}
-
-#[tokio::test]
-async fn console_reads_on_postgres() -> anyhow::Result<()> {
-    console_reads_on(tests::Backend::Postgres).await
-}
-
 /// `GET /v1/whoami` tells a token what it may do, so the console offers only that: the
 /// admin every scope of every tenant, a tenant token its tenant and its own scopes; no
 /// token, an unknown or a revoked one get `401`. It is in the API document.
@@ -337,8 +321,6 @@ async fn a_token_learns_its_own_tenant_and_scopes() -> anyhow::Result<()> {
     assert!(op["responses"]["200"].is_object() && op["responses"]["401"].is_object(), "{op}");
     Ok(())
 }
-
-tests::backends!(endpoints_filter_by_the_plugin_they_bind);
 
 /// "Which endpoints use it", from the server: `?plugin=NAME` matches a binding of NAME to
 /// any hook, pinned (`NAME@n`) too, and nothing else (`chat2` is not `chat`); it pages like

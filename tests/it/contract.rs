@@ -13,6 +13,8 @@ use anyhow::{Context, ensure};
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, HeraldProcess, TestGateway, herald_binary, pg};
 
+tests::backends!(schemathesis_finds_nothing);
+
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
 
 /// The routes DESIGN.md names: each must be in the document.
@@ -176,7 +178,7 @@ async fn seed(api: &tests::Api, receiver: &FakeReceiver) -> anyhow::Result<Vec<(
 /// Schemathesis against a live `herald serve` on `backend`: every operation, generated and
 /// hostile input, stateful sequences; it fails on any 5xx and on any response (status,
 /// content type, headers, body) that the document does not describe.
-async fn schemathesis_on(backend: Backend) -> anyhow::Result<()> {
+async fn schemathesis_finds_nothing(backend: Backend) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let schema = match backend {
         Backend::Postgres => Some(pg::PgSchema::create().await?),
@@ -214,16 +216,6 @@ async fn schemathesis_on(backend: Backend) -> anyhow::Result<()> {
         println!("schemathesis {backend:?}: {}", line.trim());
     }
     Ok(())
-}
-
-#[tokio::test]
-async fn schemathesis_finds_nothing_on_sqlite() -> anyhow::Result<()> {
-    schemathesis_on(Backend::Sqlite).await
-}
-
-#[tokio::test]
-async fn schemathesis_finds_nothing_on_postgres() -> anyhow::Result<()> {
-    schemathesis_on(Backend::Postgres).await
 }
 
 /// Generates a Python client from the live document, then runs `client_flow.py` with it:

@@ -1,16 +1,36 @@
-//! Herald's integration tests: one binary, real servers on 127.0.0.1, real SQLite files.
+//! Herald's integration tests: one binary, real servers on 127.0.0.1, real SQLite files
+//! and Postgres schemas. The harness (`tests/src/lib.rs`) holds `TestGateway`,
+//! `HeraldProcess`, `FakeReceiver`, `Api`, `backends!` (one case, both stores) and
+//! `eventually` (the one poll). Pure policies test themselves in their own module.
 //!
-//! Where a new test goes: a behaviour seen through the HTTP API (status codes, validation,
-//! auth) in `api`; what an attempt sent, as the API shows it, in `sent`; anything about sending to receivers (pacing, retries, 429, signatures) in
-//! `delivery`; how soon a change to an endpoint applies in `changes`; dead letters, replays
-//! and lease recovery in `recovery`; several nodes on one
-//! Postgres in `cluster`; a killed process in `durability`; WebAssembly plugins end to end in
-//! `plugins`; JavaScript plugins in `js`; `/metrics`, the dashboard and the alert rules in `metrics`; the transactional outbox relay in `outbox`; a `Store` method
-//! in `store`'s conformance suite (it runs on both backends); a rule about the source tree
-//! itself in `tidy`; the OpenAPI document, schemathesis and the generated client in
-//! `contract`; the console in a real browser in `console`; the engine's timing rules (backoff, 429 pause, disable-after, linger) in
-//! paused time in `timing`. Pure policies test themselves in their
-//! own module, not here.
+//! Where a new test goes, one line per module:
+//!
+//! - `api`: the HTTP API: round trips, idempotency, fan-out, bad input, tenant isolation
+//! - `changes`: how soon a change to an endpoint applies to its partition (within a second)
+//! - `cluster`: several `herald` processes on one Postgres: no double sends, the pace across nodes
+//! - `console`: the console in headless Chromium: pages, scopes, XSS safety, screenshots
+//! - `contract`: the OpenAPI document against the router, schemathesis, the generated client
+//! - `delivery`: sending to receivers: retries, 429 pauses, the classification table, signatures
+//! - `durability`: a killed or stopped `herald` process: nothing acknowledged is lost, restarts resume
+//! - `edges`: the listener: slow and idle clients, the connection cap
+//! - `js`: JavaScript plugins end to end
+//! - `limits`: refusals: the error shape, size limits, durations, deep payloads
+//! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
+//! - `outbox`: the transactional outbox relay from a producer's Postgres
+//! - `plugin_config`: a tenant's plugin settings
+//! - `plugin_guard`: per-tenant plugin limits and upload guards through the API
+//! - `plugin_limits`: plugin time budgets that grow with input, the largest event through a plugin
+//! - `plugin_stats`: per-plugin call statistics through the API
+//! - `plugin_versions`: plugin versions: pinning, rollback, deletion
+//! - `plugins`: WebAssembly plugins end to end: hooks, uploads, isolation, hot reload
+//! - `props`: property tests of the validators through the real API
+//! - `recovery`: dead letters, replays, operational events, retention
+//! - `scaffold`: `herald plugin new` projects build and their tests pass
+//! - `secrets`: tokens and secrets: listing, revocation, never printed
+//! - `sent`: what each attempt sent, as the API shows it
+//! - `store`: the `Store` conformance suite, on both backends
+//! - `tidy`: the source tree's rules: I/O library owners, layers, routes
+//! - `timing`: the engine's timing rules in paused time (backoff, 429, disable-after, linger)
 
 // Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]

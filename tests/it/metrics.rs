@@ -5,9 +5,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use gateway::metrics::{Metrics, Snapshot};
 use gateway::model::{DeliveryState, EndpointId, TenantId};
 use gateway::plugin::{Hook, PluginFailure, PluginMetrics};
@@ -15,15 +15,7 @@ use gateway::store::QueueStats;
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, TestGateway};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_follow_real_deliveries_sqlite() -> anyhow::Result<()> {
-    metrics_follow_real_deliveries(Backend::Sqlite).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_follow_real_deliveries_postgres() -> anyhow::Result<()> {
-    metrics_follow_real_deliveries(Backend::Postgres).await
-}
+tests::backends!(metrics_follow_real_deliveries);
 
 /// Delivered, retried, permanent, disabled, plugin-trapped and backed-up deliveries, each
 /// seen in its own series.
@@ -258,10 +250,8 @@ fn herald_names(text: &str) -> Vec<String> {
 
 /// Scrapes until every `(series, min, max)` holds; fails with the misses and the text.
 async fn wait_for_series(api: &tests::Api, want: &[(String, f64, f64)], timeout: Duration) -> anyhow::Result<String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let r = api.raw("GET", "/metrics", None, "").await?;
-        assert_eq!(r.status, 200);
+    tests::eventually("the series", timeout, || async {
+        let r = api.raw("GET", "/metrics", None, "").await?.expect(200)?;
         let misses: Vec<String> = want
             .iter()
             .filter_map(|(series, min, max)| {
@@ -270,14 +260,9 @@ async fn wait_for_series(api: &tests::Api, want: &[(String, f64, f64)], timeout:
                     .then(|| format!("{series} = {got:?}, want {min}..={max}"))
             })
             .collect();
-        if misses.is_empty() {
-            return Ok(r.text);
-        }
-        if Instant::now() > deadline {
-            bail!("after {timeout:?}:\n{}\n\n{}", misses.join("\n"), r.text);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Ok(if misses.is_empty() { Ok(r.text) } else { Err(format!("{}\n\n{}", misses.join("\n"), r.text)) })
+    })
+    .await
 }
 
 /// The value of one series (name with its labels, as rendered); a `series` ending in `,`

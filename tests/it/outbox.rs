@@ -3,14 +3,16 @@
 //! and a receiver that records what arrives.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Row};
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Api, Backend, FakeReceiver, HeraldProcess, herald_binary};
+
+tests::backends!(committed_rows_arrive_and_rolled_back_ones_never);
 
 /// A producer: its own schema with the outbox table (and a business table), and a pool.
 struct Producer {
@@ -110,33 +112,11 @@ fn arrived(rx: &FakeReceiver) -> Vec<String> {
 
 /// Waits until every id in `ids` has arrived at `rx`.
 async fn wait_arrived(rx: &FakeReceiver, ids: &[&str], timeout: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
+    tests::eventually(&format!("{ids:?} arriving"), timeout, || async {
         let got: HashSet<String> = arrived(rx).into_iter().collect();
-        if ids.iter().all(|id| got.contains(*id)) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {ids:?}; arrived: {got:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Polls `probe` until it answers true, or fails after `timeout`.
-async fn eventually<F: Future<Output = anyhow::Result<bool>>>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl FnMut() -> F,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    while !probe().await? {
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
+        tests::done_or(ids.iter().all(|id| got.contains(*id)), format!("arrived: {got:?}"))
+    })
+    .await
 }
 
 /// The value of a metric series (its labels written as in the exposition), 0 if absent.
@@ -177,8 +157,9 @@ async fn committed_rows_arrive_and_rolled_back_ones_never(backend: Backend) -> a
     wait_arrived(&rx, &["evt_open", "evt_after"], Duration::from_secs(20)).await?;
     let got = arrived(&rx);
     assert!(!got.iter().any(|id| id == "evt_rolled_back"), "a rolled-back row was relayed: {got:?}");
-    eventually("the outbox to empty", Duration::from_secs(10), || async {
-        Ok(producer.scalar("SELECT COUNT(*) FROM herald_outbox").await? == 0)
+    tests::eventually("the outbox to empty", Duration::from_secs(10), || async {
+        let left = producer.scalar("SELECT COUNT(*) FROM herald_outbox").await?;
+        tests::done_or(left == 0, format!("{left} rows left"))
     })
     .await?;
     // /readyz reports the source, relaying, with nothing waiting.
@@ -190,16 +171,6 @@ async fn committed_rows_arrive_and_rolled_back_ones_never(backend: Backend) -> a
         })
         .await?;
     Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn committed_rows_arrive_and_rolled_back_ones_never_on_sqlite() -> anyhow::Result<()> {
-    committed_rows_arrive_and_rolled_back_ones_never(Backend::Sqlite).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn committed_rows_arrive_and_rolled_back_ones_never_on_postgres() -> anyhow::Result<()> {
-    committed_rows_arrive_and_rolled_back_ones_never(Backend::Postgres).await
 }
 
 /// Commits `total` rows (`evt_00000`…) in transactions of `per_tx`, `pause` apart.
@@ -246,10 +217,10 @@ async fn sigkill_mid_relay_loses_and_doubles_nothing() -> anyhow::Result<()> {
     // The producer commits while the node relays, is killed and restarts.
     let producing = produce(&producer, TOTAL, 25, Duration::ZERO);
     let kill_and_restart = async {
-        eventually("200 rows relayed with more waiting", Duration::from_secs(30), || async {
+        tests::eventually("200 rows relayed with more waiting", Duration::from_secs(30), || async {
             let left = producer.scalar("SELECT COUNT(*) FROM herald_outbox").await?;
             let made = producer.scalar("SELECT COUNT(*) * 25 FROM orders").await?;
-            Ok(made - left >= 200 && left > 0)
+            tests::done_or(made - left >= 200 && left > 0, format!("{left} of {made} left"))
         })
         .await?;
         node.kill();
@@ -261,13 +232,15 @@ async fn sigkill_mid_relay_loses_and_doubles_nothing() -> anyhow::Result<()> {
     produced?;
     let node = restarted?;
 
-    eventually("the outbox to empty", Duration::from_secs(60), || async {
-        Ok(producer.scalar("SELECT COUNT(*) FROM herald_outbox").await? == 0)
+    tests::eventually("the outbox to empty", Duration::from_secs(60), || async {
+        let left = producer.scalar("SELECT COUNT(*) FROM herald_outbox").await?;
+        tests::done_or(left == 0, format!("{left} rows left"))
     })
     .await?;
     rx.wait_for(TOTAL, Duration::from_secs(60)).await?;
-    eventually("every event to arrive", Duration::from_secs(60), || async {
-        Ok(arrived(&rx).into_iter().collect::<HashSet<_>>().len() == TOTAL)
+    tests::eventually("every event to arrive", Duration::from_secs(60), || async {
+        let got = arrived(&rx).into_iter().collect::<HashSet<_>>().len();
+        tests::done_or(got == TOTAL, format!("{got} of {TOTAL}"))
     })
     .await?;
     // Herald stored each row's event once, with one delivery: a re-read batch was a no-op.
@@ -294,12 +267,14 @@ async fn two_nodes_relay_one_outbox_ingesting_each_row_once() -> anyhow::Result<
     tenant_with_endpoint(&a.api, &rx).await?;
 
     produce(&producer, TOTAL, 20, Duration::from_millis(10)).await?;
-    eventually("the outbox to empty", Duration::from_secs(60), || async {
-        Ok(producer.scalar("SELECT COUNT(*) FROM herald_outbox").await? == 0)
+    tests::eventually("the outbox to empty", Duration::from_secs(60), || async {
+        let left = producer.scalar("SELECT COUNT(*) FROM herald_outbox").await?;
+        tests::done_or(left == 0, format!("{left} rows left"))
     })
     .await?;
-    eventually("every event to arrive", Duration::from_secs(60), || async {
-        Ok(arrived(&rx).into_iter().collect::<HashSet<_>>().len() == TOTAL)
+    tests::eventually("every event to arrive", Duration::from_secs(60), || async {
+        let got = arrived(&rx).into_iter().collect::<HashSet<_>>().len();
+        tests::done_or(got == TOTAL, format!("{got} of {TOTAL}"))
     })
     .await?;
     let relayed = r#"herald_outbox_relayed_total{source="orders"}"#;
@@ -341,8 +316,11 @@ async fn poison_rows_are_parked_with_their_reason_and_the_rest_flow() -> anyhow:
     tx.commit().await?;
 
     wait_arrived(&rx, &["evt_good_1", "evt_same", "evt_good_2"], Duration::from_secs(20)).await?;
-    eventually("six rows parked", Duration::from_secs(20), || async { Ok(producer.parked().await?.len() == 6) })
-        .await?;
+    tests::eventually("six rows parked", Duration::from_secs(20), || async {
+        let parked = producer.parked().await?.len();
+        tests::done_or(parked == 6, format!("{parked} parked"))
+    })
+    .await?;
     let parked = producer.parked().await?;
     for (id, code) in [
         ("evt_bad_type", "invalid: "),
@@ -385,8 +363,9 @@ async fn rows_wait_in_the_outbox_while_heralds_store_fails() -> anyhow::Result<(
     sqlx::raw_sql("ALTER TABLE events DROP CONSTRAINT outage").execute(&herald_db).await?;
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     wait_arrived(&rx, &ids, Duration::from_secs(30)).await?;
-    eventually("the outbox to empty", Duration::from_secs(10), || async {
-        Ok(producer.scalar("SELECT COUNT(*) FROM herald_outbox").await? == 0)
+    tests::eventually("the outbox to empty", Duration::from_secs(10), || async {
+        let left = producer.scalar("SELECT COUNT(*) FROM herald_outbox").await?;
+        tests::done_or(left == 0, format!("{left} rows left"))
     })
     .await?;
     node.api.wait_for("/readyz", Duration::from_secs(10), |v| v["outbox"][0]["state"] == "relaying").await?;

@@ -2,7 +2,7 @@
 //! scopes; a plugin's drops as one reason; operational events; endpoint health; retention.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, TestGateway};
@@ -223,17 +223,13 @@ async fn operational_events_reach_the_operator() -> anyhow::Result<()> {
     let _a = make(401, "a").await?;
     let _b = make(410, "b").await?;
     let _c = make(422, "c").await?;
-    let deadline = Instant::now() + Duration::from_secs(15);
     let wanted = ["endpoint.paused", "endpoint.disabled", "delivery.dead", "dead_letters.stale"];
-    loop {
+    tests::eventually(&format!("the operator getting {wanted:?}"), Duration::from_secs(15), || async {
         let types: Vec<String> =
             operator.received().iter().filter_map(|r| r.json()["type"].as_str().map(String::from)).collect();
-        if wanted.iter().all(|w| types.iter().any(|t| t == w)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "operator got {types:?}, wanted {wanted:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        tests::done_or(wanted.iter().all(|w| types.iter().any(|t| t == w)), format!("{types:?}"))
+    })
+    .await?;
     let got = operator.received();
     let paused = got.iter().find(|r| r.json()["type"] == "endpoint.paused").unwrap();
     assert_eq!(paused.json()["data"]["tenant"], "acme");
@@ -253,11 +249,11 @@ async fn retention_purges_delivered_work_and_keeps_dead_letters(b: Backend) -> a
     gw.api.event("acme", json!({"id": "delivered", "type": "ok", "payload": {}})).await?;
     gw.api.event("acme", json!({"id": "dead", "type": "bad", "payload": {}})).await?;
     ok.wait_for(1, Duration::from_secs(5)).await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while gw.api.get("/v1/tenants/acme/events/delivered", ADMIN_TOKEN).await?.status != 404 {
-        assert!(Instant::now() < deadline, "the delivered event was never purged");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tests::eventually("the delivered event purged", Duration::from_secs(10), || async {
+        let status = gw.api.get("/v1/tenants/acme/events/delivered", ADMIN_TOKEN).await?.status;
+        tests::done_or(status == 404, status)
+    })
+    .await?;
     let r = gw.api.get("/v1/tenants/acme/events/dead", ADMIN_TOKEN).await?;
     assert_eq!(r.status, 200, "dead letters are kept longer");
     dead_letters(&gw, "", 1).await?;
@@ -386,16 +382,12 @@ async fn a_plugins_drops_are_one_dead_letter_reason(b: Backend) -> anyhow::Resul
 
 /// Waits (10 s at most) until `/metrics` shows the line `counted`.
 async fn wait_for_metric(gw: &TestGateway, counted: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    tests::eventually(counted, Duration::from_secs(10), || async {
         let metrics = gw.api.raw("GET", "/metrics", None, "").await?.text;
-        if metrics.lines().any(|l| l == counted) {
-            return Ok(());
-        }
         let seen: Vec<&str> = metrics.lines().filter(|l| l.starts_with("herald_dead_letters_total")).collect();
-        anyhow::ensure!(Instant::now() < deadline, "{counted} never showed; the dead letter counters: {seen:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        tests::done_or(metrics.lines().any(|l| l == counted), format!("{seen:?}"))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

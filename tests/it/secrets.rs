@@ -1,22 +1,14 @@
 //! Tokens and secrets: tokens are listed without their secret and revoked with immediate
 //! effect on every node; no secret Herald holds ever appears in what it prints.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, HeraldProcess, TestGateway, herald_binary};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_are_listed_and_revoked_at_once_sqlite() -> anyhow::Result<()> {
-    tokens_are_listed_and_revoked_at_once(Backend::Sqlite).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_are_listed_and_revoked_at_once_postgres() -> anyhow::Result<()> {
-    tokens_are_listed_and_revoked_at_once(Backend::Postgres).await
-}
+tests::backends!(tokens_are_listed_and_revoked_at_once);
 
 async fn tokens_are_listed_and_revoked_at_once(backend: Backend) -> anyhow::Result<()> {
     let gw = TestGateway::start_on(backend, &[]).await?;
@@ -43,11 +35,8 @@ async fn tokens_are_listed_and_revoked_at_once(backend: Backend) -> anyhow::Resu
     }
     let writer_id = data[0]["id"].as_str().unwrap().to_string();
     // Its use is recorded (in the background, to the minute).
-    wait_until(|| async {
-        let r = api.get("/v1/tenants/acme/tokens", ADMIN_TOKEN).await?;
-        Ok(r.json["data"][0]["last_used_at"].is_string())
-    })
-    .await?;
+    api.wait_for("/v1/tenants/acme/tokens", Duration::from_secs(5), |v| v["data"][0]["last_used_at"].is_string())
+        .await?;
     assert!(api.get("/v1/tenants/acme/tokens", ADMIN_TOKEN).await?.json["data"][1]["last_used_at"].is_null());
 
     // Only the admin lists and revokes; another tenant's path does not reach the token.
@@ -212,22 +201,6 @@ async fn exercise(node: &HeraldProcess, operator: &FakeReceiver) -> anyhow::Resu
     created.extend(secrets.json["secrets"].as_array().into_iter().flatten().filter_map(|s| whsec(&s["secret"])));
     assert!(created.iter().filter(|s| s.starts_with("whsec_")).count() >= 3, "{created:?}");
     Ok(created)
-}
-
-/// Polls `check` every 20 ms until it holds, for at most 5 s.
-async fn wait_until<F, Fut>(check: F) -> anyhow::Result<()>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !check().await? {
-        if Instant::now() > deadline {
-            bail!("timed out after 5s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }
 
 /// `herald serve` refuses an admin token shorter than 32 characters, naming the key.

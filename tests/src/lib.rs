@@ -43,6 +43,40 @@ pub struct Reply {
     pub headers: http::HeaderMap,
 }
 
+impl Reply {
+    /// This reply, if its status is `status`; else an error with its body.
+    pub fn expect(self, status: u16) -> anyhow::Result<Reply> {
+        anyhow::ensure!(self.status == status, "expected {status}, got {}: {}", self.status, self.text);
+        Ok(self)
+    }
+}
+
+/// The one poll of the suite: runs `probe` every 20 ms until it answers `Ok(value)`, for
+/// at most `timeout`. `Err(state)` is "not yet": the failure names `what` and the last
+/// state seen. An error of the probe itself (a request that failed) fails at once.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Result<T, String>>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let state = match probe().await? {
+            Ok(value) => return Ok(value),
+            Err(state) => state,
+        };
+        if Instant::now() > deadline {
+            bail!("{what}: not within {timeout:?}; last seen: {state}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `Ok(())` when `done`, else "not yet" with `state` (for [`eventually`]).
+pub fn done_or(done: bool, state: impl std::fmt::Display) -> anyhow::Result<Result<(), String>> {
+    Ok(if done { Ok(()) } else { Err(state.to_string()) })
+}
+
 impl Api {
     pub fn new(base: impl Into<String>) -> Api {
         let mut http = HttpConnector::new();
@@ -126,17 +160,11 @@ impl Api {
         timeout: Duration,
         done: impl Fn(&Value) -> bool,
     ) -> anyhow::Result<Value> {
-        let deadline = Instant::now() + timeout;
-        loop {
+        eventually(path, timeout, || async {
             let r = self.get(path, ADMIN_TOKEN).await?;
-            if r.status == 200 && done(&r.json) {
-                return Ok(r.json);
-            }
-            if Instant::now() > deadline {
-                bail!("timed out after {timeout:?} waiting on {path}; last: {} {}", r.status, r.text);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            Ok(if r.status == 200 && done(&r.json) { Ok(r.json) } else { Err(format!("{} {}", r.status, r.text)) })
+        })
+        .await
     }
 }
 
@@ -545,6 +573,16 @@ impl FakeReceiver {
 
     pub fn count(&self) -> usize {
         self.state.lock().unwrap().received.len()
+    }
+
+    /// Fails if more than `n` requests arrive within `window` (absence needs a window:
+    /// checked at once, a count cannot tell a request that will never come from one that
+    /// has not come yet).
+    pub async fn stays_at(&self, n: usize, window: Duration) -> anyhow::Result<()> {
+        match self.wait_for(n + 1, window).await {
+            Ok(got) => bail!("expected {n} requests to stay {n} for {window:?}; got {}", got.len()),
+            Err(_) => Ok(()),
+        }
     }
 
     /// Waits until at least `n` requests arrived.
