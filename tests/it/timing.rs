@@ -195,6 +195,73 @@ async fn an_endpoint_failing_for_disable_after_is_disabled() -> anyhow::Result<(
     Ok(())
 }
 
+/// An HTTP-date `Retry-After` is read against the engine's clock, not the wall's: an hour
+/// into the node's (paused) time, a date two minutes past that hour pauses for two minutes.
+#[tokio::test(start_paused = true)]
+async fn an_http_date_retry_after_is_read_on_the_engines_clock() -> anyhow::Result<()> {
+    let _time = hold_time();
+    let rx = FakeReceiver::start().await?;
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "max_in_flight": 1})).await?;
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    let date = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3600 + 120));
+    rx.script([Answer::status(429).header("retry-after", &date)]);
+    // The hour closed the client's idle connection; the post is idempotent by its id.
+    let event = json!({"id": "evt_1", "type": "a.b", "payload": {}});
+    let posted = match gw.api.event("acme", event.clone()).await {
+        Ok(r) => r,
+        Err(_) => gw.api.event("acme", event).await?,
+    };
+    posted.expect(202)?;
+    let list = read(&gw.api, "/v1/tenants/acme/events/evt_1/deliveries").await?;
+    let delivery = format!("/v1/tenants/acme/deliveries/{}", list["data"][0]["id"].as_str().expect("id"));
+    let d = attempted(&gw.api, &delivery, 1).await?;
+    let limited = ms(&d["attempt_history"][0]["started_at"]);
+    let path = format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().expect("id"));
+    let ep = until(&gw.api, &path, |e| e["state"] == "paused").await?;
+    // The date has whole seconds, and some real milliseconds passed since it was written.
+    let paused = ms(&ep["paused_until"]) - limited;
+    assert!((118_000..=121_000).contains(&paused), "paused for {paused} ms, not about 120 s: {ep}");
+    Ok(())
+}
+
+/// A replay sends at its rate on the engine's clock: at 2/s, its dead letters go out 500 ms
+/// apart, and only as time passes.
+#[tokio::test(start_paused = true)]
+async fn a_replay_sends_at_its_rate_on_the_engines_clock() -> anyhow::Result<()> {
+    const N: usize = 4;
+    let _time = hold_time();
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(Answer::status(422));
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    gw.api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 1000, "burst": 100})).await?;
+    for i in 0..N {
+        gw.api.event("acme", json!({"id": format!("evt_{i}"), "type": "a.b", "payload": {}})).await?.expect(202)?;
+    }
+    until(&gw.api, "/v1/tenants/acme/dead-letters", |v| v["data"].as_array().is_some_and(|d| d.len() == N)).await?;
+    rx.set_default(Answer::status(200));
+    let body = json!({"filter": {}, "rate_per_sec": 2, "batch": 1});
+    gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, body).await?.expect(202)?;
+    arrivals(&rx, N + 1).await?;
+    for k in 1..N {
+        tokio::time::advance(Duration::from_millis(500)).await;
+        arrivals(&rx, N + 1 + k).await?;
+    }
+    let mut sent = Vec::new();
+    for i in 0..N {
+        let list = read(&gw.api, &format!("/v1/tenants/acme/events/evt_{i}/deliveries")).await?;
+        let path = format!("/v1/tenants/acme/deliveries/{}", list["data"][0]["id"].as_str().expect("id"));
+        let d = until(&gw.api, &path, |d| d["state"] == "delivered").await?;
+        sent.push(ms(&d["attempt_history"][1]["started_at"]));
+    }
+    sent.sort_unstable();
+    let gaps: Vec<i64> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.iter().all(|g| (490..=600).contains(g)), "replayed {gaps:?} ms apart, not 500");
+    Ok(())
+}
+
 /// An idle partition lingers for 10 s (new work within that reuses it), then retires.
 #[tokio::test(start_paused = true)]
 async fn an_idle_partition_retires_after_its_linger() -> anyhow::Result<()> {
