@@ -102,7 +102,7 @@ impl Deliverer {
     }
 
     fn client(&self, connect_timeout: Duration) -> HttpsClient {
-        let mut clients = self.clients.lock().expect("client map");
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         clients
             .entry(connect_timeout)
             .or_insert_with(|| {

@@ -64,11 +64,11 @@ async fn tenant_token(state: &AppState, hash: String) -> Result<TokenRecord, Api
     let Some(cache) = &state.tokens else {
         return state.store.find_token(&hash).await?.ok_or_else(|| unauthorized("unknown token"));
     };
-    if let Some(r) = cache.read().expect("token cache").get(&hash) {
+    if let Some(r) = cache.read().unwrap_or_else(|e| e.into_inner()).get(&hash) {
         return Ok(r.clone());
     }
     let r = state.store.find_token(&hash).await?.ok_or_else(|| unauthorized("unknown token"))?;
-    cache.write().expect("token cache").insert(hash, r.clone());
+    cache.write().unwrap_or_else(|e| e.into_inner()).insert(hash, r.clone());
     Ok(r)
 }
 
@@ -79,7 +79,7 @@ const LAST_USE_PRECISION: Millis = 60_000;
 fn note_use(state: &AppState, hash: &str) {
     let now = state.clock.now();
     {
-        let mut written = state.token_use.lock().expect("token use");
+        let mut written = state.token_use.lock().unwrap_or_else(|e| e.into_inner());
         if written.get(hash).is_some_and(|&at| now - at < LAST_USE_PRECISION) {
             return;
         }
@@ -96,9 +96,9 @@ fn note_use(state: &AppState, hash: &str) {
 /// Drops a revoked token from this node's cache and its last-use bookkeeping.
 pub fn forget(state: &AppState, id: &str) {
     if let Some(cache) = &state.tokens {
-        cache.write().expect("token cache").retain(|_, r| r.id != id);
+        cache.write().unwrap_or_else(|e| e.into_inner()).retain(|_, r| r.id != id);
     }
-    state.token_use.lock().expect("token use").retain(|hash, _| TokenRecord::id_of(hash) != id);
+    state.token_use.lock().unwrap_or_else(|e| e.into_inner()).retain(|hash, _| TokenRecord::id_of(hash) != id);
 }
 
 /// Requires the admin token.
@@ -131,12 +131,12 @@ pub async fn tenant(state: &AppState, headers: &HeaderMap, tenant: &str, scope: 
 }
 
 async fn ensure_tenant(state: &AppState, id: &TenantId) -> Result<(), ApiError> {
-    if state.tenants.read().expect("tenant cache").contains(id) {
+    if state.tenants.read().unwrap_or_else(|e| e.into_inner()).contains(id) {
         return Ok(());
     }
     if state.store.get_tenant(id).await?.is_none() {
         return Err(ApiError::not_found("tenant"));
     }
-    state.tenants.write().expect("tenant cache").insert(id.clone());
+    state.tenants.write().unwrap_or_else(|e| e.into_inner()).insert(id.clone());
     Ok(())
 }
