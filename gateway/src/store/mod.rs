@@ -21,10 +21,6 @@ pub mod sqlite;
 
 pub use committer::{CommitSink, Committer, Pending};
 
-/// The query behind [`ClaimBatch::next_due`] and [`Store::next_due`] (`$1`: the endpoint).
-const NEXT_DUE: &str =
-    "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting')";
-
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {

@@ -72,7 +72,7 @@ where
     for<'r> ReplayRow: FromRow<'r, DB::Row>,
 {
     pub(super) async fn create_tenant(&self, t: &Tenant) -> Result<()> {
-        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
+        sqlx::query(sql::INSERT_TENANT)
             .bind(t.id.as_str())
             .bind(&t.name)
             .bind(t.created_at)
@@ -91,7 +91,7 @@ where
 
     pub(super) async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
         let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
-        sqlx::query("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES ($1, $2, $3, $4, $5)")
+        sqlx::query(sql::INSERT_TOKEN)
             .bind(&t.id)
             .bind(&t.hash)
             .bind(t.tenant.as_str())
@@ -121,31 +121,24 @@ where
     }
 
     pub(super) async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM tokens WHERE tenant_id = $1 AND id = $2")
-            .bind(tenant.as_str())
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query(sql::REVOKE_TOKEN).bind(tenant.as_str()).bind(id).execute(&self.pool).await?;
         Ok(DB::rows_affected(&done) > 0)
     }
 
     pub(super) async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, state_reason, paused_until, \
-             failing_since, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(e.id.as_str())
-        .bind(e.tenant.as_str())
-        .bind(json(&e.spec))
-        .bind(json(&e.spec.event_types))
-        .bind(e.state.as_str())
-        .bind(&e.state_reason)
-        .bind(e.paused_until)
-        .bind(e.failing_since)
-        .bind(e.created_at)
-        .bind(e.updated_at)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(sql::INSERT_ENDPOINT)
+            .bind(e.id.as_str())
+            .bind(e.tenant.as_str())
+            .bind(json(&e.spec))
+            .bind(json(&e.spec.event_types))
+            .bind(e.state.as_str())
+            .bind(&e.state_reason)
+            .bind(e.paused_until)
+            .bind(e.failing_since)
+            .bind(e.created_at)
+            .bind(e.updated_at)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -167,35 +160,21 @@ where
     }
 
     pub(super) async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3 WHERE id = $4 AND tenant_id = $5",
-        )
-        .bind(json(&e.spec))
-        .bind(json(&e.spec.event_types))
-        .bind(e.updated_at)
-        .bind(e.id.as_str())
-        .bind(e.tenant.as_str())
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(sql::UPDATE_ENDPOINT)
+            .bind(json(&e.spec))
+            .bind(json(&e.spec.event_types))
+            .bind(e.updated_at)
+            .bind(e.id.as_str())
+            .bind(e.tenant.as_str())
+            .execute(&self.pool)
+            .await?;
         Ok(DB::rows_affected(&done) == 1)
     }
 
     pub(super) async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         let mut tx = self.pool.begin().await?;
-        let done = sqlx::query("DELETE FROM endpoints WHERE id = $1 AND tenant_id = $2")
-            .bind(id.as_str())
-            .bind(tenant.as_str())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_deleted', next_attempt_at = NULL, \
-             lease_owner = NULL, lease_until = NULL, updated_at = $1 \
-             WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused', 'delivering')",
-        )
-        .bind(now)
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await?;
+        let done = sqlx::query(sql::DELETE_ENDPOINT).bind(id.as_str()).bind(tenant.as_str()).execute(&mut *tx).await?;
+        sqlx::query(sql::DEAD_ON_DELETED_ENDPOINT).bind(now).bind(id.as_str()).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(DB::rows_affected(&done) == 1)
     }
@@ -250,8 +229,7 @@ where
     }
 
     pub(super) async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
-        let due: Option<i64> =
-            sqlx::query_scalar(super::NEXT_DUE).bind(endpoint.as_str()).fetch_one(&self.pool).await?;
+        let due: Option<i64> = sqlx::query_scalar(sql::NEXT_DUE).bind(endpoint.as_str()).fetch_one(&self.pool).await?;
         Ok(due)
     }
 
@@ -276,25 +254,22 @@ where
     }
 
     pub(super) async fn create_replay(&self, r: &Replay) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, requeued, cursor, \
-             created_at, updated_at, next_due_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-        )
-        .bind(&r.id)
-        .bind(r.tenant.as_str())
-        .bind(r.state.as_str())
-        .bind(r.ids.as_ref().map(json))
-        .bind(r.filter.as_ref().map(json))
-        .bind(r.rate_per_sec)
-        .bind(i64::from(r.batch))
-        .bind(r.selected as i64)
-        .bind(r.requeued as i64)
-        .bind(&r.cursor)
-        .bind(r.created_at)
-        .bind(r.updated_at)
-        .bind(r.next_due_at)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(sql::INSERT_REPLAY)
+            .bind(&r.id)
+            .bind(r.tenant.as_str())
+            .bind(r.state.as_str())
+            .bind(r.ids.as_ref().map(json))
+            .bind(r.filter.as_ref().map(json))
+            .bind(r.rate_per_sec)
+            .bind(i64::from(r.batch))
+            .bind(r.selected as i64)
+            .bind(r.requeued as i64)
+            .bind(&r.cursor)
+            .bind(r.created_at)
+            .bind(r.updated_at)
+            .bind(r.next_due_at)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

@@ -89,11 +89,7 @@ impl Store for PostgresStore {
     }
 
     async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
-        sqlx::query("UPDATE tokens SET last_used_at = GREATEST(COALESCE(last_used_at, 0), $2) WHERE hash = $1")
-            .bind(hash)
-            .bind(at)
-            .execute(&self.q.pool)
-            .await?;
+        sqlx::query(sql::TOUCH_TOKEN).bind(at).bind(hash).execute(&self.q.pool).await?;
         Ok(())
     }
 
