@@ -43,16 +43,10 @@ const PRAGMAS: [(&str, &str); 4] =
 /// How long a connection waits for another one's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Does `url` name an in-memory SQLite database? Such a store is not durable, and the
-/// writer's own connection would open a different database than the pool's.
-pub(crate) fn is_in_memory(url: &str) -> bool {
-    url.starts_with("sqlite:") && (url.contains(":memory:") || url.contains("mode=memory"))
-}
-
 impl SqliteStore {
     pub async fn open(url: &str, max_connections: u32) -> Result<Self> {
-        if is_in_memory(url) {
-            return Err(StoreError::backend("an in-memory SQLite database is not durable; name a file"));
+        if StoreKind::parse(url)? != StoreKind::Sqlite {
+            return Err(StoreError::backend("not an SQLite URL"));
         }
         let mut options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
