@@ -77,7 +77,7 @@ impl Writer {
     }
 
     /// From now on, intake commits lease new deliveries to the partitions `handoff` names
-    /// (see [`Store::hand_off`]); set once, by the engine.
+    /// (see [`Engine::hand_off`](crate::store::Engine::hand_off)); set once, by the engine.
     pub(super) fn hand_off(&self, handoff: Arc<dyn Handoff>) {
         if self.handoff.set(handoff).is_err() {
             tracing::warn!("the SQLite writer already hands deliveries off to an engine");

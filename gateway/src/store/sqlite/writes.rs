@@ -164,7 +164,7 @@ pub(super) fn replay_done(tx: &Transaction<'_>, id: &str, now: Millis) -> Result
     Ok(tx.prepare_cached(sql::REPLAY_DONE)?.execute(params![now, id])? == 1)
 }
 
-/// See [`Store::cancel_replay`].
+/// See [`Admin::cancel_replay`](crate::store::Admin::cancel_replay).
 pub(super) fn cancel_replay(
     tx: &Transaction<'_>,
     tenant: &TenantId,
