@@ -73,7 +73,7 @@ pub async fn run(
     let plugins = start_plugins(&config).await?;
     apply_plugin_settings(&store, &plugins).await?;
     // Several nodes may share a Postgres store: each follows what the others change.
-    let shared = config.store_url.starts_with("postgres");
+    let shared = config.store_kind.is_shared();
     if shared {
         tokio::spawn(follow_plugin_settings(store.clone(), plugins.clone(), stopped.clone()));
     }

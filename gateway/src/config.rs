@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::schedule::{Jitter, RetryPolicy};
+use crate::store::{StoreKind, StoreUrlError};
 
 mod outbox;
 mod plugins;
@@ -45,6 +46,8 @@ pub struct Config {
     /// Threads of the node's async runtime (API, engine, HTTP); `None`: one per core.
     pub worker_threads: Option<usize>,
     pub store_url: StoreUrl,
+    /// Which backend `store_url` names.
+    pub store_kind: StoreKind,
     pub store_max_connections: u32,
     pub intake_max_batch: usize,
     pub max_events_per_request: usize,
@@ -288,7 +291,7 @@ impl RawConfig {
             .listen
             .parse()
             .map_err(|e| invalid("server.listen", format!("{:?} is not host:port ({e})", self.server.listen)))?;
-        let store_url = self.store.url()?;
+        let (store_url, store_kind) = self.store.url()?;
         let delivery = self.delivery.validate()?;
         let retry = self.retry.validate()?;
         let endpoint_defaults = self.endpoint_defaults.validate()?;
@@ -309,6 +312,7 @@ impl RawConfig {
             server: self.server.limits()?,
             worker_threads: self.server.worker_threads()?,
             store_url,
+            store_kind,
             store_max_connections: self.store.max_connections.max(1),
             intake_max_batch: self.intake.max_batch as usize,
             max_events_per_request: self.intake.max_events_per_request.max(1) as usize,
@@ -326,15 +330,12 @@ impl RawConfig {
 }
 
 impl RawStore {
-    fn url(&self) -> Result<StoreUrl, ConfigError> {
-        let url = &self.url;
-        if !(url.starts_with("sqlite:") || url.starts_with("postgres:") || url.starts_with("postgresql:")) {
-            return Err(invalid("store.url", "must start with sqlite:// or postgres://"));
+    fn url(&self) -> Result<(StoreUrl, StoreKind), ConfigError> {
+        match StoreKind::parse(&self.url) {
+            Ok(kind) => Ok((StoreUrl::new(self.url.clone()), kind)),
+            Err(StoreUrlError::Scheme(_)) => Err(invalid("store.url", "must start with sqlite:// or postgres://")),
+            Err(e @ StoreUrlError::InMemory) => Err(invalid("store.url", e.to_string())),
         }
-        if crate::store::sqlite::is_in_memory(url) {
-            return Err(invalid("store.url", "an in-memory SQLite database is not durable; name a file"));
-        }
-        Ok(StoreUrl::new(url.clone()))
     }
 }
 

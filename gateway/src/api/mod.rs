@@ -72,7 +72,7 @@ impl AppState {
         replayer: crate::replay::Replayer,
         plugins: crate::plugin::PluginHost,
     ) -> Arc<AppState> {
-        let tokens = config.store_url.starts_with("sqlite:").then(RwLock::default);
+        let tokens = (!config.store_kind.is_shared()).then(RwLock::default);
         Arc::new(AppState {
             config,
             clock: engine.clock(),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::engine::partition_result;
 use super::*;
 
 /// Group commit: callers submit writes concurrently; whatever is waiting (up to
@@ -17,13 +18,13 @@ pub struct Committer {
 
 #[derive(Clone)]
 enum Queue {
-    /// A task folds waiting writes into one [`Store::apply`].
+    /// A task folds waiting writes into one [`Engine::apply`](crate::store::Engine::apply).
     Loop(mpsc::Sender<Pending>),
     /// The store batches on a thread of its own (SQLite's writer): one hop less per commit.
     Direct(Arc<dyn CommitSink>),
 }
 
-/// A store's own group-commit queue (see [`Store::commit_sink`]). It must commit each
+/// A store's own group-commit queue (see [`Engine::commit_sink`](crate::store::Engine::commit_sink)). It must commit each
 /// `Pending`'s ops in order, in one transaction, and answer it after that commit.
 pub trait CommitSink: Send + Sync {
     /// Queues writes; gives them back if the store has stopped.

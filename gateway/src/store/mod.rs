@@ -2,28 +2,26 @@
 //! group committer that folds many concurrent writes into one durable transaction.
 //! Architecture invariant: this is the only module that speaks SQL.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-
-use async_trait::async_trait;
-use tokio::sync::mpsc;
 
 use crate::model::*;
 
+mod admin;
 pub(crate) mod committer;
+mod engine;
 pub mod outbox;
 mod plugin_settings;
 pub mod postgres;
 mod queries;
+mod reads;
 mod rows;
 mod sql;
 pub mod sqlite;
 
+pub use admin::Admin;
 pub use committer::{CommitSink, Committer, Pending};
-
-/// The query behind [`ClaimBatch::next_due`] and [`Store::next_due`] (`$1`: the endpoint).
-const NEXT_DUE: &str =
-    "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting')";
+pub use engine::{Engine, Housekeeping};
+pub use reads::Reads;
 
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -105,7 +103,7 @@ pub struct IngestOutcome {
 
 /// Claim at intake: partitions on this node that take a new delivery already leased to
 /// them, so it needs no claim of its own (one commit less per delivery). Asked by the
-/// store inside the intake commit, for each new delivery (see [`Store::hand_off`]).
+/// store inside the intake commit, for each new delivery (see [`Engine::hand_off`]).
 pub trait Handoff: Send + Sync {
     /// Who the leases are for (this node's lease owner).
     fn owner(&self) -> &str;
@@ -238,7 +236,7 @@ impl Claimed {
     }
 
     /// The replay that re-queued it, while it has not been sent since: if that replay is
-    /// cancelled, it must not be sent (see [`Store::cancel_replay`]).
+    /// cancelled, it must not be sent (see [`Admin::cancel_replay`]).
     pub fn unsent_of_replay(&self) -> Option<&str> {
         self.replay.as_deref().filter(|_| self.attempts == self.attempt_base)
     }
@@ -360,7 +358,7 @@ pub struct QueueStats {
     pub wal_bytes: Option<u64>,
 }
 
-/// What one turn of a replay did ([`Store::replay_turn`]).
+/// What one turn of a replay did ([`Admin::replay_turn`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayTurn {
     /// Re-queued `requeued` dead letters, on `endpoints` (each once). The next turn is due
@@ -424,169 +422,88 @@ pub struct SeriesPoint {
     pub max_ms: u64,
 }
 
-/// Everything Herald stores. Implementations must be safe to share between tasks.
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    async fn create_tenant(&self, tenant: &Tenant) -> Result<()>;
-    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
-    async fn insert_token(&self, token: &TokenRecord) -> Result<()>;
-    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>>;
-    /// A tenant's tokens, oldest first.
-    async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>>;
-    /// Deletes the tenant's token `id`; false when it has no such token.
-    async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool>;
-    /// Records that the token authenticated a request at `at` (never moves backwards).
-    async fn touch_token(&self, hash: &str, at: Millis) -> Result<()>;
+/// Everything Herald stores: the union of what each kind of caller uses. Implemented by
+/// every type that implements the four parts. Implementations must be safe to share
+/// between tasks.
+pub trait Store: Reads + Admin + Engine + Housekeeping {}
 
-    async fn insert_endpoint(&self, endpoint: &Endpoint) -> Result<()>;
-    /// Any tenant's endpoint by id (the engine's view).
-    async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>>;
-    async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>>;
-    /// Up to `limit` of a tenant's endpoints in creation order, after the endpoint `after`;
-    /// with `plugin`, only those that bind that plugin to any hook (`name` or `name@n`).
-    async fn endpoint_page(
-        &self,
-        tenant: &TenantId,
-        after: Option<&EndpointId>,
-        limit: u32,
-        plugin: Option<&str>,
-    ) -> Result<Vec<Endpoint>>;
-    async fn list_tenants(&self) -> Result<Vec<Tenant>>;
-    /// Attempts started since `since` per `bucket_ms`, oldest first (empty buckets left out).
-    async fn attempt_series(&self, scope: &SeriesScope, since: Millis, bucket_ms: i64) -> Result<Vec<SeriesPoint>>;
-    /// Replaces spec and state; false when it does not exist.
-    async fn update_endpoint(&self, endpoint: &Endpoint) -> Result<bool>;
-    /// Deletes it; its unfinished deliveries become dead letters (`endpoint_deleted`).
-    async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool>;
-
-    /// Replaces the settings of one tenant's plugin (a tenant's own configuration).
-    async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()>;
-    async fn plugin_settings(&self, tenant: &TenantId, plugin: &str) -> Result<Option<StoredPluginSettings>>;
-    /// Every tenant's plugin settings: a node applies them at start and, on a shared
-    /// store, follows other nodes' changes.
-    async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>>;
-
-    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>>;
-    async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<Delivery>>;
-    async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>>;
-
-    /// Endpoints with deliveries waiting (queued or waiting), with the earliest due time.
-    async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>>;
-    /// The earliest due time of one endpoint's waiting deliveries.
-    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>>;
-    /// Returns deliveries whose lease ended before `expired_before` to `waiting`, due at
-    /// `now` (crash recovery).
-    async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64>;
-
-    /// Applies every op in one durable transaction: all commit, or all fail.
-    async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>>;
-
-    /// The store's own group-commit queue, batching up to `max_batch` ops per commit;
-    /// `None` (the default): the [`Committer`] runs a loop over [`Store::apply`].
-    fn commit_sink(&self, _max_batch: usize) -> Option<Arc<dyn CommitSink>> {
-        None
-    }
-
-    /// Lets intake commits lease new deliveries to this node's partitions (`handoff`)
-    /// where the store can tell they hold their endpoint's lease. SQLite can: one node owns
-    /// every partition in its file. The default (shared stores) never does: every delivery
-    /// is queued and claimed under the partition lease checked in the claim's transaction.
-    fn hand_off(&self, _handoff: Arc<dyn Handoff>) {}
-
-    /// Takes or renews the lease on an endpoint's partition: true if `owner` holds it until
-    /// `until` (it was free, expired at `now`, or already `owner`'s). One node at a time
-    /// paces an endpoint, so pacing holds for the cluster. A write: it is one
-    /// [`WriteOp::Partition`] of its own; the engine folds it into group commits instead.
-    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool> {
-        let lease = PartitionLease { endpoint: endpoint.clone(), owner: owner.into(), now, until: Some(until) };
-        partition_result(self.apply(vec![WriteOp::Partition(lease)]).await?.pop())
-    }
-    /// Gives a partition lease up (a no-op unless `owner` holds it).
-    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
-        let lease = PartitionLease { endpoint: endpoint.clone(), owner: owner.into(), now: 0, until: None };
-        partition_result(self.apply(vec![WriteOp::Partition(lease)]).await?.pop()).map(drop)
-    }
-    /// Gives up every partition lease `owner` holds, or every lease at all (`None`: only for
-    /// a store this node alone uses, at its start). The number given up.
-    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64>;
-    /// What other nodes announce as they commit it: endpoints with new work, endpoints
-    /// whose settings or state changed (`None`: single-node store).
-    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>>;
-    /// Tells the other nodes that these endpoints changed (after the change committed), so
-    /// whichever node paces one re-reads it at once. A no-op on a single-node store.
-    async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()>;
-
-    // Dead-letter recovery, health and retention.
-
-    /// Dead letters of `tenant` matching a replay selection: how many, and the endpoints
-    /// among them that are not active (a replay to those is refused).
-    async fn dead_selection(
-        &self,
-        tenant: &TenantId,
-        ids: Option<&[String]>,
-        filter: Option<&DeadLetterFilter>,
-    ) -> Result<(u64, Vec<EndpointId>)>;
-    async fn create_replay(&self, replay: &Replay) -> Result<()>;
-    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>>;
-    /// Up to `limit` of a tenant's replays, newest first, older than the replay `after`.
-    async fn list_replays(&self, tenant: &TenantId, after: Option<&str>, limit: u32) -> Result<Vec<ReplayProgress>>;
-    /// Replays still running (to resume after a restart).
-    async fn running_replays(&self) -> Result<Vec<Replay>>;
-    /// One turn of a running replay, if its schedule (`next_due_at`) has come by `now`:
-    /// re-queues what [`Replay::plan`] allows of the dead letters after its cursor (those
-    /// it selected when it started, on endpoints not disabled), spaced at its rate from
-    /// `now` ([`Replay::schedule`]), retries counted afresh, deadline `now + ttl_ms`, each
-    /// keeping the reason and time it was dead with; advances the cursor and the schedule.
-    /// With nothing left to re-queue, it marks the replay done once everything it
-    /// re-queued has settled. Every node may run a replay: they take turns on its
-    /// schedule, so together they keep its rate, and one that dies leaves it to the others.
-    async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn>;
-    /// Cancels a running replay: what it re-queued and has not sent goes back among the
-    /// dead letters as it was (reason, time, attempts), in the same transaction. Those a
-    /// partition has claimed but not sent go back when it hands them back (a release, or
-    /// lease recovery), never to be claimed again. `None` when it was not running;
-    /// otherwise the endpoints with such claimed deliveries, whose partitions must be told.
-    async fn cancel_replay(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<Option<Vec<EndpointId>>>;
-    /// Which of these replays are cancelled.
-    async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>>;
-    /// Dead letters of a tenant counted by reason.
-    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>>;
-    /// Per tenant: the oldest unresolved dead letter, if older than `older_than`, and the count.
-    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>>;
-    /// The health of each of `endpoints` (a page of them) at `now`, in one statement: an
-    /// endpoint without attempts or deliveries is left out (its health is the default).
-    async fn endpoint_health_page(&self, endpoints: &[EndpointId], now: Millis) -> Result<HashMap<EndpointId, Health>>;
-    /// One endpoint's health at `now` (see [`Store::endpoint_health_page`]).
-    async fn endpoint_health(&self, endpoint: &EndpointId, now: Millis) -> Result<Health> {
-        let mut page = self.endpoint_health_page(std::slice::from_ref(endpoint), now).await?;
-        Ok(page.remove(endpoint).unwrap_or_default())
-    }
-    /// Queue depth, dead letters and endpoint states for the metrics, with the `top`
-    /// endpoints that have the most due deliveries.
-    async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats>;
-    /// Deletes up to `limit` finished deliveries (delivered before `delivered_before`, dead
-    /// before `dead_before`) with their attempts, then events left without deliveries.
-    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64>;
-}
+impl<T: Reads + Admin + Engine + Housekeeping + ?Sized> Store for T {}
 
 pub type DynStore = Arc<dyn Store>;
 
-fn partition_result(r: Option<WriteResult>) -> Result<bool> {
-    match r {
-        Some(WriteResult::Partition(held)) => Ok(held),
-        other => Err(StoreError::backend(format!("the store answered with the wrong kind: {other:?}"))),
+/// Which backend a store URL names: the one place that reads it off the URL. `config`
+/// parses it once and keeps it; the rest of Herald asks the kept value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// An SQLite file (`sqlite:`): one node owns it, and every lease in it.
+    Sqlite,
+    /// A Postgres database (`postgres:`, `postgresql:`), which several nodes may share.
+    Postgres,
+}
+
+/// Why a URL names no store Herald can open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreUrlError {
+    /// The scheme only: the rest of a URL may hold a password.
+    #[error("unsupported store url scheme {0:?}")]
+    Scheme(String),
+    /// An in-memory SQLite database is not durable, and the writer's own connection would
+    /// open a different database than the readers'.
+    #[error("an in-memory SQLite database is not durable; name a file")]
+    InMemory,
+}
+
+impl StoreKind {
+    pub fn parse(url: &str) -> Result<StoreKind, StoreUrlError> {
+        let scheme = url.split(':').next().unwrap_or_default();
+        match scheme {
+            "sqlite" if url.contains(":memory:") || url.contains("mode=memory") => Err(StoreUrlError::InMemory),
+            "sqlite" if url.len() > scheme.len() => Ok(StoreKind::Sqlite),
+            "postgres" | "postgresql" if url.len() > scheme.len() => Ok(StoreKind::Postgres),
+            _ => Err(StoreUrlError::Scheme(scheme.to_string())),
+        }
+    }
+
+    /// May other nodes use the store at the same time (and change it under this one)?
+    pub fn is_shared(self) -> bool {
+        self == StoreKind::Postgres
+    }
+}
+
+impl From<StoreUrlError> for StoreError {
+    fn from(e: StoreUrlError) -> Self {
+        StoreError::backend(e.to_string())
     }
 }
 
 /// Opens the store named by `url` and applies its migrations.
 pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
-    if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::open(url, max_connections).await?))
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(Arc::new(postgres::PostgresStore::open(url, max_connections).await?))
-    } else {
-        // The scheme only: the rest of a URL may hold a password.
-        let scheme = url.split(':').next().unwrap_or_default();
-        Err(StoreError::backend(format!("unsupported store url scheme {scheme:?}")))
+    Ok(match StoreKind::parse(url)? {
+        StoreKind::Sqlite => Arc::new(sqlite::SqliteStore::open(url, max_connections).await?),
+        StoreKind::Postgres => Arc::new(postgres::PostgresStore::open(url, max_connections).await?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_kind_is_read_off_the_url_scheme() {
+        let cases = [
+            ("sqlite://herald.db", Ok(StoreKind::Sqlite)),
+            ("sqlite:herald.db?mode=rwc", Ok(StoreKind::Sqlite)),
+            ("postgres://u:p@127.0.0.1/db", Ok(StoreKind::Postgres)),
+            ("postgresql://127.0.0.1/db", Ok(StoreKind::Postgres)),
+            ("sqlite::memory:", Err(StoreUrlError::InMemory)),
+            ("sqlite://x.db?mode=memory", Err(StoreUrlError::InMemory)),
+            ("mysql://u:secret@host/db", Err(StoreUrlError::Scheme("mysql".into()))),
+            ("sqlite", Err(StoreUrlError::Scheme("sqlite".into()))),
+            ("", Err(StoreUrlError::Scheme("".into()))),
+        ];
+        for (url, kind) in cases {
+            assert_eq!(StoreKind::parse(url), kind, "{url}");
+        }
+        assert!(StoreKind::Postgres.is_shared() && !StoreKind::Sqlite.is_shared());
     }
 }

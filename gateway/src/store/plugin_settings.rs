@@ -8,11 +8,6 @@ use super::queries::{Dialect, Queries};
 use super::{Result, StoreError};
 use crate::model::{PluginSettings, StoredPluginSettings, TenantId};
 
-/// The upsert, the same text on both backends.
-pub(super) const UPSERT: &str = "INSERT INTO plugin_settings (tenant_id, plugin, settings, updated_at) \
-     VALUES ($1, $2, $3, $4) ON CONFLICT (tenant_id, plugin) \
-     DO UPDATE SET settings = excluded.settings, updated_at = excluded.updated_at";
-
 const COLUMNS: &str = "tenant_id, plugin, settings, updated_at";
 
 pub(super) fn decode(settings: &str) -> Result<PluginSettings> {
@@ -30,7 +25,7 @@ where
     for<'c> &'c str: ColumnIndex<DB::Row>,
 {
     pub(super) async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()> {
-        sqlx::query(UPSERT)
+        sqlx::query(super::sql::UPSERT_PLUGIN_SETTINGS)
             .bind(s.tenant.as_str())
             .bind(s.plugin.as_str())
             .bind(super::queries::json(&s.settings))

@@ -1,11 +1,16 @@
-//! The statements run on a backend's sqlx pool: every read (both backends), and the
-//! administrative writes (tenants, tokens, endpoints, replays) that Postgres runs there
-//! (SQLite's pool is read-only: it runs the same writes on its writer thread,
-//! `sqlite/writes.rs`, so they never queue for the file's lock). Written once, generic over sqlx's `Database`: the SQL uses `$n` placeholders,
-//! which sqlx binds by number on SQLite as on Postgres, and decodes into the shared
-//! [`rows`](super::rows). What differs on purpose (the group-commit writers, claims, lease
-//! recovery, re-queueing a replay's batch, purging, notifications) stays in each backend.
+//! The statements run on a backend's sqlx pool: every read, as the one implementation of
+//! [`Reads`] for both backends, and the administrative writes (tenants, tokens, endpoints,
+//! replays) that Postgres runs there (SQLite's pool is read-only: it runs the same
+//! statements, `store/sql.rs`, on its writer thread, `sqlite/writes.rs`, so they never
+//! queue for the file's lock). Written once, generic over sqlx's `Database`: the SQL uses
+//! `$n` placeholders, which sqlx binds by number on SQLite as on Postgres, and decodes into
+//! the shared [`rows`](super::rows). What differs on purpose (the group-commit writers,
+//! claims, lease recovery, re-queueing a replay's batch, purging, notifications) stays in
+//! each backend.
 
+use std::collections::HashMap;
+
+use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row, Type};
 
 use super::rows::{
@@ -13,7 +18,7 @@ use super::rows::{
     TenantRow, TokenRow,
 };
 use super::sql::{self, Sql};
-use super::{DeliveryFilter, QueueStats, Result, StoreError};
+use super::{DeliveryFilter, QueueStats, Reads, Result, SeriesPoint, SeriesScope, StoreError};
 use crate::model::*;
 
 mod insight;
@@ -31,6 +36,8 @@ pub(super) trait Dialect: Database {
 /// The shared statements on one backend's pool.
 pub(super) struct Queries<DB: Database> {
     pub(super) pool: Pool<DB>,
+    /// SQLite's write-ahead log, whose size the metrics show (`None` on Postgres).
+    pub(super) wal: Option<std::path::PathBuf>,
 }
 
 pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
@@ -48,6 +55,265 @@ where
 
 // What the statements need of a backend, said once: sqlx provides all of it for SQLite and
 // Postgres, but Rust does not carry bounds like these from a trait to its users.
+#[async_trait]
+impl<DB> Reads for Queries<DB>
+where
+    DB: Dialect,
+    for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<String>: Encode<'q, DB>,
+    for<'q> Option<i64>: Encode<'q, DB>,
+    for<'q> f64: Encode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Type<DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> TenantRow: FromRow<'r, DB::Row>,
+    for<'r> TokenRow: FromRow<'r, DB::Row>,
+    for<'r> EndpointRow: FromRow<'r, DB::Row>,
+    for<'r> EventRow: FromRow<'r, DB::Row>,
+    for<'r> DeliveryRow: FromRow<'r, DB::Row>,
+    for<'r> AttemptRow: FromRow<'r, DB::Row>,
+    for<'r> ReplayRow: FromRow<'r, DB::Row>,
+{
+    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
+        let row = sqlx::query_as::<_, TenantRow>("SELECT id, name, created_at FROM tenants WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(Tenant::from))
+    }
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        let row = sqlx::query_as::<_, TokenRow>(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = $1"))
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(TokenRecord::from))
+    }
+    async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
+        let rows = sqlx::query_as::<_, TokenRow>(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE tenant_id = $1 ORDER BY created_at, id"
+        ))
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(TokenRecord::from).collect())
+    }
+    async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
+        let row = sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(Endpoint::try_from).transpose()
+    }
+    async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
+        let rows =
+            sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE tenant_id = $1 ORDER BY created_at, id")
+                .bind(tenant.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+        rows::all(rows)
+    }
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
+        let row = sqlx::query_as::<_, EventRow>("SELECT * FROM events WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(Event::from))
+    }
+    async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<Delivery>> {
+        let mut q = Sql::<DB>::new(format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE 1 = 1"));
+        sql::push_delivery_filter(&mut q, f);
+        let (text, args) = q.take()?;
+        rows::all(sqlx::query_as_with::<_, DeliveryRow, _>(&text, args).fetch_all(&self.pool).await?)
+    }
+    async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>> {
+        let row = sqlx::query_as::<_, DeliveryRow>(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1 AND tenant_id = $2"
+        ))
+        .bind(id.as_str())
+        .bind(tenant.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let attempts =
+            sqlx::query_as::<_, AttemptRow>(&format!("SELECT * FROM attempts WHERE delivery_id = $1 {ATTEMPT_ORDER}"))
+                .bind(id.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(Some((row.try_into()?, attempts.into_iter().map(Attempt::from).collect())))
+    }
+    async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
+        let rows = sqlx::query(
+            "SELECT endpoint_id, MIN(next_attempt_at) AS due FROM deliveries \
+             WHERE state IN ('queued', 'waiting') GROUP BY endpoint_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), r.try_get("due")?)))
+            .collect()
+    }
+    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
+        let due: Option<i64> = sqlx::query_scalar(sql::NEXT_DUE).bind(endpoint.as_str()).fetch_one(&self.pool).await?;
+        Ok(due)
+    }
+    async fn dead_selection(
+        &self,
+        tenant: &TenantId,
+        ids: Option<&[String]>,
+        filter: Option<&DeadLetterFilter>,
+    ) -> Result<(u64, Vec<EndpointId>)> {
+        let mut q = Sql::<DB>::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
+        sql::push_dead_selection(&mut q, tenant, ids, filter, "", DB::push_ids);
+        let (text, args) = q.take()?;
+        let n: i64 = sqlx::query_scalar_with(&text, args).fetch_one(&self.pool).await?;
+        let mut q = Sql::<DB>::new(
+            "SELECT DISTINCT e.id FROM deliveries JOIN endpoints e ON e.id = deliveries.endpoint_id \
+             WHERE e.state <> 'active'",
+        );
+        sql::push_dead_selection(&mut q, tenant, ids, filter, "", DB::push_ids);
+        let (text, args) = q.take()?;
+        let blocked: Vec<String> = sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?;
+        Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
+    }
+    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
+        let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = $1 AND tenant_id = $2")
+            .bind(id)
+            .bind(tenant.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(self.with_figures(vec![Replay::try_from(row)?]).await?.pop())
+    }
+    async fn list_replays(&self, tenant: &TenantId, after: Option<&str>, limit: u32) -> Result<Vec<ReplayProgress>> {
+        let mut q = Sql::<DB>::new("SELECT * FROM replays WHERE tenant_id = ");
+        q.push_bind(tenant.as_str());
+        if let Some(after) = after {
+            q.push(" AND id < ").push_bind(after);
+        }
+        q.push(" ORDER BY id DESC LIMIT ").push_bind(i64::from(limit.max(1)));
+        let (text, args) = q.take()?;
+        let rows = sqlx::query_as_with::<_, ReplayRow, _>(&text, args).fetch_all(&self.pool).await?;
+        self.with_figures(rows::all(rows)?).await
+    }
+    async fn running_replays(&self) -> Result<Vec<Replay>> {
+        let rows = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE state = 'running' ORDER BY created_at")
+            .fetch_all(&self.pool)
+            .await?;
+        rows::all(rows)
+    }
+    async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = Sql::<DB>::new("SELECT id FROM replays WHERE state = 'cancelled' AND id IN (");
+        for (i, id) in ids.iter().enumerate() {
+            q.push(if i == 0 { "" } else { ", " }).push_bind(id.as_str());
+        }
+        q.push(")");
+        let (text, args) = q.take()?;
+        Ok(sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?)
+    }
+    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
+        let rows = sqlx::query(
+            "SELECT COALESCE(reason, '') AS reason, COUNT(*) AS n FROM deliveries \
+             WHERE tenant_id = $1 AND state = 'dead' GROUP BY reason ORDER BY n DESC",
+        )
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("reason")?, count(r, "n")?))).collect()
+    }
+    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
+        let rows = sqlx::query(
+            "SELECT tenant_id, MIN(updated_at) AS oldest, COUNT(*) AS n FROM deliveries WHERE state = 'dead' \
+             GROUP BY tenant_id HAVING MIN(updated_at) < $1",
+        )
+        .bind(older_than)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let tenant = TenantId::from_stored(r.try_get::<String, _>("tenant_id")?);
+                Ok((tenant, r.try_get("oldest")?, count(r, "n")?))
+            })
+            .collect()
+    }
+    /// Queue depth and its oldest due delivery, the `top` endpoints by due deliveries,
+    /// endpoints by state, dead letters per tenant, and the size of SQLite's WAL.
+    async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
+        let due = sqlx::query(
+            "SELECT COUNT(*) AS n, MIN(next_attempt_at) AS oldest FROM deliveries \
+             WHERE state IN ('queued', 'waiting') AND next_attempt_at <= $1",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await?;
+        let top_due = sqlx::query(
+            "SELECT tenant_id, endpoint_id, COUNT(*) AS n FROM deliveries \
+             WHERE state IN ('queued', 'waiting') AND next_attempt_at <= $1 \
+             GROUP BY tenant_id, endpoint_id ORDER BY n DESC, endpoint_id LIMIT $2",
+        )
+        .bind(now)
+        .bind(i64::from(top))
+        .fetch_all(&self.pool)
+        .await?;
+        let states =
+            sqlx::query("SELECT state, COUNT(*) AS n FROM endpoints GROUP BY state").fetch_all(&self.pool).await?;
+        Ok(QueueStats {
+            due: count(&due, "n")?,
+            oldest_due: due.try_get("oldest")?,
+            top_due: top_due
+                .iter()
+                .map(|r| {
+                    let tenant = TenantId::from_stored(r.try_get::<String, _>("tenant_id")?);
+                    Ok((tenant, EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), count(r, "n")?))
+                })
+                .collect::<Result<_>>()?,
+            endpoints_by_state: states
+                .iter()
+                .map(|r| Ok((r.try_get::<String, _>("state")?, count(r, "n")?)))
+                .collect::<Result<_>>()?,
+            dead: self.stale_dead_letters(Millis::MAX).await?,
+            wal_bytes: self.wal.as_ref().map(|wal| std::fs::metadata(wal).map_or(0, |m| m.len())),
+        })
+    }
+
+    // The console's reads (`insight.rs`) and plugin settings (`plugin_settings.rs`) are
+    // written beside their other statements; the inherent methods are these.
+    async fn list_tenants(&self) -> Result<Vec<Tenant>> {
+        Queries::list_tenants(self).await
+    }
+    async fn endpoint_page(
+        &self,
+        tenant: &TenantId,
+        after: Option<&EndpointId>,
+        limit: u32,
+        plugin: Option<&str>,
+    ) -> Result<Vec<Endpoint>> {
+        Queries::endpoint_page(self, tenant, after, limit, plugin).await
+    }
+    async fn attempt_series(&self, scope: &SeriesScope, since: Millis, bucket_ms: i64) -> Result<Vec<SeriesPoint>> {
+        Queries::attempt_series(self, scope, since, bucket_ms).await
+    }
+    async fn endpoint_health_page(&self, endpoints: &[EndpointId], now: Millis) -> Result<HashMap<EndpointId, Health>> {
+        Queries::endpoint_health_page(self, endpoints, now).await
+    }
+    async fn plugin_settings(&self, tenant: &TenantId, plugin: &str) -> Result<Option<StoredPluginSettings>> {
+        Queries::plugin_settings(self, tenant, plugin).await
+    }
+    async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>> {
+        Queries::all_plugin_settings(self).await
+    }
+}
+
+// The writes Postgres runs on its pool (SQLite runs them on its writer thread), and the
+// reads and writes of a replay's turn.
 impl<DB> Queries<DB>
 where
     DB: Dialect,
@@ -72,7 +338,7 @@ where
     for<'r> ReplayRow: FromRow<'r, DB::Row>,
 {
     pub(super) async fn create_tenant(&self, t: &Tenant) -> Result<()> {
-        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)")
+        sqlx::query(sql::INSERT_TENANT)
             .bind(t.id.as_str())
             .bind(&t.name)
             .bind(t.created_at)
@@ -80,18 +346,9 @@ where
             .await?;
         Ok(())
     }
-
-    pub(super) async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
-        let row = sqlx::query_as::<_, TenantRow>("SELECT id, name, created_at FROM tenants WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(Tenant::from))
-    }
-
     pub(super) async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
         let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
-        sqlx::query("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES ($1, $2, $3, $4, $5)")
+        sqlx::query(sql::INSERT_TOKEN)
             .bind(&t.id)
             .bind(&t.hash)
             .bind(t.tenant.as_str())
@@ -101,230 +358,63 @@ where
             .await?;
         Ok(())
     }
-
-    pub(super) async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        let row = sqlx::query_as::<_, TokenRow>(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = $1"))
-            .bind(hash)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(TokenRecord::from))
-    }
-
-    pub(super) async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
-        let rows = sqlx::query_as::<_, TokenRow>(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE tenant_id = $1 ORDER BY created_at, id"
-        ))
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(TokenRecord::from).collect())
-    }
-
     pub(super) async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM tokens WHERE tenant_id = $1 AND id = $2")
-            .bind(tenant.as_str())
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query(sql::REVOKE_TOKEN).bind(tenant.as_str()).bind(id).execute(&self.pool).await?;
         Ok(DB::rows_affected(&done) > 0)
     }
-
     pub(super) async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, state_reason, paused_until, \
-             failing_since, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(e.id.as_str())
-        .bind(e.tenant.as_str())
-        .bind(json(&e.spec))
-        .bind(json(&e.spec.event_types))
-        .bind(e.state.as_str())
-        .bind(&e.state_reason)
-        .bind(e.paused_until)
-        .bind(e.failing_since)
-        .bind(e.created_at)
-        .bind(e.updated_at)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(sql::INSERT_ENDPOINT)
+            .bind(e.id.as_str())
+            .bind(e.tenant.as_str())
+            .bind(json(&e.spec))
+            .bind(json(&e.spec.event_types))
+            .bind(e.state.as_str())
+            .bind(&e.state_reason)
+            .bind(e.paused_until)
+            .bind(e.failing_since)
+            .bind(e.created_at)
+            .bind(e.updated_at)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
-
-    pub(super) async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
-        let row = sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(Endpoint::try_from).transpose()
-    }
-
-    pub(super) async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
-        let rows =
-            sqlx::query_as::<_, EndpointRow>("SELECT * FROM endpoints WHERE tenant_id = $1 ORDER BY created_at, id")
-                .bind(tenant.as_str())
-                .fetch_all(&self.pool)
-                .await?;
-        rows::all(rows)
-    }
-
     pub(super) async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3 WHERE id = $4 AND tenant_id = $5",
-        )
-        .bind(json(&e.spec))
-        .bind(json(&e.spec.event_types))
-        .bind(e.updated_at)
-        .bind(e.id.as_str())
-        .bind(e.tenant.as_str())
-        .execute(&self.pool)
-        .await?;
+        let done = sqlx::query(sql::UPDATE_ENDPOINT)
+            .bind(json(&e.spec))
+            .bind(json(&e.spec.event_types))
+            .bind(e.updated_at)
+            .bind(e.id.as_str())
+            .bind(e.tenant.as_str())
+            .execute(&self.pool)
+            .await?;
         Ok(DB::rows_affected(&done) == 1)
     }
-
     pub(super) async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         let mut tx = self.pool.begin().await?;
-        let done = sqlx::query("DELETE FROM endpoints WHERE id = $1 AND tenant_id = $2")
-            .bind(id.as_str())
-            .bind(tenant.as_str())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_deleted', next_attempt_at = NULL, \
-             lease_owner = NULL, lease_until = NULL, updated_at = $1 \
-             WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused', 'delivering')",
-        )
-        .bind(now)
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await?;
+        let done = sqlx::query(sql::DELETE_ENDPOINT).bind(id.as_str()).bind(tenant.as_str()).execute(&mut *tx).await?;
+        sqlx::query(sql::DEAD_ON_DELETED_ENDPOINT).bind(now).bind(id.as_str()).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(DB::rows_affected(&done) == 1)
     }
-
-    pub(super) async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
-        let row = sqlx::query_as::<_, EventRow>("SELECT * FROM events WHERE tenant_id = $1 AND id = $2")
-            .bind(tenant.as_str())
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(Event::from))
-    }
-
-    pub(super) async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<Delivery>> {
-        let mut q = Sql::<DB>::new(format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE 1 = 1"));
-        sql::push_delivery_filter(&mut q, f);
-        let (text, args) = q.take()?;
-        rows::all(sqlx::query_as_with::<_, DeliveryRow, _>(&text, args).fetch_all(&self.pool).await?)
-    }
-
-    pub(super) async fn get_delivery(
-        &self,
-        tenant: &TenantId,
-        id: &DeliveryId,
-    ) -> Result<Option<(Delivery, Vec<Attempt>)>> {
-        let row = sqlx::query_as::<_, DeliveryRow>(&format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1 AND tenant_id = $2"
-        ))
-        .bind(id.as_str())
-        .bind(tenant.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let attempts =
-            sqlx::query_as::<_, AttemptRow>(&format!("SELECT * FROM attempts WHERE delivery_id = $1 {ATTEMPT_ORDER}"))
-                .bind(id.as_str())
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(Some((row.try_into()?, attempts.into_iter().map(Attempt::from).collect())))
-    }
-
-    pub(super) async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
-        let rows = sqlx::query(
-            "SELECT endpoint_id, MIN(next_attempt_at) AS due FROM deliveries \
-             WHERE state IN ('queued', 'waiting') GROUP BY endpoint_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), r.try_get("due")?)))
-            .collect()
-    }
-
-    pub(super) async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
-        let due: Option<i64> =
-            sqlx::query_scalar(super::NEXT_DUE).bind(endpoint.as_str()).fetch_one(&self.pool).await?;
-        Ok(due)
-    }
-
-    pub(super) async fn dead_selection(
-        &self,
-        tenant: &TenantId,
-        ids: Option<&[String]>,
-        filter: Option<&DeadLetterFilter>,
-    ) -> Result<(u64, Vec<EndpointId>)> {
-        let mut q = Sql::<DB>::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
-        sql::push_dead_selection(&mut q, tenant, ids, filter, "", DB::push_ids);
-        let (text, args) = q.take()?;
-        let n: i64 = sqlx::query_scalar_with(&text, args).fetch_one(&self.pool).await?;
-        let mut q = Sql::<DB>::new(
-            "SELECT DISTINCT e.id FROM deliveries JOIN endpoints e ON e.id = deliveries.endpoint_id \
-             WHERE e.state <> 'active'",
-        );
-        sql::push_dead_selection(&mut q, tenant, ids, filter, "", DB::push_ids);
-        let (text, args) = q.take()?;
-        let blocked: Vec<String> = sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?;
-        Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
-    }
-
     pub(super) async fn create_replay(&self, r: &Replay) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, requeued, cursor, \
-             created_at, updated_at, next_due_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-        )
-        .bind(&r.id)
-        .bind(r.tenant.as_str())
-        .bind(r.state.as_str())
-        .bind(r.ids.as_ref().map(json))
-        .bind(r.filter.as_ref().map(json))
-        .bind(r.rate_per_sec)
-        .bind(i64::from(r.batch))
-        .bind(r.selected as i64)
-        .bind(r.requeued as i64)
-        .bind(&r.cursor)
-        .bind(r.created_at)
-        .bind(r.updated_at)
-        .bind(r.next_due_at)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(sql::INSERT_REPLAY)
+            .bind(&r.id)
+            .bind(r.tenant.as_str())
+            .bind(r.state.as_str())
+            .bind(r.ids.as_ref().map(json))
+            .bind(r.filter.as_ref().map(json))
+            .bind(r.rate_per_sec)
+            .bind(i64::from(r.batch))
+            .bind(r.selected as i64)
+            .bind(r.requeued as i64)
+            .bind(&r.cursor)
+            .bind(r.created_at)
+            .bind(r.updated_at)
+            .bind(r.next_due_at)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
-
-    pub(super) async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
-        let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = $1 AND tenant_id = $2")
-            .bind(id)
-            .bind(tenant.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(self.with_figures(vec![Replay::try_from(row)?]).await?.pop())
-    }
-
-    pub(super) async fn list_replays(
-        &self,
-        tenant: &TenantId,
-        after: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<ReplayProgress>> {
-        let mut q = Sql::<DB>::new("SELECT * FROM replays WHERE tenant_id = ");
-        q.push_bind(tenant.as_str());
-        if let Some(after) = after {
-            q.push(" AND id < ").push_bind(after);
-        }
-        q.push(" ORDER BY id DESC LIMIT ").push_bind(i64::from(limit.max(1)));
-        let (text, args) = q.take()?;
-        let rows = sqlx::query_as_with::<_, ReplayRow, _>(&text, args).fetch_all(&self.pool).await?;
-        self.with_figures(rows::all(rows)?).await
-    }
-
     /// The replays with what became of the deliveries each re-queued, in one grouped query.
     async fn with_figures(&self, replays: Vec<Replay>) -> Result<Vec<ReplayProgress>> {
         if replays.is_empty() {
@@ -359,94 +449,6 @@ where
             .map(|replay| ReplayProgress { figures: figures.get(&replay.id).copied().unwrap_or_default(), replay })
             .collect())
     }
-
-    pub(super) async fn running_replays(&self) -> Result<Vec<Replay>> {
-        let rows = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE state = 'running' ORDER BY created_at")
-            .fetch_all(&self.pool)
-            .await?;
-        rows::all(rows)
-    }
-
-    pub(super) async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut q = Sql::<DB>::new("SELECT id FROM replays WHERE state = 'cancelled' AND id IN (");
-        for (i, id) in ids.iter().enumerate() {
-            q.push(if i == 0 { "" } else { ", " }).push_bind(id.as_str());
-        }
-        q.push(")");
-        let (text, args) = q.take()?;
-        Ok(sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?)
-    }
-
-    pub(super) async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
-        let rows = sqlx::query(
-            "SELECT COALESCE(reason, '') AS reason, COUNT(*) AS n FROM deliveries \
-             WHERE tenant_id = $1 AND state = 'dead' GROUP BY reason ORDER BY n DESC",
-        )
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| Ok((r.try_get("reason")?, count(r, "n")?))).collect()
-    }
-
-    pub(super) async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
-        let rows = sqlx::query(
-            "SELECT tenant_id, MIN(updated_at) AS oldest, COUNT(*) AS n FROM deliveries WHERE state = 'dead' \
-             GROUP BY tenant_id HAVING MIN(updated_at) < $1",
-        )
-        .bind(older_than)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                let tenant = TenantId::from_stored(r.try_get::<String, _>("tenant_id")?);
-                Ok((tenant, r.try_get("oldest")?, count(r, "n")?))
-            })
-            .collect()
-    }
-
-    /// Queue depth and its oldest due delivery, the `top` endpoints by due deliveries,
-    /// endpoints by state and dead letters per tenant (`wal_bytes` is the backend's).
-    pub(super) async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
-        let due = sqlx::query(
-            "SELECT COUNT(*) AS n, MIN(next_attempt_at) AS oldest FROM deliveries \
-             WHERE state IN ('queued', 'waiting') AND next_attempt_at <= $1",
-        )
-        .bind(now)
-        .fetch_one(&self.pool)
-        .await?;
-        let top_due = sqlx::query(
-            "SELECT tenant_id, endpoint_id, COUNT(*) AS n FROM deliveries \
-             WHERE state IN ('queued', 'waiting') AND next_attempt_at <= $1 \
-             GROUP BY tenant_id, endpoint_id ORDER BY n DESC, endpoint_id LIMIT $2",
-        )
-        .bind(now)
-        .bind(i64::from(top))
-        .fetch_all(&self.pool)
-        .await?;
-        let states =
-            sqlx::query("SELECT state, COUNT(*) AS n FROM endpoints GROUP BY state").fetch_all(&self.pool).await?;
-        Ok(QueueStats {
-            due: count(&due, "n")?,
-            oldest_due: due.try_get("oldest")?,
-            top_due: top_due
-                .iter()
-                .map(|r| {
-                    let tenant = TenantId::from_stored(r.try_get::<String, _>("tenant_id")?);
-                    Ok((tenant, EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), count(r, "n")?))
-                })
-                .collect::<Result<_>>()?,
-            endpoints_by_state: states
-                .iter()
-                .map(|r| Ok((r.try_get::<String, _>("state")?, count(r, "n")?)))
-                .collect::<Result<_>>()?,
-            dead: self.stale_dead_letters(Millis::MAX).await?,
-            wal_bytes: None,
-        })
-    }
-
     // The reads of a replay's turn both backends share; each applies the turn its own way.
 
     /// What a turn of replay `replay_id` at `now` is to do, read on `conn` (inside the
@@ -483,7 +485,6 @@ where
             (true, _) => TurnStep::NotYet(now + SETTLE_CHECK_MS),
         })
     }
-
     /// Up to `limit` of the replay's dead letters after its cursor, in id order: those it
     /// selected when it started (dead by then: not the ones its own sends failed since),
     /// on endpoints not disabled. (delivery id, endpoint).
@@ -504,7 +505,6 @@ where
             .map(|r| Ok((r.try_get("id")?, EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?))))
             .collect()
     }
-
     /// Moves the replay's cursor past `picks` (re-queued at `now`) and its schedule to
     /// `next_due`, if it is still running at the cursor they were picked from; false if not.
     pub(super) async fn advance_replay(

@@ -1,8 +1,12 @@
-//! SQL both backends share: how an unfinished delivery settles against its endpoint's
-//! state, and the delivery and dead-letter filters, built once for either dialect
-//! ([`Sql`] writes `?` or `$n` itself); the statements of a replay's turn and cancel. The
-//! write paths stay per backend. A statement here that SQLite's writer runs (rusqlite)
-//! numbers its `$n` in order of first appearance: there `$n` is a name, numbered so.
+//! SQL both backends share: every statement both drivers run (sqlx on Postgres, rusqlite on
+//! SQLite's writer thread, sqlx on SQLite's readers), how an unfinished delivery settles
+//! against its endpoint's state, and the delivery and dead-letter filters, built once for
+//! either dialect ([`Sql`] writes `?` or `$n` itself). What differs on purpose (`SKIP
+//! LOCKED`, `UNNEST`, `RETURNING`, group commits) stays in each writer.
+//!
+//! Statements use `$n`. sqlx binds `$n` by its number on SQLite as on Postgres; rusqlite
+//! takes `$n` for a name and numbers names in order of first appearance, so a statement
+//! SQLite's writer runs numbers its `$n` in that order (checked by a test below).
 
 use std::fmt::{Display, Write};
 
@@ -57,6 +61,99 @@ impl<'a, DB: Database> Sql<'a, DB> {
         }
     }
 }
+
+/// A new tenant (`$1` id, `$2` name, `$3` created at).
+pub(super) const INSERT_TENANT: &str = "INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)";
+
+/// A new API token (`$4`: its scopes, space-separated).
+pub(super) const INSERT_TOKEN: &str =
+    "INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES ($1, $2, $3, $4, $5)";
+
+/// Deletes tenant `$1`'s token `$2`.
+pub(super) const REVOKE_TOKEN: &str = "DELETE FROM tokens WHERE tenant_id = $1 AND id = $2";
+
+/// Token `$2` authenticated a request at `$1`: its last use never moves backwards.
+pub(super) const TOUCH_TOKEN: &str =
+    "UPDATE tokens SET last_used_at = $1 WHERE hash = $2 AND COALESCE(last_used_at, 0) < $1";
+
+/// A new endpoint; `$3` its spec and `$4` its event types, as JSON.
+pub(super) const INSERT_ENDPOINT: &str = "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, \
+     state_reason, paused_until, failing_since, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// Replaces endpoint `$4` (of tenant `$5`)'s spec and event types at `$3`.
+pub(super) const UPDATE_ENDPOINT: &str =
+    "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3 WHERE id = $4 AND tenant_id = $5";
+
+/// Deletes endpoint `$1` of tenant `$2`; then [`DEAD_ON_DELETED_ENDPOINT`], in the same transaction.
+pub(super) const DELETE_ENDPOINT: &str = "DELETE FROM endpoints WHERE id = $1 AND tenant_id = $2";
+
+/// At `$1`, the unfinished deliveries of deleted endpoint `$2` become dead letters.
+pub(super) const DEAD_ON_DELETED_ENDPOINT: &str = "UPDATE deliveries SET state = 'dead', \
+     reason = 'endpoint_deleted', next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $1 \
+     WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused', 'delivering')";
+
+// The three endpoint-state cascades: at `$1`, endpoint `$2`'s deliveries not leased follow
+// its new state. A delivery leased meanwhile settles when its result or release is
+// recorded ([`settle`]).
+
+/// Disabled: they become dead letters.
+pub(super) const DEAD_ON_DISABLED_ENDPOINT: &str = "UPDATE deliveries SET state = 'dead', \
+     reason = 'endpoint_disabled', next_attempt_at = NULL, updated_at = $1 \
+     WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused')";
+
+/// Paused for a human (no `paused_until`): they wait, paused.
+pub(super) const PAUSE_DELIVERIES: &str = "UPDATE deliveries SET state = 'paused', updated_at = $1 \
+     WHERE endpoint_id = $2 AND state IN ('queued', 'waiting')";
+
+/// Active again: the paused ones are due now.
+pub(super) const RESUME_DELIVERIES: &str = "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, \
+     updated_at = $1 WHERE endpoint_id = $2 AND state = 'paused'";
+
+/// Takes or renews endpoint `$1`'s partition lease for `$2` until `$3`: if it is free,
+/// already `$2`'s, or expired at `$4`. One row changed: `$2` holds it.
+pub(super) const TAKE_PARTITION: &str = "INSERT INTO partitions (endpoint_id, owner, lease_until) \
+     VALUES ($1, $2, $3) ON CONFLICT (endpoint_id) \
+     DO UPDATE SET owner = excluded.owner, lease_until = excluded.lease_until \
+     WHERE partitions.owner = excluded.owner OR partitions.lease_until < $4";
+
+/// Gives up endpoint `$1`'s partition lease, if `$2` holds it.
+pub(super) const RELEASE_PARTITION: &str = "DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2";
+
+/// The earliest due time of endpoint `$1`'s waiting deliveries (read by claims and the engine).
+pub(super) const NEXT_DUE: &str =
+    "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting')";
+
+/// The endpoints intake fans out to: every one not disabled (a paused one's deliveries
+/// wait). A macro, so that both subscriber queries are whole constants.
+macro_rules! subscribed {
+    () => {
+        "state <> 'disabled'"
+    };
+}
+
+/// Tenant `$1`'s endpoints intake fans out to: (id, event types). SQLite's writer reads
+/// them per tenant, once per commit.
+pub(super) const SUBSCRIBERS_OF_TENANT: &str =
+    concat!("SELECT id, event_types FROM endpoints WHERE tenant_id = $1 AND ", subscribed!());
+
+/// The endpoints intake fans out to of the tenants in array `$1`, oldest first: (tenant,
+/// id, event types). Postgres reads them per group commit, in one round trip.
+pub(super) const SUBSCRIBERS_OF_TENANTS: &str = concat!(
+    "SELECT tenant_id, id, event_types FROM endpoints WHERE tenant_id = ANY($1) AND ",
+    subscribed!(),
+    " ORDER BY created_at, id"
+);
+
+/// Replaces the settings of tenant `$1`'s plugin `$2` (JSON `$3`) at `$4`.
+pub(super) const UPSERT_PLUGIN_SETTINGS: &str = "INSERT INTO plugin_settings (tenant_id, plugin, settings, \
+     updated_at) VALUES ($1, $2, $3, $4) ON CONFLICT (tenant_id, plugin) \
+     DO UPDATE SET settings = excluded.settings, updated_at = excluded.updated_at";
+
+/// A new replay.
+pub(super) const INSERT_REPLAY: &str = "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, \
+     batch, selected, requeued, cursor, created_at, updated_at, next_due_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 
 /// Re-enabling endpoint `$2` at `$1` lifts its timed pause (a 429's `Retry-After`), if it
 /// has one: what the pause handed back, due at its end (within a second, as the engine's
@@ -246,6 +343,53 @@ mod tests {
             "SELECT id FROM deliveries WHERE 1 = 1 AND tenant_id = $1 AND endpoint_id = $2 AND state = $3 \
              AND updated_at >= $4 ORDER BY id LIMIT $5"
         );
+    }
+
+    /// Every statement SQLite's writer runs from here, as rusqlite prepares it on the
+    /// migrated schema: it parses, and its `i`th parameter is `$i`, so that the writer's
+    /// positional `params![…]` bind what sqlx binds by number.
+    #[test]
+    fn statements_the_sqlite_writer_runs_bind_by_number() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+        let mut migrations: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        migrations.sort();
+        for m in migrations {
+            conn.execute_batch(&std::fs::read_to_string(&m).unwrap()).unwrap();
+        }
+        let returned = return_unsent("replay_id = $2");
+        let statements = [
+            INSERT_TENANT,
+            INSERT_TOKEN,
+            REVOKE_TOKEN,
+            TOUCH_TOKEN,
+            INSERT_ENDPOINT,
+            UPDATE_ENDPOINT,
+            DELETE_ENDPOINT,
+            DEAD_ON_DELETED_ENDPOINT,
+            DEAD_ON_DISABLED_ENDPOINT,
+            PAUSE_DELIVERIES,
+            RESUME_DELIVERIES,
+            TAKE_PARTITION,
+            RELEASE_PARTITION,
+            RELEASE_PARTITIONS_OF,
+            NEXT_DUE,
+            SUBSCRIBERS_OF_TENANT,
+            UPSERT_PLUGIN_SETTINGS,
+            INSERT_REPLAY,
+            DUE_AT_LIFTED_PAUSE,
+            CANCEL_REPLAY,
+            REPLAY_CLAIMED_UNSENT,
+            ADVANCE_REPLAY,
+            REPLAY_DONE,
+            &returned,
+        ];
+        for text in statements {
+            let statement = conn.prepare(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            for i in 1..=statement.parameter_count() {
+                assert_eq!(statement.parameter_name(i), Some(format!("${i}").as_str()), "{text}");
+            }
+        }
     }
 
     #[test]

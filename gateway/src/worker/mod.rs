@@ -259,7 +259,7 @@ impl Drop for TaskDone {
 /// the partitions it held are free at once (it never sends again). Shared stores wait for
 /// other nodes' leases to expire.
 async fn recover(inner: &Inner) {
-    let alone = inner.config.store_url.starts_with("sqlite:");
+    let alone = !inner.config.store_kind.is_shared();
     let now = inner.clock.now();
     match inner.store.recover_leases(if alone { Millis::MAX } else { now }, now).await {
         Ok(n) if n > 0 => {

@@ -14,6 +14,7 @@ use sqlx::{PgPool, Postgres, Row};
 use tokio::sync::mpsc;
 
 use super::queries::{self, Dialect, Queries, TurnStep};
+use super::reads::HasReads;
 use super::sql::{self, Sql};
 use super::*;
 
@@ -58,30 +59,24 @@ impl PostgresStore {
             Some(s) if CHANNEL.len() + 1 + s.len() <= MAX_CHANNEL => format!("{CHANNEL}:{s}"),
             _ => CHANNEL.to_string(),
         };
-        Ok(PostgresStore { q: Queries { pool }, channel })
+        Ok(PostgresStore { q: Queries { pool, wal: None }, channel })
+    }
+}
+
+impl HasReads for PostgresStore {
+    fn reads(&self) -> &dyn Reads {
+        &self.q
     }
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl Admin for PostgresStore {
     async fn create_tenant(&self, t: &Tenant) -> Result<()> {
         self.q.create_tenant(t).await
     }
 
-    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
-        self.q.get_tenant(id).await
-    }
-
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
         self.q.insert_token(t).await
-    }
-
-    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        self.q.find_token(hash).await
-    }
-
-    async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
-        self.q.list_tokens(tenant).await
     }
 
     async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
@@ -89,42 +84,12 @@ impl Store for PostgresStore {
     }
 
     async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
-        sqlx::query("UPDATE tokens SET last_used_at = GREATEST(COALESCE(last_used_at, 0), $2) WHERE hash = $1")
-            .bind(hash)
-            .bind(at)
-            .execute(&self.q.pool)
-            .await?;
+        sqlx::query(sql::TOUCH_TOKEN).bind(at).bind(hash).execute(&self.q.pool).await?;
         Ok(())
     }
 
     async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
         self.q.insert_endpoint(e).await
-    }
-
-    async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
-        self.q.endpoint(id).await
-    }
-
-    async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
-        self.q.list_endpoints(tenant).await
-    }
-
-    async fn endpoint_page(
-        &self,
-        tenant: &TenantId,
-        after: Option<&EndpointId>,
-        limit: u32,
-        plugin: Option<&str>,
-    ) -> Result<Vec<Endpoint>> {
-        self.q.endpoint_page(tenant, after, limit, plugin).await
-    }
-
-    async fn list_tenants(&self) -> Result<Vec<Tenant>> {
-        self.q.list_tenants().await
-    }
-
-    async fn attempt_series(&self, scope: &SeriesScope, since: Millis, bucket_ms: i64) -> Result<Vec<SeriesPoint>> {
-        self.q.attempt_series(scope, since, bucket_ms).await
     }
 
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
@@ -139,101 +104,8 @@ impl Store for PostgresStore {
         self.q.put_plugin_settings(s).await
     }
 
-    async fn plugin_settings(&self, tenant: &TenantId, plugin: &str) -> Result<Option<StoredPluginSettings>> {
-        self.q.plugin_settings(tenant, plugin).await
-    }
-
-    async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>> {
-        self.q.all_plugin_settings().await
-    }
-
-    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
-        self.q.get_event(tenant, id).await
-    }
-
-    async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<Delivery>> {
-        self.q.list_deliveries(f).await
-    }
-
-    async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>> {
-        self.q.get_delivery(tenant, id).await
-    }
-
-    async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
-        self.q.pending_endpoints().await
-    }
-
-    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
-        self.q.next_due(endpoint).await
-    }
-
-    async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
-        let mut tx = self.q.pool.begin().await?;
-        // SKIP LOCKED: a row some node is recording right now is not abandoned.
-        let done = sqlx::query(
-            "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, lease_owner = NULL, \
-             lease_until = NULL, updated_at = $1 WHERE id IN (SELECT id FROM deliveries \
-             WHERE state = 'delivering' AND lease_until < $2 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind(now)
-        .bind(expired_before)
-        .execute(&mut *tx)
-        .await?;
-        if done.rows_affected() > 0 {
-            // Unsent deliveries of replays cancelled while they were leased: dead letters again.
-            sqlx::query(&sql::return_unsent(sql::OF_CANCELLED_REPLAYS)).bind(now).execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64> {
-        let done = match owner {
-            Some(owner) => sqlx::query(sql::RELEASE_PARTITIONS_OF).bind(owner).execute(&self.q.pool).await?,
-            None => sqlx::query(sql::RELEASE_ALL_PARTITIONS).execute(&self.q.pool).await?,
-        };
-        Ok(done.rows_affected())
-    }
-
-    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>> {
-        let listener = listen(&self.q.pool, &self.channel).await?;
-        let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(forward_notifications(listener, self.q.pool.clone(), self.channel.clone(), tx));
-        Ok(Some(rx))
-    }
-
-    async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()> {
-        let ids: Vec<&str> = endpoints.iter().map(EndpointId::as_str).collect();
-        for chunk in ids.chunks(IDS_PER_NOTIFY) {
-            let payload = format!("{CHANGED}{}", chunk.join(","));
-            sqlx::query("SELECT pg_notify($1, $2)").bind(&self.channel).bind(payload).execute(&self.q.pool).await?;
-        }
-        Ok(())
-    }
-
-    async fn dead_selection(
-        &self,
-        tenant: &TenantId,
-        ids: Option<&[String]>,
-        filter: Option<&DeadLetterFilter>,
-    ) -> Result<(u64, Vec<EndpointId>)> {
-        self.q.dead_selection(tenant, ids, filter).await
-    }
-
     async fn create_replay(&self, r: &Replay) -> Result<()> {
         self.q.create_replay(r).await
-    }
-
-    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
-        self.q.get_replay(tenant, id).await
-    }
-
-    async fn list_replays(&self, tenant: &TenantId, after: Option<&str>, limit: u32) -> Result<Vec<ReplayProgress>> {
-        self.q.list_replays(tenant, after, limit).await
-    }
-
-    async fn running_replays(&self) -> Result<Vec<Replay>> {
-        self.q.running_replays().await
     }
 
     async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
@@ -293,29 +165,75 @@ impl Store for PostgresStore {
         tx.commit().await?;
         Ok(Some(claimed.into_iter().map(EndpointId::from_stored).collect()))
     }
+}
 
-    async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>> {
-        self.q.cancelled_replays(ids).await
+#[async_trait]
+impl Engine for PostgresStore {
+    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64> {
+        let done = match owner {
+            Some(owner) => sqlx::query(sql::RELEASE_PARTITIONS_OF).bind(owner).execute(&self.q.pool).await?,
+            None => sqlx::query(sql::RELEASE_ALL_PARTITIONS).execute(&self.q.pool).await?,
+        };
+        Ok(done.rows_affected())
     }
 
-    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
-        self.q.dead_letter_counts(tenant).await
+    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>> {
+        let listener = listen(&self.q.pool, &self.channel).await?;
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(forward_notifications(listener, self.q.pool.clone(), self.channel.clone(), tx));
+        Ok(Some(rx))
     }
 
-    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
-        self.q.stale_dead_letters(older_than).await
+    async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()> {
+        let ids: Vec<&str> = endpoints.iter().map(EndpointId::as_str).collect();
+        for chunk in ids.chunks(IDS_PER_NOTIFY) {
+            let payload = format!("{CHANGED}{}", chunk.join(","));
+            sqlx::query("SELECT pg_notify($1, $2)").bind(&self.channel).bind(payload).execute(&self.q.pool).await?;
+        }
+        Ok(())
     }
 
-    async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
-        self.q.queue_stats(now, top).await
+    async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
+        let mut replays = 0;
+        loop {
+            let mut tx = self.q.pool.begin().await?;
+            let outcome = match apply_all(&mut tx, &ops, &self.channel).await {
+                Ok(results) => tx.commit().await.map(|()| results),
+                // Dropping the transaction rolls it back.
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(results) => return Ok(results),
+                Err(e) if is_transient(&e) && replays < MAX_REPLAYS => {
+                    replays += 1;
+                    tracing::debug!(error = %e, replays, "group commit replayed");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
+}
 
-    async fn endpoint_health_page(
-        &self,
-        endpoints: &[EndpointId],
-        now: Millis,
-    ) -> Result<std::collections::HashMap<EndpointId, Health>> {
-        self.q.endpoint_health_page(endpoints, now).await
+#[async_trait]
+impl Housekeeping for PostgresStore {
+    async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
+        let mut tx = self.q.pool.begin().await?;
+        // SKIP LOCKED: a row some node is recording right now is not abandoned.
+        let done = sqlx::query(
+            "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, lease_owner = NULL, \
+             lease_until = NULL, updated_at = $1 WHERE id IN (SELECT id FROM deliveries \
+             WHERE state = 'delivering' AND lease_until < $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(now)
+        .bind(expired_before)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() > 0 {
+            // Unsent deliveries of replays cancelled while they were leased: dead letters again.
+            sqlx::query(&sql::return_unsent(sql::OF_CANCELLED_REPLAYS)).bind(now).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(done.rows_affected())
     }
 
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
@@ -347,26 +265,6 @@ impl Store for PostgresStore {
         }
         tx.commit().await?;
         Ok(ids.len() as u64)
-    }
-
-    async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
-        let mut replays = 0;
-        loop {
-            let mut tx = self.q.pool.begin().await?;
-            let outcome = match apply_all(&mut tx, &ops, &self.channel).await {
-                Ok(results) => tx.commit().await.map(|()| results),
-                // Dropping the transaction rolls it back.
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(results) => return Ok(results),
-                Err(e) if is_transient(&e) && replays < MAX_REPLAYS => {
-                    replays += 1;
-                    tracing::debug!(error = %e, replays, "group commit replayed");
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
     }
 }
 

@@ -108,24 +108,20 @@ async fn ingest_run(
 /// A node that commits second waits on the first one's row lock, then sees its lease.
 async fn partition(conn: &mut PgConnection, lease: &PartitionLease) -> sqlx::Result<bool> {
     let Some(until) = lease.until else {
-        sqlx::query("DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2")
+        sqlx::query(sql::RELEASE_PARTITION)
             .bind(lease.endpoint.as_str())
             .bind(&lease.owner)
             .execute(&mut *conn)
             .await?;
         return Ok(false);
     };
-    let done = sqlx::query(
-        "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES ($1, $2, $3) \
-         ON CONFLICT (endpoint_id) DO UPDATE SET owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until \
-         WHERE partitions.owner = EXCLUDED.owner OR partitions.lease_until < $4",
-    )
-    .bind(lease.endpoint.as_str())
-    .bind(&lease.owner)
-    .bind(until)
-    .bind(lease.now)
-    .execute(&mut *conn)
-    .await?;
+    let done = sqlx::query(sql::TAKE_PARTITION)
+        .bind(lease.endpoint.as_str())
+        .bind(&lease.owner)
+        .bind(until)
+        .bind(lease.now)
+        .execute(&mut *conn)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -184,13 +180,7 @@ async fn subscribers(
     events: &[&NewEvent],
 ) -> sqlx::Result<HashMap<String, Vec<(String, Vec<String>)>>> {
     let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect::<HashSet<_>>().into_iter().collect();
-    let rows = sqlx::query(
-        "SELECT tenant_id, id, event_types FROM endpoints WHERE tenant_id = ANY($1) AND state <> 'disabled' \
-         ORDER BY created_at, id",
-    )
-    .bind(&tenants)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows = sqlx::query(sql::SUBSCRIBERS_OF_TENANTS).bind(&tenants).fetch_all(&mut *conn).await?;
     let mut subscribers: HashMap<String, Vec<(String, Vec<String>)>> = HashMap::new();
     for r in &rows {
         let types: String = r.try_get("event_types")?;
@@ -384,7 +374,7 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Clai
     claimed.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
     let claimed: Vec<Claimed> = claimed.into_iter().map(|(_, c)| c).collect();
     let next_due = match claimed.len() < req.limit as usize {
-        true => sqlx::query_scalar(super::super::NEXT_DUE).bind(req.endpoint.as_str()).fetch_one(&mut *conn).await?,
+        true => sqlx::query_scalar(sql::NEXT_DUE).bind(req.endpoint.as_str()).fetch_one(&mut *conn).await?,
         false => None,
     };
     Ok(ClaimBatch { claimed, next_due })
@@ -529,25 +519,13 @@ async fn change_endpoint(conn: &mut PgConnection, c: &EndpointChange) -> sqlx::R
     }
     q.push(" WHERE id = ").push_bind(c.endpoint.as_str());
     q.build().execute(&mut *conn).await?;
-    let affected = match (c.state, c.paused_until) {
+    let cascade = match (c.state, c.paused_until) {
         (None, _) | (Some(EndpointState::Paused), Some(_)) => return Ok(0),
-        (Some(EndpointState::Disabled), _) => sqlx::query(
-            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_disabled', next_attempt_at = NULL, \
-             updated_at = $1 WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused')",
-        ),
-        (Some(EndpointState::Paused), None) => sqlx::query(
-            "UPDATE deliveries SET state = 'paused', updated_at = $1 \
-             WHERE endpoint_id = $2 AND state IN ('queued', 'waiting')",
-        ),
-        (Some(EndpointState::Active), _) => sqlx::query(
-            "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, updated_at = $1 \
-             WHERE endpoint_id = $2 AND state = 'paused'",
-        ),
-    }
-    .bind(c.now)
-    .bind(c.endpoint.as_str())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+        (Some(EndpointState::Disabled), _) => sql::DEAD_ON_DISABLED_ENDPOINT,
+        (Some(EndpointState::Paused), None) => sql::PAUSE_DELIVERIES,
+        (Some(EndpointState::Active), _) => sql::RESUME_DELIVERIES,
+    };
+    let affected =
+        sqlx::query(cascade).bind(c.now).bind(c.endpoint.as_str()).execute(&mut *conn).await?.rows_affected();
     Ok(affected)
 }

@@ -11,15 +11,14 @@ use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult};
 
 use super::queries::{self, Dialect, Queries, TurnStep};
+use super::reads::HasReads;
 use super::sql::Sql;
 use super::*;
 
 pub struct SqliteStore {
-    /// Reads and administrative writes, on sqlx's pool.
+    /// Reads, on sqlx's pool.
     q: Queries<Sqlite>,
     writer: writer::Writer,
-    /// The write-ahead log, whose size the metrics show.
-    wal: std::path::PathBuf,
 }
 
 mod checkpoint;
@@ -43,16 +42,10 @@ const PRAGMAS: [(&str, &str); 4] =
 /// How long a connection waits for another one's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Does `url` name an in-memory SQLite database? Such a store is not durable, and the
-/// writer's own connection would open a different database than the pool's.
-pub(crate) fn is_in_memory(url: &str) -> bool {
-    url.starts_with("sqlite:") && (url.contains(":memory:") || url.contains("mode=memory"))
-}
-
 impl SqliteStore {
     pub async fn open(url: &str, max_connections: u32) -> Result<Self> {
-        if is_in_memory(url) {
-            return Err(StoreError::backend("an in-memory SQLite database is not durable; name a file"));
+        if StoreKind::parse(url)? != StoreKind::Sqlite {
+            return Err(StoreError::backend("not an SQLite URL"));
         }
         let mut options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
@@ -83,7 +76,7 @@ impl SqliteStore {
             .min_connections(max_connections)
             .connect_with(readers)
             .await?;
-        Ok(SqliteStore { q: Queries { pool }, writer, wal })
+        Ok(SqliteStore { q: Queries { pool, wal: Some(wal) }, writer })
     }
 }
 
@@ -106,28 +99,22 @@ fn private_file() -> std::fs::OpenOptions {
     open
 }
 
+impl HasReads for SqliteStore {
+    fn reads(&self) -> &dyn Reads {
+        &self.q
+    }
+}
+
 #[async_trait]
-impl Store for SqliteStore {
+impl Admin for SqliteStore {
     async fn create_tenant(&self, t: &Tenant) -> Result<()> {
         let t = t.clone();
         self.writer.run(move |tx| writes::create_tenant(tx, &t)).await
     }
 
-    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
-        self.q.get_tenant(id).await
-    }
-
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
         let t = t.clone();
         self.writer.run(move |tx| writes::insert_token(tx, &t)).await
-    }
-
-    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        self.q.find_token(hash).await
-    }
-
-    async fn list_tokens(&self, tenant: &TenantId) -> Result<Vec<TokenRecord>> {
-        self.q.list_tokens(tenant).await
     }
 
     async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
@@ -145,32 +132,6 @@ impl Store for SqliteStore {
         self.writer.run(move |tx| writes::insert_endpoint(tx, &e)).await
     }
 
-    async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
-        self.q.endpoint(id).await
-    }
-
-    async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
-        self.q.list_endpoints(tenant).await
-    }
-
-    async fn endpoint_page(
-        &self,
-        tenant: &TenantId,
-        after: Option<&EndpointId>,
-        limit: u32,
-        plugin: Option<&str>,
-    ) -> Result<Vec<Endpoint>> {
-        self.q.endpoint_page(tenant, after, limit, plugin).await
-    }
-
-    async fn list_tenants(&self) -> Result<Vec<Tenant>> {
-        self.q.list_tenants().await
-    }
-
-    async fn attempt_series(&self, scope: &SeriesScope, since: Millis, bucket_ms: i64) -> Result<Vec<SeriesPoint>> {
-        self.q.attempt_series(scope, since, bucket_ms).await
-    }
-
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
         let e = e.clone();
         self.writer.run(move |tx| writes::update_endpoint(tx, &e)).await
@@ -186,75 +147,9 @@ impl Store for SqliteStore {
         self.writer.run(move |tx| writes::put_plugin_settings(tx, &s)).await
     }
 
-    async fn plugin_settings(&self, tenant: &TenantId, plugin: &str) -> Result<Option<StoredPluginSettings>> {
-        self.q.plugin_settings(tenant, plugin).await
-    }
-
-    async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>> {
-        self.q.all_plugin_settings().await
-    }
-
-    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
-        self.q.get_event(tenant, id).await
-    }
-
-    async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<Delivery>> {
-        self.q.list_deliveries(f).await
-    }
-
-    async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>> {
-        self.q.get_delivery(tenant, id).await
-    }
-
-    async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
-        self.q.pending_endpoints().await
-    }
-
-    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
-        self.q.next_due(endpoint).await
-    }
-
-    async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
-        self.writer.run(move |tx| writes::recover_leases(tx, expired_before, now)).await
-    }
-
-    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64> {
-        let owner = owner.map(str::to_owned);
-        self.writer.run(move |tx| writes::release_partitions(tx, owner.as_deref())).await
-    }
-
-    async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Notice>>> {
-        Ok(None)
-    }
-
-    async fn announce_changed(&self, _endpoints: &[EndpointId]) -> Result<()> {
-        Ok(())
-    }
-
-    async fn dead_selection(
-        &self,
-        tenant: &TenantId,
-        ids: Option<&[String]>,
-        filter: Option<&DeadLetterFilter>,
-    ) -> Result<(u64, Vec<EndpointId>)> {
-        self.q.dead_selection(tenant, ids, filter).await
-    }
-
     async fn create_replay(&self, r: &Replay) -> Result<()> {
         let r = r.clone();
         self.writer.run(move |tx| writes::create_replay(tx, &r)).await
-    }
-
-    async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
-        self.q.get_replay(tenant, id).await
-    }
-
-    async fn list_replays(&self, tenant: &TenantId, after: Option<&str>, limit: u32) -> Result<Vec<ReplayProgress>> {
-        self.q.list_replays(tenant, after, limit).await
-    }
-
-    async fn running_replays(&self) -> Result<Vec<Replay>> {
-        self.q.running_replays().await
     }
 
     async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
@@ -290,34 +185,21 @@ impl Store for SqliteStore {
         let (tenant, id) = (tenant.clone(), id.to_string());
         self.writer.run(move |tx| writes::cancel_replay(tx, &tenant, &id, now)).await
     }
+}
 
-    async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>> {
-        self.q.cancelled_replays(ids).await
+#[async_trait]
+impl Engine for SqliteStore {
+    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64> {
+        let owner = owner.map(str::to_owned);
+        self.writer.run(move |tx| writes::release_partitions(tx, owner.as_deref())).await
     }
 
-    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
-        self.q.dead_letter_counts(tenant).await
+    async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Notice>>> {
+        Ok(None)
     }
 
-    async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
-        self.q.stale_dead_letters(older_than).await
-    }
-
-    async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
-        let stats = self.q.queue_stats(now, top).await?;
-        Ok(QueueStats { wal_bytes: Some(std::fs::metadata(&self.wal).map_or(0, |m| m.len())), ..stats })
-    }
-
-    async fn endpoint_health_page(
-        &self,
-        endpoints: &[EndpointId],
-        now: Millis,
-    ) -> Result<std::collections::HashMap<EndpointId, Health>> {
-        self.q.endpoint_health_page(endpoints, now).await
-    }
-
-    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
-        self.writer.run(move |tx| writes::purge(tx, delivered_before, dead_before, limit)).await
+    async fn announce_changed(&self, _endpoints: &[EndpointId]) -> Result<()> {
+        Ok(())
     }
 
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
@@ -330,6 +212,17 @@ impl Store for SqliteStore {
 
     fn hand_off(&self, handoff: Arc<dyn Handoff>) {
         self.writer.hand_off(handoff);
+    }
+}
+
+#[async_trait]
+impl Housekeeping for SqliteStore {
+    async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64> {
+        self.writer.run(move |tx| writes::recover_leases(tx, expired_before, now)).await
+    }
+
+    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
+        self.writer.run(move |tx| writes::purge(tx, delivered_before, dead_before, limit)).await
     }
 }
 

@@ -77,7 +77,7 @@ impl Writer {
     }
 
     /// From now on, intake commits lease new deliveries to the partitions `handoff` names
-    /// (see [`Store::hand_off`]); set once, by the engine.
+    /// (see [`Engine::hand_off`](crate::store::Engine::hand_off)); set once, by the engine.
     pub(super) fn hand_off(&self, handoff: Arc<dyn Handoff>) {
         if self.handoff.set(handoff).is_err() {
             tracing::warn!("the SQLite writer already hands deliveries off to an engine");
@@ -191,8 +191,7 @@ struct Subscribers(HashMap<String, Vec<(String, Vec<String>)>>);
 impl Subscribers {
     fn of(&mut self, tx: &Transaction<'_>, tenant: &TenantId) -> Result<&[(String, Vec<String>)]> {
         if !self.0.contains_key(tenant.as_str()) {
-            let mut q = tx
-                .prepare_cached("SELECT id, event_types FROM endpoints WHERE tenant_id = ?1 AND state != 'disabled'")?;
+            let mut q = tx.prepare_cached(sql::SUBSCRIBERS_OF_TENANT)?;
             let rows = q.query_map([tenant.as_str()], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
             let mut eps = Vec::new();
             for row in rows {
@@ -366,7 +365,7 @@ fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)>
     }
     let short = claimed.len() < req.limit as usize;
     let next_due = match short {
-        true => tx.prepare_cached(NEXT_DUE)?.query_row([req.endpoint.as_str()], |r| r.get(0))?,
+        true => tx.prepare_cached(sql::NEXT_DUE)?.query_row([req.endpoint.as_str()], |r| r.get(0))?,
         false => None,
     };
     let seen_all = short
@@ -449,17 +448,10 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Optio
 fn partition(tx: &Transaction<'_>, lease: PartitionLease) -> Result<bool> {
     let (id, owner) = (lease.endpoint.as_str(), lease.owner.as_str());
     let Some(until) = lease.until else {
-        tx.prepare_cached("DELETE FROM partitions WHERE endpoint_id = ?1 AND owner = ?2")?
-            .execute(params![id, owner])?;
+        tx.prepare_cached(sql::RELEASE_PARTITION)?.execute(params![id, owner])?;
         return Ok(false);
     };
-    let taken = tx
-        .prepare_cached(
-            "INSERT INTO partitions (endpoint_id, owner, lease_until) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (endpoint_id) DO UPDATE SET owner = ?2, lease_until = ?3 \
-             WHERE partitions.owner = ?2 OR partitions.lease_until < ?4",
-        )?
-        .execute(params![id, owner, until, lease.now])?;
+    let taken = tx.prepare_cached(sql::TAKE_PARTITION)?.execute(params![id, owner, until, lease.now])?;
     Ok(taken == 1)
 }
 
@@ -500,20 +492,11 @@ fn change_endpoint(tx: &Transaction<'_>, c: EndpointChange) -> Result<u64> {
     if let Some(f) = c.failing_since {
         tx.prepare_cached("UPDATE endpoints SET failing_since = ?1 WHERE id = ?2")?.execute(params![f, id])?;
     }
-    let sql = match (c.state, c.paused_until) {
+    let cascade = match (c.state, c.paused_until) {
         (None, _) | (Some(EndpointState::Paused), Some(_)) => return Ok(0),
-        (Some(EndpointState::Disabled), _) => {
-            "UPDATE deliveries SET state = 'dead', reason = 'endpoint_disabled', next_attempt_at = NULL, \
-             updated_at = ?1 WHERE endpoint_id = ?2 AND state IN ('queued', 'waiting', 'paused')"
-        }
-        (Some(EndpointState::Paused), None) => {
-            "UPDATE deliveries SET state = 'paused', updated_at = ?1 \
-             WHERE endpoint_id = ?2 AND state IN ('queued', 'waiting')"
-        }
-        (Some(EndpointState::Active), _) => {
-            "UPDATE deliveries SET state = 'waiting', next_attempt_at = ?1, updated_at = ?1 \
-             WHERE endpoint_id = ?2 AND state = 'paused'"
-        }
+        (Some(EndpointState::Disabled), _) => sql::DEAD_ON_DISABLED_ENDPOINT,
+        (Some(EndpointState::Paused), None) => sql::PAUSE_DELIVERIES,
+        (Some(EndpointState::Active), _) => sql::RESUME_DELIVERIES,
     };
-    Ok(tx.prepare_cached(sql)?.execute(params![now, id])? as u64)
+    Ok(tx.prepare_cached(cascade)?.execute(params![now, id])? as u64)
 }

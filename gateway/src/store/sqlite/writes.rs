@@ -10,40 +10,34 @@ use super::super::*;
 use crate::store::queries::json;
 
 pub(super) fn create_tenant(tx: &Transaction<'_>, t: &Tenant) -> Result<()> {
-    tx.prepare_cached("INSERT INTO tenants (id, name, created_at) VALUES (?1, ?2, ?3)")?.execute(params![
-        t.id.as_str(),
-        t.name,
-        t.created_at
-    ])?;
+    tx.prepare_cached(sql::INSERT_TENANT)?.execute(params![t.id.as_str(), t.name, t.created_at])?;
     Ok(())
 }
 
 pub(super) fn insert_token(tx: &Transaction<'_>, t: &TokenRecord) -> Result<()> {
     let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
-    tx.prepare_cached("INSERT INTO tokens (id, hash, tenant_id, scopes, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")?
-        .execute(params![t.id, t.hash, t.tenant.as_str(), scopes.join(" "), t.created_at])?;
+    tx.prepare_cached(sql::INSERT_TOKEN)?.execute(params![
+        t.id,
+        t.hash,
+        t.tenant.as_str(),
+        scopes.join(" "),
+        t.created_at
+    ])?;
     Ok(())
 }
 
 pub(super) fn revoke_token(tx: &Transaction<'_>, tenant: &TenantId, id: &str) -> Result<bool> {
-    let n = tx
-        .prepare_cached("DELETE FROM tokens WHERE tenant_id = ?1 AND id = ?2")?
-        .execute(params![tenant.as_str(), id])?;
+    let n = tx.prepare_cached(sql::REVOKE_TOKEN)?.execute(params![tenant.as_str(), id])?;
     Ok(n > 0)
 }
 
 pub(super) fn touch_token(tx: &Transaction<'_>, hash: &str, at: Millis) -> Result<()> {
-    tx.prepare_cached("UPDATE tokens SET last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE hash = ?1")?
-        .execute(params![hash, at])?;
+    tx.prepare_cached(sql::TOUCH_TOKEN)?.execute(params![at, hash])?;
     Ok(())
 }
 
 pub(super) fn insert_endpoint(tx: &Transaction<'_>, e: &Endpoint) -> Result<()> {
-    tx.prepare_cached(
-        "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, state_reason, paused_until, \
-         failing_since, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    )?
-    .execute(params![
+    tx.prepare_cached(sql::INSERT_ENDPOINT)?.execute(params![
         e.id.as_str(),
         e.tenant.as_str(),
         json(&e.spec),
@@ -59,29 +53,24 @@ pub(super) fn insert_endpoint(tx: &Transaction<'_>, e: &Endpoint) -> Result<()> 
 }
 
 pub(super) fn update_endpoint(tx: &Transaction<'_>, e: &Endpoint) -> Result<bool> {
-    let n = tx
-        .prepare_cached(
-            "UPDATE endpoints SET spec = ?1, event_types = ?2, updated_at = ?3 WHERE id = ?4 AND tenant_id = ?5",
-        )?
-        .execute(params![json(&e.spec), json(&e.spec.event_types), e.updated_at, e.id.as_str(), e.tenant.as_str()])?;
+    let n = tx.prepare_cached(sql::UPDATE_ENDPOINT)?.execute(params![
+        json(&e.spec),
+        json(&e.spec.event_types),
+        e.updated_at,
+        e.id.as_str(),
+        e.tenant.as_str()
+    ])?;
     Ok(n == 1)
 }
 
 pub(super) fn delete_endpoint(tx: &Transaction<'_>, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
-    let n = tx
-        .prepare_cached("DELETE FROM endpoints WHERE id = ?1 AND tenant_id = ?2")?
-        .execute(params![id.as_str(), tenant.as_str()])?;
-    tx.prepare_cached(
-        "UPDATE deliveries SET state = 'dead', reason = 'endpoint_deleted', next_attempt_at = NULL, \
-         lease_owner = NULL, lease_until = NULL, updated_at = ?1 \
-         WHERE endpoint_id = ?2 AND state IN ('queued', 'waiting', 'paused', 'delivering')",
-    )?
-    .execute(params![now, id.as_str()])?;
+    let n = tx.prepare_cached(sql::DELETE_ENDPOINT)?.execute(params![id.as_str(), tenant.as_str()])?;
+    tx.prepare_cached(sql::DEAD_ON_DELETED_ENDPOINT)?.execute(params![now, id.as_str()])?;
     Ok(n == 1)
 }
 
 pub(super) fn put_plugin_settings(tx: &Transaction<'_>, s: &StoredPluginSettings) -> Result<()> {
-    tx.prepare_cached(super::super::plugin_settings::UPSERT)?.execute(params![
+    tx.prepare_cached(sql::UPSERT_PLUGIN_SETTINGS)?.execute(params![
         s.tenant.as_str(),
         s.plugin,
         json(&s.settings),
@@ -113,11 +102,7 @@ pub(super) fn release_partitions(tx: &Transaction<'_>, owner: Option<&str>) -> R
 }
 
 pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
-    tx.prepare_cached(
-        "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, batch, selected, requeued, cursor, \
-         created_at, updated_at, next_due_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-    )?
-    .execute(params![
+    tx.prepare_cached(sql::INSERT_REPLAY)?.execute(params![
         r.id,
         r.tenant.as_str(),
         r.state.as_str(),
@@ -179,7 +164,7 @@ pub(super) fn replay_done(tx: &Transaction<'_>, id: &str, now: Millis) -> Result
     Ok(tx.prepare_cached(sql::REPLAY_DONE)?.execute(params![now, id])? == 1)
 }
 
-/// See [`Store::cancel_replay`].
+/// See [`Admin::cancel_replay`](crate::store::Admin::cancel_replay).
 pub(super) fn cancel_replay(
     tx: &Transaction<'_>,
     tenant: &TenantId,

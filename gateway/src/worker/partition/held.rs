@@ -1,6 +1,6 @@
 //! The partition's view of its lease: what each claim and renewal said about it, when to
 //! renew, and the `partitions_held` gauge. The lease itself is written by the committer,
-//! riding the claims' group commits (see `Store::apply`'s `WriteOp::Partition`).
+//! riding the claims' group commits (see `Engine::apply`'s `WriteOp::Partition`).
 
 use std::time::Duration;
 

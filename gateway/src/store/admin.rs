@@ -1,0 +1,42 @@
+//! The administrative writes: tenants, tokens, endpoints, a tenant's plugin settings and
+//! replays. Callers: the API (and `ops`, which sets up Herald's own tenant and endpoints),
+//! and the replay runner (`replay_turn`, `cancel_replay`). Each runs in a transaction of
+//! its own, outside the group commits.
+
+use async_trait::async_trait;
+
+use super::{ReplayTurn, Result};
+use crate::model::*;
+
+#[async_trait]
+pub trait Admin: Send + Sync + 'static {
+    async fn create_tenant(&self, tenant: &Tenant) -> Result<()>;
+    async fn insert_token(&self, token: &TokenRecord) -> Result<()>;
+    /// Deletes the tenant's token `id`; false when it has no such token.
+    async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool>;
+    /// Records that the token authenticated a request at `at` (never moves backwards).
+    async fn touch_token(&self, hash: &str, at: Millis) -> Result<()>;
+    async fn insert_endpoint(&self, endpoint: &Endpoint) -> Result<()>;
+    /// Replaces spec and state; false when it does not exist.
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> Result<bool>;
+    /// Deletes it; its unfinished deliveries become dead letters (`endpoint_deleted`).
+    async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool>;
+    /// Replaces the settings of one tenant's plugin (a tenant's own configuration).
+    async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()>;
+    async fn create_replay(&self, replay: &Replay) -> Result<()>;
+    /// One turn of a running replay, if its schedule (`next_due_at`) has come by `now`:
+    /// re-queues what [`Replay::plan`] allows of the dead letters after its cursor (those
+    /// it selected when it started, on endpoints not disabled), spaced at its rate from
+    /// `now` ([`Replay::schedule`]), retries counted afresh, deadline `now + ttl_ms`, each
+    /// keeping the reason and time it was dead with; advances the cursor and the schedule.
+    /// With nothing left to re-queue, it marks the replay done once everything it
+    /// re-queued has settled. Every node may run a replay: they take turns on its
+    /// schedule, so together they keep its rate, and one that dies leaves it to the others.
+    async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn>;
+    /// Cancels a running replay: what it re-queued and has not sent goes back among the
+    /// dead letters as it was (reason, time, attempts), in the same transaction. Those a
+    /// partition has claimed but not sent go back when it hands them back (a release, or
+    /// lease recovery), never to be claimed again. `None` when it was not running;
+    /// otherwise the endpoints with such claimed deliveries, whose partitions must be told.
+    async fn cancel_replay(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<Option<Vec<EndpointId>>>;
+}

@@ -1,0 +1,68 @@
+//! What the delivery engine writes and hears: group commits ([`WriteOp`]), partition
+//! leases, claim at intake ([`Handoff`]) and other nodes' notices. Callers: `worker` and
+//! the [`Committer`](super::Committer). Beside it, [`Housekeeping`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+use super::{CommitSink, Handoff, Notice, PartitionLease, Result, StoreError, WriteOp, WriteResult};
+use crate::model::*;
+
+#[async_trait]
+pub trait Engine: Send + Sync + 'static {
+    /// Applies every op in one durable transaction: all commit, or all fail.
+    async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>>;
+    /// The store's own group-commit queue, batching up to `max_batch` ops per commit;
+    /// `None` (the default): the [`Committer`](super::Committer) runs a loop over [`Engine::apply`].
+    fn commit_sink(&self, _max_batch: usize) -> Option<Arc<dyn CommitSink>> {
+        None
+    }
+    /// Lets intake commits lease new deliveries to this node's partitions (`handoff`)
+    /// where the store can tell they hold their endpoint's lease. SQLite can: one node owns
+    /// every partition in its file. The default (shared stores) never does: every delivery
+    /// is queued and claimed under the partition lease checked in the claim's transaction.
+    fn hand_off(&self, _handoff: Arc<dyn Handoff>) {}
+    /// Takes or renews the lease on an endpoint's partition: true if `owner` holds it until
+    /// `until` (it was free, expired at `now`, or already `owner`'s). One node at a time
+    /// paces an endpoint, so pacing holds for the cluster. A write: it is one
+    /// [`WriteOp::Partition`] of its own; the engine folds it into group commits instead.
+    async fn acquire_partition(&self, endpoint: &EndpointId, owner: &str, now: Millis, until: Millis) -> Result<bool> {
+        let lease = PartitionLease { endpoint: endpoint.clone(), owner: owner.into(), now, until: Some(until) };
+        partition_result(self.apply(vec![WriteOp::Partition(lease)]).await?.pop())
+    }
+    /// Gives a partition lease up (a no-op unless `owner` holds it).
+    async fn release_partition(&self, endpoint: &EndpointId, owner: &str) -> Result<()> {
+        let lease = PartitionLease { endpoint: endpoint.clone(), owner: owner.into(), now: 0, until: None };
+        partition_result(self.apply(vec![WriteOp::Partition(lease)]).await?.pop()).map(drop)
+    }
+    /// Gives up every partition lease `owner` holds, or every lease at all (`None`: only for
+    /// a store this node alone uses, at its start). The number given up.
+    async fn release_partitions(&self, owner: Option<&str>) -> Result<u64>;
+    /// What other nodes announce as they commit it: endpoints with new work, endpoints
+    /// whose settings or state changed (`None`: single-node store).
+    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Notice>>>;
+    /// Tells the other nodes that these endpoints changed (after the change committed), so
+    /// whichever node paces one re-reads it at once. A no-op on a single-node store.
+    async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()>;
+}
+
+pub(super) fn partition_result(r: Option<WriteResult>) -> Result<bool> {
+    match r {
+        Some(WriteResult::Partition(held)) => Ok(held),
+        other => Err(StoreError::backend(format!("the store answered with the wrong kind: {other:?}"))),
+    }
+}
+
+/// Crash recovery and retention: rewrites of rows nobody works on any more. Callers: the
+/// engine's lease recovery (at start, and on its timer) and `ops`' purge.
+#[async_trait]
+pub trait Housekeeping: Send + Sync + 'static {
+    /// Returns deliveries whose lease ended before `expired_before` to `waiting`, due at
+    /// `now` (crash recovery).
+    async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64>;
+    /// Deletes up to `limit` finished deliveries (delivered before `delivered_before`, dead
+    /// before `dead_before`) with their attempts, then events left without deliveries.
+    async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64>;
+}
