@@ -61,7 +61,9 @@ async fn read(api: &Api, path: &str) -> anyhow::Result<Value> {
 }
 
 async fn arrivals(rx: &FakeReceiver, n: usize) -> anyhow::Result<()> {
-    real("arrivals", async { rx.wait_for(n, Duration::from_secs(86_400)).await.map(drop) }).await
+    real(&format!("arrival {n}"), async { rx.wait_for(n, Duration::from_secs(86_400)).await.map(drop) })
+        .await
+        .map_err(|e| e.context(format!("{} arrived", rx.count())))
 }
 
 fn ms(v: &Value) -> i64 {
@@ -243,11 +245,15 @@ async fn a_replay_sends_at_its_rate_on_the_engines_clock() -> anyhow::Result<()>
     until(&gw.api, "/v1/tenants/acme/dead-letters", |v| v["data"].as_array().is_some_and(|d| d.len() == N)).await?;
     rx.set_default(Answer::status(200));
     let body = json!({"filter": {}, "rate_per_sec": 2, "batch": 1});
-    gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, body).await?.expect(202)?;
-    arrivals(&rx, N + 1).await?;
-    for k in 1..N {
-        tokio::time::advance(Duration::from_millis(500)).await;
-        arrivals(&rx, N + 1 + k).await?;
+    let replay = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, body).await?.expect(202)?;
+    let replay = format!("/v1/tenants/acme/replays/{}", replay.json["id"].as_str().expect("id"));
+    for k in 1..=N {
+        arrivals(&rx, N + k).await?;
+        // An attempt's result rides the next commit within 10 ms (of paused time here); the
+        // replay sends its next one only once this one is recorded.
+        tokio::time::advance(Duration::from_millis(10)).await;
+        until(&gw.api, &replay, |r| r["delivered"].as_u64() == Some(k as u64)).await?;
+        tokio::time::advance(Duration::from_millis(490)).await;
     }
     let mut sent = Vec::new();
     for i in 0..N {
