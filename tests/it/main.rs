@@ -17,6 +17,7 @@
 
 mod api;
 mod changes;
+mod cli;
 mod cluster;
 mod console;
 mod contract;
