@@ -38,6 +38,9 @@ const MAX_WORKER_THREADS: u32 = 256;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// `server.admin_listen`: a listener of its own for `/healthz`, `/readyz` and
+    /// `/metrics`, which a flood of the API's connections cannot starve.
+    pub admin_listen: Option<SocketAddr>,
     /// `None`: admin routes refuse every request.
     pub admin_token: Option<Redacted>,
     pub max_payload_bytes: usize,
@@ -335,8 +338,15 @@ impl RawConfig {
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }
+        let admin_listen = match self.server.admin_listen.as_str() {
+            "" => None,
+            text => Some(
+                text.parse().map_err(|e| invalid("server.admin_listen", format!("{text:?} is not host:port ({e})")))?,
+            ),
+        };
         Ok(Config {
             listen,
+            admin_listen,
             admin_token: self.server.admin_token()?,
             max_payload_bytes: self.server.max_payload_bytes as usize,
             server: self.server.limits()?,

@@ -168,6 +168,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The router of `server.admin_listen`: `/healthz`, `/readyz` and `/metrics` only (the
+/// same handlers as the API's), so probes and scrapers have a listener of their own.
+pub fn admin_router(state: Arc<AppState>) -> Router {
+    let (router, _) = OpenApiRouter::new()
+        .routes(routes!(tenants::healthz))
+        .routes(routes!(tenants::ready))
+        .routes(routes!(tenants::metrics))
+        .split_for_parts();
+    router
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route") })
+        .with_state(state)
+}
+
 /// An API error: a status, a stable machine code and a human message.
 #[derive(Debug)]
 pub struct ApiError {
