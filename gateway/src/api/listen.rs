@@ -146,7 +146,8 @@ impl Open {
     fn evict_one(&self, now: Instant, head_timeout: Duration) -> Eviction {
         let entries = self.lock();
         let candidates = entries.values().filter(|e| !e.evicted.load(std::sync::atomic::Ordering::Relaxed));
-        let (mut idle, mut head): (Option<(Instant, &Arc<Entry>)>, Option<(Instant, &Arc<Entry>)>) = (None, None);
+        // The oldest of each kind: (since, entry).
+        let (mut idle, mut head) = (None::<(Instant, &Arc<Entry>)>, None::<(Instant, &Arc<Entry>)>);
         for e in candidates {
             let (slot, since) = match *e.activity.phase() {
                 Phase::Idle(since) => (&mut idle, since),
