@@ -15,7 +15,7 @@ use crate::replay::Replayer;
 use crate::worker::Engine;
 
 use crate::api::{AppState, router};
-use crate::config::Config;
+use crate::config::{Config, ServerLimits};
 use crate::metrics::Metrics;
 use crate::store::{self, Committer, DynStore, StoreError};
 
@@ -29,6 +29,9 @@ pub enum AppError {
     #[error("plugins: {0}")]
     Plugins(#[from] crate::plugin::PluginError),
 }
+
+/// Connections `server.admin_listen` serves at once: probes and scrapers need few.
+const ADMIN_MAX_CONNECTIONS: usize = 16;
 
 /// How long a stopping node waits for in-flight attempts: the default request deadline
 /// plus room to record the results.
@@ -93,7 +96,20 @@ pub async fn run(
     let relays = start_outbox(&config, &store, &committer, &metrics, &waker, &ops, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins).with_outbox(relays);
+    let admin = match config.admin_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await?),
+        None => None,
+    };
     tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
+    if let Some(admin) = admin {
+        tracing::info!(admin_listen = %admin.local_addr()?, "serving /healthz, /readyz and /metrics");
+        let limits = ServerLimits { max_connections: ADMIN_MAX_CONNECTIONS, ..config.server };
+        let mut stopping = stop.subscribe();
+        let stopped = async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        };
+        tokio::spawn(crate::api::listen::serve(admin, crate::api::admin_router(state.clone()), limits, stopped));
+    }
     let shutdown = async move {
         shutdown.await;
         let _ = stop.send(true);

@@ -39,6 +39,9 @@ const MAX_WORKER_THREADS: u32 = 256;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// `server.admin_listen`: a listener of its own for `/healthz`, `/readyz` and
+    /// `/metrics`, which a flood of the API's connections cannot starve.
+    pub admin_listen: Option<SocketAddr>,
     /// `None`: admin routes refuse every request.
     pub admin_token: Option<Redacted>,
     pub max_payload_bytes: usize,
@@ -192,6 +195,17 @@ pub const CLIENT_VARS: [&str; 2] = ["HERALD_API", "HERALD_TOKEN"];
 impl Config {
     /// Reads `path` (if any), applies `HERALD_*` variables from `env`, and validates.
     pub fn load(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+        RawConfig::load(path, env)?.validate()
+    }
+}
+
+impl RawConfig {
+    /// Reads `path` (if any) and applies `HERALD_*` variables from `env`: every key, with
+    /// its default where neither sets it; not validated (see [`RawConfig::validate`]).
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<RawConfig, ConfigError> {
         let mut doc = match path {
             Some(p) => {
                 let text =
@@ -209,7 +223,41 @@ impl Config {
                 message: format!("{}: {}", e.path(), e.inner().message()),
             },
         )?;
-        raw.validate()
+        Ok(raw)
+    }
+
+    /// Every key with its value, one `section.key = value` line each in TOML's notation
+    /// (what `herald check-config` prints), secrets shown as `"<redacted>"`: the admin
+    /// token, the operator secret, the values of `[plugins.config]` and
+    /// `[plugins.override]` (their keys, yes) and the password of any URL.
+    pub fn effective_keys(&self) -> String {
+        let doc = toml::Value::try_from(self).unwrap_or_else(|_| toml::Value::Table(Default::default()));
+        let mut lines = Vec::new();
+        key_lines(&doc, "", &mut lines);
+        lines.join("\n")
+    }
+}
+
+/// Whether the value at `path` is a secret `effective_keys` never prints.
+fn is_secret(path: &str) -> bool {
+    matches!(path, "server.admin_token" | "operator.secret")
+        || path.starts_with("plugins.config.")
+        || path.starts_with("plugins.override.")
+}
+
+/// Appends a `path = value` line for each leaf under `value`.
+fn key_lines(value: &toml::Value, path: &str, lines: &mut Vec<String>) {
+    let join = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match value {
+        toml::Value::Table(table) => table.iter().for_each(|(k, v)| key_lines(v, &join(k), lines)),
+        toml::Value::Array(items) if items.iter().any(toml::Value::is_table) => {
+            items.iter().enumerate().for_each(|(i, v)| key_lines(v, &format!("{path}[{i}]"), lines))
+        }
+        toml::Value::String(s) if is_secret(path) && !s.is_empty() => lines.push(format!("{path} = \"<redacted>\"")),
+        toml::Value::String(s) if path.ends_with("url") => {
+            lines.push(format!("{path} = {}", toml::Value::String(StoreUrl::new(s.as_str()).redacted())))
+        }
+        leaf => lines.push(format!("{path} = {leaf}")),
     }
 }
 
@@ -305,8 +353,15 @@ impl RawConfig {
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }
+        let admin_listen = match self.server.admin_listen.as_str() {
+            "" => None,
+            text => Some(
+                text.parse().map_err(|e| invalid("server.admin_listen", format!("{text:?} is not host:port ({e})")))?,
+            ),
+        };
         Ok(Config {
             listen,
+            admin_listen,
             admin_token: self.server.admin_token()?,
             max_payload_bytes: self.server.max_payload_bytes as usize,
             server: self.server.limits()?,

@@ -154,12 +154,19 @@ pub fn parse_one(body: &[u8]) -> Result<EventIn<'_>, IntakeError> {
 }
 
 /// Parses `body` as `T` after checking that nothing in it nests deeper than
-/// [`MAX_PAYLOAD_DEPTH`] plus the `envelope` levels around each payload.
+/// [`MAX_PAYLOAD_DEPTH`] plus the `envelope` levels around each payload, and that no
+/// object in it, payloads included, gives a key twice (receivers' parsers disagree on which
+/// copy wins). Errors start with the field path (`events[2].type: required`).
 fn parse<'a, T: Deserialize<'a>>(body: &'a [u8], envelope: usize) -> Result<T, IntakeError> {
     if nesting_depth(body) > MAX_PAYLOAD_DEPTH + envelope {
         return Err(IntakeError::TooDeep { limit: MAX_PAYLOAD_DEPTH });
     }
-    serde_json::from_slice(body).map_err(|e| IntakeError::Invalid(format!("invalid JSON body: {e}")))
+    // Syntax and trailing characters are checked here too, so what follows fails on types only.
+    crate::json::check_strict(body).map_err(IntakeError::Invalid)?;
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body)).map_err(|e| {
+        let at = e.path().to_string();
+        IntakeError::Invalid(crate::json::describe(&at, &crate::json::message(e.inner())))
+    })
 }
 
 /// The deepest nesting of arrays and objects in a JSON text (brackets inside strings do

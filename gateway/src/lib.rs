@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod deliver;
 pub mod intake;
+pub mod json;
 pub mod lease;
 pub mod metrics;
 pub mod model;

@@ -212,9 +212,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::CheckConfig { config } => {
-            let config = Config::load(config.as_deref(), std::env::vars()).context("invalid configuration")?;
-            println!("{config:#?}");
-            Ok(())
+            let raw = gateway::config::RawConfig::load(config.as_deref(), std::env::vars())
+                .context("invalid configuration")?;
+            raw.clone().validate().context("invalid configuration")?;
+            print_out(&raw.effective_keys())
         }
         Command::Outbox { command: OutboxCommand::Schema { table } } => {
             anyhow::ensure!(
@@ -224,16 +225,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", gateway::store::outbox::schema_for(&table));
             Ok(())
         }
-        Command::Openapi => {
-            println!("{}", gateway::api::openapi_json());
-            Ok(())
-        }
+        Command::Openapi => print_out(gateway::api::openapi_json()),
+    }
+}
+
+/// Prints `text` and a newline on stdout. A reader that went away (`herald openapi | head`)
+/// ends the output quietly: a broken pipe is not an error of ours, and `println!` would panic.
+fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
 }
 
 fn serve(config: Option<&std::path::Path>) -> anyhow::Result<()> {
     let mut config = Config::load(config, std::env::vars()).context("invalid configuration")?;
     init_logging(&config);
+    if config.admin_token.is_none() {
+        tracing::warn!(
+            "no admin token is set (server.admin_token or HERALD_SERVER_ADMIN_TOKEN, at least 32 characters): \
+             every admin route (/v1/tenants, tokens, the console's admin sign-in) answers 401 until one is"
+        );
+    }
     // Compile plugins in a child of this very binary (memory limit, timeout).
     config.plugins.compiler_exe = Some(std::env::current_exe().context("cannot find the herald binary")?);
     // Room for every connection the configuration allows at once (intake, deliveries in
@@ -294,7 +309,9 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log_level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only on a terminal: a log file or a pipe gets plain text, no escape codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     if config.log_json {
         builder.json().init();
     } else {

@@ -299,3 +299,282 @@ async fn health_and_metrics() -> anyhow::Result<()> {
     assert!(r.text.contains("herald_deliveries_created_total 1"), "{}", r.text);
     Ok(())
 }
+
+/// Issue 29 §11: every refusal of a body or query starts with the field (or parameter) at
+/// fault, as a path; every bad query value is `400 invalid_query`.
+#[tokio::test]
+async fn every_refusal_starts_with_the_field() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let ep = api.endpoint("acme", json!({"url": "http://127.0.0.1:9/h"})).await?;
+    let ep_path = format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().unwrap());
+    let url = r#""url": "http://127.0.0.1:9/x""#;
+    // (method, path, body, status, code, what the message starts with)
+    let cases: Vec<(&str, String, String, u16, &str, &str)> = vec![
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints".into(),
+            format!(r#"{{{url}, "rate_per_sec": "fast"}}"#),
+            400,
+            "invalid_request",
+            "rate_per_sec: expected a number",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints".into(),
+            format!(r#"{{{url}, "burst": -1}}"#),
+            400,
+            "invalid_request",
+            "burst: expected a whole number",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints".into(),
+            format!(r#"{{{url}, "retry": {{"factor": "x"}}}}"#),
+            400,
+            "invalid_request",
+            "retry.factor: expected a number",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints".into(),
+            format!(r#"{{{url}, "retry": {{"bse": "1s"}}}}"#),
+            400,
+            "invalid_request",
+            "retry.bse: unknown field",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints".into(),
+            format!(r#"{{{url}, "event_types": "a.b"}}"#),
+            400,
+            "invalid_request",
+            "event_types: expected an array",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints".into(),
+            format!(r#"{{{url}, "headers": {{"x-a": 1}}}}"#),
+            400,
+            "invalid_request",
+            "headers.x-a: expected a string",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/endpoints".into(),
+            format!(r#"{{{url}, "colour": 1}}"#),
+            400,
+            "invalid_request",
+            "colour: unknown field",
+        ),
+        (
+            "PATCH",
+            ep_path.clone(),
+            r#"{"max_in_flight": 1.5}"#.into(),
+            400,
+            "invalid_request",
+            "max_in_flight: expected a whole number",
+        ),
+        ("POST", "/v1/tenants".into(), r#"{"id": 7}"#.into(), 400, "invalid_request", "id: expected a string"),
+        ("POST", "/v1/tenants".into(), r#"{"name": "x"}"#.into(), 400, "invalid_request", "id: required"),
+        ("POST", "/v1/tenants".into(), "[1]".into(), 400, "invalid_request", "body: must be a JSON object"),
+        ("POST", "/v1/tenants".into(), "{not json".into(), 400, "invalid_request", "body: key must be a string"),
+        (
+            "POST",
+            "/v1/tenants/acme/tokens".into(),
+            r#"{"scopes": "read"}"#.into(),
+            400,
+            "invalid_request",
+            "scopes: expected an array",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/replays".into(),
+            r#"{"filter": {}, "rate_per_sec": true}"#.into(),
+            400,
+            "invalid_request",
+            "rate_per_sec: expected a number",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/replays".into(),
+            r#"{"filter": {"since": 5}}"#.into(),
+            400,
+            "invalid_request",
+            "filter.since: expected a string",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/events".into(),
+            r#"{"type": 5, "payload": {}}"#.into(),
+            400,
+            "invalid_request",
+            "type: expected a string",
+        ),
+        (
+            "POST",
+            "/v1/tenants/acme/events".into(),
+            r#"{"type": "a.b"}"#.into(),
+            400,
+            "invalid_request",
+            "payload: required",
+        ),
+        ("POST", "/v1/tenants/acme/events".into(), "{not json".into(), 400, "invalid_request", "body: "),
+        (
+            "POST",
+            "/v1/tenants/acme/events/batch".into(),
+            r#"{"events": [{"type": "a", "payload": 1}, {"payload": 1}]}"#.into(),
+            400,
+            "invalid_request",
+            "events[1].type: required",
+        ),
+        (
+            "GET",
+            "/v1/tenants/acme/deliveries?limit=ten".into(),
+            String::new(),
+            400,
+            "invalid_query",
+            "limit: expected a whole number",
+        ),
+        (
+            "GET",
+            "/v1/tenants/acme/deliveries?limit=0".into(),
+            String::new(),
+            400,
+            "invalid_query",
+            "limit: 0 is not 1 to 1000",
+        ),
+        (
+            "GET",
+            "/v1/tenants/acme/deliveries?state=bogus".into(),
+            String::new(),
+            400,
+            "invalid_query",
+            "state: unknown state",
+        ),
+        (
+            "GET",
+            "/v1/tenants/acme/dead-letters?since=yesterday".into(),
+            String::new(),
+            400,
+            "invalid_query",
+            "since: \"yesterday\" is not an RFC 3339",
+        ),
+        ("GET", "/v1/tenants/acme/deliveries?until=1".into(), String::new(), 400, "invalid_query", "until: "),
+        (
+            "GET",
+            "/v1/tenants/acme/deliveries?colour=red".into(),
+            String::new(),
+            400,
+            "invalid_query",
+            "colour: unknown field",
+        ),
+        (
+            "GET",
+            "/v1/tenants/acme/deliveries?limit=1&limit=2".into(),
+            String::new(),
+            400,
+            "invalid_query",
+            "limit: the key is given more than once",
+        ),
+        (
+            "GET",
+            "/v1/tenants/acme/endpoints?health=maybe".into(),
+            String::new(),
+            400,
+            "invalid_query",
+            "health: expected true or false",
+        ),
+        ("GET", "/v1/tenants/acme/endpoints?plugin=Bad%20Name".into(), String::new(), 400, "invalid_query", "plugin: "),
+        ("GET", "/v1/tenants/acme/replays?limit=-1".into(), String::new(), 400, "invalid_query", "limit: "),
+        ("GET", "/v1/tenants/acme/series?window=2h".into(), String::new(), 400, "invalid_query", "window: "),
+        ("GET", "/v1/overview?window=2h".into(), String::new(), 400, "invalid_query", "window: "),
+    ];
+    for (method, path, body, status, code, starts) in &cases {
+        let r = api.raw(method, path, Some(ADMIN_TOKEN), body.clone()).await?;
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            (r.status, r.json["error"]["code"].as_str()),
+            (*status, Some(*code)),
+            "{method} {path} {body}: {}",
+            r.text
+        );
+        assert!(message.starts_with(starts), "{method} {path} {body}: {message:?} should start with {starts:?}");
+    }
+    Ok(())
+}
+
+/// Issue 29 §13: a key given twice in one object is refused, naming it, at any depth and on
+/// every route that reads JSON; nothing is written.
+#[tokio::test]
+async fn a_key_given_twice_is_refused_with_its_path() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let cases = [
+        ("/v1/tenants", r#"{"id": "a", "id": "b"}"#, "id"),
+        ("/v1/tenants/acme/endpoints", r#"{"url": "http://127.0.0.1:9/a", "url": "http://127.0.0.1:9/b"}"#, "url"),
+        (
+            "/v1/tenants/acme/endpoints",
+            r#"{"url": "http://127.0.0.1:9/a", "headers": {"x-a": "1", "x-a": "2"}}"#,
+            "headers.x-a",
+        ),
+        (
+            "/v1/tenants/acme/endpoints",
+            r#"{"url": "http://127.0.0.1:9/a", "retry": {"base": "1s", "base": "2s"}}"#,
+            "retry.base",
+        ),
+        ("/v1/tenants/acme/events", r#"{"id": "evt_a", "id": "evt_b", "type": "a.b", "payload": {}}"#, "id"),
+        ("/v1/tenants/acme/events", r#"{"type": "a.b", "payload": {"n": [{"k": 1, "k": 2}]}}"#, "payload.n[0].k"),
+        (
+            "/v1/tenants/acme/events/batch",
+            r#"{"events": [{"type": "a.b", "payload": {"x": 1, "x": 1}}]}"#,
+            "events[0].payload.x",
+        ),
+    ];
+    for (path, body, key) in cases {
+        let r = api.raw("POST", path, Some(ADMIN_TOKEN), body).await?;
+        assert_eq!((r.status, r.json["error"]["code"].as_str()), (400, Some("invalid_request")), "{body}: {}", r.text);
+        let message = r.json["error"]["message"].as_str().unwrap();
+        assert_eq!(message, format!("{key}: the key is given more than once"), "{body}");
+    }
+    let r = api.get("/v1/tenants", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 1, "no tenant was written: {}", r.text);
+    let r = api.get("/v1/tenants/acme/endpoints", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 0, "no endpoint was written: {}", r.text);
+    let r = api.get("/v1/tenants/acme/deliveries", ADMIN_TOKEN).await?;
+    let r2 = api.get("/v1/tenants/acme/events/evt_a", ADMIN_TOKEN).await?;
+    assert_eq!((r.json["data"].as_array().unwrap().len(), r2.status), (0, 404), "no event was written");
+    Ok(())
+}
+
+/// Issue 29 §13: a patch that changes nothing (`{}`, or the values already set) answers the
+/// endpoint as it is and writes nothing: `updated_at` stays.
+#[tokio::test]
+async fn an_empty_patch_changes_nothing() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let created = api.endpoint("acme", json!({"url": "http://127.0.0.1:9/h", "rate_per_sec": 5})).await?;
+    let path = format!("/v1/tenants/acme/endpoints/{}", created["id"].as_str().unwrap());
+    let before = api.get(&path, ADMIN_TOKEN).await?.json;
+    // So that a write would stamp a later `updated_at` (milliseconds on the node's monotonic
+    // clock), let the clock pass the one stored: a bounded spin, not a wait for work.
+    let read = std::time::Instant::now();
+    while read.elapsed() < std::time::Duration::from_millis(2) {
+        tokio::task::yield_now().await;
+    }
+    for body in [json!({}), json!({"rate_per_sec": 5}), json!({"url": "http://127.0.0.1:9/h"})] {
+        let r = api.call("PATCH", &path, ADMIN_TOKEN, Some(body.clone())).await?;
+        assert_eq!(r.status, 200, "{body}: {}", r.text);
+        assert_eq!(r.json["updated_at"], before["updated_at"], "{body}: answered as it was");
+        let after = api.get(&path, ADMIN_TOKEN).await?.json;
+        assert_eq!(after["updated_at"], before["updated_at"], "{body}: nothing was written");
+    }
+    // A real change is still written.
+    let r = api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"rate_per_sec": 6}))).await?;
+    assert_eq!((r.status, r.json["rate_per_sec"].as_f64()), (200, Some(6.0)), "{}", r.text);
+    assert_ne!(r.json["updated_at"], before["updated_at"]);
+    Ok(())
+}

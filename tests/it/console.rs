@@ -383,7 +383,9 @@ async fn endpoints_filter_by_the_plugin_they_bind(backend: tests::Backend) -> an
     assert!(listed(format!("{base}?plugin=nope")).await?.0.is_empty());
     for bad in ["Chat", "a%25b", "chat@1"] {
         let r = api.get(&format!("{base}?plugin={bad}"), ADMIN_TOKEN).await?;
-        assert_eq!((r.status, r.json["error"]["code"].as_str()), (400, Some("invalid_request")), "{bad}: {}", r.text);
+        // A bad query value is `invalid_query`, naming the parameter (issue 29 §11).
+        assert_eq!((r.status, r.json["error"]["code"].as_str()), (400, Some("invalid_query")), "{bad}: {}", r.text);
+        assert!(r.json["error"]["message"].as_str().unwrap().starts_with("plugin: "), "{bad}: {}", r.text);
     }
     Ok(())
 }

@@ -201,16 +201,13 @@ async fn normal_requests_succeed_while_hundreds_of_idle_and_slow_connections_are
     Ok(())
 }
 
-/// Past `server.max_connections`, a new connection waits (in the backlog) until a slot
-/// frees: here, until the silent connections holding every slot time out.
+/// Past `server.max_connections`, a new connection waits while room is made for it: the
+/// keep-alive connection idle longest is closed at once (here the harness's pooled one),
+/// else the oldest connection that has not sent a request head within 250 ms, however
+/// long `server.header_read_timeout` is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_past_the_cap_wait_for_a_free_slot() -> anyhow::Result<()> {
-    let gw = TestGateway::start_with(&[
-        ("HERALD_SERVER_MAX_CONNECTIONS", "4"),
-        ("HERALD_SERVER_HEADER_READ_TIMEOUT", "700ms"),
-    ])
-    .await?;
-    // With the harness's pooled keep-alive connection, the silent ones fill every slot.
+async fn connections_past_the_cap_wait_while_room_is_made() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_SERVER_MAX_CONNECTIONS", "4")]).await?;
     let mut silent = Vec::new();
     for _ in 0..4 {
         silent.push(TcpStream::connect(gw.addr).await?);
@@ -219,10 +216,74 @@ async fn connections_past_the_cap_wait_for_a_free_slot() -> anyhow::Result<()> {
     let mut next = TcpStream::connect(gw.addr).await?;
     healthz_on(&mut next).await?;
     let waited = start.elapsed();
-    assert!(waited >= Duration::from_millis(400), "answered after {waited:?}: the cap did not hold");
-    for mut s in silent {
-        closed_within(&mut s, Duration::from_secs(5)).await?;
+    assert!(waited >= Duration::from_millis(150), "answered after {waited:?}: the cap did not hold");
+    assert!(waited < Duration::from_secs(1), "answered after {waited:?}, not when room was made");
+    // The oldest silent connection made the room.
+    closed_within(&mut silent[0], Duration::from_secs(1)).await?;
+    Ok(())
+}
+
+/// Issue 29 §6: more idle connections than the cap (keep-alive ones between requests, and
+/// silent ones that never send a head) do not lock out the API: `/healthz` and a real
+/// request on fresh connections each answer within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_past_the_cap_do_not_lock_out_the_api() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_SERVER_MAX_CONNECTIONS", "32")]).await?;
+    let mut idle = Vec::new();
+    for _ in 0..24 {
+        let mut s = TcpStream::connect(gw.addr).await?;
+        healthz_on(&mut s).await?;
+        idle.push(s);
     }
+    for _ in 0..24 {
+        idle.push(TcpStream::connect(gw.addr).await?);
+    }
+    for round in 0..3 {
+        let start = Instant::now();
+        let mut fresh = TcpStream::connect(gw.addr).await?;
+        healthz_on(&mut fresh).await?;
+        let health = start.elapsed();
+        let start = Instant::now();
+        let api = tests::Api::new(format!("http://{}", gw.addr));
+        let r = tokio::time::timeout(Duration::from_secs(5), api.get("/v1/tenants", ADMIN_TOKEN)).await??;
+        let real = start.elapsed();
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert!(
+            health < Duration::from_secs(1) && real < Duration::from_secs(1),
+            "round {round}: /healthz took {health:?}, GET /v1/tenants {real:?}"
+        );
+        // Hold both, so the next round finds the cap as full.
+        idle.push(fresh);
+        idle.push(TcpStream::connect(gw.addr).await?);
+    }
+    Ok(())
+}
+
+/// Issue 29 §6: `server.admin_listen` serves `/healthz`, `/readyz` and `/metrics` (and no
+/// API route) on a listener of its own, which answers while the API's is flooded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_on_admin_listen_while_the_api_is_flooded() -> anyhow::Result<()> {
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let admin_listen = admin.to_string();
+    let gw = TestGateway::start_with(&[
+        ("HERALD_SERVER_MAX_CONNECTIONS", "4"),
+        ("HERALD_SERVER_ADMIN_LISTEN", admin_listen.as_str()),
+    ])
+    .await?;
+    // Every API slot silent, and more waiting in the backlog.
+    let mut flood = Vec::new();
+    for _ in 0..64 {
+        flood.push(TcpStream::connect(gw.addr).await?);
+    }
+    let probe = tests::Api::new(format!("http://{admin}"));
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let start = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(5), probe.get(path, "")).await??;
+        assert_eq!(r.status, 200, "{path}: {}", r.text);
+        assert!(start.elapsed() < Duration::from_secs(1), "{path} took {:?}", start.elapsed());
+    }
+    let r = probe.get("/v1/tenants", ADMIN_TOKEN).await?;
+    assert_eq!(r.status, 404, "the admin listener serves no API route: {}", r.text);
     Ok(())
 }
 

@@ -10,6 +10,7 @@ tests::backends!(
     reusing_an_event_id_with_another_payload_is_a_conflict,
     text_no_store_can_hold_is_refused_before_the_store,
     stored_fields_have_size_limits,
+    a_duplicate_tenant_is_a_conflict_in_herald_words,
 );
 
 /// Asserts the documented error shape and returns the code.
@@ -244,5 +245,20 @@ async fn deep_payloads_are_refused_with_a_clear_422() -> anyhow::Result<()> {
             assert!(r.text.contains("deeper than 100"), "{}", r.text);
         }
     }
+    Ok(())
+}
+
+/// Issue 29 §10: a unique violation answers `409 conflict` naming the field, never the
+/// database's own text (SQLite's "UNIQUE constraint failed", Postgres' "duplicate key").
+async fn a_duplicate_tenant_is_a_conflict_in_herald_words(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let r = api.post("/v1/tenants", ADMIN_TOKEN, json!({"id": "acme", "name": "Again"})).await?;
+    assert_eq!(error_code(&r, 409, "duplicate tenant"), "conflict");
+    assert_eq!(r.json["error"]["message"], "id: a tenant with this id already exists", "{}", r.text);
+    let r = api.get("/v1/tenants", ADMIN_TOKEN).await?;
+    let names: Vec<&str> = r.json["data"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["acme"], "the first tenant stands: {}", r.text);
     Ok(())
 }

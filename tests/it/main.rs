@@ -37,6 +37,7 @@
 
 mod api;
 mod changes;
+mod cli;
 mod cluster;
 mod console;
 mod contract;

@@ -218,7 +218,12 @@ async fn ingest(b: &Backend, events: Vec<NewEvent>) -> anyhow::Result<()> {
 async fn tenants_tokens_and_endpoints(b: Backend) -> anyhow::Result<()> {
     let s = &b.store;
     s.create_tenant(&tenant("acme")).await?;
-    assert!(matches!(s.create_tenant(&tenant("acme")).await, Err(StoreError::Conflict(_))), "tenant ids are unique");
+    // A unique violation names the field, in Herald's words on either backend (issue 29 §10).
+    let conflict = |r: Result<(), StoreError>| match r {
+        Err(StoreError::Conflict(m)) => m,
+        other => panic!("not a conflict: {other:?}"),
+    };
+    assert_eq!(conflict(s.create_tenant(&tenant("acme")).await), "id: a tenant with this id already exists");
     let got = s.get_tenant(&TenantId::parse("acme")?).await?.expect("tenant");
     assert_eq!((got.name.as_str(), got.created_at), ("acme inc", T0));
     assert!(s.get_tenant(&TenantId::parse("nobody")?).await?.is_none());
@@ -248,7 +253,8 @@ async fn tenants_tokens_and_endpoints(b: Backend) -> anyhow::Result<()> {
 
     s.insert_endpoint(&endpoint("acme", "ep_b", &["invoice.*"], T0 + 2)).await?;
     s.insert_endpoint(&endpoint("acme", "ep_a", &[], T0 + 1)).await?;
-    assert!(matches!(s.insert_endpoint(&endpoint("acme", "ep_a", &[], T0)).await, Err(StoreError::Conflict(_))));
+    let again = conflict(s.insert_endpoint(&endpoint("acme", "ep_a", &[], T0)).await);
+    assert_eq!(again, "id: an endpoint with this id already exists");
     let listed: Vec<String> =
         s.list_endpoints(&TenantId::parse("acme")?).await?.into_iter().map(|e| e.id.to_string()).collect();
     assert_eq!(listed, ["ep_a", "ep_b"], "listed by creation");

@@ -313,7 +313,7 @@ pub(crate) async fn get_one(
 #[utoipa::path(
     patch, path = "/v1/tenants/{tenant}/endpoints/{id}", tag = "endpoints", operation_id = "update_endpoint",
     params(ItemPath), request_body = EndpointIn,
-    responses((status = 200, description = "Updated", body = EndpointOut)),
+    responses((status = 200, description = "Updated; a patch that changes nothing (`{}`) answers the endpoint as it was, and writes nothing", body = EndpointOut)),
     security(("tenant_token" = ["manage"]), ("admin_token" = [])),
 )]
 pub(crate) async fn patch(
@@ -328,7 +328,13 @@ pub(crate) async fn patch(
     };
     let mut endpoint = load(&state, &tenant, &id).await?;
     load_pinned(&state, &tenant, &input).await;
+    let before = endpoint.spec.clone();
     apply(&state, &tenant, &mut endpoint.spec, input)?;
+    // A patch that changes nothing (`{}`, or the values already set) writes nothing: the
+    // row, its `updated_at` and the partition's pacing stay as they were.
+    if endpoint.spec == before {
+        return Ok(Json(view(&endpoint)));
+    }
     endpoint.updated_at = state.clock.now();
     if !state.store.update_endpoint(&endpoint).await? {
         return Err(ApiError::not_found("endpoint"));

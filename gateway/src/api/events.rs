@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::doc::ErrorCode;
 use super::extract::{EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath};
-use super::{ApiError, AppState, parse_rfc3339, rfc3339};
+use super::{ApiError, AppState, query_rfc3339, rfc3339};
 use crate::intake::{self, IntakeLimits};
 use crate::model::*;
 use crate::store::{DeliveryFilter, IngestOutcome, StoreError};
@@ -166,21 +166,20 @@ fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
         state: q
             .state
             .map(|s| {
-                DeliveryState::parse(&s).ok_or_else(|| ApiError::bad_request(format!("state: unknown state {s:?}")))
+                DeliveryState::parse(&s).ok_or_else(|| super::extract::bad_query(format!("state: unknown state {s:?}")))
             })
             .transpose()?,
         event_type: q.event_type,
         reason: q.reason,
-        since: q.since.map(|s| parse_rfc3339("since", &s)).transpose()?,
-        until: q.until.map(|s| parse_rfc3339("until", &s)).transpose()?,
+        since: q.since.map(|s| query_rfc3339("since", &s)).transpose()?,
+        until: q.until.map(|s| query_rfc3339("until", &s)).transpose()?,
         after: q.after.map(DeliveryId::from_stored),
         limit: super::page_limit(q.limit)?,
         newest_first: match q.order.as_deref() {
             None | Some("asc") => false,
             Some("desc") => true,
             Some(o) => {
-                let message = format!("order: {o:?} is not asc or desc");
-                return Err(ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery, message));
+                return Err(super::extract::bad_query(format!("order: {o:?} is not asc or desc")));
             }
         },
     })

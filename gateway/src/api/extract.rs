@@ -18,6 +18,7 @@ use utoipa::IntoParams;
 
 use super::doc::ErrorCode;
 use super::{ApiError, AppState, auth};
+use crate::json;
 use crate::model::{Scope, TenantId};
 
 /// A scope a route needs, as a type: `TenantAuth<Manage>`.
@@ -96,8 +97,9 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 }
 
 /// A JSON object body deserialised into `T`. An empty body reads as `{}`; anything but an
-/// object (`[]`, a string, …) is refused rather than coerced, and so is a NUL character in
-/// any string or key, which not every store can hold.
+/// object (`[]`, a string, …) is refused rather than coerced, and so is a key given twice
+/// in one object (at any depth) and a NUL character in any string or key, which not every
+/// store can hold. Every refusal starts with the field path (`retry.base: …`), or `body`.
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
@@ -108,17 +110,18 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         let value: Value = if body.is_empty() {
             Value::Object(Default::default())
         } else {
-            serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+            json::parse_strict(&body).map_err(ApiError::bad_request)?
         };
         if !value.is_object() {
-            return Err(ApiError::bad_request("the body must be a JSON object"));
+            return Err(ApiError::bad_request("body: must be a JSON object"));
         }
         if let Some(at) = find_nul(&value, String::new()) {
             return Err(ApiError::unprocessable(format!("{at}: must not contain a NUL character")));
         }
-        serde_json::from_value(value)
-            .map(JsonBody)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+        serde_path_to_error::deserialize(value).map(JsonBody).map_err(|e| {
+            let at = e.path().to_string();
+            ApiError::bad_request(json::describe(&at, &json::message(e.inner())))
+        })
     }
 }
 
@@ -183,17 +186,24 @@ fn path_error(e: impl ToString) -> ApiError {
 }
 
 /// Query parameters into `T` (which denies unknown fields): a bad value, a repeated key
-/// or an unknown parameter is a JSON `400 invalid_query`.
+/// or an unknown parameter is a JSON `400 invalid_query` that starts with the parameter.
 pub struct Query<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        axum::extract::Query::<T>::try_from_uri(&parts.uri)
-            .map(|q| Query(q.0))
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery, e.body_text()))
+        let query = parts.uri.query().unwrap_or_default();
+        let params = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(params)
+            .map(Query)
+            .map_err(|e| bad_query(json::describe(&e.path().to_string(), &e.inner().to_string())))
     }
+}
+
+/// `400 invalid_query`; `message` starts with the parameter.
+pub(crate) fn bad_query(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery, message)
 }
 
 /// Routes that read query parameters (through [`Query`]); every other route refuses one.

@@ -8,11 +8,9 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::doc::ErrorCode;
 use super::endpoints::{EndpointOut, view};
 use super::extract::{Admin, Query, Read, TenantAuth, TenantPath};
 use super::tenants::TenantOut;
@@ -118,7 +116,7 @@ pub(crate) async fn list_endpoints(
     let limit = page_limit(q.limit)?;
     let after = q.after.map(EndpointId::from_stored);
     if let Some(name) = q.plugin.as_deref().filter(|n| !crate::plugin::is_slug(n)) {
-        return Err(ApiError::bad_request(format!("plugin: {name:?} is not a plugin name (1-64 of [a-z0-9_-])")));
+        return Err(super::extract::bad_query(format!("plugin: {name:?} is not a plugin name (1-64 of [a-z0-9_-])")));
     }
     let endpoints = state.store.endpoint_page(&tenant, after.as_ref(), limit, q.plugin.as_deref()).await?;
     let health: Vec<Option<HealthOut>> = match q.health {
@@ -180,11 +178,7 @@ fn window(text: Option<&str>) -> Result<(i64, i64), ApiError> {
     match text.unwrap_or("1h") {
         "1h" => Ok((3_600_000, 60_000)),
         "24h" => Ok((86_400_000, 900_000)),
-        other => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::InvalidQuery,
-            format!("window: {other:?} is not 1h or 24h"),
-        )),
+        other => Err(super::extract::bad_query(format!("window: {other:?} is not 1h or 24h"))),
     }
 }
 

@@ -1,6 +1,7 @@
-//! The API listener: accepts connections under a cap and serves each with HTTP/1.1, closing
-//! a connection that is too slow to send a request head or idle too long. It knows nothing
-//! of routes (those are the rest of `api`) and never talks to webhook endpoints.
+//! The API listener: accepts connections under a cap (making room at the cap from idle and
+//! slow connections) and serves each with HTTP/1.1, closing a connection that is too slow
+//! to send a request head or idle too long. It knows nothing of routes (those are the rest
+//! of `api`) and never talks to webhook endpoints.
 
 use std::future::Future;
 use std::io;
@@ -22,13 +23,22 @@ use tower_service::Service;
 
 use crate::config::ServerLimits;
 
+/// How long a connection may take to send its request head while the listener is at its
+/// cap and another connection waits for a slot (`server.header_read_timeout` when shorter).
+/// A real client sends its head within milliseconds of connecting; one that has sent none
+/// for this long while others wait is the one to drop.
+pub const PRESSURE_HEADER_TIMEOUT: Duration = Duration::from_millis(250);
+
 /// Serves `app` on `listener` until `shutdown` resolves, then lets every open connection
 /// finish its request in flight (idle ones close at once) and returns.
 ///
-/// At most `limits.max_connections` connections are served at once: the next one is not
-/// accepted until a slot frees, so it waits in the kernel's backlog instead of costing a
-/// file descriptor and a task (about 1,100 idle connections once starved `/healthz` on a
-/// node limited to 1,024 files).
+/// At most `limits.max_connections` connections are served at once. At the cap, the next
+/// one is accepted and waits while room is made for it: the connection idle longest
+/// between keep-alive requests is closed, or else the oldest one that has not sent its
+/// request head within [`PRESSURE_HEADER_TIMEOUT`]; a connection with a request in flight
+/// is never closed for room. So idle and slow connections cannot starve real ones (641
+/// idle connections once kept `/healthz` from answering), and more connections than the
+/// cap, beyond the one waiting, stay in the kernel's backlog, costing no file descriptor.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -36,13 +46,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let open = Arc::new(Open::default());
     let (closing, closed) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-            _ = &mut shutdown => break,
-        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -56,7 +63,15 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        tokio::spawn(connection(stream, app.clone(), limits, permit, closed.clone()));
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => tokio::select! {
+                permit = make_room(&slots, &open, limits) => permit,
+                _ = &mut shutdown => break,
+            },
+        };
+        let entry = open.add();
+        tokio::spawn(connection(stream, app.clone(), limits, (permit, entry), closed.clone()));
     }
     drop(listener);
     let _ = closing.send(true);
@@ -66,16 +81,119 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves one connection until it ends, times out, or the node shuts down.
+/// Closes connections for room (see [`serve`]) until a slot is free, and takes it.
+async fn make_room(slots: &Arc<Semaphore>, open: &Open, limits: ServerLimits) -> OwnedSemaphorePermit {
+    let head_timeout = limits.header_read_timeout.min(PRESSURE_HEADER_TIMEOUT);
+    loop {
+        let now = Instant::now();
+        // After an eviction the slot frees at once, unless the connection started a request
+        // just then (then it keeps its slot): look again soon.
+        let look_again = match open.evict_one(now, head_timeout) {
+            Eviction::Done => now + Duration::from_millis(50),
+            Eviction::NotBefore(t) => t,
+        };
+        tokio::select! {
+            permit = slots.clone().acquire_owned() => return permit.expect("the semaphore is never closed"),
+            _ = tokio::time::sleep_until(look_again) => {}
+        }
+    }
+}
+
+/// The connections being served, for [`make_room`].
+#[derive(Default)]
+struct Open {
+    next: std::sync::atomic::AtomicU64,
+    entries: Mutex<std::collections::HashMap<u64, Arc<Entry>>>,
+}
+
+/// One open connection: its phase, and how to ask it to close.
+struct Entry {
+    id: u64,
+    activity: Arc<Activity>,
+    evict: tokio::sync::Notify,
+    /// Asked to close already: not picked again.
+    evicted: std::sync::atomic::AtomicBool,
+}
+
+/// What [`Open::evict_one`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum Eviction {
+    /// Asked one connection to close.
+    Done,
+    /// None may be closed before this instant.
+    NotBefore(Instant),
+}
+
+impl Open {
+    fn add(self: &Arc<Self>) -> Registered {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let entry = Arc::new(Entry {
+            id,
+            activity: Arc::new(Activity::new(Instant::now())),
+            evict: tokio::sync::Notify::new(),
+            evicted: Default::default(),
+        });
+        self.lock().insert(id, entry.clone());
+        Registered { open: self.clone(), entry }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Entry>>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks the connection idle longest to close, or else the oldest one still without its
+    /// request head after `head_timeout`.
+    fn evict_one(&self, now: Instant, head_timeout: Duration) -> Eviction {
+        let entries = self.lock();
+        let candidates = entries.values().filter(|e| !e.evicted.load(std::sync::atomic::Ordering::Relaxed));
+        // The oldest of each kind: (since, entry).
+        let (mut idle, mut head) = (None::<(Instant, &Arc<Entry>)>, None::<(Instant, &Arc<Entry>)>);
+        for e in candidates {
+            let (slot, since) = match *e.activity.phase() {
+                Phase::Idle(since) => (&mut idle, since),
+                Phase::Head(since) => (&mut head, since),
+                Phase::Busy(_) => continue,
+            };
+            if slot.is_none_or(|(oldest, _)| since < oldest) {
+                *slot = Some((since, e));
+            }
+        }
+        let victim = match (idle, head) {
+            (Some((_, e)), _) => e,
+            (None, Some((since, e))) if now >= since + head_timeout => e,
+            (None, Some((since, _))) => return Eviction::NotBefore(since + head_timeout),
+            (None, None) => return Eviction::NotBefore(now + head_timeout),
+        };
+        victim.evicted.store(true, std::sync::atomic::Ordering::Relaxed);
+        victim.evict.notify_one();
+        Eviction::Done
+    }
+}
+
+/// A connection's place in [`Open`] and its slot, given up when it ends.
+struct Registered {
+    open: Arc<Open>,
+    entry: Arc<Entry>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.lock().remove(&self.entry.id);
+    }
+}
+
+/// Serves one connection until it ends, times out, is asked to make room, or the node
+/// shuts down.
 async fn connection(
     stream: TcpStream,
     app: Router,
     limits: ServerLimits,
-    _slot: OwnedSemaphorePermit,
+    (_slot, registered): (OwnedSemaphorePermit, Registered),
     mut closing: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let activity = Arc::new(Activity::new(Instant::now()));
+    let entry = registered.entry.clone();
+    let activity = entry.activity.clone();
     let io = TokioIo::new(Watched { inner: stream, activity: activity.clone() });
     let requests = activity.clone();
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
@@ -104,6 +222,14 @@ async fn connection(
             _ = closing.changed(), if !shutting_down => {
                 shutting_down = true;
                 conn.as_mut().graceful_shutdown();
+            }
+            _ = entry.evict.notified() => {
+                if !matches!(*activity.phase(), Phase::Busy(_)) {
+                    tracing::debug!("closing an idle or slow API connection to make room");
+                    return;
+                }
+                // A request began just as it was picked: it keeps its slot.
+                entry.evicted.store(false, std::sync::atomic::Ordering::Relaxed);
             }
             _ = tokio::time::sleep_until(deadline) => {
                 if activity.expired(limits, Instant::now()) {
@@ -298,6 +424,35 @@ mod tests {
         idle_timeout: Duration::from_secs(60),
         max_connections: 1,
     };
+
+    /// Room is made from the connection idle longest, else the oldest one without its head
+    /// after the pressure timeout; never from one with a request in flight, nor twice.
+    #[tokio::test]
+    async fn room_comes_from_idle_connections_first_then_slow_heads() {
+        let open = Arc::new(Open::default());
+        let timeout = PRESSURE_HEADER_TIMEOUT;
+        let (head, busy, idle_new, idle_old) = (open.add(), open.add(), open.add(), open.add());
+        let t0 = Instant::now();
+        let _request = Busy::start(busy.entry.activity.clone());
+        *idle_new.entry.activity.phase() = Phase::Idle(t0);
+        *idle_old.entry.activity.phase() = Phase::Idle(t0 - Duration::from_secs(1));
+        let since = match *head.entry.activity.phase() {
+            Phase::Head(since) => since,
+            p => panic!("{p:?}"),
+        };
+        let asked = |r: &Registered| r.entry.evicted.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(open.evict_one(t0, timeout), Eviction::Done);
+        assert!(asked(&idle_old) && !asked(&idle_new));
+        assert_eq!(open.evict_one(t0, timeout), Eviction::Done);
+        assert!(asked(&idle_new));
+        // Only the head is left to close, once it is late.
+        assert_eq!(open.evict_one(since, timeout), Eviction::NotBefore(since + timeout));
+        assert_eq!(open.evict_one(since + timeout, timeout), Eviction::Done);
+        assert!(asked(&head) && !asked(&busy));
+        assert_eq!(open.evict_one(since + timeout, timeout), Eviction::NotBefore(since + 2 * timeout));
+        drop(head);
+        assert_eq!(open.lock().len(), 3, "a connection that ends leaves the registry");
+    }
 
     #[test]
     fn each_phase_has_its_deadline() {

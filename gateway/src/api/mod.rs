@@ -168,6 +168,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The router of `server.admin_listen`: `/healthz`, `/readyz` and `/metrics` only (the
+/// same handlers as the API's), so probes and scrapers have a listener of their own.
+pub fn admin_router(state: Arc<AppState>) -> Router {
+    let (router, _) = OpenApiRouter::new()
+        .routes(routes!(tenants::healthz))
+        .routes(routes!(tenants::ready))
+        .routes(routes!(tenants::metrics))
+        .split_for_parts();
+    router
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route") })
+        .with_state(state)
+}
+
 /// An API error: a status, a stable machine code and a human message.
 #[derive(Debug)]
 pub struct ApiError {
@@ -246,15 +259,22 @@ pub(crate) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
     match limit {
         None => Ok(100),
         Some(n @ 1..=1000) => Ok(n),
-        Some(n) => {
-            Err(ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery, format!("limit: {n} is not 1 to 1000")))
-        }
+        Some(n) => Err(extract::bad_query(format!("limit: {n} is not 1 to 1000"))),
     }
 }
 
-/// Parses RFC 3339 into milliseconds.
+/// Parses RFC 3339 into milliseconds (a body field's; see [`query_rfc3339`]).
 pub(crate) fn parse_rfc3339(field: &str, s: &str) -> Result<i64, ApiError> {
+    rfc3339_ms(s).ok_or_else(|| ApiError::bad_request(format!("{field}: {s:?} is not an RFC 3339 timestamp")))
+}
+
+/// Parses a query parameter's RFC 3339 into milliseconds; a bad one is `invalid_query`.
+pub(crate) fn query_rfc3339(param: &str, s: &str) -> Result<i64, ApiError> {
+    rfc3339_ms(s).ok_or_else(|| extract::bad_query(format!("{param}: {s:?} is not an RFC 3339 timestamp")))
+}
+
+fn rfc3339_ms(s: &str) -> Option<i64> {
     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .ok()
         .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
-        .map_err(|_| ApiError::bad_request(format!("{field}: {s:?} is not an RFC 3339 timestamp")))
 }

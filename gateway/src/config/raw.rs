@@ -56,6 +56,7 @@ impl Default for RawRetention {
 #[serde(deny_unknown_fields, default)]
 pub struct RawServer {
     pub listen: String,
+    pub admin_listen: String,
     pub admin_token: String,
     pub max_payload_bytes: u64,
     pub header_read_timeout: String,
@@ -69,6 +70,7 @@ impl Default for RawServer {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:8080".into(),
+            admin_listen: String::new(),
             admin_token: String::new(),
             max_payload_bytes: 1 << 20,
             header_read_timeout: "10s".into(),

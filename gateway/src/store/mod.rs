@@ -26,7 +26,7 @@ pub use reads::Reads;
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    #[error("already exists: {0}")]
+    #[error("{0}")]
     Conflict(String),
     #[error("not found: {0}")]
     NotFound(String),
@@ -72,9 +72,31 @@ impl From<sqlx::Error> for StoreError {
         if let sqlx::Error::Database(db) = &e
             && db.is_unique_violation()
         {
-            return StoreError::Conflict(db.message().to_string());
+            // Postgres names the table; its constraint (`tenants_pkey`) starts with it too.
+            let table = db.table().or_else(|| db.constraint().and_then(|c| c.split('_').next()));
+            return StoreError::unique_violation(table, db.message());
         }
         StoreError::from_driver(e)
+    }
+}
+
+impl StoreError {
+    /// A unique (or primary key) violation on `table`, as a `Conflict` whose text starts with
+    /// the field at fault and holds none of the driver's words: it reaches API clients as it
+    /// is. The driver's text goes to the debug log.
+    fn unique_violation(table: Option<&str>, driver: &str) -> StoreError {
+        tracing::debug!(table, error = driver, "unique violation");
+        let message = match table {
+            Some("tenants") => "id: a tenant with this id already exists",
+            Some("tokens") => "id: a token with this id already exists",
+            Some("endpoints") => "id: an endpoint with this id already exists",
+            Some("events") => "id: an event with this id already exists",
+            Some("deliveries") => "id: a delivery with this id already exists",
+            Some("replays") => "id: a replay with this id already exists",
+            Some("plugin_settings") => "plugin: this plugin's settings already exist",
+            _ => "id: an object with this id already exists",
+        };
+        StoreError::Conflict(message.to_string())
     }
 }
 

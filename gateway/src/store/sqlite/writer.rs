@@ -117,8 +117,16 @@ impl Writer {
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
         match &e {
-            rusqlite::Error::SqliteFailure(f, msg) if f.code == ErrorCode::ConstraintViolation => {
-                StoreError::Conflict(msg.clone().unwrap_or_else(|| e.to_string()))
+            rusqlite::Error::SqliteFailure(f, Some(msg))
+                if f.code == ErrorCode::ConstraintViolation
+                    && matches!(
+                        f.extended_code,
+                        rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+                    ) =>
+            {
+                // "UNIQUE constraint failed: tenants.id" (or "events.tenant_id, events.id").
+                let table = msg.split_once(": ").and_then(|(_, cols)| cols.split('.').next());
+                StoreError::unique_violation(table, msg)
             }
             _ => StoreError::from_driver(e),
         }
