@@ -539,3 +539,59 @@ async fn uploads_are_authenticated_before_their_body_is_read() -> anyhow::Result
     assert_eq!(upload_head(&gw, Some(ADMIN_TOKEN), 15 << 20).await?, "HTTP/1.1 413 Payload Too Large");
     Ok(())
 }
+
+/// Log lines of `log` (JSON lines) about `tenant`'s plugin `name`, as (level, message).
+fn plugin_log_lines(log: &str, tenant: &str, name: &str) -> Vec<(String, String)> {
+    let lines = log.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    lines
+        .filter(|l| l["fields"]["tenant"] == tenant && l["fields"]["plugin"] == name)
+        .map(|l| (l["level"].as_str().unwrap_or_default().to_string(), l["fields"]["message"].to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_plugin_file_that_fails_to_load_is_tried_and_logged_once_per_change() -> anyhow::Result<()> {
+    let bin = tests::herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    let log_path = dir.path().join("herald.log");
+    let env = [("HERALD_LOG_LEVEL", "debug"), ("HERALD_LOG_FORMAT", "json")];
+    let node = tests::HeraldProcess::start_logged(&bin, dir.path(), &env, Some(&log_path)).await?;
+    node.api.tenant("acme").await?;
+    let file = dir.path().join("plugins/acme/bad.wasm");
+    std::fs::create_dir_all(file.parent().unwrap())?;
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, b"\0asm garbage")?;
+    std::fs::rename(&tmp, &file)?;
+    let listed = node
+        .api
+        .wait_for("/v1/tenants/acme/plugins", Duration::from_secs(10), |v| v["data"][0]["error"].is_string())
+        .await?;
+    assert_eq!(listed["data"][0]["name"], "bad", "{listed}");
+    let one = node.api.get("/v1/tenants/acme/plugins/bad", ADMIN_TOKEN).await?;
+    assert!(one.json["error"].as_str().is_some_and(|e| e.contains("WebAssembly")), "{}", one.text);
+
+    // A window in which the old watcher retried the file about ten times (reading the
+    // file raised an inotify open event, which scheduled the next reload).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let about = plugin_log_lines(&std::fs::read_to_string(&log_path)?, "acme", "bad");
+    assert_eq!(about.len(), 1, "one line per change of the file: {about:?}");
+    assert_eq!(about[0].0, "WARN", "{about:?}");
+
+    // A tenant's rejected upload is the tenant's error: INFO, never WARN or ERROR.
+    let r = node.api.raw("PUT", "/v1/tenants/acme/plugins/refused", Some(ADMIN_TOKEN), b"\0asm nope".to_vec()).await?;
+    assert_eq!(r.status, 422, "{}", r.text);
+    let refused = plugin_log_lines(&std::fs::read_to_string(&log_path)?, "acme", "refused");
+    assert_eq!(refused.iter().map(|(level, _)| level.as_str()).collect::<Vec<_>>(), ["INFO"], "{refused:?}");
+
+    // Fixing the file loads it, and clears the error.
+    std::fs::write(&tmp, plugin_bytes("transform_chat"))?;
+    std::fs::rename(&tmp, &file)?;
+    let fixed = node
+        .api
+        .wait_for("/v1/tenants/acme/plugins/bad", Duration::from_secs(10), |v| {
+            v["sha256"].as_str().is_some_and(|s| !s.is_empty())
+        })
+        .await?;
+    assert!(fixed["error"].is_null(), "{fixed}");
+    Ok(())
+}

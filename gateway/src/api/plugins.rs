@@ -148,7 +148,13 @@ pub(crate) async fn upload(
     // pruning is about to delete.
     let _bindings = state.plugin_locks.lock(&tenant).await;
     let pinned = super::plugin_versions::pinned_versions(&state, &tenant, &name).await?;
-    let info = state.plugins.install_keeping(tenant.as_str(), &name, body.to_vec(), pinned).await?;
+    let installed = state.plugins.install_keeping(tenant.as_str(), &name, body.to_vec(), pinned).await;
+    let info = installed.inspect_err(|e| {
+        // The tenant's bytes are at fault: the tenant's error, not the operator's.
+        if e.is_client_error() {
+            tracing::info!(tenant = %tenant, plugin = %name, error = %e, "plugin upload refused");
+        }
+    })?;
     Ok(Json(view(&info)))
 }
 

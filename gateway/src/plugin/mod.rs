@@ -55,5 +55,11 @@ mod bindings {
         path: "../wit",
         world: "herald:plugin/plugin",
         additional_derives: [PartialEq, Eq],
+        // Host calls charge what they copy out of the guest against the call's output
+        // cap (see `HostState::charge`), which can end the call.
+        imports: {
+            "herald:plugin/host.log": trappable,
+            "herald:plugin/host.get-config": trappable,
+        },
     });
 }

@@ -32,7 +32,9 @@ pub(super) fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> Plug
     }
     // wasmtime's error type for this is private, so it is recognised by its message
     // (`aliased_output_is_refused_before_the_host_copies_it` notices if that changes).
-    if err.chain().any(|e| e.to_string().contains("fuel allocated for hostcalls has been exhausted")) {
+    if err.downcast_ref::<super::sandbox::HostBytesExhausted>().is_some()
+        || err.chain().any(|e| e.to_string().contains("fuel allocated for hostcalls has been exhausted"))
+    {
         return PluginFailure::OutputTooLarge;
     }
     match err.downcast_ref::<Trap>() {

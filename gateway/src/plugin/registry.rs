@@ -84,13 +84,26 @@ struct Slot {
     error: Option<String>,
     /// A file with no serving version yet is being loaded.
     loading: bool,
+    /// The content of the file that last failed to load, so that the same bytes are
+    /// neither loaded nor logged again until the file changes.
+    failed: Option<Failed>,
     stats: Arc<Stats>,
 }
 
 impl Slot {
     fn new() -> Slot {
-        Slot { current: None, error: None, loading: false, stats: Arc::default() }
+        Slot { current: None, error: None, loading: false, failed: None, stats: Arc::default() }
     }
+}
+
+/// A file's content that failed to load. Bad bytes (a client error) stay bad: they are
+/// not tried again. Any other failure (I/O, the engine) is tried again, backing off.
+struct Failed {
+    sha256: String,
+    /// When to try again, for a failure that is not the bytes' fault.
+    retry_at: Option<Instant>,
+    /// Failed tries of this content, for the backoff.
+    tries: u32,
 }
 
 impl PluginHost {
@@ -468,6 +481,7 @@ impl PluginHost {
                 let plugin = if *plugin.config() == config { plugin } else { Arc::new(plugin.with_config(config)) };
                 slot.current = Some(plugin);
                 slot.error = None;
+                slot.failed = None;
             }
             Err(error) => slot.error = error.or(slot.error.take()),
         }

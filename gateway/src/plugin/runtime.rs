@@ -490,6 +490,7 @@ impl LoadedPlugin {
     fn instantiate(&self) -> Result<WarmInstance, PluginFailure> {
         let mut state = HostState::new(&self.tenant, &self.name, &self.config, self.memory_limit);
         state.js_source = self.js_source.clone();
+        state.max_host_bytes = self.runtime.limits.max_output_bytes;
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         // What the host copies out of the guest in one host call (a log line, or the

@@ -53,7 +53,25 @@ pub(crate) struct HostState {
     pub(super) captured: LogCapture,
     /// A JavaScript plugin's source, read by the runtime through `js-source`.
     pub(super) js_source: super::js::JsSource,
+    /// Bytes the current call's host calls (`log`, `get-config`) took from the guest,
+    /// and the most they may: wasmtime's hostcall fuel bounds each host call, not their
+    /// sum, so a loop of 4 MiB keys would copy 4 MiB per turn until the deadline.
+    host_bytes: usize,
+    pub(super) max_host_bytes: usize,
 }
+
+/// The current call's host calls took more than the output cap from the guest: it ends
+/// as `output_too_large`.
+#[derive(Debug)]
+pub(super) struct HostBytesExhausted;
+
+impl std::fmt::Display for HostBytesExhausted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the call's host calls took more than the output cap from the plugin")
+    }
+}
+
+impl std::error::Error for HostBytesExhausted {}
 
 impl HostState {
     pub(super) fn new(
@@ -76,7 +94,18 @@ impl HostState {
             capture: false,
             captured: Vec::new(),
             js_source: None,
+            host_bytes: 0,
+            max_host_bytes: usize::MAX,
         }
+    }
+
+    /// Counts `bytes` taken from the guest by a host call toward the call's cap.
+    fn charge(&mut self, bytes: usize) -> wasmtime::Result<()> {
+        self.host_bytes = self.host_bytes.saturating_add(bytes);
+        if self.host_bytes > self.max_host_bytes {
+            return Err(wasmtime::Error::new(HostBytesExhausted));
+        }
+        Ok(())
     }
 
     /// Resets what a call may observe: its timestamp, fresh random streams for its
@@ -85,6 +114,7 @@ impl HostState {
         self.inputs.begin(ctx.timestamp, &ctx.attempt_id);
         self.deadline.start();
         self.log_lines = 0;
+        self.host_bytes = 0;
         self.capture = capture;
         self.limiter.exceeded = false;
     }
@@ -253,10 +283,11 @@ impl WasiView for HostState {
 impl wit::Host for HostState {}
 
 impl host::Host for HostState {
-    fn log(&mut self, level: wit::Level, message: String) {
+    fn log(&mut self, level: wit::Level, message: String) -> wasmtime::Result<()> {
+        self.charge(message.len())?;
         self.log_lines += 1;
         if self.log_lines > MAX_LOG_LINES_PER_CALL {
-            return;
+            return Ok(());
         }
         let message = truncate(message, MAX_LOG_LINE);
         let attempt_id = self.inputs.attempt_id();
@@ -291,10 +322,16 @@ impl host::Host for HostState {
         if self.capture {
             self.captured.push((name, message));
         }
+        Ok(())
     }
 
-    fn get_config(&mut self, key: String) -> Option<String> {
-        self.config.get(&key).cloned()
+    fn get_config(&mut self, key: String) -> wasmtime::Result<Option<String>> {
+        self.charge(key.len())?;
+        // No key is longer than the longest set: answer without hashing a huge one.
+        if self.config.keys().all(|k| k.len() < key.len()) {
+            return Ok(None);
+        }
+        Ok(self.config.get(&key).cloned())
     }
 }
 

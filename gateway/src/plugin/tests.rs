@@ -49,7 +49,8 @@ impl Guest {
   (import "herald:plugin/host@0.1.0" (instance $host
     (type $l (enum "trace" "debug" "info" "warn" "error"))
     (export "level" (type $level (eq $l)))
-    (export "log" (func (param "level" $level) (param "message" string)))))
+    (export "log" (func (param "level" $level) (param "message" string)))
+    (export "get-config" (func (param "key" string) (result (option string))))))
   (type $hooks' (flags "transform" "classify" "sign"))
   (export $hooks "hooks" (type $hooks'))
   (type $info' (record (field "name" string) (field "version" string) (field "hooks" $hooks)
@@ -80,16 +81,20 @@ impl Guest {
   (import "wasi:cli/exit@0.2.0" (instance $exit (export "exit" (func (param "status" (result))))))
   (import "wasi:random/insecure-seed@0.2.0" (instance $seed (export "insecure-seed" (func (result (tuple u64 u64))))))
 
-  (core module $libc (memory (export "memory") {pages}))
+  (core module $libc (memory (export "memory") {pages})
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32) (i32.const 4096)))
   {extra}
   (core instance $libc (instantiate $libc))
   (core func $log (canon lower (func $host "log") (memory (core memory $libc "memory"))))
+  (core func $get_config (canon lower (func $host "get-config") (memory (core memory $libc "memory"))
+    (realloc (core func $libc "realloc"))))
   (core func $random (canon lower (func $random "get-random-u64")))
   (core func $exit (canon lower (func $exit "exit")))
   (core func $seed (canon lower (func $seed "insecure-seed") (memory (core memory $libc "memory"))))
   (core module $m
     (import "libc" "memory" (memory {pages}))
     (import "host" "log" (func $log (param i32 i32 i32)))
+    (import "host" "get-config" (func $get_config (param i32 i32 i32)))
     (import "wasi" "random" (func $random (result i64)))
     (import "wasi" "exit" (func $exit (param i32)))
     (import "wasi" "seed" (func $seed (param i32)))
@@ -112,7 +117,7 @@ impl Guest {
     (func (export "sign") (param i32) (result i32) {sign}))
   (core instance $i (instantiate $m
     (with "libc" (instance $libc))
-    (with "host" (instance (export "log" (func $log))))
+    (with "host" (instance (export "log" (func $log)) (export "get-config" (func $get_config))))
     (with "wasi" (instance (export "random" (func $random)) (export "exit" (func $exit)) (export "seed" (func $seed))))))
   (func (export "describe") (result $info)
     (canon lift (core func $i "describe") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
@@ -554,6 +559,12 @@ fn header_values_must_be_visible_ascii_and_headers_are_capped() {
 /// `sign` returning `count` headers named `x-sig-aa`, every value aliasing the same
 /// `value_len` bytes of memory at 65536.
 fn sign_headers(count: u32, value_len: u32) -> Result<Vec<Header>, PluginFailure> {
+    timed_sign(aliased_headers(count, value_len), |_| {}).0
+}
+
+/// A `sign` plugin returning `count` headers named `x-sig-aa`, every value aliasing
+/// the same `value_len` bytes of memory at 65536.
+fn aliased_headers(count: u32, value_len: u32) -> Guest {
     let entry: String =
         [500u32, 8, 65536, value_len].iter().flat_map(|v| v.to_le_bytes()).map(|b| format!("\\{b:02x}")).collect();
     let list = entry.repeat(count as usize);
@@ -563,16 +574,59 @@ fn sign_headers(count: u32, value_len: u32) -> Result<Vec<Header>, PluginFailure
     let body = format!(
         "(i32.store8 (i32.const 160) (i32.const 0)) (i32.store (i32.const 164) (i32.const 131072)) (i32.store (i32.const 168) (i32.const {count})) (i32.const 160)"
     );
-    let guest = Guest {
+    Guest {
         hooks: 4,
-        pages: 4,
+        pages: 3 + (count * 16).div_ceil(1 << 16),
         data: Box::leak(data.into_boxed_str()),
         sign: Box::leak(body.into_boxed_str()),
         ..Guest::default()
-    };
-    let t = test_host(|_| {});
+    }
+}
+
+/// Installs `guest` on a host configured by `configure` and calls its `sign`: the
+/// result, and the CPU time of the process during the call alone (the call runs on a
+/// pool thread; the wall clock on a shared machine also counts others' turns).
+fn timed_sign(
+    guest: Guest,
+    configure: impl FnOnce(&mut PluginConfig),
+) -> (Result<Vec<Header>, PluginFailure>, Duration) {
+    let t = test_host(configure);
     t.host.install_blocking("acme", "s", &guest.wasm()).unwrap();
-    block(t.host.sign("acme", "s", &ctx(), &[b"key".to_vec()], &request()))
+    let started = cpu_time();
+    let got = block(t.host.sign("acme", "s", &ctx(), &[b"key".to_vec()], &request()));
+    (got, cpu_time() - started)
+}
+
+/// A `sign` plugin that calls `get-config` `calls` times with a key of `key_len` bytes.
+fn config_keys(calls: u32, key_len: u32) -> Guest {
+    let body = format!(
+        "(local.set 0 (i32.const 0)) (loop $l (call $get_config (i32.const 65536) (i32.const {key_len}) (i32.const \
+         256)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if $l (i32.lt_u (local.get 0) (i32.const \
+         {calls})))) (i32.store8 (i32.const 160) (i32.const 0)) (i32.store (i32.const 168) (i32.const 0)) \
+         (i32.const 160)"
+    );
+    Guest { hooks: 4, pages: 2 + key_len.div_ceil(1 << 16), sign: Box::leak(body.into_boxed_str()), ..Guest::default() }
+}
+
+#[test]
+fn amplified_output_ends_within_a_few_budgets() {
+    // The defaults: a 10 ms budget, a 4 MiB output cap (and so 4 MiB of hostcall fuel).
+    let defaults = PluginConfig::new("");
+    let (budget, cap) = (defaults.call_timeout, defaults.max_output_bytes);
+    let with_defaults = |c: &mut PluginConfig| c.max_output_bytes = cap;
+    let cases = [
+        ("100k headers aliasing one 1 KiB value", aliased_headers(100_000, 1 << 10)),
+        ("50k headers (100k strings) aliasing one 1 KiB value", aliased_headers(50_000, 1 << 10)),
+        ("get-config with 8 MiB keys, 1000 times", config_keys(1000, 8 << 20)),
+        ("get-config with 4 MiB keys (within the fuel), 1000 times", config_keys(1000, (4 << 20) - 1)),
+    ];
+    for (what, guest) in cases {
+        let (got, took) = timed_sign(guest, with_defaults);
+        eprintln!("{what}: {took:?} ({got:?})");
+        assert!(got.is_err(), "{what}: {got:?}");
+        // The CPU time of the first call, which instantiates too, in a debug build.
+        assert!(took < budget * 4, "{what} took {took:?}");
+    }
 }
 
 #[test]

@@ -111,7 +111,9 @@ impl PluginHost {
 
     /// Loads the file of (tenant, name) if its content changed: swaps it in, or keeps
     /// the old version and records the error; forgets the plugin if the file is gone.
-    pub(super) fn reload(&self, tenant: &str, name: &str) {
+    /// Content that failed to load is logged once and not loaded again: returns when to
+    /// try again, if ever (a failure that is not the bytes' fault, backing off).
+    pub(super) fn reload(&self, tenant: &str, name: &str) -> Option<Duration> {
         let path = self.inner.config.dir.join(tenant).join(format!("{name}.wasm"));
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
@@ -122,18 +124,22 @@ impl PluginHost {
                 {
                     tracing::info!(tenant, plugin = name, "plugin removed");
                 }
-                return;
+                return None;
             }
             Err(e) => {
+                // Read again when it changes (a chmod is an event too).
                 self.swap(tenant, name, Err(Some(format!("cannot read {}: {e}", path.display()))));
-                return;
+                return None;
             }
         };
         let sha256 = hex::encode(Sha256::digest(&bytes));
+        if let Some(wait) = self.failed_before(tenant, name, &sha256) {
+            return wait;
+        }
         match self.serving_sha256(tenant, name) {
             Some(serving) if serving == sha256 => {
                 self.swap(tenant, name, Err(None));
-                return;
+                return None;
             }
             Some(_) => {}
             // Nothing serves it yet: its deliveries wait for this load.
@@ -150,20 +156,59 @@ impl PluginHost {
                 // A delete may have removed the file since: then nothing serves it.
                 let now = match std::fs::read(&path) {
                     Ok(b) => hex::encode(Sha256::digest(&b)),
-                    Err(_) => return self.swap(tenant, name, Err(None)),
+                    Err(_) => {
+                        self.swap(tenant, name, Err(None));
+                        return None;
+                    }
                 };
                 if now != plugin.sha256 {
                     self.swap(tenant, name, Err(None));
-                    return;
+                    return None;
                 }
                 tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin loaded");
                 self.swap(tenant, name, Ok(plugin));
+                None
             }
             Err(e) => {
-                tracing::warn!(tenant, plugin = name, error = %e, "plugin failed to load; the previous version keeps serving");
+                let (first, retry) = self.record_failure(tenant, name, sha256, e.is_client_error());
+                if first {
+                    tracing::warn!(tenant, plugin = name, error = %e, "plugin failed to load; the previous version keeps serving");
+                } else {
+                    tracing::debug!(tenant, plugin = name, error = %e, "plugin failed to load again");
+                }
                 self.swap(tenant, name, Err(Some(e.to_string())));
+                retry
             }
         }
+    }
+
+    /// For content that failed to load before: `Some(None)` if it is not to be tried
+    /// again, `Some(Some(wait))` if not yet; `None` to load it.
+    fn failed_before(&self, tenant: &str, name: &str, sha256: &str) -> Option<Option<Duration>> {
+        let tenants = self.inner.tenants.read().unwrap_or_else(|e| e.into_inner());
+        let failed = tenants.get(tenant)?.get(name)?.failed.as_ref().filter(|f| f.sha256 == sha256)?;
+        match failed.retry_at {
+            None => Some(None),
+            Some(at) => {
+                let wait = at.saturating_duration_since(Instant::now());
+                (!wait.is_zero()).then_some(Some(wait))
+            }
+        }
+    }
+
+    /// Records that `sha256` failed to load; returns whether this is the first failure
+    /// of that content (to be logged), and when to try it again, if ever.
+    fn record_failure(&self, tenant: &str, name: &str, sha256: String, bytes_fault: bool) -> (bool, Option<Duration>) {
+        let mut tenants = self.inner.tenants.write().unwrap_or_else(|e| e.into_inner());
+        // A delete that removed the slot meanwhile stays done (see `swap`).
+        let Some(slot) = tenants.get_mut(tenant).and_then(|p| p.get_mut(name)) else { return (true, None) };
+        let tries = match &slot.failed {
+            Some(f) if f.sha256 == sha256 => f.tries + 1,
+            _ => 1,
+        };
+        let retry = (!bytes_fault).then(|| retry_after(tries));
+        slot.failed = Some(Failed { sha256, retry_at: retry.map(|wait| Instant::now() + wait), tries });
+        (tries == 1, retry)
     }
 
     /// `<dir>/<tenant>/<name>.wasm` with slug tenant and name, else `None`.
@@ -185,7 +230,11 @@ impl PluginHost {
     pub(super) fn start_watcher(&self) {
         let (tx, rx) = mpsc::channel::<PathBuf>();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if let Ok(event) = event {
+            // Opening or reading a file changes nothing, and the reload itself reads it:
+            // reacting to that reloaded every file each `reload_debounce`, forever.
+            if let Ok(event) = event
+                && !event.kind.is_access()
+            {
                 for path in event.paths {
                     let _ = tx.send(path);
                 }
@@ -216,6 +265,12 @@ impl PluginHost {
 
 /// Collects changed paths and reloads each once no event touched it for `debounce`.
 /// Ends when the watcher (and so the sender) is dropped with the host.
+/// The wait before the next try of content whose load failed `tries` times through no
+/// fault of its bytes: 1 s, doubling, at most 5 minutes.
+fn retry_after(tries: u32) -> Duration {
+    Duration::from_secs(1u64 << tries.saturating_sub(1).min(8)).min(Duration::from_secs(300))
+}
+
 fn debounce_loop(rx: mpsc::Receiver<PathBuf>, host: Weak<Inner>, debounce: Duration) {
     let mut pending: HashMap<PathBuf, Instant> = HashMap::new();
     loop {
@@ -242,8 +297,10 @@ fn debounce_loop(rx: mpsc::Receiver<PathBuf>, host: Weak<Inner>, debounce: Durat
             // watch raised no event of their own, so load whatever it holds now.
             let paths = if path.is_dir() { read_dir(&path).unwrap_or_default() } else { vec![path] };
             for path in paths {
-                if let Some((tenant, name)) = host.parse_path(&path) {
-                    host.reload(&tenant, &name);
+                if let Some((tenant, name)) = host.parse_path(&path)
+                    && let Some(wait) = host.reload(&tenant, &name)
+                {
+                    pending.insert(path, Instant::now() + wait);
                 }
             }
         }
