@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
+use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::sign::Secret;
@@ -220,7 +220,7 @@ impl Partition {
         let read = self.inner.store.endpoint(&self.id).await;
         self.note_read(&read);
         match read {
-            Ok(Some(e)) if sendable(&e, self.inner.clock.now()) => {
+            Ok(Some(e)) if e.sendable_at(self.inner.clock.now()) == Sendable::Yes => {
                 if let Some(sh) = self.shared.clone() {
                     self.repace(&sh, &e);
                 }
@@ -344,10 +344,10 @@ impl Partition {
             }
         };
         let now = self.inner.clock.now();
-        match (endpoint.state, endpoint.paused_until) {
-            (EndpointState::Disabled, _) | (EndpointState::Paused, None) => return Refill::Gone,
-            (EndpointState::Paused, Some(until)) if until > now => return Refill::Idle(Some(until)),
-            _ => {}
+        match endpoint.sendable_at(now) {
+            Sendable::Yes => {}
+            Sendable::PausedUntil(until) => return Refill::Idle(Some(until)),
+            Sendable::No => return Refill::Gone,
         }
         let Some(sh) = self.configure(&endpoint) else { return Refill::Gone };
         if let Some(until) = sh.pacer.lock().expect("pacer").paused_until()
@@ -496,15 +496,6 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
         owner: inner.owner.clone(),
         lease_until: lease::lease_until(now, queued + limit, spec.rate_per_sec, timeout, margin),
         in_partition: true,
-    }
-}
-
-/// May this endpoint be sent to at `now`?
-fn sendable(e: &Endpoint, now: Millis) -> bool {
-    match e.state {
-        EndpointState::Active => true,
-        EndpointState::Paused => e.paused_until.is_some_and(|until| until <= now),
-        EndpointState::Disabled => false,
     }
 }
 
