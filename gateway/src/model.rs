@@ -333,6 +333,53 @@ impl Endpoint {
     pub fn valid_secrets(&self, now: Millis) -> impl Iterator<Item = &SecretEntry> {
         self.spec.secrets.iter().filter(move |s| s.expires_at.is_none_or(|t| t > now))
     }
+
+    /// The pause rule: may this endpoint be sent to at `now`, and if not, until when? A
+    /// pause with an end is over at that instant; one without waits for a human.
+    pub fn sendable_at(&self, now: Millis) -> Sendable {
+        match (self.state, self.paused_until) {
+            (EndpointState::Active, _) => Sendable::Yes,
+            (EndpointState::Paused, Some(until)) if until <= now => Sendable::Yes,
+            (EndpointState::Paused, Some(until)) => Sendable::PausedUntil(until),
+            (EndpointState::Paused, None) | (EndpointState::Disabled, _) => Sendable::No,
+        }
+    }
+}
+
+/// Whether an endpoint may be sent to at some instant ([`Endpoint::sendable_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sendable {
+    Yes,
+    /// Paused until then: it resumes on its own.
+    PausedUntil(Millis),
+    /// Disabled, or paused until a human resumes it.
+    No,
+}
+
+/// A change to an endpoint's `failing_since`: when its deliveries started failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failing {
+    /// It stays as it is.
+    Unchanged,
+    /// It has been failing since then.
+    Since(Millis),
+    /// It delivers again: no longer failing.
+    Recovered,
+}
+
+impl Failing {
+    /// Does it change the stored value?
+    pub fn changes(self) -> bool {
+        self != Failing::Unchanged
+    }
+
+    /// The stored `failing_since` once changed (`None`: not failing).
+    pub fn since(self) -> Option<Millis> {
+        match self {
+            Failing::Since(t) => Some(t),
+            Failing::Unchanged | Failing::Recovered => None,
+        }
+    }
 }
 
 impl Endpoint {

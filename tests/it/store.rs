@@ -292,7 +292,7 @@ async fn intake_is_idempotent_and_fans_out_by_filter(b: Backend) -> anyhow::Resu
             state: Some(EndpointState::Disabled),
             reason: Some("gone".into()),
             paused_until: None,
-            failing_since: None,
+            failing_since: Failing::Unchanged,
             now: T0,
         })
         .await?;
@@ -430,7 +430,7 @@ fn change(endpoint: &str, state: EndpointState, paused_until: Option<Millis>, no
         state: Some(state),
         reason: Some(format!("{} for a test", state.as_str())),
         paused_until,
-        failing_since: None,
+        failing_since: Failing::Unchanged,
         now,
     }
 }
@@ -487,7 +487,7 @@ async fn endpoint_changes_move_its_deliveries(b: Backend) -> anyhow::Result<()> 
         state: None,
         reason: None,
         paused_until: None,
-        failing_since: Some(Some(T0 + 70)),
+        failing_since: Failing::Since(T0 + 70),
         now: T0 + 70,
     };
     assert_eq!(b.committer.change_endpoint(only_failing).await?, 0);

@@ -103,7 +103,7 @@ const LAYERS: &[&[&str]] = &[
 
 /// The same rule inside a folder, for the files under it (`super::x` and
 /// `crate::folder::x`): lowest first. Its `mod.rs` (or `folder.rs`) sits above them all.
-const INNER: &[(&str, &[&[&str]])] = &[("worker", &[&["decide", "signal"], &["attempt"], &["partition"]])];
+const INNER: &[(&str, &[&[&str]])] = &[("worker", &[&["known"], &["decide", "signal"], &["attempt"], &["partition"]])];
 
 fn rank(layers: &[&[&str]], module: &str) -> Option<usize> {
     layers.iter().position(|layer| layer.contains(&module))

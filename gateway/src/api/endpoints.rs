@@ -381,7 +381,7 @@ pub(crate) async fn enable(
             state: Some(EndpointState::Active),
             reason: None,
             paused_until: None,
-            failing_since: Some(None),
+            failing_since: Failing::Recovered,
             now: state.clock.now(),
         })
         .await?;
@@ -429,7 +429,7 @@ pub(crate) async fn pause(
             state: Some(EndpointState::Paused),
             reason: Some(reason.clone()),
             paused_until: until,
-            failing_since: None,
+            failing_since: Failing::Unchanged,
             now,
         })
         .await?;

@@ -1,4 +1,4 @@
-//! Type filters and ids.
+//! Type filters, ids and the pause rule.
 
 use super::*;
 use rand::SeedableRng;
@@ -54,4 +54,40 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
     assert_eq!(endpoints, ["ep_all", "ep_inv", "ep_paid"]);
     assert!(out[0].0 != out[1].0 && out[1].0 != out[2].0, "fresh ids: {out:?}");
     assert!(fan_out("order.shipped", 1_000, &subscribers[1..], &mut rng).is_empty());
+}
+
+#[test]
+#[rustfmt::skip]
+fn the_pause_rule() {
+    let spec = EndpointSpec {
+        url: "http://127.0.0.1:1/".into(),
+        description: String::new(),
+        event_types: vec![],
+        rate_per_sec: 1.0,
+        burst: 1,
+        max_in_flight: 1,
+        timeout_ms: 1_000,
+        connect_timeout_ms: 1_000,
+        retry: RetryOverrideDoc::default(),
+        plugins: PluginBindings::default(),
+        headers: BTreeMap::new(),
+        secrets: vec![],
+    };
+    const NOW: Millis = 1_000_000;
+    //  state                     paused_until        → sendable at NOW
+    let cases = [
+        (EndpointState::Active,   None,               Sendable::Yes),
+        (EndpointState::Active,   Some(NOW + 1),      Sendable::Yes),
+        (EndpointState::Paused,   Some(NOW - 1),      Sendable::Yes),
+        (EndpointState::Paused,   Some(NOW),          Sendable::Yes),
+        (EndpointState::Paused,   Some(NOW + 1),      Sendable::PausedUntil(NOW + 1)),
+        (EndpointState::Paused,   None,               Sendable::No),
+        (EndpointState::Disabled, None,               Sendable::No),
+        (EndpointState::Disabled, Some(NOW - 1),      Sendable::No),
+    ];
+    for (state, paused_until, want) in cases {
+        let mut e = Endpoint::new(EndpointId::from_stored("ep_1"), TenantId::from_stored("t_1"), spec.clone(), 0);
+        (e.state, e.paused_until) = (state, paused_until);
+        assert_eq!(e.sendable_at(NOW), want, "{state:?} paused until {paused_until:?}");
+    }
 }

@@ -302,8 +302,8 @@ pub struct EndpointChange {
     pub state: Option<EndpointState>,
     pub reason: Option<String>,
     pub paused_until: Option<Millis>,
-    /// `Some(t)`: failing since t; `None`: a success cleared it. Unchanged when not given.
-    pub failing_since: Option<Option<Millis>>,
+    /// How `failing_since` changes (a success clears it).
+    pub failing_since: Failing,
     pub now: Millis,
 }
 

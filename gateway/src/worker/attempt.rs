@@ -163,8 +163,8 @@ fn endpoint_change(
     let effect = {
         let mut failing = shared.failing_since.lock().expect("failing");
         let effect = endpoint_effect(verdict, *failing, now, inner.config.delivery.disable_after);
-        if let Some(f) = effect.failing_since {
-            *failing = f;
+        if effect.failing_since.changes() {
+            *failing = effect.failing_since.since();
         }
         effect
     };
@@ -452,7 +452,7 @@ fn apply_effect(
         inner.ops.emit(&endpoint.tenant, kind, format!("{kind}.{}.{now}", endpoint.id), data);
     };
     match &effect.action {
-        EndpointAction::None => effect.failing_since.map(|_| change(None, None, None)),
+        EndpointAction::None => effect.failing_since.changes().then(|| change(None, None, None)),
         EndpointAction::PauseFor { until, after, reason } => {
             shared.pacer.lock().expect("pacer").pause_until(Instant::now() + *after);
             inner.metrics.endpoint_pauses.inc();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::classify::Verdict;
 use crate::clock::rfc3339;
-use crate::model::{DeliveryState, Millis};
+use crate::model::{DeliveryState, Failing, Millis};
 use crate::schedule::{RetryDecision, RetryPolicy};
 
 /// What happens to a delivery after a verdict.
@@ -66,8 +66,8 @@ pub fn decide(
 /// What an attempt's verdict does to its endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointEffect {
-    /// The endpoint's new `failing_since`, when it changes (`Some(None)`: it recovered).
-    pub failing_since: Option<Option<Millis>>,
+    /// How the endpoint's `failing_since` changes.
+    pub failing_since: Failing,
     pub action: EndpointAction,
 }
 
@@ -95,10 +95,10 @@ pub fn endpoint_effect(
 ) -> EndpointEffect {
     let delivered = matches!(verdict, Verdict::Delivered);
     let (failing, since) = match (delivered, failing_since) {
-        (true, Some(_)) => (Some(None), None),
-        (true, None) => (None, None),
-        (false, None) => (Some(Some(now)), Some(now)),
-        (false, Some(t)) => (None, Some(t)),
+        (true, Some(_)) => (Failing::Recovered, None),
+        (true, None) => (Failing::Unchanged, None),
+        (false, None) => (Failing::Since(now), Some(now)),
+        (false, Some(t)) => (Failing::Unchanged, Some(t)),
     };
     let overdue = since.filter(|t| now.saturating_sub(*t) >= disable_after.as_millis() as i64);
     let action = match verdict {
@@ -181,21 +181,21 @@ mod tests {
         let fail = Verdict::Fail { reason: s("permanent:404") };
         let overdue = NOW - 86_400_000;
         let since_overdue = format!("failing since {}", rfc3339(overdue));
-        //  verdict               failing since      → failing_since change   action
-        type Case<'a> = (&'a Verdict, Option<Millis>, Option<Option<Millis>>, A);
+        //  verdict               failing since      → failing_since change  action
+        type Case<'a> = (&'a Verdict, Option<Millis>, Failing, A);
         let cases: Vec<Case<'_>> = vec![
-            (&Verdict::Delivered, None,              None,                    A::None),
-            (&Verdict::Delivered, Some(NOW - hour),  Some(None),              A::None),
-            (&Verdict::Delivered, Some(overdue),     Some(None),              A::None),
-            (&retry,              None,              Some(Some(NOW)),         A::None),
-            (&retry,              Some(NOW - hour),  None,                    A::None),
-            (&retry,              Some(overdue),     None,                    A::Disable { reason: since_overdue.clone() }),
-            (&fail,               Some(overdue),     None,                    A::Disable { reason: since_overdue.clone() }),
-            (&fail,               None,              Some(Some(NOW)),         A::None),
-            (&pause,              None,              Some(Some(NOW)),         A::PauseFor { until: NOW + 30_000, after: secs(30), reason: s("rate limited (429)") }),
-            (&pause,              Some(overdue),     None,                    A::PauseFor { until: NOW + 30_000, after: secs(30), reason: s("rate limited (429)") }),
-            (&hold,               None,              Some(Some(NOW)),         A::HoldForHuman { reason: s("credentials: HTTP 401") }),
-            (&disable,            Some(NOW - hour),  None,                    A::Disable { reason: s("gone: HTTP 410") }),
+            (&Verdict::Delivered, None,              Failing::Unchanged,      A::None),
+            (&Verdict::Delivered, Some(NOW - hour),  Failing::Recovered,      A::None),
+            (&Verdict::Delivered, Some(overdue),     Failing::Recovered,      A::None),
+            (&retry,              None,              Failing::Since(NOW),     A::None),
+            (&retry,              Some(NOW - hour),  Failing::Unchanged,      A::None),
+            (&retry,              Some(overdue),     Failing::Unchanged,      A::Disable { reason: since_overdue.clone() }),
+            (&fail,               Some(overdue),     Failing::Unchanged,      A::Disable { reason: since_overdue.clone() }),
+            (&fail,               None,              Failing::Since(NOW),     A::None),
+            (&pause,              None,              Failing::Since(NOW),     A::PauseFor { until: NOW + 30_000, after: secs(30), reason: s("rate limited (429)") }),
+            (&pause,              Some(overdue),     Failing::Unchanged,      A::PauseFor { until: NOW + 30_000, after: secs(30), reason: s("rate limited (429)") }),
+            (&hold,               None,              Failing::Since(NOW),     A::HoldForHuman { reason: s("credentials: HTTP 401") }),
+            (&disable,            Some(NOW - hour),  Failing::Unchanged,      A::Disable { reason: s("gone: HTTP 410") }),
         ];
         for (verdict, failing_since, change, action) in cases {
             let got = endpoint_effect(verdict, failing_since, NOW, DAY);

@@ -7,10 +7,12 @@
 //! - this file: the engine's lifecycle, the scan for due work and lease recovery;
 //! - [`partition`]: one endpoint's task (lease, claim, pace, dispatch);
 //! - [`attempt`]: one attempt's I/O (envelope, plugins, headers, send, judge, record);
-//! - [`decide`]: what a verdict means for the delivery and its endpoint (pure).
+//! - [`decide`]: what a verdict means for the delivery and its endpoint (pure);
+//! - [`known`]: what a partition knows of its endpoint's work, and claim at intake (pure).
 
 mod attempt;
 mod decide;
+mod known;
 mod partition;
 mod signal;
 
@@ -307,14 +309,14 @@ impl Handoff for Handoffs {
     fn lease(&self, endpoint: &str, now: Millis) -> Option<Millis> {
         let inner = self.inner.upgrade()?;
         let partitions = inner.partitions.lock().expect("partition map");
-        partitions.get(endpoint)?.lease(now)
+        partitions.get(endpoint)?.known(|k| k.lease(now))
     }
 
     fn claimed(&self, endpoint: &str, seq: u64, claimed: usize) {
         let Some(inner) = self.inner.upgrade() else { return };
         let partitions = inner.partitions.lock().expect("partition map");
         if let Some(signal) = partitions.get(endpoint) {
-            signal.claimed(seq, claimed);
+            signal.known(|k| k.claimed(seq, claimed));
         }
     }
 }

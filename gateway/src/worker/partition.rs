@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis};
+use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::sign::Secret;
@@ -24,6 +24,7 @@ use crate::store::{ClaimBatch, ClaimRequest, Claimed, Release, Result as StoreRe
 mod handoff;
 mod held;
 
+use super::known::{Known, Stored};
 use super::signal::{Shared, Signal, Target};
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
@@ -33,15 +34,11 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
     loop {
         p.collect_prefetch(false).await;
         p.collect_handed();
-        if p.signal.take_changed() {
-            p.stale = true;
-            p.drained = None;
+        if p.signal.known(Known::take_changed) {
             p.hand_back_cancelled().await;
         }
-        if p.signal.take_fresh() {
-            // New work while sending: the queue ran dry of what the last claim knew.
-            p.drained = None;
-        }
+        // New work while sending: the queue ran dry of what the last claim knew.
+        p.signal.known(Known::take_fresh);
         if *p.inner.shutdown.borrow() {
             p.hand_back(p.inner.clock.now()).await;
             return;
@@ -108,17 +105,12 @@ struct Partition {
     /// When the endpoint was last read, and what was read.
     refreshed: Instant,
     endpoint: Option<Endpoint>,
-    /// The endpoint changed since it was last read: re-read it before the next send.
-    stale: bool,
-    /// `Some(next due)` after a claim that got less than it asked for: nothing else was
-    /// due then. See [`Partition::known_due`].
-    drained: Option<Option<Millis>>,
     rng: StdRng,
 }
 
 impl Drop for Partition {
     fn drop(&mut self) {
-        self.signal.set_open(None);
+        self.signal.known(Known::close);
         self.set_held(None);
     }
 }
@@ -153,8 +145,6 @@ impl Partition {
             renewal: None,
             refreshed: Instant::now(),
             endpoint: None,
-            stale: false,
-            drained: None,
             rng: StdRng::from_rng(&mut rand::rng()),
         }
     }
@@ -165,15 +155,13 @@ impl Partition {
         let ready = self.prefetch.as_ref().is_some_and(|h| wait || h.is_finished() || self.queue.is_empty());
         if ready && let Some(h) = self.prefetch.take() {
             let answer = h.await;
-            self.signal.forget_terms();
+            self.signal.known(Known::forget_terms);
             match answer {
                 Ok((limit, leased)) => {
                     let committed = leased.1.is_ok();
                     if let Some(batch) = self.note_claim(leased) {
-                        // Short, and no new work since it was applied: nothing else waits.
-                        if committed && batch.claimed.len() < limit && self.signal.take_drained() {
-                            self.drained = Some(batch.next_due);
-                        }
+                        let short = committed && batch.claimed.len() < limit;
+                        self.signal.known(|k| k.prefetched(short, batch.next_due));
                         self.queue.extend(batch.claimed);
                     }
                 }
@@ -186,9 +174,9 @@ impl Partition {
     /// to it at intake too), due at `at`.
     async fn hand_back(&mut self, at: Millis) {
         // Closed first: it is giving work back, not taking more.
-        self.signal.set_open(None);
+        self.signal.known(Known::close);
         self.collect_prefetch(true).await;
-        self.queue.extend(self.signal.take_inbox());
+        self.queue.extend(self.signal.known(Known::take_inbox));
         self.release_queue(at).await;
     }
 
@@ -198,10 +186,9 @@ impl Partition {
     /// were leased to it at intake meanwhile: it goes on (the map's lock orders the two).
     fn retire(&self) -> bool {
         let mut parts = self.inner.partitions.lock().expect("partition map");
-        if self.signal.inbox_len() > 0 {
+        if !self.signal.known(Known::retire) {
             return false;
         }
-        self.signal.set_open(None);
         parts.remove(&self.id);
         true
     }
@@ -214,13 +201,13 @@ impl Partition {
     /// after a change. False when the endpoint stopped being sendable and the queue was
     /// handed back.
     async fn refresh_if_stale(&mut self) -> bool {
-        if !self.stale && self.refreshed.elapsed() < REFRESH_EVERY {
+        if !self.signal.known(|k| k.stale()) && self.refreshed.elapsed() < REFRESH_EVERY {
             return true;
         }
         let read = self.inner.store.endpoint(&self.id).await;
         self.note_read(&read);
         match read {
-            Ok(Some(e)) if sendable(&e, self.inner.clock.now()) => {
+            Ok(Some(e)) if e.sendable_at(self.inner.clock.now()) == Sendable::Yes => {
                 if let Some(sh) = self.shared.clone() {
                     self.repace(&sh, &e);
                 }
@@ -243,7 +230,10 @@ impl Partition {
     /// Starts the next claim while half the current one is still queued (unless the last
     /// claim found less than it asked for: new work will say so).
     fn prefetch_if_low(&mut self) {
-        let (None, Some(tg), None) = (&self.prefetch, &self.target, self.drained) else { return };
+        let (None, Some(tg)) = (&self.prefetch, &self.target) else { return };
+        if self.signal.known(|k| k.stored()) != Stored::Unknown {
+            return;
+        }
         let req =
             claim_request(&self.inner, &self.id, &tg.endpoint.spec, self.queue.len() as u32, self.inner.clock.now());
         if self.queue.len() > req.limit as usize / 2 {
@@ -262,8 +252,8 @@ impl Partition {
 
     /// Claims more work; when there is none, waits for it (or lingers and retires).
     async fn refill_or_idle(&mut self) -> Flow {
-        if let Some(next) = self.known_due() {
-            return self.idle(next).await;
+        if let Stored::Drained { next_due } = self.known_due() {
+            return self.idle(next_due).await;
         }
         match self.refill().await {
             Refill::Claimed(t) => {
@@ -290,9 +280,7 @@ impl Partition {
             // re-take its lease (a write) and respawn each time.
             if tokio::time::timeout(IDLE_LINGER, self.signal.work.notified()).await.is_ok() {
                 // Deliveries handed over at intake leave what is known of the store standing.
-                if self.signal.take_fresh() {
-                    self.drained = None;
-                }
+                self.signal.known(Known::take_fresh);
                 return Flow::Again;
             }
             if !self.retire() {
@@ -314,10 +302,12 @@ impl Partition {
         };
         // A finished attempt leaves what is known of the next due time standing.
         tokio::select! {
-            _ = tokio::time::sleep_until(wake) => self.drained = None,
-            // A wake whose work the loop already saw (and claimed) leaves `drained` standing.
-            _ = self.signal.work.notified() => if self.signal.take_fresh() { self.drained = None },
-            _ = self.signal.change.notified() => self.drained = None,
+            _ = tokio::time::sleep_until(wake) => self.signal.known(Known::forget_due),
+            // A wake whose work the loop already saw (and claimed) leaves what is known standing.
+            _ = self.signal.work.notified() => {
+                self.signal.known(Known::take_fresh);
+            }
+            _ = self.signal.change.notified() => self.signal.known(Known::forget_due),
             _ = freed => {}
         }
         Flow::Again
@@ -344,10 +334,10 @@ impl Partition {
             }
         };
         let now = self.inner.clock.now();
-        match (endpoint.state, endpoint.paused_until) {
-            (EndpointState::Disabled, _) | (EndpointState::Paused, None) => return Refill::Gone,
-            (EndpointState::Paused, Some(until)) if until > now => return Refill::Idle(Some(until)),
-            _ => {}
+        match endpoint.sendable_at(now) {
+            Sendable::Yes => {}
+            Sendable::PausedUntil(until) => return Refill::Idle(Some(until)),
+            Sendable::No => return Refill::Gone,
         }
         let Some(sh) = self.configure(&endpoint) else { return Refill::Gone };
         if let Some(until) = sh.pacer.lock().expect("pacer").paused_until()
@@ -355,7 +345,7 @@ impl Partition {
         {
             return Refill::Idle(Some(self.inner.clock.millis_at(until)));
         }
-        let handed = self.signal.take_inbox();
+        let handed = self.signal.known(Known::take_inbox);
         if !handed.is_empty() {
             // Leased at intake: nothing to claim for them.
             self.queue.extend(handed);
@@ -369,13 +359,13 @@ impl Partition {
         let renewed = renew.map(|_| Instant::now());
         self.expect_drained(&endpoint.spec, renewed);
         let claim = inner.metrics.claim_duration.time(inner.committer.claim_in_partition(req, renew)).await;
-        self.signal.forget_terms();
+        self.signal.known(Known::forget_terms);
         let failed = claim.is_err();
         let Some(batch) = self.note_claim((renewed, claim)) else { return Refill::Lost };
         if failed {
             return Refill::Idle(Some(self.inner.clock.now() + 500));
         }
-        self.drained = (batch.claimed.len() < limit).then_some(batch.next_due);
+        self.signal.known(|k| k.refilled(batch.claimed.len() < limit, batch.next_due));
         if batch.claimed.is_empty() {
             return Refill::Idle(batch.next_due);
         }
@@ -389,7 +379,7 @@ impl Partition {
     /// changed its state itself). A refill at every event would otherwise read it again.
     fn cached_endpoint(&self) -> Option<Endpoint> {
         let halted = self.shared.as_ref().is_none_or(|sh| sh.halted.load(Ordering::Acquire));
-        if self.stale || halted || self.refreshed.elapsed() >= REFRESH_EVERY {
+        if halted || self.refreshed.elapsed() >= REFRESH_EVERY || self.signal.known(|k| k.stale()) {
             return None;
         }
         self.endpoint.clone()
@@ -430,7 +420,7 @@ impl Partition {
         if let Err(e) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
             tracing::warn!(endpoint_id = %self.id, error = %e, "keeping previous pacing");
         }
-        if std::mem::take(&mut self.stale) && endpoint.state == EndpointState::Active {
+        if self.signal.known(Known::read) && endpoint.state == EndpointState::Active {
             pacer.resume();
         }
     }
@@ -438,7 +428,7 @@ impl Partition {
     /// Asks the pacer, and sends the next delivery when it allows; otherwise waits as it says.
     async fn send_next(&mut self) -> Flow {
         let (Some(sh), Some(tg)) = (self.shared.clone(), self.target.clone()) else { return Flow::Again };
-        if self.signal.has_changed() {
+        if self.signal.known(|k| k.has_changed()) {
             // A change that came during a claim is seen before anything more is sent (it
             // may have cancelled a replay whose deliveries that claim took).
             return Flow::Again;
@@ -499,15 +489,6 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
     }
 }
 
-/// May this endpoint be sent to at `now`?
-fn sendable(e: &Endpoint, now: Millis) -> bool {
-    match e.state {
-        EndpointState::Active => true,
-        EndpointState::Paused => e.paused_until.is_some_and(|until| until <= now),
-        EndpointState::Disabled => false,
-    }
-}
-
 /// The endpoint's effective retry policy and signing secrets at `now`.
 fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now: Millis) -> Target {
     let policy = RetryOverride::from_doc(&endpoint.spec.retry)
@@ -544,29 +525,22 @@ impl Partition {
         let (mut gone, keep): (VecDeque<Claimed>, VecDeque<Claimed>) = self.queue.drain(..).partition(of_cancelled);
         self.queue = keep;
         tracing::info!(endpoint_id = %self.id, handed_back = gone.len(), "unsent deliveries of cancelled replays");
-        self.drained = None;
+        self.signal.known(Known::forget_due);
         release_all(&self.inner, &mut gone, self.inner.clock.now()).await;
     }
 
     /// Hands the queue back, due at `at`: the next due time is no longer known.
     async fn release_queue(&mut self, at: Millis) {
-        self.drained = None;
+        self.signal.known(Known::forget_due);
         release_all(&self.inner, &mut self.queue, at).await;
     }
 
     /// After a short claim nothing else was due: until a signal says otherwise, the next
-    /// due time is known without claiming again (the claim's answer, or a retry one of its
-    /// attempts scheduled since). At low rates this saves a commit per delivery.
-    fn known_due(&mut self) -> Option<Option<Millis>> {
-        let (next, sh) = (self.drained?, self.shared.as_ref()?);
-        let again = sh.due_again.lock().expect("due again").take();
-        let next = next.map_or(again, |n| Some(again.map_or(n, |a| a.min(n))));
-        if sh.halted.load(Ordering::Acquire) || next.is_some_and(|t| t <= self.inner.clock.now()) {
-            self.drained = None;
-            return None;
-        }
-        self.drained = Some(next);
-        Some(next)
+    /// due time is known without claiming again (see [`Known::next_due`]).
+    fn known_due(&self) -> Stored {
+        let Some(sh) = self.shared.as_ref() else { return Stored::Unknown };
+        let (now, halted) = (self.inner.clock.now(), sh.halted.load(Ordering::Acquire));
+        self.signal.known(|k| k.next_due(now, halted, || sh.due_again.lock().expect("due again").take()))
     }
 }
 

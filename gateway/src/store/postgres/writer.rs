@@ -514,8 +514,8 @@ async fn change_endpoint(conn: &mut PgConnection, c: &EndpointChange) -> sqlx::R
             .push(", paused_until = ")
             .push_bind(c.paused_until);
     }
-    if let Some(f) = c.failing_since {
-        q.push(", failing_since = ").push_bind(f);
+    if c.failing_since.changes() {
+        q.push(", failing_since = ").push_bind(c.failing_since.since());
     }
     q.push(" WHERE id = ").push_bind(c.endpoint.as_str());
     q.build().execute(&mut *conn).await?;

@@ -497,8 +497,9 @@ fn change_endpoint(tx: &Transaction<'_>, c: EndpointChange) -> Result<u64> {
     } else {
         tx.prepare_cached("UPDATE endpoints SET updated_at = ?1 WHERE id = ?2")?.execute(params![now, id])?;
     }
-    if let Some(f) = c.failing_since {
-        tx.prepare_cached("UPDATE endpoints SET failing_since = ?1 WHERE id = ?2")?.execute(params![f, id])?;
+    if c.failing_since.changes() {
+        let since = c.failing_since.since();
+        tx.prepare_cached("UPDATE endpoints SET failing_since = ?1 WHERE id = ?2")?.execute(params![since, id])?;
     }
     let cascade = match (c.state, c.paused_until) {
         (None, _) | (Some(EndpointState::Paused), Some(_)) => return Ok(0),

@@ -217,7 +217,7 @@ mod tests {
             state: None,
             reason: None,
             paused_until: None,
-            failing_since: Some(None),
+            failing_since: Failing::Recovered,
             now: 2,
         })
     }
