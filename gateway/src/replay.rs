@@ -7,7 +7,7 @@
 //! letters and tells the partitions holding any of it to hand it back unsent.
 //!
 //! Every node runs every running replay. They take turns on the stored schedule
-//! ([`Admin::replay_turn`](crate::store::Admin::replay_turn)(crate::store::Admin::replay_turn)): the node whose turn it is
+//! ([`Admin::replay_turn`](crate::store::Admin::replay_turn)): the node whose turn it is
 //! re-queues and moves the schedule on by that turn's span at the replay's rate; the
 //! others find it not due yet and sleep until it is. So a cluster keeps a replay's rate,
 //! and when the node that took the last turns dies, another takes the next. Once
