@@ -96,6 +96,8 @@ fn errors_name_the_key() {
         ("[server]\nbody_read_timeout = \"0s\"\n", &[], "server.body_read_timeout"),
         ("", &[("HERALD_SERVER_BODY_READ_TIMEOUT", "soon")], "server.body_read_timeout"),
         ("[server]\nmax_connections = 0\n", &[], "server.max_connections"),
+        ("[server]\nadmin_listen = \"localhost\"\n", &[], "server.admin_listen"),
+        ("", &[("HERALD_SERVER_ADMIN_LISTEN", "127.0.0.1:port")], "server.admin_listen"),
         ("[server]\nworker_threads = 5000\n", &[], "server.worker_threads"),
         ("", &[("HERALD_SERVER_WORKER_THREADS", "-1")], "server.worker_threads"),
         ("[store]\nmax_connections = \"eight\"\n", &[], "store.max_connections"),
