@@ -10,9 +10,11 @@ use serde::{Deserialize, Serialize};
 /// The reserved tenant that owns operational events: no API client may create or post to it.
 pub const OPS_TENANT: &str = "herald-ops";
 
+mod bindings;
 mod plugin_settings;
 mod replay;
 mod sent;
+pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use plugin_settings::*;
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
@@ -218,24 +220,6 @@ pub struct SecretEntry {
     pub secret: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Millis>,
-}
-
-/// Plugins bound to an endpoint, by name within its tenant.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct PluginBindings {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transform: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub classify: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sign: Option<String>,
-}
-
-impl PluginBindings {
-    pub fn is_empty(&self) -> bool {
-        self.transform.is_none() && self.classify.is_none() && self.sign.is_none()
-    }
 }
 
 /// The configurable part of an endpoint, stored as one document.

@@ -103,7 +103,34 @@ const LAYERS: &[&[&str]] = &[
 
 /// The same rule inside a folder, for the files under it (`super::x` and
 /// `crate::folder::x`): lowest first. Its `mod.rs` (or `folder.rs`) sits above them all.
-const INNER: &[(&str, &[&[&str]])] = &[("worker", &[&["known"], &["decide", "signal"], &["attempt"], &["partition"]])];
+const INNER: &[(&str, &[&[&str]])] = &[
+    ("worker", &[&["known"], &["decide", "signal"], &["attempt"], &["partition"]]),
+    (
+        "plugin",
+        &[
+            &["types", "convert"],
+            &["inspect", "pool", "output"],
+            &["engine", "artifacts"],
+            &["sandbox"],
+            &["ticker", "compile"],
+            &["js"],
+            &["runtime"],
+            &["registry"],
+            &["cli", "tests"],
+        ],
+    ),
+    (
+        "api",
+        &[
+            &["doc", "listen"],
+            &["extract", "auth", "console"],
+            &["bindings", "plugin_stats"],
+            &["endpoints", "events", "replays", "tenants", "whoami"],
+            &["plugins"],
+            &["plugin_versions", "plugin_config", "insight"],
+        ],
+    ),
+];
 
 fn rank(layers: &[&[&str]], module: &str) -> Option<usize> {
     layers.iter().position(|layer| layer.contains(&module))

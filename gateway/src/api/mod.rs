@@ -19,6 +19,7 @@ use crate::model::{TenantId, TokenRecord};
 use crate::store::{Committer, DynStore, StoreError};
 
 mod auth;
+mod bindings;
 mod console;
 mod doc;
 mod endpoints;
@@ -59,7 +60,7 @@ pub struct AppState {
     pub(crate) token_use: std::sync::Mutex<HashMap<String, crate::model::Millis>>,
     pub(crate) tenants: RwLock<HashSet<TenantId>>,
     /// Orders plugin deletes and uploads with endpoint writes that bind plugins.
-    pub(crate) plugin_locks: plugin_versions::PluginLocks,
+    pub(crate) plugin_locks: bindings::PluginLocks,
 }
 
 impl AppState {
@@ -109,12 +110,12 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(tenants::ready))
         .routes(routes!(tenants::metrics))
         .routes(routes!(doc::openapi_json))
-        .routes(routes!(tenants::create, insight::list_tenants))
+        .routes(routes!(tenants::create, tenants::list_tenants))
         .routes(routes!(insight::overview))
         .routes(routes!(tenants::create_token, tenants::list_tokens))
         .routes(routes!(tenants::revoke_token))
         .routes(routes!(whoami::whoami))
-        .routes(routes!(endpoints::create, insight::list_endpoints))
+        .routes(routes!(endpoints::create, endpoints::list_endpoints))
         .routes(routes!(endpoints::get_one, endpoints::patch, endpoints::delete))
         .routes(routes!(endpoints::enable))
         .routes(routes!(endpoints::pause))

@@ -10,12 +10,12 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::bindings::binding;
 use super::doc::ErrorCode;
 use super::extract::{JsonBody, Manage, Path, PluginPath, Read, TenantAuth};
 use super::plugins::{PluginOut, exists, view};
 use super::{ApiError, AppState};
-use crate::model::{PluginBindings, TenantId};
-use crate::plugin::{PluginVersion, split_pinned};
+use crate::plugin::PluginVersion;
 
 /// One stored version of a plugin.
 #[derive(Serialize, ToSchema)]
@@ -105,64 +105,11 @@ pub(crate) async fn delete(
     // a plugin also hold: no endpoint can bind `name` between the two.
     let _bindings = state.plugin_locks.lock(&tenant).await;
     exists(&state, &tenant, &name)?;
-    let bound: Vec<String> = state
-        .store
-        .list_endpoints(&tenant)
-        .await?
-        .iter()
-        .filter(|e| binds(&e.spec.plugins, &name))
-        .map(|e| e.id.to_string())
-        .collect();
+    let bound: Vec<String> = binding(&state, &tenant, &name).await?.iter().map(|e| e.id.to_string()).collect();
     if !bound.is_empty() {
         let message = format!("plugin {name:?} is bound by endpoints {}; unbind it first", bound.join(", "));
         return Err(ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message));
     }
     state.plugins.delete(tenant.as_str(), &name)?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The versions of `name` that `tenant`'s endpoints pin (`name@n`): an upload keeps them.
-/// Read under the tenant's binding lock.
-pub(super) async fn pinned_versions(state: &AppState, tenant: &TenantId, name: &str) -> Result<Vec<u32>, ApiError> {
-    let endpoints = state.store.list_endpoints(tenant).await?;
-    let bindings = endpoints.iter().flat_map(|e| {
-        let p = &e.spec.plugins;
-        [p.transform.clone(), p.classify.clone(), p.sign.clone()]
-    });
-    let pinned = bindings.flatten().filter_map(|b| split_pinned(&b).filter(|(base, _)| *base == name).map(|(_, n)| n));
-    Ok(pinned.collect())
-}
-
-/// Whether `bindings` name `name`, or a pinned version of it.
-fn binds(bindings: &PluginBindings, name: &str) -> bool {
-    [&bindings.transform, &bindings.classify, &bindings.sign]
-        .into_iter()
-        .flatten()
-        .any(|b| b == name || split_pinned(b).is_some_and(|(base, _)| base == name))
-}
-
-/// One lock per tenant around what must not interleave with a plugin's bindings: an
-/// endpoint write that binds a plugin (from validating the binding to the store write),
-/// a plugin `DELETE` (from the check that nothing binds it to the delete) and an upload
-/// (from reading the pinned versions to pruning). Bindings are in the store and plugins in
-/// the node's directory, with no transaction spanning both, so this is what keeps an
-/// endpoint from being bound to a plugin deleted under it.
-///
-/// It holds on this node only. Across nodes nothing orders a delete on one with a binding
-/// on another: each node serves the plugins of its own directory, so an operator running
-/// several nodes deletes a plugin (and uploads it) through each, after unbinding it.
-#[derive(Default)]
-pub struct PluginLocks {
-    tenants: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl PluginLocks {
-    /// Waits for `tenant`'s lock (one tenant's wait never holds another's up).
-    pub(crate) async fn lock(&self, tenant: &TenantId) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(tenants.entry(tenant.as_str().to_string()).or_default())
-        };
-        lock.lock_owned().await
-    }
 }

@@ -147,7 +147,7 @@ pub(crate) async fn upload(
     // Under the tenant's binding lock: no endpoint pins a version that this upload's
     // pruning is about to delete.
     let _bindings = state.plugin_locks.lock(&tenant).await;
-    let pinned = super::plugin_versions::pinned_versions(&state, &tenant, &name).await?;
+    let pinned = super::bindings::pinned_versions(&state, &tenant, &name).await?;
     let installed = state.plugins.install_keeping(tenant.as_str(), &name, body.to_vec(), pinned).await;
     let info = installed.inspect_err(|e| {
         // The tenant's bytes are at fault: the tenant's error, not the operator's.

@@ -266,3 +266,18 @@ pub(crate) async fn metrics(
     let content_type = "text/plain; version=0.0.4; charset=utf-8";
     ([(axum::http::header::CONTENT_TYPE, content_type)], state.metrics.render())
 }
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TenantList {
+    data: Vec<TenantOut>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants", tag = "tenants", operation_id = "list_tenants",
+    responses((status = 200, description = "Every tenant", body = TenantList)),
+    security(("admin_token" = [])),
+)]
+pub(crate) async fn list_tenants(State(state): State<Arc<AppState>>, _: Admin) -> Result<Json<TenantList>, ApiError> {
+    let tenants = state.store.list_tenants().await?;
+    Ok(Json(TenantList { data: tenants.into_iter().map(TenantOut::from).collect() }))
+}

@@ -8,7 +8,8 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
 use super::js::{Source, detect};
-use super::runtime::{LoadedPlugin, LogCapture, Runtime};
+use super::runtime::{LoadedPlugin, Runtime};
+use super::sandbox::LogCapture;
 use super::types::{Hook, PluginConfig, PluginError};
 use super::{
     DeliveryContext, Outcome, Pause, Request, Response, TransformResult, TransportError, TransportErrorKind, Verdict,

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::artifacts::{deserialize, write_atomically};
+use super::engine::compile_engine;
 use super::output::root_message;
 use super::types::{PluginConfig, PluginError};
 
@@ -99,7 +101,7 @@ impl Compiler {
             None => {
                 let artifact =
                     self.engine.precompile_component(bytes).map_err(|e| PluginError::Invalid(root_message(&e)))?;
-                super::registry::write_atomically(dir, &file, &artifact)?;
+                write_atomically(dir, &file, &artifact)?;
             }
         }
         deserialize(&self.engine, &path).map_err(|e| {
@@ -196,7 +198,7 @@ impl Compiler {
 pub fn compile_child(input: &Path, output: &Path, max_memory: u64, max_cpu_secs: u64) -> Result<(), PluginError> {
     limit_self(max_memory, max_cpu_secs)?;
     let bytes = std::fs::read(input).map_err(|e| PluginError::io(input, e))?;
-    let engine = super::runtime::compile_engine().map_err(|e| PluginError::Engine(e.to_string()))?;
+    let engine = compile_engine().map_err(|e| PluginError::Engine(e.to_string()))?;
     let artifact = engine.precompile_component(&bytes).map_err(|e| PluginError::Invalid(root_message(&e)))?;
     std::fs::write(output, artifact).map_err(|e| PluginError::io(output, e))
 }
@@ -217,18 +219,6 @@ fn limit_self(max_memory: u64, max_cpu_secs: u64) -> Result<(), PluginError> {
 #[cfg(not(unix))]
 fn limit_self(_max_memory: u64, _max_cpu_secs: u64) -> Result<(), PluginError> {
     Ok(())
-}
-
-/// Maps a compiled artifact from the cache.
-#[allow(unsafe_code)]
-pub(super) fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
-    // SAFETY: the file is native code, trusted as such. It is only ever written by
-    // Herald (this module, or the `herald plugin compile` child it started) into the
-    // cache directory, which the registry refuses to place inside the plugins
-    // directory that uploads and operators write to; wasmtime checks that it was
-    // compiled for this engine's configuration. Files are written whole and renamed
-    // into place, never modified afterwards, so the mapping does not change under us.
-    unsafe { Component::deserialize_file(engine, path) }
 }
 
 /// A counting semaphore for blocking threads: compiles at once.

@@ -26,14 +26,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
-use wasmtime::component::{Component, ComponentType, Lift, Linker};
+use wasmtime::component::{Component, Linker};
 
+use super::artifacts::{deserialize, write_atomically};
 use super::bindings::PluginPre;
-use super::output::{MAX_REASON, root_message, truncate};
+use super::output::{FailureKind, JsFailure, root_message};
 use super::sandbox::HostState;
 use super::types::{PluginConfig, PluginError, PluginFailure};
 
@@ -86,37 +87,6 @@ pub(crate) fn describe_failed(f: PluginFailure) -> PluginError {
     match f {
         PluginFailure::Guest(message) | PluginFailure::InvalidOutput(message) => PluginError::Js(message),
         other => PluginError::Js(format!("evaluating it and calling describe failed: plugin:{other}")),
-    }
-}
-
-/// What the runtime says went wrong, in `fail` (`wit/js.wit`).
-#[derive(ComponentType, Lift, Clone, Copy, Debug, PartialEq, Eq)]
-#[component(enum)]
-#[repr(u8)]
-#[allow(dead_code)] // Its values are lifted from the runtime's argument, never written here.
-enum FailureKind {
-    #[component(name = "invalid-output")]
-    InvalidOutput,
-    #[component(name = "error")]
-    Error,
-}
-
-/// A call the runtime ended through `fail`: the error its trap carries.
-#[derive(Debug, thiserror::Error)]
-#[error("the JavaScript runtime ended the call: {message}")]
-pub(super) struct JsFailure {
-    kind: FailureKind,
-    message: String,
-}
-
-impl JsFailure {
-    /// The call's failure: `plugin:invalid_output: …` or `plugin:error: …`.
-    pub(super) fn failure(&self) -> PluginFailure {
-        let message = truncate(self.message.clone(), MAX_REASON);
-        match self.kind {
-            FailureKind::InvalidOutput => PluginFailure::InvalidOutput(message),
-            FailureKind::Error => PluginFailure::Guest(message),
-        }
     }
 }
 
@@ -243,7 +213,7 @@ impl JsRuntime {
         let bytes = std::fs::read(path).map_err(|e| unusable(path, "cannot read the JavaScript runtime", e))?;
         let candidates = self.artifact_paths(path, &bytes).clone();
         for artifact in candidates.iter().filter(|p| p.is_file()) {
-            match super::compile::deserialize(engine, artifact) {
+            match deserialize(engine, artifact) {
                 Ok(component) => return Ok(component),
                 Err(e) => {
                     tracing::warn!(path = %artifact.display(), error = %root_message(&e), "unusable compiled JavaScript runtime")
@@ -256,12 +226,12 @@ impl JsRuntime {
             .map_err(|e| unusable(path, "cannot compile the JavaScript runtime", root_message(&e)))?;
         let target = &candidates[0];
         let (dir, file) = (target.parent().unwrap_or(Path::new(".")), target.file_name().unwrap_or_default());
-        super::registry::write_atomically(dir, &file.to_string_lossy(), &compiled).map_err(|e| match e {
+        write_atomically(dir, &file.to_string_lossy(), &compiled).map_err(|e| match e {
             PluginError::Io { source, .. } => unusable(target, "cannot store the compiled JavaScript runtime", source),
             other => other,
         })?;
         tracing::info!(path = %target.display(), ms = started.elapsed().as_millis() as u64, "JavaScript runtime compiled");
-        super::compile::deserialize(engine, target)
+        deserialize(engine, target)
             .map_err(|e| unusable(target, "the compiled JavaScript runtime is unusable", root_message(&e)))
     }
 
@@ -282,10 +252,6 @@ fn unusable(path: &Path, what: &'static str, cause: impl std::fmt::Display) -> P
     tracing::error!(path = %path.display(), error = %cause, "{what}");
     PluginError::Engine(format!("{what}: {cause}"))
 }
-
-/// The runtime of a `LoadedPlugin` that runs JavaScript: its source, handed to each of
-/// its instances.
-pub(crate) type JsSource = Option<Arc<str>>;
 
 #[cfg(test)]
 mod tests {

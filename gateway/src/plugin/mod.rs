@@ -16,9 +16,11 @@
 //! - The hook data types ([`DeliveryContext`], [`Request`], [`Outcome`], [`Verdict`],
 //!   …) are generated from the WIT by the one `bindgen!` below.
 
+mod artifacts;
 mod cli;
 mod compile;
 mod convert;
+mod engine;
 mod inspect;
 mod js;
 mod output;
@@ -35,12 +37,10 @@ mod tests;
 pub use cli::{check_file, run_hook_file};
 pub use compile::{EXIT_INVALID, compile_child};
 pub use convert::verdict;
-pub use registry::{
-    FailureRecord, MAX_VERSIONS, PluginHost, PluginStats, PluginVersion, RECENT_FAILURES, split_pinned,
-};
+pub use registry::{FailureRecord, MAX_VERSIONS, PluginHost, PluginStats, PluginVersion, RECENT_FAILURES};
 pub use types::{
     Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, PluginValues, StructureLimits,
-    TenantLimitOverrides, TenantLimits, check_slug, is_slug,
+    TenantLimitOverrides, TenantLimits, check_slug, is_slug, split_pinned,
 };
 
 /// The hook data types, generated from `wit/plugin.wit`.

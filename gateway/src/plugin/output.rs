@@ -3,6 +3,7 @@
 //! [`PluginFailure`].
 
 use wasmtime::Trap;
+use wasmtime::component::{ComponentType, Lift};
 
 use super::types::PluginFailure;
 use super::{Header, Verdict};
@@ -17,6 +18,50 @@ const MAX_HEADERS: usize = 64;
 /// Headers the sender owns: removed from what plugins return.
 const RESERVED_HEADERS: [&str; 5] = ["host", "content-length", "transfer-encoding", "connection", "upgrade"];
 
+/// What the runtime says went wrong, in `fail` (`wit/js.wit`).
+#[derive(ComponentType, Lift, Clone, Copy, Debug, PartialEq, Eq)]
+#[component(enum)]
+#[repr(u8)]
+#[allow(dead_code)] // Its values are lifted from the runtime's argument, never written here.
+pub(super) enum FailureKind {
+    #[component(name = "invalid-output")]
+    InvalidOutput,
+    #[component(name = "error")]
+    Error,
+}
+
+/// A call the runtime ended through `fail`: the error its trap carries.
+#[derive(Debug, thiserror::Error)]
+#[error("the JavaScript runtime ended the call: {message}")]
+pub(super) struct JsFailure {
+    pub(super) kind: FailureKind,
+    pub(super) message: String,
+}
+
+impl JsFailure {
+    /// The call's failure: `plugin:invalid_output: …` or `plugin:error: …`.
+    pub(super) fn failure(&self) -> PluginFailure {
+        let message = truncate(self.message.clone(), MAX_REASON);
+        match self.kind {
+            FailureKind::InvalidOutput => PluginFailure::InvalidOutput(message),
+            FailureKind::Error => PluginFailure::Guest(message),
+        }
+    }
+}
+
+/// The current call's host calls took more than the output cap from the guest: it ends
+/// as `output_too_large`.
+#[derive(Debug)]
+pub(super) struct HostBytesExhausted;
+
+impl std::fmt::Display for HostBytesExhausted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the call's host calls took more than the output cap from the plugin")
+    }
+}
+
+impl std::error::Error for HostBytesExhausted {}
+
 pub(super) fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> PluginFailure {
     if memory_exceeded {
         return PluginFailure::Memory;
@@ -27,12 +72,12 @@ pub(super) fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> Plug
         return PluginFailure::Trap(format!("exit({})", exit.0));
     }
     // The JavaScript runtime ended the call, saying why (a field it refused, a syntax error).
-    if let Some(js) = err.downcast_ref::<super::js::JsFailure>() {
+    if let Some(js) = err.downcast_ref::<JsFailure>() {
         return js.failure();
     }
     // wasmtime's error type for this is private, so it is recognised by its message
     // (`aliased_output_is_refused_before_the_host_copies_it` notices if that changes).
-    if err.downcast_ref::<super::sandbox::HostBytesExhausted>().is_some()
+    if err.downcast_ref::<HostBytesExhausted>().is_some()
         || err.chain().any(|e| e.to_string().contains("fuel allocated for hostcalls has been exhausted"))
     {
         return PluginFailure::OutputTooLarge;

@@ -23,6 +23,7 @@ use super::pool::CallPool;
 use super::runtime::{LoadedPlugin, Runtime};
 use super::types::{
     Hook, HookSet, PluginConfig, PluginError, PluginFailure, PluginInfo, PluginMetrics, check_slug, is_slug,
+    split_pinned,
 };
 use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
 use files::read_dir;
@@ -32,11 +33,11 @@ mod settings;
 mod stats;
 mod usage;
 mod versions;
-use super::runtime::LogCapture;
-pub(super) use files::write_atomically;
+use super::artifacts::write_atomically;
+use super::sandbox::LogCapture;
 use stats::{Call, Stats};
 pub use stats::{FailureRecord, PluginStats, RECENT_FAILURES};
-pub use versions::{MAX_VERSIONS, PluginVersion, split_pinned};
+pub use versions::{MAX_VERSIONS, PluginVersion};
 
 /// The plugin host: a registry of tenants' plugins and the sandbox that runs them.
 /// Cheap to clone; every clone shares one registry and one engine.

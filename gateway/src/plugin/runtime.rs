@@ -37,16 +37,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+use wasmtime::{Engine, Store};
 
 use super::bindings::herald::plugin::types as wit;
 use super::bindings::{Plugin as Bindings, PluginPre};
 use super::compile::Compiler;
-use super::js::{self, JsRuntime, JsSource, Source};
+use super::engine::build_engine;
+use super::js::{self, JsRuntime, Source};
 use super::output::{
     MAX_REASON, check_headers, check_verdict, failure_from, is_pool_exhausted, root_message, strip_reserved, truncate,
 };
-use super::sandbox::{self, CallLimits, HostState};
+use super::sandbox::{self, CallLimits, HostState, JsSource, LogCapture};
 use super::ticker::Ticker;
 use super::types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, StructureLimits, TenantLimits};
 use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
@@ -193,50 +194,6 @@ impl Runtime {
     }
 }
 
-/// The engine `herald plugin compile` compiles with: the server's code-generation
-/// settings (so its artifacts load there), without the instance pool.
-pub(crate) fn compile_engine() -> wasmtime::Result<Engine> {
-    let mut config = engine_config();
-    // One core: the node's other core keeps serving while a plugin compiles.
-    config.parallel_compilation(false);
-    Engine::new(&config)
-}
-
-fn build_engine(cfg: &PluginConfig) -> wasmtime::Result<Engine> {
-    let mut pool = PoolingAllocationConfig::default();
-    let instances = cfg.max_instances.max(1);
-    pool.total_component_instances(instances)
-        .total_core_instances(instances.saturating_mul(8))
-        .max_core_instances_per_component(16)
-        .total_memories(instances.saturating_mul(2))
-        .max_memories_per_component(2)
-        .total_tables(instances.saturating_mul(8))
-        .max_tables_per_component(8)
-        .max_memory_size(cfg.max_memory())
-        .total_stacks(0);
-    let mut config = engine_config();
-    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&config)
-}
-
-/// What compiled code depends on; shared by the server and the compiler child.
-fn engine_config() -> wasmtime::Config {
-    let mut config = wasmtime::Config::new();
-    config
-        .epoch_interruption(true)
-        .memory_init_cow(true)
-        // A 4 GiB reservation plus a guard region covers every 32-bit address a guest
-        // can form, so compiled code needs no bounds check on each load and store
-        // (explicit checks made the example plugins' calls 7–11 % slower). It is address
-        // space only (PROT_NONE, never committed): 2 memories × 1000 slots ≈ 8 TiB of the
-        // 128 TiB a process has. The memory cap is enforced on growth, not by the mapping.
-        .memory_reservation(4 << 30)
-        .memory_guard_size(32 << 20)
-        .memory_reservation_for_growth(0)
-        .max_wasm_stack(512 << 10);
-    config
-}
-
 /// One immutable version of one tenant's plugin.
 pub(crate) struct LoadedPlugin {
     runtime: Arc<Runtime>,
@@ -270,9 +227,6 @@ struct WarmInstance {
     /// When it last went back to the warm pool.
     idle_since: Instant,
 }
-
-/// Log lines of one call, kept when the caller asks (the CLI does).
-pub(crate) type LogCapture = Vec<(&'static str, String)>;
 
 impl LoadedPlugin {
     /// Calls `describe` (which also evaluates a JavaScript source) and takes what it says.

@@ -21,12 +21,17 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::DeliveryContext;
 use super::bindings::herald::plugin::{host, types as wit};
-use super::output::truncate;
+use super::engine::EPOCH_TICK;
+use super::output::{HostBytesExhausted, truncate};
 use super::pool::{self, DEMOTE_AFTER};
-use super::runtime::LogCapture;
 
-/// How often the epoch advances; the granularity of call deadlines.
-pub(super) const EPOCH_TICK: Duration = Duration::from_millis(1);
+/// Log lines of one call, kept when the caller asks (the CLI does).
+pub(crate) type LogCapture = Vec<(&'static str, String)>;
+
+/// The source of a `LoadedPlugin` that runs JavaScript, handed to each of
+/// its instances.
+pub(crate) type JsSource = Option<Arc<str>>;
+
 /// A log line longer than this is truncated.
 const MAX_LOG_LINE: usize = 1024;
 /// Log lines past this many in one call are counted, not written.
@@ -52,26 +57,13 @@ pub(crate) struct HostState {
     capture: bool,
     pub(super) captured: LogCapture,
     /// A JavaScript plugin's source, read by the runtime through `js-source`.
-    pub(super) js_source: super::js::JsSource,
+    pub(super) js_source: JsSource,
     /// Bytes the current call's host calls (`log`, `get-config`) took from the guest,
     /// and the most they may: wasmtime's hostcall fuel bounds each host call, not their
     /// sum, so a loop of 4 MiB keys would copy 4 MiB per turn until the deadline.
     host_bytes: usize,
     pub(super) max_host_bytes: usize,
 }
-
-/// The current call's host calls took more than the output cap from the guest: it ends
-/// as `output_too_large`.
-#[derive(Debug)]
-pub(super) struct HostBytesExhausted;
-
-impl std::fmt::Display for HostBytesExhausted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the call's host calls took more than the output cap from the plugin")
-    }
-}
-
-impl std::error::Error for HostBytesExhausted {}
 
 impl HostState {
     pub(super) fn new(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use wasmtime::Engine;
 
-use super::sandbox::EPOCH_TICK;
+use super::engine::EPOCH_TICK;
 use super::types::PluginError;
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] while calls may be running, and

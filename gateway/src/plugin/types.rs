@@ -568,12 +568,9 @@ impl PluginError {
     }
 }
 
-/// Whether `s` is a valid tenant or plugin name: 1-64 characters of `[a-z0-9_-]`.
-pub fn is_slug(s: &str) -> bool {
-    (1..=64).contains(&s.len())
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-}
+pub use crate::model::{is_slug, split_pinned};
 
+/// `value` as a tenant or plugin name (see [`is_slug`]), or the error naming `what`.
 pub fn check_slug(what: &'static str, value: &str) -> Result<(), PluginError> {
     if is_slug(value) { Ok(()) } else { Err(PluginError::InvalidName { what, value: value.to_string() }) }
 }

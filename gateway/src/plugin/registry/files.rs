@@ -2,7 +2,6 @@
 //! start (in the background), reloading one when it changes, the watcher that notices,
 //! the idle-instance sweeper, and the atomic write of an upload.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Weak};
@@ -310,25 +309,4 @@ fn debounce_loop(rx: mpsc::Receiver<PathBuf>, host: Weak<Inner>, debounce: Durat
 pub(super) fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, PluginError> {
     let entries = std::fs::read_dir(dir).map_err(|e| PluginError::io(dir, e))?;
     Ok(entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
-}
-
-/// Writes `dir/file` so that readers see the old or the new content, never a mix:
-/// a hidden temp file in the same directory, fsync, rename, fsync the directory.
-pub(in crate::plugin) fn write_atomically(dir: &Path, file: &str, bytes: &[u8]) -> Result<(), PluginError> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    std::fs::create_dir_all(dir).map_err(|e| PluginError::io(dir, e))?;
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{file}.{}.{n}.tmp", std::process::id()));
-    let target = dir.join(file);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &target)?;
-        std::fs::File::open(dir)?.sync_all()
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        PluginError::io(&target, e)
-    })
 }

@@ -27,16 +27,6 @@ pub struct PluginVersion {
     pub current: bool,
 }
 
-/// `name@n` → (`name`, n).
-pub fn split_pinned(name: &str) -> Option<(&str, u32)> {
-    let (base, n) = name.split_once('@')?;
-    if n.starts_with('0') || !n.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u32 = n.parse().ok().filter(|n| *n > 0)?;
-    is_slug(base).then_some((base, n))
-}
-
 pub(super) struct VersionFile {
     pub(super) number: u32,
     pub(super) sha256: String,

@@ -7,16 +7,19 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::doc::ErrorCode;
-use super::extract::{ItemPath, JsonBody, Manage, Path, Read, TenantAuth, TenantPath};
-use super::{ApiError, AppState, rfc3339};
+use super::extract::{ItemPath, JsonBody, Manage, Path, Query, Read, TenantAuth, TenantPath};
+use super::{ApiError, AppState, page_limit, rfc3339};
 use crate::config::parse_duration_ms;
 use crate::model::*;
 use crate::sign::Secret;
 use crate::spec::{SpecRules, check_text, validate_url};
 use crate::store::EndpointChange;
+use health::{HealthOut, page_health};
+
+mod health;
 
 /// An endpoint as posted (create: `url` required) or patched: every field optional.
 /// Durations are written `"250ms"`, `"30s"`, `"15m"`, `"24h"`.
@@ -202,7 +205,7 @@ pub(crate) struct EndpointCreated {
 pub(crate) struct EndpointDetail {
     #[serde(flatten)]
     endpoint: EndpointOut,
-    health: super::insight::HealthOut,
+    health: HealthOut,
 }
 
 fn duration_text(ms: u64) -> String {
@@ -306,7 +309,7 @@ pub(crate) async fn get_one(
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<EndpointDetail>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    let health = super::insight::health(&state, &endpoint).await?;
+    let health = health::health(&state, &endpoint).await?;
     Ok(Json(EndpointDetail { endpoint: view(&endpoint), health }))
 }
 
@@ -525,4 +528,62 @@ pub(crate) async fn secret(
         .map(|s| SecretOut { secret: s.secret.clone(), expires_at: s.expires_at.map(rfc3339) })
         .collect();
     Ok(Json(SecretsOut { secret: endpoint.spec.secrets[0].secret.clone(), secrets }))
+}
+
+/// Paging of the endpoint listing.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EndpointQuery {
+    /// The `next_after` of the previous page.
+    after: Option<String>,
+    /// Page size (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// Include each endpoint's `health` (success rates, backlog, last success).
+    health: Option<bool>,
+    /// Only the endpoints that bind this plugin to a hook, as `name` or pinned (`name@n`).
+    #[param(pattern = "^[a-z0-9_-]{1,64}$")]
+    plugin: Option<String>,
+}
+
+/// An endpoint, with its health when asked for.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EndpointItem {
+    #[serde(flatten)]
+    endpoint: EndpointOut,
+    health: Option<HealthOut>,
+}
+
+/// A page of endpoints in creation order; `next_after` is null on the last page.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EndpointPage {
+    data: Vec<EndpointItem>,
+    next_after: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/endpoints", tag = "endpoints", operation_id = "list_endpoints",
+    params(TenantPath, EndpointQuery),
+    responses((status = 200, description = "A page of the tenant's endpoints", body = EndpointPage)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
+pub(crate) async fn list_endpoints(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Query(q): Query<EndpointQuery>,
+) -> Result<Json<EndpointPage>, ApiError> {
+    let limit = page_limit(q.limit)?;
+    let after = q.after.map(EndpointId::from_stored);
+    if let Some(name) = q.plugin.as_deref().filter(|n| !crate::plugin::is_slug(n)) {
+        return Err(super::extract::bad_query(format!("plugin: {name:?} is not a plugin name (1-64 of [a-z0-9_-])")));
+    }
+    let endpoints = state.store.endpoint_page(&tenant, after.as_ref(), limit, q.plugin.as_deref()).await?;
+    let health: Vec<Option<HealthOut>> = match q.health {
+        Some(true) => page_health(&state, &endpoints).await?.into_iter().map(Some).collect(),
+        _ => endpoints.iter().map(|_| None).collect(),
+    };
+    let data = endpoints.iter().zip(health).map(|(e, health)| EndpointItem { endpoint: view(e), health }).collect();
+    let next_after = (endpoints.len() as u32 == limit).then(|| endpoints.last().map(|e| e.id.to_string())).flatten();
+    Ok(Json(EndpointPage { data, next_after }))
 }
