@@ -13,16 +13,11 @@
 //! - `delivery`: sending to receivers: retries, 429 pauses, the classification table, signatures
 //! - `durability`: a killed or stopped `herald` process: nothing acknowledged is lost, restarts resume
 //! - `edges`: the listener: slow and idle clients, the connection cap
-//! - `js`: JavaScript plugins end to end
 //! - `limits`: refusals: the error shape, size limits, durations, deep payloads
 //! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
 //! - `outbox`: the transactional outbox relay from a producer's Postgres
-//! - `plugin_config`: a tenant's plugin settings
-//! - `plugin_guard`: per-tenant plugin limits and upload guards through the API
-//! - `plugin_limits`: plugin time budgets that grow with input, the largest event through a plugin
-//! - `plugin_stats`: per-plugin call statistics through the API
-//! - `plugin_versions`: plugin versions: pinning, rollback, deletion
-//! - `plugins`: WebAssembly plugins end to end: hooks, uploads, isolation, hot reload
+//! - `plugins`: plugins end to end: hooks, uploads, isolation, hot reload; under it `config`,
+//!   `guard`, `js` (JavaScript plugins), `limits`, `stats`, `versions`
 //! - `props`: property tests of the validators through the real API
 //! - `recovery`: dead letters, replays, operational events, retention
 //! - `scaffold`: `herald plugin new` projects build and their tests pass
@@ -44,15 +39,9 @@ mod contract;
 mod delivery;
 mod durability;
 mod edges;
-mod js;
 mod limits;
 mod metrics;
 mod outbox;
-mod plugin_config;
-mod plugin_guard;
-mod plugin_limits;
-mod plugin_stats;
-mod plugin_versions;
 mod plugins;
 mod props;
 mod recovery;

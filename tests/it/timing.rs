@@ -114,6 +114,31 @@ async fn retries_follow_the_backoff_schedule() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A delivery whose next retry would fall past its event's `ttl` (25 min here, retries every
+/// 10 min) becomes a dead letter (`expired`) when the attempt that cannot be followed fails,
+/// at 20 min: not earlier, and without waiting for a retry it would never send.
+#[tokio::test(start_paused = true)]
+async fn a_retry_past_the_ttl_is_not_scheduled_and_the_delivery_expires() -> anyhow::Result<()> {
+    let _time = hold_time();
+    let rx = FakeReceiver::start().await?;
+    rx.set_default(Answer::status(503));
+    let retry = json!({"retry": {"base": "10m", "factor": 1, "jitter": "none", "max_attempts": 50, "ttl": "25m"}});
+    let (gw, _, delivery) = setup(&rx, &[], retry).await?;
+    for n in 1..=2 {
+        let d = attempted(&gw.api, &delivery, n).await?;
+        assert_ne!(d["state"], "dead", "attempt {n} at {} min leaves a retry within the ttl: {d}", (n - 1) * 10);
+        let started = ms(&d["attempt_history"][n - 1]["started_at"]);
+        assert_eq!(ms(&d["next_attempt_at"]) - started, 600_000, "{d}");
+        tokio::time::advance(Duration::from_secs(600)).await;
+    }
+    let d = attempted(&gw.api, &delivery, 3).await?;
+    assert_eq!((&d["state"], &d["reason"]), (&json!("dead"), &json!("expired")), "{d}");
+    let first = ms(&d["attempt_history"][0]["started_at"]);
+    assert_eq!(ms(&d["attempt_history"][2]["started_at"]) - first, 1_200_000, "{d}");
+    assert_eq!(rx.count(), 3, "no attempt past the ttl");
+    Ok(())
+}
+
 /// An endpoint whose first delivery got a 429 with `Retry-After: retry_after` seconds, and
 /// two more events posted behind it: the node, the endpoint's id, and when the 429 came.
 async fn limited_by_a_429(rx: &FakeReceiver, retry_after: u64) -> anyhow::Result<(TestGateway, String, i64)> {

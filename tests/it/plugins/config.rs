@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Backend, FakeReceiver, TestGateway, pg::PgSchema};
 
-use super::plugins::{plugin_bytes, upload};
+use super::{plugin_bytes, upload};
 
 tests::backends!(tenant_settings_apply_at_once_survive_a_restart_and_hide_secrets);
 

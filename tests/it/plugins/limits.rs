@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 use tests::{ADMIN_TOKEN, FakeReceiver, TestGateway};
 
-use super::plugins::{plugin_bytes, upload};
+use super::{plugin_bytes, upload};
 
 /// A payload just under `server.max_payload_bytes` (1 MiB) with the posted envelope.
 fn big_payload() -> serde_json::Value {

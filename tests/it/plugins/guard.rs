@@ -10,7 +10,7 @@ use serde_json::json;
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Api, FakeReceiver, HeraldProcess, TestGateway, herald_binary, with_custom_section};
 
-use super::plugins::{plugin_bytes, upload};
+use super::{plugin_bytes, upload};
 
 fn version_numbers(r: &tests::Reply) -> Vec<u64> {
     r.json["data"].as_array().unwrap().iter().map(|v| v["version"].as_u64().unwrap()).collect()

@@ -1,5 +1,13 @@
 //! Deliveries through the example WebAssembly plugins (built by scripts/build-plugins),
-//! uploads, tenant isolation and hot reload under load.
+//! uploads, tenant isolation and hot reload under load; the plugin features each have a
+//! module below, one line each:
+//!
+//! - `config`: a tenant's plugin settings
+//! - `guard`: per-tenant plugin limits and upload guards through the API
+//! - `js`: JavaScript plugins end to end
+//! - `limits`: plugin time budgets that grow with input, the largest event through a plugin
+//! - `stats`: per-plugin call statistics through the API
+//! - `versions`: plugin versions: pinning, rollback, deletion
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,6 +16,13 @@ use hmac::{Hmac, Mac};
 use serde_json::json;
 use sha2::Sha256;
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, TestGateway, with_custom_section};
+
+mod config;
+mod guard;
+mod js;
+mod limits;
+mod stats;
+mod versions;
 
 /// A built example plugin; the suite fails (never skips) when it is missing.
 pub(crate) fn plugin_bytes(name: &str) -> Vec<u8> {

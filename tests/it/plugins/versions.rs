@@ -9,7 +9,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tests::{ADMIN_TOKEN, Backend, FakeReceiver, Received, TestGateway};
 
-use super::plugins::{plugin_bytes, upload};
+use super::{plugin_bytes, upload};
 
 tests::backends!(versions_pin_roll_back_under_load_and_guard_deletion);
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 use tests::{ADMIN_TOKEN, FakeReceiver, TestGateway};
 
-use super::plugins::{plugin_bytes, upload};
+use super::{plugin_bytes, upload};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plugin_api_shows_calls_failures_by_reason_timings_and_recent_failures() -> anyhow::Result<()> {
