@@ -20,7 +20,7 @@ pub mod sqlite;
 
 pub use admin::Admin;
 pub use committer::{CommitSink, Committer, Pending};
-pub use engine::{Engine, Housekeeping};
+pub use engine::{Engine, Housekeeping, NodeIdLock};
 pub use reads::Reads;
 
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
