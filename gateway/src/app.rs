@@ -71,8 +71,8 @@ pub async fn run(
 ) -> Result<(), AppError> {
     let config = Arc::new(config);
     let store = store::open(&config.store_url, config.store_max_connections).await?;
-    let committer = Committer::start(store.clone(), config.intake_max_batch);
     let metrics = Arc::new(Metrics::default());
+    let committer = Committer::start(store.clone(), config.intake_max_batch).reporting_to(metrics.store_health.clone());
     let (stop, stopped) = watch::channel(false);
     let (node_id, node_lock) = hold_node_id(&config, &store).await?;
     let ops = Ops::setup(&store, committer.clone(), metrics.clone(), &config.operator, config.retry.ttl()).await?;

@@ -100,7 +100,7 @@ fn now_ms() -> Millis {
 }
 
 /// A counter from a node's `/metrics`.
-async fn metric(api: &Api, name: &str) -> anyhow::Result<u64> {
+pub(crate) async fn metric(api: &Api, name: &str) -> anyhow::Result<u64> {
     let r = api.raw("GET", "/metrics", None, Bytes::new()).await?;
     let line = r.text.lines().find(|l| l.split(' ').next() == Some(name));
     Ok(line.and_then(|l| l.split(' ').nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0))
