@@ -36,7 +36,7 @@ impl Cluster {
             nodes.push(HeraldProcess::start(&bin, dir.path(), &env).await?);
             dirs.push(dir);
         }
-        Ok(Cluster { nodes, dirs: dirs, schema })
+        Ok(Cluster { nodes, dirs, schema })
     }
 
     /// Creates tenant `acme` and one paced endpoint; returns its id.

@@ -177,6 +177,17 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
     })
     .await?;
     let settled = back_long.elapsed();
+    // Each node holds its id again (a session-level advisory lock, lost with its session).
+    eventually("each node holds its id again", Duration::from_secs(10), || {
+        let pool = pool.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+                .fetch_one(&pool)
+                .await?;
+            done_or(n == NODES as i64, format!("{n} ids held"))
+        }
+    })
+    .await?;
     let got = rx.received();
     let mut per: HashMap<(&str, &str), usize> = HashMap::new();
     for r in &got {

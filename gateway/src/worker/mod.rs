@@ -80,6 +80,7 @@ impl Engine {
     /// `store::Engine::hold_node_id`); it stops taking new work when `shutdown` turns true. Its clock
     /// reads the wall clock once, here, and follows tokio's from then on (so a paused
     /// runtime controls it).
+    #[allow(clippy::too_many_arguments)] // one per part of the node it wires together
     pub async fn start(
         owner: String,
         store: DynStore,
