@@ -166,26 +166,16 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
     // under a lease to be sent again (before, such results were dropped and their
     // deliveries sat 40 s in `delivering`, then went out twice).
     let pool = sqlx::PgPool::connect(&url).await?;
-    eventually("every delivery is recorded as delivered", Duration::from_secs(60), || {
-        let pool = pool.clone();
-        async move {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE state <> 'delivered'")
-                .fetch_one(&pool)
-                .await?;
-            done_or(n == 0, format!("{n} not delivered"))
-        }
+    eventually("every delivery is recorded as delivered", Duration::from_secs(60), || async {
+        let n = count(&pool, "SELECT count(*) FROM deliveries WHERE state <> 'delivered'").await?;
+        done_or(n == 0, format!("{n} not delivered"))
     })
     .await?;
     let settled = back_long.elapsed();
     // Each node holds its id again (a session-level advisory lock, lost with its session).
-    eventually("each node holds its id again", Duration::from_secs(10), || {
-        let pool = pool.clone();
-        async move {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
-                .fetch_one(&pool)
-                .await?;
-            done_or(n == NODES as i64, format!("{n} ids held"))
-        }
+    eventually("each node holds its id again", Duration::from_secs(10), || async {
+        let n = count(&pool, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted").await?;
+        done_or(n == NODES as i64, format!("{n} ids held"))
     })
     .await?;
     let got = rx.received();
@@ -236,4 +226,9 @@ async fn resumed_after(rx: &FakeReceiver, seen: &Mutex<Seen>, back: Instant) -> 
         Ok(first.map(|at| at.duration_since(back)).ok_or_else(|| format!("{} acknowledged since", fresh.len())))
     })
     .await
+}
+
+/// A `count(*)` on the test's own server.
+async fn count(pool: &sqlx::PgPool, query: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(query).fetch_one(pool).await?)
 }
