@@ -275,6 +275,34 @@ async fn a_second_live_node_with_the_same_id_is_refused() -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A node that loses the session holding its id (the database ended it) and finds another
+/// process holding the id when it comes to take it again stops, with an error naming the
+/// id: the leases under that id are the other's now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_id_was_taken_meanwhile_stops() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(1, &[("HERALD_CLUSTER_NODE_ID", "node-a")]).await?;
+    // One connection: the lock the test takes is its session's.
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&cluster.schema.url).await?;
+    let key = "hashtext(current_schema()), hashtext('herald-node:node-a')";
+    let ended: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l, (SELECT {key}) AS k(s, n) \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.classid::int = k.s AND l.objid::int = k.n"
+    ))
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(ended, 1, "one session held the node's id");
+    // Taken before the node comes back for it (it looks once a second).
+    let take = format!("SELECT pg_try_advisory_lock({key})");
+    eventually("the test takes the id", Duration::from_secs(5), || async {
+        let taken: bool = sqlx::query_scalar(&take).fetch_one(&pool).await?;
+        done_or(taken, "held")
+    })
+    .await?;
+    let status = cluster.nodes[0].exited(Duration::from_secs(20)).await?;
+    assert!(!status.success(), "the node stopped with an error: {status}");
+    Ok(())
+}
+
 /// A rolling restart (SIGTERM, start again, one node at a time) of three nodes keeps the
 /// cluster delivering: arrivals never stop for more than 2 s, and no endpoint waits longer
 /// than one partition lease (15 s) between two of its deliveries. Nothing is lost.
