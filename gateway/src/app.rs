@@ -28,6 +28,8 @@ pub enum AppError {
     Io(#[from] std::io::Error),
     #[error("plugins: {0}")]
     Plugins(#[from] crate::plugin::PluginError),
+    #[error("cluster.node_id {0:?} is held by another live process on this store; give each node its own id")]
+    NodeIdTaken(String),
 }
 
 /// Connections `server.admin_listen` serves at once: probes and scrapers need few.
@@ -69,9 +71,10 @@ pub async fn run(
 ) -> Result<(), AppError> {
     let config = Arc::new(config);
     let store = store::open(&config.store_url, config.store_max_connections).await?;
-    let committer = Committer::start(store.clone(), config.intake_max_batch);
     let metrics = Arc::new(Metrics::default());
+    let committer = Committer::start(store.clone(), config.intake_max_batch).reporting_to(metrics.store_health.clone());
     let (stop, stopped) = watch::channel(false);
+    let (node_id, node_lock) = hold_node_id(&config, &store).await?;
     let ops = Ops::setup(&store, committer.clone(), metrics.clone(), &config.operator, config.retry.ttl()).await?;
     let plugins = start_plugins(&config).await?;
     apply_plugin_settings(&store, &plugins).await?;
@@ -81,6 +84,7 @@ pub async fn run(
         tokio::spawn(follow_plugin_settings(store.clone(), plugins.clone(), stopped.clone()));
     }
     let engine = Engine::start(
+        node_id.clone(),
         store.clone(),
         committer.clone(),
         config.clone(),
@@ -100,7 +104,7 @@ pub async fn run(
         Some(addr) => Some(TcpListener::bind(addr).await?),
         None => None,
     };
-    tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, "herald serving");
+    tracing::info!(listen = %listener.local_addr()?, store = %config.store_url, node_id, "herald serving");
     if let Some(admin) = admin {
         tracing::info!(admin_listen = %admin.local_addr()?, "serving /healthz, /readyz and /metrics");
         let limits = ServerLimits { max_connections: ADMIN_MAX_CONNECTIONS, ..config.server };
@@ -110,15 +114,73 @@ pub async fn run(
         };
         tokio::spawn(crate::api::listen::serve(admin, crate::api::admin_router(state.clone()), limits, stopped));
     }
+    // A node id lost to another process stops this one: its leases are the other's now.
+    let mut lost = node_lock.lost.clone();
     let shutdown = async move {
-        shutdown.await;
+        tokio::select! {
+            () = shutdown => {}
+            Ok(_) = lost.wait_for(|l| *l) => {}
+        }
         let _ = stop.send(true);
     };
     crate::api::listen::serve(listener, router(state), config.server, shutdown).await?;
     // In-flight attempts record their results, and partitions hand unsent claims back,
-    // before the node exits.
-    engine.drain(SHUTDOWN_GRACE).await;
+    // before the node exits; it gives its partition leases up only if its id is still its own.
+    let still_ours = !*node_lock.lost.borrow();
+    engine.drain(SHUTDOWN_GRACE, still_ours).await;
+    if !still_ours {
+        return Err(AppError::NodeIdTaken(node_id));
+    }
+    drop(node_lock);
     Ok(())
+}
+
+/// How long a start waits for the id it asks for to come free: a killed process's database
+/// session ends (and frees the id) a moment after the process.
+const NODE_ID_WAIT: Duration = Duration::from_secs(3);
+/// How long a start waits for the host name's id before it tries `<host>-2`, and so on.
+const HOST_ID_WAIT: Duration = Duration::from_secs(1);
+/// How many host-name ids a start tries.
+const HOST_ID_SLOTS: usize = 16;
+
+/// Holds this node's id (see `store::Engine::hold_node_id`) for the process's life, so a
+/// restarted node takes up its own leases at once: `cluster.node_id` as set (refused while
+/// another live process holds it), else the host name, or `<host>-2`, `<host>-3`, … when
+/// other processes on the host hold those (a restart then usually finds its own again).
+async fn hold_node_id(config: &Config, store: &DynStore) -> Result<(String, store::NodeIdLock), AppError> {
+    let candidates: Vec<(String, Duration)> = match &config.node_id {
+        Some(id) => vec![(id.clone(), NODE_ID_WAIT)],
+        None => {
+            let host = host_name();
+            let others = (2..=HOST_ID_SLOTS).map(|n| (format!("{host}-{n}"), Duration::ZERO));
+            std::iter::once((host.clone(), HOST_ID_WAIT)).chain(others).collect()
+        }
+    };
+    for (id, wait) in &candidates {
+        let deadline = tokio::time::Instant::now() + *wait;
+        loop {
+            if let Some(lock) = store.hold_node_id(id).await? {
+                return Ok((id.clone(), lock));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Err(AppError::NodeIdTaken(candidates[0].0.clone()))
+}
+
+/// This machine's host name as a node id (`cluster.node_id`'s characters), or `herald`.
+fn host_name() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = raw
+        .trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
+        .take(crate::config::MAX_NODE_ID - 4)
+        .collect();
+    if name.is_empty() { "herald".into() } else { name }
 }
 
 /// Starts a relay for each `[[outbox]]` source, feeding the same intake as the API.

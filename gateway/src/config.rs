@@ -62,6 +62,9 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// `[[outbox]]`: producer outboxes this node relays.
     pub outbox: Vec<OutboxSource>,
+    /// `cluster.node_id`: the name this node's leases are stored under; `None`: derived
+    /// from the host name at start (`app::node_id`).
+    pub node_id: Option<String>,
     pub log_level: String,
     pub log_json: bool,
 }
@@ -378,10 +381,25 @@ impl RawConfig {
             operator: self.operator.validate()?,
             retention: self.retention.validate()?,
             outbox: outbox::validate(&self.outbox)?,
+            node_id: node_id(&self.cluster.node_id)?,
             log_level: self.log.level,
             log_json: self.log.format == "json",
         })
     }
+}
+
+/// Longest `cluster.node_id` (it is stored with every lease).
+pub const MAX_NODE_ID: usize = 64;
+
+/// `cluster.node_id`: empty for the default, else letters, digits, `.`, `_` and `-`.
+fn node_id(text: &str) -> Result<Option<String>, ConfigError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if text.len() > MAX_NODE_ID || !text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+        return Err(invalid("cluster.node_id", format!("up to {MAX_NODE_ID} letters, digits, '.', '_' or '-'")));
+    }
+    Ok(Some(text.to_string()))
 }
 
 impl RawStore {

@@ -10,6 +10,7 @@
 //! - `cluster`: several `herald` processes on one Postgres: no double sends, the pace across nodes
 //! - `console`: the console in headless Chromium: pages, scopes, XSS safety, screenshots
 //! - `contract`: the OpenAPI document against the router, schemathesis, the generated client
+//! - `db_restart`: Herald's Postgres (a server of the test's own) restarting under running nodes
 //! - `delivery`: sending to receivers: retries, 429 pauses, the classification table, signatures
 //! - `durability`: a killed or stopped `herald` process: nothing acknowledged is lost, restarts resume
 //! - `edges`: the listener: slow and idle clients, the connection cap
@@ -36,6 +37,7 @@ mod cli;
 mod cluster;
 mod console;
 mod contract;
+mod db_restart;
 mod delivery;
 mod durability;
 mod edges;

@@ -78,6 +78,7 @@ macro_rules! conformance {
 
 conformance!(
     tenants_tokens_and_endpoints,
+    a_node_ids_leases_are_recovered_at_once,
     intake_is_idempotent_and_fans_out_by_filter,
     claim_takes_due_rows_in_order_under_a_fenced_lease,
     stale_fence_records_nothing,
@@ -602,6 +603,31 @@ async fn abandoned_leases_are_recovered(b: Backend) -> anyhow::Result<()> {
     assert_eq!(b.committer.record(vec![fresh]).await?, [true]);
     let (d, attempts) = b.store.get_delivery(&lost.tenant, &lost.id).await?.expect("delivery");
     assert_eq!((d.state, attempts.len()), (DeliveryState::Delivered, 1));
+    Ok(())
+}
+
+/// A node that holds its id takes up every delivery leased under it at once, however long
+/// those leases would still run; other owners' leases are kept.
+async fn a_node_ids_leases_are_recovered_at_once(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    ingest(&b, vec![event("acme", "evt_1", "t", T0), event("acme", "evt_2", "t", T0)]).await?;
+    let mut req = claim_req("ep_a", T0, 1, "node-a");
+    req.lease_until = T0 + 60_000;
+    let mine = b.committer.claim(req).await?.remove(0);
+    let mut req = claim_req("ep_a", T0 + 1, 1, "node-b");
+    req.lease_until = T0 + 60_000;
+    let other = b.committer.claim(req).await?.remove(0);
+
+    assert_eq!(b.store.recover_leases_of("node-a", T0 + 5).await?, 1);
+    let d = b.store.get_delivery(&mine.tenant, &mine.id).await?.expect("delivery").0;
+    assert_eq!((d.state, d.next_attempt_at), (DeliveryState::Waiting, Some(T0 + 5)));
+    let d = b.store.get_delivery(&other.tenant, &other.id).await?.expect("delivery").0;
+    assert_eq!(d.state, DeliveryState::Delivering, "another node's lease is kept");
+    // The previous process's result is refused once the delivery is claimed again.
+    let again = b.committer.claim(claim_req("ep_a", T0 + 6, 5, "node-a")).await?.remove(0);
+    assert_eq!((again.id.as_str(), again.fence), (mine.id.as_str(), mine.fence + 1));
+    let late = result(&mine, mine.fence, DeliveryState::Delivered, None, 200, T0 + 7);
+    assert_eq!(b.committer.record(vec![late]).await?, [false]);
     Ok(())
 }
 
@@ -1225,6 +1251,26 @@ mod backend_specific {
         let refused = b.committer.claim_in_partition(elsewhere, None).await?;
         assert_eq!(refused.map(|c| c.claimed.len()), Some(0));
         assert_eq!(told.0.lock().unwrap().len(), 1, "a claim without the lease sees nothing for the partition");
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_id_has_one_live_holder() -> anyhow::Result<()> {
+        let b = Backend::postgres().await?;
+        let (other, _) = b.another_node().await?;
+        let held = b.store.hold_node_id("node-a").await?.expect("a free id is granted");
+        assert!(other.hold_node_id("node-a").await?.is_none(), "held by the first");
+        assert!(other.hold_node_id("node-b").await?.is_some(), "another id is free");
+        assert!(!*held.lost.borrow());
+        drop(held);
+        // Dropping the lock ends its session, which frees the id (as a killed process's does).
+        tests::eventually("the id comes free", Duration::from_secs(10), || async {
+            Ok(other.hold_node_id("node-a").await?.map(drop).ok_or_else(|| "still held".to_string()))
+        })
+        .await?;
+        // A schema is a store of its own: the same id there is another node's.
+        let elsewhere = Backend::postgres().await?;
+        assert!(elsewhere.store.hold_node_id("node-b").await?.is_some());
         Ok(())
     }
 

@@ -428,6 +428,18 @@ impl HeraldProcess {
         self.child.id()
     }
 
+    /// Waits (up to `within`) for the process to end by itself; its exit status.
+    pub async fn exited(&mut self, within: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "herald {} still runs after {within:?}", self.child.id());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGTERM, and waits (up to `within`) for the drained shutdown to end the process.
     pub async fn terminate(&mut self, within: Duration) -> anyhow::Result<std::process::ExitStatus> {
         let pid = libc::pid_t::try_from(self.child.id())?;
@@ -435,17 +447,11 @@ impl HeraldProcess {
         #[allow(unsafe_code)]
         let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
         anyhow::ensure!(rc == 0, "SIGTERM {pid}: {}", std::io::Error::last_os_error());
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                self.kill();
-                bail!("herald {pid} did not stop within {within:?} of SIGTERM");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let exited = self.exited(within).await;
+        if exited.is_err() {
+            self.kill();
         }
+        exited.with_context(|| format!("herald {pid} did not stop within {within:?} of SIGTERM"))
     }
 }
 

@@ -96,3 +96,103 @@ async fn connect(url: &str) -> anyhow::Result<PgConnection> {
 async fn timeout<T>(f: impl Future<Output = T>) -> anyhow::Result<T> {
     tokio::time::timeout(Duration::from_secs(10), f).await.context("timed out connecting to Postgres")
 }
+
+/// A Postgres server of a test's own, for tests that stop and start it (never the shared
+/// one other tests use): `initdb` into a temporary directory, on a free loopback port,
+/// driven with `pg_ctl`. As root (the tests' machine), those run as the `postgres` user.
+/// Dropping it stops the server at once (`-m immediate`), whatever the test did.
+pub struct OwnPostgres {
+    pub port: u16,
+    data: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+/// Where the server binaries live (`HERALD_TEST_PG_BIN`, default Debian's Postgres 15).
+fn pg_bin(tool: &str) -> std::path::PathBuf {
+    let dir = std::env::var("HERALD_TEST_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+    std::path::Path::new(&dir).join(tool)
+}
+
+impl OwnPostgres {
+    /// Creates the cluster and starts the server.
+    pub fn start() -> anyhow::Result<OwnPostgres> {
+        let dir = tempfile::tempdir()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let data = dir.path().join("data");
+        if is_root() {
+            let owner = |flag: &str| -> anyhow::Result<u32> {
+                let out = std::process::Command::new("id").args([flag, "postgres"]).output()?;
+                Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+            };
+            std::os::unix::fs::chown(dir.path(), Some(owner("-u")?), Some(owner("-g")?))?;
+        }
+        let data_arg = data.display().to_string();
+        run_as_postgres(&pg_bin("initdb"), &["-D", &data_arg, "-U", "postgres", "--auth=trust", "-N"])?;
+        let pg = OwnPostgres { port, data, dir };
+        pg.start_again()?;
+        Ok(pg)
+    }
+
+    /// A store URL on the server's `postgres` database.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts the (stopped) server and waits until it accepts connections.
+    pub fn start_again(&self) -> anyhow::Result<()> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log").display().to_string();
+        self.pg_ctl(&["start", "-w", "-t", "30", "-o", &options, "-l", &log])
+    }
+
+    /// Stops the server (`mode`: `fast` ends every session and stops cleanly, `immediate`
+    /// as if the machine lost power) and waits until it is down.
+    pub fn stop(&self, mode: &str) -> anyhow::Result<()> {
+        self.pg_ctl(&["stop", "-w", "-t", "30", "-m", mode])
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+        let data = self.data.display().to_string();
+        let mut all = vec!["-D", data.as_str()];
+        all.extend_from_slice(args);
+        run_as_postgres(&pg_bin("pg_ctl"), &all)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        // Already stopped: pg_ctl says so and nothing happens.
+        let _ = self.stop("immediate");
+    }
+}
+
+#[allow(unsafe_code)]
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs a server tool, as `postgres` when this is root (Postgres refuses to run as root).
+fn run_as_postgres(tool: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
+    let mut cmd = if is_root() {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(tool);
+        c
+    } else {
+        std::process::Command::new(tool)
+    };
+    let out =
+        cmd.args(args).stdin(std::process::Stdio::null()).output().with_context(|| format!("{}", tool.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} {args:?}: {}{}",
+        tool.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}

@@ -17,6 +17,7 @@ pub struct RawConfig {
     pub plugins: RawPlugins,
     pub operator: RawOperator,
     pub retention: RawRetention,
+    pub cluster: RawCluster,
     pub log: RawLog,
     /// `[[outbox]]`: an array of tables, so after every plain section.
     pub outbox: Vec<super::RawOutbox>,
@@ -255,6 +256,14 @@ impl Default for RawPlugins {
             tenant: Default::default(),
         }
     }
+}
+
+/// `[cluster]`: how this node names itself in the store's leases.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCluster {
+    /// Empty: derived from the host name (see `config::NodeId`).
+    pub node_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -104,6 +104,12 @@ fn errors_name_the_key() {
         ("[plugins]\nmax_tenant_bytes = 1000\n", &[], "plugins.max_tenant_bytes"),
         ("[plugins]\ncompile_timeout = \"soon\"\n", &[], "plugins.compile_timeout"),
         ("[plugins]\nwarm_idle = \"idle\"\n", &[], "plugins.warm_idle"),
+        ("[cluster]\nnode_id = \"a b\"\n", &[], "cluster.node_id"),
+        (
+            "",
+            &[("HERALD_CLUSTER_NODE_ID", "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn")],
+            "cluster.node_id",
+        ),
     ];
     for (toml, env, key) in cases {
         let err = load(toml, env).unwrap_err().to_string();

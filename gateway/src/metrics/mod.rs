@@ -64,6 +64,8 @@ const HISTOGRAMS: [(&str, &str, &[f64]); 4] = [
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// The committer's failures and recoveries (`Committer::reporting_to`).
+    pub store_health: Arc<crate::store::CommitHealth>,
     pub events_accepted: Counter,
     pub deliveries_created: Counter,
     pub attempts: Counter,
@@ -156,7 +158,10 @@ impl Metrics {
         let plugin_failures = "Failed plugin calls by tenant, plugin, hook and reason";
         let snapshot = snapshot::Shared::default();
         r.register_collector(Box::new(snapshot.clone()));
+        let store_health = Arc::<crate::store::CommitHealth>::default();
+        r.register_collector(Box::new(snapshot::StoreHealth(store_health.clone())));
         Metrics {
+            store_health,
             events_accepted,
             deliveries_created,
             attempts,

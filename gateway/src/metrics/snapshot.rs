@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::model::Millis;
 use crate::plugin::PluginMetrics;
-use crate::store::QueueStats;
+use crate::store::{CommitHealth, QueueStats};
 
 /// How many endpoints get their own due-deliveries series: the ones with the most due
 /// work. Endpoints can number in the hundred thousands; this keeps the series bounded.
@@ -110,4 +110,22 @@ fn gauges<L: EncodeLabelSet>(
         ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
     }
     Ok(())
+}
+
+/// The committer's failed writes and recoveries ([`CommitHealth`]), read at each scrape:
+/// they change while the store is down, when the snapshot cannot be refreshed.
+#[derive(Debug)]
+pub(super) struct StoreHealth(pub(super) Arc<CommitHealth>);
+
+impl Collector for StoreHealth {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for (name, help, value) in [
+            ("herald_store_write_failures", "Writes the store failed (database down or refusing)", self.0.failures()),
+            ("herald_store_recoveries", "Times the store took writes again after failing", self.0.recoveries()),
+        ] {
+            let m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(m)?;
+        }
+        Ok(())
+    }
 }

@@ -2,6 +2,7 @@
 //! folded into one transaction, each caller answered after the commit.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -14,6 +15,40 @@ use super::*;
 #[derive(Clone)]
 pub struct Committer {
     queue: Queue,
+    health: Arc<CommitHealth>,
+}
+
+/// How the writes through the committer fared: failures, and recoveries (a write that
+/// committed after some failed: the database came back). Read by `/metrics`.
+#[derive(Debug, Default)]
+pub struct CommitHealth {
+    failures: AtomicU64,
+    recoveries: AtomicU64,
+    failing: AtomicBool,
+}
+
+impl CommitHealth {
+    /// Writes that failed (every caller of a failed group commit counts).
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Times a write committed after writes had failed.
+    pub fn recoveries(&self) -> u64 {
+        self.recoveries.load(Ordering::Relaxed)
+    }
+
+    fn note(&self, committed: bool) {
+        if committed {
+            if self.failing.swap(false, Ordering::AcqRel) {
+                self.recoveries.fetch_add(1, Ordering::Relaxed);
+                tracing::info!("the store takes writes again");
+            }
+        } else {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            self.failing.store(true, Ordering::Release);
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -38,12 +73,19 @@ impl Committer {
     /// Starts group commits on `store`: its own queue when it has one, otherwise a commit
     /// loop that ends when every `Committer` clone is dropped.
     pub fn start(store: DynStore, max_batch: usize) -> Committer {
+        let health = Arc::default();
         if let Some(sink) = store.commit_sink(max_batch) {
-            return Committer { queue: Queue::Direct(sink) };
+            return Committer { queue: Queue::Direct(sink), health };
         }
         let (tx, rx) = mpsc::channel(max_batch * 4);
         tokio::spawn(commit_loop(store, rx, max_batch));
-        Committer { queue: Queue::Loop(tx) }
+        Committer { queue: Queue::Loop(tx), health }
+    }
+
+    /// Counts this committer's failures and recoveries in `health` (before it is cloned).
+    pub fn reporting_to(mut self, health: Arc<CommitHealth>) -> Committer {
+        self.health = health;
+        self
     }
 
     /// Submits one write and waits until it is committed (or failed).
@@ -59,7 +101,9 @@ impl Committer {
             Queue::Loop(tx) => tx.send((ops, reply)).await.map_err(|_| stopped())?,
             Queue::Direct(sink) => sink.send((ops, reply)).map_err(|_| stopped())?,
         }
-        rx.await.map_err(|_| stopped())?
+        let answer = rx.await.map_err(|_| stopped())?;
+        self.health.note(answer.is_ok());
+        answer
     }
 
     /// Records one attempt's result together with its endpoint's change (applied first, so

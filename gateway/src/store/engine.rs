@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::{CommitSink, Handoff, Notice, PartitionLease, Result, StoreError, WriteOp, WriteResult};
 use crate::model::*;
@@ -46,6 +46,44 @@ pub trait Engine: Send + Sync + 'static {
     /// Tells the other nodes that these endpoints changed (after the change committed), so
     /// whichever node paces one re-reads it at once. A no-op on a single-node store.
     async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()>;
+    /// Takes the node id `id` for this process's life, so no other live process uses it:
+    /// whoever holds it may take up every lease stored under it at once (see
+    /// [`Housekeeping::recover_leases_of`]). `None`: another live process holds it. The
+    /// default (a store one node owns, SQLite) always grants it: one process at a time
+    /// opens the file's writer.
+    async fn hold_node_id(&self, _id: &str) -> Result<Option<NodeIdLock>> {
+        Ok(Some(NodeIdLock::unshared()))
+    }
+}
+
+/// A held node id (see [`Engine::hold_node_id`]); dropping it gives the id up.
+pub struct NodeIdLock {
+    /// Turns true if the id was lost for good: the store's session that held it ended and
+    /// another process took the id before this one could take it back. This process must
+    /// then stop using the id: its leases are the other's now.
+    pub lost: watch::Receiver<bool>,
+    /// Ends the task that keeps the id (and closes its session) when the lock is dropped.
+    _keeper: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl NodeIdLock {
+    /// A lock nobody else can contend for.
+    pub fn unshared() -> NodeIdLock {
+        NodeIdLock { lost: watch::channel(false).1, _keeper: None }
+    }
+
+    /// A lock kept by `keeper`, which reports a loss on `lost`.
+    pub(super) fn kept(lost: watch::Receiver<bool>, keeper: tokio::task::JoinHandle<()>) -> NodeIdLock {
+        NodeIdLock { lost, _keeper: Some(keeper) }
+    }
+}
+
+impl Drop for NodeIdLock {
+    fn drop(&mut self) {
+        if let Some(k) = &self._keeper {
+            k.abort();
+        }
+    }
 }
 
 pub(super) fn partition_result(r: Option<WriteResult>) -> Result<bool> {
@@ -62,6 +100,10 @@ pub trait Housekeeping: Send + Sync + 'static {
     /// Returns deliveries whose lease ended before `expired_before` to `waiting`, due at
     /// `now` (crash recovery).
     async fn recover_leases(&self, expired_before: Millis, now: Millis) -> Result<u64>;
+    /// Returns every delivery leased to `owner` to `waiting`, due at `now`: at the start of
+    /// a node that holds `owner`'s id (see [`Engine::hold_node_id`]), whatever its previous
+    /// process held is abandoned, whenever its leases would end.
+    async fn recover_leases_of(&self, owner: &str, now: Millis) -> Result<u64>;
     /// Deletes up to `limit` finished deliveries (delivered before `delivered_before`, dead
     /// before `dead_before`) with their attempts, then events left without deliveries.
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64>;

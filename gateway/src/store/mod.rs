@@ -19,8 +19,8 @@ mod sql;
 pub mod sqlite;
 
 pub use admin::Admin;
-pub use committer::{CommitSink, Committer, Pending};
-pub use engine::{Engine, Housekeeping};
+pub use committer::{CommitHealth, CommitSink, Committer, Pending};
+pub use engine::{Engine, Housekeeping, NodeIdLock};
 pub use reads::Reads;
 
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
@@ -38,6 +38,20 @@ impl StoreError {
     /// A backend failure Herald itself detected.
     pub fn backend(message: impl Into<String>) -> StoreError {
         StoreError::Backend(BackendError { message: message.into(), source: None })
+    }
+
+    /// The database could not be reached or dropped the connection (it is restarting, the
+    /// network failed, the pool found no live connection in time): the same write may
+    /// succeed once it is back. Not a statement the database refused.
+    pub fn is_unavailable(&self) -> bool {
+        let StoreError::Backend(b) = self else { return false };
+        let Some(e) = b.source.as_deref().and_then(|e| e.downcast_ref::<sqlx::Error>()) else { return false };
+        match e {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
+            // Class 08: connection exceptions; 57P0x: the server is shutting down or starting.
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P0")),
+            _ => false,
+        }
     }
 
     /// A failure of the database driver (sqlx, rusqlite), kept as the source.

@@ -167,6 +167,11 @@ pub(super) const DUE_AT_LIFTED_PAUSE: &str = "UPDATE deliveries SET next_attempt
 /// paces those endpoints at once instead of waiting out the lease.
 pub(super) const RELEASE_PARTITIONS_OF: &str = "DELETE FROM partitions WHERE owner = $1";
 
+/// Returns every delivery leased to `$2` to `waiting`, due at `$1`: the leases of a node
+/// id whose previous process is gone (`Housekeeping::recover_leases_of`).
+pub(super) const RECOVER_LEASES_OF: &str = "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, \
+     lease_owner = NULL, lease_until = NULL, updated_at = $1 WHERE state = 'delivering' AND lease_owner = $2";
+
 /// Gives up every partition lease: a store one node owns (SQLite) at that node's start,
 /// where whoever held them was that node's previous process.
 pub(super) const RELEASE_ALL_PARTITIONS: &str = "DELETE FROM partitions";
@@ -373,6 +378,7 @@ mod tests {
             TAKE_PARTITION,
             RELEASE_PARTITION,
             RELEASE_PARTITIONS_OF,
+            RECOVER_LEASES_OF,
             NEXT_DUE,
             SUBSCRIBERS_OF_TENANT,
             UPSERT_PLUGIN_SETTINGS,

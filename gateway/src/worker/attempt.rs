@@ -190,7 +190,7 @@ async fn record(
         reason: decision.reason.clone(),
         attempt,
     };
-    let recorded = inner.committer.record_with(change, result).await;
+    let recorded = record_until_stored(inner, change, result).await;
     if let Ok(Recorded { dead_lettered: n @ 1.., .. }) = recorded {
         target.counters.dead_lettered("endpoint_disabled", n);
         tracing::warn!(
@@ -229,7 +229,7 @@ async fn record(
         Err(e) => {
             tracing::error!(
                 tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
-                attempt = number, error = %e, "cannot record attempt; the lease will expire and it will be retried"
+                attempt = number, error = %e, "cannot record attempt; the lease will expire and it will be sent again"
             )
         }
     }
@@ -237,6 +237,36 @@ async fn record(
         tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
         attempt = number, status, verdict = %decision.label, duration_ms, "attempt"
     );
+}
+
+/// The first wait before a record is tried again, and the longest.
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(100);
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Commits a result, trying again for as long as the database is out of reach (restarting,
+/// a connection lost): a result sent and then dropped would be sent again once its lease
+/// expired, long after the database came back. Trying again is safe: the fence admits one
+/// result per claim, so a retry after a commit whose answer was lost is refused (counted as
+/// fenced), never recorded twice, and a result that outlived its lease is refused too. The
+/// attempt keeps its node-wide slot meanwhile, so a node whose database is down soon stops
+/// sending (`delivery.max_in_flight_total`). A failure of another kind (the database
+/// refused the statement) is not tried again: it would fail every group commit it joined.
+async fn record_until_stored(
+    inner: &Inner,
+    change: Option<EndpointChange>,
+    result: AttemptResult,
+) -> crate::store::Result<Recorded> {
+    let mut wait = RECORD_RETRY_FIRST;
+    loop {
+        match inner.committer.record_with(change.clone(), result.clone()).await {
+            Err(e) if e.is_unavailable() => {
+                tracing::debug!(delivery_id = %result.delivery, error = %e, "cannot record attempt yet; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RECORD_RETRY_MAX);
+            }
+            recorded => return recorded,
+        }
+    }
 }
 
 /// A delivery just went to the dead-letter queue: counted, logged, announced as an

@@ -24,8 +24,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
@@ -33,7 +31,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::deliver::Deliverer;
 use crate::metrics::Metrics;
-use crate::model::{EndpointId, Millis, new_id};
+use crate::model::{EndpointId, Millis};
 use crate::ops::Ops;
 use crate::plugin::PluginHost;
 use crate::store::{Claimed, Committer, DynStore, Handoff, Notice};
@@ -78,10 +76,13 @@ struct Inner {
 }
 
 impl Engine {
-    /// Starts the engine; it stops taking new work when `shutdown` turns true. Its clock
+    /// Starts the engine as node `owner` (an id this process holds: see
+    /// `store::Engine::hold_node_id`); it stops taking new work when `shutdown` turns true. Its clock
     /// reads the wall clock once, here, and follows tokio's from then on (so a paused
     /// runtime controls it).
+    #[allow(clippy::too_many_arguments)] // one per part of the node it wires together
     pub async fn start(
+        owner: String,
         store: DynStore,
         committer: Committer,
         config: Arc<Config>,
@@ -91,8 +92,6 @@ impl Engine {
         shutdown: watch::Receiver<bool>,
     ) -> Engine {
         let clock = Clock::new();
-        let mut rng = StdRng::from_rng(&mut rand::rng());
-        let owner = new_id("node", clock.now(), &mut rng);
         let inner = Arc::new(Inner {
             deliverer: Deliverer::new(config.delivery.allow_private_destinations),
             global: Arc::new(Semaphore::new(config.delivery.max_in_flight_total)),
@@ -188,10 +187,11 @@ impl Engine {
     /// results. False when something was still running at the deadline (its leases then
     /// expire, or a restarted SQLite node recovers them at once).
     ///
-    /// Once drained, nothing of this node is in flight: it gives its partition leases up,
-    /// so whoever paces those endpoints next (its own restart, another node) starts at once
-    /// rather than after the lease runs out.
-    pub async fn drain(&self, grace: Duration) -> bool {
+    /// Once drained, nothing of this node is in flight: it gives its partition leases up
+    /// (`release`: unless its id is now another process's), so whoever paces those
+    /// endpoints next (its own restart, another node) starts at once rather than after the
+    /// lease runs out.
+    pub async fn drain(&self, grace: Duration, release: bool) -> bool {
         for signal in self.inner.partitions.lock().expect("partition map").values() {
             signal.stop();
         }
@@ -199,6 +199,9 @@ impl Engine {
         if !drained {
             tracing::warn!(running = self.inner.tasks.live(), "shutdown grace ran out with attempts in flight");
             return false;
+        }
+        if !release {
+            return true;
         }
         if let Err(e) = self.inner.store.release_partitions(Some(&self.inner.owner)).await {
             tracing::warn!(error = %e, "cannot give the partition leases up; they expire instead");
@@ -256,14 +259,19 @@ impl Drop for TaskDone {
     }
 }
 
-/// Takes up what the previous process of this node left. A single SQLite node owns every
-/// lease in its file: whatever was in flight when that process died is retried at once, and
-/// the partitions it held are free at once (it never sends again). Shared stores wait for
-/// other nodes' leases to expire.
+/// Takes up what the previous process of this node left: it never sends again. A single
+/// SQLite node owns every lease in its file: whatever was in flight when that process died
+/// is retried at once, and the partitions it held are free at once. On a shared store
+/// this process holds its node id (no live process shares it), so the leases stored under
+/// that id are taken up at once too; other nodes' wait until they expire.
 async fn recover(inner: &Inner) {
     let alone = !inner.config.store_kind.is_shared();
     let now = inner.clock.now();
-    match inner.store.recover_leases(if alone { Millis::MAX } else { now }, now).await {
+    let mut recovered = inner.store.recover_leases(if alone { Millis::MAX } else { now }, now).await;
+    if !alone && let Ok(n) = recovered {
+        recovered = inner.store.recover_leases_of(&inner.owner, now).await.map(|m| n + m);
+    }
+    match recovered {
         Ok(n) if n > 0 => {
             inner.metrics.leases_recovered.inc_by(n);
             tracing::info!(recovered = n, "recovered abandoned leases");
@@ -271,12 +279,11 @@ async fn recover(inner: &Inner) {
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "lease recovery failed"),
     }
-    if alone {
-        match inner.store.release_partitions(None).await {
-            Ok(n) if n > 0 => tracing::info!(released = n, "took up the partitions of the previous process"),
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "cannot free the previous process's partitions; they expire instead"),
-        }
+    let owner = if alone { None } else { Some(inner.owner.as_str()) };
+    match inner.store.release_partitions(owner).await {
+        Ok(n) if n > 0 => tracing::info!(released = n, "took up the partitions of the previous process"),
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "cannot free the previous process's partitions; they expire instead"),
     }
 }
 

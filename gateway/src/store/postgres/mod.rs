@@ -184,6 +184,16 @@ impl Engine for PostgresStore {
         Ok(Some(rx))
     }
 
+    async fn hold_node_id(&self, id: &str) -> Result<Option<NodeIdLock>> {
+        let mut conn = self.q.pool.acquire().await?.detach();
+        if !try_lock_node_id(&mut conn, id).await? {
+            return Ok(None);
+        }
+        let (lost, watch) = tokio::sync::watch::channel(false);
+        let keeper = tokio::spawn(keep_node_id(conn, self.q.pool.clone(), id.to_string(), lost));
+        Ok(Some(NodeIdLock::kept(watch, keeper)))
+    }
+
     async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()> {
         let ids: Vec<&str> = endpoints.iter().map(EndpointId::as_str).collect();
         for chunk in ids.chunks(IDS_PER_NOTIFY) {
@@ -236,6 +246,16 @@ impl Housekeeping for PostgresStore {
         Ok(done.rows_affected())
     }
 
+    async fn recover_leases_of(&self, owner: &str, now: Millis) -> Result<u64> {
+        let mut tx = self.q.pool.begin().await?;
+        let done = sqlx::query(sql::RECOVER_LEASES_OF).bind(now).bind(owner).execute(&mut *tx).await?;
+        if done.rows_affected() > 0 {
+            sqlx::query(&sql::return_unsent(sql::OF_CANCELLED_REPLAYS)).bind(now).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
         let mut tx = self.q.pool.begin().await?;
         // SKIP LOCKED: nodes purging at the same time take different rows.
@@ -265,6 +285,52 @@ impl Housekeeping for PostgresStore {
         }
         tx.commit().await?;
         Ok(ids.len() as u64)
+    }
+}
+
+/// How often the session holding the node id is checked, and retried once it is lost.
+const NODE_ID_CHECK: Duration = Duration::from_secs(1);
+
+/// Takes the session-level advisory lock on node id `id` in this schema (`false`: another
+/// session holds it). A session-level lock lives as long as the session: a killed node's
+/// backend ends with its socket and frees it; nothing else ever unlocks it.
+async fn try_lock_node_id(conn: &mut sqlx::PgConnection, id: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext(current_schema()), hashtext('herald-node:' || $1))")
+        .bind(id)
+        .fetch_one(conn)
+        .await
+}
+
+/// Holds node id `id` on `conn` until the lock is dropped. When the session ends (the
+/// database restarted, the network failed), takes the id again on a new one as soon as
+/// the database answers; if another process took it meanwhile, reports `lost` and stops.
+async fn keep_node_id(mut conn: sqlx::PgConnection, pool: PgPool, id: String, lost: tokio::sync::watch::Sender<bool>) {
+    use sqlx::Connection;
+    loop {
+        tokio::time::sleep(NODE_ID_CHECK).await;
+        if matches!(tokio::time::timeout(NODE_ID_CHECK * 5, conn.ping()).await, Ok(Ok(()))) {
+            continue;
+        }
+        tracing::warn!(node_id = %id, "lost the session holding this node's id; taking it again");
+        conn = loop {
+            tokio::time::sleep(NODE_ID_CHECK).await;
+            let retake = async {
+                let mut conn = pool.acquire().await?.detach();
+                let held = try_lock_node_id(&mut conn, &id).await?;
+                Ok::<_, sqlx::Error>((conn, held))
+            };
+            match tokio::time::timeout(NODE_ID_CHECK * 5, retake).await {
+                Ok(Ok((conn, true))) => break conn,
+                Ok(Ok((_, false))) => {
+                    tracing::error!(node_id = %id, "another process took this node's id while the database was out of reach");
+                    let _ = lost.send(true);
+                    return;
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "cannot take the node id again yet"),
+                Err(_) => tracing::debug!("taking the node id again timed out"),
+            }
+        };
+        tracing::info!(node_id = %id, "holds this node's id again");
     }
 }
 

@@ -221,6 +221,11 @@ impl Housekeeping for SqliteStore {
         self.writer.run(move |tx| writes::recover_leases(tx, expired_before, now)).await
     }
 
+    async fn recover_leases_of(&self, owner: &str, now: Millis) -> Result<u64> {
+        let owner = owner.to_owned();
+        self.writer.run(move |tx| writes::recover_leases_of(tx, &owner, now)).await
+    }
+
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
         self.writer.run(move |tx| writes::purge(tx, delivered_before, dead_before, limit)).await
     }

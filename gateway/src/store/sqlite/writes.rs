@@ -93,6 +93,14 @@ pub(super) fn recover_leases(tx: &Transaction<'_>, expired_before: Millis, now: 
     Ok(n as u64)
 }
 
+pub(super) fn recover_leases_of(tx: &Transaction<'_>, owner: &str, now: Millis) -> Result<u64> {
+    let n = tx.prepare_cached(sql::RECOVER_LEASES_OF)?.execute(params![now, owner])?;
+    if n > 0 {
+        tx.prepare_cached(&sql::return_unsent(sql::OF_CANCELLED_REPLAYS))?.execute(params![now])?;
+    }
+    Ok(n as u64)
+}
+
 pub(super) fn release_partitions(tx: &Transaction<'_>, owner: Option<&str>) -> Result<u64> {
     let n = match owner {
         Some(owner) => tx.prepare_cached(sql::RELEASE_PARTITIONS_OF)?.execute(params![owner])?,
