@@ -20,6 +20,7 @@ pub mod sqlite;
 
 pub use admin::Admin;
 pub use committer::{CommitSink, Committer, Pending};
+use engine::next_op_seq;
 pub use engine::{Engine, Housekeeping};
 pub use reads::Reads;
 
