@@ -33,7 +33,7 @@ pub(super) async fn apply_all(
     handoff: Option<&dyn Handoff>,
 ) -> sqlx::Result<Vec<WriteResult>> {
     let mut slots: Vec<Option<WriteResult>> = ops.iter().map(|_| None).collect();
-    let (recorded, others): (Vec<(usize, &WriteOp)>, Vec<(usize, &WriteOp)>) =
+    let (recorded, others): (Vec<Numbered<'_>>, Vec<Numbered<'_>>) =
         ops.iter().enumerate().partition(|(_, op)| matches!(op, WriteOp::Record(_)));
     let mut i = 0;
     while i < others.len() {
@@ -95,6 +95,9 @@ pub(super) async fn apply_all(
     }
     Ok(slots.into_iter().flatten().collect())
 }
+
+/// An op and its place in its commit.
+type Numbered<'a> = (usize, &'a WriteOp);
 
 /// A run of intake requests as one `ingest`, answered per request, each numbered in the
 /// order of writes.
