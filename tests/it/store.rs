@@ -98,6 +98,7 @@ conformance!(
     a_cancelled_replay_returns_what_it_has_not_sent,
     claims_of_many_endpoints_in_one_commit_stay_apart,
     health_of_a_page_of_endpoints,
+    a_drained_claim_is_told_in_the_order_of_writes,
 );
 
 // ---- fixtures ----
@@ -1196,62 +1197,106 @@ async fn claims_of_many_endpoints_in_one_commit_stay_apart(b: Backend) -> anyhow
     Ok(())
 }
 
+/// What the store tells the engine about claims; like the engine, it opens an endpoint to
+/// intake once told its claim found nothing else due.
+#[derive(Default)]
+struct Told(std::sync::Mutex<Vec<(String, u64, usize)>>);
+
+impl store::Handoff for Told {
+    fn owner(&self) -> &str {
+        "node-a"
+    }
+    fn lease(&self, endpoint: &str, now: Millis) -> Option<Millis> {
+        let told = self.0.lock().unwrap();
+        told.iter().any(|(e, ..)| e == endpoint).then_some(now + 60_000)
+    }
+    fn claimed(&self, endpoint: &str, seq: u64, claimed: usize) {
+        self.0.lock().unwrap().push((endpoint.to_string(), seq, claimed));
+    }
+}
+
+/// A node applies its writes one commit at a time (SQLite's writer thread, the Postgres
+/// store's commit loop), so a partition's claim that takes all that is due is told to the
+/// engine as it is applied, with its place in that order: intake before it holds nothing
+/// new for the partition, and intake after it, even in the same commit, already finds the
+/// partition open. A full claim, or one whose lease another node holds, says nothing.
+async fn a_drained_claim_is_told_in_the_order_of_writes(b: Backend) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
+    let told = std::sync::Arc::new(Told::default());
+    b.store.hand_off(told.clone());
+    let before = b.committer.ingest(vec![event("acme", "evt_0", "t", T0)]).await?[0].seq;
+    let in_partition = |limit| ClaimRequest { in_partition: true, ..claim_req("ep_a", T0 + 1, limit, "node-a") };
+    let full = b.committer.claim_in_partition(in_partition(1), Some(T0 + 15_000)).await?.expect("lease taken");
+    assert_eq!(full.claimed.len(), 1);
+    assert!(told.0.lock().unwrap().is_empty(), "a full claim may have left work behind");
+    let ops = vec![WriteOp::Claim(in_partition(10)), WriteOp::Ingest(vec![event("acme", "evt_1", "t", T0 + 2)])];
+    let [WriteResult::Claim(drained), WriteResult::Ingest(after)] = &b.store.apply(ops).await?[..] else {
+        panic!("a claim and an intake")
+    };
+    assert!(drained.claimed.is_empty());
+    let heard = told.0.lock().unwrap().clone();
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    let (endpoint, at, claimed) = heard[0].clone();
+    assert_eq!((endpoint.as_str(), claimed), ("ep_a", 0));
+    assert!(before > 0 && before < at && at < after[0].seq, "{before} < {at} < {}", after[0].seq);
+    let leased: Vec<&str> = after[0].leased.iter().map(|(e, _)| e.as_str()).collect();
+    assert_eq!((leased, after[0].endpoints.len()), (vec!["ep_a"], 1), "ep_a open in the same commit, ep_b not");
+    let elsewhere = ClaimRequest { in_partition: true, ..claim_req("ep_b", T0 + 3, 10, "node-a") };
+    assert!(b.store.acquire_partition(&EndpointId::from_stored("ep_b"), "node-b", T0, T0 + 15_000).await?);
+    let refused = b.committer.claim_in_partition(elsewhere, None).await?;
+    assert_eq!(refused.map(|c| c.claimed.len()), Some(0));
+    assert_eq!(told.0.lock().unwrap().len(), 1, "a claim without the lease sees nothing for the partition");
+    Ok(())
+}
+
 /// Behaviour that differs between the backends.
 mod backend_specific {
     use super::*;
 
-    /// What the SQLite writer tells the engine about claims; like the engine, it opens
-    /// an endpoint to intake once told its claim found nothing else due.
-    #[derive(Default)]
-    struct Told(std::sync::Mutex<Vec<(String, u64, usize)>>);
+    /// On a shared store, a lease given at intake needs the stored partition lease: the
+    /// engine's word that its partition is open is not enough. Where another node holds
+    /// the partition, or none does, the delivery is queued, and the other nodes are told.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_leases_at_intake_only_under_the_stored_partition_lease() -> anyhow::Result<()> {
+        let b = Backend::postgres().await?;
+        setup(&b, &[("ep_a", &[]), ("ep_b", &[]), ("ep_c", &[])]).await?;
+        let (other, _) = b.another_node().await?;
+        let mut rx = other.subscribe().await?.expect("Postgres nodes listen for each other's work");
+        let offers = std::sync::Arc::new(Offers);
+        b.store.hand_off(offers);
+        assert!(b.store.acquire_partition(&EndpointId::from_stored("ep_a"), "node-a", T0, T0 + 15_000).await?);
+        assert!(b.store.acquire_partition(&EndpointId::from_stored("ep_b"), "node-b", T0, T0 + 15_000).await?);
+        let out = b.committer.ingest(vec![event("acme", "evt_1", "t", T0 + 1)]).await?;
+        let leased: Vec<&str> = out[0].leased.iter().map(|(e, _)| e.as_str()).collect();
+        let mut queued: Vec<&str> = out[0].endpoints.iter().map(EndpointId::as_str).collect();
+        queued.sort();
+        assert_eq!((leased, queued, out[0].deliveries), (vec!["ep_a"], vec!["ep_b", "ep_c"], 3));
+        let woken = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
+        let Notice::Work(mut woken) = woken else { panic!("new work, not {woken:?}") };
+        woken.sort();
+        assert_eq!(woken, [EndpointId::from_stored("ep_b"), EndpointId::from_stored("ep_c")], "not ep_a");
+        // Stored as a first claim would leave it: its fence records the result.
+        let (_, handed) = &out[0].leased[0];
+        assert_eq!(handed.fence, 1);
+        let r = result(handed, 1, DeliveryState::Delivered, None, 200, T0 + 20);
+        assert_eq!(b.committer.record(vec![r]).await?, [true]);
+        // Past the stored lease, nothing more is leased at intake.
+        let late = b.committer.ingest(vec![event("acme", "evt_2", "t", T0 + 15_001)]).await?;
+        assert!(late[0].leased.is_empty(), "{late:?}");
+        Ok(())
+    }
 
-    impl store::Handoff for Told {
+    /// A node whose partitions would take anything at intake.
+    struct Offers;
+
+    impl store::Handoff for Offers {
         fn owner(&self) -> &str {
             "node-a"
         }
-        fn lease(&self, endpoint: &str, now: Millis) -> Option<Millis> {
-            let told = self.0.lock().unwrap();
-            told.iter().any(|(e, ..)| e == endpoint).then_some(now + 60_000)
+        fn lease(&self, _endpoint: &str, now: Millis) -> Option<Millis> {
+            Some(now + 60_000)
         }
-        fn claimed(&self, endpoint: &str, seq: u64, claimed: usize) {
-            self.0.lock().unwrap().push((endpoint.to_string(), seq, claimed));
-        }
-    }
-
-    /// SQLite applies every write on one thread, so a partition's claim that takes all
-    /// that is due is told to the engine as it is applied, with its place in that order:
-    /// intake before it holds nothing new for the partition, and intake after it, even in
-    /// the same commit, already finds the partition open. A full claim, or one whose lease
-    /// another node holds, says nothing.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_tells_a_drained_claim_in_the_order_of_writes() -> anyhow::Result<()> {
-        let b = Backend::sqlite().await?;
-        setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
-        let told = std::sync::Arc::new(Told::default());
-        b.store.hand_off(told.clone());
-        let before = b.committer.ingest(vec![event("acme", "evt_0", "t", T0)]).await?[0].seq;
-        let in_partition = |limit| ClaimRequest { in_partition: true, ..claim_req("ep_a", T0 + 1, limit, "node-a") };
-        let full = b.committer.claim_in_partition(in_partition(1), Some(T0 + 15_000)).await?.expect("lease taken");
-        assert_eq!(full.claimed.len(), 1);
-        assert!(told.0.lock().unwrap().is_empty(), "a full claim may have left work behind");
-        let ops = vec![WriteOp::Claim(in_partition(10)), WriteOp::Ingest(vec![event("acme", "evt_1", "t", T0 + 2)])];
-        let [WriteResult::Claim(drained), WriteResult::Ingest(after)] = &b.store.apply(ops).await?[..] else {
-            panic!("a claim and an intake")
-        };
-        assert!(drained.claimed.is_empty());
-        let heard = told.0.lock().unwrap().clone();
-        assert_eq!(heard.len(), 1, "{heard:?}");
-        let (endpoint, at, claimed) = heard[0].clone();
-        assert_eq!((endpoint.as_str(), claimed), ("ep_a", 0));
-        assert!(before > 0 && before < at && at < after[0].seq, "{before} < {at} < {}", after[0].seq);
-        let leased: Vec<&str> = after[0].leased.iter().map(|(e, _)| e.as_str()).collect();
-        assert_eq!((leased, after[0].endpoints.len()), (vec!["ep_a"], 1), "ep_a open in the same commit, ep_b not");
-        let elsewhere = ClaimRequest { in_partition: true, ..claim_req("ep_b", T0 + 3, 10, "node-a") };
-        assert!(b.store.acquire_partition(&EndpointId::from_stored("ep_b"), "node-b", T0, T0 + 15_000).await?);
-        let refused = b.committer.claim_in_partition(elsewhere, None).await?;
-        assert_eq!(refused.map(|c| c.claimed.len()), Some(0));
-        assert_eq!(told.0.lock().unwrap().len(), 1, "a claim without the lease sees nothing for the partition");
-        Ok(())
+        fn claimed(&self, _endpoint: &str, _seq: u64, _claimed: usize) {}
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,7 @@
 //! the [`Committer`](super::Committer). Beside it, [`Housekeeping`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, watch};
@@ -21,8 +22,9 @@ pub trait Engine: Send + Sync + 'static {
     }
     /// Lets intake commits lease new deliveries to this node's partitions (`handoff`)
     /// where the store can tell they hold their endpoint's lease. SQLite can: one node owns
-    /// every partition in its file. The default (shared stores) never does: every delivery
-    /// is queued and claimed under the partition lease checked in the claim's transaction.
+    /// every partition in its file. Postgres checks the stored partition lease in the
+    /// intake statement itself, as a claim does. The default never does: every delivery is
+    /// queued and claimed under the partition lease checked in the claim's transaction.
     fn hand_off(&self, _handoff: Arc<dyn Handoff>) {}
     /// Takes or renews the lease on an endpoint's partition: true if `owner` holds it until
     /// `until` (it was free, expired at `now`, or already `owner`'s). One node at a time
@@ -84,6 +86,16 @@ impl Drop for NodeIdLock {
             k.abort();
         }
     }
+}
+
+/// Numbers the ops a store's writer applies, in the order it applies them (see
+/// `IngestOutcome::seq`). One counter for every store in the process: each writer's own
+/// ops still rise.
+static OP_SEQ: AtomicU64 = AtomicU64::new(1);
+
+/// The next op's place in the order of writes.
+pub(super) fn next_op_seq() -> u64 {
+    OP_SEQ.fetch_add(1, Ordering::Relaxed)
 }
 
 pub(super) fn partition_result(r: Option<WriteResult>) -> Result<bool> {

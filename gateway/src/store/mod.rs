@@ -20,6 +20,7 @@ pub mod sqlite;
 
 pub use admin::Admin;
 pub use committer::{CommitHealth, CommitSink, Committer, Pending};
+use engine::next_op_seq;
 pub use engine::{Engine, Housekeeping, NodeIdLock};
 pub use reads::Reads;
 

@@ -22,6 +22,8 @@ mod js;
 mod load;
 #[path = "bench/outbox.rs"]
 mod outbox;
+#[path = "bench/pgcpu.rs"]
+mod pgcpu;
 
 #[derive(Parser)]
 struct Cli {
@@ -562,11 +564,11 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
         }
         Scenario::FanoutTail { events, endpoints, concurrency, rate } => {
             let shape = load::Shape { events, endpoints, concurrency, rate };
-            load::posting_while_delivering(&api, &rx, node.pid(), shape, &mut out).await?;
+            load::posting_while_delivering(&api, &rx, node.pid(), schema.as_ref(), shape, &mut out).await?;
         }
         Scenario::Concurrent { events, concurrency } => {
             let shape = load::Shape { events, endpoints: 1, concurrency, rate: None };
-            load::posting_while_delivering(&api, &rx, node.pid(), shape, &mut out).await?;
+            load::posting_while_delivering(&api, &rx, node.pid(), schema.as_ref(), shape, &mut out).await?;
         }
         Scenario::Pacing { rate, seconds } => {
             api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": rate, "burst": 1, "max_in_flight": 64}))

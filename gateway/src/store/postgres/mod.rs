@@ -6,6 +6,7 @@
 //! across a network round trip to anything but Postgres.
 
 use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,6 +35,8 @@ pub struct PostgresStore {
     /// Reads and administrative writes, on sqlx's pool.
     q: Queries<Postgres>,
     channel: String,
+    /// Set by [`Engine::hand_off`]: this node's partitions that take new deliveries at intake.
+    handoff: OnceLock<Arc<dyn Handoff>>,
 }
 
 mod writer;
@@ -59,7 +62,7 @@ impl PostgresStore {
             Some(s) if CHANNEL.len() + 1 + s.len() <= MAX_CHANNEL => format!("{CHANNEL}:{s}"),
             _ => CHANNEL.to_string(),
         };
-        Ok(PostgresStore { q: Queries { pool, wal: None }, channel })
+        Ok(PostgresStore { q: Queries { pool, wal: None }, channel, handoff: OnceLock::new() })
     }
 }
 
@@ -203,11 +206,30 @@ impl Engine for PostgresStore {
         Ok(())
     }
 
+    /// Claim at intake, as on SQLite: this node's commits are applied one at a time, in
+    /// the order the engine numbers, and an intake commit checks each lease it gives
+    /// against the stored partition lease (see `writer::insert_deliveries`).
+    fn hand_off(&self, handoff: Arc<dyn Handoff>) {
+        if self.handoff.set(handoff).is_err() {
+            tracing::warn!("claim at intake was already set up; kept the first");
+        }
+    }
+
     async fn apply(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
+        // The engine's bookkeeping alone (claims, results, releases, leases) need not wait
+        // for the WAL to reach the disk: the next acknowledged commit flushes it (the WAL
+        // is written in order), or the WAL writer within a few `wal_writer_delay`s. A
+        // crash of the server may take it back, which sends a delivery again; nothing
+        // anyone was answered for is lost.
+        let begin = match ops.iter().any(WriteOp::acknowledged) {
+            true => "BEGIN",
+            false => "BEGIN; SET LOCAL synchronous_commit = off",
+        };
+        let handoff = self.handoff.get().map(|h| &**h);
         let mut replays = 0;
         loop {
-            let mut tx = self.q.pool.begin().await?;
-            let outcome = match apply_all(&mut tx, &ops, &self.channel).await {
+            let mut tx = self.q.pool.begin_with(begin).await?;
+            let outcome = match apply_all(&mut tx, &ops, &self.channel, handoff).await {
                 Ok(results) => tx.commit().await.map(|()| results),
                 // Dropping the transaction rolls it back.
                 Err(e) => Err(e),

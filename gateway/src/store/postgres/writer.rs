@@ -18,9 +18,10 @@ pub(super) fn is_transient(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001")))
 }
 
-/// Applies the ops in order, except partition leases, which go first, in endpoint order.
-/// Runs of consecutive intakes and of consecutive results are folded into single
-/// statements: every statement is a round trip to the server.
+/// Applies the ops in order, except partition leases, which go first, in endpoint order,
+/// and the attempt results, which go last. Runs of consecutive intakes, and all the
+/// results, are folded into single statements: every statement is a round trip to the
+/// server, and results between intakes would cut their runs.
 ///
 /// Partition leases are the rows several nodes' commits write at once (every node's scan
 /// finds the same due endpoints, and a node that stopped leaves all of them free at once).
@@ -29,11 +30,19 @@ pub(super) fn is_transient(e: &sqlx::Error) -> bool {
 /// meet another: a rolling restart of 3 nodes stopped every delivery for 3 to 7 s. Taken in
 /// one order, they only queue behind each other. Going first is safe: a claim checks its
 /// lease after it in the same transaction either way, and nothing else reads them.
+///
+/// Results wait for nothing (see `WriteOp::can_wait`), and a result applied at the end of
+/// its commit is one applied in the next commit a little sooner. Each op is numbered in the
+/// order of writes (one node's commits apply one at a time), and a claim that took all that
+/// was due under its partition lease is told to `handoff` as it is applied, so intake ops
+/// after it (in this commit too) lease to the partition.
 pub(super) async fn apply_all(
     conn: &mut PgConnection,
     ops: &[WriteOp],
     channel: &str,
+    handoff: Option<&dyn Handoff>,
 ) -> sqlx::Result<Vec<WriteResult>> {
+    let mut slots: Vec<Option<WriteResult>> = ops.iter().map(|_| None).collect();
     let mut leases: Vec<(usize, &PartitionLease)> = ops
         .iter()
         .enumerate()
@@ -44,87 +53,109 @@ pub(super) async fn apply_all(
         .collect();
     // Stable: two ops on one partition keep their order.
     leases.sort_by(|a, b| a.1.endpoint.as_str().cmp(b.1.endpoint.as_str()));
-    let mut held = HashMap::with_capacity(leases.len());
-    for (i, lease) in leases {
-        held.insert(i, partition(conn, lease).await?);
+    for (at, lease) in leases {
+        next_op_seq();
+        slots[at] = Some(WriteResult::Partition(partition(conn, lease).await?));
     }
-    let mut results = Vec::with_capacity(ops.len());
+    let (recorded, others): (Vec<Numbered<'_>>, Vec<Numbered<'_>>) = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| !matches!(op, WriteOp::Partition(_)))
+        .partition(|(_, op)| matches!(op, WriteOp::Record(_)));
     let mut i = 0;
-    while i < ops.len() {
-        match &ops[i] {
+    while i < others.len() {
+        let (at, op) = others[i];
+        i += 1;
+        let result = match op {
             WriteOp::Ingest(_) => {
-                let run = run_of(&ops[i..], |op| match op {
-                    WriteOp::Ingest(events) => Some(events.as_slice()),
-                    _ => None,
-                });
-                i += run.len();
-                ingest_run(conn, &run, channel, &mut results).await?;
-            }
-            WriteOp::Record(_) => {
-                let run = run_of(&ops[i..], |op| match op {
-                    WriteOp::Record(results) => Some(results.as_slice()),
-                    _ => None,
-                });
-                i += run.len();
-                let all: Vec<&AttemptResult> = run.iter().flat_map(|rs| rs.iter()).collect();
-                let mut accepted = record(conn, &all).await?.into_iter();
-                for rs in run {
-                    results.push(WriteResult::Record(accepted.by_ref().take(rs.len()).collect()));
+                let run: Vec<(usize, &[NewEvent])> = others[i - 1..]
+                    .iter()
+                    .map_while(|(at, op)| match op {
+                        WriteOp::Ingest(events) => Some((*at, events.as_slice())),
+                        _ => None,
+                    })
+                    .collect();
+                i += run.len() - 1;
+                let outcomes = ingest_run(conn, &run.iter().map(|r| r.1).collect::<Vec<_>>(), channel, handoff).await?;
+                for ((at, _), outcome) in run.iter().zip(outcomes) {
+                    slots[*at] = Some(outcome);
                 }
+                continue;
             }
             WriteOp::Claim(req) => {
-                i += 1;
-                results.push(WriteResult::Claim(claim(conn, req).await?));
+                let seq = next_op_seq();
+                let (batch, seen_all) = claim(conn, req).await?;
+                if let (Some(handoff), true) = (handoff, seen_all) {
+                    handoff.claimed(req.endpoint.as_str(), seq, batch.claimed.len());
+                }
+                WriteResult::Claim(batch)
             }
             WriteOp::Release(releases) => {
-                i += 1;
+                next_op_seq();
                 release(conn, releases).await?;
-                results.push(WriteResult::Release);
+                WriteResult::Release
             }
             WriteOp::Endpoint(change) => {
-                i += 1;
-                results.push(WriteResult::Endpoint(change_endpoint(conn, change).await?));
+                next_op_seq();
+                WriteResult::Endpoint(change_endpoint(conn, change).await?)
             }
-            WriteOp::Partition(_) => {
-                results.push(WriteResult::Partition(held[&i]));
-                i += 1;
-            }
-        }
+            WriteOp::Partition(_) => unreachable!("partition leases are taken first"),
+            WriteOp::Record(_) => unreachable!("results are applied last"),
+        };
+        slots[at] = Some(result);
     }
-    Ok(results)
+    let runs: Vec<(usize, &[AttemptResult])> = recorded
+        .iter()
+        .filter_map(|(at, op)| match op {
+            WriteOp::Record(rs) => Some((*at, rs.as_slice())),
+            _ => None,
+        })
+        .collect();
+    let all: Vec<&AttemptResult> = runs.iter().flat_map(|(_, rs)| rs.iter()).collect();
+    let mut accepted = record(conn, &all).await?.into_iter();
+    for (at, rs) in runs {
+        next_op_seq();
+        slots[at] = Some(WriteResult::Record(accepted.by_ref().take(rs.len()).collect()));
+    }
+    Ok(slots.into_iter().flatten().collect())
 }
 
-/// The leading ops of one kind, as `pick` sees them.
-fn run_of<'a, T: ?Sized>(ops: &'a [WriteOp], pick: impl Fn(&'a WriteOp) -> Option<&'a T>) -> Vec<&'a T> {
-    ops.iter().map_while(pick).collect()
-}
+/// An op and its place in its commit.
+type Numbered<'a> = (usize, &'a WriteOp);
 
-/// A run of intake requests as one `ingest`, answered per request.
+/// A run of intake requests as one `ingest`, answered per request, each numbered in the
+/// order of writes.
 async fn ingest_run(
     conn: &mut PgConnection,
     run: &[&[NewEvent]],
     channel: &str,
-    results: &mut Vec<WriteResult>,
-) -> sqlx::Result<()> {
+    handoff: Option<&dyn Handoff>,
+) -> sqlx::Result<Vec<WriteResult>> {
+    let mut results = Vec::with_capacity(run.len());
+    let seqs: Vec<u64> = run.iter().map(|_| next_op_seq()).collect();
+    let numbered = |seq: u64, mut outcomes: Vec<IngestOutcome>| {
+        outcomes.iter_mut().for_each(|o| o.seq = seq);
+        WriteResult::Ingest(outcomes)
+    };
     let events: Vec<&NewEvent> = run.iter().flat_map(|evs| evs.iter()).collect();
-    match ingest(conn, &events, channel).await? {
+    match ingest(conn, &events, channel, handoff).await? {
         Ok(outcomes) => {
             let mut outcomes = outcomes.into_iter();
-            for evs in run {
-                results.push(WriteResult::Ingest(outcomes.by_ref().take(evs.len()).collect()));
+            for (evs, seq) in run.iter().zip(seqs) {
+                results.push(numbered(seq, outcomes.by_ref().take(evs.len()).collect()));
             }
         }
         // Rare: some request reuses an id with another payload. Its folded run wrote
         // nothing; take the requests one by one so only that one is refused.
         Err(_) => {
-            for evs in run {
+            for (evs, seq) in run.iter().zip(seqs) {
                 let events: Vec<&NewEvent> = evs.iter().collect();
-                let outcomes = ingest(conn, &events, channel).await?;
-                results.push(WriteResult::Ingest(outcomes.unwrap_or_else(|at| IngestOutcome::refused(evs.len(), at))));
+                let outcomes = ingest(conn, &events, channel, handoff).await?;
+                results.push(numbered(seq, outcomes.unwrap_or_else(|at| IngestOutcome::refused(evs.len(), at))));
             }
         }
     }
-    Ok(())
+    Ok(results)
 }
 
 /// Takes, renews or gives up a partition lease; true when `owner` holds it afterwards.
@@ -152,49 +183,87 @@ fn decode_error(e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Erro
     sqlx::Error::Decode(Box::new(e))
 }
 
-/// Stores new events and fans each out to its tenant's subscribed endpoints, then tells the
-/// other nodes which endpoints got work (delivered when the transaction commits). When an
-/// event reuses a stored id with another type or payload, it writes nothing and answers
-/// `Err(index)` of that event.
+/// Stores new events and fans each out to its tenant's subscribed endpoints, in one
+/// statement; a delivery whose endpoint's partition here takes it (`handoff`) is stored
+/// leased to it, as a claim would leave it, when the stored partition lease says this node
+/// holds it. Then tells the other nodes which endpoints got work for a claim (delivered
+/// when the transaction commits). When an event reuses a stored id with another type or
+/// payload, it writes nothing and answers `Err(index)` of that event.
 async fn ingest(
     conn: &mut PgConnection,
     events: &[&NewEvent],
     channel: &str,
+    handoff: Option<&dyn Handoff>,
 ) -> sqlx::Result<Result<Vec<IngestOutcome>, usize>> {
     let subscribers = subscribers(conn, events).await?;
-    let fresh = insert_events(conn, events).await?;
+    // A pair repeated within the batch is inserted once, at its first occurrence; the
+    // repeats are duplicates of it (or conflicts).
+    let mut pairs = HashSet::with_capacity(events.len());
+    let first: Vec<bool> = events.iter().map(|e| pairs.insert((e.tenant.as_str(), e.id.as_str()))).collect();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
+    let mut rows: Vec<NewDelivery<'_>> = Vec::new();
+    let mut fanned: Vec<std::ops::Range<usize>> = Vec::with_capacity(events.len());
+    for (ev, _) in events.iter().zip(&first).filter(|(_, f)| **f) {
+        let start = rows.len();
+        let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
+        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, of_tenant, &mut rng) {
+            let until = handoff.and_then(|h| h.lease(endpoint, ev.created_at));
+            rows.push(NewDelivery { id: delivery, event: ev, endpoint, until });
+        }
+        fanned.push(start..rows.len());
+    }
+    let owner = handoff.map(|h| h.owner());
+    let (inserted, leased) = insert(conn, events, &first, &rows, owner).await?;
+    let fresh: Vec<bool> = events.iter().zip(&first).map(|(e, f)| *f && inserted.contains(&key(e))).collect();
     if let Some(at) = first_conflict(conn, events, &fresh).await? {
         delete_fresh(conn, events, &fresh).await?;
         return Ok(Err(at));
     }
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
     let mut out = Vec::with_capacity(events.len());
-    let mut rows: Vec<NewDelivery<'_>> = Vec::new();
     let mut duplicates: Vec<usize> = Vec::new();
+    let mut woken: Vec<&str> = Vec::new();
+    let mut fanned = fanned.into_iter();
     for (i, ev) in events.iter().enumerate() {
+        let range = if first[i] { fanned.next().unwrap_or_default() } else { 0..0 };
         if !fresh[i] {
             duplicates.push(i);
             out.push(IngestOutcome::duplicate(0));
             continue;
         }
-        let mut targets = Vec::new();
-        let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
-        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, of_tenant, &mut rng) {
-            rows.push((delivery.to_string(), ev, endpoint));
-            targets.push(EndpointId::from_stored(endpoint));
+        let (mut queued, mut handed) = (Vec::new(), Vec::new());
+        for row in &rows[range] {
+            let endpoint = EndpointId::from_stored(row.endpoint);
+            match leased.contains(row.id.as_str()) {
+                true => handed.push((endpoint, Claimed::new_leased(row.id.clone(), ev))),
+                false => {
+                    woken.push(row.endpoint);
+                    queued.push(endpoint);
+                }
+            }
         }
-        out.push(IngestOutcome::stored(targets));
+        out.push(IngestOutcome::stored_leased(queued, handed));
     }
-    insert_deliveries(conn, &rows).await?;
     // Counted after this batch's own deliveries are in, so a duplicate within the batch
     // reports the deliveries of its first occurrence.
     count_duplicates(conn, events, &duplicates, &mut out).await?;
-    notify(conn, channel, &rows).await?;
+    woken.sort_unstable();
+    woken.dedup();
+    notify_woken(conn, channel, &woken).await?;
     Ok(Ok(out))
 }
 
-/// A delivery fanned out from an event: (its id, the event, the endpoint id).
-type NewDelivery<'a> = (String, &'a NewEvent, &'a str);
+/// A delivery fanned out from an event, and until when it is leased to this node's
+/// partition of its endpoint if the stored partition lease allows (`None`: queued).
+struct NewDelivery<'a> {
+    id: DeliveryId,
+    event: &'a NewEvent,
+    endpoint: &'a str,
+    until: Option<Millis>,
+}
+
+fn key(e: &NewEvent) -> (String, String) {
+    (e.tenant.to_string(), e.id.to_string())
+}
 
 /// The endpoints (id, event types) of the events' tenants that are not disabled, per
 /// tenant, oldest first.
@@ -213,60 +282,78 @@ async fn subscribers(
     Ok(subscribers)
 }
 
-/// Inserts the events that are new; per event, whether it was.
-async fn insert_events(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Result<Vec<bool>> {
-    // ON CONFLICT DO NOTHING returns only inserted rows; UNNEST keeps the batch's order,
-    // so the first occurrence of a pair is the one inserted.
-    let column = |f: fn(&NewEvent) -> &str| events.iter().map(|e| f(e)).collect::<Vec<&str>>();
-    let inserted = sqlx::query(
-        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
+/// Inserts the events that are new (`first`: the first occurrence of each pair in the
+/// batch) and, of the `rows`, the deliveries of those that were new, in one statement. A
+/// row with a lease is stored `delivering`, leased to `owner` with fence 1, only while the
+/// stored partition lease of its endpoint is `owner`'s at the event's time; otherwise it
+/// is queued. Answers the (tenant, id) of the events inserted and the ids of the
+/// deliveries leased.
+async fn insert(
+    conn: &mut PgConnection,
+    events: &[&NewEvent],
+    first: &[bool],
+    rows: &[NewDelivery<'_>],
+    owner: Option<&str>,
+) -> sqlx::Result<(HashSet<(String, String)>, HashSet<String>)> {
+    // ON CONFLICT DO NOTHING returns only inserted rows; a delivery joins the event row
+    // its statement inserted, so a repeat of a stored event gets none.
+    let firsts: Vec<&NewEvent> = events.iter().zip(first).filter(|(_, f)| **f).map(|(e, _)| *e).collect();
+    let column = |f: fn(&NewEvent) -> &str| firsts.iter().map(|e| f(e)).collect::<Vec<&str>>();
+    let stored = sqlx::query(
+        "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::text[]) \
-         ON CONFLICT DO NOTHING RETURNING tenant_id, id",
+         ON CONFLICT DO NOTHING RETURNING tenant_id, id), \
+         dl AS (INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+         next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at) \
+         SELECT v.id, v.tenant_id, v.event_id, v.endpoint_id, v.event_type, \
+         CASE WHEN p.owner IS NULL THEN 'queued' ELSE 'delivering' END, 0, v.at, p.owner, \
+         CASE WHEN p.owner IS NULL THEN NULL ELSE v.until END, CASE WHEN p.owner IS NULL THEN 0 ELSE 1 END, v.at, v.at \
+         FROM UNNEST($8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[], $14::int8[]) \
+         AS v(id, tenant_id, event_id, endpoint_id, event_type, at, until) \
+         JOIN ev ON ev.tenant_id = v.tenant_id AND ev.id = v.event_id \
+         LEFT JOIN partitions p ON v.until IS NOT NULL AND p.endpoint_id = v.endpoint_id AND p.owner = $15 \
+         AND p.lease_until >= v.at \
+         RETURNING id, state) \
+         SELECT tenant_id AS a, id AS b, NULL AS leased FROM ev \
+         UNION ALL SELECT NULL, NULL, id FROM dl WHERE state = 'delivering'",
     )
     .bind(column(|e| e.tenant.as_str()))
     .bind(column(|e| e.id.as_str()))
     .bind(column(|e| e.event_type.as_str()))
     .bind(column(|e| e.payload.as_str()))
-    .bind(events.iter().map(|e| e.created_at).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.expires_at).collect::<Vec<_>>())
+    .bind(firsts.iter().map(|e| e.created_at).collect::<Vec<_>>())
+    .bind(firsts.iter().map(|e| e.expires_at).collect::<Vec<_>>())
     .bind(column(|e| e.fingerprint.as_str()))
+    .bind(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.event.tenant.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.event.id.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.endpoint).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.event.event_type.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.event.created_at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.until).collect::<Vec<_>>())
+    .bind(owner)
     .fetch_all(&mut *conn)
     .await?;
-    let mut inserted: HashSet<(String, String)> =
-        inserted.iter().map(|r| Ok((r.try_get("tenant_id")?, r.try_get("id")?))).collect::<sqlx::Result<_>>()?;
-    Ok(events.iter().map(|ev| inserted.remove(&(ev.tenant.to_string(), ev.id.to_string()))).collect())
+    let (mut inserted, mut leased) = (HashSet::new(), HashSet::new());
+    for r in &stored {
+        match r.try_get::<Option<String>, _>("leased")? {
+            Some(id) => leased.insert(id),
+            None => inserted.insert((r.try_get("a")?, r.try_get("b")?)),
+        };
+    }
+    Ok((inserted, leased))
 }
 
-/// Takes back the events this batch inserted (`fresh`).
+/// Takes back the events this batch inserted (`fresh`), with their deliveries.
 async fn delete_fresh(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[bool]) -> sqlx::Result<()> {
     let gone: Vec<&&NewEvent> = events.iter().zip(fresh).filter(|(_, f)| **f).map(|(e, _)| e).collect();
     sqlx::query(
-        "DELETE FROM events e USING UNNEST($1::text[], $2::text[]) AS v(t, i) WHERE e.tenant_id = v.t AND e.id = v.i",
+        "WITH v AS (SELECT * FROM UNNEST($1::text[], $2::text[]) AS v(t, i)), \
+         d AS (DELETE FROM deliveries d USING v WHERE d.tenant_id = v.t AND d.event_id = v.i) \
+         DELETE FROM events e USING v WHERE e.tenant_id = v.t AND e.id = v.i",
     )
     .bind(gone.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
     .bind(gone.iter().map(|e| e.id.as_str()).collect::<Vec<_>>())
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-async fn insert_deliveries(conn: &mut PgConnection, rows: &[NewDelivery<'_>]) -> sqlx::Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-         next_attempt_at, created_at, updated_at) \
-         SELECT id, tenant_id, event_id, endpoint_id, event_type, 'queued', 0, at, at, at \
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[]) \
-         AS v(id, tenant_id, event_id, endpoint_id, event_type, at)",
-    )
-    .bind(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.1.tenant.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.1.id.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.1.event_type.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.1.created_at).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -302,13 +389,6 @@ async fn count_duplicates(
         out[i].deliveries = n.get(&key).copied().unwrap_or(0) as u32;
     }
     Ok(())
-}
-
-/// Tells the other nodes which endpoints got work (delivered when the transaction commits).
-async fn notify(conn: &mut PgConnection, channel: &str, rows: &[NewDelivery<'_>]) -> sqlx::Result<()> {
-    let mut woken: Vec<&str> = rows.iter().map(|r| r.2).collect::<HashSet<_>>().into_iter().collect();
-    woken.sort_unstable();
-    notify_woken(conn, channel, &woken).await
 }
 
 /// Tells every node (this one too) that `endpoints` got work, when the transaction commits:
@@ -348,20 +428,29 @@ async fn first_conflict(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[
     }))
 }
 
-/// Leases the due deliveries of one endpoint. Rows another node is claiming or recording
-/// right now are skipped, never waited for.
-async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<ClaimBatch> {
+/// Leases the due deliveries of one endpoint, in one statement that also reads when the
+/// next of the rest is due and whether the claim's owner holds the partition lease. Rows
+/// another node is claiming or recording right now are skipped, never waited for. Also
+/// says whether a claim under the partition lease took all that was due, the lease held.
+async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<(ClaimBatch, bool)> {
+    // The last SELECT reads the statement's snapshot, from before the UPDATE: the rows
+    // just picked are left out of the next due time by id.
     let rows = sqlx::query(
         "WITH picked AS (SELECT id FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting') \
          AND next_attempt_at <= $2 AND (NOT $6 OR EXISTS (SELECT 1 FROM partitions p \
          WHERE p.endpoint_id = $1 AND p.owner = $4 AND p.lease_until >= $2)) \
-         ORDER BY next_attempt_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
-         UPDATE deliveries d SET state = 'delivering', lease_owner = $4, lease_until = $5, fence = d.fence + 1, \
-         updated_at = $2 FROM picked, events e \
+         ORDER BY next_attempt_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+         claimed AS (UPDATE deliveries d SET state = 'delivering', lease_owner = $4, lease_until = $5, \
+         fence = d.fence + 1, updated_at = $2 FROM picked, events e \
          WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
          RETURNING d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
          d.next_attempt_at, d.replay_id, \
-         e.payload, e.created_at AS event_created_at, e.expires_at",
+         e.payload, e.created_at AS event_created_at, e.expires_at), \
+         rest AS (SELECT (SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 \
+         AND state IN ('queued', 'waiting') AND id NOT IN (SELECT id FROM picked)) AS next_due, \
+         $6 AND EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = $1 AND p.owner = $4 \
+         AND p.lease_until >= $2) AS held) \
+         SELECT c.*, rest.next_due, rest.held FROM rest LEFT JOIN claimed c ON true",
     )
     .bind(req.endpoint.as_str())
     .bind(req.now)
@@ -371,36 +460,35 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Clai
     .bind(req.in_partition)
     .fetch_all(&mut *conn)
     .await?;
-    let mut claimed = rows
-        .iter()
-        .map(|r| {
-            Ok((
-                r.try_get::<i64, _>("next_attempt_at")?,
-                Claimed {
-                    id: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
-                    tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-                    event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
-                    event_type: r.try_get("event_type")?,
-                    payload: r.try_get("payload")?,
-                    event_created_at: r.try_get("event_created_at")?,
-                    expires_at: r.try_get("expires_at")?,
-                    attempts: r.try_get::<i64, _>("attempts")? as u32,
-                    attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
-                    deadline: r.try_get("deadline")?,
-                    replay: r.try_get("replay_id")?,
-                    fence: r.try_get("fence")?,
-                },
-            ))
-        })
-        .collect::<sqlx::Result<Vec<_>>>()?;
+    let (mut next_due, mut held) = (None, false);
+    let mut claimed = Vec::with_capacity(rows.len());
+    for r in &rows {
+        (next_due, held) = (r.try_get("next_due")?, r.try_get("held")?);
+        let Some(id) = r.try_get::<Option<String>, _>("id")? else { continue };
+        claimed.push((
+            r.try_get::<i64, _>("next_attempt_at")?,
+            Claimed {
+                id: DeliveryId::from_stored(id),
+                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+                event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
+                event_type: r.try_get("event_type")?,
+                payload: r.try_get("payload")?,
+                event_created_at: r.try_get("event_created_at")?,
+                expires_at: r.try_get("expires_at")?,
+                attempts: r.try_get::<i64, _>("attempts")? as u32,
+                attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
+                deadline: r.try_get("deadline")?,
+                replay: r.try_get("replay_id")?,
+                fence: r.try_get("fence")?,
+            },
+        ));
+    }
     // RETURNING gives no order guarantee: keep the schedule's.
     claimed.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
     let claimed: Vec<Claimed> = claimed.into_iter().map(|(_, c)| c).collect();
-    let next_due = match claimed.len() < req.limit as usize {
-        true => sqlx::query_scalar(sql::NEXT_DUE).bind(req.endpoint.as_str()).fetch_one(&mut *conn).await?,
-        false => None,
-    };
-    Ok(ClaimBatch { claimed, next_due })
+    let short = claimed.len() < req.limit as usize;
+    let next_due = if short { next_due } else { None };
+    Ok((ClaimBatch { claimed, next_due }, short && held))
 }
 
 /// Records results whose fence still matches, and their attempts. A delivery appearing
@@ -426,31 +514,51 @@ async fn record_distinct(
     results: &[&AttemptResult],
 ) -> sqlx::Result<Vec<Option<DeliveryState>>> {
     // An unfinished delivery settles against its endpoint's state at commit time (a
-    // concurrent disable or human pause wins over a retry).
+    // concurrent disable or human pause wins over a retry). The attempts of the results
+    // accepted are inserted by the same statement, with the endpoint read off the row.
     let sql = format!(
-        "UPDATE deliveries d SET \
+        "WITH v AS (SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::int8[], $6::text[], \
+         $7::int8[], $8::text[], $9::int8[], $10::text[], $11::int8[], $12::int8[], $13::text[], $14::text[], \
+         $15::text[], $16::text[], $17::text[], $18::int8[]) \
+         AS v(id, fence, state, attempts, next_attempt_at, reason, last_status, last_error, updated_at, \
+         attempt_id, started_at, duration_ms, response_body, verdict, decided_by, request_headers, request_body, \
+         request_body_size)), \
+         done AS (UPDATE deliveries d SET \
          state = CASE WHEN v.state IN ('waiting', 'queued') THEN {settled} ELSE v.state END, \
          attempts = v.attempts, next_attempt_at = v.next_attempt_at, \
          reason = CASE WHEN v.state IN ('waiting', 'queued') AND {settled} = 'dead' THEN 'endpoint_disabled' \
          ELSE v.reason END, \
          last_status = v.last_status, last_error = v.last_error, lease_owner = NULL, lease_until = NULL, \
-         updated_at = v.updated_at \
-         FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::int8[], $6::text[], $7::int8[], \
-         $8::text[], $9::int8[]) \
-         AS v(id, fence, state, attempts, next_attempt_at, reason, last_status, last_error, updated_at) \
-         WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering' RETURNING d.id, d.state",
+         updated_at = v.updated_at FROM v \
+         WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering' RETURNING d.id, d.state, d.endpoint_id), \
+         tried AS (INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
+         error, verdict, decided_by, request_headers, request_body, request_body_size, endpoint_id) \
+         SELECT v.attempt_id, v.id, v.attempts, v.started_at, v.duration_ms, v.last_status, v.response_body, \
+         v.last_error, v.verdict, v.decided_by, v.request_headers, v.request_body, v.request_body_size, \
+         done.endpoint_id FROM v JOIN done ON done.id = v.id) \
+         SELECT id, state FROM done",
         settled = sql::settle("d", "v.state"),
     );
+    let attempts = || results.iter().map(|r| &r.attempt);
     let rows = sqlx::query(&sql)
         .bind(results.iter().map(|r| r.delivery.as_str()).collect::<Vec<_>>())
         .bind(results.iter().map(|r| r.fence).collect::<Vec<_>>())
         .bind(results.iter().map(|r| r.state.as_str()).collect::<Vec<_>>())
-        .bind(results.iter().map(|r| i64::from(r.attempt.number)).collect::<Vec<_>>())
+        .bind(attempts().map(|a| i64::from(a.number)).collect::<Vec<_>>())
         .bind(results.iter().map(|r| r.next_attempt_at).collect::<Vec<_>>())
         .bind(results.iter().map(|r| r.reason.as_deref()).collect::<Vec<_>>())
-        .bind(results.iter().map(|r| r.attempt.status.map(i64::from)).collect::<Vec<_>>())
-        .bind(results.iter().map(|r| r.attempt.error.as_deref()).collect::<Vec<_>>())
-        .bind(results.iter().map(|r| r.attempt.started_at + r.attempt.duration_ms as i64).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.status.map(i64::from)).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.error.as_deref()).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.started_at + a.duration_ms as i64).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.id.as_str()).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.started_at).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.duration_ms as i64).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.response_body.as_deref()).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.verdict.as_str()).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.decided_by.as_str()).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.request.as_ref().map(|r| r.headers_json.as_str())).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.request.as_ref().and_then(|r| r.body.as_deref())).collect::<Vec<_>>())
+        .bind(attempts().map(|a| a.request.as_ref().map(|r| r.body_size as i64)).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
     let mut updated: HashMap<String, DeliveryState> = HashMap::with_capacity(rows.len());
@@ -459,37 +567,7 @@ async fn record_distinct(
             super::super::rows::delivery_state(row.try_get("state")?).map_err(|e| sqlx::Error::Decode(e.into()))?;
         updated.insert(row.try_get("id")?, state);
     }
-    let accepted: Vec<Option<DeliveryState>> =
-        results.iter().map(|r| updated.get(r.delivery.as_str()).copied()).collect();
-    let attempts: Vec<&Attempt> =
-        results.iter().zip(&accepted).filter(|(_, settled)| settled.is_some()).map(|(r, _)| &r.attempt).collect();
-    if !attempts.is_empty() {
-        sqlx::query(
-            "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
-             error, verdict, decided_by, request_headers, request_body, request_body_size, endpoint_id) \
-             SELECT v.*, (SELECT endpoint_id FROM deliveries d WHERE d.id = v.delivery_id) \
-             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], \
-             $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[]) \
-             AS v(id, delivery_id, number, started_at, duration_ms, status, response_body, error, verdict, decided_by, \
-             request_headers, request_body, request_body_size)",
-        )
-        .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.delivery_id.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| i64::from(a.number)).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.started_at).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.duration_ms as i64).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.status.map(i64::from)).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.response_body.as_deref()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.error.as_deref()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.verdict.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.decided_by.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.request.as_ref().map(|r| r.headers_json.as_str())).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.request.as_ref().and_then(|r| r.body.as_deref())).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.request.as_ref().map(|r| r.body_size as i64)).collect::<Vec<_>>())
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(accepted)
+    Ok(results.iter().map(|r| updated.get(r.delivery.as_str()).copied()).collect())
 }
 
 /// Hands claimed deliveries back (fenced), settling them against their endpoint's state;

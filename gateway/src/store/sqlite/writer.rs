@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
 
 use rand::SeedableRng;
@@ -133,10 +133,6 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-/// Numbers the ops writers apply, in the order they apply them (see `IngestOutcome::seq`).
-/// One counter for every store in the process: each writer's own ops still rise.
-static OP_SEQ: AtomicU64 = AtomicU64::new(1);
-
 /// A failed op rolls the whole transaction back (the `Transaction` drop does it). A claim
 /// under a partition lease that found nothing else due is told to the engine (see
 /// `Handoff::claimed`) as it is applied, so the intake ops after it in the same commit
@@ -154,7 +150,7 @@ fn transaction(
     let mut subscribers = Subscribers::default();
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
-        let seq = OP_SEQ.fetch_add(1, Ordering::Relaxed);
+        let seq = next_op_seq();
         results.push(match op {
             WriteOp::Ingest(events) => {
                 let mut outcomes = ingest(&tx, events, &mut subscribers, rng, handoff)?;

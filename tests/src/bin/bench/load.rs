@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use serde_json::json;
+use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Api, FakeReceiver};
 
+use super::pgcpu::PgCpu;
 use super::{cpu_seconds, percentile};
 
 /// How the producers post: `events` single events by `concurrency` producers, each fanned
@@ -23,11 +25,13 @@ pub struct Shape {
 
 /// Posts single events as `shape` says, every endpoint of tenant `bench` subscribed, and
 /// measures 202→arrival of each (event, endpoint) pair and the
-/// deliveries/s from the first post to the last arrival.
+/// deliveries/s from the first post to the last arrival; on Postgres (`pg`) also the
+/// server's CPU per delivery.
 pub async fn posting_while_delivering(
     api: &Api,
     rx: &FakeReceiver,
     pid: u32,
+    pg: Option<&PgSchema>,
     Shape { events, endpoints, concurrency, rate }: Shape,
     out: &mut HashMap<String, f64>,
 ) -> anyhow::Result<()> {
@@ -38,6 +42,10 @@ pub async fn posting_while_delivering(
     }
     let acks = Arc::new(Mutex::new(HashMap::with_capacity(events)));
     let next = Arc::new(AtomicUsize::new(0));
+    let pg_cpu = match pg {
+        Some(schema) => Some(PgCpu::start(schema).await?),
+        None => None,
+    };
     let cpu_before = cpu_seconds(pid)?;
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -70,6 +78,11 @@ pub async fn posting_while_delivering(
     let got = rx.wait_for(total, Duration::from_secs(300)).await?;
     let last = got.iter().map(|r| r.at).max().unwrap_or_else(Instant::now);
     let cpu = cpu_seconds(pid)? - cpu_before;
+    if let Some(pg_cpu) = pg_cpu {
+        let (backends, writers) = pg_cpu.stop().await?;
+        out.insert("pg_cpu_us_per_delivery".into(), (backends + writers) * 1e6 / total as f64);
+        out.insert("pg_writers_us_per_delivery".into(), writers * 1e6 / total as f64);
+    }
     let acks = std::mem::take(&mut *acks.lock().unwrap());
     let mut l: Vec<f64> = got
         .iter()
