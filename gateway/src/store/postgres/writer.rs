@@ -10,7 +10,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
 use super::super::sql;
 use super::super::*;
 use super::IDS_PER_NOTIFY;
-use crate::model::fan_out;
+use crate::model::{DeliveryOrder, FannedOut, Subscriber, fan_out};
 
 /// Deadlocks and serialization failures between nodes' commits: the whole batch can be
 /// replayed (it was rolled back as a unit).
@@ -156,12 +156,13 @@ async fn ingest(
         }
         let mut targets = Vec::new();
         let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
-        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, of_tenant, &mut rng) {
-            rows.push((delivery.to_string(), ev, endpoint));
+        for FannedOut { id, endpoint, ordering_key } in fan_out(ev, of_tenant, &mut rng) {
+            rows.push((id.to_string(), ev, endpoint, ordering_key));
             targets.push(EndpointId::from_stored(endpoint));
         }
         out.push(IngestOutcome::stored(targets));
     }
+    lock_ordering_keys(conn, &rows).await?;
     insert_deliveries(conn, &rows).await?;
     // Counted after this batch's own deliveries are in, so a duplicate within the batch
     // reports the deliveries of its first occurrence.
@@ -170,22 +171,45 @@ async fn ingest(
     Ok(Ok(out))
 }
 
-/// A delivery fanned out from an event: (its id, the event, the endpoint id).
-type NewDelivery<'a> = (String, &'a NewEvent, &'a str);
+/// A delivery fanned out from an event: (its id, the event, the endpoint id, its ordering
+/// key).
+type NewDelivery<'a> = (String, &'a NewEvent, &'a str, Option<&'a str>);
+
+/// Takes a transaction lock on each (endpoint, ordering key) that `rows` add to, in one
+/// order (so two intakes never wait on each other in a cycle): an intake of a key on
+/// another node waits for this one's commit before it numbers its deliveries, so `seq`
+/// follows commit order within a key, and a claim never sees a later delivery of a key
+/// before an earlier one.
+async fn lock_ordering_keys(conn: &mut PgConnection, rows: &[NewDelivery<'_>]) -> sqlx::Result<()> {
+    let mut keys: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r.3.map(|key| format!("{}\n{key}", r.2)))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    keys.sort_unstable();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM UNNEST($1::text[]) WITH ORDINALITY AS v(k, n) ORDER BY n")
+        .bind(&keys)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
 
 /// The endpoints (id, event types) of the events' tenants that are not disabled, per
 /// tenant, oldest first.
-async fn subscribers(
-    conn: &mut PgConnection,
-    events: &[&NewEvent],
-) -> sqlx::Result<HashMap<String, Vec<(String, Vec<String>)>>> {
+async fn subscribers(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Result<HashMap<String, Vec<Subscriber>>> {
     let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect::<HashSet<_>>().into_iter().collect();
     let rows = sqlx::query(sql::SUBSCRIBERS_OF_TENANTS).bind(&tenants).fetch_all(&mut *conn).await?;
-    let mut subscribers: HashMap<String, Vec<(String, Vec<String>)>> = HashMap::new();
+    let mut subscribers: HashMap<String, Vec<Subscriber>> = HashMap::new();
     for r in &rows {
         let types: String = r.try_get("event_types")?;
-        let types: Vec<String> = serde_json::from_str(&types).map_err(decode_error)?;
-        subscribers.entry(r.try_get("tenant_id")?).or_default().push((r.try_get("id")?, types));
+        let event_types: Vec<String> = serde_json::from_str(&types).map_err(decode_error)?;
+        let ordering = DeliveryOrder::from_stored(r.try_get::<Option<String>, _>("ordering")?.as_deref());
+        let subscriber = Subscriber { endpoint: r.try_get("id")?, event_types, ordering };
+        subscribers.entry(r.try_get("tenant_id")?).or_default().push(subscriber);
     }
     Ok(subscribers)
 }
@@ -233,10 +257,11 @@ async fn insert_deliveries(conn: &mut PgConnection, rows: &[NewDelivery<'_>]) ->
     }
     sqlx::query(
         "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-         next_attempt_at, created_at, updated_at) \
-         SELECT id, tenant_id, event_id, endpoint_id, event_type, 'queued', 0, at, at, at \
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[]) \
-         AS v(id, tenant_id, event_id, endpoint_id, event_type, at)",
+         next_attempt_at, created_at, updated_at, ordering_key) \
+         SELECT id, tenant_id, event_id, endpoint_id, event_type, 'queued', 0, at, at, at, ordering_key \
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[]) \
+         WITH ORDINALITY AS v(id, tenant_id, event_id, endpoint_id, event_type, at, ordering_key, n) \
+         ORDER BY n",
     )
     .bind(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.1.tenant.as_str()).collect::<Vec<_>>())
@@ -244,6 +269,7 @@ async fn insert_deliveries(conn: &mut PgConnection, rows: &[NewDelivery<'_>]) ->
     .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.1.event_type.as_str()).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.1.created_at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.3).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -328,24 +354,26 @@ async fn first_conflict(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[
 /// Leases the due deliveries of one endpoint. Rows another node is claiming or recording
 /// right now are skipped, never waited for.
 async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<ClaimBatch> {
-    let rows = sqlx::query(
-        "WITH picked AS (SELECT id FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting') \
-         AND next_attempt_at <= $2 AND (NOT $6 OR EXISTS (SELECT 1 FROM partitions p \
-         WHERE p.endpoint_id = $1 AND p.owner = $4 AND p.lease_until >= $2)) \
-         ORDER BY next_attempt_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+    let rows = sqlx::query(concat!(
+        "WITH picked AS (SELECT d.id FROM deliveries d WHERE d.endpoint_id = $1 AND d.state IN ('queued', 'waiting') \
+         AND d.next_attempt_at <= $2 AND (NOT $6 OR EXISTS (SELECT 1 FROM partitions p \
+         WHERE p.endpoint_id = $1 AND p.owner = $4 AND p.lease_until >= $2)) AND ",
+        sql::is_head!("seq", "$1", "$7"),
+        " ORDER BY d.next_attempt_at, d.id LIMIT $3 FOR UPDATE SKIP LOCKED) \
          UPDATE deliveries d SET state = 'delivering', lease_owner = $4, lease_until = $5, fence = d.fence + 1, \
          updated_at = $2 FROM picked, events e \
          WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
          RETURNING d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
          d.next_attempt_at, d.replay_id, \
-         e.payload, e.created_at AS event_created_at, e.expires_at",
-    )
+         e.payload, e.created_at AS event_created_at, e.expires_at"
+    ))
     .bind(req.endpoint.as_str())
     .bind(req.now)
     .bind(i64::from(req.limit))
     .bind(&req.owner)
     .bind(req.lease_until)
     .bind(req.in_partition)
+    .bind(req.dead_heads_block)
     .fetch_all(&mut *conn)
     .await?;
     let mut claimed = rows
@@ -374,7 +402,10 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<Clai
     claimed.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
     let claimed: Vec<Claimed> = claimed.into_iter().map(|(_, c)| c).collect();
     let next_due = match claimed.len() < req.limit as usize {
-        true => sqlx::query_scalar(sql::NEXT_DUE).bind(req.endpoint.as_str()).fetch_one(&mut *conn).await?,
+        true => {
+            let due = sqlx::query_scalar(sql::NEXT_DUE_POSTGRES).bind(req.endpoint.as_str()).bind(req.dead_heads_block);
+            due.fetch_one(&mut *conn).await?
+        }
         false => None,
     };
     Ok(ClaimBatch { claimed, next_due })
