@@ -215,3 +215,34 @@ async fn two_postgres_nodes_keep_every_key_in_order() -> anyhow::Result<()> {
     drop((a, b));
     Ok(())
 }
+
+/// A bad `ordering`, `ordering_on_dead` or `ordering_key` is a 400 naming the field, and
+/// nothing is stored.
+#[tokio::test]
+async fn bad_ordering_input_is_refused_naming_the_field() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    gw.api.tenant("acme").await?;
+    for (field, value) in
+        [("ordering", json!("sideways")), ("ordering_on_dead", json!("retry")), ("ordering", json!(1))]
+    {
+        let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({"url": rx.url(), field: value})).await?;
+        // A value of the wrong shape is a bad request, as for every field of the body.
+        assert_eq!(r.status, 400, "{field}: {}", r.text);
+        assert!(r.text.contains(field), "{field}: {}", r.text);
+    }
+    let listed = gw.api.get("/v1/tenants/acme/endpoints", ADMIN_TOKEN).await?;
+    assert_eq!(listed.json["data"].as_array().unwrap().len(), 0, "{}", listed.text);
+    gw.api.endpoint("acme", ordered(&rx, "key", json!({}))).await?;
+    for key in [json!(""), json!("with space"), json!("k".repeat(257)), json!(7)] {
+        let r = gw
+            .api
+            .post("/v1/tenants/acme/events", ADMIN_TOKEN, json!({"type": "t", "payload": {}, "ordering_key": key}))
+            .await?;
+        // As for an event's `type`: intake refuses it as a bad request.
+        assert_eq!(r.status, 400, "{key}: {}", r.text);
+        assert!(r.text.contains("ordering_key"), "{key}: {}", r.text);
+    }
+    rx.stays_at(0, Duration::from_millis(300)).await?;
+    Ok(())
+}
