@@ -49,6 +49,7 @@ export async function endpointPage(main, id, rerender) {
       ['URL', e.url], ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
       ['State', stateText(e.state, e.state_reason, e.paused_until)],
       ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
+      ['Ordering', e.ordering === 'none' ? 'none (in parallel)' : `${e.ordering}; a dead letter: ${e.ordering_on_dead}`],
       ['Success rate 1 h', `${percent(hl.success_rate_1h)} of ${hl.attempts_1h}`],
       ['Success rate 24 h', `${percent(hl.success_rate_24h)} of ${hl.attempts_24h}`],
       ['Backlog', String(hl.backlog)], ['Dead letters', String(hl.dead_letters)],
@@ -79,6 +80,10 @@ function actions(e, path, plugins, rerender) {
   const rate = h('input', { name: 'rate_per_sec', type: 'number', step: 'any', min: '0', value: e.rate_per_sec });
   const burst = h('input', { name: 'burst', type: 'number', min: '1', value: e.burst });
   const inflight = h('input', { name: 'max_in_flight', type: 'number', min: '1', value: e.max_in_flight });
+  const choose = (name, values, current) => h('select', { name },
+    values.map((v) => h('option', { value: v, selected: v === current }, v)));
+  const ordering = choose('ordering', ['none', 'endpoint', 'key'], e.ordering);
+  const onDead = choose('ordering_on_dead', ['skip', 'block'], e.ordering_on_dead);
   const secretOut = h('p', { id: 'rotated', 'aria-live': 'polite' });
   const binds = Object.fromEntries(HOOKS.map((k) => [k, bindingSelect(k, e.plugins[k], plugins)]));
   const submit = (f) => (ev) => { ev.preventDefault(); guard(f); };
@@ -95,6 +100,10 @@ function actions(e, path, plugins, rerender) {
       await api('PATCH', path, { body: { rate_per_sec: Number(rate.value), burst: Number(burst.value), max_in_flight: Number(inflight.value) } });
       done('Pacing saved.');
     }) }, field('Rate per second', rate), field('Burst', burst), field('Max in flight', inflight), h('button', { type: 'submit' }, 'Save pacing')),
+    h('form', { class: 'inline', 'aria-label': 'Ordering', onsubmit: submit(async () => {
+      await api('PATCH', path, { body: { ordering: ordering.value, ordering_on_dead: onDead.value } });
+      done('Ordering saved.');
+    }) }, field('Ordering', ordering), field('A dead letter', onDead), h('button', { type: 'submit' }, 'Save ordering')),
     h('form', { class: 'inline', 'aria-label': 'Plugins', onsubmit: submit(async () => {
       const chosen = Object.fromEntries(Object.entries(binds).filter(([, s]) => s.value).map(([k, s]) => [k, s.value]));
       await api('PATCH', path, { body: { plugins: chosen } });

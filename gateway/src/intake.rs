@@ -8,7 +8,9 @@ use serde_json::value::RawValue;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::model::{EndpointId, EventId, Millis, NewEvent, TenantId, event_fingerprint, validate_event_type};
+use crate::model::{
+    EndpointId, EventId, Millis, NewEvent, TenantId, event_fingerprint, validate_event_type, validate_ordering_key,
+};
 use crate::store::{Claimed, Committer, IngestOutcome, StoreError};
 
 /// The delivery engine as the layers above it see it: told of committed work and
@@ -65,6 +67,10 @@ pub struct EventIn<'a> {
     #[serde(borrow)]
     #[schema(value_type = serde_json::Value)]
     pub payload: &'a RawValue,
+    /// On endpoints ordered by `key`: the order this event is delivered in (say, a customer
+    /// id); events without one share the endpoint's default key. 1-256 visible ASCII.
+    #[serde(default)]
+    pub ordering_key: Option<String>,
 }
 
 /// A batch as posted: `{"events": [ ... ]}`.
@@ -116,6 +122,9 @@ pub fn prepare(
         Some(id) => EventId::parse(id).map_err(|e| IntakeError::Invalid(e.0))?,
         None => EventId::generate(now, rng),
     };
+    if let Some(key) = &input.ordering_key {
+        validate_ordering_key(key).map_err(IntakeError::Invalid)?;
+    }
     Ok(NewEvent {
         tenant: tenant.clone(),
         id,
@@ -124,6 +133,7 @@ pub fn prepare(
         fingerprint: event_fingerprint(&input.event_type, payload),
         created_at: now,
         expires_at: now.saturating_add(limits.ttl_ms),
+        ordering_key: input.ordering_key.clone(),
     })
 }
 
@@ -144,7 +154,7 @@ pub fn prepare_fields(
     }
     let payload: &RawValue =
         serde_json::from_str(payload).map_err(|e| IntakeError::Invalid(format!("payload: invalid JSON: {e}")))?;
-    let input = EventIn { id: Some(id.to_string()), event_type: event_type.to_string(), payload };
+    let input = EventIn { id: Some(id.to_string()), event_type: event_type.to_string(), payload, ordering_key: None };
     prepare(tenant, &input, limits, now, rng)
 }
 

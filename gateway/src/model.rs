@@ -240,6 +240,12 @@ pub struct EndpointSpec {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     pub secrets: Vec<SecretEntry>,
+    /// Deliveries go out one at a time, in intake order, per endpoint or per event key.
+    #[serde(default, skip_serializing_if = "DeliveryOrder::is_none")]
+    pub ordering: DeliveryOrder,
+    /// With `ordering`: whether a dead-lettered head holds its key.
+    #[serde(default, skip_serializing_if = "DeadHead::is_skip")]
+    pub ordering_on_dead: DeadHead,
 }
 
 /// The stored form of a per-endpoint retry override (durations in milliseconds).
@@ -409,17 +415,107 @@ pub fn type_filter_matches(filter: &[String], event_type: &str) -> bool {
 /// given) whose event-type filter matches, each with a fresh time-ordered id. Pure; both
 /// stores call it inside the transaction that stores the event, so a subscription change
 /// and the fan-out never interleave.
-pub fn fan_out<'s>(
-    event_type: &str,
-    created_at: Millis,
-    subscribers: &'s [(String, Vec<String>)],
-    rng: &mut impl rand::Rng,
-) -> Vec<(DeliveryId, &'s str)> {
+pub fn fan_out<'s>(event: &'s NewEvent, subscribers: &'s [Subscriber], rng: &mut impl rand::Rng) -> Vec<FannedOut<'s>> {
     subscribers
         .iter()
-        .filter(|(_, types)| type_filter_matches(types, event_type))
-        .map(|(endpoint, _)| (DeliveryId::generate(created_at, rng), endpoint.as_str()))
+        .filter(|s| type_filter_matches(&s.event_types, &event.event_type))
+        .map(|s| FannedOut {
+            id: DeliveryId::generate(event.created_at, rng),
+            endpoint: s.endpoint.as_str(),
+            ordering_key: s.ordering.key_of(event.ordering_key.as_deref()),
+        })
         .collect()
+}
+
+/// An endpoint intake fans out to: what it subscribes to and how its deliveries are ordered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subscriber {
+    pub endpoint: String,
+    pub event_types: Vec<String>,
+    pub ordering: DeliveryOrder,
+}
+
+/// One delivery [`fan_out`] makes: its id, its endpoint and, on an ordered endpoint, the
+/// key it is ordered within.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FannedOut<'s> {
+    pub id: DeliveryId,
+    pub endpoint: &'s str,
+    pub ordering_key: Option<&'s str>,
+}
+
+/// Whether an endpoint's deliveries go out one at a time in intake order, and within what:
+/// the whole endpoint, or each event's `ordering_key` (events without one share the
+/// endpoint's default key, `""`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryOrder {
+    #[default]
+    None,
+    Endpoint,
+    Key,
+}
+
+impl DeliveryOrder {
+    /// The key a delivery of an event with `event_key` is ordered within (`None`: unordered).
+    pub fn key_of(self, event_key: Option<&str>) -> Option<&str> {
+        match self {
+            DeliveryOrder::None => None,
+            DeliveryOrder::Endpoint => Some(""),
+            DeliveryOrder::Key => Some(event_key.unwrap_or("")),
+        }
+    }
+
+    /// As stored in the endpoint's `ordering` column: `None` for unordered.
+    pub fn stored(self) -> Option<&'static str> {
+        match self {
+            DeliveryOrder::None => None,
+            DeliveryOrder::Endpoint => Some("endpoint"),
+            DeliveryOrder::Key => Some("key"),
+        }
+    }
+
+    /// From the endpoint's `ordering` column.
+    pub fn from_stored(s: Option<&str>) -> DeliveryOrder {
+        match s {
+            Some("endpoint") => DeliveryOrder::Endpoint,
+            Some("key") => DeliveryOrder::Key,
+            _ => DeliveryOrder::None,
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        *self == DeliveryOrder::None
+    }
+}
+
+/// What a dead-lettered head of an ordering key does to the deliveries behind it: they go
+/// on (`skip`, the default), or they wait until it is replayed and delivered, or purged
+/// (`block`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeadHead {
+    #[default]
+    Skip,
+    Block,
+}
+
+impl DeadHead {
+    pub fn is_skip(&self) -> bool {
+        *self == DeadHead::Skip
+    }
+}
+
+/// The longest `ordering_key` an event may carry, in bytes.
+pub const MAX_ORDERING_KEY: usize = 256;
+
+/// An event's `ordering_key`: 1-256 bytes of visible ASCII (so it shows and logs as written).
+pub fn validate_ordering_key(k: &str) -> Result<(), String> {
+    if !k.is_empty() && k.len() <= MAX_ORDERING_KEY && k.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(format!("ordering_key must be 1-{MAX_ORDERING_KEY} visible ASCII characters"))
+    }
 }
 
 /// A validated event type filter entry: `name`, `prefix.*` or `*`.
@@ -457,6 +553,8 @@ pub struct NewEvent {
     pub fingerprint: String,
     pub created_at: Millis,
     pub expires_at: Millis,
+    /// The key its deliveries to endpoints ordered by `key` are ordered within.
+    pub ordering_key: Option<String>,
 }
 
 /// The sha256 hex of an event's type and payload bytes. A type never contains a newline,

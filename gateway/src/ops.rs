@@ -68,6 +68,8 @@ impl Ops {
             plugins: PluginBindings::default(),
             headers: Default::default(),
             secrets: vec![SecretEntry { secret: config.secret.expose().to_string(), expires_at: None }],
+            ordering: DeliveryOrder::None,
+            ordering_on_dead: DeadHead::Skip,
         };
         let id = EndpointId::from_stored(OPS_ENDPOINT);
         match store.endpoint(&id).await? {
@@ -114,6 +116,7 @@ impl Ops {
                 payload,
                 created_at: now,
                 expires_at: now + self.ttl_ms,
+                ordering_key: None,
             },
             Err(e) => {
                 tracing::warn!(error = %e, "bad operational event id");

@@ -16,6 +16,7 @@
 //! - `edges`: the listener: slow and idle clients, the connection cap
 //! - `limits`: refusals: the error shape, size limits, durations, deep payloads
 //! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
+//! - `ordering`: ordered endpoints: each key in intake order through failures, dead letters, a SIGKILL
 //! - `outbox`: the transactional outbox relay from a producer's Postgres
 //! - `plugins`: plugins end to end: hooks, uploads, isolation, hot reload; under it `config`,
 //!   `guard`, `js` (JavaScript plugins), `limits`, `stats`, `versions`
@@ -43,6 +44,7 @@ mod durability;
 mod edges;
 mod limits;
 mod metrics;
+mod ordering;
 mod outbox;
 mod plugins;
 mod props;

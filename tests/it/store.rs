@@ -124,6 +124,8 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
             plugins: Default::default(),
             headers: Default::default(),
             secrets: vec![SecretEntry { secret: "whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0".into(), expires_at: None }],
+            ordering: Default::default(),
+            ordering_on_dead: Default::default(),
         },
         state: EndpointState::Active,
         state_reason: None,
@@ -143,6 +145,7 @@ fn event(tenant: &str, id: &str, event_type: &str, at: Millis) -> NewEvent {
         fingerprint: gateway::model::event_fingerprint(event_type, &format!("{{\"id\": \"{id}\", \"amount\": 1.50}}")),
         created_at: at,
         expires_at: at + 24 * HOUR,
+        ordering_key: None,
     }
 }
 
@@ -163,6 +166,7 @@ fn claim_req(endpoint: &str, now: Millis, limit: u32, owner: &str) -> ClaimReque
         owner: owner.into(),
         lease_until: now + 60_000,
         in_partition: false,
+        dead_heads_block: false,
     }
 }
 
@@ -181,6 +185,7 @@ fn result(
         state,
         next_attempt_at: next,
         reason: (state == DeliveryState::Dead).then(|| format!("permanent:{status}")),
+        ordered: false,
         attempt: Attempt {
             id: format!("att_{}_{number}_{fence}", c.id),
             delivery_id: c.id.clone(),
@@ -800,7 +805,7 @@ async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()>
 async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &["b"])]).await?;
     assert!(b.store.pending_endpoints().await?.is_empty());
-    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_a")).await?, None);
+    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_a"), false).await?, None);
     ingest(
         &b,
         vec![
@@ -821,9 +826,13 @@ async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
     assert!(stats.dead.is_empty());
     assert_eq!(stats.wal_bytes.is_some(), b.url.starts_with("sqlite:"), "only SQLite has a WAL");
     let c = b.committer.claim(claim_req("ep_b", T0 + 3, 1, "node-1")).await?;
-    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_b")).await?, Some(T0 + 7), "leased rows are not pending");
+    assert_eq!(
+        b.store.next_due(&EndpointId::from_stored("ep_b"), false).await?,
+        Some(T0 + 7),
+        "leased rows are not pending"
+    );
     b.committer.record(vec![result(&c[0], c[0].fence, DeliveryState::Waiting, Some(T0 + 6), 500, T0 + 4)]).await?;
-    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_b")).await?, Some(T0 + 6), "retries are pending");
+    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_b"), false).await?, Some(T0 + 6), "retries are pending");
     b.committer.change_endpoint(change("ep_a", EndpointState::Paused, None, T0 + 8)).await?;
     let pending = b.store.pending_endpoints().await?;
     assert_eq!(pending, [(EndpointId::from_stored("ep_b"), T0 + 6)], "paused deliveries are not pending");

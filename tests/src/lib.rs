@@ -520,6 +520,8 @@ impl Received {
 struct ReceiverState {
     script: VecDeque<Answer>,
     default: Option<Answer>,
+    /// Once the script is used up: this share of requests (0 to 1) gets this answer.
+    flaky: Option<(f64, Answer)>,
     received: Vec<Received>,
 }
 
@@ -573,6 +575,12 @@ impl FakeReceiver {
         self.state.lock().unwrap().default = Some(a);
     }
 
+    /// Once the script is used up, answers `share` (0 to 1) of the requests, at random,
+    /// with `a` instead of the default.
+    pub fn fail_at_random(&self, share: f64, a: Answer) {
+        self.state.lock().unwrap().flaky = Some((share, a));
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.state.lock().unwrap().received.clone()
     }
@@ -612,7 +620,8 @@ impl FakeReceiver {
         let body = body.collect().await?.to_bytes();
         let answer = {
             let mut s = self.state.lock().unwrap();
-            let a = s.script.pop_front().or_else(|| s.default.clone()).unwrap_or(Answer::status(200));
+            let flaky = s.flaky.as_ref().filter(|(share, _)| rand::random::<f64>() < *share).map(|(_, a)| a.clone());
+            let a = s.script.pop_front().or(flaky).or_else(|| s.default.clone()).unwrap_or(Answer::status(200));
             s.received.push(Received {
                 at,
                 path: parts.uri.path().to_string(),

@@ -39,21 +39,50 @@ fn ids_are_time_ordered_and_valid() {
 
 #[test]
 fn fan_out_keeps_subscriber_order_and_matches_filters() {
-    let subs = |list: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
-        list.iter().map(|(id, types)| (id.to_string(), types.iter().map(|t| t.to_string()).collect())).collect()
+    let subs = |list: &[(&str, &[&str], DeliveryOrder)]| -> Vec<Subscriber> {
+        list.iter()
+            .map(|(id, types, ordering)| Subscriber {
+                endpoint: id.to_string(),
+                event_types: types.iter().map(|t| t.to_string()).collect(),
+                ordering: *ordering,
+            })
+            .collect()
     };
     let subscribers = subs(&[
-        ("ep_all", &[]),
-        ("ep_inv", &["invoice.*"]),
-        ("ep_user", &["user.created"]),
-        ("ep_paid", &["invoice.paid"]),
+        ("ep_all", &[], DeliveryOrder::None),
+        ("ep_inv", &["invoice.*"], DeliveryOrder::Key),
+        ("ep_user", &["user.created"], DeliveryOrder::None),
+        ("ep_paid", &["invoice.paid"], DeliveryOrder::Endpoint),
     ]);
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    let out = fan_out("invoice.paid", 1_000, &subscribers, &mut rng);
-    let endpoints: Vec<&str> = out.iter().map(|(_, e)| *e).collect();
-    assert_eq!(endpoints, ["ep_all", "ep_inv", "ep_paid"]);
-    assert!(out[0].0 != out[1].0 && out[1].0 != out[2].0, "fresh ids: {out:?}");
-    assert!(fan_out("order.shipped", 1_000, &subscribers[1..], &mut rng).is_empty());
+    let mut event = NewEvent {
+        tenant: TenantId::from_stored("acme"),
+        id: EventId::from_stored("evt_1"),
+        event_type: "invoice.paid".into(),
+        payload: "{}".into(),
+        fingerprint: String::new(),
+        created_at: 1_000,
+        expires_at: 2_000,
+        ordering_key: Some("cus_1".into()),
+    };
+    let out = fan_out(&event, &subscribers, &mut rng);
+    let endpoints: Vec<(&str, Option<&str>)> = out.iter().map(|f| (f.endpoint, f.ordering_key)).collect();
+    assert_eq!(endpoints, [("ep_all", None), ("ep_inv", Some("cus_1")), ("ep_paid", Some(""))]);
+    assert!(out[0].id != out[1].id && out[1].id != out[2].id, "fresh ids: {out:?}");
+    event.ordering_key = None;
+    let keys: Vec<Option<&str>> = fan_out(&event, &subscribers, &mut rng).iter().map(|f| f.ordering_key).collect();
+    assert_eq!(keys, [None, Some(""), Some("")], "no key: the endpoint's default key");
+    event.event_type = "order.shipped".into();
+    assert!(fan_out(&event, &subscribers[1..], &mut rng).is_empty());
+}
+
+#[test]
+fn ordering_keys_are_visible_ascii_of_bounded_length() {
+    assert!(validate_ordering_key("cus_123:eu").is_ok());
+    for bad in ["", "with space", "tab\t", "é", &"k".repeat(MAX_ORDERING_KEY + 1)] {
+        assert!(validate_ordering_key(bad).is_err(), "{bad:?}");
+    }
+    assert!(validate_ordering_key(&"k".repeat(MAX_ORDERING_KEY)).is_ok());
 }
 
 #[test]
@@ -72,6 +101,8 @@ fn the_pause_rule() {
         plugins: PluginBindings::default(),
         headers: BTreeMap::new(),
         secrets: vec![],
+        ordering: DeliveryOrder::None,
+        ordering_on_dead: DeadHead::Skip,
     };
     const NOW: Millis = 1_000_000;
     //  state                     paused_until        → sendable at NOW

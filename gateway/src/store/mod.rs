@@ -220,6 +220,8 @@ pub struct ClaimRequest {
     /// transaction, so a claim that follows a [`WriteOp::Partition`] in one commit is
     /// proof of the lease).
     pub in_partition: bool,
+    /// On an ordered endpoint: a dead-lettered head holds its key (`ordering_on_dead: block`).
+    pub dead_heads_block: bool,
 }
 
 /// Takes, renews or gives up an endpoint's partition lease.
@@ -299,6 +301,9 @@ pub struct AttemptResult {
     pub next_attempt_at: Option<Millis>,
     pub reason: Option<String>,
     pub attempt: Attempt,
+    /// Its endpoint orders deliveries: the next of its key goes out only once this result
+    /// is committed, so it never waits for a later commit.
+    pub ordered: bool,
 }
 
 /// Hand back claimed deliveries that were never sent (e.g. the endpoint paused).
@@ -357,7 +362,7 @@ impl WriteOp {
     /// them (the endpoint's slot frees once the response is judged), so a store may hold
     /// them for the next commit instead of committing them alone.
     pub fn can_wait(&self) -> bool {
-        matches!(self, WriteOp::Record(_))
+        matches!(self, WriteOp::Record(results) if !results.iter().any(|r| r.ordered))
     }
 }
 

@@ -31,6 +31,8 @@ pub(super) trait Dialect: Database {
     fn rows_affected(done: &Self::QueryResult) -> u64;
     /// The text at `path` in the JSON text column `column` (NULL when absent).
     fn json_text(column: &str, path: &[&str]) -> String;
+    /// [`sql::NEXT_DUE_SQLITE`] or [`sql::NEXT_DUE_POSTGRES`].
+    const NEXT_DUE: &'static str;
 }
 
 /// The shared statements on one backend's pool.
@@ -158,8 +160,12 @@ where
             .map(|r| Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), r.try_get("due")?)))
             .collect()
     }
-    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
-        let due: Option<i64> = sqlx::query_scalar(sql::NEXT_DUE).bind(endpoint.as_str()).fetch_one(&self.pool).await?;
+    async fn next_due(&self, endpoint: &EndpointId, dead_heads_block: bool) -> Result<Option<Millis>> {
+        let due: Option<i64> = sqlx::query_scalar(DB::NEXT_DUE)
+            .bind(endpoint.as_str())
+            .bind(dead_heads_block)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(due)
     }
     async fn dead_selection(
@@ -374,6 +380,7 @@ where
             .bind(e.failing_since)
             .bind(e.created_at)
             .bind(e.updated_at)
+            .bind(e.spec.ordering.stored().map(str::to_string))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -383,6 +390,7 @@ where
             .bind(json(&e.spec))
             .bind(json(&e.spec.event_types))
             .bind(e.updated_at)
+            .bind(e.spec.ordering.stored().map(str::to_string))
             .bind(e.id.as_str())
             .bind(e.tenant.as_str())
             .execute(&self.pool)

@@ -44,8 +44,10 @@ pub trait Reads: Send + Sync + 'static {
     async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>>;
     /// Endpoints with deliveries waiting (queued or waiting), with the earliest due time.
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>>;
-    /// The earliest due time of one endpoint's waiting deliveries.
-    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>>;
+    /// The earliest due time of one endpoint's waiting deliveries that may go out: on an
+    /// ordered endpoint, only its keys' heads count (dead ones too, with
+    /// `dead_heads_block`).
+    async fn next_due(&self, endpoint: &EndpointId, dead_heads_block: bool) -> Result<Option<Millis>>;
     /// Dead letters of `tenant` matching a replay selection: how many, and the endpoints
     /// among them that are not active (a replay to those is refused).
     async fn dead_selection(
@@ -134,8 +136,8 @@ impl<T: HasReads> Reads for T {
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
         self.reads().pending_endpoints().await
     }
-    async fn next_due(&self, endpoint: &EndpointId) -> Result<Option<Millis>> {
-        self.reads().next_due(endpoint).await
+    async fn next_due(&self, endpoint: &EndpointId, dead_heads_block: bool) -> Result<Option<Millis>> {
+        self.reads().next_due(endpoint, dead_heads_block).await
     }
     async fn dead_selection(
         &self,

@@ -78,12 +78,12 @@ pub(super) const TOUCH_TOKEN: &str =
 
 /// A new endpoint; `$3` its spec and `$4` its event types, as JSON.
 pub(super) const INSERT_ENDPOINT: &str = "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, \
-     state_reason, paused_until, failing_since, created_at, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     state_reason, paused_until, failing_since, created_at, updated_at, ordering) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
-/// Replaces endpoint `$4` (of tenant `$5`)'s spec and event types at `$3`.
-pub(super) const UPDATE_ENDPOINT: &str =
-    "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3 WHERE id = $4 AND tenant_id = $5";
+/// Replaces endpoint `$5` (of tenant `$6`)'s spec, event types and ordering (`$4`) at `$3`.
+pub(super) const UPDATE_ENDPOINT: &str = "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3, \
+     ordering = $4 WHERE id = $5 AND tenant_id = $6";
 
 /// Deletes endpoint `$1` of tenant `$2`; then [`DEAD_ON_DELETED_ENDPOINT`], in the same transaction.
 pub(super) const DELETE_ENDPOINT: &str = "DELETE FROM endpoints WHERE id = $1 AND tenant_id = $2";
@@ -121,8 +121,45 @@ pub(super) const TAKE_PARTITION: &str = "INSERT INTO partitions (endpoint_id, ow
 pub(super) const RELEASE_PARTITION: &str = "DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2";
 
 /// The earliest due time of endpoint `$1`'s waiting deliveries (read by claims and the engine).
-pub(super) const NEXT_DUE: &str =
-    "SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting')";
+
+/// Whether delivery `d` (of endpoint bound parameter `$endpoint`) may go out now as far as
+/// ordering goes: it is unordered, or it is the first unfinished delivery of its key (dead
+/// ones count while bound parameter `$block` says dead heads block). `$order` is the column
+/// that holds intake order (`rowid` on SQLite, `seq` on Postgres). The heads are one
+/// uncorrelated subquery, read once per statement along the endpoint's unfinished ordered
+/// deliveries (`deliveries_ordered`), and never on an unordered endpoint. A macro, so that
+/// each statement using it is one constant.
+macro_rules! is_head {
+    ($order:literal, $endpoint:literal, $block:literal) => {
+        concat!(
+            "(d.ordering_key IS NULL OR d.",
+            $order,
+            " IN (SELECT MIN(o.",
+            $order,
+            ") FROM deliveries o WHERE o.endpoint_id = ",
+            $endpoint,
+            " AND o.ordering_key IS NOT NULL \
+             AND o.state IN ('queued', 'waiting', 'delivering', 'dead') AND (o.state <> 'dead' OR ",
+            $block,
+            ") GROUP BY o.ordering_key))"
+        )
+    };
+}
+pub(super) use is_head;
+
+/// The earliest due time of endpoint `$1`'s waiting deliveries that may go out (on an
+/// ordered endpoint, its keys' heads; `$2`: dead heads block), on each backend.
+macro_rules! next_due {
+    ($order:literal) => {
+        concat!(
+            "SELECT MIN(d.next_attempt_at) FROM deliveries d WHERE d.endpoint_id = $1 \
+             AND d.state IN ('queued', 'waiting') AND ",
+            is_head!($order, "$1", "$2")
+        )
+    };
+}
+pub(super) const NEXT_DUE_SQLITE: &str = next_due!("rowid");
+pub(super) const NEXT_DUE_POSTGRES: &str = next_due!("seq");
 
 /// The endpoints intake fans out to: every one not disabled (a paused one's deliveries
 /// wait). A macro, so that both subscriber queries are whole constants.
@@ -135,12 +172,12 @@ macro_rules! subscribed {
 /// Tenant `$1`'s endpoints intake fans out to: (id, event types). SQLite's writer reads
 /// them per tenant, once per commit.
 pub(super) const SUBSCRIBERS_OF_TENANT: &str =
-    concat!("SELECT id, event_types FROM endpoints WHERE tenant_id = $1 AND ", subscribed!());
+    concat!("SELECT id, event_types, ordering FROM endpoints WHERE tenant_id = $1 AND ", subscribed!());
 
 /// The endpoints intake fans out to of the tenants in array `$1`, oldest first: (tenant,
 /// id, event types). Postgres reads them per group commit, in one round trip.
 pub(super) const SUBSCRIBERS_OF_TENANTS: &str = concat!(
-    "SELECT tenant_id, id, event_types FROM endpoints WHERE tenant_id = ANY($1) AND ",
+    "SELECT tenant_id, id, event_types, ordering FROM endpoints WHERE tenant_id = ANY($1) AND ",
     subscribed!(),
     " ORDER BY created_at, id"
 );
@@ -379,7 +416,7 @@ mod tests {
             RELEASE_PARTITION,
             RELEASE_PARTITIONS_OF,
             RECOVER_LEASES_OF,
-            NEXT_DUE,
+            NEXT_DUE_SQLITE,
             SUBSCRIBERS_OF_TENANT,
             UPSERT_PLUGIN_SETTINGS,
             INSERT_REPLAY,

@@ -85,7 +85,10 @@ pub(super) async fn run(
             decided_by: judged.by,
             request: judged.request,
         };
-        let again = decision.next_attempt_at;
+        // On an ordered endpoint, what follows this delivery in its key may go once it has
+        // settled: the partition claims again rather than wait for the next due time it knew.
+        let ordered = !target.endpoint.spec.ordering.is_none();
+        let again = decision.next_attempt_at.or_else(|| ordered.then(|| inner.clock.now()));
         record(&inner, &target, &d, decision, attempt, change).await;
         again
     };
@@ -189,6 +192,7 @@ async fn record(
         next_attempt_at: decision.next_attempt_at,
         reason: decision.reason.clone(),
         attempt,
+        ordered: !target.endpoint.spec.ordering.is_none(),
     };
     let recorded = record_until_stored(inner, change, result).await;
     if let Ok(Recorded { dead_lettered: n @ 1.., .. }) = recorded {

@@ -66,6 +66,10 @@ enum Scenario {
         /// With `--plugins`: bind only these hooks (comma-separated), to cost each one.
         #[arg(long, value_delimiter = ',', default_value = "transform,classify,sign")]
         hooks: Vec<String>,
+        /// Ordered delivery: endpoints ordered by `key`, event `i` carrying key `i % keys`
+        /// (0: unordered).
+        #[arg(long, default_value_t = 0)]
+        keys: usize,
     },
     /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
     /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
@@ -447,7 +451,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins, hooks } => {
+        Scenario::Deliver { events, endpoints, plugins, hooks, keys } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {
@@ -467,12 +471,13 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                     bindings[hook] = all.get(hook).with_context(|| format!("unknown hook {hook}"))?.clone();
                 }
             }
+            let ordering = if keys > 0 { "key" } else { "none" };
             for _ in 0..endpoints {
-                api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings})).await?;
+                api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings, "ordering": ordering})).await?;
             }
             let cpu_before = cpu_seconds(node.pid())?;
             let start = Instant::now();
-            post_numbered(&api, "invoice.paid", events).await?;
+            post_keyed(&api, "invoice.paid", events, keys).await?;
             let total = events * endpoints;
             rx.wait_for(total, Duration::from_secs(300)).await?;
             let secs = start.elapsed().as_secs_f64();
@@ -750,9 +755,17 @@ async fn isolation_plugins(
 /// Posts `count` events of `event_type` (payload `{"n": i}`) to tenant `bench`, in batches
 /// of 1,000.
 async fn post_numbered(api: &tests::Api, event_type: &str, count: usize) -> anyhow::Result<()> {
+    post_keyed(api, event_type, count, 0).await
+}
+
+/// [`post_numbered`], event `i` with `ordering_key` `k{i % keys}` (none when `keys` is 0).
+async fn post_keyed(api: &tests::Api, event_type: &str, count: usize, keys: usize) -> anyhow::Result<()> {
     for start in (0..count).step_by(1000) {
-        let chunk: Vec<Value> =
-            (start..count.min(start + 1000)).map(|i| json!({"type": event_type, "payload": {"n": i}})).collect();
+        let event = |i: usize| match keys {
+            0 => json!({"type": event_type, "payload": {"n": i}}),
+            k => json!({"type": event_type, "payload": {"n": i}, "ordering_key": format!("k{}", i % k)}),
+        };
+        let chunk: Vec<Value> = (start..count.min(start + 1000)).map(event).collect();
         let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
         if r.status != 202 {
             bail!("{} {}", r.status, r.text);

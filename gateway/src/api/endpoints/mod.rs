@@ -44,6 +44,13 @@ pub(crate) struct EndpointIn {
     /// Custom headers sent with every delivery: at most 20, values visible ASCII or spaces,
     /// none of the names Herald or the HTTP client set.
     headers: Option<BTreeMap<String, String>>,
+    /// `none` (the default), `endpoint` (every delivery in intake order, one at a time) or
+    /// `key` (in intake order within each event's `ordering_key`; keys go in parallel).
+    /// Applies to deliveries created after it is set.
+    ordering: Option<DeliveryOrder>,
+    /// With `ordering`: `skip` (the default: a dead-lettered delivery lets its key go on) or
+    /// `block` (its key waits until it is replayed and delivered).
+    ordering_on_dead: Option<DeadHead>,
 }
 
 /// A retry policy override: any subset; unset fields follow the node's policy.
@@ -114,6 +121,8 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     if let Some(h) = input.headers {
         spec.headers = h;
     }
+    spec.ordering = input.ordering.unwrap_or(spec.ordering);
+    spec.ordering_on_dead = input.ordering_on_dead.unwrap_or(spec.ordering_on_dead);
     if let Some(s) = input.secret {
         spec.secrets = vec![SecretEntry { secret: s, expires_at: None }];
     }
@@ -184,6 +193,8 @@ pub(crate) struct EndpointOut {
     #[schema(value_type = PluginsIn)]
     plugins: PluginBindings,
     headers: BTreeMap<String, String>,
+    ordering: DeliveryOrder,
+    ordering_on_dead: DeadHead,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -236,6 +247,8 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         },
         plugins: s.plugins.clone(),
         headers: s.headers.clone(),
+        ordering: s.ordering,
+        ordering_on_dead: s.ordering_on_dead,
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
@@ -283,6 +296,8 @@ pub(crate) async fn create(
         plugins: PluginBindings::default(),
         headers: BTreeMap::new(),
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
+        ordering: DeliveryOrder::None,
+        ordering_on_dead: DeadHead::Skip,
     };
     // A binding is checked and written under the tenant's plugin lock (see `PluginLocks`).
     let _bindings = match input.plugins.is_some() {

@@ -415,6 +415,8 @@ impl Dialect for Postgres {
         done.rows_affected()
     }
 
+    const NEXT_DUE: &'static str = sql::NEXT_DUE_POSTGRES;
+
     fn json_text(column: &str, path: &[&str]) -> String {
         format!("({column}::jsonb #>> '{{{}}}')", path.join(","))
     }

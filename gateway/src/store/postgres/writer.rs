@@ -10,7 +10,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
 use super::super::sql;
 use super::super::*;
 use super::IDS_PER_NOTIFY;
-use crate::model::fan_out;
+use crate::model::{DeliveryOrder, FannedOut, Subscriber, fan_out};
 
 /// Deadlocks and serialization failures between nodes' commits: the whole batch can be
 /// replayed (it was rolled back as a unit).
@@ -206,13 +206,16 @@ async fn ingest(
     for (ev, _) in events.iter().zip(&first).filter(|(_, f)| **f) {
         let start = rows.len();
         let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
-        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, of_tenant, &mut rng) {
-            let until = handoff.and_then(|h| h.lease(endpoint, ev.created_at));
-            rows.push(NewDelivery { id: delivery, event: ev, endpoint, until });
+        for FannedOut { id, endpoint, ordering_key } in fan_out(ev, of_tenant, &mut rng) {
+            // An ordered delivery waits for its turn in the store: only a claim knows
+            // whether it heads its key.
+            let until = handoff.filter(|_| ordering_key.is_none()).and_then(|h| h.lease(endpoint, ev.created_at));
+            rows.push(NewDelivery { id, event: ev, endpoint, ordering_key, until });
         }
         fanned.push(start..rows.len());
     }
     let owner = handoff.map(|h| h.owner());
+    lock_ordering_keys(conn, &rows).await?;
     let (inserted, leased) = insert(conn, events, &first, &rows, owner).await?;
     let fresh: Vec<bool> = events.iter().zip(&first).map(|(e, f)| *f && inserted.contains(&key(e))).collect();
     if let Some(at) = first_conflict(conn, events, &fresh).await? {
@@ -252,12 +255,15 @@ async fn ingest(
     Ok(Ok(out))
 }
 
-/// A delivery fanned out from an event, and until when it is leased to this node's
-/// partition of its endpoint if the stored partition lease allows (`None`: queued).
+/// A delivery fanned out from an event, the key it is ordered within (`None`: unordered),
+/// and until when it is leased to this node's partition of its endpoint if the stored
+/// partition lease allows (`None`: queued; always for an ordered delivery, which only a
+/// claim may take, as the head of its key).
 struct NewDelivery<'a> {
     id: DeliveryId,
     event: &'a NewEvent,
     endpoint: &'a str,
+    ordering_key: Option<&'a str>,
     until: Option<Millis>,
 }
 
@@ -265,19 +271,41 @@ fn key(e: &NewEvent) -> (String, String) {
     (e.tenant.to_string(), e.id.to_string())
 }
 
+/// Takes a transaction lock on each (endpoint, ordering key) that `rows` add to, in one
+/// order (so two intakes never wait on each other in a cycle): an intake of a key on
+/// another node waits for this one's commit before it numbers its deliveries, so `seq`
+/// follows commit order within a key, and a claim never sees a later delivery of a key
+/// before an earlier one.
+async fn lock_ordering_keys(conn: &mut PgConnection, rows: &[NewDelivery<'_>]) -> sqlx::Result<()> {
+    let mut keys: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r.ordering_key.map(|key| format!("{}\n{key}", r.endpoint)))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    keys.sort_unstable();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM UNNEST($1::text[]) WITH ORDINALITY AS v(k, n) ORDER BY n")
+        .bind(&keys)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// The endpoints (id, event types) of the events' tenants that are not disabled, per
 /// tenant, oldest first.
-async fn subscribers(
-    conn: &mut PgConnection,
-    events: &[&NewEvent],
-) -> sqlx::Result<HashMap<String, Vec<(String, Vec<String>)>>> {
+async fn subscribers(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Result<HashMap<String, Vec<Subscriber>>> {
     let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect::<HashSet<_>>().into_iter().collect();
     let rows = sqlx::query(sql::SUBSCRIBERS_OF_TENANTS).bind(&tenants).fetch_all(&mut *conn).await?;
-    let mut subscribers: HashMap<String, Vec<(String, Vec<String>)>> = HashMap::new();
+    let mut subscribers: HashMap<String, Vec<Subscriber>> = HashMap::new();
     for r in &rows {
         let types: String = r.try_get("event_types")?;
-        let types: Vec<String> = serde_json::from_str(&types).map_err(decode_error)?;
-        subscribers.entry(r.try_get("tenant_id")?).or_default().push((r.try_get("id")?, types));
+        let event_types: Vec<String> = serde_json::from_str(&types).map_err(decode_error)?;
+        let ordering = DeliveryOrder::from_stored(r.try_get::<Option<String>, _>("ordering")?.as_deref());
+        let subscriber = Subscriber { endpoint: r.try_get("id")?, event_types, ordering };
+        subscribers.entry(r.try_get("tenant_id")?).or_default().push(subscriber);
     }
     Ok(subscribers)
 }
@@ -304,15 +332,17 @@ async fn insert(
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::text[]) \
          ON CONFLICT DO NOTHING RETURNING tenant_id, id), \
          dl AS (INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-         next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at) \
+         next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at, ordering_key) \
          SELECT v.id, v.tenant_id, v.event_id, v.endpoint_id, v.event_type, \
          CASE WHEN p.owner IS NULL THEN 'queued' ELSE 'delivering' END, 0, v.at, p.owner, \
-         CASE WHEN p.owner IS NULL THEN NULL ELSE v.until END, CASE WHEN p.owner IS NULL THEN 0 ELSE 1 END, v.at, v.at \
-         FROM UNNEST($8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[], $14::int8[]) \
-         AS v(id, tenant_id, event_id, endpoint_id, event_type, at, until) \
+         CASE WHEN p.owner IS NULL THEN NULL ELSE v.until END, CASE WHEN p.owner IS NULL THEN 0 ELSE 1 END, v.at, v.at, \
+         v.ordering_key \
+         FROM UNNEST($8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[], $14::int8[], \
+         $16::text[]) WITH ORDINALITY AS v(id, tenant_id, event_id, endpoint_id, event_type, at, until, ordering_key, n) \
          JOIN ev ON ev.tenant_id = v.tenant_id AND ev.id = v.event_id \
          LEFT JOIN partitions p ON v.until IS NOT NULL AND p.endpoint_id = v.endpoint_id AND p.owner = $15 \
          AND p.lease_until >= v.at \
+         ORDER BY v.n \
          RETURNING id, state) \
          SELECT tenant_id AS a, id AS b, NULL AS leased FROM ev \
          UNION ALL SELECT NULL, NULL, id FROM dl WHERE state = 'delivering'",
@@ -332,6 +362,7 @@ async fn insert(
     .bind(rows.iter().map(|r| r.event.created_at).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.until).collect::<Vec<_>>())
     .bind(owner)
+    .bind(rows.iter().map(|r| r.ordering_key).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
     let (mut inserted, mut leased) = (HashSet::new(), HashSet::new());
@@ -435,29 +466,33 @@ async fn first_conflict(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[
 async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<(ClaimBatch, bool)> {
     // The last SELECT reads the statement's snapshot, from before the UPDATE: the rows
     // just picked are left out of the next due time by id.
-    let rows = sqlx::query(
-        "WITH picked AS (SELECT id FROM deliveries WHERE endpoint_id = $1 AND state IN ('queued', 'waiting') \
-         AND next_attempt_at <= $2 AND (NOT $6 OR EXISTS (SELECT 1 FROM partitions p \
-         WHERE p.endpoint_id = $1 AND p.owner = $4 AND p.lease_until >= $2)) \
-         ORDER BY next_attempt_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+    let rows = sqlx::query(concat!(
+        "WITH picked AS (SELECT d.id FROM deliveries d WHERE d.endpoint_id = $1 \
+         AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= $2 AND (NOT $6 OR EXISTS (SELECT 1 \
+         FROM partitions p WHERE p.endpoint_id = $1 AND p.owner = $4 AND p.lease_until >= $2)) AND ",
+        sql::is_head!("seq", "$1", "$7"),
+        " ORDER BY d.next_attempt_at, d.id LIMIT $3 FOR UPDATE SKIP LOCKED), \
          claimed AS (UPDATE deliveries d SET state = 'delivering', lease_owner = $4, lease_until = $5, \
          fence = d.fence + 1, updated_at = $2 FROM picked, events e \
          WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
          RETURNING d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
          d.next_attempt_at, d.replay_id, \
          e.payload, e.created_at AS event_created_at, e.expires_at), \
-         rest AS (SELECT (SELECT MIN(next_attempt_at) FROM deliveries WHERE endpoint_id = $1 \
-         AND state IN ('queued', 'waiting') AND id NOT IN (SELECT id FROM picked)) AS next_due, \
+         rest AS (SELECT (SELECT MIN(d.next_attempt_at) FROM deliveries d WHERE d.endpoint_id = $1 \
+         AND d.state IN ('queued', 'waiting') AND d.id NOT IN (SELECT id FROM picked) AND ",
+        sql::is_head!("seq", "$1", "$7"),
+        ") AS next_due, \
          $6 AND EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = $1 AND p.owner = $4 \
          AND p.lease_until >= $2) AS held) \
-         SELECT c.*, rest.next_due, rest.held FROM rest LEFT JOIN claimed c ON true",
-    )
+         SELECT c.*, rest.next_due, rest.held FROM rest LEFT JOIN claimed c ON true"
+    ))
     .bind(req.endpoint.as_str())
     .bind(req.now)
     .bind(i64::from(req.limit))
     .bind(&req.owner)
     .bind(req.lease_until)
     .bind(req.in_partition)
+    .bind(req.dead_heads_block)
     .fetch_all(&mut *conn)
     .await?;
     let (mut next_due, mut held) = (None, false);

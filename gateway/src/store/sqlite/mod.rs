@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use super::queries::{self, Dialect, Queries, TurnStep};
 use super::reads::HasReads;
-use super::sql::Sql;
+use super::sql::{self, Sql};
 use super::*;
 
 pub struct SqliteStore {
@@ -244,6 +244,8 @@ impl Dialect for Sqlite {
     fn rows_affected(done: &SqliteQueryResult) -> u64 {
         done.rows_affected()
     }
+
+    const NEXT_DUE: &'static str = sql::NEXT_DUE_SQLITE;
 
     fn json_text(column: &str, path: &[&str]) -> String {
         format!("json_extract({column}, '$.{}')", path.join("."))

@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use super::super::sql;
 use super::super::*;
 use super::checkpoint::{WAL_RESTART_FRAMES, connect, spawn_checkpointer};
-use crate::model::fan_out;
+use crate::model::{DeliveryOrder, FannedOut, Subscriber, fan_out};
 use thread::{Sink, Thread, Work};
 
 mod thread;
@@ -190,19 +190,25 @@ fn transaction(
 
 /// Per tenant, the endpoints intake fans out to (id and type filter), read once per commit.
 #[derive(Default)]
-struct Subscribers(HashMap<String, Vec<(String, Vec<String>)>>);
+struct Subscribers(HashMap<String, Vec<Subscriber>>);
 
 impl Subscribers {
-    fn of(&mut self, tx: &Transaction<'_>, tenant: &TenantId) -> Result<&[(String, Vec<String>)]> {
+    fn of(&mut self, tx: &Transaction<'_>, tenant: &TenantId) -> Result<&[Subscriber]> {
         if !self.0.contains_key(tenant.as_str()) {
             let mut q = tx.prepare_cached(sql::SUBSCRIBERS_OF_TENANT)?;
-            let rows = q.query_map([tenant.as_str()], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            let rows = q.query_map([tenant.as_str()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
+            })?;
             let mut eps = Vec::new();
             for row in rows {
-                let (id, types) = row?;
+                let (id, types, ordering) = row?;
                 let types = serde_json::from_str(&types)
                     .map_err(|e| StoreError::backend(format!("endpoint {id}: event_types: {e}")))?;
-                eps.push((id, types));
+                eps.push(Subscriber {
+                    endpoint: id,
+                    event_types: types,
+                    ordering: DeliveryOrder::from_stored(ordering.as_deref()),
+                });
             }
             self.0.insert(tenant.to_string(), eps);
         }
@@ -258,7 +264,8 @@ fn ingest_op(
     )?;
     let mut insert_delivery = tx.prepare_cached(
         "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-         next_attempt_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'queued', 0, ?6, ?6, ?6)",
+         next_attempt_at, created_at, updated_at, ordering_key) \
+         VALUES (?1, ?2, ?3, ?4, ?5, 'queued', 0, ?6, ?6, ?6, ?7)",
     )?;
     let mut insert_leased = tx.prepare_cached(
         "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
@@ -294,7 +301,10 @@ fn ingest_op(
             continue;
         }
         let (mut queued, mut leased) = (Vec::new(), Vec::new());
-        for (delivery, endpoint) in fan_out(&ev.event_type, ev.created_at, subscribers.of(tx, &ev.tenant)?, rng) {
+        for FannedOut { id: delivery, endpoint, ordering_key } in fan_out(ev, subscribers.of(tx, &ev.tenant)?, rng) {
+            // An ordered delivery waits for its turn in the store: only a claim knows
+            // whether it heads its key.
+            let handoff = handoff.filter(|_| ordering_key.is_none());
             let Some((owner, until)) = handoff.and_then(|h| Some((h.owner(), h.lease(endpoint, ev.created_at)?)))
             else {
                 insert_delivery.execute(params![
@@ -303,7 +313,8 @@ fn ingest_op(
                     id,
                     endpoint,
                     ev.event_type,
-                    ev.created_at
+                    ev.created_at,
+                    ordering_key
                 ])?;
                 queued.push(EndpointId::from_stored(endpoint));
                 continue;
@@ -330,16 +341,24 @@ fn ingest_op(
 /// Also says whether a claim under the partition lease took all that was due, the lease
 /// held.
 fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)> {
-    let mut select = tx.prepare_cached(
+    let mut select = tx.prepare_cached(concat!(
         "SELECT d.rowid, d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, \
          d.fence, e.payload, e.created_at, e.expires_at, d.replay_id FROM deliveries d \
          JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
          WHERE d.endpoint_id = ?1 AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ?2 \
          AND (NOT ?4 OR EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = ?1 AND p.owner = ?5 \
-         AND p.lease_until >= ?2)) \
-         ORDER BY d.next_attempt_at, d.id LIMIT ?3",
-    )?;
-    let args = params![req.endpoint.as_str(), req.now, i64::from(req.limit), req.in_partition, req.owner];
+         AND p.lease_until >= ?2)) AND ",
+        sql::is_head!("rowid", "?1", "?6"),
+        " ORDER BY d.next_attempt_at, d.id LIMIT ?3"
+    ))?;
+    let args = params![
+        req.endpoint.as_str(),
+        req.now,
+        i64::from(req.limit),
+        req.in_partition,
+        req.owner,
+        req.dead_heads_block
+    ];
     let rows = select.query_map(args, |r| {
         let claimed = Claimed {
             id: DeliveryId::from_stored(r.get::<_, String>(1)?),
@@ -369,7 +388,9 @@ fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)>
     }
     let short = claimed.len() < req.limit as usize;
     let next_due = match short {
-        true => tx.prepare_cached(sql::NEXT_DUE)?.query_row([req.endpoint.as_str()], |r| r.get(0))?,
+        true => tx
+            .prepare_cached(sql::NEXT_DUE_SQLITE)?
+            .query_row(params![req.endpoint.as_str(), req.dead_heads_block], |r| r.get(0))?,
         false => None,
     };
     let seen_all = short

@@ -47,7 +47,8 @@ pub(super) fn insert_endpoint(tx: &Transaction<'_>, e: &Endpoint) -> Result<()> 
         e.paused_until,
         e.failing_since,
         e.created_at,
-        e.updated_at
+        e.updated_at,
+        e.spec.ordering.stored()
     ])?;
     Ok(())
 }
@@ -57,6 +58,7 @@ pub(super) fn update_endpoint(tx: &Transaction<'_>, e: &Endpoint) -> Result<bool
         json(&e.spec),
         json(&e.spec.event_types),
         e.updated_at,
+        e.spec.ordering.stored(),
         e.id.as_str(),
         e.tenant.as_str()
     ])?;
