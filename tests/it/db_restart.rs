@@ -58,7 +58,10 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
     apis[0].tenant("acme").await?;
     for i in 0..ENDPOINTS {
         let url = format!("{}/{i}", rx.url());
-        let body = json!({"url": url, "rate_per_sec": 50, "burst": 5, "max_in_flight": MAX_IN_FLIGHT});
+        // A long timeout makes long delivery leases: a result dropped in the outage would
+        // wait that long to be sent again.
+        let body =
+            json!({"url": url, "rate_per_sec": 50, "burst": 5, "max_in_flight": MAX_IN_FLIGHT, "timeout": "30s"});
         apis[0].endpoint("acme", body).await?;
     }
 
@@ -202,8 +205,9 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
     assert!(resumed_quick <= Duration::from_secs(5), "delivery resumed {resumed_quick:?} after a quick restart");
     assert!(resumed_long <= Duration::from_secs(5), "delivery resumed {resumed_long:?} after the long outage");
     // Results sent while the database was down are recorded when it is back, so all is
-    // settled in seconds, not after the leases of the dropped ones ran out (40 s and more).
-    assert!(settled <= Duration::from_secs(8), "everything settled {settled:?} after the database returned");
+    // settled in seconds, not after the leases of the dropped ones ran out (30 s and more
+    // after the database's return).
+    assert!(settled <= Duration::from_secs(15), "everything settled {settled:?} after the database returned");
     assert!(reconnects > 0, "the metrics show the store's recoveries");
     pool.close().await;
     drop(nodes);
