@@ -22,6 +22,9 @@ use crate::classify::{self, Outcome, Response, TransportErrorKind};
 use crate::model::Millis;
 use crate::net::is_forbidden;
 
+mod oauth;
+pub use oauth::{Token, TokenState};
+
 /// How much of a response body is kept with the attempt.
 pub const BODY_PREFIX: usize = 1024;
 /// How much of a response body is read (to keep the connection reusable) before giving up on it.
@@ -33,8 +36,7 @@ pub struct Outgoing {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub body: Bytes,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
+    pub route: Route,
     /// Keep the response headers (only a classify plugin reads them; copying them on
     /// every answer is wasted work otherwise).
     pub keep_headers: bool,
@@ -42,13 +44,28 @@ pub struct Outgoing {
     pub now: Millis,
 }
 
+/// How a request leaves the node: its deadlines (and, through them, its connection pool).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Route {
+    pub connect_timeout: Duration,
+    /// The total deadline of one request (not part of the pool's identity).
+    pub timeout: Duration,
+}
+
+/// What makes connections of two routes interchangeable: one pool each.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    connect_timeout: Duration,
+}
+
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
 
-/// The outbound HTTP client, one pool per connect timeout.
+/// The outbound HTTP client, one pool per route, and the node's OAuth2 tokens.
 #[derive(Clone)]
 pub struct Deliverer {
     allow_private: bool,
-    clients: Arc<Mutex<HashMap<Duration, HttpsClient>>>,
+    clients: Arc<Mutex<HashMap<PoolKey, HttpsClient>>>,
+    tokens: Arc<oauth::Tokens>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,13 +115,14 @@ impl tower_service::Service<Name> for GuardedResolver {
 
 impl Deliverer {
     pub fn new(allow_private: bool) -> Deliverer {
-        Deliverer { allow_private, clients: Arc::default() }
+        Deliverer { allow_private, clients: Arc::default(), tokens: Arc::default() }
     }
 
-    fn client(&self, connect_timeout: Duration) -> HttpsClient {
+    fn client(&self, route: &Route) -> HttpsClient {
+        let connect_timeout = route.connect_timeout;
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         clients
-            .entry(connect_timeout)
+            .entry(PoolKey { connect_timeout })
             .or_insert_with(|| {
                 let mut http = HttpConnector::new_with_resolver(GuardedResolver { allow_private: self.allow_private });
                 http.enforce_http(false);
@@ -131,11 +149,8 @@ impl Deliverer {
             Ok(u) => u,
             Err(e) => return failed(TransportErrorKind::Other, format!("bad url: {e}")),
         };
-        if let Some(ip) = uri.host().and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
-            && !self.allow_private
-            && is_forbidden(ip)
-        {
-            return failed(TransportErrorKind::Blocked, Blocked(ip).to_string());
+        if let Err(blocked) = self.check_literal(&uri) {
+            return failed(TransportErrorKind::Blocked, blocked);
         }
         let mut builder = http::Request::post(uri);
         for (k, v) in &out.headers {
@@ -145,10 +160,20 @@ impl Deliverer {
             Ok(r) => r,
             Err(e) => return failed(TransportErrorKind::Other, format!("bad request: {e}")),
         };
-        let client = self.client(out.connect_timeout);
-        match tokio::time::timeout(out.timeout, exchange(client, request, out.keep_headers, out.now)).await {
+        let client = self.client(&out.route);
+        let timeout = out.route.timeout;
+        match tokio::time::timeout(timeout, exchange(client, request, out.keep_headers, out.now)).await {
             Ok(outcome) => outcome,
-            Err(_) => failed(TransportErrorKind::Timeout, format!("no answer within {:?}", out.timeout)),
+            Err(_) => failed(TransportErrorKind::Timeout, format!("no answer within {timeout:?}")),
+        }
+    }
+
+    /// The SSRF guard for a URL whose host is an IP literal (names are checked as they
+    /// resolve): `Err` names the refused address.
+    fn check_literal(&self, uri: &http::Uri) -> Result<(), String> {
+        match uri.host().and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok()) {
+            Some(ip) if !self.allow_private && is_forbidden(ip) => Err(Blocked(ip).to_string()),
+            _ => Ok(()),
         }
     }
 }

@@ -11,10 +11,12 @@ use serde::{Deserialize, Serialize};
 pub const OPS_TENANT: &str = "herald-ops";
 
 mod bindings;
+mod egress;
 mod plugin_settings;
 mod replay;
 mod sent;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
+pub use egress::{ClientAuth, OAuth2, WriteOnly};
 pub use plugin_settings::*;
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
@@ -240,6 +242,9 @@ pub struct EndpointSpec {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     pub secrets: Vec<SecretEntry>,
+    /// OAuth2 client credentials for the endpoint's requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth2: Option<OAuth2>,
 }
 
 /// The stored form of a per-endpoint retry override (durations in milliseconds).

@@ -68,6 +68,7 @@ impl Ops {
             plugins: PluginBindings::default(),
             headers: Default::default(),
             secrets: vec![SecretEntry { secret: config.secret.expose().to_string(), expires_at: None }],
+            oauth2: None,
         };
         let id = EndpointId::from_stored(OPS_ENDPOINT);
         match store.endpoint(&id).await? {

@@ -122,6 +122,7 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
             plugins: Default::default(),
             headers: Default::default(),
             secrets: vec![SecretEntry { secret: "whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0".into(), expires_at: None }],
+            oauth2: None,
         },
         state: EndpointState::Active,
         state_reason: None,

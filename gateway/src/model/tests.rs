@@ -72,6 +72,7 @@ fn the_pause_rule() {
         plugins: PluginBindings::default(),
         headers: BTreeMap::new(),
         secrets: vec![],
+        oauth2: None,
     };
     const NOW: Millis = 1_000_000;
     //  state                     paused_until        → sendable at NOW

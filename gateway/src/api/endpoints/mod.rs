@@ -44,6 +44,58 @@ pub(crate) struct EndpointIn {
     /// Custom headers sent with every delivery: at most 20, values visible ASCII or spaces,
     /// none of the names Herald or the HTTP client set.
     headers: Option<BTreeMap<String, String>>,
+    /// OAuth2 client credentials (RFC 6749 4.4): Herald sends `Authorization: Bearer` with
+    /// a token from `token_url`, cached per node until shortly before it expires. Patched
+    /// field by field (an omitted `client_secret` keeps the stored one); `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<OAuth2In>, nullable)]
+    oauth2: Option<Option<OAuth2In>>,
+}
+
+/// A field that may be `null` (remove) or absent (keep): `Some(None)` is `null`.
+fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// OAuth2 client credentials as written; the secret is write-only.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OAuth2In {
+    /// The token endpoint (the SSRF rules of `url` apply).
+    token_url: Option<String>,
+    client_id: Option<String>,
+    /// Write-only: never shown again.
+    client_secret: Option<String>,
+    scopes: Option<Vec<String>>,
+    /// Sent as the `audience` parameter when set; `""` removes it.
+    audience: Option<String>,
+    /// `client_secret_basic` (default) or `client_secret_post`.
+    client_auth: Option<ClientAuth>,
+}
+
+/// OAuth2 settings as shown: never the secret, only that one is set.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct OAuth2Out {
+    token_url: String,
+    client_id: String,
+    client_secret_set: bool,
+    scopes: Vec<String>,
+    audience: Option<String>,
+    client_auth: ClientAuth,
+}
+
+/// What this node knows of the endpoint's OAuth2 token.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct OAuth2TokenOut {
+    /// `valid` (a cached token), `none` (none fetched yet, or dropped after a 401 or its
+    /// expiry), `failing` (the last request failed) or `fetching`.
+    state: String,
+    /// When the cached token is refreshed (RFC 3339).
+    refresh_at: Option<String>,
+    /// Token requests since the node started.
+    fetches: u64,
+    /// The last token error, if the last request failed.
+    last_error: Option<String>,
 }
 
 /// A retry policy override: any subset; unset fields follow the node's policy.
@@ -117,6 +169,11 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     if let Some(s) = input.secret {
         spec.secrets = vec![SecretEntry { secret: s, expires_at: None }];
     }
+    match input.oauth2 {
+        None => {}
+        Some(None) => spec.oauth2 = None,
+        Some(Some(o)) => spec.oauth2 = Some(oauth2(spec.oauth2.take(), o)?),
+    }
     let rules = SpecRules {
         retry: &state.config.retry,
         max_timeout: crate::config::MAX_TIMEOUT,
@@ -124,6 +181,28 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     };
     spec.validate(&rules)?;
     Ok(())
+}
+
+/// OAuth2 settings patched onto the stored ones (if any); a new configuration needs every
+/// required field.
+fn oauth2(stored: Option<OAuth2>, input: OAuth2In) -> Result<OAuth2, ApiError> {
+    let required = |field: &str| ApiError::unprocessable(format!("oauth2.{field}: required"));
+    let (url, id, secret, scopes, audience, client_auth) = match stored {
+        Some(o) => (Some(o.token_url), Some(o.client_id), Some(o.client_secret), o.scopes, o.audience, o.client_auth),
+        None => (None, None, None, Vec::new(), None, ClientAuth::default()),
+    };
+    Ok(OAuth2 {
+        token_url: input.token_url.or(url).ok_or_else(|| required("token_url"))?,
+        client_id: input.client_id.or(id).ok_or_else(|| required("client_id"))?,
+        client_secret: input.client_secret.map(WriteOnly::new).or(secret).ok_or_else(|| required("client_secret"))?,
+        scopes: input.scopes.unwrap_or(scopes),
+        audience: match input.audience {
+            Some(a) if a.is_empty() => None,
+            Some(a) => Some(a),
+            None => audience,
+        },
+        client_auth: input.client_auth.unwrap_or(client_auth),
+    })
 }
 
 /// Loads the pinned versions (`name@n`) that `input` binds, off the async runtime, so
@@ -184,6 +263,7 @@ pub(crate) struct EndpointOut {
     #[schema(value_type = PluginsIn)]
     plugins: PluginBindings,
     headers: BTreeMap<String, String>,
+    oauth2: Option<OAuth2Out>,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -206,6 +286,29 @@ pub(crate) struct EndpointDetail {
     #[serde(flatten)]
     endpoint: EndpointOut,
     health: HealthOut,
+    /// This node's OAuth2 token for the endpoint (null without `oauth2`).
+    token: Option<OAuth2TokenOut>,
+}
+
+/// What this node knows of `e`'s OAuth2 token.
+fn token_view(state: &AppState, e: &Endpoint) -> Option<OAuth2TokenOut> {
+    let auth = e.spec.oauth2.as_ref()?;
+    let deliverer = state.deliverer.as_ref()?;
+    let Some(t) = deliverer.token_state(auth) else {
+        return Some(OAuth2TokenOut { state: "fetching".into(), refresh_at: None, fetches: 0, last_error: None });
+    };
+    let now = state.clock.now();
+    let state = match (&t.last_error, t.refresh_in) {
+        (Some(_), _) => "failing",
+        (None, Some(d)) if !d.is_zero() => "valid",
+        _ => "none",
+    };
+    Some(OAuth2TokenOut {
+        state: state.into(),
+        refresh_at: t.refresh_in.filter(|d| !d.is_zero()).map(|d| rfc3339(now + d.as_millis() as i64)),
+        fetches: t.fetches,
+        last_error: t.last_error,
+    })
 }
 
 fn duration_text(ms: u64) -> String {
@@ -236,6 +339,14 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         },
         plugins: s.plugins.clone(),
         headers: s.headers.clone(),
+        oauth2: s.oauth2.as_ref().map(|o| OAuth2Out {
+            token_url: o.token_url.clone(),
+            client_id: o.client_id.clone(),
+            client_secret_set: !o.client_secret.expose().is_empty(),
+            scopes: o.scopes.clone(),
+            audience: o.audience.clone(),
+            client_auth: o.client_auth,
+        }),
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
@@ -283,6 +394,7 @@ pub(crate) async fn create(
         plugins: PluginBindings::default(),
         headers: BTreeMap::new(),
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
+        oauth2: None,
     };
     // A binding is checked and written under the tenant's plugin lock (see `PluginLocks`).
     let _bindings = match input.plugins.is_some() {
@@ -310,7 +422,8 @@ pub(crate) async fn get_one(
 ) -> Result<Json<EndpointDetail>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
     let health = health::health(&state, &endpoint).await?;
-    Ok(Json(EndpointDetail { endpoint: view(&endpoint), health }))
+    let token = token_view(&state, &endpoint);
+    Ok(Json(EndpointDetail { endpoint: view(&endpoint), health, token }))
 }
 
 #[utoipa::path(
