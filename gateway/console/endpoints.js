@@ -74,6 +74,7 @@ function authSection(e) {
     ['Token', t ? `${t.state}${t.refresh_at ? `, refreshed ${when(t.refresh_at)}` : ''} (${t.fetches} fetched on this node)` : '—'],
     ['Last token error', (t && t.last_error) || '—'],
   ] : [['OAuth2', 'none: requests carry only the signature and custom headers']];
+  rows.push(['Egress proxy', e.proxy ?? "the node's"]);
   return h('section', { id: 'auth' }, h('h2', {}, 'Authentication'), facts(rows));
 }
 

@@ -173,6 +173,9 @@ pub struct DeliveryConfig {
     pub disable_after: Duration,
     pub max_in_flight_total: usize,
     pub secret_grace: Duration,
+    /// The node's egress proxy (its `Debug` hides the password).
+    pub proxy: Option<std::sync::Arc<crate::net::proxy::ProxyUrl>>,
+    pub no_proxy: std::sync::Arc<crate::net::proxy::NoProxy>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -240,7 +243,7 @@ impl RawConfig {
 
 /// Whether the value at `path` is a secret `effective_keys` never prints.
 fn is_secret(path: &str) -> bool {
-    matches!(path, "server.admin_token" | "operator.secret")
+    matches!(path, "server.admin_token" | "operator.secret" | "delivery.proxy")
         || path.starts_with("plugins.config.")
         || path.starts_with("plugins.override.")
 }
@@ -404,6 +407,13 @@ impl RawDelivery {
             disable_after: duration("delivery.disable_after", &self.disable_after)?,
             max_in_flight_total: self.max_in_flight_total as usize,
             secret_grace: duration("delivery.secret_grace", &self.secret_grace)?,
+            proxy: match self.proxy.trim() {
+                "" => None,
+                p => Some(crate::net::proxy::ProxyUrl::parse(p).map_err(|e| invalid("delivery.proxy", e))?.into()),
+            },
+            no_proxy: crate::net::proxy::NoProxy::parse(&self.no_proxy)
+                .map_err(|e| invalid("delivery.no_proxy", e))?
+                .into(),
         };
         crate::spec::check_timeouts(delivery.timeout, delivery.connect_timeout, MAX_TIMEOUT)
             .map_err(|e| invalid(&format!("delivery.{}", e.field), e.reason))?;

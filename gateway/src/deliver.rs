@@ -4,25 +4,22 @@
 //! endpoints. It decides nothing about retries; it reports what happened.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::pin::Pin;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 
 use crate::classify::{self, Outcome, Response, TransportErrorKind};
 use crate::model::Millis;
 use crate::net::is_forbidden;
 
+mod connect;
 mod oauth;
+pub use connect::Via;
 pub use oauth::{Token, TokenState};
 
 /// How much of a response body is kept with the attempt.
@@ -50,15 +47,17 @@ pub struct Route {
     pub connect_timeout: Duration,
     /// The total deadline of one request (not part of the pool's identity).
     pub timeout: Duration,
+    pub via: Via,
 }
 
 /// What makes connections of two routes interchangeable: one pool each.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
     connect_timeout: Duration,
+    via: Via,
 }
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
+type HttpsClient = Client<hyper_rustls::HttpsConnector<connect::Connector>, Full<Bytes>>;
 
 /// The outbound HTTP client, one pool per route, and the node's OAuth2 tokens.
 #[derive(Clone)]
@@ -76,43 +75,6 @@ struct Blocked(IpAddr);
 #[error("dns: {0}")]
 struct DnsFailed(String);
 
-/// Resolves names off the runtime and drops forbidden addresses (SSRF guard).
-#[derive(Clone)]
-struct GuardedResolver {
-    allow_private: bool,
-}
-
-impl tower_service::Service<Name> for GuardedResolver {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        let allow_private = self.allow_private;
-        Box::pin(async move {
-            let host = name.as_str().to_string();
-            let addrs: Vec<SocketAddr> = tokio::task::spawn_blocking(move || (host.as_str(), 0).to_socket_addrs())
-                .await
-                .map_err(|e| DnsFailed(e.to_string()))?
-                .map_err(|e| DnsFailed(e.to_string()))?
-                .collect();
-            if addrs.is_empty() {
-                return Err(DnsFailed(format!("{} has no addresses", name.as_str())).into());
-            }
-            let allowed: Vec<SocketAddr> =
-                addrs.iter().copied().filter(|a| allow_private || !is_forbidden(a.ip())).collect();
-            if allowed.is_empty() {
-                return Err(Blocked(addrs[0].ip()).into());
-            }
-            Ok(allowed.into_iter())
-        })
-    }
-}
-
 impl Deliverer {
     pub fn new(allow_private: bool) -> Deliverer {
         Deliverer { allow_private, clients: Arc::default(), tokens: Arc::default() }
@@ -122,12 +84,10 @@ impl Deliverer {
         let connect_timeout = route.connect_timeout;
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         clients
-            .entry(PoolKey { connect_timeout })
+            .entry(PoolKey { connect_timeout, via: route.via.clone() })
             .or_insert_with(|| {
-                let mut http = HttpConnector::new_with_resolver(GuardedResolver { allow_private: self.allow_private });
-                http.enforce_http(false);
-                http.set_connect_timeout(Some(connect_timeout));
-                http.set_nodelay(true);
+                let http =
+                    connect::Connector { allow_private: self.allow_private, connect_timeout, via: route.via.clone() };
                 let https = hyper_rustls::HttpsConnectorBuilder::new()
                     .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
                     .expect("ring provider supports the default protocol versions")
@@ -246,6 +206,9 @@ fn kind_of(e: &(dyn std::error::Error + 'static)) -> TransportErrorKind {
         }
         if err.is::<DnsFailed>() {
             return TransportErrorKind::Dns;
+        }
+        if err.is::<connect::ProxyFailed>() {
+            return TransportErrorKind::Other;
         }
         if err.is::<rustls::Error>() {
             return TransportErrorKind::Tls;

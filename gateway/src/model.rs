@@ -245,6 +245,10 @@ pub struct EndpointSpec {
     /// OAuth2 client credentials for the endpoint's requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oauth2: Option<OAuth2>,
+    /// The egress proxy for this endpoint: an `http://` CONNECT proxy URL, or `"none"`;
+    /// absent: the node's `delivery.proxy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
 }
 
 /// The stored form of a per-endpoint retry override (durations in milliseconds).

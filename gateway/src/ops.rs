@@ -69,6 +69,7 @@ impl Ops {
             headers: Default::default(),
             secrets: vec![SecretEntry { secret: config.secret.expose().to_string(), expires_at: None }],
             oauth2: None,
+            proxy: None,
         };
         let id = EndpointId::from_stored(OPS_ENDPOINT);
         match store.endpoint(&id).await? {

@@ -165,6 +165,12 @@ impl EndpointSpec {
         for s in &self.secrets {
             crate::sign::Secret::parse(&s.secret).map_err(|e| SpecError::new("secret", e.to_string()))?;
         }
+        if let Some(p) = &self.proxy
+            && p != "none"
+        {
+            check_text("proxy", p, MAX_URL)?;
+            crate::net::proxy::ProxyUrl::parse(p).map_err(|e| SpecError::new("proxy", format!("{e} (or \"none\")")))?;
+        }
         if let Some(auth) = &self.oauth2 {
             check_oauth2(auth, rules.allow_private_destinations)?;
             if self.headers.keys().any(|k| k.eq_ignore_ascii_case("authorization")) {

@@ -39,7 +39,7 @@ struct TokenServer {
 impl TokenServer {
     async fn start(expires_in: u64) -> anyhow::Result<TokenServer> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let mut me = TokenServer { addr: Some(listener.local_addr()?), ..Default::default() };
+        let me = TokenServer { addr: Some(listener.local_addr()?), ..Default::default() };
         me.expires_in.store(expires_in, Ordering::SeqCst);
         let server = me.clone();
         tokio::spawn(async move {
@@ -366,5 +366,190 @@ async fn bad_oauth2_settings_are_refused_naming_the_field() -> anyhow::Result<()
     let path = format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().unwrap());
     let r = gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"oauth2": null}))).await?.expect(200)?;
     assert_eq!(r.json["oauth2"], Value::Null, "{}", r.text);
+    Ok(())
+}
+
+/// A local HTTP CONNECT proxy: checks `Proxy-Authorization` when it has credentials,
+/// records each tunnel's target, and counts the requests it carries (`POST /hook`).
+#[derive(Clone)]
+struct ConnectProxy {
+    addr: std::net::SocketAddr,
+    credentials: Option<String>,
+    tunnels: Arc<Mutex<Vec<String>>>,
+    refused: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+}
+
+impl ConnectProxy {
+    async fn start(credentials: Option<&str>) -> anyhow::Result<ConnectProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let me = ConnectProxy {
+            addr: listener.local_addr()?,
+            credentials: credentials.map(|c| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(c))),
+            tunnels: Arc::default(),
+            refused: Arc::default(),
+            requests: Arc::default(),
+        };
+        let proxy = me.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let proxy = proxy.clone();
+                tokio::spawn(async move {
+                    let _ = proxy.serve(stream).await;
+                });
+            }
+        });
+        Ok(me)
+    }
+
+    fn url(&self, userinfo: &str) -> String {
+        format!("http://{userinfo}{}", self.addr)
+    }
+
+    async fn serve(&self, mut client: tokio::net::TcpStream) -> anyhow::Result<()> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            anyhow::ensure!(client.read(&mut byte).await? == 1, "closed");
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head)?;
+        let target = head.split(' ').nth(1).unwrap_or_default().to_string();
+        let auth = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Proxy-Authorization: ").or_else(|| l.strip_prefix("proxy-authorization: ")));
+        if !head.starts_with("CONNECT ") || self.credentials.as_deref().is_some_and(|c| Some(c) != auth) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            client.write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\ncontent-length: 0\r\n\r\n").await?;
+            return Ok(());
+        }
+        self.tunnels.lock().unwrap().push(target.clone());
+        let mut upstream = tokio::net::TcpStream::connect(&target).await?;
+        client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await?;
+        let (mut cr, mut cw) = client.into_split();
+        let (mut ur, mut uw) = upstream.split();
+        let requests = self.requests.clone();
+        let up = async {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = cr.read(&mut buf).await?;
+                if n == 0 {
+                    return Ok::<_, std::io::Error>(());
+                }
+                let seen = buf[..n].windows(10).filter(|w| w == b"POST /hook").count();
+                requests.fetch_add(seen, Ordering::SeqCst);
+                uw.write_all(&buf[..n]).await?;
+            }
+        };
+        let down = tokio::io::copy(&mut ur, &mut cw);
+        let _ = tokio::join!(up, down);
+        Ok(())
+    }
+}
+
+async fn proxied_events(gw: &TestGateway, rx: &FakeReceiver, from: usize, n: usize) -> anyhow::Result<()> {
+    post_events(gw, from, n).await?;
+    rx.wait_for(from + n, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// Every request goes through the node's proxy, to the address Herald resolved and
+/// checked; `no_proxy` and an endpoint's `"none"` bypass it; an endpoint's own proxy is
+/// used instead; wrong credentials are refused by the proxy and nothing arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_go_through_the_egress_proxy() -> anyhow::Result<()> {
+    let proxy = ConnectProxy::start(Some("herald:p@ss w0rd")).await?;
+    let url = proxy.url("herald:p%40ss%20w0rd@");
+    let gw = TestGateway::start_with(&[("HERALD_DELIVERY_PROXY", url.as_str())]).await?;
+    let rx = FakeReceiver::start().await?;
+    gw.api.tenant("acme").await?;
+    // `localhost`: the proxy is asked for the address Herald resolved, not the name.
+    let hook = format!("http://localhost:{}/hook", rx.addr.port());
+    let ep = gw.api.endpoint("acme", json!({"url": hook, "rate_per_sec": 1000, "max_in_flight": 4})).await?;
+    let path = format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().unwrap());
+    proxied_events(&gw, &rx, 0, 20).await?;
+    assert_eq!(proxy.requests.load(Ordering::SeqCst), 20, "every request went through the proxy");
+    let tunnels = proxy.tunnels.lock().unwrap().clone();
+    assert!(!tunnels.is_empty() && tunnels.len() <= 4, "{tunnels:?}");
+    let target = format!("127.0.0.1:{}", rx.addr.port());
+    assert!(tunnels.iter().all(|t| *t == target || *t == format!("[::1]:{}", rx.addr.port())), "{tunnels:?}");
+
+    // The endpoint's own "none": direct.
+    gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"proxy": "none"}))).await?.expect(200)?;
+    proxied_events(&gw, &rx, 20, 5).await?;
+    assert_eq!(proxy.requests.load(Ordering::SeqCst), 20, "none bypasses the proxy");
+
+    // Its own proxy (the password never shown), then wrong credentials: refused, nothing sent.
+    let own = ConnectProxy::start(None).await?;
+    let r =
+        gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"proxy": own.url("u:secretpw@")}))).await?.expect(200)?;
+    assert_eq!(r.json["proxy"], format!("http://u:***@{}", own.addr), "{}", r.text);
+    assert!(!gw.api.get(&path, ADMIN_TOKEN).await?.text.contains("secretpw"));
+    proxied_events(&gw, &rx, 25, 3).await?;
+    assert_eq!(own.requests.load(Ordering::SeqCst), 3);
+    let wrong = proxy.url("herald:wrong@");
+    gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"proxy": wrong}))).await?.expect(200)?;
+    post_events(&gw, 28, 1).await?;
+    let d = tests::eventually("a refused tunnel recorded", Duration::from_secs(10), || async {
+        let d = delivery_of(&gw, "evt_28").await?;
+        Ok(if d["attempts"].as_u64() >= Some(1) { Ok(d) } else { Err(d.to_string()) })
+    })
+    .await?;
+    let error = d["attempt_history"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("answered 407"), "{d}");
+    assert!(!d.to_string().contains("wrong"), "no proxy password in the attempt: {d}");
+    assert!(proxy.refused.load(Ordering::SeqCst) >= 1);
+    assert_eq!(rx.count(), 28);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_proxy_bypasses_the_node_proxy() -> anyhow::Result<()> {
+    let proxy = ConnectProxy::start(None).await?;
+    let url = proxy.url("");
+    for no_proxy in ["127.0.0.0/8", "localhost", "*"] {
+        let gw =
+            TestGateway::start_with(&[("HERALD_DELIVERY_PROXY", &url), ("HERALD_DELIVERY_NO_PROXY", no_proxy)]).await?;
+        let rx = FakeReceiver::start().await?;
+        gw.api.tenant("acme").await?;
+        let hook = format!("http://localhost:{}/hook", rx.addr.port());
+        gw.api.endpoint("acme", json!({"url": hook, "rate_per_sec": 1000})).await?;
+        proxied_events(&gw, &rx, 0, 5).await?;
+        assert_eq!(proxy.requests.load(Ordering::SeqCst), 0, "{no_proxy}");
+    }
+    Ok(())
+}
+
+/// Bad proxy settings: the endpoint's is a 422 naming `proxy`; the node's refuses to start
+/// naming the key; neither prints the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_proxy_settings_are_refused_naming_the_field() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    for bad in ["https://proxy:3128", "socks5://proxy:1080", "http://proxy:3128/path", "proxy:3128", "http://"] {
+        let body = json!({"url": "https://rx.example/h", "proxy": bad});
+        let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, body).await?;
+        assert_eq!(r.status, 422, "{bad}: {}", r.text);
+        assert!(r.json["error"]["message"].as_str().unwrap().starts_with("proxy: "), "{bad}: {}", r.text);
+    }
+    for (key, value) in [
+        ("HERALD_DELIVERY_PROXY", "https://u:topsecret@proxy:3128"),
+        ("HERALD_DELIVERY_NO_PROXY", "10.0.0.0/99"),
+        ("HERALD_DELIVERY_NO_PROXY", "a b"),
+    ] {
+        let dir = tempfile::tempdir()?;
+        let mut env = tests::base_env(dir.path());
+        env.push((key.to_string(), value.to_string()));
+        let err = gateway::config::Config::load(None, env).unwrap_err().to_string();
+        let name = key.trim_start_matches("HERALD_DELIVERY_").to_ascii_lowercase();
+        assert!(err.contains(&format!("delivery.{name}")), "{err}");
+        assert!(!err.contains("topsecret"), "{err}");
+    }
+    let dir = tempfile::tempdir()?;
+    let mut env = tests::base_env(dir.path());
+    env.push(("HERALD_DELIVERY_PROXY".into(), "http://u:topsecret@proxy:3128".into()));
+    let config = gateway::config::Config::load(None, env)?;
+    assert!(!format!("{config:?}").contains("topsecret"));
     Ok(())
 }

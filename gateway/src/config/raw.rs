@@ -118,6 +118,12 @@ pub struct RawDelivery {
     pub disable_after: String,
     pub max_in_flight_total: u32,
     pub secret_grace: String,
+    /// `http://[user:pass@]host:port`: an HTTP CONNECT proxy every delivery goes through
+    /// (empty: none).
+    pub proxy: String,
+    /// Comma-separated destinations that bypass `proxy`: names (and their subdomains),
+    /// `.suffixes`, IP addresses, CIDRs, or `*`.
+    pub no_proxy: String,
 }
 
 impl Default for RawDelivery {
@@ -130,6 +136,8 @@ impl Default for RawDelivery {
             disable_after: "24h".into(),
             max_in_flight_total: 1024,
             secret_grace: "24h".into(),
+            proxy: String::new(),
+            no_proxy: String::new(),
         }
     }
 }

@@ -73,6 +73,7 @@ fn the_pause_rule() {
         headers: BTreeMap::new(),
         secrets: vec![],
         oauth2: None,
+        proxy: None,
     };
     const NOW: Millis = 1_000_000;
     //  state                     paused_until        → sendable at NOW

@@ -16,11 +16,12 @@ use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_e
 use super::signal::{Shared, Target};
 use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
-use crate::deliver::{Outgoing, Route};
+use crate::deliver::{Outgoing, Route, Via};
 use crate::model::{
     Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, envelope, new_id,
 };
 use crate::net::headers::is_reserved;
+use crate::net::proxy::ProxyUrl;
 use crate::plugin;
 use crate::sign::{self, Secret};
 use crate::store::{AttemptResult, Claimed, EndpointChange, Recorded, Release};
@@ -299,7 +300,7 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
-    let route = route(spec);
+    let route = route(inner, spec);
     let Some(auth) = &spec.oauth2 else {
         // Headers encoded once; the body copied only when a transform changed it.
         let sent = SentRequest::new(&headers, &body, is_envelope);
@@ -338,11 +339,26 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
     }
 }
 
-/// How the endpoint's requests leave the node.
-fn route(spec: &EndpointSpec) -> Route {
+/// How the endpoint's requests leave the node: its deadlines, and its own proxy (guarded
+/// as a destination is), none, or the node's (with `delivery.no_proxy`).
+fn route(inner: &Inner, spec: &EndpointSpec) -> Route {
+    let delivery = &inner.config.delivery;
+    let via = match spec.proxy.as_deref() {
+        Some("none") => Via::Direct,
+        // Validated when written; one that no longer parses is not used.
+        Some(url) => match ProxyUrl::parse(url) {
+            Ok(p) => Via::Proxy { proxy: Arc::new(p), no_proxy: None, guarded: !delivery.allow_private_destinations },
+            Err(_) => Via::Direct,
+        },
+        None => match &delivery.proxy {
+            Some(p) => Via::Proxy { proxy: p.clone(), no_proxy: Some(delivery.no_proxy.clone()), guarded: false },
+            None => Via::Direct,
+        },
+    };
     Route {
         connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
         timeout: Duration::from_millis(spec.timeout_ms),
+        via,
     }
 }
 

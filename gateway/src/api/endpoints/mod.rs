@@ -50,6 +50,9 @@ pub(crate) struct EndpointIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<OAuth2In>, nullable)]
     oauth2: Option<Option<OAuth2In>>,
+    /// The egress proxy for this endpoint: `http://[user:pass@]host:port` (HTTP CONNECT),
+    /// `"none"` (direct, whatever `delivery.proxy` says), or `""` (the node's, the default).
+    proxy: Option<String>,
 }
 
 /// A field that may be `null` (remove) or absent (keep): `Some(None)` is `null`.
@@ -169,6 +172,9 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     if let Some(s) = input.secret {
         spec.secrets = vec![SecretEntry { secret: s, expires_at: None }];
     }
+    if let Some(p) = input.proxy {
+        spec.proxy = (!p.is_empty()).then_some(p);
+    }
     match input.oauth2 {
         None => {}
         Some(None) => spec.oauth2 = None,
@@ -264,6 +270,8 @@ pub(crate) struct EndpointOut {
     plugins: PluginBindings,
     headers: BTreeMap<String, String>,
     oauth2: Option<OAuth2Out>,
+    /// The endpoint's own proxy (password shown as `***`) or `"none"`; null: the node's.
+    proxy: Option<String>,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -347,6 +355,10 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
             audience: o.audience.clone(),
             client_auth: o.client_auth,
         }),
+        proxy: s.proxy.as_ref().map(|p| match crate::net::proxy::ProxyUrl::parse(p) {
+            Ok(url) => url.to_string(),
+            Err(_) => "none".to_string(),
+        }),
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
@@ -395,6 +407,7 @@ pub(crate) async fn create(
         headers: BTreeMap::new(),
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
         oauth2: None,
+        proxy: None,
     };
     // A binding is checked and written under the tenant's plugin lock (see `PluginLocks`).
     let _bindings = match input.plugins.is_some() {
