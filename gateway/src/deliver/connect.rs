@@ -181,7 +181,7 @@ mod tests {
         };
         let mut c = Connector { allow_private: false, connect_timeout: Duration::from_secs(1), via };
         for url in ["http://localhost:9/hook", "http://127.0.0.1:9/hook", "http://[::1]:9/hook"] {
-            let err = c.call(url.parse().unwrap()).await.err().expect(url);
+            let err = c.call(url.parse().unwrap()).await.expect_err(url);
             assert!(err.is::<Blocked>(), "{url}: {err}");
         }
         let accepted = tokio::time::timeout(Duration::from_millis(50), proxy.accept()).await;
