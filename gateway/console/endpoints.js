@@ -75,6 +75,8 @@ function authSection(e) {
     ['Last token error', (t && t.last_error) || '—'],
   ] : [['OAuth2', 'none: requests carry only the signature and custom headers']];
   rows.push(['Egress proxy', e.proxy ?? "the node's"]);
+  rows.push(['TLS client certificate', e.tls && e.tls.client_cert ? `set (key ${e.tls.client_key_set ? 'set' : 'missing'})` : 'none']);
+  rows.push(['Private CA bundle', e.tls && e.tls.ca_bundle ? 'set' : 'none: public roots only']);
   return h('section', { id: 'auth' }, h('h2', {}, 'Authentication'), facts(rows));
 }
 

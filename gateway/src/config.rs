@@ -64,6 +64,9 @@ pub struct Config {
     pub outbox: Vec<OutboxSource>,
     pub log_level: String,
     pub log_json: bool,
+    /// `[secrets]`: seals and opens stored secrets (`None`: no key configured, so no
+    /// endpoint may store a TLS client key).
+    pub secrets: Option<std::sync::Arc<crate::sign::seal::Sealer>>,
 }
 
 /// How the API listener treats connections: every one must send its request head within
@@ -243,7 +246,7 @@ impl RawConfig {
 
 /// Whether the value at `path` is a secret `effective_keys` never prints.
 fn is_secret(path: &str) -> bool {
-    matches!(path, "server.admin_token" | "operator.secret" | "delivery.proxy")
+    matches!(path, "server.admin_token" | "operator.secret" | "delivery.proxy" | "secrets.key")
         || path.starts_with("plugins.config.")
         || path.starts_with("plugins.override.")
 }
@@ -257,6 +260,9 @@ fn key_lines(value: &toml::Value, path: &str, lines: &mut Vec<String>) {
             items.iter().enumerate().for_each(|(i, v)| key_lines(v, &format!("{path}[{i}]"), lines))
         }
         toml::Value::String(s) if is_secret(path) && !s.is_empty() => lines.push(format!("{path} = \"<redacted>\"")),
+        toml::Value::Array(items) if path == "secrets.previous_keys" => {
+            lines.push(format!("{path} = <{} redacted>", items.len()))
+        }
         toml::Value::String(s) if path.ends_with("url") => {
             lines.push(format!("{path} = {}", toml::Value::String(StoreUrl::new(s.as_str()).redacted())))
         }
@@ -381,6 +387,16 @@ impl RawConfig {
             operator: self.operator.validate()?,
             retention: self.retention.validate()?,
             outbox: outbox::validate(&self.outbox)?,
+            secrets: match self.secrets.key.trim() {
+                "" if self.secrets.previous_keys.is_empty() => None,
+                "" => return Err(invalid("secrets.key", "is required when previous_keys are set")),
+                key => Some(std::sync::Arc::new(
+                    crate::sign::seal::Sealer::new(key, &self.secrets.previous_keys).map_err(|(i, e)| match i {
+                        0 => invalid("secrets.key", e),
+                        n => invalid(&format!("secrets.previous_keys[{}]", n - 1), e),
+                    })?,
+                )),
+            },
             log_level: self.log.level,
             log_json: self.log.format == "json",
         })

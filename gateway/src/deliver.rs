@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::classify::{self, Outcome, Response, TransportErrorKind};
 use crate::model::Millis;
@@ -48,6 +49,75 @@ pub struct Route {
     /// The total deadline of one request (not part of the pool's identity).
     pub timeout: Duration,
     pub via: Via,
+    /// The endpoint's client certificate and private CA, if any.
+    pub tls: Option<Arc<ClientTls>>,
+}
+
+/// An endpoint's TLS material, parsed: its client certificate chain and key, and CA
+/// certificates trusted besides the public roots. Known by a digest (its pool's key);
+/// `Debug` shows only that.
+pub struct ClientTls {
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    roots: Vec<CertificateDer<'static>>,
+    digest: [u8; 32],
+}
+
+impl ClientTls {
+    /// Parses PEM (validated when written); `Err` says what no longer parses.
+    pub fn from_pem(cert: Option<&str>, key: Option<&str>, ca: Option<&str>) -> Result<ClientTls, String> {
+        use rustls_pki_types::pem::PemObject;
+        use sha2::{Digest, Sha256};
+        let certs = |pem: &str| {
+            CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
+        };
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((
+                certs(c)?,
+                PrivateKeyDer::from_pem_slice(k.as_bytes()).map_err(|_| "the client key is not PEM".to_string())?,
+            )),
+            _ => None,
+        };
+        let mut h = Sha256::new();
+        for part in [cert, key, ca] {
+            h.update(part.map_or(0, |p| p.len() as u64 + 1).to_le_bytes());
+            h.update(part.unwrap_or("").as_bytes());
+        }
+        Ok(ClientTls { identity, roots: ca.map(certs).transpose()?.unwrap_or_default(), digest: h.finalize().into() })
+    }
+
+    fn config(&self) -> Result<rustls::ClientConfig, rustls::Error> {
+        let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+        for c in &self.roots {
+            roots.add(c.clone())?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots);
+        match &self.identity {
+            Some((chain, key)) => builder.with_client_auth_cert(chain.clone(), key.clone_key()),
+            None => Ok(builder.with_no_client_auth()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientTls({})", hex::encode(&self.digest[..4]))
+    }
+}
+
+impl PartialEq for ClientTls {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl Eq for ClientTls {}
+
+impl std::hash::Hash for ClientTls {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digest.hash(state)
+    }
 }
 
 /// What makes connections of two routes interchangeable: one pool each.
@@ -55,6 +125,7 @@ pub struct Route {
 struct PoolKey {
     connect_timeout: Duration,
     via: Via,
+    tls: Option<Arc<ClientTls>>,
 }
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<connect::Connector>, Full<Bytes>>;
@@ -80,27 +151,34 @@ impl Deliverer {
         Deliverer { allow_private, clients: Arc::default(), tokens: Arc::default() }
     }
 
-    fn client(&self, route: &Route) -> HttpsClient {
+    /// The pool for `route`; `Err`: its TLS material does not make a TLS configuration.
+    fn client(&self, route: &Route) -> Result<HttpsClient, rustls::Error> {
         let connect_timeout = route.connect_timeout;
+        let key = PoolKey { connect_timeout, via: route.via.clone(), tls: route.tls.clone() };
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        clients
-            .entry(PoolKey { connect_timeout, via: route.via.clone() })
+        if let Some(client) = clients.get(&key) {
+            return Ok(client.clone());
+        }
+        let tls = route.tls.as_ref().map(|t| t.config()).transpose()?;
+        Ok(clients
+            .entry(key)
             .or_insert_with(|| {
                 let http =
                     connect::Connector { allow_private: self.allow_private, connect_timeout, via: route.via.clone() };
-                let https = hyper_rustls::HttpsConnectorBuilder::new()
-                    .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
-                    .expect("ring provider supports the default protocol versions")
-                    .https_or_http()
-                    .enable_http1()
-                    .enable_http2()
-                    .wrap_connector(http);
+                let builder = hyper_rustls::HttpsConnectorBuilder::new();
+                let builder = match tls {
+                    Some(config) => builder.with_tls_config(config),
+                    None => builder
+                        .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
+                        .expect("ring provider supports the default protocol versions"),
+                };
+                let https = builder.https_or_http().enable_http1().enable_http2().wrap_connector(http);
                 Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(60))
                     .pool_max_idle_per_host(1024)
                     .build(https)
             })
-            .clone()
+            .clone())
     }
 
     /// Sends one request; never follows redirects; never outlives `timeout`.
@@ -120,7 +198,10 @@ impl Deliverer {
             Ok(r) => r,
             Err(e) => return failed(TransportErrorKind::Other, format!("bad request: {e}")),
         };
-        let client = self.client(&out.route);
+        let client = match self.client(&out.route) {
+            Ok(c) => c,
+            Err(e) => return failed(TransportErrorKind::Tls, format!("the endpoint's TLS settings: {e}")),
+        };
         let timeout = out.route.timeout;
         match tokio::time::timeout(timeout, exchange(client, request, out.keep_headers, out.now)).await {
             Ok(outcome) => outcome,

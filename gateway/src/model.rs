@@ -16,7 +16,7 @@ mod plugin_settings;
 mod replay;
 mod sent;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
-pub use egress::{ClientAuth, OAuth2, WriteOnly};
+pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use plugin_settings::*;
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
@@ -249,6 +249,9 @@ pub struct EndpointSpec {
     /// absent: the node's `delivery.proxy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<String>,
+    /// TLS client certificate and private CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EndpointTls>,
 }
 
 /// The stored form of a per-endpoint retry override (durations in milliseconds).

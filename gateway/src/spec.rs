@@ -181,6 +181,60 @@ impl EndpointSpec {
     }
 }
 
+/// Longest PEM text (a certificate chain, a key, a CA bundle), in bytes.
+pub const MAX_PEM: usize = 64 * 1024;
+
+/// An endpoint's TLS material as written (the key in clear, before it is sealed): PEM
+/// certificates that parse, a leaf that has not expired at `now` (Unix seconds), a key
+/// that rustls can sign with and that matches the leaf, CA certificates usable as trust
+/// anchors. A certificate needs its key and a key its certificate.
+pub fn check_tls(cert: Option<&str>, key: Option<&str>, ca: Option<&str>, now: i64) -> Result<(), SpecError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = |field: &str, pem: &str| -> Result<Vec<CertificateDer<'static>>, SpecError> {
+        check_text(field, pem, MAX_PEM)?;
+        let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| SpecError::new(field, format!("is not PEM ({e})")))?;
+        match certs.is_empty() {
+            true => Err(SpecError::new(field, "holds no PEM CERTIFICATE")),
+            false => Ok(certs),
+        }
+    };
+    match (cert, key) {
+        (Some(_), None) => return Err(SpecError::new("tls.client_key", "is required with tls.client_cert")),
+        (None, Some(_)) => return Err(SpecError::new("tls.client_cert", "is required with tls.client_key")),
+        _ => {}
+    }
+    if let (Some(cert), Some(key)) = (cert, key) {
+        let chain = certs("tls.client_cert", cert)?;
+        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0])
+            .map_err(|e| SpecError::new("tls.client_cert", format!("is not an X.509 certificate ({e})")))?;
+        let not_after = leaf.validity().not_after.timestamp();
+        if not_after <= now {
+            return Err(SpecError::new("tls.client_cert", format!("expired at {}", leaf.validity().not_after)));
+        }
+        check_text("tls.client_key", key, MAX_PEM)?;
+        let der = PrivateKeyDer::from_pem_slice(key.as_bytes())
+            .map_err(|_| SpecError::new("tls.client_key", "is not a PEM private key (PKCS#8, PKCS#1 or SEC1)"))?;
+        let signer = rustls::crypto::ring::sign::any_supported_type(&der)
+            .map_err(|e| SpecError::new("tls.client_key", format!("is not a usable key ({e})")))?;
+        // `Unknown` (a key type whose public half rustls cannot derive) is let through: the
+        // receiver's handshake is the judge then.
+        let matched = rustls::sign::CertifiedKey::new(chain, signer).keys_match();
+        if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) = matched {
+            return Err(SpecError::new("tls.client_key", "does not match tls.client_cert"));
+        }
+    }
+    if let Some(ca) = ca {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs("tls.ca_bundle", ca)? {
+            roots.add(c).map_err(|e| SpecError::new("tls.ca_bundle", format!("holds an unusable CA ({e})")))?;
+        }
+    }
+    Ok(())
+}
+
 /// Longest OAuth2 client id, client secret, scope or audience, in bytes.
 pub const MAX_OAUTH2_TEXT: usize = 1024;
 /// Most OAuth2 scopes.

@@ -1,5 +1,7 @@
 //! How an endpoint's requests authenticate and leave the node (issue 32): OAuth2 client
-//! credentials against a local token server. Every server is real, on 127.0.0.1.
+//! credentials against a local token server, the egress proxy through a local CONNECT
+//! proxy, TLS client certificates against a local rustls server that requires them. Every
+//! server is real, on 127.0.0.1.
 
 use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +21,7 @@ tests::backends!(
     an_expired_token_is_refreshed_once,
     a_401_refreshes_the_token_once_then_holds_the_endpoint,
     a_token_server_that_is_down_is_auth_token_and_pauses_the_endpoint,
+    a_client_certificate_delivers_and_a_wrong_one_pauses,
 );
 
 /// A token request as the server got it: its `authorization` header and form body.
@@ -551,5 +554,181 @@ async fn bad_proxy_settings_are_refused_naming_the_field() -> anyhow::Result<()>
     env.push(("HERALD_DELIVERY_PROXY".into(), "http://u:topsecret@proxy:3128".into()));
     let config = gateway::config::Config::load(None, env)?;
     assert!(!format!("{config:?}").contains("topsecret"));
+    Ok(())
+}
+
+/// A test PKI: a CA and certificates it signs (rcgen).
+struct Pki {
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    fn new() -> anyhow::Result<Pki> {
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, "herald test CA");
+        Ok(Pki { ca: params.self_signed(&ca_key)?, ca_key })
+    }
+
+    /// A certificate for `name` and its key, as PEM.
+    fn issue(&self, name: &str, expired: bool) -> anyhow::Result<(String, String)> {
+        let key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(vec![name.to_string()])?;
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 1, 1);
+        }
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+/// A receiver on TLS that requires a client certificate from `clients`' CA; counts the
+/// requests that got through.
+async fn mtls_receiver(server: &Pki, clients: &Pki) -> anyhow::Result<(u16, Arc<AtomicUsize>)> {
+    use rustls_pki_types::pem::PemObject;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let (cert, key) = server.issue("localhost", false)?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(clients.ca.der().clone())?;
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?;
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![rustls_pki_types::CertificateDer::from_pem_slice(cert.as_bytes())?],
+            rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())?,
+        )?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (acceptor, counted) = (acceptor.clone(), counted.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else { return };
+                let svc = hyper::service::service_fn(move |_req: http::Request<Incoming>| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async { Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::new()))) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    Ok((port, count))
+}
+
+const SEAL_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+/// A valid client certificate delivers through a receiver that requires one (its private
+/// CA trusted through `ca_bundle`); the key is stored sealed and never shown; a
+/// certificate the receiver does not accept holds the endpoint under the TLS rule.
+async fn a_client_certificate_delivers_and_a_wrong_one_pauses(b: Backend) -> anyhow::Result<()> {
+    let (server_ca, client_ca, other_ca) = (Pki::new()?, Pki::new()?, Pki::new()?);
+    let (port, served) = mtls_receiver(&server_ca, &client_ca).await?;
+    let gw = TestGateway::start_on(b, &[("HERALD_SECRETS_KEY", SEAL_KEY)]).await?;
+    gw.api.tenant("acme").await?;
+    let (cert, key) = client_ca.issue("herald-client", false)?;
+    let ep = gw
+        .api
+        .endpoint(
+            "acme",
+            json!({"url": format!("https://localhost:{port}/hook"), "rate_per_sec": 100,
+                   "tls": {"client_cert": cert, "client_key": key, "ca_bundle": server_ca.ca.pem()}}),
+        )
+        .await?;
+    let id = ep["id"].as_str().unwrap().to_string();
+    assert_eq!(ep["tls"]["client_key_set"], true, "{ep}");
+    post_events(&gw, 0, 3).await?;
+    tests::eventually("3 delivered over mTLS", Duration::from_secs(10), || async {
+        let n = served.load(Ordering::SeqCst);
+        Ok(if n == 3 { Ok(()) } else { Err(n.to_string()) })
+    })
+    .await?;
+    let shown = endpoint(&gw, &id).await?.to_string();
+    assert!(!shown.contains("PRIVATE KEY"), "{shown}");
+    if b == Backend::Sqlite {
+        for entry in std::fs::read_dir(gw.dir.path())? {
+            let path = entry?.path();
+            if path.is_file() {
+                let bytes = std::fs::read(&path)?;
+                assert!(!bytes.windows(11).any(|w| w == b"PRIVATE KEY"), "{} holds the key in clear", path.display());
+            }
+        }
+    }
+
+    // A certificate from a CA the receiver does not trust: the TLS rule.
+    let (cert, key) = other_ca.issue("herald-client", false)?;
+    let path = format!("/v1/tenants/acme/endpoints/{id}");
+    let body = json!({"tls": {"client_cert": cert, "client_key": key}});
+    gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(body)).await?.expect(200)?;
+    post_events(&gw, 3, 1).await?;
+    let ep = tests::eventually("held for TLS", Duration::from_secs(10), || async {
+        let ep = endpoint(&gw, &id).await?;
+        Ok(if ep["state"] == "paused" { Ok(ep) } else { Err(ep.to_string()) })
+    })
+    .await?;
+    assert_eq!(ep["state_reason"], "tls", "{ep}");
+    assert_eq!(served.load(Ordering::SeqCst), 3);
+    Ok(())
+}
+
+/// Bad TLS material is a 422 naming the field; a client key without `[secrets] key` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tls_settings_are_refused_naming_the_field() -> anyhow::Result<()> {
+    let pki = Pki::new()?;
+    let (cert, key) = pki.issue("c", false)?;
+    let (other_cert, other_key) = pki.issue("d", false)?;
+    let (expired, expired_key) = pki.issue("e", true)?;
+    let _ = other_cert;
+    let bare = TestGateway::start().await?;
+    bare.api.tenant("acme").await?;
+    let body = json!({"url": "https://rx.example/h", "tls": {"client_cert": cert, "client_key": key}});
+    let r = bare.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, body).await?;
+    assert_eq!(r.status, 422, "{}", r.text);
+    assert!(r.text.contains("tls.client_key: this node has no [secrets] key"), "{}", r.text);
+
+    let gw = TestGateway::start_with(&[("HERALD_SECRETS_KEY", SEAL_KEY)]).await?;
+    gw.api.tenant("acme").await?;
+    let cases = [
+        (json!({"client_cert": "not pem", "client_key": key}), "tls.client_cert"),
+        (
+            json!({"client_cert": cert, "client_key": "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"}),
+            "tls.client_key",
+        ),
+        (json!({"client_cert": cert, "client_key": other_key}), "tls.client_key: does not match"),
+        (json!({"client_cert": expired, "client_key": expired_key}), "tls.client_cert: expired"),
+        (json!({"client_cert": cert}), "tls.client_key: is required"),
+        (json!({"client_key": key}), "tls.client_cert: is required"),
+        (json!({"ca_bundle": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}), "tls.ca_bundle"),
+        (json!({"ca_bundle": "nothing"}), "tls.ca_bundle"),
+    ];
+    for (tls, field) in cases {
+        let body = json!({"url": "https://rx.example/h", "tls": tls});
+        let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, body).await?;
+        assert_eq!(r.status, 422, "{tls}: {}", r.text);
+        assert!(
+            r.json["error"]["message"].as_str().unwrap().starts_with(field),
+            "{tls} should name {field}: {}",
+            r.text
+        );
+        assert!(!r.text.contains("PRIVATE KEY"), "{}", r.text);
+    }
+    // The operator's key: base64 of 32 bytes, named when wrong.
+    for (key, value) in [("HERALD_SECRETS_KEY", "c2hvcnQ="), ("HERALD_SECRETS_PREVIOUS_KEYS", "[\"x\"]")] {
+        let dir = tempfile::tempdir()?;
+        let mut env = tests::base_env(dir.path());
+        env.push(("HERALD_SECRETS_KEY".into(), SEAL_KEY.into()));
+        env.push((key.to_string(), value.to_string()));
+        let err = gateway::config::Config::load(None, env).unwrap_err().to_string();
+        assert!(err.contains("secrets.key") || err.contains("secrets.previous_keys[0]"), "{err}");
+    }
     Ok(())
 }

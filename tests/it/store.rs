@@ -124,6 +124,7 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
             secrets: vec![SecretEntry { secret: "whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0".into(), expires_at: None }],
             oauth2: None,
             proxy: None,
+            tls: None,
         },
         state: EndpointState::Active,
         state_reason: None,

@@ -18,8 +18,24 @@ pub struct RawConfig {
     pub operator: RawOperator,
     pub retention: RawRetention,
     pub log: RawLog,
+    pub secrets: RawSecrets,
     /// `[[outbox]]`: an array of tables, so after every plain section.
     pub outbox: Vec<super::RawOutbox>,
+}
+
+/// `[secrets]`: the operator's key that seals stored secrets (mTLS client keys): base64 of
+/// 32 bytes. `previous_keys` still open what older keys sealed, during a rotation.
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSecrets {
+    pub key: String,
+    pub previous_keys: Vec<String>,
+}
+
+impl std::fmt::Debug for RawSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawSecrets {{ key: <redacted>, previous_keys: {} }}", self.previous_keys.len())
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -163,7 +163,7 @@ impl Deliverer {
             builder = builder.header(http::header::AUTHORIZATION, basic);
         }
         let request = builder.body(Full::new(Bytes::from(form))).map_err(|e| format!("bad token request: {e}"))?;
-        let client = self.client(route);
+        let client = self.client(route).map_err(|e| format!("tls: {e}"))?;
         let exchange = async {
             let response =
                 client.request(request).await.map_err(|e| format!("{}: {}", kind_of(&e), error_chain(&e)))?;

@@ -54,3 +54,17 @@ pub struct OAuth2 {
     #[serde(default)]
     pub client_auth: ClientAuth,
 }
+
+/// TLS settings of an endpoint: a client certificate chain and its key (PEM; the key sealed
+/// under the operator's `[secrets] key`), and CA certificates trusted for this endpoint
+/// besides the public roots.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointTls {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<String>,
+    /// Sealed (`sign::seal`): never stored or shown in clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<WriteOnly>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
+}

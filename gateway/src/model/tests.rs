@@ -74,6 +74,7 @@ fn the_pause_rule() {
         secrets: vec![],
         oauth2: None,
         proxy: None,
+        tls: None,
     };
     const NOW: Millis = 1_000_000;
     //  state                     paused_until        → sendable at NOW

@@ -16,7 +16,7 @@ use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_e
 use super::signal::{Shared, Target};
 use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
-use crate::deliver::{Outgoing, Route, Via};
+use crate::deliver::{ClientTls, Outgoing, Route, Via};
 use crate::model::{
     Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, envelope, new_id,
 };
@@ -300,7 +300,14 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
-    let route = route(inner, spec);
+    let route = match route(inner, spec) {
+        Ok(route) => route,
+        Err(e) => {
+            let reason = format!("tls: {e}");
+            let verdict = Verdict::HoldForHuman { reason: reason.clone() };
+            return Exchange::Decided { verdict, by: "builtin".to_string(), error: Some(reason) };
+        }
+    };
     let Some(auth) = &spec.oauth2 else {
         // Headers encoded once; the body copied only when a transform changed it.
         let sent = SentRequest::new(&headers, &body, is_envelope);
@@ -340,8 +347,9 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
 }
 
 /// How the endpoint's requests leave the node: its deadlines, and its own proxy (guarded
-/// as a destination is), none, or the node's (with `delivery.no_proxy`).
-fn route(inner: &Inner, spec: &EndpointSpec) -> Route {
+/// as a destination is), none, or the node's (with `delivery.no_proxy`); its TLS material
+/// with the client key opened. `Err`: the key does not open (the operator's key is gone).
+fn route(inner: &Inner, spec: &EndpointSpec) -> Result<Route, String> {
     let delivery = &inner.config.delivery;
     let via = match spec.proxy.as_deref() {
         Some("none") => Via::Direct,
@@ -355,11 +363,25 @@ fn route(inner: &Inner, spec: &EndpointSpec) -> Route {
             None => Via::Direct,
         },
     };
-    Route {
+    let tls = match &spec.tls {
+        None => None,
+        Some(t) => {
+            let key = match (&t.client_key, &inner.config.secrets) {
+                (Some(sealed), Some(sealer)) => {
+                    Some(sealer.open(sealed.expose()).map_err(|e| format!("the client key: {e}"))?)
+                }
+                (Some(_), None) => return Err("the client key: no [secrets] key on this node".into()),
+                (None, _) => None,
+            };
+            Some(Arc::new(ClientTls::from_pem(t.client_cert.as_deref(), key.as_deref(), t.ca_bundle.as_deref())?))
+        }
+    };
+    Ok(Route {
         connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
         timeout: Duration::from_millis(spec.timeout_ms),
         via,
-    }
+        tls,
+    })
 }
 
 fn outgoing(

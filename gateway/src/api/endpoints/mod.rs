@@ -53,6 +53,32 @@ pub(crate) struct EndpointIn {
     /// The egress proxy for this endpoint: `http://[user:pass@]host:port` (HTTP CONNECT),
     /// `"none"` (direct, whatever `delivery.proxy` says), or `""` (the node's, the default).
     proxy: Option<String>,
+    /// TLS client certificate (mTLS) and private CA. Patched field by field (`""` removes
+    /// one); `null` removes them all.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<TlsIn>, nullable)]
+    tls: Option<Option<TlsIn>>,
+}
+
+/// TLS material as written, PEM. Checked at once: certificates that parse, a client
+/// certificate that has not expired, a key that matches it.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsIn {
+    /// The client certificate chain, leaf first.
+    client_cert: Option<String>,
+    /// Write-only: sealed under the node's `[secrets] key` (a 422 without one).
+    client_key: Option<String>,
+    /// CA certificates trusted for this endpoint besides the public roots.
+    ca_bundle: Option<String>,
+}
+
+/// TLS settings as shown: never the key, only that one is set.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TlsOut {
+    client_cert: Option<String>,
+    client_key_set: bool,
+    ca_bundle: Option<String>,
 }
 
 /// A field that may be `null` (remove) or absent (keep): `Some(None)` is `null`.
@@ -175,6 +201,11 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     if let Some(p) = input.proxy {
         spec.proxy = (!p.is_empty()).then_some(p);
     }
+    match input.tls {
+        None => {}
+        Some(None) => spec.tls = None,
+        Some(Some(t)) => spec.tls = tls(state, spec.tls.take(), t)?,
+    }
     match input.oauth2 {
         None => {}
         Some(None) => spec.oauth2 = None,
@@ -187,6 +218,40 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     };
     spec.validate(&rules)?;
     Ok(())
+}
+
+/// TLS settings patched onto the stored ones: checked with the key in clear (the stored
+/// one opened), then the key sealed. `None`: nothing left.
+fn tls(state: &AppState, stored: Option<EndpointTls>, input: TlsIn) -> Result<Option<EndpointTls>, ApiError> {
+    let stored = stored.unwrap_or_default();
+    let pick = |new: Option<String>, old: Option<String>| match new {
+        Some(v) if v.is_empty() => None,
+        Some(v) => Some(v),
+        None => old,
+    };
+    let cert = pick(input.client_cert, stored.client_cert);
+    let ca = pick(input.ca_bundle, stored.ca_bundle);
+    let sealer = state.config.secrets.as_ref();
+    let no_key = || ApiError::unprocessable("tls.client_key: this node has no [secrets] key to seal it with");
+    let (key, sealed) = match (input.client_key, stored.client_key) {
+        (Some(k), _) if k.is_empty() => (None, None),
+        (Some(k), _) => {
+            let sealed = sealer.ok_or_else(no_key)?.seal(&k, &mut rand::rng());
+            (Some(k), Some(sealed))
+        }
+        (None, Some(old)) => {
+            let plain = sealer
+                .ok_or_else(no_key)?
+                .open(old.expose())
+                .map_err(|e| ApiError::unprocessable(format!("tls.client_key: the stored key {e}; write it again")))?;
+            (Some(plain), Some(old.expose().to_string()))
+        }
+        (None, None) => (None, None),
+    };
+    let now = state.clock.now() / 1000;
+    crate::spec::check_tls(cert.as_deref(), key.as_deref(), ca.as_deref(), now)?;
+    let tls = EndpointTls { client_cert: cert, client_key: sealed.map(WriteOnly::new), ca_bundle: ca };
+    Ok((tls != EndpointTls::default()).then_some(tls))
 }
 
 /// OAuth2 settings patched onto the stored ones (if any); a new configuration needs every
@@ -272,6 +337,7 @@ pub(crate) struct EndpointOut {
     oauth2: Option<OAuth2Out>,
     /// The endpoint's own proxy (password shown as `***`) or `"none"`; null: the node's.
     proxy: Option<String>,
+    tls: Option<TlsOut>,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -359,6 +425,11 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
             Ok(url) => url.to_string(),
             Err(_) => "none".to_string(),
         }),
+        tls: s.tls.as_ref().map(|t| TlsOut {
+            client_cert: t.client_cert.clone(),
+            client_key_set: t.client_key.is_some(),
+            ca_bundle: t.ca_bundle.clone(),
+        }),
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
@@ -408,6 +479,7 @@ pub(crate) async fn create(
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
         oauth2: None,
         proxy: None,
+        tls: None,
     };
     // A binding is checked and written under the tenant's plugin lock (see `PluginLocks`).
     let _bindings = match input.plugins.is_some() {
