@@ -1,5 +1,5 @@
 // Endpoints: health beside pacing for a page of them; one endpoint's settings, chart and
-// actions (pause, enable, pacing, secret rotation, plugin bindings), for a token that may
+// actions (pause, enable, pacing, OAuth2, secret rotation, plugin bindings), for a token that may
 // manage it.
 import { api, can, tenantPath } from './api.js';
 import { rateChart } from './chart.js';
@@ -58,9 +58,27 @@ export async function endpointPage(main, id, rerender) {
       ['Plugins', HOOKS.map((k) => `${k}: ${e.plugins[k] ?? '—'}`).join(', ')],
     ]), h('p', {}, link(`#/deliveries?endpoint=${encodeURIComponent(e.id)}`, 'Its deliveries'), ' · ',
       link(`#/dead-letters?endpoint=${encodeURIComponent(e.id)}`, 'Its dead letters'))),
+    authSection(e),
     h('section', {}, h('h2', {}, 'Delivery rate and latency, last hour'), rateChart(`Endpoint ${e.id}`, series)),
     manage ? actions(e, path, plugins.data, rerender)
       : h('section', { id: 'actions' }, h('h2', {}, 'Actions'), needs('manage-needed', 'Changing an endpoint', 'manage')));
+}
+
+/** How the endpoint's requests authenticate: OAuth2 settings (never the secret), this
+ *  node's token and the last token error. */
+function authSection(e) {
+  const o = e.oauth2;
+  const t = e.token;
+  const rows = o ? [
+    ['OAuth2 token URL', o.token_url], ['Client id', o.client_id], ['Client secret', o.client_secret_set ? 'set' : 'not set'],
+    ['Scopes', o.scopes.join(' ') || '—'], ['Audience', o.audience || '—'], ['Client authentication', o.client_auth],
+    ['Token', t ? `${t.state}${t.refresh_at ? `, refreshed ${when(t.refresh_at)}` : ''} (${t.fetches} fetched on this node)` : '—'],
+    ['Last token error', (t && t.last_error) || '—'],
+  ] : [['OAuth2', 'none: requests carry only the signature and custom headers']];
+  rows.push(['Egress proxy', e.proxy ?? "the node's"]);
+  rows.push(['TLS client certificate', e.tls && e.tls.client_cert ? `set (key ${e.tls.client_key_set ? 'set' : 'missing'})` : 'none']);
+  rows.push(['Private CA bundle', e.tls && e.tls.ca_bundle ? 'set' : 'none: public roots only']);
+  return h('section', { id: 'auth' }, h('h2', {}, 'Authentication'), facts(rows));
 }
 
 /** The hook's selector: none, the tenant's plugins with that hook, and whatever the
@@ -71,6 +89,28 @@ function bindingSelect(hook, bound, plugins) {
   if (bound && !names.includes(bound)) names.unshift(bound);
   return h('select', { name: hook }, h('option', { value: '' }, 'none'),
     names.map((n) => h('option', { value: n, selected: n === bound }, n)));
+}
+
+/** OAuth2 settings; an empty secret keeps the stored one (it is write-only). */
+function oauth2Form(e, path, submit, done) {
+  const o = e.oauth2 || {};
+  const url = h('input', { name: 'token_url', value: o.token_url || '', placeholder: 'https://auth.example/oauth/token' });
+  const client = h('input', { name: 'client_id', value: o.client_id || '' });
+  const secret = h('input', { name: 'client_secret', type: 'password', autocomplete: 'off',
+    placeholder: o.client_secret_set ? 'set; empty keeps it' : '' });
+  const scopes = h('input', { name: 'scopes', value: (o.scopes || []).join(' '), placeholder: 'space separated' });
+  const audience = h('input', { name: 'audience', value: o.audience || '' });
+  const method = h('select', { name: 'client_auth' }, ['client_secret_basic', 'client_secret_post'].map((m) =>
+    h('option', { value: m, selected: m === (o.client_auth || 'client_secret_basic') }, m)));
+  return h('form', { class: 'inline', 'aria-label': 'OAuth2', onsubmit: submit(async () => {
+    const oauth2 = { token_url: url.value, client_id: client.value, scopes: scopes.value.split(' ').filter(Boolean),
+      audience: audience.value, client_auth: method.value };
+    if (secret.value) oauth2.client_secret = secret.value;
+    await api('PATCH', path, { body: { oauth2: url.value ? oauth2 : null } });
+    done(url.value ? 'OAuth2 saved.' : 'OAuth2 removed.');
+  }) }, field('Token URL (empty removes OAuth2)', url), field('Client id', client), field('Client secret', secret),
+  field('Scopes', scopes), field('Audience', audience), field('Client authentication', method),
+  h('button', { type: 'submit' }, 'Save OAuth2'));
 }
 
 function actions(e, path, plugins, rerender) {
@@ -110,6 +150,7 @@ function actions(e, path, plugins, rerender) {
       done('Plugin bindings saved.');
     }) }, field('Transform plugin', binds.transform), field('Classify plugin', binds.classify), field('Sign plugin', binds.sign),
     h('button', { type: 'submit' }, 'Bind plugins')),
+    oauth2Form(e, path, submit, done),
     h('form', { class: 'inline', 'aria-label': 'Rotate secret', onsubmit: submit(async () => {
       const r = await api('POST', `${path}/rotate-secret`, { body: {} });
       secretOut.textContent = `New secret ${r.secret}; the previous one keeps signing until ${when(r.previous_valid_until)}.`;

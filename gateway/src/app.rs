@@ -99,7 +99,9 @@ pub async fn run(
     let replayer = Replayer::start(store.clone(), waker.clone(), config.retry.ttl(), shared, stopped.clone()).await;
     let relays = start_outbox(&config, &store, &committer, &metrics, &waker, &ops, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
-    let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins).with_outbox(relays);
+    let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins)
+        .with_outbox(relays)
+        .with_deliverer(engine.deliverer());
     let admin = match config.admin_listen {
         Some(addr) => Some(TcpListener::bind(addr).await?),
         None => None,

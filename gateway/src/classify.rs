@@ -203,6 +203,17 @@ fn classify_transport(kind: TransportErrorKind) -> Verdict {
     }
 }
 
+/// The error class of a token endpoint that gave no token (OAuth2 endpoints).
+pub const AUTH_TOKEN: &str = "auth:token";
+
+/// The verdict when an endpoint's OAuth2 token endpoint gives no token: nothing can be
+/// sent until someone fixes the credentials or the token endpoint, so the endpoint is held
+/// as for a TLS failure; the reason carries the token error (shown with its state).
+pub fn token_failed(error: &str) -> Verdict {
+    let cut: String = error.chars().take(300).collect();
+    Verdict::HoldForHuman { reason: format!("{AUTH_TOKEN}: {cut}") }
+}
+
 fn retry(after: Option<Duration>) -> Verdict {
     Verdict::Retry { after }
 }

@@ -67,6 +67,9 @@ pub struct Config {
     pub node_id: Option<String>,
     pub log_level: String,
     pub log_json: bool,
+    /// `[secrets]`: seals and opens stored secrets (`None`: no key configured, so no
+    /// endpoint may store a TLS client key).
+    pub secrets: Option<std::sync::Arc<crate::sign::seal::Sealer>>,
 }
 
 /// How the API listener treats connections: every one must send its request head within
@@ -176,6 +179,9 @@ pub struct DeliveryConfig {
     pub disable_after: Duration,
     pub max_in_flight_total: usize,
     pub secret_grace: Duration,
+    /// The node's egress proxy (its `Debug` hides the password).
+    pub proxy: Option<std::sync::Arc<crate::net::proxy::ProxyUrl>>,
+    pub no_proxy: std::sync::Arc<crate::net::proxy::NoProxy>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -243,7 +249,7 @@ impl RawConfig {
 
 /// Whether the value at `path` is a secret `effective_keys` never prints.
 fn is_secret(path: &str) -> bool {
-    matches!(path, "server.admin_token" | "operator.secret")
+    matches!(path, "server.admin_token" | "operator.secret" | "delivery.proxy" | "secrets.key")
         || path.starts_with("plugins.config.")
         || path.starts_with("plugins.override.")
 }
@@ -257,6 +263,9 @@ fn key_lines(value: &toml::Value, path: &str, lines: &mut Vec<String>) {
             items.iter().enumerate().for_each(|(i, v)| key_lines(v, &format!("{path}[{i}]"), lines))
         }
         toml::Value::String(s) if is_secret(path) && !s.is_empty() => lines.push(format!("{path} = \"<redacted>\"")),
+        toml::Value::Array(items) if path == "secrets.previous_keys" => {
+            lines.push(format!("{path} = <{} redacted>", items.len()))
+        }
         toml::Value::String(s) if path.ends_with("url") => {
             lines.push(format!("{path} = {}", toml::Value::String(StoreUrl::new(s.as_str()).redacted())))
         }
@@ -382,6 +391,16 @@ impl RawConfig {
             retention: self.retention.validate()?,
             outbox: outbox::validate(&self.outbox)?,
             node_id: node_id(&self.cluster.node_id)?,
+            secrets: match self.secrets.key.trim() {
+                "" if self.secrets.previous_keys.is_empty() => None,
+                "" => return Err(invalid("secrets.key", "is required when previous_keys are set")),
+                key => Some(std::sync::Arc::new(
+                    crate::sign::seal::Sealer::new(key, &self.secrets.previous_keys).map_err(|(i, e)| match i {
+                        0 => invalid("secrets.key", e),
+                        n => invalid(&format!("secrets.previous_keys[{}]", n - 1), e),
+                    })?,
+                )),
+            },
             log_level: self.log.level,
             log_json: self.log.format == "json",
         })
@@ -422,6 +441,13 @@ impl RawDelivery {
             disable_after: duration("delivery.disable_after", &self.disable_after)?,
             max_in_flight_total: self.max_in_flight_total as usize,
             secret_grace: duration("delivery.secret_grace", &self.secret_grace)?,
+            proxy: match self.proxy.trim() {
+                "" => None,
+                p => Some(crate::net::proxy::ProxyUrl::parse(p).map_err(|e| invalid("delivery.proxy", e))?.into()),
+            },
+            no_proxy: crate::net::proxy::NoProxy::parse(&self.no_proxy)
+                .map_err(|e| invalid("delivery.no_proxy", e))?
+                .into(),
         };
         crate::spec::check_timeouts(delivery.timeout, delivery.connect_timeout, MAX_TIMEOUT)
             .map_err(|e| invalid(&format!("delivery.{}", e.field), e.reason))?;

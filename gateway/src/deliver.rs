@@ -4,23 +4,24 @@
 //! endpoints. It decides nothing about retries; it reports what happened.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::pin::Pin;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::classify::{self, Outcome, Response, TransportErrorKind};
 use crate::model::Millis;
 use crate::net::is_forbidden;
+
+mod connect;
+mod oauth;
+pub use connect::Via;
+pub use oauth::{Token, TokenState};
 
 /// How much of a response body is kept with the attempt.
 pub const BODY_PREFIX: usize = 1024;
@@ -33,8 +34,7 @@ pub struct Outgoing {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub body: Bytes,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
+    pub route: Route,
     /// Keep the response headers (only a classify plugin reads them; copying them on
     /// every answer is wasted work otherwise).
     pub keep_headers: bool,
@@ -42,13 +42,100 @@ pub struct Outgoing {
     pub now: Millis,
 }
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
+/// How a request leaves the node: its deadlines (and, through them, its connection pool).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Route {
+    pub connect_timeout: Duration,
+    /// The total deadline of one request (not part of the pool's identity).
+    pub timeout: Duration,
+    pub via: Via,
+    /// The endpoint's client certificate and private CA, if any.
+    pub tls: Option<Arc<ClientTls>>,
+}
 
-/// The outbound HTTP client, one pool per connect timeout.
+/// An endpoint's TLS material, parsed: its client certificate chain and key, and CA
+/// certificates trusted besides the public roots. Known by a digest (its pool's key);
+/// `Debug` shows only that.
+pub struct ClientTls {
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    roots: Vec<CertificateDer<'static>>,
+    digest: [u8; 32],
+}
+
+impl ClientTls {
+    /// Parses PEM (validated when written); `Err` says what no longer parses.
+    pub fn from_pem(cert: Option<&str>, key: Option<&str>, ca: Option<&str>) -> Result<ClientTls, String> {
+        use rustls_pki_types::pem::PemObject;
+        use sha2::{Digest, Sha256};
+        let certs = |pem: &str| {
+            CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
+        };
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((
+                certs(c)?,
+                PrivateKeyDer::from_pem_slice(k.as_bytes()).map_err(|_| "the client key is not PEM".to_string())?,
+            )),
+            _ => None,
+        };
+        let mut h = Sha256::new();
+        for part in [cert, key, ca] {
+            h.update(part.map_or(0, |p| p.len() as u64 + 1).to_le_bytes());
+            h.update(part.unwrap_or("").as_bytes());
+        }
+        Ok(ClientTls { identity, roots: ca.map(certs).transpose()?.unwrap_or_default(), digest: h.finalize().into() })
+    }
+
+    fn config(&self) -> Result<rustls::ClientConfig, rustls::Error> {
+        let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+        for c in &self.roots {
+            roots.add(c.clone())?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots);
+        match &self.identity {
+            Some((chain, key)) => builder.with_client_auth_cert(chain.clone(), key.clone_key()),
+            None => Ok(builder.with_no_client_auth()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientTls({})", hex::encode(&self.digest[..4]))
+    }
+}
+
+impl PartialEq for ClientTls {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl Eq for ClientTls {}
+
+impl std::hash::Hash for ClientTls {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digest.hash(state)
+    }
+}
+
+/// What makes connections of two routes interchangeable: one pool each.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    connect_timeout: Duration,
+    via: Via,
+    tls: Option<Arc<ClientTls>>,
+}
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<connect::Connector>, Full<Bytes>>;
+
+/// The outbound HTTP client, one pool per route, and the node's OAuth2 tokens.
 #[derive(Clone)]
 pub struct Deliverer {
     allow_private: bool,
-    clients: Arc<Mutex<HashMap<Duration, HttpsClient>>>,
+    clients: Arc<Mutex<HashMap<PoolKey, HttpsClient>>>,
+    tokens: Arc<oauth::Tokens>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,70 +146,39 @@ struct Blocked(IpAddr);
 #[error("dns: {0}")]
 struct DnsFailed(String);
 
-/// Resolves names off the runtime and drops forbidden addresses (SSRF guard).
-#[derive(Clone)]
-struct GuardedResolver {
-    allow_private: bool,
-}
-
-impl tower_service::Service<Name> for GuardedResolver {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        let allow_private = self.allow_private;
-        Box::pin(async move {
-            let host = name.as_str().to_string();
-            let addrs: Vec<SocketAddr> = tokio::task::spawn_blocking(move || (host.as_str(), 0).to_socket_addrs())
-                .await
-                .map_err(|e| DnsFailed(e.to_string()))?
-                .map_err(|e| DnsFailed(e.to_string()))?
-                .collect();
-            if addrs.is_empty() {
-                return Err(DnsFailed(format!("{} has no addresses", name.as_str())).into());
-            }
-            let allowed: Vec<SocketAddr> =
-                addrs.iter().copied().filter(|a| allow_private || !is_forbidden(a.ip())).collect();
-            if allowed.is_empty() {
-                return Err(Blocked(addrs[0].ip()).into());
-            }
-            Ok(allowed.into_iter())
-        })
-    }
-}
-
 impl Deliverer {
     pub fn new(allow_private: bool) -> Deliverer {
-        Deliverer { allow_private, clients: Arc::default() }
+        Deliverer { allow_private, clients: Arc::default(), tokens: Arc::default() }
     }
 
-    fn client(&self, connect_timeout: Duration) -> HttpsClient {
+    /// The pool for `route`; `Err`: its TLS material does not make a TLS configuration.
+    fn client(&self, route: &Route) -> Result<HttpsClient, rustls::Error> {
+        let connect_timeout = route.connect_timeout;
+        let key = PoolKey { connect_timeout, via: route.via.clone(), tls: route.tls.clone() };
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        clients
-            .entry(connect_timeout)
+        if let Some(client) = clients.get(&key) {
+            return Ok(client.clone());
+        }
+        let tls = route.tls.as_ref().map(|t| t.config()).transpose()?;
+        Ok(clients
+            .entry(key)
             .or_insert_with(|| {
-                let mut http = HttpConnector::new_with_resolver(GuardedResolver { allow_private: self.allow_private });
-                http.enforce_http(false);
-                http.set_connect_timeout(Some(connect_timeout));
-                http.set_nodelay(true);
-                let https = hyper_rustls::HttpsConnectorBuilder::new()
-                    .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
-                    .expect("ring provider supports the default protocol versions")
-                    .https_or_http()
-                    .enable_http1()
-                    .enable_http2()
-                    .wrap_connector(http);
+                let http =
+                    connect::Connector { allow_private: self.allow_private, connect_timeout, via: route.via.clone() };
+                let builder = hyper_rustls::HttpsConnectorBuilder::new();
+                let builder = match tls {
+                    Some(config) => builder.with_tls_config(config),
+                    None => builder
+                        .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
+                        .expect("ring provider supports the default protocol versions"),
+                };
+                let https = builder.https_or_http().enable_http1().enable_http2().wrap_connector(http);
                 Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(60))
                     .pool_max_idle_per_host(1024)
                     .build(https)
             })
-            .clone()
+            .clone())
     }
 
     /// Sends one request; never follows redirects; never outlives `timeout`.
@@ -131,11 +187,8 @@ impl Deliverer {
             Ok(u) => u,
             Err(e) => return failed(TransportErrorKind::Other, format!("bad url: {e}")),
         };
-        if let Some(ip) = uri.host().and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
-            && !self.allow_private
-            && is_forbidden(ip)
-        {
-            return failed(TransportErrorKind::Blocked, Blocked(ip).to_string());
+        if let Err(blocked) = self.check_literal(&uri) {
+            return failed(TransportErrorKind::Blocked, blocked);
         }
         let mut builder = http::Request::post(uri);
         for (k, v) in &out.headers {
@@ -145,10 +198,23 @@ impl Deliverer {
             Ok(r) => r,
             Err(e) => return failed(TransportErrorKind::Other, format!("bad request: {e}")),
         };
-        let client = self.client(out.connect_timeout);
-        match tokio::time::timeout(out.timeout, exchange(client, request, out.keep_headers, out.now)).await {
+        let client = match self.client(&out.route) {
+            Ok(c) => c,
+            Err(e) => return failed(TransportErrorKind::Tls, format!("the endpoint's TLS settings: {e}")),
+        };
+        let timeout = out.route.timeout;
+        match tokio::time::timeout(timeout, exchange(client, request, out.keep_headers, out.now)).await {
             Ok(outcome) => outcome,
-            Err(_) => failed(TransportErrorKind::Timeout, format!("no answer within {:?}", out.timeout)),
+            Err(_) => failed(TransportErrorKind::Timeout, format!("no answer within {timeout:?}")),
+        }
+    }
+
+    /// The SSRF guard for a URL whose host is an IP literal (names are checked as they
+    /// resolve): `Err` names the refused address.
+    fn check_literal(&self, uri: &http::Uri) -> Result<(), String> {
+        match uri.host().and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok()) {
+            Some(ip) if !self.allow_private && is_forbidden(ip) => Err(Blocked(ip).to_string()),
+            _ => Ok(()),
         }
     }
 }
@@ -221,6 +287,9 @@ fn kind_of(e: &(dyn std::error::Error + 'static)) -> TransportErrorKind {
         }
         if err.is::<DnsFailed>() {
             return TransportErrorKind::Dns;
+        }
+        if err.is::<connect::ProxyFailed>() {
+            return TransportErrorKind::Other;
         }
         if err.is::<rustls::Error>() {
             return TransportErrorKind::Tls;

@@ -11,10 +11,12 @@ use serde::{Deserialize, Serialize};
 pub const OPS_TENANT: &str = "herald-ops";
 
 mod bindings;
+mod egress;
 mod plugin_settings;
 mod replay;
 mod sent;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
+pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use plugin_settings::*;
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
@@ -246,6 +248,16 @@ pub struct EndpointSpec {
     /// With `ordering`: whether a dead-lettered head holds its key.
     #[serde(default, skip_serializing_if = "DeadHead::is_skip")]
     pub ordering_on_dead: DeadHead,
+    /// OAuth2 client credentials for the endpoint's requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth2: Option<OAuth2>,
+    /// The egress proxy for this endpoint: an `http://` CONNECT proxy URL, or `"none"`;
+    /// absent: the node's `delivery.proxy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
+    /// TLS client certificate and private CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EndpointTls>,
 }
 
 /// The stored form of a per-endpoint retry override (durations in milliseconds).

@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 pub mod headers;
+pub mod proxy;
 
 /// Is `ip` an address webhooks must never reach unless private destinations are allowed?
 /// The one judge of every address (literal in a URL or resolved): anything in IANA's IPv4

@@ -70,6 +70,9 @@ impl Ops {
             secrets: vec![SecretEntry { secret: config.secret.expose().to_string(), expires_at: None }],
             ordering: DeliveryOrder::None,
             ordering_on_dead: DeadHead::Skip,
+            oauth2: None,
+            proxy: None,
+            tls: None,
         };
         let id = EndpointId::from_stored(OPS_ENDPOINT);
         match store.endpoint(&id).await? {

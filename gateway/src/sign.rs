@@ -12,6 +12,8 @@ use hmac::{Hmac, Mac};
 use rand::{CryptoRng, Rng};
 use sha2::Sha256;
 
+pub mod seal;
+
 /// Header carrying the event id (stable across attempts and replays).
 pub const HEADER_ID: &str = "webhook-id";
 /// Header carrying the signing time in unix seconds (fresh on every attempt).

@@ -66,8 +66,13 @@ pub fn check_text(field: &str, value: &str, max: usize) -> Result<(), SpecError>
 /// A webhook URL: http(s), a host, no credentials, at most [`MAX_URL`] bytes, and (unless
 /// allowed) no IP literal the SSRF guard would refuse anyway. Returns it normalised.
 pub fn validate_url(raw: &str, allow_private: bool) -> Result<String, SpecError> {
-    let err = |reason: String| SpecError::new("url", reason);
-    check_text("url", raw, MAX_URL)?;
+    check_url("url", raw, allow_private)
+}
+
+/// [`validate_url`] for the URL in `field` (an endpoint's `url`, an OAuth2 `token_url`).
+pub fn check_url(field: &str, raw: &str, allow_private: bool) -> Result<String, SpecError> {
+    let err = |reason: String| SpecError::new(field, reason);
+    check_text(field, raw, MAX_URL)?;
     let url = url::Url::parse(raw).map_err(|e| err(format!("{raw:?} is not a URL ({e})")))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(err(format!("scheme must be http or https, not {:?}", url.scheme())));
@@ -92,7 +97,7 @@ pub fn validate_url(raw: &str, allow_private: bool) -> Result<String, SpecError>
     }
     // Normalising percent-encodes, so the stored form is checked too.
     let normalised = url.to_string();
-    check_text("url", &normalised, MAX_URL)?;
+    check_text(field, &normalised, MAX_URL)?;
     Ok(normalised)
 }
 
@@ -160,8 +165,116 @@ impl EndpointSpec {
         for s in &self.secrets {
             crate::sign::Secret::parse(&s.secret).map_err(|e| SpecError::new("secret", e.to_string()))?;
         }
+        if let Some(p) = &self.proxy
+            && p != "none"
+        {
+            check_text("proxy", p, MAX_URL)?;
+            crate::net::proxy::ProxyUrl::parse(p).map_err(|e| SpecError::new("proxy", format!("{e} (or \"none\")")))?;
+        }
+        if let Some(auth) = &self.oauth2 {
+            check_oauth2(auth, rules.allow_private_destinations)?;
+            if self.headers.keys().any(|k| k.eq_ignore_ascii_case("authorization")) {
+                return Err(SpecError::new("headers.authorization", "is the OAuth2 token's; remove it or oauth2"));
+            }
+        }
         Ok(())
     }
+}
+
+/// Longest PEM text (a certificate chain, a key, a CA bundle), in bytes.
+pub const MAX_PEM: usize = 64 * 1024;
+
+/// An endpoint's TLS material as written (the key in clear, before it is sealed): PEM
+/// certificates that parse, a leaf that has not expired at `now` (Unix seconds), a key
+/// that rustls can sign with and that matches the leaf, CA certificates usable as trust
+/// anchors. A certificate needs its key and a key its certificate.
+pub fn check_tls(cert: Option<&str>, key: Option<&str>, ca: Option<&str>, now: i64) -> Result<(), SpecError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = |field: &str, pem: &str| -> Result<Vec<CertificateDer<'static>>, SpecError> {
+        check_text(field, pem, MAX_PEM)?;
+        let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| SpecError::new(field, format!("is not PEM ({e})")))?;
+        match certs.is_empty() {
+            true => Err(SpecError::new(field, "holds no PEM CERTIFICATE")),
+            false => Ok(certs),
+        }
+    };
+    match (cert, key) {
+        (Some(_), None) => return Err(SpecError::new("tls.client_key", "is required with tls.client_cert")),
+        (None, Some(_)) => return Err(SpecError::new("tls.client_cert", "is required with tls.client_key")),
+        _ => {}
+    }
+    if let (Some(cert), Some(key)) = (cert, key) {
+        let chain = certs("tls.client_cert", cert)?;
+        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0])
+            .map_err(|e| SpecError::new("tls.client_cert", format!("is not an X.509 certificate ({e})")))?;
+        let not_after = leaf.validity().not_after.timestamp();
+        if not_after <= now {
+            return Err(SpecError::new("tls.client_cert", format!("expired at {}", leaf.validity().not_after)));
+        }
+        check_text("tls.client_key", key, MAX_PEM)?;
+        let der = PrivateKeyDer::from_pem_slice(key.as_bytes())
+            .map_err(|_| SpecError::new("tls.client_key", "is not a PEM private key (PKCS#8, PKCS#1 or SEC1)"))?;
+        let signer = rustls::crypto::ring::sign::any_supported_type(&der)
+            .map_err(|e| SpecError::new("tls.client_key", format!("is not a usable key ({e})")))?;
+        // `Unknown` (a key type whose public half rustls cannot derive) is let through: the
+        // receiver's handshake is the judge then.
+        let matched = rustls::sign::CertifiedKey::new(chain, signer).keys_match();
+        if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) = matched {
+            return Err(SpecError::new("tls.client_key", "does not match tls.client_cert"));
+        }
+    }
+    if let Some(ca) = ca {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs("tls.ca_bundle", ca)? {
+            roots.add(c).map_err(|e| SpecError::new("tls.ca_bundle", format!("holds an unusable CA ({e})")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Longest OAuth2 client id, client secret, scope or audience, in bytes.
+pub const MAX_OAUTH2_TEXT: usize = 1024;
+/// Most OAuth2 scopes.
+pub const MAX_OAUTH2_SCOPES: usize = 32;
+
+/// OAuth2 client credentials: a token URL the SSRF rules allow (the same as an endpoint's
+/// URL), a client id and secret of visible ASCII (RFC 6749 §A.1, A.2), scopes as the RFC
+/// spells them (§3.3: no space, quote or backslash), an audience of visible ASCII.
+pub fn check_oauth2(auth: &crate::model::OAuth2, allow_private: bool) -> Result<(), SpecError> {
+    check_url("oauth2.token_url", &auth.token_url, allow_private)?;
+    let visible = |field: &str, v: &str, may_be_empty: bool| {
+        check_text(field, v, MAX_OAUTH2_TEXT)?;
+        if v.is_empty() && !may_be_empty {
+            return Err(SpecError::new(field, "is required"));
+        }
+        if !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(SpecError::new(field, "must be visible ASCII or spaces"));
+        }
+        Ok(())
+    };
+    visible("oauth2.client_id", &auth.client_id, false)?;
+    visible("oauth2.client_secret", auth.client_secret.expose(), false)?;
+    if auth.scopes.len() > MAX_OAUTH2_SCOPES {
+        return Err(SpecError::new("oauth2.scopes", format!("at most {MAX_OAUTH2_SCOPES} scopes")));
+    }
+    for scope in &auth.scopes {
+        check_text("oauth2.scopes", scope, MAX_OAUTH2_TEXT)?;
+        let ok = !scope.is_empty()
+            && scope.bytes().all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b));
+        if !ok {
+            return Err(SpecError::new(
+                "oauth2.scopes",
+                format!("{scope:?} is not a scope (RFC 6749 3.3: no space, quote or backslash)"),
+            ));
+        }
+    }
+    if let Some(aud) = &auth.audience {
+        visible("oauth2.audience", aud, false)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

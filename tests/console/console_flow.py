@@ -357,6 +357,17 @@ def tenant_token_without_its_tenant(c, cfg):
     row_of(c, cfg["healthy_url"])
 
 
+def oauth2_state_shown(c, cfg):
+    """Issue 32: an OAuth2 endpoint's page shows its settings (never the secret), the
+    token's state on this node and the last token error."""
+    c.go(f"#/endpoints/{cfg['oauth2_endpoint']}", "#page-endpoints")
+    auth = c.text_in("#auth", "Last token error")
+    for shown in ["OAuth2 token URL", cfg["oauth2_client"], "failing", "connection_refused"]:
+        assert shown in auth, (shown, auth)
+    assert cfg["oauth2_secret"] not in c.d.page_source, "the client secret is on the page"
+    c.shot("endpoint-oauth2", "#auth")
+
+
 def flow(cfg):
     times = {}
     d = browser()
@@ -369,6 +380,7 @@ def flow(cfg):
         replay_dead_letters(c, cfg, times)
         plugin_failures(c, cfg, times)
         c.item("3-pinned-binding-kept", pinned_binding_kept, cfg)
+        c.item("32-oauth2-state-shown", oauth2_state_shown, cfg)
         upload_broken_plugin(c, cfg, times)
         c.item("16-read-only-token-offered-only-what-it-may", read_only_tenant, cfg)
         other = other_tenant_is_invisible(c, cfg)

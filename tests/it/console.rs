@@ -89,7 +89,11 @@ async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow
     bad.set_default(Answer::status(200));
     let plugin_endpoint = failing_plugin(api, bad).await?;
     pin_and_offer_a_classifier(api, &plugin_endpoint).await?;
+    let oauth2_endpoint = oauth2_failing(api, bad).await?;
     Ok(json!({
+        "oauth2_endpoint": oauth2_endpoint,
+        "oauth2_client": OAUTH2_CLIENT,
+        "oauth2_secret": OAUTH2_SECRET,
         "admin_token": ADMIN_TOKEN,
         "read_token": api.token("acme", &["read"]).await?,
         "tenant": "acme",
@@ -105,6 +109,24 @@ async fn seed(api: &tests::Api, ok: &FakeReceiver, bad: &FakeReceiver) -> anyhow
         "pinned": PINNED,
         "classify_plugin": CLASSIFY,
     }))
+}
+
+const OAUTH2_CLIENT: &str = "console-client";
+const OAUTH2_SECRET: &str = "console-s3cret";
+
+/// An OAuth2 endpoint whose token server is down: held, with its last token error.
+async fn oauth2_failing(api: &tests::Api, rx: &FakeReceiver) -> anyhow::Result<String> {
+    let down = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let token_url = format!("http://{}/token", down.local_addr()?);
+    drop(down);
+    let oauth2 = json!({"token_url": token_url, "client_id": OAUTH2_CLIENT, "client_secret": OAUTH2_SECRET});
+    let ep = api.endpoint("acme", json!({"url": rx.url(), "event_types": ["auth.checked"], "oauth2": oauth2})).await?;
+    let id = ep["id"].as_str().context("id")?.to_string();
+    let r = api.event("acme", json!({"id": "evt_auth", "type": "auth.checked", "payload": {}})).await?;
+    ensure!(r.status == 202, "event: {} {}", r.status, r.text);
+    until(api, &format!("/v1/tenants/acme/endpoints/{id}"), Duration::from_secs(10), |j| j["state"] == "paused")
+        .await?;
+    Ok(id)
 }
 
 /// Pins the hostile transform's endpoint to its first version (`hostile@1`, which no
@@ -191,6 +213,7 @@ async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
         "plugin",
         "pinned-binding-shown",
         "pinned-binding-kept-after-save",
+        "endpoint-oauth2",
         "read-only-endpoint-without-actions",
         "read-only-dead-letters-without-replay",
         "read-only-plugins-without-upload",

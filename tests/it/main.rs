@@ -13,6 +13,7 @@
 //! - `db_restart`: Herald's Postgres (a server of the test's own) restarting under running nodes
 //! - `delivery`: sending to receivers: retries, 429 pauses, the classification table, signatures
 //! - `durability`: a killed or stopped `herald` process: nothing acknowledged is lost, restarts resume
+//! - `endpoint_auth`: how requests authenticate and leave: OAuth2 against a local token server
 //! - `edges`: the listener: slow and idle clients, the connection cap
 //! - `limits`: refusals: the error shape, size limits, durations, deep payloads
 //! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
@@ -42,6 +43,7 @@ mod db_restart;
 mod delivery;
 mod durability;
 mod edges;
+mod endpoint_auth;
 mod limits;
 mod metrics;
 mod ordering;

@@ -54,6 +54,8 @@ pub struct AppState {
     pub plugins: crate::plugin::PluginHost,
     /// The outbox relays' status (for `/readyz`); empty without `[[outbox]]` sources.
     pub outbox: crate::outbox::Relays,
+    /// The engine's client, for what this node knows of endpoints' OAuth2 tokens.
+    pub deliverer: Option<crate::deliver::Deliverer>,
     /// Tenant tokens by hash, and when each one's last use was written. `None` on a shared
     /// store: see `auth::caller`.
     pub(crate) tokens: Option<RwLock<HashMap<String, TokenRecord>>>,
@@ -84,11 +86,20 @@ impl AppState {
             replayer,
             plugins,
             outbox: Default::default(),
+            deliverer: None,
             tokens,
             token_use: Default::default(),
             tenants: RwLock::default(),
             plugin_locks: Default::default(),
         })
+    }
+
+    /// The state with the engine's client (before it is shared).
+    pub fn with_deliverer(mut self: Arc<Self>, deliverer: crate::deliver::Deliverer) -> Arc<Self> {
+        if let Some(state) = Arc::get_mut(&mut self) {
+            state.deliverer = Some(deliverer);
+        }
+        self
     }
 
     /// The state with the outbox relays' status (before it is shared).

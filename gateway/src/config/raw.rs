@@ -19,8 +19,24 @@ pub struct RawConfig {
     pub retention: RawRetention,
     pub cluster: RawCluster,
     pub log: RawLog,
+    pub secrets: RawSecrets,
     /// `[[outbox]]`: an array of tables, so after every plain section.
     pub outbox: Vec<super::RawOutbox>,
+}
+
+/// `[secrets]`: the operator's key that seals stored secrets (mTLS client keys): base64 of
+/// 32 bytes. `previous_keys` still open what older keys sealed, during a rotation.
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSecrets {
+    pub key: String,
+    pub previous_keys: Vec<String>,
+}
+
+impl std::fmt::Debug for RawSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawSecrets {{ key: <redacted>, previous_keys: {} }}", self.previous_keys.len())
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -119,6 +135,12 @@ pub struct RawDelivery {
     pub disable_after: String,
     pub max_in_flight_total: u32,
     pub secret_grace: String,
+    /// `http://[user:pass@]host:port`: an HTTP CONNECT proxy every delivery goes through
+    /// (empty: none).
+    pub proxy: String,
+    /// Comma-separated destinations that bypass `proxy`: names (and their subdomains),
+    /// `.suffixes`, IP addresses, CIDRs, or `*`.
+    pub no_proxy: String,
 }
 
 impl Default for RawDelivery {
@@ -131,6 +153,8 @@ impl Default for RawDelivery {
             disable_after: "24h".into(),
             max_in_flight_total: 1024,
             secret_grace: "24h".into(),
+            proxy: String::new(),
+            no_proxy: String::new(),
         }
     }
 }

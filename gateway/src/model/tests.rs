@@ -103,6 +103,9 @@ fn the_pause_rule() {
         secrets: vec![],
         ordering: DeliveryOrder::None,
         ordering_on_dead: DeadHead::Skip,
+        oauth2: None,
+        proxy: None,
+        tls: None,
     };
     const NOW: Millis = 1_000_000;
     //  state                     paused_until        → sendable at NOW

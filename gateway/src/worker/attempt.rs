@@ -16,11 +16,12 @@ use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_e
 use super::signal::{Shared, Target};
 use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
-use crate::deliver::Outgoing;
+use crate::deliver::{ClientTls, Outgoing, Route, Via};
 use crate::model::{
     Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, envelope, new_id,
 };
 use crate::net::headers::is_reserved;
+use crate::net::proxy::ProxyUrl;
 use crate::plugin;
 use crate::sign::{self, Secret};
 use crate::store::{AttemptResult, Claimed, EndpointChange, Recorded, Release};
@@ -333,22 +334,115 @@ async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::Deliver
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
-    // Headers encoded once; the body copied only when a transform changed it.
-    let sent = SentRequest::new(&headers, &body, is_envelope);
-    let outcome = inner
-        .deliverer
-        .send(Outgoing {
-            url: spec.url.clone(),
-            headers,
-            body: Bytes::from(body),
-            connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
-            timeout: Duration::from_millis(spec.timeout_ms),
-            keep_headers: spec.plugins.classify.is_some(),
-            now: inner.clock.now(),
-        })
-        .await;
-    inner.metrics.attempts.inc();
-    Exchange::Answered(outcome, sent)
+    let route = match route(inner, spec) {
+        Ok(route) => route,
+        Err(e) => {
+            let reason = format!("tls: {e}");
+            let verdict = Verdict::HoldForHuman { reason: reason.clone() };
+            return Exchange::Decided { verdict, by: "builtin".to_string(), error: Some(reason) };
+        }
+    };
+    let Some(auth) = &spec.oauth2 else {
+        // Headers encoded once; the body copied only when a transform changed it.
+        let sent = SentRequest::new(&headers, &body, is_envelope);
+        let outcome = inner.deliverer.send(outgoing(inner, spec, &route, headers, Bytes::from(body))).await;
+        inner.metrics.attempts.inc();
+        return Exchange::Answered(outcome, sent);
+    };
+    // OAuth2: the node's token for these credentials; a 401 refreshes it once and sends
+    // again, and what that second request gets is judged (a second 401: the 401 rule).
+    let body = Bytes::from(body);
+    let mut headers = headers;
+    // The token is the one credential: a plugin's own `authorization` goes.
+    headers.retain(|(k, _)| !k.eq_ignore_ascii_case("authorization"));
+    let mut token = match inner.deliverer.token(auth, &route).await {
+        Ok(t) => t,
+        Err(e) => return token_failed(e),
+    };
+    let mut refreshed = false;
+    loop {
+        let mut with_auth = headers.clone();
+        with_auth.push(("authorization".to_string(), token.bearer()));
+        let outcome = inner.deliverer.send(outgoing(inner, spec, &route, with_auth, body.clone())).await;
+        inner.metrics.attempts.inc();
+        if refreshed || outcome.http_status() != Some(401) {
+            // What was sent, the token redacted.
+            let mut shown = headers;
+            shown.push(("authorization".to_string(), "Bearer [redacted]".to_string()));
+            return Exchange::Answered(outcome, SentRequest::new(&shown, &body, is_envelope));
+        }
+        inner.deliverer.token_refused(auth, &token).await;
+        token = match inner.deliverer.token(auth, &route).await {
+            Ok(t) => t,
+            Err(e) => return token_failed(e),
+        };
+        refreshed = true;
+    }
+}
+
+/// How the endpoint's requests leave the node: its deadlines, and its own proxy (guarded
+/// as a destination is), none, or the node's (with `delivery.no_proxy`); its TLS material
+/// with the client key opened. `Err`: the key does not open (the operator's key is gone).
+fn route(inner: &Inner, spec: &EndpointSpec) -> Result<Route, String> {
+    let delivery = &inner.config.delivery;
+    let via = match spec.proxy.as_deref() {
+        Some("none") => Via::Direct,
+        // Validated when written; one that no longer parses is not used.
+        Some(url) => match ProxyUrl::parse(url) {
+            Ok(p) => Via::Proxy { proxy: Arc::new(p), no_proxy: None, guarded: !delivery.allow_private_destinations },
+            Err(_) => Via::Direct,
+        },
+        None => match &delivery.proxy {
+            Some(p) => Via::Proxy { proxy: p.clone(), no_proxy: Some(delivery.no_proxy.clone()), guarded: false },
+            None => Via::Direct,
+        },
+    };
+    let tls = match &spec.tls {
+        None => None,
+        Some(t) => {
+            let key = match (&t.client_key, &inner.config.secrets) {
+                (Some(sealed), Some(sealer)) => {
+                    Some(sealer.open(sealed.expose()).map_err(|e| format!("the client key: {e}"))?)
+                }
+                (Some(_), None) => return Err("the client key: no [secrets] key on this node".into()),
+                (None, _) => None,
+            };
+            Some(Arc::new(ClientTls::from_pem(t.client_cert.as_deref(), key.as_deref(), t.ca_bundle.as_deref())?))
+        }
+    };
+    Ok(Route {
+        connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
+        timeout: Duration::from_millis(spec.timeout_ms),
+        via,
+        tls,
+    })
+}
+
+fn outgoing(
+    inner: &Inner,
+    spec: &EndpointSpec,
+    route: &Route,
+    headers: Vec<(String, String)>,
+    body: Bytes,
+) -> Outgoing {
+    Outgoing {
+        url: spec.url.clone(),
+        headers,
+        body,
+        route: route.clone(),
+        keep_headers: spec.plugins.classify.is_some(),
+        now: inner.clock.now(),
+    }
+}
+
+/// The token endpoint gave no token: nothing was sent; the endpoint is held like a TLS
+/// failure (`classify::token_failed`), and the attempt says why (`auth:token: …`).
+fn token_failed(error: String) -> Exchange {
+    Exchange::Decided {
+        verdict: classify::token_failed(&error),
+        by: "builtin".to_string(),
+        error: Some(format!("{}: {error}", classify::AUTH_TOKEN)),
+    }
 }
 
 /// The envelope with the endpoint's custom headers, as its transform plugin (if any)

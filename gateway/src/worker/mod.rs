@@ -130,6 +130,11 @@ impl Engine {
     }
 
     /// The engine's clock, for the stored times others write (the API's).
+    /// The engine's HTTP client (its OAuth2 tokens are the node's).
+    pub fn deliverer(&self) -> Deliverer {
+        self.inner.deliverer.clone()
+    }
+
     pub fn clock(&self) -> Clock {
         self.inner.clock
     }

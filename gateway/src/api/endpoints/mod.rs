@@ -51,6 +51,87 @@ pub(crate) struct EndpointIn {
     /// With `ordering`: `skip` (the default: a dead-lettered delivery lets its key go on) or
     /// `block` (its key waits until it is replayed and delivered).
     ordering_on_dead: Option<DeadHead>,
+    /// OAuth2 client credentials (RFC 6749 4.4): Herald sends `Authorization: Bearer` with
+    /// a token from `token_url`, cached per node until shortly before it expires. Patched
+    /// field by field (an omitted `client_secret` keeps the stored one); `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<OAuth2In>, nullable)]
+    oauth2: Option<Option<OAuth2In>>,
+    /// The egress proxy for this endpoint: `http://[user:pass@]host:port` (HTTP CONNECT),
+    /// `"none"` (direct, whatever `delivery.proxy` says), or `""` (the node's, the default).
+    proxy: Option<String>,
+    /// TLS client certificate (mTLS) and private CA. Patched field by field (`""` removes
+    /// one); `null` removes them all.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<TlsIn>, nullable)]
+    tls: Option<Option<TlsIn>>,
+}
+
+/// TLS material as written, PEM. Checked at once: certificates that parse, a client
+/// certificate that has not expired, a key that matches it.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsIn {
+    /// The client certificate chain, leaf first.
+    client_cert: Option<String>,
+    /// Write-only: sealed under the node's `[secrets] key` (a 422 without one).
+    client_key: Option<String>,
+    /// CA certificates trusted for this endpoint besides the public roots.
+    ca_bundle: Option<String>,
+}
+
+/// TLS settings as shown: never the key, only that one is set.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TlsOut {
+    client_cert: Option<String>,
+    client_key_set: bool,
+    ca_bundle: Option<String>,
+}
+
+/// A field that may be `null` (remove) or absent (keep): `Some(None)` is `null`.
+fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// OAuth2 client credentials as written; the secret is write-only.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OAuth2In {
+    /// The token endpoint (the SSRF rules of `url` apply).
+    token_url: Option<String>,
+    client_id: Option<String>,
+    /// Write-only: never shown again.
+    client_secret: Option<String>,
+    scopes: Option<Vec<String>>,
+    /// Sent as the `audience` parameter when set; `""` removes it.
+    audience: Option<String>,
+    /// `client_secret_basic` (default) or `client_secret_post`.
+    client_auth: Option<ClientAuth>,
+}
+
+/// OAuth2 settings as shown: never the secret, only that one is set.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct OAuth2Out {
+    token_url: String,
+    client_id: String,
+    client_secret_set: bool,
+    scopes: Vec<String>,
+    audience: Option<String>,
+    client_auth: ClientAuth,
+}
+
+/// What this node knows of the endpoint's OAuth2 token.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct OAuth2TokenOut {
+    /// `valid` (a cached token), `none` (none fetched yet, or dropped after a 401 or its
+    /// expiry), `failing` (the last request failed) or `fetching`.
+    state: String,
+    /// When the cached token is refreshed (RFC 3339).
+    refresh_at: Option<String>,
+    /// Token requests since the node started.
+    fetches: u64,
+    /// The last token error, if the last request failed.
+    last_error: Option<String>,
 }
 
 /// A retry policy override: any subset; unset fields follow the node's policy.
@@ -126,6 +207,19 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     if let Some(s) = input.secret {
         spec.secrets = vec![SecretEntry { secret: s, expires_at: None }];
     }
+    if let Some(p) = input.proxy {
+        spec.proxy = (!p.is_empty()).then_some(p);
+    }
+    match input.tls {
+        None => {}
+        Some(None) => spec.tls = None,
+        Some(Some(t)) => spec.tls = tls(state, spec.tls.take(), t)?,
+    }
+    match input.oauth2 {
+        None => {}
+        Some(None) => spec.oauth2 = None,
+        Some(Some(o)) => spec.oauth2 = Some(oauth2(spec.oauth2.take(), o)?),
+    }
     let rules = SpecRules {
         retry: &state.config.retry,
         max_timeout: crate::config::MAX_TIMEOUT,
@@ -133,6 +227,62 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     };
     spec.validate(&rules)?;
     Ok(())
+}
+
+/// TLS settings patched onto the stored ones: checked with the key in clear (the stored
+/// one opened), then the key sealed. `None`: nothing left.
+fn tls(state: &AppState, stored: Option<EndpointTls>, input: TlsIn) -> Result<Option<EndpointTls>, ApiError> {
+    let stored = stored.unwrap_or_default();
+    let pick = |new: Option<String>, old: Option<String>| match new {
+        Some(v) if v.is_empty() => None,
+        Some(v) => Some(v),
+        None => old,
+    };
+    let cert = pick(input.client_cert, stored.client_cert);
+    let ca = pick(input.ca_bundle, stored.ca_bundle);
+    let sealer = state.config.secrets.as_ref();
+    let no_key = || ApiError::unprocessable("tls.client_key: this node has no [secrets] key to seal it with");
+    let (key, sealed) = match (input.client_key, stored.client_key) {
+        (Some(k), _) if k.is_empty() => (None, None),
+        (Some(k), _) => {
+            let sealed = sealer.ok_or_else(no_key)?.seal(&k, &mut rand::rng());
+            (Some(k), Some(sealed))
+        }
+        (None, Some(old)) => {
+            let plain = sealer
+                .ok_or_else(no_key)?
+                .open(old.expose())
+                .map_err(|e| ApiError::unprocessable(format!("tls.client_key: the stored key {e}; write it again")))?;
+            (Some(plain), Some(old.expose().to_string()))
+        }
+        (None, None) => (None, None),
+    };
+    let now = state.clock.now() / 1000;
+    crate::spec::check_tls(cert.as_deref(), key.as_deref(), ca.as_deref(), now)?;
+    let tls = EndpointTls { client_cert: cert, client_key: sealed.map(WriteOnly::new), ca_bundle: ca };
+    Ok((tls != EndpointTls::default()).then_some(tls))
+}
+
+/// OAuth2 settings patched onto the stored ones (if any); a new configuration needs every
+/// required field.
+fn oauth2(stored: Option<OAuth2>, input: OAuth2In) -> Result<OAuth2, ApiError> {
+    let required = |field: &str| ApiError::unprocessable(format!("oauth2.{field}: required"));
+    let (url, id, secret, scopes, audience, client_auth) = match stored {
+        Some(o) => (Some(o.token_url), Some(o.client_id), Some(o.client_secret), o.scopes, o.audience, o.client_auth),
+        None => (None, None, None, Vec::new(), None, ClientAuth::default()),
+    };
+    Ok(OAuth2 {
+        token_url: input.token_url.or(url).ok_or_else(|| required("token_url"))?,
+        client_id: input.client_id.or(id).ok_or_else(|| required("client_id"))?,
+        client_secret: input.client_secret.map(WriteOnly::new).or(secret).ok_or_else(|| required("client_secret"))?,
+        scopes: input.scopes.unwrap_or(scopes),
+        audience: match input.audience {
+            Some(a) if a.is_empty() => None,
+            Some(a) => Some(a),
+            None => audience,
+        },
+        client_auth: input.client_auth.unwrap_or(client_auth),
+    })
 }
 
 /// Loads the pinned versions (`name@n`) that `input` binds, off the async runtime, so
@@ -195,6 +345,10 @@ pub(crate) struct EndpointOut {
     headers: BTreeMap<String, String>,
     ordering: DeliveryOrder,
     ordering_on_dead: DeadHead,
+    oauth2: Option<OAuth2Out>,
+    /// The endpoint's own proxy (password shown as `***`) or `"none"`; null: the node's.
+    proxy: Option<String>,
+    tls: Option<TlsOut>,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -217,6 +371,29 @@ pub(crate) struct EndpointDetail {
     #[serde(flatten)]
     endpoint: EndpointOut,
     health: HealthOut,
+    /// This node's OAuth2 token for the endpoint (null without `oauth2`).
+    token: Option<OAuth2TokenOut>,
+}
+
+/// What this node knows of `e`'s OAuth2 token.
+fn token_view(state: &AppState, e: &Endpoint) -> Option<OAuth2TokenOut> {
+    let auth = e.spec.oauth2.as_ref()?;
+    let deliverer = state.deliverer.as_ref()?;
+    let Some(t) = deliverer.token_state(auth) else {
+        return Some(OAuth2TokenOut { state: "fetching".into(), refresh_at: None, fetches: 0, last_error: None });
+    };
+    let now = state.clock.now();
+    let state = match (&t.last_error, t.refresh_in) {
+        (Some(_), _) => "failing",
+        (None, Some(d)) if !d.is_zero() => "valid",
+        _ => "none",
+    };
+    Some(OAuth2TokenOut {
+        state: state.into(),
+        refresh_at: t.refresh_in.filter(|d| !d.is_zero()).map(|d| rfc3339(now + d.as_millis() as i64)),
+        fetches: t.fetches,
+        last_error: t.last_error,
+    })
 }
 
 fn duration_text(ms: u64) -> String {
@@ -249,6 +426,23 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         headers: s.headers.clone(),
         ordering: s.ordering,
         ordering_on_dead: s.ordering_on_dead,
+        oauth2: s.oauth2.as_ref().map(|o| OAuth2Out {
+            token_url: o.token_url.clone(),
+            client_id: o.client_id.clone(),
+            client_secret_set: !o.client_secret.expose().is_empty(),
+            scopes: o.scopes.clone(),
+            audience: o.audience.clone(),
+            client_auth: o.client_auth,
+        }),
+        proxy: s.proxy.as_ref().map(|p| match crate::net::proxy::ProxyUrl::parse(p) {
+            Ok(url) => url.to_string(),
+            Err(_) => "none".to_string(),
+        }),
+        tls: s.tls.as_ref().map(|t| TlsOut {
+            client_cert: t.client_cert.clone(),
+            client_key_set: t.client_key.is_some(),
+            ca_bundle: t.ca_bundle.clone(),
+        }),
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
@@ -298,6 +492,9 @@ pub(crate) async fn create(
         secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
         ordering: DeliveryOrder::None,
         ordering_on_dead: DeadHead::Skip,
+        oauth2: None,
+        proxy: None,
+        tls: None,
     };
     // A binding is checked and written under the tenant's plugin lock (see `PluginLocks`).
     let _bindings = match input.plugins.is_some() {
@@ -325,7 +522,8 @@ pub(crate) async fn get_one(
 ) -> Result<Json<EndpointDetail>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
     let health = health::health(&state, &endpoint).await?;
-    Ok(Json(EndpointDetail { endpoint: view(&endpoint), health }))
+    let token = token_view(&state, &endpoint);
+    Ok(Json(EndpointDetail { endpoint: view(&endpoint), health, token }))
 }
 
 #[utoipa::path(
