@@ -120,8 +120,6 @@ pub(super) const TAKE_PARTITION: &str = "INSERT INTO partitions (endpoint_id, ow
 /// Gives up endpoint `$1`'s partition lease, if `$2` holds it.
 pub(super) const RELEASE_PARTITION: &str = "DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2";
 
-/// The earliest due time of endpoint `$1`'s waiting deliveries (read by claims and the engine).
-
 /// Whether delivery `d` (of endpoint bound parameter `$endpoint`) may go out now as far as
 /// ordering goes: it is unordered, or it is the first unfinished delivery of its key (dead
 /// ones count while bound parameter `$block` says dead heads block). `$order` is the column
