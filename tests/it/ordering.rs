@@ -12,6 +12,7 @@ tests::backends!(
     a_dead_head_lets_its_key_go_on_by_default,
     a_dead_head_blocks_its_key_until_replayed,
     ordering_endpoint_sends_one_at_a_time_in_intake_order,
+    a_retrying_head_holds_only_its_own_key,
 );
 
 const KEYS: usize = 10;
@@ -244,5 +245,47 @@ async fn bad_ordering_input_is_refused_naming_the_field() -> anyhow::Result<()> 
         assert!(r.text.contains("ordering_key"), "{key}: {}", r.text);
     }
     rx.stays_at(0, Duration::from_millis(300)).await?;
+    Ok(())
+}
+
+/// One key's head failing for good (503, retried) holds that key alone: every other key is
+/// delivered whole, in order, while the failing head is still being retried and nothing
+/// behind it has gone out.
+async fn a_retrying_head_holds_only_its_own_key(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    rx.answer_when(|body| {
+        let v: Value = serde_json::from_slice(body).ok()?;
+        (v["data"]["key"] == 0).then(|| Answer::status(503))
+    });
+    gw.api.tenant("acme").await?;
+    gw.api
+        .endpoint(
+            "acme",
+            ordered(
+                &rx,
+                "key",
+                json!({"retry": {"base": "50ms", "factor": 1, "jitter": "none", "max_attempts": 1000}}),
+            ),
+        )
+        .await?;
+    let per_key = 30;
+    post(&gw.api, &interleaved(per_key)).await?;
+    let others = (KEYS - 1) * per_key;
+    tests::eventually("the other keys delivered", Duration::from_secs(60), || async {
+        let ok = rx.received().iter().filter(|r| r.status == 200).count();
+        Ok(if ok >= others { Ok(()) } else { Err(format!("{ok} of {others} delivered")) })
+    })
+    .await?;
+    let got = rx.received();
+    let stuck: Vec<u64> = got
+        .iter()
+        .map(|r| r.json())
+        .filter(|v| v["data"]["key"] == 0)
+        .map(|v| v["data"]["n"].as_u64().unwrap())
+        .collect();
+    assert!(stuck.len() >= 2 && stuck.iter().all(|&n| n == 0), "only key 0's head, retried: {stuck:?}");
+    let delivered = assert_in_order(&got, false);
+    assert!((1..KEYS as u64).all(|k| delivered.get(&k) == Some(&(per_key as u64))), "{delivered:?}");
     Ok(())
 }

@@ -516,12 +516,17 @@ impl Received {
     }
 }
 
+/// Picks out requests by their body and answers them.
+type Rule = Arc<dyn Fn(&[u8]) -> Option<Answer> + Send + Sync>;
+
 #[derive(Default)]
 struct ReceiverState {
     script: VecDeque<Answer>,
     default: Option<Answer>,
     /// Once the script is used up: this share of requests (0 to 1) gets this answer.
     flaky: Option<(f64, Answer)>,
+    /// Before the script: requests whose body this picks out get its answer.
+    rule: Option<Rule>,
     received: Vec<Received>,
 }
 
@@ -581,6 +586,12 @@ impl FakeReceiver {
         self.state.lock().unwrap().flaky = Some((share, a));
     }
 
+    /// Answers the requests whose body `rule` picks out with its answer, before anything
+    /// else.
+    pub fn answer_when(&self, rule: impl Fn(&[u8]) -> Option<Answer> + Send + Sync + 'static) {
+        self.state.lock().unwrap().rule = Some(Arc::new(rule));
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.state.lock().unwrap().received.clone()
     }
@@ -621,7 +632,11 @@ impl FakeReceiver {
         let answer = {
             let mut s = self.state.lock().unwrap();
             let flaky = s.flaky.as_ref().filter(|(share, _)| rand::random::<f64>() < *share).map(|(_, a)| a.clone());
-            let a = s.script.pop_front().or(flaky).or_else(|| s.default.clone()).unwrap_or(Answer::status(200));
+            let ruled = s.rule.as_ref().and_then(|rule| rule(&body));
+            let a = match ruled {
+                Some(a) => a,
+                None => s.script.pop_front().or(flaky).or_else(|| s.default.clone()).unwrap_or(Answer::status(200)),
+            };
             s.received.push(Received {
                 at,
                 path: parts.uri.path().to_string(),
