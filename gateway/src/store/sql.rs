@@ -124,22 +124,35 @@ pub(super) const RELEASE_PARTITION: &str = "DELETE FROM partitions WHERE endpoin
 /// ordering goes: it is unordered, or it is the first unfinished delivery of its key (dead
 /// ones count while bound parameter `$block` says dead heads block). `$order` is the column
 /// that holds intake order (`rowid` on SQLite, `seq` on Postgres). The heads are one
-/// uncorrelated subquery, read once per statement along the endpoint's unfinished ordered
-/// deliveries (`deliveries_ordered`), and never on an unordered endpoint. A macro, so that
+/// uncorrelated subquery, read once per statement and never on an unordered endpoint: a
+/// loose index scan of `deliveries_ordered` steps from key to key (`MIN(ordering_key) >
+/// the last`), then takes each key's first row in intake order, so a claim costs about
+/// keys × log n, however deep one key's backlog (a `GROUP BY` read every row: 3 ms of CPU
+/// per delivery on a 10k-deep single key). A macro, so that
 /// each statement using it is one constant.
 macro_rules! is_head {
     ($order:literal, $endpoint:literal, $block:literal) => {
         concat!(
             "(d.ordering_key IS NULL OR d.",
             $order,
-            " IN (SELECT MIN(o.",
-            $order,
-            ") FROM deliveries o WHERE o.endpoint_id = ",
+            " IN (WITH RECURSIVE k(ordering_key) AS (SELECT MIN(o.ordering_key) FROM deliveries o \
+             WHERE o.endpoint_id = ",
             $endpoint,
-            " AND o.ordering_key IS NOT NULL \
+            " AND o.ordering_key IS NOT NULL AND o.state IN ('queued', 'waiting', 'delivering', 'dead') \
+             UNION ALL SELECT (SELECT MIN(o.ordering_key) FROM deliveries o WHERE o.endpoint_id = ",
+            $endpoint,
+            " AND o.ordering_key IS NOT NULL AND o.ordering_key > k.ordering_key \
+             AND o.state IN ('queued', 'waiting', 'delivering', 'dead')) FROM k WHERE k.ordering_key IS NOT NULL) \
+             SELECT (SELECT o.",
+            $order,
+            " FROM deliveries o WHERE o.endpoint_id = ",
+            $endpoint,
+            " AND o.ordering_key = k.ordering_key AND o.ordering_key IS NOT NULL \
              AND o.state IN ('queued', 'waiting', 'delivering', 'dead') AND (o.state <> 'dead' OR ",
             $block,
-            ") GROUP BY o.ordering_key))"
+            ") ORDER BY o.",
+            $order,
+            " LIMIT 1) FROM k WHERE k.ordering_key IS NOT NULL))"
         )
     };
 }
