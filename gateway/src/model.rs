@@ -439,6 +439,18 @@ pub fn fan_out<'s>(event: &'s NewEvent, subscribers: &'s [Subscriber], rng: &mut
         .collect()
 }
 
+impl EndpointSpec {
+    /// Its deliveries go out in intake order, one at a time per key.
+    pub fn is_ordered(&self) -> bool {
+        !self.ordering.is_none()
+    }
+
+    /// Ordered, and a dead-lettered head holds its key.
+    pub fn dead_heads_block(&self) -> bool {
+        self.is_ordered() && self.ordering_on_dead == DeadHead::Block
+    }
+}
+
 /// An endpoint intake fans out to: what it subscribes to and how its deliveries are ordered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Subscriber {

@@ -88,7 +88,7 @@ pub(super) async fn run(
         };
         // On an ordered endpoint, what follows this delivery in its key may go once it has
         // settled: the partition claims again rather than wait for the next due time it knew.
-        let ordered = !target.endpoint.spec.ordering.is_none();
+        let ordered = target.endpoint.spec.is_ordered();
         let again = decision.next_attempt_at.or_else(|| ordered.then(|| inner.clock.now()));
         record(&inner, &target, &d, decision, attempt, change).await;
         again
@@ -193,7 +193,7 @@ async fn record(
         next_attempt_at: decision.next_attempt_at,
         reason: decision.reason.clone(),
         attempt,
-        ordered: !target.endpoint.spec.ordering.is_none(),
+        ordered: target.endpoint.spec.is_ordered(),
     };
     let recorded = record_until_stored(inner, change, result).await;
     if let Ok(Recorded { dead_lettered: n @ 1.., .. }) = recorded {

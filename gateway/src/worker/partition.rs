@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{DeadHead, Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
+use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::sign::Secret;
@@ -287,7 +287,7 @@ impl Partition {
                 return Flow::Again;
             }
             // Work that arrived between the timeout and the retirement.
-            let block = self.endpoint.as_ref().is_some_and(|e| dead_heads_block(&e.spec));
+            let block = self.endpoint.as_ref().is_some_and(|e| e.spec.dead_heads_block());
             if matches!(self.inner.store.next_due(&self.id, block).await, Ok(Some(_))) {
                 ensure_partition(&self.inner, &self.id);
             }
@@ -487,13 +487,8 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
         owner: inner.owner.clone(),
         lease_until: lease::lease_until(now, queued + limit, spec.rate_per_sec, timeout, margin),
         in_partition: true,
-        dead_heads_block: dead_heads_block(spec),
+        dead_heads_block: spec.dead_heads_block(),
     }
-}
-
-/// Whether `spec` orders its deliveries and a dead-lettered head holds its key.
-fn dead_heads_block(spec: &EndpointSpec) -> bool {
-    !spec.ordering.is_none() && spec.ordering_on_dead == DeadHead::Block
 }
 
 /// The endpoint's effective retry policy and signing secrets at `now`.
