@@ -20,6 +20,8 @@ use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 mod js;
 #[path = "bench/load.rs"]
 mod load;
+#[path = "bench/ordered.rs"]
+mod ordered;
 #[path = "bench/outbox.rs"]
 mod outbox;
 #[path = "bench/pgcpu.rs"]
@@ -184,6 +186,17 @@ enum Scenario {
         /// The source's `batch`.
         #[arg(long, default_value_t = 500)]
         batch: u32,
+    },
+    /// One ordered endpoint's keys while one key's head fails: `rate` events/s for `seconds`
+    /// over `keys` keys, first with every key answered at once, then with key `k0` answered
+    /// `500` every time. Reports the other keys' 202→arrival p50/p99 in each phase.
+    OrderedTail {
+        #[arg(long, default_value_t = 200)]
+        rate: u64,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 10)]
+        keys: usize,
     },
     /// Achieved rate of one endpoint paced at `rate`/s over `seconds`.
     Pacing {
@@ -588,6 +601,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("set_rate".into(), rate);
             out.insert("achieved_rate".into(), achieved);
             out.insert("error_pct".into(), (achieved - rate) / rate * 100.0);
+        }
+        Scenario::OrderedTail { rate, seconds, keys } => {
+            ordered::ordered_tail(&api, &rx, rate, seconds, keys, &mut out).await?;
         }
         Scenario::RateChange { events } => {
             let patch_via = _others.last().map_or(&api, |(other, _)| &other.api);
