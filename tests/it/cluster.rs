@@ -95,6 +95,17 @@ fn assert_single_flight(got: &[Received]) {
     }
 }
 
+/// Waits until `total` distinct (endpoint path, webhook id) pairs have arrived.
+async fn every_event_arrives(rx: &FakeReceiver, total: usize) -> anyhow::Result<()> {
+    eventually("every event arrives", Duration::from_secs(60), || async {
+        let got = rx.received();
+        let distinct: std::collections::HashSet<(&str, Option<&str>)> =
+            got.iter().map(|r| (r.path.as_str(), r.header("webhook-id"))).collect();
+        done_or(distinct.len() == total, format!("{} of {total}", distinct.len()))
+    })
+    .await
+}
+
 fn now_ms() -> Millis {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as Millis
 }
@@ -337,13 +348,7 @@ async fn a_rolling_restart_keeps_deliveries_flowing() -> anyhow::Result<()> {
         let n = rx.count();
         rx.wait_for(n + ENDPOINTS, Duration::from_secs(20)).await?;
     }
-    eventually("every event arrives", Duration::from_secs(60), || async {
-        let got = rx.received();
-        let distinct: std::collections::HashSet<(&str, Option<&str>)> =
-            got.iter().map(|r| (r.path.as_str(), r.header("webhook-id"))).collect();
-        done_or(distinct.len() == total, format!("{} of {total}", distinct.len()))
-    })
-    .await?;
+    every_event_arrives(&rx, total).await?;
 
     let got = rx.received();
     let mut times: Vec<Instant> = got.iter().map(|r| r.at).collect();
@@ -375,5 +380,87 @@ async fn a_rolling_restart_keeps_deliveries_flowing() -> anyhow::Result<()> {
     );
     assert!(max_gap <= Duration::from_secs(2), "the cluster sent nothing for {max_gap:?}");
     assert!(worst_gap <= Duration::from_secs(15), "{worst} waited {worst_gap:?}, longer than a partition lease");
+    Ok(())
+}
+
+/// The endpoints with work are spread over the nodes as `lease::preferred_node` says
+/// (each node holds exactly its share of the partitions), a node that joins mid-run takes
+/// its share within seconds, and nothing is sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() -> anyhow::Result<()> {
+    const ENDPOINTS: usize = 24;
+    const EVENTS: usize = 60;
+    let rx = FakeReceiver::start().await?;
+    let schema = PgSchema::create().await?;
+    let bin = herald_binary()?;
+    let names = ["node-a", "node-b", "node-c"];
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir()).collect::<Result<_, _>>()?;
+    let (bin, dirs, url) = (&bin, &dirs, schema.url.clone());
+    let start = |i: usize| {
+        let url = url.clone();
+        async move {
+            let env = [("HERALD_STORE_URL", url.as_str()), ("HERALD_CLUSTER_NODE_ID", names[i])];
+            HeraldProcess::start(bin, dirs[i].path(), &env).await
+        }
+    };
+    let mut nodes = vec![start(0).await?, start(1).await?];
+    let api = nodes[0].api.clone();
+    api.tenant("acme").await?;
+    let mut ids = Vec::new();
+    for i in 0..ENDPOINTS {
+        let url = format!("{}/{i}", rx.url());
+        let ep = api.endpoint("acme", json!({"url": url, "rate_per_sec": 4, "burst": 1})).await?;
+        ids.push(ep["id"].as_str().expect("id").to_string());
+    }
+    // Each node's share of the endpoints among `members`.
+    let shares = |members: &[String]| -> Vec<u64> {
+        let mut n = vec![0; members.len()];
+        for id in &ids {
+            let node = gateway::lease::preferred_node(id, members).expect("members");
+            n[members.iter().position(|m| m == node).expect("a member")] += 1;
+        }
+        n
+    };
+    let held = |nodes: &[HeraldProcess]| {
+        let apis: Vec<Api> = nodes.iter().map(|n| n.api.clone()).collect();
+        async move {
+            let mut v = Vec::new();
+            for api in &apis {
+                v.push(metric(api, "herald_partitions_held").await?);
+            }
+            anyhow::Ok(v)
+        }
+    };
+    // 60 events to each of 24 endpoints at 4/s: 15 s of work for every endpoint.
+    let total = ENDPOINTS * EVENTS;
+    for chunk in (0..EVENTS).collect::<Vec<_>>().chunks(20) {
+        let events: Vec<Value> = chunk.iter().map(|i| json!({"type": "t", "payload": {"n": i}})).collect();
+        let r = api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": events})).await?;
+        anyhow::ensure!(r.status == 202, "{} {}", r.status, r.text);
+    }
+    let two = shares(&names[..2].iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert!(two.iter().all(|&n| n > 0), "both nodes have endpoints: {two:?}");
+    eventually("each of two nodes holds its share", Duration::from_secs(10), || async {
+        let now = held(&nodes).await?;
+        done_or(now == two, format!("held {now:?}, shares {two:?}"))
+    })
+    .await?;
+
+    let joined = Instant::now();
+    nodes.push(start(2).await?);
+    let three = shares(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    eventually("the joining node takes its share", Duration::from_secs(10), || async {
+        let now = held(&nodes).await?;
+        done_or(now == three, format!("held {now:?}, shares {three:?}"))
+    })
+    .await?;
+    eprintln!(
+        "shares of {ENDPOINTS} endpoints: two nodes {two:?}, three {three:?}; rebalanced in {:?}",
+        joined.elapsed()
+    );
+    assert!(rx.count() < total, "the run was still going when the third node had its share");
+
+    every_event_arrives(&rx, total).await?;
+    assert_eq!(rx.count(), total, "nothing was sent twice");
     Ok(())
 }

@@ -99,6 +99,7 @@ conformance!(
     claims_of_many_endpoints_in_one_commit_stay_apart,
     health_of_a_page_of_endpoints,
     a_drained_claim_is_told_in_the_order_of_writes,
+    heartbeats_tell_the_live_nodes,
 );
 
 // ---- fixtures ----
@@ -844,6 +845,29 @@ async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
     assert_eq!(stats.top_due, [(acme, EndpointId::from_stored("ep_b"), 2)]);
     stats.endpoints_by_state.sort();
     assert_eq!(stats.endpoints_by_state, [("active".to_string(), 1), ("paused".to_string(), 1)]);
+    Ok(())
+}
+
+/// A shared store lists the nodes that said they are alive (each node's own answer holds
+/// itself), drops one that leaves, and lists which partitions are held; a store one node
+/// owns has no membership.
+async fn heartbeats_tell_the_live_nodes(b: Backend) -> anyhow::Result<()> {
+    let shared = b.url.starts_with("postgres");
+    let a = b.store.heartbeat("node-a", false).await?;
+    if !shared {
+        assert_eq!(a, None, "SQLite: one node paces everything");
+    } else {
+        assert_eq!(a, Some(vec!["node-a".to_string()]));
+        let both = b.store.heartbeat("node-b", false).await?;
+        assert_eq!(both, Some(vec!["node-a".to_string(), "node-b".to_string()]));
+        let left = b.store.heartbeat("node-a", true).await?;
+        assert_eq!(left, Some(vec!["node-b".to_string()]), "a leaving node is not a member, even to itself");
+        assert_eq!(b.store.heartbeat("node-b", false).await?, Some(vec!["node-b".to_string()]));
+    }
+    setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
+    assert!(b.store.acquire_partition(&EndpointId::from_stored("ep_a"), "node-b", T0, T0 + 1_000).await?);
+    assert_eq!(b.store.held_partitions(T0 + 500).await?, [EndpointId::from_stored("ep_a")]);
+    assert!(b.store.held_partitions(T0 + 1_001).await?.is_empty(), "an expired lease is held by nobody");
     Ok(())
 }
 

@@ -104,7 +104,7 @@ const LAYERS: &[&[&str]] = &[
 /// The same rule inside a folder, for the files under it (`super::x` and
 /// `crate::folder::x`): lowest first. Its `mod.rs` (or `folder.rs`) sits above them all.
 const INNER: &[(&str, &[&[&str]])] = &[
-    ("worker", &[&["known"], &["decide", "signal"], &["attempt"], &["partition"]]),
+    ("worker", &[&["known", "members"], &["decide", "signal"], &["attempt"], &["partition"]]),
     (
         "plugin",
         &[

@@ -48,10 +48,11 @@ const COUNTERS: [(&str, &str); 7] = [
     ("herald_leases_recovered", "Abandoned leases recovered"),
     ("herald_fenced_results", "Results refused because the lease was lost"),
 ];
-const GAUGES: [(&str, &str); 3] = [
+const GAUGES: [(&str, &str); 4] = [
     ("herald_requests_in_flight", "Webhook requests in flight"),
     ("herald_partitions_held", "Endpoint partitions this node holds"),
     ("herald_partitions", "Partition tasks running on this node"),
+    ("herald_cluster_nodes", "Live nodes this node shares the endpoints with, itself included"),
 ];
 const HISTOGRAMS: [(&str, &str, &[f64]); 4] = [
     ("herald_attempt_duration_seconds", "One attempt: transform and sign plugins, the request", histogram::FAST),
@@ -79,6 +80,8 @@ pub struct Metrics {
     pub partitions_held: Gauge,
     /// Partition tasks running on this node, holding a lease or lingering idle.
     pub partitions: Gauge,
+    /// Live nodes sharing the endpoints, this one included (1 on a store it owns).
+    pub cluster_nodes: Gauge,
     /// One attempt, from the first plugin call to the judged outcome.
     pub attempt_duration: DurationHistogram,
     /// From the event's `202` to its delivery (retries included), for delivered deliveries.
@@ -142,7 +145,7 @@ impl Metrics {
             leases_recovered,
             fenced_results,
         ] = COUNTERS.map(|(name, help)| register(&mut r, name, help, Counter::default()));
-        let [in_flight, partitions_held, partitions] =
+        let [in_flight, partitions_held, partitions, cluster_nodes] =
             GAUGES.map(|(name, help)| register(&mut r, name, help, Gauge::default()));
         let [attempt_duration, arrival_latency, intake_commit, claim_duration] =
             HISTOGRAMS.map(|(name, help, bounds)| register(&mut r, name, help, DurationHistogram::new(bounds)));
@@ -172,6 +175,7 @@ impl Metrics {
             in_flight,
             partitions_held,
             partitions,
+            cluster_nodes,
             attempt_duration,
             arrival_latency,
             intake_commit,

@@ -56,7 +56,19 @@ pub trait Engine: Send + Sync + 'static {
     async fn hold_node_id(&self, _id: &str) -> Result<Option<NodeIdLock>> {
         Ok(Some(NodeIdLock::unshared()))
     }
+    /// Says node `id` is alive (or, `leaving`, that it no longer takes work) and returns
+    /// the cluster's live nodes, `id` among them unless it is leaving: those seen within
+    /// [`MEMBER_TIMEOUT`], by the store's own clock. The engine spreads the endpoints over
+    /// them (`lease::preferred_node`). `None` (the default): a store one node owns, which
+    /// paces every endpoint.
+    async fn heartbeat(&self, _id: &str, _leaving: bool) -> Result<Option<Vec<String>>> {
+        Ok(None)
+    }
 }
+
+/// How long a node that stopped saying it is alive (killed, cut off) still counts as a
+/// member: five heartbeats.
+pub const MEMBER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A held node id (see [`Engine::hold_node_id`]); dropping it gives the id up.
 pub struct NodeIdLock {

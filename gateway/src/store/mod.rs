@@ -21,7 +21,7 @@ pub mod sqlite;
 pub use admin::Admin;
 pub use committer::{CommitHealth, CommitSink, Committer, Pending};
 use engine::next_op_seq;
-pub use engine::{Engine, Housekeeping, NodeIdLock};
+pub use engine::{Engine, Housekeeping, MEMBER_TIMEOUT, NodeIdLock};
 pub use reads::Reads;
 
 /// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.

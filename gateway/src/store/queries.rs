@@ -160,6 +160,13 @@ where
             .map(|r| Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), r.try_get("due")?)))
             .collect()
     }
+    async fn held_partitions(&self, now: Millis) -> Result<Vec<EndpointId>> {
+        let ids: Vec<String> = sqlx::query_scalar("SELECT endpoint_id FROM partitions WHERE lease_until >= $1")
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(ids.into_iter().map(EndpointId::from_stored).collect())
+    }
     async fn next_due(&self, endpoint: &EndpointId, dead_heads_block: bool) -> Result<Option<Millis>> {
         let due: Option<i64> = sqlx::query_scalar(DB::NEXT_DUE)
             .bind(endpoint.as_str())

@@ -44,6 +44,8 @@ pub trait Reads: Send + Sync + 'static {
     async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>>;
     /// Endpoints with deliveries waiting (queued or waiting), with the earliest due time.
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>>;
+    /// Endpoints whose partition lease some node holds at `now`.
+    async fn held_partitions(&self, now: Millis) -> Result<Vec<EndpointId>>;
     /// The earliest due time of one endpoint's waiting deliveries that may go out: on an
     /// ordered endpoint, only its keys' heads count (dead ones too, with
     /// `dead_heads_block`).
@@ -135,6 +137,9 @@ impl<T: HasReads> Reads for T {
     }
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
         self.reads().pending_endpoints().await
+    }
+    async fn held_partitions(&self, now: Millis) -> Result<Vec<EndpointId>> {
+        self.reads().held_partitions(now).await
     }
     async fn next_due(&self, endpoint: &EndpointId, dead_heads_block: bool) -> Result<Option<Millis>> {
         self.reads().next_due(endpoint, dead_heads_block).await

@@ -8,11 +8,13 @@
 //! - [`partition`]: one endpoint's task (lease, claim, pace, dispatch);
 //! - [`attempt`]: one attempt's I/O (envelope, plugins, headers, send, judge, record);
 //! - [`decide`]: what a verdict means for the delivery and its endpoint (pure);
-//! - [`known`]: what a partition knows of its endpoint's work, and claim at intake (pure).
+//! - [`known`]: what a partition knows of its endpoint's work, and claim at intake (pure);
+//! - [`members`]: which endpoints this node paces when nodes share a store.
 
 mod attempt;
 mod decide;
 mod known;
+mod members;
 mod partition;
 mod signal;
 
@@ -49,6 +51,11 @@ const PARTITION_RENEW_BEFORE: Duration = Duration::from_secs(5);
 const IDLE_LINGER: Duration = Duration::from_secs(10);
 /// How often a busy partition re-reads its endpoint (rate changes, pauses by other nodes).
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// How often a node on a shared store says it is alive and reads who else is.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+/// How long work may wait overdue, its partition lease held by nobody, before a node that
+/// is not its endpoint's preferred one takes it over.
+const TAKEOVER_AFTER: Duration = crate::store::MEMBER_TIMEOUT;
 
 /// Handle to the running engine.
 #[derive(Clone)]
@@ -64,6 +71,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     owner: String,
     partitions: Mutex<HashMap<EndpointId, Arc<signal::Signal>>>,
+    /// Which endpoints are this node's to pace, when nodes share the store.
+    members: members::Members,
     global: Arc<Semaphore>,
     scan: Notify,
     shutdown: watch::Receiver<bool>,
@@ -99,6 +108,7 @@ impl Engine {
             committer,
             config,
             metrics,
+            members: members::Members::new(&owner),
             owner,
             partitions: Mutex::default(),
             scan: Notify::new(),
@@ -197,6 +207,9 @@ impl Engine {
     /// endpoints next (its own restart, another node) starts at once rather than after the
     /// lease runs out.
     pub async fn drain(&self, grace: Duration, release: bool) -> bool {
+        // Out of the cluster first, so the other nodes take this node's endpoints up as
+        // their partitions here hand them back.
+        heartbeat(&self.inner, true).await;
         for signal in self.inner.partitions.lock().expect("partition map").values() {
             signal.stop();
         }
@@ -297,12 +310,39 @@ fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
 }
 
 /// Wakes `id`'s partition for work from op `seq` (see [`Engine::poke_after`]), starting
-/// one where none runs.
+/// one where none runs if the endpoint is this node's to pace.
 fn wake(inner: &Arc<Inner>, id: &EndpointId, seq: u64) {
     let mut parts = inner.partitions.lock().expect("partition map");
     match parts.get(id) {
         Some(signal) => signal.work_after(seq),
-        None => start_partition(inner, &mut parts, id, signal::Signal::default()),
+        None if inner.members.mine(id.as_str()) => start_partition(inner, &mut parts, id, signal::Signal::default()),
+        None => {}
+    }
+}
+
+/// Starts a partition for another node's endpoint whose work nobody takes.
+fn take_over(inner: &Arc<Inner>, id: &EndpointId) {
+    let mut parts = inner.partitions.lock().expect("partition map");
+    if !parts.contains_key(id) {
+        tracing::info!(endpoint_id = %id, "taking over an endpoint its preferred node does not pace");
+        start_partition(inner, &mut parts, id, signal::Signal::default());
+    }
+}
+
+/// Says this node is alive (or leaving) and takes the cluster's membership in; on a
+/// store this node owns, a no-op.
+async fn heartbeat(inner: &Inner, leaving: bool) {
+    match inner.store.heartbeat(&inner.owner, leaving).await {
+        Ok(live) => {
+            if inner.members.update(live) {
+                let nodes = inner.members.count();
+                tracing::info!(nodes, "cluster membership changed");
+                inner.metrics.cluster_nodes.set(nodes as i64);
+                // Partitions waiting on a timer check at once whether their endpoint moved.
+                inner.partitions.lock().expect("partition map").values().for_each(|s| s.nudge());
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot write this node's heartbeat; keeping the last membership"),
     }
 }
 
@@ -365,19 +405,18 @@ fn signal_changed(inner: &Inner, endpoints: &[EndpointId]) {
 async fn dispatch(inner: Arc<Inner>) {
     let mut shutdown = inner.shutdown.clone();
     let mut last_recover = Instant::now();
+    let mut last_heartbeat: Option<Instant> = None;
+    inner.metrics.cluster_nodes.set(1);
     loop {
         if *shutdown.borrow() {
             return;
         }
+        if last_heartbeat.is_none_or(|at| at.elapsed() >= HEARTBEAT_EVERY) {
+            last_heartbeat = Some(Instant::now());
+            heartbeat(&inner, false).await;
+        }
         match inner.store.pending_endpoints().await {
-            Ok(pending) => {
-                let now = inner.clock.now();
-                for (id, due) in pending {
-                    if due <= now + SCAN_EVERY.as_millis() as i64 {
-                        ensure_partition(&inner, &id);
-                    }
-                }
-            }
+            Ok(pending) => scan(&inner, pending).await,
             Err(e) => tracing::warn!(error = %e, "scan for due work failed"),
         }
         if last_recover.elapsed() >= RECOVER_EVERY {
@@ -396,6 +435,31 @@ async fn dispatch(inner: Arc<Inner>) {
             _ = inner.scan.notified() => {}
             _ = shutdown.changed() => {}
         }
+    }
+}
+
+/// Starts a partition for each endpoint of this node's with work coming due, and for each
+/// of another node's whose work has waited past [`TAKEOVER_AFTER`] with no lease held.
+async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>) {
+    let now = inner.clock.now();
+    let mut orphans = Vec::new();
+    for (id, due) in pending {
+        if due > now + SCAN_EVERY.as_millis() as i64 {
+            continue;
+        }
+        match inner.members.mine(id.as_str()) {
+            true => ensure_partition(inner, &id),
+            false if due < now - TAKEOVER_AFTER.as_millis() as i64 => orphans.push(id),
+            false => {}
+        }
+    }
+    orphans.retain(|id| !inner.partitions.lock().expect("partition map").contains_key(id));
+    if orphans.is_empty() {
+        return;
+    }
+    match inner.store.held_partitions(now).await {
+        Ok(held) => orphans.iter().filter(|id| !held.contains(id)).for_each(|id| take_over(inner, id)),
+        Err(e) => tracing::warn!(error = %e, "cannot read the partition leases"),
     }
 }
 

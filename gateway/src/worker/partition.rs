@@ -19,7 +19,7 @@ use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Se
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::sign::Secret;
-use crate::store::{ClaimBatch, ClaimRequest, Claimed, Release, Result as StoreResult};
+use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 mod handoff;
 mod held;
@@ -46,6 +46,14 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
         if !p.hold().await {
             // Another node paces this endpoint; look again when its lease may have lapsed.
             p.hand_back(p.inner.clock.now()).await;
+            if p.retire() {
+                return;
+            }
+            continue;
+        }
+        if p.moved_away() {
+            // A node joined and this endpoint is its now: hand it over.
+            p.give_up().await;
             if p.retire() {
                 return;
             }
@@ -106,6 +114,10 @@ struct Partition {
     refreshed: Instant,
     endpoint: Option<Endpoint>,
     rng: StdRng,
+    /// The cluster membership this partition last checked its endpoint against, and
+    /// whether the endpoint then belonged to another node.
+    members_seen: u64,
+    moved: bool,
 }
 
 impl Drop for Partition {
@@ -133,7 +145,6 @@ enum Refill {
 impl Partition {
     fn new(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) -> Partition {
         Partition {
-            inner,
             id,
             signal,
             queue: VecDeque::new(),
@@ -146,6 +157,9 @@ impl Partition {
             refreshed: Instant::now(),
             endpoint: None,
             rng: StdRng::from_rng(&mut rand::rng()),
+            members_seen: inner.members.generation(),
+            moved: false,
+            inner,
         }
     }
 
@@ -178,6 +192,35 @@ impl Partition {
         self.collect_prefetch(true).await;
         self.queue.extend(self.signal.known(Known::take_inbox));
         self.release_queue(at).await;
+    }
+
+    /// Whether the endpoint went to another node since this partition last looked (the
+    /// membership changed: a node joined). A partition that took over another node's
+    /// endpoint keeps it until the membership changes or it retires.
+    fn moved_away(&mut self) -> bool {
+        let generation = self.inner.members.generation();
+        if generation != self.members_seen {
+            self.members_seen = generation;
+            self.moved = !self.inner.members.mine(self.id.as_str());
+        }
+        self.moved
+    }
+
+    /// Hands the unsent claims back and gives the partition lease up, so the endpoint's
+    /// node takes it at its next scan. Attempts in flight finish and record here: their
+    /// deliveries are leased one by one, so nothing is sent twice.
+    async fn give_up(&mut self) {
+        self.hand_back(self.inner.clock.now()).await;
+        self.collect_renewal(true).await;
+        let release =
+            PartitionLease { endpoint: self.id.clone(), owner: self.inner.owner.clone(), now: 0, until: None };
+        match self.inner.committer.hold_partition(release).await {
+            Ok(_) => tracing::info!(endpoint_id = %self.id, "handed the endpoint to the node it now belongs to"),
+            Err(e) => {
+                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot give the partition lease up; it expires")
+            }
+        }
+        self.set_held(None);
     }
 
     /// Removes the partition from the map; the periodic scan or the next poke starts it

@@ -107,6 +107,12 @@ impl Signal {
         self.change.notify_one();
     }
 
+    /// Wakes the partition from any wait, to look again at what it holds (the cluster's
+    /// membership changed).
+    pub(in crate::worker) fn nudge(&self) {
+        self.change.notify_one();
+    }
+
     /// Wakes the partition so it sees the engine stopping.
     pub(in crate::worker) fn stop(&self) {
         self.work.notify_one();

@@ -197,6 +197,29 @@ impl Engine for PostgresStore {
         Ok(Some(NodeIdLock::kept(watch, keeper)))
     }
 
+    async fn heartbeat(&self, id: &str, leaving: bool) -> Result<Option<Vec<String>>> {
+        // One statement: the other nodes as of its snapshot (this node's own row is added
+        // below), its own row written, and rows of nodes long gone removed.
+        let mut members: Vec<String> = sqlx::query_scalar(
+            "WITH seen AS (INSERT INTO cluster_nodes (node_id, seen_at) SELECT $1, clock_timestamp() WHERE NOT $2 \
+             ON CONFLICT (node_id) DO UPDATE SET seen_at = EXCLUDED.seen_at RETURNING node_id), \
+             gone AS (DELETE FROM cluster_nodes WHERE (node_id = $1 AND $2) \
+             OR seen_at < clock_timestamp() - interval '1 hour' RETURNING node_id) \
+             SELECT node_id FROM cluster_nodes WHERE node_id <> $1 \
+             AND seen_at > clock_timestamp() - make_interval(secs => $3)",
+        )
+        .bind(id)
+        .bind(leaving)
+        .bind(MEMBER_TIMEOUT.as_secs_f64())
+        .fetch_all(&self.q.pool)
+        .await?;
+        if !leaving {
+            members.push(id.to_string());
+        }
+        members.sort_unstable();
+        Ok(Some(members))
+    }
+
     async fn announce_changed(&self, endpoints: &[EndpointId]) -> Result<()> {
         let ids: Vec<&str> = endpoints.iter().map(EndpointId::as_str).collect();
         for chunk in ids.chunks(IDS_PER_NOTIFY) {
