@@ -105,6 +105,9 @@ pub struct OwnPostgres {
     pub port: u16,
     data: std::path::PathBuf,
     dir: tempfile::TempDir,
+    /// Each commit waits for its WAL to reach the disk, as in production (tests turn it
+    /// off: they measure behaviour, not speed).
+    durable: bool,
 }
 
 /// Where the server binaries live (`HERALD_TEST_PG_BIN`, default Debian's Postgres 15).
@@ -114,8 +117,17 @@ fn pg_bin(tool: &str) -> std::path::PathBuf {
 }
 
 impl OwnPostgres {
-    /// Creates the cluster and starts the server.
+    /// Creates the cluster and starts the server, without `fsync`.
     pub fn start() -> anyhow::Result<OwnPostgres> {
+        Self::create(false)
+    }
+
+    /// As [`OwnPostgres::start`], with every commit flushed to the disk (for benchmarks).
+    pub fn start_durable() -> anyhow::Result<OwnPostgres> {
+        Self::create(true)
+    }
+
+    fn create(durable: bool) -> anyhow::Result<OwnPostgres> {
         let dir = tempfile::tempdir()?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let data = dir.path().join("data");
@@ -128,7 +140,7 @@ impl OwnPostgres {
         }
         let data_arg = data.display().to_string();
         run_as_postgres(&pg_bin("initdb"), &["-D", &data_arg, "-U", "postgres", "--auth=trust", "-N"])?;
-        let pg = OwnPostgres { port, data, dir };
+        let pg = OwnPostgres { port, data, dir, durable };
         pg.start_again()?;
         Ok(pg)
     }
@@ -141,12 +153,19 @@ impl OwnPostgres {
     /// Starts the (stopped) server and waits until it accepts connections.
     pub fn start_again(&self) -> anyhow::Result<()> {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync={} -c max_connections=200",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            if self.durable { "on" } else { "off" }
         );
         let log = self.dir.path().join("server.log").display().to_string();
         self.pg_ctl(&["start", "-w", "-t", "30", "-o", &options, "-l", &log])
+    }
+
+    /// The server's main process (every backend is its child).
+    pub fn postmaster_pid(&self) -> anyhow::Result<u32> {
+        let file = std::fs::read_to_string(self.data.join("postmaster.pid"))?;
+        Ok(file.lines().next().context("postmaster.pid")?.trim().parse()?)
     }
 
     /// Stops the server (`mode`: `fast` ends every session and stops cleanly, `immediate`

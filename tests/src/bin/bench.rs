@@ -26,6 +26,8 @@ mod ordered;
 mod outbox;
 #[path = "bench/pgcpu.rs"]
 mod pgcpu;
+#[path = "bench/scale.rs"]
+mod scale;
 
 #[derive(Parser)]
 struct Cli {
@@ -197,6 +199,23 @@ enum Scenario {
         seconds: u64,
         #[arg(long, default_value_t = 10)]
         keys: usize,
+    },
+    /// Scaling over nodes: deliveries/s of a Postgres cluster of each size in `sizes`, each
+    /// node held to `node_cpu` cores and the database (a server of the bench's own, `fsync`
+    /// on) to `db_cpu` (cgroup v1 CPU quotas: run as root), with `endpoints` endpoints and
+    /// `events` events fanned out to all of them; the imbalance of the nodes' work and how
+    /// often the database's slice ran out.
+    Scale {
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        sizes: Vec<usize>,
+        #[arg(long, default_value_t = 0.25)]
+        node_cpu: f64,
+        #[arg(long, default_value_t = 1.0)]
+        db_cpu: f64,
+        #[arg(long, default_value_t = 1000)]
+        endpoints: usize,
+        #[arg(long, default_value_t = 20)]
+        events: usize,
     },
     /// Achieved rate of one endpoint paced at `rate`/s over `seconds`.
     Pacing {
@@ -413,6 +432,16 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
     if let Scenario::JsTenants { tenants } = s {
         return js::tenants(*tenants).await;
     }
+    if let Scenario::Scale { sizes, node_cpu, db_cpu, endpoints, events } = s {
+        let params = scale::Params {
+            sizes: sizes.clone(),
+            node_cpu: *node_cpu,
+            db_cpu: *db_cpu,
+            endpoints: *endpoints,
+            events: *events,
+        };
+        return scale::run(&params).await;
+    }
     let (schema, _dir, node) = node(store_url).await?;
     let mut _others = Vec::new();
     if nodes > 1 {
@@ -617,7 +646,8 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
         | Scenario::Restart { .. }
         | Scenario::Outbox { .. }
         | Scenario::JsCalls { .. }
-        | Scenario::JsTenants { .. } => unreachable!("handled above"),
+        | Scenario::JsTenants { .. }
+        | Scenario::Scale { .. } => unreachable!("handled above"),
     }
     Ok(out)
 }
