@@ -385,11 +385,12 @@ async fn a_rolling_restart_keeps_deliveries_flowing() -> anyhow::Result<()> {
 
 /// The endpoints with work are spread over the nodes as `lease::preferred_node` says
 /// (each node holds exactly its share of the partitions), a node that joins mid-run takes
-/// its share within seconds, and nothing is sent twice.
+/// its share within seconds, one that drains hands its endpoints to the others, and
+/// nothing is sent twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() -> anyhow::Result<()> {
     const ENDPOINTS: usize = 24;
-    const EVENTS: usize = 60;
+    const EVENTS: usize = 100;
     let rx = FakeReceiver::start().await?;
     let schema = PgSchema::create().await?;
     let bin = herald_binary()?;
@@ -431,7 +432,7 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
             anyhow::Ok(v)
         }
     };
-    // 60 events to each of 24 endpoints at 4/s: 15 s of work for every endpoint.
+    // 100 events to each of 24 endpoints at 4/s: 25 s of work for every endpoint.
     let total = ENDPOINTS * EVENTS;
     for chunk in (0..EVENTS).collect::<Vec<_>>().chunks(20) {
         let events: Vec<Value> = chunk.iter().map(|i| json!({"type": "t", "payload": {"n": i}})).collect();
@@ -440,7 +441,7 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
     }
     let two = shares(&names[..2].iter().map(|s| s.to_string()).collect::<Vec<_>>());
     assert!(two.iter().all(|&n| n > 0), "both nodes have endpoints: {two:?}");
-    eventually("each of two nodes holds its share", Duration::from_secs(10), || async {
+    eventually("each of two nodes holds its share", Duration::from_secs(20), || async {
         let now = held(&nodes).await?;
         done_or(now == two, format!("held {now:?}, shares {two:?}"))
     })
@@ -449,16 +450,30 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
     let joined = Instant::now();
     nodes.push(start(2).await?);
     let three = shares(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-    eventually("the joining node takes its share", Duration::from_secs(10), || async {
+    eventually("the joining node takes its share", Duration::from_secs(20), || async {
         let now = held(&nodes).await?;
         done_or(now == three, format!("held {now:?}, shares {three:?}"))
     })
     .await?;
+    let rebalanced = joined.elapsed();
+
+    // node-b drains: it leaves the cluster first, and node-a and node-c take its endpoints.
+    let left = Instant::now();
+    let status = nodes[1].terminate(Duration::from_secs(20)).await?;
+    assert!(status.success(), "node-b stopped cleanly: {status}");
+    let after = shares(&[names[0].to_string(), names[2].to_string()]);
+    let staying = [nodes.remove(0), nodes.remove(1)];
+    eventually("the others take the leaving node's endpoints", Duration::from_secs(20), || async {
+        let now = held(&staying).await?;
+        done_or(now == after, format!("held {now:?}, shares {after:?}"))
+    })
+    .await?;
     eprintln!(
-        "shares of {ENDPOINTS} endpoints: two nodes {two:?}, three {three:?}; rebalanced in {:?}",
-        joined.elapsed()
+        "shares of {ENDPOINTS} endpoints: two nodes {two:?}, three {three:?} (rebalanced in {rebalanced:?}), \
+         node-b gone {after:?} (in {:?})",
+        left.elapsed()
     );
-    assert!(rx.count() < total, "the run was still going when the third node had its share");
+    assert!(rx.count() < total, "the run was still going when the shares had moved");
 
     every_event_arrives(&rx, total).await?;
     assert_eq!(rx.count(), total, "nothing was sent twice");
