@@ -12,7 +12,9 @@ use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
 use super::doc::ErrorCode;
-use super::extract::{EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath};
+use super::extract::{
+    EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath, TraceHeaders, TraceParent,
+};
 use super::{ApiError, AppState, query_rfc3339, rfc3339};
 use crate::intake::{self, IntakeLimits};
 use crate::model::*;
@@ -45,7 +47,7 @@ fn accepted(id: &EventId, o: &IngestOutcome) -> AcceptedOut {
 /// The body stays raw bytes: the payload is borrowed from it, never re-serialised.
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/events", tag = "events", operation_id = "create_event",
-    params(TenantPath), request_body = intake::EventIn<'_>,
+    params(TenantPath, TraceHeaders), request_body = intake::EventIn<'_>,
     responses(
         (status = 202, description = "Stored with its deliveries", body = AcceptedOut),
         (status = 409, description = "`conflict`: the id was used with another type or payload", body = super::doc::ErrorBody),
@@ -55,10 +57,12 @@ fn accepted(id: &EventId, o: &IngestOutcome) -> AcceptedOut {
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
+    TraceParent(trace): TraceParent,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedOut>), ApiError> {
     let input = intake::parse_one(&body)?;
-    let event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
+    let mut event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
+    event.trace = trace;
     let outcomes = accept(&state, vec![event]).await?;
     let (id, outcome) = &outcomes[0];
     Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
@@ -67,7 +71,7 @@ pub(crate) async fn create(
 /// `POST /v1/tenants/{tenant}/events/batch`: `{"events": [...]}`, all or nothing.
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/events/batch", tag = "events", operation_id = "create_events",
-    params(TenantPath), request_body = intake::BatchIn<'_>,
+    params(TenantPath, TraceHeaders), request_body = intake::BatchIn<'_>,
     responses(
         (status = 202, description = "All stored with their deliveries", body = AcceptedList),
         (status = 409, description = "`conflict`: an id was used with another type or payload", body = super::doc::ErrorBody),
@@ -77,9 +81,14 @@ pub(crate) async fn create(
 pub(crate) async fn create_batch(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
+    TraceParent(trace): TraceParent,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedList>), ApiError> {
-    let events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
+    let mut events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
+    // The request's context is the parent of each of its events.
+    if trace.is_some() {
+        events.iter_mut().for_each(|e| e.trace.clone_from(&trace));
+    }
     let outcomes = accept(&state, events).await?;
     let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
     Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))

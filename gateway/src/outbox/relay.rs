@@ -14,7 +14,7 @@ use crate::config::OutboxSource;
 use crate::intake::{self, IntakeError};
 use crate::metrics::SourceMetrics;
 use crate::model::OPS_TENANT;
-use crate::model::{NewEvent, TenantId};
+use crate::model::{NewEvent, TenantId, TraceContext};
 use crate::store::StoreError;
 use crate::store::outbox::{OutboxRow, ProducerOutbox};
 
@@ -153,7 +153,13 @@ impl Relay {
         }
         let now = self.node.engine.clock().now();
         let fields = (row.event_id.as_str(), row.event_type.as_str(), row.payload.as_str());
-        Ok(intake::prepare_fields(&tenant, fields, &self.node.limits, now, &mut rand::rng()).map_err(|e| reason(&e)))
+        let mut event = match intake::prepare_fields(&tenant, fields, &self.node.limits, now, &mut rand::rng()) {
+            Ok(event) => event,
+            Err(e) => return Ok(Err(reason(&e))),
+        };
+        // A malformed trace context is none, as on the API: it never parks a row.
+        event.trace = row.traceparent.as_deref().and_then(|t| TraceContext::parse(t, row.tracestate.as_deref()));
+        Ok(Ok(event))
     }
 
     /// The Herald tenant of a row: its `tenant` through the source's map, or the source's

@@ -18,7 +18,8 @@ use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
 use crate::deliver::{ClientTls, Outgoing, Route, Via};
 use crate::model::{
-    Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, envelope, new_id,
+    Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, TRACEPARENT, TRACESTATE,
+    TraceContext, envelope, new_id, span_id,
 };
 use crate::net::headers::is_reserved;
 use crate::net::proxy::ProxyUrl;
@@ -57,7 +58,8 @@ pub(super) async fn run(
         let sent = Instant::now();
         let attempt_id = new_id("att", started, &mut rng);
         let ctx = context(&target, &d, started, attempt_id);
-        let exchange = send(&inner, &target, &d, &ctx).await;
+        let trace = attempt_trace(&d, &mut rng);
+        let exchange = send(&inner, &target, &d, &ctx, trace.as_ref()).await;
         let duration_ms = sent.elapsed().as_millis() as u64;
         inner.metrics.attempt_duration.observe(sent.elapsed());
         let judged = judge_exchange(&inner, &target, &ctx, exchange).await;
@@ -107,6 +109,12 @@ fn context(target: &Target, d: &Claimed, started: Millis, attempt_id: String) ->
         timestamp: started.div_euclid(1000).max(0) as u64,
         attempt_id,
     }
+}
+
+/// The trace context this attempt sends: the event's trace, with a span id of the
+/// attempt's own (a retry gets another). None when the event has none.
+fn attempt_trace(d: &Claimed, rng: &mut StdRng) -> Option<TraceContext> {
+    d.trace.as_ref().map(|t| t.child(span_id(rng)))
 }
 
 /// The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
@@ -324,13 +332,19 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
 }
 
 /// Builds the request (transform and sign plugins included), notes what it is, and sends it.
-async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::DeliveryContext) -> Exchange {
+async fn send(
+    inner: &Inner,
+    target: &Target,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    trace: Option<&TraceContext>,
+) -> Exchange {
     let spec = &target.endpoint.spec;
     let (request, is_envelope) = match transformed(inner, spec, d, ctx).await {
         Ok(transformed) => transformed,
         Err(decided) => return decided,
     };
-    let (headers, body) = match signed(inner, target, d, ctx, request).await {
+    let (headers, body) = match signed(inner, target, d, ctx, trace, request).await {
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
@@ -486,6 +500,7 @@ async fn signed(
     target: &Target,
     d: &Claimed,
     ctx: &plugin::DeliveryContext,
+    trace: Option<&TraceContext>,
     mut request: plugin::Request,
 ) -> Result<(Vec<(String, String)>, Vec<u8>), Exchange> {
     let sign_plugin = &target.endpoint.spec.plugins.sign;
@@ -503,6 +518,10 @@ async fn signed(
         ("herald-attempt-id".to_string(), ctx.attempt_id.clone()),
         ("herald-delivery-id".to_string(), d.id.to_string()),
     ]);
+    if let Some(t) = trace {
+        headers.push((TRACEPARENT.to_string(), t.traceparent()));
+        headers.extend(t.state.as_ref().map(|s| (TRACESTATE.to_string(), s.clone())));
+    }
     match sign_plugin {
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
