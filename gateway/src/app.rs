@@ -18,6 +18,7 @@ use crate::api::{AppState, router};
 use crate::config::{Config, ServerLimits};
 use crate::metrics::Metrics;
 use crate::store::{self, Committer, DynStore, StoreError};
+use crate::telemetry::Telemetry;
 
 /// Why a node could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +29,8 @@ pub enum AppError {
     Io(#[from] std::io::Error),
     #[error("plugins: {0}")]
     Plugins(#[from] crate::plugin::PluginError),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error("cluster.node_id {0:?} is held by another live process on this store; give each node its own id")]
     NodeIdTaken(String),
 }
@@ -77,6 +80,10 @@ pub async fn run(
     let (node_id, node_lock) = hold_node_id(&config, &store).await?;
     let ops = Ops::setup(&store, committer.clone(), metrics.clone(), &config.operator, config.retry.ttl()).await?;
     let plugins = start_plugins(&config).await?;
+    let telemetry = match &config.tracing {
+        Some(t) => Telemetry::start(t, tokio::runtime::Handle::current())?,
+        None => Telemetry::off(),
+    };
     apply_plugin_settings(&store, &plugins).await?;
     // Several nodes may share a Postgres store: each follows what the others change.
     let shared = config.store_kind.is_shared();
@@ -91,6 +98,7 @@ pub async fn run(
         metrics.clone(),
         ops.clone(),
         plugins.clone(),
+        telemetry.clone(),
         stopped.clone(),
     )
     .await;
@@ -101,7 +109,8 @@ pub async fn run(
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins)
         .with_outbox(relays)
-        .with_deliverer(engine.deliverer());
+        .with_deliverer(engine.deliverer())
+        .with_telemetry(telemetry.clone());
     let admin = match config.admin_listen {
         Some(addr) => Some(TcpListener::bind(addr).await?),
         None => None,
@@ -134,6 +143,8 @@ pub async fn run(
         return Err(AppError::NodeIdTaken(node_id));
     }
     drop(node_lock);
+    // What is batched goes to the collector before the process ends.
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await.ok();
     Ok(())
 }
 

@@ -1,15 +1,102 @@
 //! W3C trace context from the producer to the receiver: a `traceparent` posted with events
 //! (or written in an outbox row) reaches every attempt with the producer's trace id and a
-//! span id of the attempt's own; a malformed one never breaks intake. On both stores.
+//! span id of the attempt's own; a malformed one never breaks intake. With an OTLP
+//! endpoint, a local collector (written here: hyper decoding `ExportTraceServiceRequest`)
+//! receives the spans of one event's life with their parent links. On both stores.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, HeraldProcess, Received, TestGateway, herald_binary};
 
-tests::backends!(producer_trace_reaches_every_attempt, outbox_rows_carry_their_trace);
+use crate::plugins::plugin_bytes;
+
+tests::backends!(
+    producer_trace_reaches_every_attempt,
+    outbox_rows_carry_their_trace,
+    one_events_life_is_one_exported_trace
+);
+
+/// A collector of OTLP/HTTP protobuf spans on 127.0.0.1: keeps every span it is sent.
+#[derive(Clone, Default)]
+struct Collector {
+    spans: Arc<Mutex<Vec<Span>>>,
+}
+
+impl Collector {
+    /// Starts one; answers its base URL (Herald adds `/v1/traces`).
+    async fn start() -> anyhow::Result<(Collector, String)> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let me = Collector::default();
+        let spans = me.spans.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let spans = spans.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let spans = spans.clone();
+                        async move {
+                            let ok = req.uri().path() == "/v1/traces"
+                                && req.headers().get("content-type").is_some_and(|v| v == "application/x-protobuf");
+                            let body = req.into_body().collect().await?.to_bytes();
+                            let status = match ExportTraceServiceRequest::decode(body) {
+                                Ok(export) if ok => {
+                                    let got = export.resource_spans.into_iter().flat_map(|r| r.scope_spans);
+                                    spans.lock().unwrap().extend(got.flat_map(|s| s.spans));
+                                    200
+                                }
+                                _ => 400,
+                            };
+                            let answer = hyper::Response::builder()
+                                .status(status)
+                                .header("content-type", "application/x-protobuf")
+                                .body(Full::new(bytes::Bytes::new()))?;
+                            Ok::<_, anyhow::Error>(answer)
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Ok((me, url))
+    }
+
+    /// The spans of trace `trace_id` (hex), once `done` holds for them.
+    async fn trace(&self, trace_id: &str, done: impl Fn(&[Span]) -> bool) -> anyhow::Result<Vec<Span>> {
+        tests::eventually(&format!("spans of trace {trace_id}"), WAIT, || async {
+            let spans: Vec<Span> =
+                self.spans.lock().unwrap().iter().filter(|s| hex::encode(&s.trace_id) == trace_id).cloned().collect();
+            Ok(if done(&spans) { Ok(spans) } else { Err(format!("{:?}", names(&spans))) })
+        })
+        .await
+    }
+}
+
+fn names(spans: &[Span]) -> Vec<&str> {
+    spans.iter().map(|s| s.name.as_str()).collect()
+}
+
+/// The attribute `key` of `span`, as text.
+fn attr(span: &Span, key: &str) -> Option<String> {
+    let v = span.attributes.iter().find(|kv| kv.key == key)?.value.as_ref()?.value.as_ref()?;
+    Some(match v {
+        AnyValue::StringValue(s) => s.clone(),
+        AnyValue::IntValue(i) => i.to_string(),
+        other => format!("{other:?}"),
+    })
+}
 
 const WAIT: Duration = Duration::from_secs(20);
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -135,5 +222,67 @@ async fn outbox_rows_carry_their_trace(b: Backend) -> anyhow::Result<()> {
     assert_eq!(by_event(&got, "evt_old")[0].header("traceparent"), None);
     drop(node);
     pool.close().await;
+    Ok(())
+}
+
+/// With `[tracing] otlp_endpoint` set, one event's life is one trace under the producer's
+/// trace id: the intake request (child of the producer's span), its commit, and each
+/// attempt (children of the intake span) with its status and verdict, the transform plugin
+/// call a child of its attempt. The receiver's `traceparent` names its attempt's span.
+async fn one_events_life_is_one_exported_trace(b: Backend) -> anyhow::Result<()> {
+    let (collector, url) = Collector::start().await?;
+    let gw = TestGateway::start_on(b, &[("HERALD_TRACING_OTLP_ENDPOINT", url.as_str())]).await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let r = api.raw("PUT", "/v1/tenants/acme/plugins/chat", Some(ADMIN_TOKEN), plugin_bytes("transform_chat")).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let rx = FakeReceiver::start().await?;
+    let retry: serde_json::Value = serde_json::from_str(FAST_RETRY)?;
+    api.endpoint("acme", json!({"url": rx.url(), "retry": retry, "plugins": {"transform": "chat"}})).await?;
+    rx.script([Answer::status(500)]);
+    let event = json!({"id": "evt_life", "type": "chat.posted", "payload": {"name": "Ada"}});
+    let headers = [("traceparent", PARENT), ("tracestate", "congo=t61rcWkgMzE")];
+    api.raw_with("POST", "/v1/tenants/acme/events", Some(ADMIN_TOKEN), &headers, event.to_string())
+        .await?
+        .expect(202)?;
+    let got = rx.wait_for(2, WAIT).await?;
+
+    let spans =
+        collector.trace(TRACE_ID, |s| s.iter().filter(|s| s.name == "deliver").count() == 2 && s.len() >= 6).await?;
+    let one = |name: &str| {
+        let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+        assert_eq!(found.len(), 1, "{name} in {:?}", names(&spans));
+        found[0]
+    };
+    let intake = one("POST /v1/tenants/{tenant}/events");
+    assert_eq!(hex::encode(&intake.parent_span_id), "00f067aa0ba902b7", "intake is a child of the producer's span");
+    assert_eq!(attr(intake, "http.response.status_code").as_deref(), Some("202"));
+    assert_eq!(one("herald.commit").parent_span_id, intake.span_id, "the commit is the request's");
+    let mut attempts: Vec<&Span> = spans.iter().filter(|s| s.name == "deliver").collect();
+    attempts.sort_by_key(|s| s.start_time_unix_nano);
+    for a in &attempts {
+        assert_eq!(a.parent_span_id, intake.span_id, "each attempt is a child of the intake span");
+        assert_eq!(attr(a, "herald.event_id").as_deref(), Some("evt_life"));
+        assert!(attr(a, "herald.verdict").is_some(), "{:?}", a.attributes);
+        let plugin: Vec<&Span> = spans.iter().filter(|s| s.parent_span_id == a.span_id).collect();
+        assert_eq!(names(&plugin.iter().map(|s| (*s).clone()).collect::<Vec<_>>()), ["plugin transform chat"]);
+    }
+    let statuses: Vec<Option<String>> = attempts.iter().map(|a| attr(a, "http.response.status_code")).collect();
+    assert_eq!(statuses, [Some("500".to_string()), Some("200".to_string())]);
+    // What each receiver request carried names the span of its attempt.
+    let sent: Vec<String> = got.iter().map(|r| traceparent(r).expect("traceparent").1).collect();
+    let exported: Vec<String> = attempts.iter().map(|a| hex::encode(&a.span_id)).collect();
+    assert_eq!(sent, exported);
+    assert!(got.iter().all(|r| r.header("tracestate") == Some("congo=t61rcWkgMzE")));
+
+    // No producer context: the request starts a trace of its own, which the receiver gets.
+    api.event("acme", json!({"id": "evt_fresh", "type": "chat.posted", "payload": {}})).await?.expect(202)?;
+    let got = rx.wait_for(3, WAIT).await?;
+    let (trace, span, flags) = traceparent(by_event(&got, "evt_fresh")[0]).expect("a new trace is sent");
+    assert_eq!(flags, "01", "sample_ratio 1 records every new trace");
+    let spans = collector.trace(&trace, |s| s.iter().any(|s| s.name == "deliver")).await?;
+    assert!(spans.iter().any(|s| s.name == "deliver" && hex::encode(&s.span_id) == span));
+    let intake = spans.iter().find(|s| s.name.starts_with("POST")).expect("intake span");
+    assert!(intake.parent_span_id.is_empty(), "a root span");
     Ok(())
 }

@@ -19,6 +19,7 @@ use super::{ApiError, AppState, query_rfc3339, rfc3339};
 use crate::intake::{self, IntakeLimits};
 use crate::model::*;
 use crate::store::{DeliveryFilter, IngestOutcome, StoreError};
+use crate::telemetry::Span;
 
 fn limits(state: &AppState) -> IntakeLimits {
     IntakeLimits::from_config(&state.config)
@@ -60,12 +61,39 @@ pub(crate) async fn create(
     TraceParent(trace): TraceParent,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedOut>), ApiError> {
-    let input = intake::parse_one(&body)?;
-    let mut event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
-    event.trace = trace;
-    let outcomes = accept(&state, vec![event]).await?;
-    let (id, outcome) = &outcomes[0];
-    Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
+    let mut span = state.telemetry.intake("POST /v1/tenants/{tenant}/events", trace.as_ref());
+    let result = async {
+        let input = intake::parse_one(&body)?;
+        let mut event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
+        event.trace = events_trace(span.as_ref(), trace);
+        let outcomes = accept(&state, vec![event], span.as_ref()).await?;
+        let (id, outcome) = &outcomes[0];
+        Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
+    }
+    .await;
+    answered(span.as_mut(), &tenant, 1, result.as_ref().map(|_| ()));
+    result
+}
+
+/// The trace context a request's events are stored with: its intake span's when spans are
+/// exported (one event's life is then one trace, under the producer's trace id), else the
+/// producer's as posted.
+fn events_trace(span: Option<&Span>, posted: Option<TraceContext>) -> Option<TraceContext> {
+    span.map(Span::context).or(posted)
+}
+
+/// Notes on an intake span what became of its request.
+fn answered(span: Option<&mut Span>, tenant: &TenantId, events: usize, result: Result<(), &ApiError>) {
+    let Some(span) = span else { return };
+    span.set("herald.tenant", tenant.to_string());
+    span.set("herald.events", events as i64);
+    match result {
+        Ok(()) => span.set("http.response.status_code", 202),
+        Err(e) => {
+            span.set("http.response.status_code", i64::from(e.status.as_u16()));
+            span.fail(e.message.clone());
+        }
+    }
 }
 
 /// `POST /v1/tenants/{tenant}/events/batch`: `{"events": [...]}`, all or nothing.
@@ -84,19 +112,41 @@ pub(crate) async fn create_batch(
     TraceParent(trace): TraceParent,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedList>), ApiError> {
-    let mut events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
-    // The request's context is the parent of each of its events.
-    if trace.is_some() {
-        events.iter_mut().for_each(|e| e.trace.clone_from(&trace));
+    let mut span = state.telemetry.intake("POST /v1/tenants/{tenant}/events/batch", trace.as_ref());
+    let mut count = 0;
+    let result = async {
+        let mut events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
+        count = events.len();
+        // The request's context is the parent of each of its events.
+        let trace = events_trace(span.as_ref(), trace);
+        if trace.is_some() {
+            events.iter_mut().for_each(|e| e.trace.clone_from(&trace));
+        }
+        let outcomes = accept(&state, events, span.as_ref()).await?;
+        let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
+        Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))
     }
-    let outcomes = accept(&state, events).await?;
-    let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
-    Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))
+    .await;
+    answered(span.as_mut(), &tenant, count, result.as_ref().map(|_| ()));
+    result
 }
 
-/// Hands events to intake's durable commit (shared with the outbox relay).
-async fn accept(state: &AppState, events: Vec<NewEvent>) -> Result<Vec<(EventId, IngestOutcome)>, ApiError> {
-    Ok(intake::commit(&state.committer, &state.metrics, &*state.engine, events).await?)
+/// Hands events to intake's durable commit (shared with the outbox relay), in a span of
+/// its own under the request's.
+async fn accept(
+    state: &AppState,
+    events: Vec<NewEvent>,
+    span: Option<&Span>,
+) -> Result<Vec<(EventId, IngestOutcome)>, ApiError> {
+    let mut commit = span.map(|s| s.child("herald.commit"));
+    let outcomes = intake::commit(&state.committer, &state.metrics, &*state.engine, events).await;
+    if let Some(c) = commit.as_mut() {
+        match &outcomes {
+            Ok(o) => c.set("herald.deliveries", o.iter().map(|(_, o)| i64::from(o.deliveries)).sum::<i64>()),
+            Err(e) => c.fail(e.to_string()),
+        }
+    }
+    Ok(outcomes?)
 }
 
 /// A stored event; `payload` comes back byte for byte as it was posted.
