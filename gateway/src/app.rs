@@ -105,7 +105,17 @@ pub async fn run(
     let waker: crate::intake::Waker = Arc::new(engine.clone());
     ops.attach(&waker);
     let replayer = Replayer::start(store.clone(), waker.clone(), config.retry.ttl(), shared, stopped.clone()).await;
-    let relays = start_outbox(&config, &store, &committer, &metrics, &waker, &ops, stopped.clone())?;
+    // A relay for each `[[outbox]]` source, feeding the same intake as the API.
+    let outbox_node = outbox::Node {
+        store: store.clone(),
+        committer: committer.clone(),
+        metrics: metrics.clone(),
+        engine: waker.clone(),
+        ops: ops.clone(),
+        limits: crate::intake::IntakeLimits::from_config(&config),
+        telemetry: telemetry.clone(),
+    };
+    let relays = outbox::start(&config.outbox, outbox_node, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins)
         .with_outbox(relays)
@@ -194,27 +204,6 @@ fn host_name() -> String {
         .take(crate::config::MAX_NODE_ID - 4)
         .collect();
     if name.is_empty() { "herald".into() } else { name }
-}
-
-/// Starts a relay for each `[[outbox]]` source, feeding the same intake as the API.
-fn start_outbox(
-    config: &Config,
-    store: &store::DynStore,
-    committer: &Committer,
-    metrics: &Arc<Metrics>,
-    engine: &crate::intake::Waker,
-    ops: &Ops,
-    stopped: watch::Receiver<bool>,
-) -> Result<outbox::Relays, AppError> {
-    let node = outbox::Node {
-        store: store.clone(),
-        committer: committer.clone(),
-        metrics: metrics.clone(),
-        engine: engine.clone(),
-        ops: ops.clone(),
-        limits: crate::intake::IntakeLimits::from_config(config),
-    };
-    Ok(outbox::start(&config.outbox, node, stopped)?)
 }
 
 /// Starts the plugin host: it loads every tenant's plugins in the background (serving

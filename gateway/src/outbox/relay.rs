@@ -17,6 +17,7 @@ use crate::model::OPS_TENANT;
 use crate::model::{NewEvent, TenantId, TraceContext};
 use crate::store::StoreError;
 use crate::store::outbox::{OutboxRow, ProducerOutbox};
+use crate::telemetry::Span;
 
 /// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -98,6 +99,7 @@ impl Relay {
                 Err(reason) => parked.push((row, reason)),
             }
         }
+        let spans = self.relay_spans(&mut valid);
         let duplicates = self.ingest(&mut valid, &mut parked).await.map_err(StepError::Store)?;
         let relayed: Vec<i64> = valid.iter().map(|(row, _)| row.seq).collect();
         let parked_rows: Vec<(i64, String)> = parked.iter().map(|(row, reason)| (row.seq, reason.clone())).collect();
@@ -111,7 +113,26 @@ impl Relay {
             self.report_parked(row, reason);
         }
         tracing::debug!(source = %self.source.name, taken, relayed = deleted, duplicates, "outbox batch");
+        drop(spans);
         Ok(taken)
+    }
+
+    /// When spans are exported: one per event relayed, a child of its row's trace context
+    /// (or the root of a new trace), which becomes the event's context (as the API's
+    /// intake span does). Ended once the batch is settled in both databases.
+    fn relay_spans(&self, valid: &mut [(&OutboxRow, NewEvent)]) -> Vec<Span> {
+        if !self.node.telemetry.is_on() {
+            return Vec::new();
+        }
+        let relay = |event: &mut NewEvent| {
+            let mut span = self.node.telemetry.intake("herald.outbox.relay", event.trace.as_ref())?;
+            span.set("herald.outbox.source", self.source.name.clone());
+            span.set("herald.tenant", event.tenant.to_string());
+            span.set("herald.event_id", event.id.to_string());
+            event.trace = Some(span.context());
+            Some(span)
+        };
+        valid.iter_mut().filter_map(|(_, event)| relay(event)).collect()
     }
 
     /// Commits the valid events through intake. An event whose id the tenant already used
