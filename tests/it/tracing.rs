@@ -23,7 +23,8 @@ use crate::plugins::plugin_bytes;
 tests::backends!(
     producer_trace_reaches_every_attempt,
     outbox_rows_carry_their_trace,
-    one_events_life_is_one_exported_trace
+    one_events_life_is_one_exported_trace,
+    an_outbox_rows_relay_span_joins_its_trace
 );
 
 /// A collector of OTLP/HTTP protobuf spans on 127.0.0.1: keeps every span it is sent.
@@ -180,30 +181,57 @@ async fn producer_trace_reaches_every_attempt(b: Backend) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A node (on `b`, with `env`) relaying a producer's outbox (the shipped DDL, in a schema
+/// of its own), with tenant `acme` and one endpoint to `rx`.
+struct Relaying {
+    node: HeraldProcess,
+    rx: FakeReceiver,
+    pool: sqlx::PgPool,
+    _dir: tempfile::TempDir,
+    // Dropped after the node is killed.
+    _schemas: (PgSchema, Option<PgSchema>),
+}
+
+impl Relaying {
+    async fn start(b: Backend, env: &[(&str, &str)]) -> anyhow::Result<Relaying> {
+        let producer = PgSchema::create().await?;
+        let pool = PgPoolOptions::new().max_connections(2).connect(&producer.url).await?;
+        sqlx::raw_sql(gateway::store::outbox::SCHEMA).execute(&pool).await?;
+        let store = match b {
+            Backend::Postgres => Some(PgSchema::create().await?),
+            Backend::Sqlite => None,
+        };
+        let dir = tempfile::tempdir()?;
+        let mut all: Vec<(&str, &str)> = store.iter().map(|s| ("HERALD_STORE_URL", s.url.as_str())).collect();
+        all.extend_from_slice(env);
+        let source = format!("[[outbox]]\nname = \"orders\"\nurl = \"{}\"\npoll_interval = \"100ms\"\n", producer.url);
+        let node = HeraldProcess::start_with_config(&herald_binary()?, dir.path(), &all, &source).await?;
+        let rx = FakeReceiver::start().await?;
+        node.api.tenant("acme").await?;
+        node.api.endpoint("acme", json!({"url": rx.url()})).await?;
+        Ok(Relaying { node, rx, pool, _dir: dir, _schemas: (producer, store) })
+    }
+
+    /// Kills the node, then closes the producer's pool (before its schema is dropped).
+    async fn stop(self) {
+        let Relaying { node, pool, _schemas, .. } = self;
+        drop(node);
+        pool.close().await;
+    }
+}
+
 /// An outbox row's `traceparent`/`tracestate` columns reach its deliveries; a producer's
 /// table from before those columns keeps relaying.
 async fn outbox_rows_carry_their_trace(b: Backend) -> anyhow::Result<()> {
-    let producer = PgSchema::create().await?;
-    let pool = PgPoolOptions::new().max_connections(2).connect(&producer.url).await?;
-    sqlx::raw_sql(gateway::store::outbox::SCHEMA).execute(&pool).await?;
-    let store = match b {
-        Backend::Postgres => Some(PgSchema::create().await?),
-        Backend::Sqlite => None,
-    };
-    let dir = tempfile::tempdir()?;
-    let env: Vec<(&str, &str)> = store.iter().map(|s| ("HERALD_STORE_URL", s.url.as_str())).collect();
-    let source = format!("[[outbox]]\nname = \"orders\"\nurl = \"{}\"\npoll_interval = \"100ms\"\n", producer.url);
-    let node = HeraldProcess::start_with_config(&herald_binary()?, dir.path(), &env, &source).await?;
-    let rx = FakeReceiver::start().await?;
-    node.api.tenant("acme").await?;
-    node.api.endpoint("acme", json!({"url": rx.url()})).await?;
+    let relaying = Relaying::start(b, &[]).await?;
+    let (pool, rx) = (&relaying.pool, &relaying.rx);
 
     sqlx::query(
         "INSERT INTO herald_outbox (tenant, event_id, event_type, payload, traceparent, tracestate) VALUES \
          ('acme', 'evt_row', 'a.b', '{}', $1, 'k=v'), ('acme', 'evt_row_bad', 'a.b', '{}', 'garbage', 'k=v')",
     )
     .bind(PARENT)
-    .execute(&pool)
+    .execute(pool)
     .await?;
     let got = rx.wait_for(2, WAIT).await?;
     let row = by_event(&got, "evt_row");
@@ -212,16 +240,15 @@ async fn outbox_rows_carry_their_trace(b: Backend) -> anyhow::Result<()> {
     assert_eq!(by_event(&got, "evt_row_bad")[0].header("traceparent"), None, "a malformed one is ignored");
 
     // A table created before the trace columns.
-    sqlx::raw_sql("ALTER TABLE herald_outbox DROP COLUMN traceparent, DROP COLUMN tracestate").execute(&pool).await?;
+    sqlx::raw_sql("ALTER TABLE herald_outbox DROP COLUMN traceparent, DROP COLUMN tracestate").execute(pool).await?;
     sqlx::query(
         "INSERT INTO herald_outbox (tenant, event_id, event_type, payload) VALUES ('acme', 'evt_old', 'a.b', '{}')",
     )
-    .execute(&pool)
+    .execute(pool)
     .await?;
     let got = rx.wait_for(3, WAIT).await?;
     assert_eq!(by_event(&got, "evt_old")[0].header("traceparent"), None);
-    drop(node);
-    pool.close().await;
+    relaying.stop().await;
     Ok(())
 }
 
@@ -284,5 +311,32 @@ async fn one_events_life_is_one_exported_trace(b: Backend) -> anyhow::Result<()>
     assert!(spans.iter().any(|s| s.name == "deliver" && hex::encode(&s.span_id) == span));
     let intake = spans.iter().find(|s| s.name.starts_with("POST")).expect("intake span");
     assert!(intake.parent_span_id.is_empty(), "a root span");
+    Ok(())
+}
+
+/// With export on, an outbox row's event is relayed in a span that is a child of the row's
+/// `traceparent`, and its attempt a child of that span; the receiver gets the row's trace.
+async fn an_outbox_rows_relay_span_joins_its_trace(b: Backend) -> anyhow::Result<()> {
+    let (collector, url) = Collector::start().await?;
+    let relaying = Relaying::start(b, &[("HERALD_TRACING_OTLP_ENDPOINT", url.as_str())]).await?;
+    let (pool, rx) = (&relaying.pool, &relaying.rx);
+    sqlx::query(
+        "INSERT INTO herald_outbox (tenant, event_id, event_type, payload, traceparent) \
+         VALUES ('acme', 'evt_row', 'a.b', '{}', $1)",
+    )
+    .bind(PARENT)
+    .execute(pool)
+    .await?;
+    let got = rx.wait_for(1, WAIT).await?;
+    let (trace, span, _) = traceparent(&got[0]).expect("traceparent");
+    assert_eq!(trace, TRACE_ID);
+    let spans = collector.trace(TRACE_ID, |s| s.iter().any(|s| s.name == "deliver")).await?;
+    let relay = spans.iter().find(|s| s.name == "herald.outbox.relay").expect("relay span");
+    assert_eq!(hex::encode(&relay.parent_span_id), "00f067aa0ba902b7", "a child of the row's span");
+    assert_eq!(attr(relay, "herald.event_id").as_deref(), Some("evt_row"));
+    let attempt = spans.iter().find(|s| s.name == "deliver").expect("attempt span");
+    assert_eq!(attempt.parent_span_id, relay.span_id, "the attempt is the relay's child");
+    assert_eq!(hex::encode(&attempt.span_id), span, "the receiver's traceparent names the attempt");
+    relaying.stop().await;
     Ok(())
 }
