@@ -20,6 +20,11 @@ CREATE TABLE IF NOT EXISTS herald_outbox (
     failed_at  TIMESTAMPTZ,
     error      TEXT
 );
+-- Optional W3C trace context of the producer's transaction (`traceparent`, `tracestate`):
+-- each delivery of the event sends the same trace id on. A malformed value is ignored.
+-- A table without these columns keeps working.
+ALTER TABLE herald_outbox ADD COLUMN IF NOT EXISTS traceparent TEXT;
+ALTER TABLE herald_outbox ADD COLUMN IF NOT EXISTS tracestate TEXT;
 CREATE INDEX IF NOT EXISTS herald_outbox_pending ON herald_outbox (seq) WHERE failed_at IS NULL;
 CREATE INDEX IF NOT EXISTS herald_outbox_parked ON herald_outbox (failed_at) WHERE failed_at IS NOT NULL;
 

@@ -18,6 +18,7 @@ use crate::api::{AppState, router};
 use crate::config::{Config, ServerLimits};
 use crate::metrics::Metrics;
 use crate::store::{self, Committer, DynStore, StoreError};
+use crate::telemetry::Telemetry;
 
 /// Why a node could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +29,8 @@ pub enum AppError {
     Io(#[from] std::io::Error),
     #[error("plugins: {0}")]
     Plugins(#[from] crate::plugin::PluginError),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error("cluster.node_id {0:?} is held by another live process on this store; give each node its own id")]
     NodeIdTaken(String),
 }
@@ -77,6 +80,10 @@ pub async fn run(
     let (node_id, node_lock) = hold_node_id(&config, &store).await?;
     let ops = Ops::setup(&store, committer.clone(), metrics.clone(), &config.operator, config.retry.ttl()).await?;
     let plugins = start_plugins(&config).await?;
+    let telemetry = match &config.tracing {
+        Some(t) => Telemetry::start(t, tokio::runtime::Handle::current())?,
+        None => Telemetry::off(),
+    };
     apply_plugin_settings(&store, &plugins).await?;
     // Several nodes may share a Postgres store: each follows what the others change.
     let shared = config.store_kind.is_shared();
@@ -91,17 +98,29 @@ pub async fn run(
         metrics.clone(),
         ops.clone(),
         plugins.clone(),
+        telemetry.clone(),
         stopped.clone(),
     )
     .await;
     let waker: crate::intake::Waker = Arc::new(engine.clone());
     ops.attach(&waker);
     let replayer = Replayer::start(store.clone(), waker.clone(), config.retry.ttl(), shared, stopped.clone()).await;
-    let relays = start_outbox(&config, &store, &committer, &metrics, &waker, &ops, stopped.clone())?;
+    // A relay for each `[[outbox]]` source, feeding the same intake as the API.
+    let outbox_node = outbox::Node {
+        store: store.clone(),
+        committer: committer.clone(),
+        metrics: metrics.clone(),
+        engine: waker.clone(),
+        ops: ops.clone(),
+        limits: crate::intake::IntakeLimits::from_config(&config),
+        telemetry: telemetry.clone(),
+    };
+    let relays = outbox::start(&config.outbox, outbox_node, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins)
         .with_outbox(relays)
-        .with_deliverer(engine.deliverer());
+        .with_deliverer(engine.deliverer())
+        .with_telemetry(telemetry.clone());
     let admin = match config.admin_listen {
         Some(addr) => Some(TcpListener::bind(addr).await?),
         None => None,
@@ -134,6 +153,8 @@ pub async fn run(
         return Err(AppError::NodeIdTaken(node_id));
     }
     drop(node_lock);
+    // What is batched goes to the collector before the process ends.
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await.ok();
     Ok(())
 }
 
@@ -183,27 +204,6 @@ fn host_name() -> String {
         .take(crate::config::MAX_NODE_ID - 4)
         .collect();
     if name.is_empty() { "herald".into() } else { name }
-}
-
-/// Starts a relay for each `[[outbox]]` source, feeding the same intake as the API.
-fn start_outbox(
-    config: &Config,
-    store: &store::DynStore,
-    committer: &Committer,
-    metrics: &Arc<Metrics>,
-    engine: &crate::intake::Waker,
-    ops: &Ops,
-    stopped: watch::Receiver<bool>,
-) -> Result<outbox::Relays, AppError> {
-    let node = outbox::Node {
-        store: store.clone(),
-        committer: committer.clone(),
-        metrics: metrics.clone(),
-        engine: engine.clone(),
-        ops: ops.clone(),
-        limits: crate::intake::IntakeLimits::from_config(config),
-    };
-    Ok(outbox::start(&config.outbox, node, stopped)?)
 }
 
 /// Starts the plugin host: it loads every tenant's plugins in the background (serving

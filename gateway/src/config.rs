@@ -70,6 +70,44 @@ pub struct Config {
     /// `[secrets]`: seals and opens stored secrets (`None`: no key configured, so no
     /// endpoint may store a TLS client key).
     pub secrets: Option<std::sync::Arc<crate::sign::seal::Sealer>>,
+    /// `[tracing]`: where spans are exported (`None`: nowhere, and none are built).
+    pub tracing: Option<TracingConfig>,
+}
+
+/// `[tracing]` with an `otlp_endpoint`: spans go there over OTLP/HTTP (protobuf).
+#[derive(Debug, Clone)]
+pub struct TracingConfig {
+    /// The collector's traces URL (`/v1/traces` added to a URL with no path).
+    pub otlp_endpoint: url::Url,
+    /// The share of new traces recorded (0 to 1); a producer's sampled flag decides for
+    /// the traces it starts.
+    pub sample_ratio: f64,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+}
+
+impl raw::RawTracing {
+    fn validate(&self) -> Result<Option<TracingConfig>, ConfigError> {
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err(invalid("tracing.sample_ratio", "must be between 0 and 1"));
+        }
+        let text = self.otlp_endpoint.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let mut url = url::Url::parse(text).map_err(|e| invalid("tracing.otlp_endpoint", format!("{text:?}: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+            return Err(invalid("tracing.otlp_endpoint", "must be an http:// or https:// URL"));
+        }
+        if matches!(url.path(), "" | "/") {
+            url.set_path("/v1/traces");
+        }
+        let service_name = match self.service_name.trim() {
+            "" => return Err(invalid("tracing.service_name", "must not be empty")),
+            name => name.to_string(),
+        };
+        Ok(Some(TracingConfig { otlp_endpoint: url, sample_ratio: self.sample_ratio, service_name }))
+    }
 }
 
 /// How the API listener treats connections: every one must send its request head within
@@ -403,6 +441,7 @@ impl RawConfig {
             },
             log_level: self.log.level,
             log_json: self.log.format == "json",
+            tracing: self.tracing.validate()?,
         })
     }
 }

@@ -20,6 +20,7 @@ use crate::net::is_forbidden;
 
 mod connect;
 mod oauth;
+pub mod otlp;
 pub use connect::Via;
 pub use oauth::{Token, TokenState};
 

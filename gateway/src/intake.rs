@@ -134,6 +134,7 @@ pub fn prepare(
         created_at: now,
         expires_at: now.saturating_add(limits.ttl_ms),
         ordering_key: input.ordering_key.clone(),
+        trace: None,
     })
 }
 

@@ -26,4 +26,5 @@ pub mod schedule;
 pub mod sign;
 pub mod spec;
 pub mod store;
+pub mod telemetry;
 pub mod worker;

@@ -15,11 +15,13 @@ mod egress;
 mod plugin_settings;
 mod replay;
 mod sent;
+mod trace;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use plugin_settings::*;
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
+pub use trace::{TRACEPARENT, TRACESTATE, TraceContext, span_id};
 
 /// Milliseconds since the Unix epoch: how every instant is stored.
 pub type Millis = i64;
@@ -579,6 +581,9 @@ pub struct NewEvent {
     pub expires_at: Millis,
     /// The key its deliveries to endpoints ordered by `key` are ordered within.
     pub ordering_key: Option<String>,
+    /// The producer's trace context (or the one Herald started for it), sent on with
+    /// every attempt; stored as its `traceparent` and `tracestate`.
+    pub trace: Option<TraceContext>,
 }
 
 /// The sha256 hex of an event's type and payload bytes. A type never contains a newline,

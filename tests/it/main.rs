@@ -29,6 +29,7 @@
 //! - `store`: the `Store` conformance suite, on both backends
 //! - `tidy`: the source tree's rules: I/O library owners, layers, routes
 //! - `timing`: the engine's timing rules in paused time (backoff, 429, disable-after, linger)
+//! - `tracing`: W3C trace context from producer to receiver, and the spans exported over OTLP
 
 // Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
@@ -57,3 +58,4 @@ mod sent;
 mod store;
 mod tidy;
 mod timing;
+mod tracing;

@@ -13,6 +13,11 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("hyper", &["deliver.rs", "deliver/", "cli.rs", "api/"]),
     ("hyper_util", &["deliver.rs", "deliver/", "cli.rs", "api/"]),
     ("axum", &["api/", "app.rs"]),
+    // Span export: the SDK in `telemetry`, its HTTP client (Herald's hyper) in `deliver`.
+    ("opentelemetry", &["telemetry.rs"]),
+    ("opentelemetry_sdk", &["telemetry.rs"]),
+    ("opentelemetry_otlp", &["telemetry.rs"]),
+    ("opentelemetry_http", &["deliver/otlp.rs"]),
 ];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -91,7 +96,7 @@ const LAYERS: &[&[&str]] = &[
     &["spec"],
     &["store", "deliver", "plugin"],
     &["config"],
-    &["metrics"],
+    &["metrics", "telemetry"],
     &["intake"],
     &["ops"],
     &["worker"],

@@ -92,9 +92,24 @@ impl Api {
         token: Option<&str>,
         body: impl Into<Bytes>,
     ) -> anyhow::Result<Reply> {
+        self.raw_with(method, path, token, &[], body).await
+    }
+
+    /// [`Api::raw`] with more request headers.
+    pub async fn raw_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> anyhow::Result<Reply> {
         let mut req = http::Request::builder().method(method).uri(format!("{}{}", self.base, path));
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
         }
         let req = req.header("content-type", "application/json").body(Full::new(body.into()))?;
         let resp = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))

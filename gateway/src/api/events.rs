@@ -12,11 +12,14 @@ use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
 use super::doc::ErrorCode;
-use super::extract::{EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath};
+use super::extract::{
+    EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath, TraceHeaders, TraceParent,
+};
 use super::{ApiError, AppState, query_rfc3339, rfc3339};
 use crate::intake::{self, IntakeLimits};
 use crate::model::*;
 use crate::store::{DeliveryFilter, IngestOutcome, StoreError};
+use crate::telemetry::Span;
 
 fn limits(state: &AppState) -> IntakeLimits {
     IntakeLimits::from_config(&state.config)
@@ -45,7 +48,7 @@ fn accepted(id: &EventId, o: &IngestOutcome) -> AcceptedOut {
 /// The body stays raw bytes: the payload is borrowed from it, never re-serialised.
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/events", tag = "events", operation_id = "create_event",
-    params(TenantPath), request_body = intake::EventIn<'_>,
+    params(TenantPath, TraceHeaders), request_body = intake::EventIn<'_>,
     responses(
         (status = 202, description = "Stored with its deliveries", body = AcceptedOut),
         (status = 409, description = "`conflict`: the id was used with another type or payload", body = super::doc::ErrorBody),
@@ -55,19 +58,48 @@ fn accepted(id: &EventId, o: &IngestOutcome) -> AcceptedOut {
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
+    TraceParent(trace): TraceParent,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedOut>), ApiError> {
-    let input = intake::parse_one(&body)?;
-    let event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
-    let outcomes = accept(&state, vec![event]).await?;
-    let (id, outcome) = &outcomes[0];
-    Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
+    let mut span = state.telemetry.intake("POST /v1/tenants/{tenant}/events", trace.as_ref());
+    let result = async {
+        let input = intake::parse_one(&body)?;
+        let mut event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
+        event.trace = events_trace(span.as_ref(), trace);
+        let outcomes = accept(&state, vec![event], span.as_ref()).await?;
+        let (id, outcome) = &outcomes[0];
+        Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
+    }
+    .await;
+    answered(span.as_mut(), &tenant, 1, result.as_ref().map(|_| ()));
+    result
+}
+
+/// The trace context a request's events are stored with: its intake span's when spans are
+/// exported (one event's life is then one trace, under the producer's trace id), else the
+/// producer's as posted.
+fn events_trace(span: Option<&Span>, posted: Option<TraceContext>) -> Option<TraceContext> {
+    span.map(Span::context).or(posted)
+}
+
+/// Notes on an intake span what became of its request.
+fn answered(span: Option<&mut Span>, tenant: &TenantId, events: usize, result: Result<(), &ApiError>) {
+    let Some(span) = span else { return };
+    span.set("herald.tenant", tenant.to_string());
+    span.set("herald.events", events as i64);
+    match result {
+        Ok(()) => span.set("http.response.status_code", 202),
+        Err(e) => {
+            span.set("http.response.status_code", i64::from(e.status.as_u16()));
+            span.fail(e.message.clone());
+        }
+    }
 }
 
 /// `POST /v1/tenants/{tenant}/events/batch`: `{"events": [...]}`, all or nothing.
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/events/batch", tag = "events", operation_id = "create_events",
-    params(TenantPath), request_body = intake::BatchIn<'_>,
+    params(TenantPath, TraceHeaders), request_body = intake::BatchIn<'_>,
     responses(
         (status = 202, description = "All stored with their deliveries", body = AcceptedList),
         (status = 409, description = "`conflict`: an id was used with another type or payload", body = super::doc::ErrorBody),
@@ -77,17 +109,44 @@ pub(crate) async fn create(
 pub(crate) async fn create_batch(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
+    TraceParent(trace): TraceParent,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedList>), ApiError> {
-    let events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
-    let outcomes = accept(&state, events).await?;
-    let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
-    Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))
+    let mut span = state.telemetry.intake("POST /v1/tenants/{tenant}/events/batch", trace.as_ref());
+    let mut count = 0;
+    let result = async {
+        let mut events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
+        count = events.len();
+        // The request's context is the parent of each of its events.
+        let trace = events_trace(span.as_ref(), trace);
+        if trace.is_some() {
+            events.iter_mut().for_each(|e| e.trace.clone_from(&trace));
+        }
+        let outcomes = accept(&state, events, span.as_ref()).await?;
+        let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
+        Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))
+    }
+    .await;
+    answered(span.as_mut(), &tenant, count, result.as_ref().map(|_| ()));
+    result
 }
 
-/// Hands events to intake's durable commit (shared with the outbox relay).
-async fn accept(state: &AppState, events: Vec<NewEvent>) -> Result<Vec<(EventId, IngestOutcome)>, ApiError> {
-    Ok(intake::commit(&state.committer, &state.metrics, &*state.engine, events).await?)
+/// Hands events to intake's durable commit (shared with the outbox relay), in a span of
+/// its own under the request's.
+async fn accept(
+    state: &AppState,
+    events: Vec<NewEvent>,
+    span: Option<&Span>,
+) -> Result<Vec<(EventId, IngestOutcome)>, ApiError> {
+    let mut commit = span.map(|s| s.child("herald.commit"));
+    let outcomes = intake::commit(&state.committer, &state.metrics, &*state.engine, events).await;
+    if let Some(c) = commit.as_mut() {
+        match &outcomes {
+            Ok(o) => c.set("herald.deliveries", o.iter().map(|(_, o)| i64::from(o.deliveries)).sum::<i64>()),
+            Err(e) => c.fail(e.to_string()),
+        }
+    }
+    Ok(outcomes?)
 }
 
 /// A stored event; `payload` comes back byte for byte as it was posted.

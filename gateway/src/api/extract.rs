@@ -19,7 +19,7 @@ use utoipa::IntoParams;
 use super::doc::ErrorCode;
 use super::{ApiError, AppState, auth};
 use crate::json;
-use crate::model::{Scope, TenantId};
+use crate::model::{Scope, TRACEPARENT, TRACESTATE, TenantId, TraceContext};
 
 /// A scope a route needs, as a type: `TenantAuth<Manage>`.
 pub trait ScopeMarker: Send + Sync + 'static {
@@ -168,6 +168,38 @@ pub struct PluginPath {
     pub tenant: String,
     /// The plugin's name (its file name without `.wasm`).
     pub name: String,
+}
+
+/// The W3C trace context a producer sent (`traceparent`, `tracestate`): the parent of the
+/// events a request posts. A malformed or repeated `traceparent` is no context, as W3C
+/// asks of a receiver: intake never refuses an event over it. Repeated `tracestate`
+/// headers are one list, joined with commas.
+pub struct TraceParent(pub Option<TraceContext>);
+
+/// [`TraceParent`] for the document.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // `TraceParent` reads them; here for the document.
+pub struct TraceHeaders {
+    /// W3C trace context: the events join this trace, and each attempt sends it on with a
+    /// span id of its own. A malformed value is ignored (the event is still accepted).
+    traceparent: Option<String>,
+    /// Vendors' trace state, passed on as received beside a valid `traceparent` (dropped
+    /// when over 512 characters).
+    tracestate: Option<String>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for TraceParent {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut parents = parts.headers.get_all(TRACEPARENT).iter();
+        let (Some(parent), None) = (parents.next(), parents.next()) else { return Ok(TraceParent(None)) };
+        let Ok(parent) = parent.to_str() else { return Ok(TraceParent(None)) };
+        let states: Vec<&str> = parts.headers.get_all(TRACESTATE).iter().filter_map(|v| v.to_str().ok()).collect();
+        let state = (!states.is_empty()).then(|| states.join(","));
+        Ok(TraceParent(TraceContext::parse(parent, state.as_deref())))
+    }
 }
 
 /// Path parameters; a bad one (invalid UTF-8, wrong shape) is a JSON `400 invalid_path`.

@@ -63,6 +63,8 @@ pub struct AppState {
     pub(crate) tenants: RwLock<HashSet<TenantId>>,
     /// Orders plugin deletes and uploads with endpoint writes that bind plugins.
     pub(crate) plugin_locks: bindings::PluginLocks,
+    /// Intake spans, when exported.
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 impl AppState {
@@ -91,6 +93,7 @@ impl AppState {
             token_use: Default::default(),
             tenants: RwLock::default(),
             plugin_locks: Default::default(),
+            telemetry: Default::default(),
         })
     }
 
@@ -98,6 +101,14 @@ impl AppState {
     pub fn with_deliverer(mut self: Arc<Self>, deliverer: crate::deliver::Deliverer) -> Arc<Self> {
         if let Some(state) = Arc::get_mut(&mut self) {
             state.deliverer = Some(deliverer);
+        }
+        self
+    }
+
+    /// The state with the node's span export (before it is shared).
+    pub fn with_telemetry(mut self: Arc<Self>, telemetry: crate::telemetry::Telemetry) -> Arc<Self> {
+        if let Some(state) = Arc::get_mut(&mut self) {
+            state.telemetry = telemetry;
         }
         self
     }

@@ -20,6 +20,7 @@ pub struct RawConfig {
     pub cluster: RawCluster,
     pub log: RawLog,
     pub secrets: RawSecrets,
+    pub tracing: RawTracing,
     /// `[[outbox]]`: an array of tables, so after every plain section.
     pub outbox: Vec<super::RawOutbox>,
 }
@@ -36,6 +37,21 @@ pub struct RawSecrets {
 impl std::fmt::Debug for RawSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "RawSecrets {{ key: <redacted>, previous_keys: {} }}", self.previous_keys.len())
+    }
+}
+
+/// `[tracing]`: OpenTelemetry span export (off while `otlp_endpoint` is empty).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTracing {
+    pub otlp_endpoint: String,
+    pub sample_ratio: f64,
+    pub service_name: String,
+}
+
+impl Default for RawTracing {
+    fn default() -> Self {
+        Self { otlp_endpoint: String::new(), sample_ratio: 1.0, service_name: "herald".into() }
     }
 }
 

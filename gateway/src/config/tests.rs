@@ -24,6 +24,16 @@ fn defaults_without_a_file() {
 }
 
 #[test]
+fn tracing_is_off_unless_an_endpoint_is_set() {
+    assert!(Config::load(None, Vec::new()).unwrap().tracing.is_none());
+    let c = load("[tracing]\nsample_ratio = 0.25\n", &[("HERALD_TRACING_OTLP_ENDPOINT", "http://127.0.0.1:4318")]);
+    let t = c.unwrap().tracing.unwrap();
+    assert_eq!((t.otlp_endpoint.as_str(), t.sample_ratio), ("http://127.0.0.1:4318/v1/traces", 0.25));
+    let t = load("[tracing]\notlp_endpoint = \"https://c.example/otlp/traces\"\n", &[]).unwrap().tracing.unwrap();
+    assert_eq!(t.otlp_endpoint.as_str(), "https://c.example/otlp/traces", "a path is kept");
+}
+
+#[test]
 fn env_overrides_file() {
     let c = load(
         "[server]\nlisten = \"127.0.0.1:1\"\n",
@@ -105,6 +115,9 @@ fn errors_name_the_key() {
         ("[plugins]\ncompile_timeout = \"soon\"\n", &[], "plugins.compile_timeout"),
         ("[plugins]\nwarm_idle = \"idle\"\n", &[], "plugins.warm_idle"),
         ("[cluster]\nnode_id = \"a b\"\n", &[], "cluster.node_id"),
+        ("[tracing]\nsample_ratio = 1.5\n", &[], "tracing.sample_ratio"),
+        ("", &[("HERALD_TRACING_OTLP_ENDPOINT", "collector:4318")], "tracing.otlp_endpoint"),
+        ("", &[("HERALD_TRACING_OTLP_ENDPOINT", "ftp://collector")], "tracing.otlp_endpoint"),
         (
             "",
             &[("HERALD_CLUSTER_NODE_ID", "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn")],

@@ -64,6 +64,7 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
         created_at: 1_000,
         expires_at: 2_000,
         ordering_key: Some("cus_1".into()),
+        trace: None,
     };
     let out = fan_out(&event, &subscribers, &mut rng);
     let endpoints: Vec<(&str, Option<&str>)> = out.iter().map(|f| (f.endpoint, f.ordering_key)).collect();

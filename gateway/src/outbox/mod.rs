@@ -80,6 +80,8 @@ pub struct Node {
     pub engine: crate::intake::Waker,
     pub ops: Ops,
     pub limits: crate::intake::IntakeLimits,
+    /// Relay spans, when exported.
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 /// Starts one relay task per source; each stops when `stop` turns true.

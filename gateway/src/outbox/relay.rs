@@ -14,9 +14,10 @@ use crate::config::OutboxSource;
 use crate::intake::{self, IntakeError};
 use crate::metrics::SourceMetrics;
 use crate::model::OPS_TENANT;
-use crate::model::{NewEvent, TenantId};
+use crate::model::{NewEvent, TenantId, TraceContext};
 use crate::store::StoreError;
 use crate::store::outbox::{OutboxRow, ProducerOutbox};
+use crate::telemetry::Span;
 
 /// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -98,6 +99,7 @@ impl Relay {
                 Err(reason) => parked.push((row, reason)),
             }
         }
+        let spans = self.relay_spans(&mut valid);
         let duplicates = self.ingest(&mut valid, &mut parked).await.map_err(StepError::Store)?;
         let relayed: Vec<i64> = valid.iter().map(|(row, _)| row.seq).collect();
         let parked_rows: Vec<(i64, String)> = parked.iter().map(|(row, reason)| (row.seq, reason.clone())).collect();
@@ -111,7 +113,26 @@ impl Relay {
             self.report_parked(row, reason);
         }
         tracing::debug!(source = %self.source.name, taken, relayed = deleted, duplicates, "outbox batch");
+        drop(spans);
         Ok(taken)
+    }
+
+    /// When spans are exported: one per event relayed, a child of its row's trace context
+    /// (or the root of a new trace), which becomes the event's context (as the API's
+    /// intake span does). Ended once the batch is settled in both databases.
+    fn relay_spans(&self, valid: &mut [(&OutboxRow, NewEvent)]) -> Vec<Span> {
+        if !self.node.telemetry.is_on() {
+            return Vec::new();
+        }
+        let relay = |event: &mut NewEvent| {
+            let mut span = self.node.telemetry.intake("herald.outbox.relay", event.trace.as_ref())?;
+            span.set("herald.outbox.source", self.source.name.clone());
+            span.set("herald.tenant", event.tenant.to_string());
+            span.set("herald.event_id", event.id.to_string());
+            event.trace = Some(span.context());
+            Some(span)
+        };
+        valid.iter_mut().filter_map(|(_, event)| relay(event)).collect()
     }
 
     /// Commits the valid events through intake. An event whose id the tenant already used
@@ -153,7 +174,13 @@ impl Relay {
         }
         let now = self.node.engine.clock().now();
         let fields = (row.event_id.as_str(), row.event_type.as_str(), row.payload.as_str());
-        Ok(intake::prepare_fields(&tenant, fields, &self.node.limits, now, &mut rand::rng()).map_err(|e| reason(&e)))
+        let mut event = match intake::prepare_fields(&tenant, fields, &self.node.limits, now, &mut rand::rng()) {
+            Ok(event) => event,
+            Err(e) => return Ok(Err(reason(&e))),
+        };
+        // A malformed trace context is none, as on the API: it never parks a row.
+        event.trace = row.traceparent.as_deref().and_then(|t| TraceContext::parse(t, row.tracestate.as_deref()));
+        Ok(Ok(event))
     }
 
     /// The Herald tenant of a row: its `tenant` through the source's map, or the source's

@@ -252,6 +252,8 @@ pub struct Claimed {
     /// The replay that last re-queued it.
     pub replay: Option<String>,
     pub fence: i64,
+    /// The event's trace context, which each attempt passes on with a span id of its own.
+    pub trace: Option<TraceContext>,
 }
 
 impl Claimed {
@@ -271,6 +273,7 @@ impl Claimed {
             deadline: None,
             replay: None,
             fence: 1,
+            trace: event.trace.clone(),
         }
     }
 
@@ -279,6 +282,12 @@ impl Claimed {
     pub fn unsent_of_replay(&self) -> Option<&str> {
         self.replay.as_deref().filter(|_| self.attempts == self.attempt_base)
     }
+}
+
+/// The trace context of a stored event (`traceparent`, `tracestate` columns); one stored
+/// before it was validated, or damaged since, is none.
+pub fn stored_trace(traceparent: Option<String>, tracestate: Option<String>) -> Option<TraceContext> {
+    TraceContext::parse(&traceparent?, tracestate.as_deref())
 }
 
 /// What a claim got.

@@ -5,12 +5,13 @@
 //! producer transaction. It never writes Herald's own store.
 
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Executor, Postgres, Row, Transaction};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::Result;
 
@@ -39,6 +40,9 @@ pub struct OutboxRow {
     pub event_type: String,
     /// The payload's JSON text (byte-exact for a `json` column).
     pub payload: String,
+    /// The optional `traceparent` and `tracestate` columns (NULL, or a table without them: none).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// A connection pool to one producer database and its outbox table.
@@ -46,7 +50,21 @@ pub struct OutboxRow {
 pub struct ProducerOutbox {
     pool: PgPool,
     table: Arc<str>,
+    /// Which of the optional trace columns the table has, and when that was read.
+    trace_columns: Arc<Mutex<Option<(TraceColumns, Instant)>>>,
 }
+
+/// The optional trace-context columns a producer's table has (`config/outbox.sql` adds
+/// them; a table created before it has neither, and keeps working).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TraceColumns {
+    traceparent: bool,
+    tracestate: bool,
+}
+
+/// How long a table found without both trace columns is believed: a producer that adds
+/// them (`ALTER TABLE … ADD COLUMN`) is read with them within this, no restart needed.
+const TRACE_COLUMNS_RECHECK: Duration = Duration::from_secs(30);
 
 /// Rows taken under lock in an open producer transaction. Dropping it without
 /// [`OutboxBatch::finish`] rolls back: the rows stay for the next read.
@@ -80,19 +98,30 @@ impl ProducerOutbox {
                 })
             })
             .connect_lazy_with(options);
-        Ok(ProducerOutbox { pool, table: table.into() })
+        Ok(ProducerOutbox { pool, table: table.into(), trace_columns: Arc::default() })
     }
 
     /// Begins a producer transaction and locks up to `limit` unrelayed rows, oldest `seq`
     /// first, skipping rows another node holds.
     pub async fn take(&self, limit: u32) -> Result<OutboxBatch> {
         let mut tx = self.pool.begin().await?;
+        let columns = self.trace_columns(&mut tx).await?;
+        let optional = |has: bool, name: &str| if has { name.to_string() } else { format!("NULL::text AS {name}") };
         let sql = format!(
-            "SELECT seq, tenant, event_id, event_type, payload::text AS payload FROM {} \
+            "SELECT seq, tenant, event_id, event_type, payload::text AS payload, {}, {} FROM {} \
              WHERE failed_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
+            optional(columns.traceparent, "traceparent"),
+            optional(columns.tracestate, "tracestate"),
             self.table
         );
-        let rows = sqlx::query(&sql).bind(i64::from(limit)).fetch_all(&mut *tx).await?;
+        let rows = match sqlx::query(&sql).bind(i64::from(limit)).fetch_all(&mut *tx).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                // The table may have changed under us (a trace column dropped): read it again.
+                *self.trace_columns.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                return Err(e.into());
+            }
+        };
         let rows = rows
             .iter()
             .map(|r| {
@@ -102,10 +131,34 @@ impl ProducerOutbox {
                     event_id: r.try_get("event_id")?,
                     event_type: r.try_get("event_type")?,
                     payload: r.try_get("payload")?,
+                    traceparent: r.try_get("traceparent")?,
+                    tracestate: r.try_get("tracestate")?,
                 })
             })
             .collect::<sqlx::Result<Vec<_>>>()?;
         Ok(OutboxBatch { tx, table: self.table.clone(), rows })
+    }
+
+    /// Which trace columns the table has: read from the catalog at first, and again after
+    /// [`TRACE_COLUMNS_RECHECK`] while either is missing.
+    async fn trace_columns(&self, tx: &mut Transaction<'static, Postgres>) -> Result<TraceColumns> {
+        let known = *self.trace_columns.lock().unwrap_or_else(|e| e.into_inner());
+        match known {
+            Some((c, _)) if c.traceparent && c.tracestate => return Ok(c),
+            Some((c, at)) if at.elapsed() < TRACE_COLUMNS_RECHECK => return Ok(c),
+            _ => {}
+        }
+        let r = sqlx::query(
+            "SELECT COALESCE(bool_or(attname = 'traceparent'), false) AS traceparent, \
+             COALESCE(bool_or(attname = 'tracestate'), false) AS tracestate FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+        )
+        .bind(&*self.table)
+        .fetch_one(&mut **tx)
+        .await?;
+        let c = TraceColumns { traceparent: r.try_get("traceparent")?, tracestate: r.try_get("tracestate")? };
+        *self.trace_columns.lock().unwrap_or_else(|e| e.into_inner()) = Some((c, Instant::now()));
+        Ok(c)
     }
 
     /// The backlog, measured on the producer's clock (no skew with Herald's).

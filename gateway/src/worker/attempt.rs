@@ -18,13 +18,15 @@ use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
 use crate::deliver::{ClientTls, Outgoing, Route, Via};
 use crate::model::{
-    Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, envelope, new_id,
+    Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, TRACEPARENT, TRACESTATE,
+    TraceContext, envelope, new_id, span_id,
 };
 use crate::net::headers::is_reserved;
 use crate::net::proxy::ProxyUrl;
 use crate::plugin;
 use crate::sign::{self, Secret};
 use crate::store::{AttemptResult, Claimed, EndpointChange, Recorded, Release};
+use crate::telemetry::Span;
 
 /// What an attempt produced before classification.
 enum Exchange {
@@ -57,10 +59,11 @@ pub(super) async fn run(
         let sent = Instant::now();
         let attempt_id = new_id("att", started, &mut rng);
         let ctx = context(&target, &d, started, attempt_id);
-        let exchange = send(&inner, &target, &d, &ctx).await;
+        let mut trace = AttemptTrace::start(&inner, &d, &mut rng);
+        let exchange = send(&inner, &target, &d, &ctx, &trace).await;
         let duration_ms = sent.elapsed().as_millis() as u64;
         inner.metrics.attempt_duration.observe(sent.elapsed());
-        let judged = judge_exchange(&inner, &target, &ctx, exchange).await;
+        let judged = judge_exchange(&inner, &target, &ctx, &trace, exchange).await;
         let now = inner.clock.now();
         let decision = decide(
             &judged.verdict,
@@ -73,6 +76,8 @@ pub(super) async fn run(
         let change = endpoint_change(&inner, &shared, &target.endpoint, &judged.verdict, now);
         inner.metrics.in_flight.dec();
         shared.request_done();
+        trace.settled(&target, &d, &ctx, &judged, &decision);
+        drop(trace);
         let attempt = Attempt {
             id: ctx.attempt_id,
             delivery_id: d.id.clone(),
@@ -109,6 +114,59 @@ fn context(target: &Target, d: &Claimed, started: Millis, attempt_id: String) ->
     }
 }
 
+/// An attempt's part in its event's trace: the `traceparent` it sends (the event's trace
+/// id, a span id of the attempt's own: a retry gets another), and its span when spans are
+/// exported (then that span's id is the one sent). Nothing when the event has no trace.
+struct AttemptTrace {
+    header: Option<TraceContext>,
+    span: Option<Span>,
+}
+
+impl AttemptTrace {
+    fn start(inner: &Inner, d: &Claimed, rng: &mut StdRng) -> AttemptTrace {
+        let span = inner.telemetry.attempt(d.trace.as_ref());
+        let header = match &span {
+            Some(s) => Some(s.context()),
+            None => d.trace.as_ref().map(|t| t.child(span_id(rng))),
+        };
+        AttemptTrace { header, span }
+    }
+
+    /// A child span for a plugin call of the attempt.
+    fn plugin(&self, hook: plugin::Hook, name: &str) -> Option<Span> {
+        let mut span = self.span.as_ref()?.child(format!("plugin {} {name}", hook.as_str()));
+        span.set("herald.plugin", name.to_string());
+        span.set("herald.plugin.hook", hook.as_str());
+        Some(span)
+    }
+
+    /// Notes on the span what the attempt was and how it was judged.
+    fn settled(
+        &mut self,
+        target: &Target,
+        d: &Claimed,
+        ctx: &plugin::DeliveryContext,
+        j: &Judged,
+        decision: &Decision,
+    ) {
+        let Some(span) = self.span.as_mut() else { return };
+        span.set("herald.tenant", d.tenant.to_string());
+        span.set("herald.endpoint_id", target.endpoint.id.to_string());
+        span.set("herald.event_id", d.event_id.to_string());
+        span.set("herald.delivery_id", d.id.to_string());
+        span.set("herald.attempt", i64::from(ctx.attempt));
+        span.set("herald.attempt_id", ctx.attempt_id.clone());
+        span.set("herald.verdict", decision.label.clone());
+        span.set("herald.decided_by", j.by.clone());
+        if let Some(status) = j.status {
+            span.set("http.response.status_code", i64::from(status));
+        }
+        if decision.state != DeliveryState::Delivered {
+            span.fail(j.error.clone().unwrap_or_else(|| decision.label.clone()));
+        }
+    }
+}
+
 /// The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
 fn deadline(target: &Target, d: &Claimed) -> Millis {
     d.deadline
@@ -125,10 +183,16 @@ struct Judged {
     request: Option<SentRequest>,
 }
 
-async fn judge_exchange(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, ex: Exchange) -> Judged {
+async fn judge_exchange(
+    inner: &Inner,
+    target: &Target,
+    ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
+    ex: Exchange,
+) -> Judged {
     match ex {
         Exchange::Answered(outcome, sent) => {
-            let (verdict, by) = judge(inner, target, ctx, &outcome).await;
+            let (verdict, by) = judge(inner, target, ctx, trace, &outcome).await;
             let request = Some(sent);
             match outcome {
                 Outcome::Response(r) => Judged {
@@ -324,13 +388,19 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
 }
 
 /// Builds the request (transform and sign plugins included), notes what it is, and sends it.
-async fn send(inner: &Inner, target: &Target, d: &Claimed, ctx: &plugin::DeliveryContext) -> Exchange {
+async fn send(
+    inner: &Inner,
+    target: &Target,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
+) -> Exchange {
     let spec = &target.endpoint.spec;
-    let (request, is_envelope) = match transformed(inner, spec, d, ctx).await {
+    let (request, is_envelope) = match transformed(inner, spec, d, ctx, trace).await {
         Ok(transformed) => transformed,
         Err(decided) => return decided,
     };
-    let (headers, body) = match signed(inner, target, d, ctx, request).await {
+    let (headers, body) = match signed(inner, target, d, ctx, trace, request).await {
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
@@ -453,6 +523,7 @@ async fn transformed(
     spec: &EndpointSpec,
     d: &Claimed,
     ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
 ) -> Result<(plugin::Request, bool), Exchange> {
     let request = plugin::Request {
         headers: std::iter::once(("content-type".to_string(), "application/json".to_string()))
@@ -462,6 +533,7 @@ async fn transformed(
     };
     let Some(name) = &spec.plugins.transform else { return Ok((request, true)) };
     let timer = inner.metrics.plugin_call(plugin::Hook::Transform);
+    let span = trace.plugin(plugin::Hook::Transform, name);
     match timer.time(inner.plugins.transform(d.tenant.as_str(), name, ctx, &request)).await {
         Ok(plugin::TransformResult::Send(r)) => {
             let unchanged = r.body == request.body;
@@ -474,7 +546,7 @@ async fn transformed(
             by: format!("plugin:{name}"),
             error: Some(reason),
         }),
-        Err(f) => Err(plugin_failed(inner, d, ctx, name, plugin::Hook::Transform, f)),
+        Err(f) => Err(plugin_failed(inner, d, ctx, (name, span), plugin::Hook::Transform, f)),
     }
 }
 
@@ -486,6 +558,7 @@ async fn signed(
     target: &Target,
     d: &Claimed,
     ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
     mut request: plugin::Request,
 ) -> Result<(Vec<(String, String)>, Vec<u8>), Exchange> {
     let sign_plugin = &target.endpoint.spec.plugins.sign;
@@ -503,13 +576,18 @@ async fn signed(
         ("herald-attempt-id".to_string(), ctx.attempt_id.clone()),
         ("herald-delivery-id".to_string(), d.id.to_string()),
     ]);
+    if let Some(t) = &trace.header {
+        headers.push((TRACEPARENT.to_string(), t.traceparent()));
+        headers.extend(t.state.as_ref().map(|s| (TRACESTATE.to_string(), s.clone())));
+    }
     match sign_plugin {
         Some(name) => {
             let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
             let timer = inner.metrics.plugin_call(plugin::Hook::Sign);
+            let span = trace.plugin(plugin::Hook::Sign, name);
             match timer.time(inner.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request)).await {
                 Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
-                Err(f) => return Err(plugin_failed(inner, d, ctx, name, plugin::Hook::Sign, f)),
+                Err(f) => return Err(plugin_failed(inner, d, ctx, (name, span), plugin::Hook::Sign, f)),
             }
         }
         None => {
@@ -526,10 +604,13 @@ fn plugin_failed(
     inner: &Inner,
     d: &Claimed,
     ctx: &plugin::DeliveryContext,
-    name: &str,
+    (name, span): (&str, Option<Span>),
     hook: plugin::Hook,
     f: plugin::PluginFailure,
 ) -> Exchange {
+    if let Some(mut span) = span {
+        span.fail(f.reason());
+    }
     inner.metrics.plugin_failed(d.tenant.as_str(), name, hook, &f);
     tracing::warn!(
         tenant = %d.tenant, endpoint_id = %ctx.endpoint_id, delivery_id = %d.id, event_id = %d.event_id,
@@ -539,13 +620,23 @@ fn plugin_failed(
 }
 
 /// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.
-async fn judge(inner: &Inner, target: &Target, ctx: &plugin::DeliveryContext, outcome: &Outcome) -> (Verdict, String) {
+async fn judge(
+    inner: &Inner,
+    target: &Target,
+    ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
+    outcome: &Outcome,
+) -> (Verdict, String) {
     let builtin = || (classify::classify(outcome), "builtin".to_string());
     let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
     let timer = inner.metrics.plugin_call(plugin::Hook::Classify);
+    let mut span = trace.plugin(plugin::Hook::Classify, name);
     match timer.time(inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into())).await {
         Ok(v) => plugin::verdict(v, name).map(|v| (v, format!("plugin:{name}"))).unwrap_or_else(builtin),
         Err(f) => {
+            if let Some(span) = span.as_mut() {
+                span.fail(f.reason());
+            }
             inner.metrics.plugin_failed(&ctx.tenant, name, plugin::Hook::Classify, &f);
             tracing::warn!(
                 tenant = %ctx.tenant, endpoint_id = %ctx.endpoint_id, event_id = %ctx.event_id, attempt = ctx.attempt,

@@ -37,6 +37,7 @@ use crate::model::{EndpointId, Millis};
 use crate::ops::Ops;
 use crate::plugin::PluginHost;
 use crate::store::{Claimed, Committer, DynStore, Handoff, Notice};
+use crate::telemetry::Telemetry;
 
 /// How often the engine looks for due work it was not told about (retries coming due,
 /// work added by other nodes) and for abandoned leases.
@@ -82,6 +83,8 @@ struct Inner {
     clock: Clock,
     /// Partition and attempt tasks, so shutdown can wait for them to finish.
     tasks: Arc<Tasks>,
+    /// Attempt spans, when exported.
+    telemetry: Telemetry,
 }
 
 impl Engine {
@@ -98,6 +101,7 @@ impl Engine {
         metrics: Arc<Metrics>,
         ops: Ops,
         plugins: PluginHost,
+        telemetry: Telemetry,
         shutdown: watch::Receiver<bool>,
     ) -> Engine {
         let clock = Clock::new();
@@ -117,6 +121,7 @@ impl Engine {
             plugins,
             clock,
             tasks: Arc::default(),
+            telemetry,
         });
         recover(&inner).await;
         match inner.store.subscribe().await {

@@ -74,6 +74,10 @@ enum Scenario {
         /// (0: unordered).
         #[arg(long, default_value_t = 0)]
         keys: usize,
+        /// Export spans over OTLP at this sampling ratio (0 to 1), to a local sink that
+        /// accepts and discards them; unset: export off (the default node).
+        #[arg(long)]
+        otlp_ratio: Option<f64>,
     },
     /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
     /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
@@ -271,7 +275,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, tempfile::TempDir, HeraldProcess)> {
+async fn node(
+    store_url: Option<&str>,
+    extra: &[(&str, &str)],
+) -> anyhow::Result<(Option<PgSchema>, tempfile::TempDir, HeraldProcess)> {
     let bin = herald_binary()?;
     if !bin.to_string_lossy().contains("release") {
         eprintln!("warning: {} is not a release build", bin.display());
@@ -284,6 +291,7 @@ async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, temp
     // HERALD_BENCH_LOG (e.g. "gateway::store=trace") lets a profile read the node's logs.
     let level = std::env::var("HERALD_BENCH_LOG").unwrap_or_else(|_| "error".into());
     let mut env = vec![("HERALD_LOG_LEVEL", level.as_str())];
+    env.extend_from_slice(extra);
     if let Some(s) = &schema {
         env.push(("HERALD_STORE_URL", &s.url));
     }
@@ -297,6 +305,29 @@ async fn node(store_url: Option<&str>) -> anyhow::Result<(Option<PgSchema>, temp
     let p = HeraldProcess::start_logged(&bin, dir.path(), &env, log.as_deref()).await?;
     // In this order, so that the node stops before its schema is dropped.
     Ok((schema, dir, p))
+}
+
+/// An OTLP/HTTP endpoint on 127.0.0.1 that reads each export and answers 200, keeping
+/// nothing (what a collector costs the node is its answer, not its work). Its base URL.
+async fn otlp_sink() -> anyhow::Result<String> {
+    use http_body_util::{BodyExt, Full};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                    req.into_body().collect().await?;
+                    Ok::<_, hyper::Error>(hyper::Response::new(Full::new(bytes::Bytes::new())))
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    Ok(url)
 }
 
 /// Records arrival instants by webhook-id.
@@ -442,7 +473,16 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
         };
         return scale::run(&params).await;
     }
-    let (schema, _dir, node) = node(store_url).await?;
+    // `deliver --otlp-ratio`: spans exported to a sink that discards them.
+    let otlp = match s {
+        Scenario::Deliver { otlp_ratio: Some(ratio), .. } => Some((otlp_sink().await?, ratio.to_string())),
+        _ => None,
+    };
+    let extra: Vec<(&str, &str)> = match &otlp {
+        Some((url, ratio)) => vec![("HERALD_TRACING_OTLP_ENDPOINT", url), ("HERALD_TRACING_SAMPLE_RATIO", ratio)],
+        None => Vec::new(),
+    };
+    let (schema, _dir, node) = node(store_url, &extra).await?;
     let mut _others = Vec::new();
     if nodes > 1 {
         let schema = schema.as_ref().context("--nodes needs --store-url")?;
@@ -493,7 +533,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins, hooks, keys } => {
+        Scenario::Deliver { events, endpoints, plugins, hooks, keys, .. } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {

@@ -328,8 +328,9 @@ async fn insert(
     let firsts: Vec<&NewEvent> = events.iter().zip(first).filter(|(_, f)| **f).map(|(e, _)| *e).collect();
     let column = |f: fn(&NewEvent) -> &str| firsts.iter().map(|e| f(e)).collect::<Vec<&str>>();
     let stored = sqlx::query(
-        "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::text[]) \
+        "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, \
+         traceparent, tracestate) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], \
+         $6::int8[], $7::text[], $17::text[], $18::text[]) \
          ON CONFLICT DO NOTHING RETURNING tenant_id, id), \
          dl AS (INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
          next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at, ordering_key) \
@@ -363,6 +364,8 @@ async fn insert(
     .bind(rows.iter().map(|r| r.until).collect::<Vec<_>>())
     .bind(owner)
     .bind(rows.iter().map(|r| r.ordering_key).collect::<Vec<_>>())
+    .bind(firsts.iter().map(|e| e.trace.as_ref().map(TraceContext::traceparent)).collect::<Vec<_>>())
+    .bind(firsts.iter().map(|e| e.trace.as_ref().and_then(|t| t.state.as_deref())).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
     let (mut inserted, mut leased) = (HashSet::new(), HashSet::new());
@@ -477,7 +480,7 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<(Cla
          WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
          RETURNING d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
          d.next_attempt_at, d.replay_id, \
-         e.payload, e.created_at AS event_created_at, e.expires_at), \
+         e.payload, e.created_at AS event_created_at, e.expires_at, e.traceparent, e.tracestate), \
          rest AS (SELECT (SELECT MIN(d.next_attempt_at) FROM deliveries d WHERE d.endpoint_id = $1 \
          AND d.state IN ('queued', 'waiting') AND d.id NOT IN (SELECT id FROM picked) AND ",
         sql::is_head!("seq", "$1", "$7"),
@@ -515,6 +518,7 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<(Cla
                 deadline: r.try_get("deadline")?,
                 replay: r.try_get("replay_id")?,
                 fence: r.try_get("fence")?,
+                trace: stored_trace(r.try_get("traceparent")?, r.try_get("tracestate")?),
             },
         ));
     }

@@ -259,8 +259,8 @@ fn ingest_op(
     handoff: Option<&dyn Handoff>,
 ) -> Result<std::result::Result<Vec<IngestOutcome>, usize>> {
     let mut insert_event = tx.prepare_cached(
-        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
+        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, traceparent, \
+         tracestate) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT DO NOTHING",
     )?;
     let mut insert_delivery = tx.prepare_cached(
         "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
@@ -287,7 +287,9 @@ fn ingest_op(
             ev.payload,
             ev.created_at,
             ev.expires_at,
-            ev.fingerprint
+            ev.fingerprint,
+            ev.trace.as_ref().map(TraceContext::traceparent),
+            ev.trace.as_ref().and_then(|t| t.state.as_deref())
         ])?;
         if inserted == 0 {
             let (fingerprint, event_type, payload) = stored.query_row(params![tenant, id], |r| {
@@ -343,7 +345,7 @@ fn ingest_op(
 fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)> {
     let mut select = tx.prepare_cached(concat!(
         "SELECT d.rowid, d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, \
-         d.fence, e.payload, e.created_at, e.expires_at, d.replay_id FROM deliveries d \
+         d.fence, e.payload, e.created_at, e.expires_at, d.replay_id, e.traceparent, e.tracestate FROM deliveries d \
          JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
          WHERE d.endpoint_id = ?1 AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ?2 \
          AND (NOT ?4 OR EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = ?1 AND p.owner = ?5 \
@@ -373,6 +375,7 @@ fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)>
             event_created_at: r.get(10)?,
             expires_at: r.get(11)?,
             replay: r.get(12)?,
+            trace: stored_trace(r.get(13)?, r.get(14)?),
         };
         Ok((r.get::<_, i64>(0)?, claimed))
     })?;

@@ -82,6 +82,7 @@ fn delivery() -> Claimed {
         deadline: None,
         replay: None,
         fence: 1,
+        trace: None,
     }
 }
 
