@@ -13,6 +13,10 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("hyper", &["deliver.rs", "deliver/", "cli.rs", "api/"]),
     ("hyper_util", &["deliver.rs", "deliver/", "cli.rs", "api/"]),
     ("axum", &["api/", "app.rs"]),
+    // Each broker's client in its own destination submodule.
+    ("redis", &["deliver/redis.rs"]),
+    ("async_nats", &["deliver/nats.rs"]),
+    ("lapin", &["deliver/amqp.rs"]),
 ];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
