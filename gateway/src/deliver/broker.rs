@@ -50,7 +50,7 @@ impl Key {
 
 /// The first reconnect backoff and the longest.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// One connection per destination, of a client type `C` (cheap to clone: a handle).
 pub(super) struct Pool<C> {
