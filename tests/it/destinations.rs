@@ -434,7 +434,8 @@ async fn nats_jetstream_delivers_each_event_once(backend: Backend) -> anyhow::Re
 backends!(
     redis_stream_delivers_each_event_once,
     redis_maxlen_trims_the_stream,
-    nats_jetstream_delivers_each_event_once
+    nats_jetstream_delivers_each_event_once,
+    amqp_delivers_each_event_once,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,6 +507,92 @@ async fn nats_wrong_token_pauses_the_endpoint() -> anyhow::Result<()> {
     let id = ep["id"].as_str().context("id")?;
     post_events(&gw.api, "acme", 2).await?;
     let (_, reason) = paused(&gw.api, "acme", id).await?;
+    assert!(reason.starts_with("broker:auth:"), "{reason}");
+    Ok(())
+}
+
+// --- AMQP ---
+
+const SHARED_AMQP: &str = "amqp://127.0.0.1:5672/%2f";
+
+/// A topic exchange and a queue bound to all of it, on the shared RabbitMQ.
+async fn amqp_queue(exchange: &str) -> anyhow::Result<lapin::Channel> {
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let conn = lapin::Connection::connect(SHARED_AMQP, lapin::ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    let auto_delete = ExchangeDeclareOptions { auto_delete: true, ..Default::default() };
+    ch.exchange_declare(exchange.into(), lapin::ExchangeKind::Topic, auto_delete, FieldTable::default()).await?;
+    let queue = QueueDeclareOptions { auto_delete: true, ..Default::default() };
+    ch.queue_declare(exchange.into(), queue, FieldTable::default()).await?;
+    ch.queue_bind(exchange.into(), exchange.into(), "#".into(), QueueBindOptions::default(), FieldTable::default())
+        .await?;
+    Ok(ch)
+}
+
+/// Waits until the queue holds `total` messages, then takes them all: each message id's count.
+async fn amqp_all_arrive(ch: &lapin::Channel, queue: &str, total: usize) -> anyhow::Result<HashMap<String, usize>> {
+    use lapin::options::{BasicGetOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    eventually(&format!("{total} messages"), Duration::from_secs(120), || async {
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        let q = ch.queue_declare(queue.into(), passive, FieldTable::default()).await?;
+        let n = q.message_count() as usize;
+        Ok(if n >= total { Ok(()) } else { Err(format!("{n}")) })
+    })
+    .await?;
+    let mut ids = Vec::new();
+    let auto_ack = BasicGetOptions { no_ack: true };
+    while let Some(m) = ch.basic_get(queue.into(), auto_ack).await? {
+        ids.extend(m.delivery.properties.message_id().as_ref().map(|id| id.to_string()));
+    }
+    Ok(count_ids(ids.into_iter()))
+}
+
+async fn amqp_delivers_each_event_once(backend: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(backend, &[]).await?;
+    let tenant = unique("a");
+    gw.api.tenant(&tenant).await?;
+    let exchange = unique("herald.test.");
+    let ch = amqp_queue(&exchange).await?;
+    let dest = json!({"exchange": exchange, "routing_key": "{tenant}.{type}"});
+    broker_endpoint(&gw.api, &tenant, "amqp", SHARED_AMQP, dest, json!({})).await?;
+    let total = 2_000;
+    let ids = post_events(&gw.api, &tenant, total).await?;
+    let seen = amqp_all_arrive(&ch, &exchange, total).await?;
+    assert_once_each(&seen, &ids, 16);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_missing_exchange_and_unroutable_messages_pause_the_endpoint() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let tenant = unique("y");
+    gw.api.tenant(&tenant).await?;
+    let missing = json!({"exchange": unique("herald.none."), "routing_key": "k"});
+    let ep = broker_endpoint(&gw.api, &tenant, "amqp", SHARED_AMQP, missing, json!({})).await?;
+    post_events(&gw.api, &tenant, 2).await?;
+    let (_, reason) = paused(&gw.api, &tenant, ep["id"].as_str().context("id")?).await?;
+    assert!(reason.starts_with("broker:missing:") && reason.contains("NOT_FOUND"), "{reason}");
+    // The default exchange routes to a queue of the key's name: none here.
+    let unroutable = json!({"exchange": "", "routing_key": unique("herald.noqueue.")});
+    let tenant = unique("z");
+    gw.api.tenant(&tenant).await?;
+    let ep = broker_endpoint(&gw.api, &tenant, "amqp", SHARED_AMQP, unroutable, json!({})).await?;
+    post_events(&gw.api, &tenant, 1).await?;
+    let (_, reason) = paused(&gw.api, &tenant, ep["id"].as_str().context("id")?).await?;
+    assert!(reason.starts_with("broker:missing: unroutable"), "{reason}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_wrong_password_pauses_the_endpoint() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    let dest = json!({"exchange": "amq.topic", "routing_key": "k", "username": "guest", "password": "wrong"});
+    let ep = broker_endpoint(&gw.api, "acme", "amqp", SHARED_AMQP, dest, json!({})).await?;
+    post_events(&gw.api, "acme", 1).await?;
+    let (_, reason) = paused(&gw.api, "acme", ep["id"].as_str().context("id")?).await?;
     assert!(reason.starts_with("broker:auth:"), "{reason}");
     Ok(())
 }
