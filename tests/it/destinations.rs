@@ -151,6 +151,15 @@ async fn redis_all_arrive(
     .await
 }
 
+/// Waits until a delivery of `tenant` failed an attempt and waits for its retry: the
+/// broker's outage was met, not only scheduled.
+async fn a_retry_waits(api: &Api, tenant: &str) -> anyhow::Result<()> {
+    let path = format!("/v1/tenants/{tenant}/deliveries?state=waiting&limit=1");
+    api.wait_for(&path, Duration::from_secs(30), |v| v["data"].as_array().is_some_and(|d| !d.is_empty()))
+        .await
+        .map(drop)
+}
+
 /// Waits until the endpoint is paused; returns its view and the reason.
 async fn paused(api: &Api, tenant: &str, id: &str) -> anyhow::Result<(Value, String)> {
     let path = format!("/v1/tenants/{tenant}/endpoints/{id}");
@@ -272,8 +281,8 @@ async fn redis_restarted_mid_run_loses_nothing() -> anyhow::Result<()> {
     .await?;
     redis.kill();
     let at_kill = {
-        // Read back from the file once it is up again; here, only that it was mid-run.
-        tokio::time::sleep(Duration::from_millis(500)).await; // the broker stays down a while
+        // Down until an attempt has failed on it and waits for its retry.
+        a_retry_waits(&gw.api, "acme").await?;
         redis.start_again()?;
         redis.wait_up().await?;
         conn = redis_conn(&url).await?;
@@ -462,7 +471,7 @@ async fn nats_restarted_mid_run_loses_nothing() -> anyhow::Result<()> {
     })
     .await?;
     nats.kill();
-    tokio::time::sleep(Duration::from_millis(500)).await; // the broker stays down a while
+    a_retry_waits(&gw.api, "acme").await?;
     nats.start_again()?;
     nats.wait_up().await?;
     let js = async_nats::jetstream::new(async_nats::connect(&url).await?);
