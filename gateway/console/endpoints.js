@@ -1,6 +1,6 @@
 // Endpoints: health beside pacing for a page of them; one endpoint's settings, chart and
-// actions (pause, enable, pacing, OAuth2, secret rotation, plugin bindings), for a token that may
-// manage it.
+// actions (pause, enable, pacing, OAuth2, a broker destination, secret rotation, plugin
+// bindings), for a token that may manage it.
 import { api, can, tenantPath } from './api.js';
 import { rateChart } from './chart.js';
 import { facts, field, guard, h, link, needs, percent, say, stateText, table, when, put } from './dom.js';
@@ -17,6 +17,7 @@ export async function endpointsPage(main, params) {
     h('p', { class: 'muted' }, 'Success rates count attempts answered 2xx; backlog counts deliveries not finished.'),
     table('Endpoints, their pacing and their health', [
       { label: 'URL', cls: 'url', cell: (e) => link(`#/endpoints/${encodeURIComponent(e.id)}`, e.url) },
+      { label: 'Kind', cell: (e) => e.kind },
       { label: 'Description', cls: 'url', cell: (e) => e.description },
       { label: 'State', cell: (e) => stateText(e.state, e.state_reason, e.paused_until) },
       { label: 'Rate /s', num: true, cell: (e) => e.rate_per_sec },
@@ -46,7 +47,7 @@ export async function endpointPage(main, id, rerender) {
   const hl = e.health;
   put(main,
     h('section', {}, h('h2', {}, 'Health and pacing'), facts([
-      ['URL', e.url], ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
+      ['URL', e.url], ['Kind', e.kind], ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
       ['State', stateText(e.state, e.state_reason, e.paused_until)],
       ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
       ['Ordering', e.ordering === 'none' ? 'none (in parallel)' : `${e.ordering}; a dead letter: ${e.ordering_on_dead}`],
@@ -58,7 +59,7 @@ export async function endpointPage(main, id, rerender) {
       ['Plugins', HOOKS.map((k) => `${k}: ${e.plugins[k] ?? '—'}`).join(', ')],
     ]), h('p', {}, link(`#/deliveries?endpoint=${encodeURIComponent(e.id)}`, 'Its deliveries'), ' · ',
       link(`#/dead-letters?endpoint=${encodeURIComponent(e.id)}`, 'Its dead letters'))),
-    authSection(e),
+    e.kind === 'http' ? authSection(e) : destinationSection(e),
     h('section', {}, h('h2', {}, 'Delivery rate and latency, last hour'), rateChart(`Endpoint ${e.id}`, series)),
     manage ? actions(e, path, plugins.data, rerender)
       : h('section', { id: 'actions' }, h('h2', {}, 'Actions'), needs('manage-needed', 'Changing an endpoint', 'manage')));
@@ -79,6 +80,38 @@ function authSection(e) {
   rows.push(['TLS client certificate', e.tls && e.tls.client_cert ? `set (key ${e.tls.client_key_set ? 'set' : 'missing'})` : 'none']);
   rows.push(['Private CA bundle', e.tls && e.tls.ca_bundle ? 'set' : 'none: public roots only']);
   return h('section', { id: 'auth' }, h('h2', {}, 'Authentication'), facts(rows));
+}
+
+/** The settings of each broker kind, as the API names them: the template first. */
+const DESTINATION_FIELDS = {
+  'redis-stream': [['stream', 'Stream'], ['maxlen', 'MAXLEN ~'], ['username', 'Username']],
+  nats: [['subject', 'Subject'], ['username', 'Username']],
+  amqp: [['exchange', 'Exchange'], ['routing_key', 'Routing key'], ['username', 'Username']],
+};
+
+/** A broker endpoint's destination (never its password or token, only whether one is set). */
+function destinationSection(e) {
+  const d = e.destination || {};
+  const rows = (DESTINATION_FIELDS[e.kind] || []).map(([k, label]) => [label, d[k] == null ? '—' : String(d[k])]);
+  rows.push(['Password', d.password_set ? 'set' : 'not set']);
+  if (e.kind === 'nats') rows.push(['Token', d.token_set ? 'set' : 'not set']);
+  return h('section', { id: 'destination' }, h('h2', {}, 'Destination'), facts(rows));
+}
+
+/** A broker destination's settings; an empty password or token keeps the stored one. */
+function destinationForm(e, path, submit, done) {
+  const d = e.destination || {};
+  const inputs = (DESTINATION_FIELDS[e.kind] || []).map(([k, label]) =>
+    [k, label, h('input', { name: k, value: d[k] == null ? '' : String(d[k]), type: k === 'maxlen' ? 'number' : 'text' })]);
+  const secrets = [['password', 'Password', d.password_set]].concat(e.kind === 'nats' ? [['token', 'Token', d.token_set]] : [])
+    .map(([k, label, set]) => [k, label, h('input', { name: k, type: 'password', autocomplete: 'off', placeholder: set ? 'set; empty keeps it' : '' })]);
+  return h('form', { class: 'inline', 'aria-label': 'Destination', onsubmit: submit(async () => {
+    const destination = {};
+    for (const [k, , input] of inputs) destination[k] = k === 'maxlen' ? Number(input.value || 0) : input.value;
+    for (const [k, , input] of secrets) if (input.value) destination[k] = input.value;
+    await api('PATCH', path, { body: { destination } });
+    done('Destination saved.');
+  }) }, inputs.concat(secrets).map(([, label, input]) => field(label, input)), h('button', { type: 'submit' }, 'Save destination'));
 }
 
 /** The hook's selector: none, the tenant's plugins with that hook, and whatever the
@@ -150,7 +183,7 @@ function actions(e, path, plugins, rerender) {
       done('Plugin bindings saved.');
     }) }, field('Transform plugin', binds.transform), field('Classify plugin', binds.classify), field('Sign plugin', binds.sign),
     h('button', { type: 'submit' }, 'Bind plugins')),
-    oauth2Form(e, path, submit, done),
+    e.kind === 'http' ? oauth2Form(e, path, submit, done) : destinationForm(e, path, submit, done),
     h('form', { class: 'inline', 'aria-label': 'Rotate secret', onsubmit: submit(async () => {
       const r = await api('POST', `${path}/rotate-secret`, { body: {} });
       secretOut.textContent = `New secret ${r.secret}; the previous one keeps signing until ${when(r.previous_valid_until)}.`;

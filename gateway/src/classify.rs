@@ -27,6 +27,11 @@ pub enum TransportErrorKind {
     Tls,
     /// The SSRF guard refused the destination address.
     Blocked,
+    /// A broker refused the endpoint's credentials (or their permissions).
+    BrokerAuth,
+    /// A broker has no such destination: the exchange, the stream (or no JetStream stream
+    /// takes the subject), or a key of another type.
+    BrokerMissing,
     /// Any other transport failure.
     Other,
 }
@@ -119,7 +124,7 @@ pub struct UnknownTransportErrorKind(pub String);
 pub fn classify(outcome: &Outcome) -> Verdict {
     match outcome {
         Outcome::Response(r) => classify_status(r.status, r.retry_after),
-        Outcome::Transport { kind, .. } => classify_transport(*kind),
+        Outcome::Transport { kind, detail } => classify_transport(*kind, detail),
     }
 }
 
@@ -137,7 +142,7 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 
 impl TransportErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [TransportErrorKind; 8] = [
+    pub const ALL: [TransportErrorKind; 10] = [
         Self::Timeout,
         Self::ConnectTimeout,
         Self::ConnectionRefused,
@@ -145,6 +150,8 @@ impl TransportErrorKind {
         Self::Dns,
         Self::Tls,
         Self::Blocked,
+        Self::BrokerAuth,
+        Self::BrokerMissing,
         Self::Other,
     ];
 
@@ -158,6 +165,8 @@ impl TransportErrorKind {
             Self::Dns => "dns",
             Self::Tls => "tls",
             Self::Blocked => "blocked",
+            Self::BrokerAuth => "broker_auth",
+            Self::BrokerMissing => "broker_missing",
             Self::Other => "other",
         }
     }
@@ -194,12 +203,16 @@ fn classify_status(status: u16, retry_after: Option<Duration>) -> Verdict {
     }
 }
 
-fn classify_transport(kind: TransportErrorKind) -> Verdict {
+/// A broker's refusal names what to fix; the reason carries its words (cut).
+fn classify_transport(kind: TransportErrorKind, detail: &str) -> Verdict {
     use TransportErrorKind::*;
+    let cut = || detail.chars().take(300).collect::<String>();
     match kind {
         Timeout | ConnectTimeout | ConnectionRefused | ConnectionReset | Dns | Other => retry(None),
         Tls => Verdict::HoldForHuman { reason: "tls".to_owned() },
         Blocked => Verdict::Fail { reason: "blocked_destination".to_owned() },
+        BrokerAuth => Verdict::HoldForHuman { reason: format!("broker:auth: {}", cut()) },
+        BrokerMissing => Verdict::HoldForHuman { reason: format!("broker:missing: {}", cut()) },
     }
 }
 
@@ -324,17 +337,30 @@ mod tests {
             (Other, retry_v(None)),
             (Tls, pause("tls")),
             (Blocked, fail("blocked_destination")),
+            (BrokerAuth, pause("broker:auth: NOAUTH")),
+            (BrokerMissing, pause("broker:missing: NOAUTH")),
         ];
         assert_eq!(cases.len(), TransportErrorKind::ALL.len());
         for (kind, want) in cases {
-            assert_eq!(classify(&Outcome::Transport { kind, detail: String::new() }), want, "{kind}");
+            // Only a broker's refusal carries the broker's words into the reason.
+            assert_eq!(classify(&Outcome::Transport { kind, detail: "NOAUTH".into() }), want, "{kind}");
         }
     }
 
     #[test]
     fn transport_kind_names_round_trip() {
-        let names =
-            ["timeout", "connect_timeout", "connection_refused", "connection_reset", "dns", "tls", "blocked", "other"];
+        let names = [
+            "timeout",
+            "connect_timeout",
+            "connection_refused",
+            "connection_reset",
+            "dns",
+            "tls",
+            "blocked",
+            "broker_auth",
+            "broker_missing",
+            "other",
+        ];
         for (kind, name) in TransportErrorKind::ALL.into_iter().zip(names) {
             assert_eq!(kind.as_str(), name);
             assert_eq!(kind.to_string(), name);

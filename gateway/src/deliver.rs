@@ -1,7 +1,9 @@
 //! Outbound HTTP to webhook endpoints (hyper + rustls): connection reuse per endpoint,
 //! separate connect and total deadlines, no redirects, the SSRF guard, and the first 1 KiB
-//! of every response. Architecture invariant: the only module that talks to webhook
-//! endpoints. It decides nothing about retries; it reports what happened.
+//! of every response; and publishes to broker destinations (`broker`: Redis Streams, NATS
+//! JetStream, AMQP, each client crate linked only in its own submodule). Architecture
+//! invariant: the only module that talks to webhook endpoints and brokers. It decides
+//! nothing about retries; it reports what happened.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -18,9 +20,14 @@ use crate::classify::{self, Outcome, Response, TransportErrorKind};
 use crate::model::Millis;
 use crate::net::is_forbidden;
 
+mod amqp;
+mod broker;
 mod connect;
+mod nats;
 mod oauth;
 pub mod otlp;
+mod redis;
+pub use broker::Message;
 pub use connect::Via;
 pub use oauth::{Token, TokenState};
 
@@ -137,6 +144,16 @@ pub struct Deliverer {
     allow_private: bool,
     clients: Arc<Mutex<HashMap<PoolKey, HttpsClient>>>,
     tokens: Arc<oauth::Tokens>,
+    brokers: Arc<Brokers>,
+}
+
+/// The broker connections of a node, one pool per kind.
+#[derive(Default)]
+struct Brokers {
+    // `self::`: the submodules, not the client crates each of them alone links.
+    redis: self::redis::Redis,
+    nats: self::nats::Nats,
+    amqp: self::amqp::Amqp,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -149,7 +166,27 @@ struct DnsFailed(String);
 
 impl Deliverer {
     pub fn new(allow_private: bool) -> Deliverer {
-        Deliverer { allow_private, clients: Arc::default(), tokens: Arc::default() }
+        Deliverer { allow_private, clients: Arc::default(), tokens: Arc::default(), brokers: Arc::default() }
+    }
+
+    /// Publishes one message to a broker destination and waits for its acknowledgement
+    /// (within `timeout`); the SSRF guard applies to the broker's host.
+    pub async fn publish(&self, m: Message) -> Outcome {
+        use crate::model::EndpointKind;
+        let port = match m.kind {
+            EndpointKind::RedisStream => 6379,
+            EndpointKind::Nats => 4222,
+            EndpointKind::Amqp => 5672,
+            EndpointKind::Http => return failed(TransportErrorKind::Other, "not a broker destination".into()),
+        };
+        if let Err(blocked) = broker::guard(&m.url, port, self.allow_private, m.connect_timeout).await {
+            return blocked;
+        }
+        match m.kind {
+            EndpointKind::RedisStream => self.brokers.redis.publish(&m).await,
+            EndpointKind::Nats => self.brokers.nats.publish(&m).await,
+            _ => self.brokers.amqp.publish(&m).await,
+        }
     }
 
     /// The pool for `route`; `Err`: its TLS material does not make a TLS configuration.

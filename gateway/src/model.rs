@@ -11,12 +11,14 @@ use serde::{Deserialize, Serialize};
 pub const OPS_TENANT: &str = "herald-ops";
 
 mod bindings;
+mod destination;
 mod egress;
 mod plugin_settings;
 mod replay;
 mod sent;
 mod trace;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
+pub use destination::{Destination, EndpointKind, TEMPLATE_PLACEHOLDERS, render_template};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use plugin_settings::*;
 pub use replay::*;
@@ -260,6 +262,12 @@ pub struct EndpointSpec {
     /// TLS client certificate and private CA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<EndpointTls>,
+    /// Where deliveries go: an HTTP `POST` (the default) or a broker at `url`.
+    #[serde(default, skip_serializing_if = "EndpointKind::is_http")]
+    pub kind: EndpointKind,
+    /// A broker destination's settings (`kind` other than `http`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<Destination>,
 }
 
 /// The stored form of a per-endpoint retry override (durations in milliseconds).

@@ -73,6 +73,8 @@ impl Ops {
             oauth2: None,
             proxy: None,
             tls: None,
+            kind: EndpointKind::Http,
+            destination: None,
         };
         let id = EndpointId::from_stored(OPS_ENDPOINT);
         match store.endpoint(&id).await? {

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use crate::model::{EndpointSpec, validate_type_filter};
+use crate::model::{Destination, EndpointKind, EndpointSpec, TEMPLATE_PLACEHOLDERS, validate_type_filter};
 use crate::schedule::{RetryOverride, RetryPolicy};
 
 /// Longest endpoint URL, in bytes.
@@ -71,21 +71,31 @@ pub fn validate_url(raw: &str, allow_private: bool) -> Result<String, SpecError>
 
 /// [`validate_url`] for the URL in `field` (an endpoint's `url`, an OAuth2 `token_url`).
 pub fn check_url(field: &str, raw: &str, allow_private: bool) -> Result<String, SpecError> {
+    check_url_of(field, raw, allow_private, EndpointKind::Http)
+}
+
+/// An endpoint URL for a destination of `kind`: one of its schemes (`http(s)`, `redis(s)`,
+/// `nats`/`tls`, `amqp(s)`), a host, no credentials (they are write-only fields), and the
+/// SSRF rules of a webhook URL.
+pub fn check_url_of(field: &str, raw: &str, allow_private: bool, kind: EndpointKind) -> Result<String, SpecError> {
     let err = |reason: String| SpecError::new(field, reason);
     check_text(field, raw, MAX_URL)?;
     let url = url::Url::parse(raw).map_err(|e| err(format!("{raw:?} is not a URL ({e})")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(err(format!("scheme must be http or https, not {:?}", url.scheme())));
+    if !kind.schemes().contains(&url.scheme()) {
+        let schemes = kind.schemes().join(" or ");
+        return Err(err(format!("scheme must be {schemes} for kind {}, not {:?}", kind.as_str(), url.scheme())));
     }
     let host = url.host().ok_or_else(|| err("missing host".into()))?;
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(err("credentials in the URL are not allowed; use headers".into()));
+        let instead = if kind.is_http() { "headers" } else { "destination.username and destination.password" };
+        return Err(err(format!("credentials in the URL are not allowed; use {instead}")));
     }
     let ip = match host {
         url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
         url::Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
         url::Host::Domain(d) if d.eq_ignore_ascii_case("localhost") => Some(Ipv4Addr::LOCALHOST.into()),
-        url::Host::Domain(_) => None,
+        // A broker URL's scheme is not special to the URL standard: its IP host is a name.
+        url::Host::Domain(d) => d.trim_matches(['[', ']']).parse().ok(),
     };
     if let Some(ip) = ip
         && !allow_private
@@ -139,7 +149,8 @@ impl EndpointSpec {
     /// custom headers and secrets. Plugin bindings are resolved by the caller, which knows
     /// the tenant's plugins.
     pub fn validate(&self, rules: &SpecRules<'_>) -> Result<(), SpecError> {
-        validate_url(&self.url, rules.allow_private_destinations)?;
+        check_url_of("url", &self.url, rules.allow_private_destinations, self.kind)?;
+        check_destination(self)?;
         check_text("description", &self.description, MAX_DESCRIPTION)?;
         if self.event_types.len() > MAX_EVENT_TYPES {
             return Err(SpecError::new("event_types", format!("at most {MAX_EVENT_TYPES} entries")));
@@ -179,6 +190,95 @@ impl EndpointSpec {
         }
         Ok(())
     }
+}
+
+/// Longest destination template or name (stream, subject, exchange, routing key), in bytes.
+pub const MAX_DESTINATION_TEXT: usize = 256;
+
+/// A broker endpoint's settings: the template its kind needs (and no other kind's), known
+/// placeholders only, credentials its kind takes; no HTTP-only setting (`oauth2`, `tls`,
+/// `proxy`). An HTTP endpoint has no `destination`.
+fn check_destination(spec: &EndpointSpec) -> Result<(), SpecError> {
+    let kind = spec.kind;
+    let Some(dest) = &spec.destination else {
+        return match kind {
+            EndpointKind::Http => Ok(()),
+            _ => Err(SpecError::new("destination", format!("is required for kind {}", kind.as_str()))),
+        };
+    };
+    if kind.is_http() {
+        return Err(SpecError::new("destination", "is only for the kinds redis-stream, nats and amqp"));
+    }
+    for (field, set) in
+        [("oauth2", spec.oauth2.is_some()), ("tls", spec.tls.is_some()), ("proxy", spec.proxy.is_some())]
+    {
+        if set {
+            return Err(SpecError::new(field, format!("is for kind http only, not {}", kind.as_str())));
+        }
+    }
+    let Destination { stream, maxlen, subject, exchange, routing_key, username, password, token } = dest;
+    let (name, needed) = match kind {
+        EndpointKind::RedisStream => ("destination.stream", stream),
+        EndpointKind::Nats => ("destination.subject", subject),
+        _ => ("destination.routing_key", routing_key),
+    };
+    let template = needed.as_deref().ok_or_else(|| SpecError::new(name, "required"))?;
+    check_template(name, template, kind)?;
+    let foreign = [
+        ("destination.stream", stream.is_some() && kind != EndpointKind::RedisStream),
+        ("destination.maxlen", maxlen.is_some() && kind != EndpointKind::RedisStream),
+        ("destination.subject", subject.is_some() && kind != EndpointKind::Nats),
+        ("destination.exchange", exchange.is_some() && kind != EndpointKind::Amqp),
+        ("destination.routing_key", routing_key.is_some() && kind != EndpointKind::Amqp),
+        ("destination.token", token.is_some() && kind != EndpointKind::Nats),
+    ];
+    if let Some((field, _)) = foreign.iter().find(|(_, bad)| *bad) {
+        return Err(SpecError::new(*field, format!("is not a setting of kind {}", kind.as_str())));
+    }
+    if *maxlen == Some(0) {
+        return Err(SpecError::new("destination.maxlen", "must be positive"));
+    }
+    if let Some(x) = exchange {
+        check_text("destination.exchange", x, MAX_DESTINATION_TEXT)?;
+    }
+    if let Some(u) = username {
+        check_text("destination.username", u, MAX_DESTINATION_TEXT)?;
+    }
+    for (field, secret) in [("destination.password", password), ("destination.token", token)] {
+        if let Some(s) = secret {
+            check_text(field, s.expose(), MAX_DESTINATION_TEXT)?;
+        }
+    }
+    if token.is_some() && (username.is_some() || password.is_some()) {
+        return Err(SpecError::new("destination.token", "is instead of username and password, not with them"));
+    }
+    if password.is_some() && username.is_none() && kind != EndpointKind::RedisStream {
+        return Err(SpecError::new("destination.username", "is required with destination.password"));
+    }
+    Ok(())
+}
+
+/// A destination template: not empty, visible ASCII, only the known `{…}` placeholders; a
+/// NATS subject has no spaces or wildcards (`*`, `>`) and no empty token.
+fn check_template(field: &str, template: &str, kind: EndpointKind) -> Result<(), SpecError> {
+    check_text(field, template, MAX_DESTINATION_TEXT)?;
+    if template.is_empty() {
+        return Err(SpecError::new(field, "must not be empty"));
+    }
+    if !template.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err(SpecError::new(field, "must be visible ASCII without spaces"));
+    }
+    let mut rest = template.to_string();
+    for p in TEMPLATE_PLACEHOLDERS {
+        rest = rest.replace(p, "x");
+    }
+    if rest.contains(['{', '}']) {
+        return Err(SpecError::new(field, "knows only the placeholders {type} and {tenant}"));
+    }
+    if kind == EndpointKind::Nats && (rest.contains(['*', '>']) || rest.split('.').any(str::is_empty)) {
+        return Err(SpecError::new(field, "must be a NATS subject without wildcards or empty tokens"));
+    }
+    Ok(())
 }
 
 /// Longest PEM text (a certificate chain, a key, a CA bundle), in bytes.
@@ -311,6 +411,30 @@ mod tests {
         assert!(validate_url(&format!("https://example.com/{}", "a".repeat(MAX_URL)), false).is_err());
         assert!(validate_url("ftp://example.com", false).is_err());
         assert!(validate_url("https://u:p@example.com", false).is_err());
+    }
+
+    #[test]
+    fn broker_urls_take_their_kinds_schemes_and_the_ssrf_rules() {
+        let redis = EndpointKind::RedisStream;
+        assert!(check_url_of("url", "redis://cache.example.com:6379/0", false, redis).is_ok());
+        assert!(check_url_of("url", "redis://127.0.0.1:6379", true, redis).is_ok());
+        assert!(check_url_of("url", "redis://127.0.0.1:6379", false, redis).is_err());
+        let wrong = check_url_of("url", "https://example.com", false, redis).unwrap_err();
+        assert!(wrong.reason.contains("redis or rediss"), "{wrong}");
+        let creds = check_url_of("url", "nats://u:p@example.com", false, EndpointKind::Nats).unwrap_err();
+        assert!(creds.reason.contains("destination.username"), "{creds}");
+        assert!(check_url_of("url", "amqp://mq.example.com/%2f", false, EndpointKind::Amqp).is_ok());
+    }
+
+    #[test]
+    fn destination_templates() {
+        let nats = EndpointKind::Nats;
+        assert!(check_template("t", "herald.{tenant}.{type}", nats).is_ok());
+        for bad in ["", "a b", "a.*", "a.>", "a..b", "{event}", "x{type"] {
+            assert!(check_template("t", bad, nats).is_err(), "{bad:?}");
+        }
+        assert!(check_template("t", "stream:{type}", EndpointKind::RedisStream).is_ok());
+        assert!(check_template("t", "a*b", EndpointKind::RedisStream).is_ok());
     }
 
     #[test]

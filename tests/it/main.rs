@@ -12,6 +12,7 @@
 //! - `contract`: the OpenAPI document against the router, schemathesis, the generated client
 //! - `db_restart`: Herald's Postgres (a server of the test's own) restarting under running nodes
 //! - `delivery`: sending to receivers: retries, 429 pauses, the classification table, signatures
+//! - `destinations`: queue destinations (Redis Streams, NATS JetStream) against real brokers
 //! - `durability`: a killed or stopped `herald` process: nothing acknowledged is lost, restarts resume
 //! - `endpoint_auth`: how requests authenticate and leave: OAuth2 against a local token server
 //! - `edges`: the listener: slow and idle clients, the connection cap
@@ -42,6 +43,7 @@ mod console;
 mod contract;
 mod db_restart;
 mod delivery;
+mod destinations;
 mod durability;
 mod edges;
 mod endpoint_auth;

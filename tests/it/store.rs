@@ -130,6 +130,8 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
             oauth2: None,
             proxy: None,
             tls: None,
+            kind: EndpointKind::Http,
+            destination: None,
         },
         state: EndpointState::Active,
         state_reason: None,

@@ -18,6 +18,10 @@ const OWNERS: &[(&str, &[&str])] = &[
     ("opentelemetry_sdk", &["telemetry.rs"]),
     ("opentelemetry_otlp", &["telemetry.rs"]),
     ("opentelemetry_http", &["deliver/otlp.rs"]),
+    // Each broker's client in its own destination submodule.
+    ("redis", &["deliver/redis.rs"]),
+    ("async_nats", &["deliver/nats.rs"]),
+    ("lapin", &["deliver/amqp.rs"]),
 ];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {

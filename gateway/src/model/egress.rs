@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// A value the API takes and never shows: stored, used, never printed (`Debug` and every
 /// API view leave it out).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct WriteOnly(String);
 

@@ -107,6 +107,8 @@ fn the_pause_rule() {
         oauth2: None,
         proxy: None,
         tls: None,
+        kind: EndpointKind::Http,
+        destination: None,
     };
     const NOW: Millis = 1_000_000;
     //  state                     paused_until        → sendable at NOW

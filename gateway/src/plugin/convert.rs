@@ -31,7 +31,7 @@ impl From<classify::TransportErrorKind> for wit::TransportErrorKind {
             K::ConnectionReset => wit::TransportErrorKind::ConnectionReset,
             K::Dns => wit::TransportErrorKind::Dns,
             K::Tls => wit::TransportErrorKind::Tls,
-            K::Blocked | K::Other => wit::TransportErrorKind::Other,
+            K::Blocked | K::BrokerAuth | K::BrokerMissing | K::Other => wit::TransportErrorKind::Other,
         }
     }
 }

@@ -16,10 +16,10 @@ use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_e
 use super::signal::{Shared, Target};
 use super::{HUMAN_PAUSE, Inner};
 use crate::classify::{self, Outcome, Verdict};
-use crate::deliver::{ClientTls, Outgoing, Route, Via};
+use crate::deliver::{ClientTls, Message, Outgoing, Route, Via};
 use crate::model::{
-    Attempt, DeliveryState, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, TRACEPARENT, TRACESTATE,
-    TraceContext, envelope, new_id, span_id,
+    Attempt, DeliveryState, Destination, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, TRACEPARENT,
+    TRACESTATE, TraceContext, envelope, new_id, render_template, span_id,
 };
 use crate::net::headers::is_reserved;
 use crate::net::proxy::ProxyUrl;
@@ -404,6 +404,9 @@ async fn send(
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
+    if let (false, Some(dest)) = (spec.kind.is_http(), &target.destination) {
+        return published(inner, spec, dest, d, headers, body, is_envelope).await;
+    }
     let route = match route(inner, spec) {
         Ok(route) => route,
         Err(e) => {
@@ -448,6 +451,35 @@ async fn send(
         };
         refreshed = true;
     }
+}
+
+/// A broker endpoint's attempt: the same body and webhook headers, published to the
+/// destination its template names for this event, judged once the broker acknowledges it.
+async fn published(
+    inner: &Inner,
+    spec: &EndpointSpec,
+    dest: &Arc<Destination>,
+    d: &Claimed,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    is_envelope: bool,
+) -> Exchange {
+    let sent = SentRequest::new(&headers, &body, is_envelope);
+    let template = dest.template(spec.kind).unwrap_or_default();
+    let message = Message {
+        kind: spec.kind,
+        url: spec.url.clone(),
+        destination: dest.clone(),
+        target: render_template(template, &d.event_type, d.tenant.as_str()),
+        id: d.event_id.to_string(),
+        headers,
+        body: Bytes::from(body),
+        connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
+        timeout: Duration::from_millis(spec.timeout_ms),
+    };
+    let outcome = inner.deliverer.publish(message).await;
+    inner.metrics.attempts.inc();
+    Exchange::Answered(outcome, sent)
 }
 
 /// How the endpoint's requests leave the node: its deadlines, and its own proxy (guarded

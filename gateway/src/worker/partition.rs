@@ -541,7 +541,8 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-    Target { endpoint, policy, secrets, counters }
+    let destination = endpoint.spec.destination.clone().map(Arc::new);
+    Target { endpoint, policy, secrets, destination, counters }
 }
 
 impl Partition {

@@ -26,6 +26,8 @@ mod ordered;
 mod outbox;
 #[path = "bench/pgcpu.rs"]
 mod pgcpu;
+#[path = "bench/queue.rs"]
+mod queue;
 #[path = "bench/scale.rs"]
 mod scale;
 
@@ -78,6 +80,10 @@ enum Scenario {
         /// accepts and discards them; unset: export off (the default node).
         #[arg(long)]
         otlp_ratio: Option<f64>,
+        /// The destination: `http` (the fast receiver), or `redis-stream`, `nats`, `amqp` on
+        /// the machine's brokers (127.0.0.1, usual ports), counted there.
+        #[arg(long, default_value = "http")]
+        kind: String,
     },
     /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
     /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
@@ -533,7 +539,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins, hooks, keys, .. } => {
+        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, .. } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {
@@ -554,14 +560,25 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                 }
             }
             let ordering = if keys > 0 { "key" } else { "none" };
+            let broker = queue::Broker::open(&kind).await?;
             for _ in 0..endpoints {
-                api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings, "ordering": ordering})).await?;
+                let mut spec = json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings, "ordering": ordering});
+                if let Some(b) = &broker {
+                    b.target(&mut spec);
+                }
+                api.endpoint("bench", spec).await?;
             }
             let cpu_before = cpu_seconds(node.pid())?;
             let start = Instant::now();
             post_keyed(&api, "invoice.paid", events, keys).await?;
             let total = events * endpoints;
-            rx.wait_for(total, Duration::from_secs(300)).await?;
+            match &broker {
+                Some(b) => b.wait_for(total, Duration::from_secs(300)).await?,
+                None => rx.wait_for(total, Duration::from_secs(300)).await.map(drop)?,
+            }
+            if let Some(b) = broker {
+                b.clean().await?;
+            }
             let secs = start.elapsed().as_secs_f64();
             out.insert("deliveries_per_s".into(), total as f64 / secs);
             out.insert("seconds".into(), secs);

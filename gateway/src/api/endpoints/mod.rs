@@ -15,7 +15,7 @@ use super::{ApiError, AppState, page_limit, rfc3339};
 use crate::config::parse_duration_ms;
 use crate::model::*;
 use crate::sign::Secret;
-use crate::spec::{SpecRules, check_text, validate_url};
+use crate::spec::{SpecRules, check_text, check_url_of};
 use crate::store::EndpointChange;
 use health::{HealthOut, page_health};
 
@@ -26,8 +26,18 @@ mod health;
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EndpointIn {
-    /// `https://` (or `http://`) URL the deliveries go to.
+    /// `https://` (or `http://`) URL the deliveries go to; for a broker kind, the broker's
+    /// (`redis://host:port[/db]`, `nats://host:port`, `amqp://host:port[/vhost]`), without
+    /// credentials.
     url: Option<String>,
+    /// `http` (the default), `redis-stream`, `nats` or `amqp`. A broker kind needs
+    /// `destination`; changing the kind needs the matching `url` and `destination`.
+    kind: Option<EndpointKind>,
+    /// A broker kind's settings. Patched field by field (`""` removes one; an omitted
+    /// `password` or `token` keeps the stored one); `null` removes them all.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<DestinationIn>, nullable)]
+    destination: Option<Option<DestinationIn>>,
     description: Option<String>,
     /// Exact event types and `prefix.*` patterns; empty: every type.
     event_types: Option<Vec<String>>,
@@ -65,6 +75,42 @@ pub(crate) struct EndpointIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<TlsIn>, nullable)]
     tls: Option<Option<TlsIn>>,
+}
+
+/// A broker destination as written. Templates take `{type}` (the event type) and
+/// `{tenant}`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DestinationIn {
+    /// `redis-stream`: the stream key template (required).
+    stream: Option<String>,
+    /// `redis-stream`: trim the stream to about this many entries (`XADD … MAXLEN ~ n`);
+    /// `0` removes it.
+    maxlen: Option<u64>,
+    /// `nats`: the subject template (required); a JetStream stream must take it.
+    subject: Option<String>,
+    /// `amqp`: the exchange (`""`: the default exchange).
+    exchange: Option<String>,
+    /// `amqp`: the routing key template (required).
+    routing_key: Option<String>,
+    username: Option<String>,
+    /// Write-only: never shown again.
+    password: Option<String>,
+    /// `nats`: an authentication token, instead of `username` and `password`. Write-only.
+    token: Option<String>,
+}
+
+/// A broker destination as shown: never the password or token, only whether one is set.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DestinationOut {
+    stream: Option<String>,
+    maxlen: Option<u64>,
+    subject: Option<String>,
+    exchange: Option<String>,
+    routing_key: Option<String>,
+    username: Option<String>,
+    password_set: bool,
+    token_set: bool,
 }
 
 /// TLS material as written, PEM. Checked at once: certificates that parse, a client
@@ -163,9 +209,15 @@ fn duration_ms(field: &str, text: &str) -> Result<u64, ApiError> {
 /// Maps `input` onto `spec`, checks the plugin bindings against the tenant's plugins, and
 /// validates the result as a whole (`EndpointSpec::validate`, shared with config and ops).
 fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: EndpointIn) -> Result<(), ApiError> {
+    spec.kind = input.kind.unwrap_or(spec.kind);
     if let Some(url) = input.url {
         // Normalised (and checked again below with the rest).
-        spec.url = validate_url(&url, state.config.delivery.allow_private_destinations)?;
+        spec.url = check_url_of("url", &url, state.config.delivery.allow_private_destinations, spec.kind)?;
+    }
+    match input.destination {
+        None => {}
+        Some(None) => spec.destination = None,
+        Some(Some(d)) => spec.destination = Some(destination(spec.destination.take(), d)),
     }
     if let Some(d) = input.description {
         spec.description = d;
@@ -229,15 +281,47 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     Ok(())
 }
 
+/// A text field patched: a new value replaces the stored one, `""` removes it, and an
+/// omitted one keeps it.
+fn patched(new: Option<String>, old: Option<String>) -> Option<String> {
+    match new {
+        Some(v) if v.is_empty() => None,
+        Some(v) => Some(v),
+        None => old,
+    }
+}
+
+/// A destination patched onto the stored one: a field written replaces it (`""` or a
+/// `maxlen` of 0 removes it), one omitted stays.
+fn destination(stored: Option<Destination>, input: DestinationIn) -> Destination {
+    let stored = stored.unwrap_or_default();
+    let pick = patched;
+    let secret = |new: Option<String>, old: Option<WriteOnly>| match new {
+        Some(v) => patched(Some(v), None).map(WriteOnly::new),
+        None => old,
+    };
+    Destination {
+        stream: pick(input.stream, stored.stream),
+        maxlen: match input.maxlen {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => stored.maxlen,
+        },
+        subject: pick(input.subject, stored.subject),
+        // `""` is the default exchange, a value of its own.
+        exchange: input.exchange.or(stored.exchange),
+        routing_key: pick(input.routing_key, stored.routing_key),
+        username: pick(input.username, stored.username),
+        password: secret(input.password, stored.password),
+        token: secret(input.token, stored.token),
+    }
+}
+
 /// TLS settings patched onto the stored ones: checked with the key in clear (the stored
 /// one opened), then the key sealed. `None`: nothing left.
 fn tls(state: &AppState, stored: Option<EndpointTls>, input: TlsIn) -> Result<Option<EndpointTls>, ApiError> {
     let stored = stored.unwrap_or_default();
-    let pick = |new: Option<String>, old: Option<String>| match new {
-        Some(v) if v.is_empty() => None,
-        Some(v) => Some(v),
-        None => old,
-    };
+    let pick = patched;
     let cert = pick(input.client_cert, stored.client_cert);
     let ca = pick(input.ca_bundle, stored.ca_bundle);
     let sealer = state.config.secrets.as_ref();
@@ -331,6 +415,8 @@ pub(crate) struct EndpointOut {
     id: String,
     tenant: String,
     url: String,
+    kind: EndpointKind,
+    destination: Option<DestinationOut>,
     description: String,
     event_types: Vec<String>,
     rate_per_sec: f64,
@@ -407,6 +493,17 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         id: e.id.to_string(),
         tenant: e.tenant.to_string(),
         url: s.url.clone(),
+        kind: s.kind,
+        destination: s.destination.as_ref().map(|d| DestinationOut {
+            stream: d.stream.clone(),
+            maxlen: d.maxlen,
+            subject: d.subject.clone(),
+            exchange: d.exchange.clone(),
+            routing_key: d.routing_key.clone(),
+            username: d.username.clone(),
+            password_set: d.password.is_some(),
+            token_set: d.token.is_some(),
+        }),
         description: s.description.clone(),
         event_types: s.event_types.clone(),
         rate_per_sec: s.rate_per_sec,
@@ -495,6 +592,8 @@ pub(crate) async fn create(
         oauth2: None,
         proxy: None,
         tls: None,
+        kind: EndpointKind::Http,
+        destination: None,
     };
     // A binding is checked and written under the tenant's plugin lock (see `PluginLocks`).
     let _bindings = match input.plugins.is_some() {

@@ -1,0 +1,85 @@
+//! NATS JetStream destinations (`async-nats`; linked only here): a publish with the webhook
+//! headers as message headers and `Nats-Msg-Id` set to the webhook id (JetStream drops a
+//! repeat within its duplicate window), counted once the stream acknowledges it. One
+//! client per destination, which reconnects by itself; while it is disconnected attempts
+//! fail at once (retried) rather than queue in its buffer. No stream for the subject is
+//! `broker_missing`; refused credentials are `broker_auth`.
+
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::{ConnectErrorKind, ConnectOptions, connection::State};
+
+use super::broker::{Key, Message, Pool, acknowledged, failed, message_headers};
+use crate::classify::{Outcome, TransportErrorKind};
+
+/// The NATS clients of a node, one per destination.
+#[derive(Default)]
+pub(super) struct Nats {
+    pool: Pool<async_nats::jetstream::Context>,
+}
+
+impl Nats {
+    pub(super) async fn publish(&self, m: &Message) -> Outcome {
+        let key = Key::of(m);
+        let js = match self.pool.get(&key, || connect(m)).await {
+            Ok(c) => c,
+            Err(outcome) => return outcome,
+        };
+        if js.client().connection_state() != State::Connected {
+            return failed(TransportErrorKind::ConnectionReset, "disconnected from the NATS server; reconnecting");
+        }
+        let mut msg = PublishMessage::build().payload(m.body.clone()).message_id(&m.id);
+        for (k, v) in message_headers(m) {
+            msg = msg.header(k, v);
+        }
+        let acked = async {
+            let ack = js.send_publish(m.target.clone(), msg).await?;
+            ack.await
+        };
+        match tokio::time::timeout(m.timeout, acked).await {
+            Ok(Ok(ack)) => {
+                let dup = if ack.duplicate { " (duplicate)" } else { "" };
+                acknowledged(format!("{} seq {}{dup}", ack.stream, ack.sequence))
+            }
+            Ok(Err(e)) => publish_failed(&e),
+            Err(_) => failed(TransportErrorKind::Timeout, format!("no JetStream ack within {:?}", m.timeout)),
+        }
+    }
+}
+
+async fn connect(m: &Message) -> Result<async_nats::jetstream::Context, Outcome> {
+    let d = &m.destination;
+    let mut options = ConnectOptions::new().connection_timeout(m.connect_timeout).name("herald");
+    if let (Some(user), Some(pass)) = (&d.username, &d.password) {
+        options = options.user_and_password(user.clone(), pass.expose().to_string());
+    }
+    if let Some(token) = &d.token {
+        options = options.token(token.expose().to_string());
+    }
+    let client = options.connect(m.url.as_str()).await.map_err(|e| {
+        let kind = match e.kind() {
+            ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation => {
+                TransportErrorKind::BrokerAuth
+            }
+            ConnectErrorKind::TimedOut => TransportErrorKind::ConnectTimeout,
+            ConnectErrorKind::Dns => TransportErrorKind::Dns,
+            ConnectErrorKind::Tls => TransportErrorKind::Tls,
+            ConnectErrorKind::Io | ConnectErrorKind::MaxReconnects => TransportErrorKind::ConnectionRefused,
+            ConnectErrorKind::ServerParse => TransportErrorKind::Other,
+        };
+        failed(kind, e.to_string())
+    })?;
+    let mut js = async_nats::jetstream::new(client);
+    js.set_timeout(m.timeout);
+    Ok(js)
+}
+
+fn publish_failed(e: &PublishError) -> Outcome {
+    let kind = match e.kind() {
+        PublishErrorKind::StreamNotFound => TransportErrorKind::BrokerMissing,
+        PublishErrorKind::TimedOut => TransportErrorKind::Timeout,
+        PublishErrorKind::BrokenPipe => TransportErrorKind::ConnectionReset,
+        _ => TransportErrorKind::Other,
+    };
+    failed(kind, e.to_string())
+}
