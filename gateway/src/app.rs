@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::catalog::Catalog;
 use crate::ops::{self, Ops};
 use crate::outbox;
 use crate::plugin::PluginHost;
@@ -83,6 +84,11 @@ pub async fn run(
     if shared {
         tokio::spawn(follow_plugin_settings(store.clone(), plugins.clone(), stopped.clone()));
     }
+    let catalog = Arc::new(Catalog::new(metrics.clone()));
+    catalog.refresh(&store).await?;
+    if shared {
+        tokio::spawn(follow_catalog(store.clone(), catalog.clone(), stopped.clone()));
+    }
     let engine = Engine::start(
         node_id.clone(),
         store.clone(),
@@ -97,10 +103,21 @@ pub async fn run(
     let waker: crate::intake::Waker = Arc::new(engine.clone());
     ops.attach(&waker);
     let replayer = Replayer::start(store.clone(), waker.clone(), config.retry.ttl(), shared, stopped.clone()).await;
-    let relays = start_outbox(&config, &store, &committer, &metrics, &waker, &ops, stopped.clone())?;
+    // A relay for each `[[outbox]]` source, feeding the same intake as the API.
+    let outbox_node = outbox::Node {
+        store: store.clone(),
+        committer: committer.clone(),
+        metrics: metrics.clone(),
+        engine: waker.clone(),
+        ops: ops.clone(),
+        limits: crate::intake::IntakeLimits::from_config(&config),
+        catalog: catalog.clone(),
+    };
+    let relays = outbox::start(&config.outbox, outbox_node, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins)
         .with_outbox(relays)
+        .with_catalog(catalog)
         .with_deliverer(engine.deliverer());
     let admin = match config.admin_listen {
         Some(addr) => Some(TcpListener::bind(addr).await?),
@@ -185,27 +202,6 @@ fn host_name() -> String {
     if name.is_empty() { "herald".into() } else { name }
 }
 
-/// Starts a relay for each `[[outbox]]` source, feeding the same intake as the API.
-fn start_outbox(
-    config: &Config,
-    store: &store::DynStore,
-    committer: &Committer,
-    metrics: &Arc<Metrics>,
-    engine: &crate::intake::Waker,
-    ops: &Ops,
-    stopped: watch::Receiver<bool>,
-) -> Result<outbox::Relays, AppError> {
-    let node = outbox::Node {
-        store: store.clone(),
-        committer: committer.clone(),
-        metrics: metrics.clone(),
-        engine: engine.clone(),
-        ops: ops.clone(),
-        limits: crate::intake::IntakeLimits::from_config(config),
-    };
-    Ok(outbox::start(&config.outbox, node, stopped)?)
-}
-
 /// Starts the plugin host: it loads every tenant's plugins in the background (serving
 /// does not wait for them) and watches the directory.
 async fn start_plugins(config: &Config) -> Result<PluginHost, AppError> {
@@ -222,6 +218,23 @@ async fn apply_plugin_settings(store: &DynStore, plugins: &PluginHost) -> Result
         plugins.set_tenant_config(s.tenant.as_str(), &s.plugin, s.settings.merged());
     }
     Ok(())
+}
+
+/// On a shared store, follows other nodes' catalog writes within [`SETTINGS_FOLLOW`]: one
+/// read of `catalog_revision` per interval, and a reload of the catalog only when it moved
+/// (schemas of a (type, version) already compiled are kept). A poll rather than a NOTIFY:
+/// a catalog changes rarely, a missed notification would leave a node validating against
+/// an old schema until restart, and a one-row read a second costs nothing.
+async fn follow_catalog(store: DynStore, catalog: Arc<Catalog>, mut stopped: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(SETTINGS_FOLLOW) => {}
+            _ = stopped.wait_for(|s| *s) => return,
+        }
+        if let Err(e) = catalog.refresh(&store).await {
+            tracing::warn!(error = %e, "cannot read the event catalog; will retry");
+        }
+    }
 }
 
 /// How soon a node sharing a Postgres store applies a plugin setting another node took.

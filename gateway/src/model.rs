@@ -11,11 +11,13 @@ use serde::{Deserialize, Serialize};
 pub const OPS_TENANT: &str = "herald-ops";
 
 mod bindings;
+mod catalog;
 mod egress;
 mod plugin_settings;
 mod replay;
 mod sent;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
+pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use plugin_settings::*;
 pub use replay::*;
@@ -424,13 +426,17 @@ pub fn type_filter_matches(filter: &[String], event_type: &str) -> bool {
 }
 
 /// The deliveries a new event fans out to: one per subscriber of its tenant (in the order
-/// given) whose event-type filter matches, each with a fresh time-ordered id. Pure; both
+/// given) whose event-type filter matches (or the one subscriber it is `only` for), each
+/// with a fresh time-ordered id. Pure; both
 /// stores call it inside the transaction that stores the event, so a subscription change
 /// and the fan-out never interleave.
 pub fn fan_out<'s>(event: &'s NewEvent, subscribers: &'s [Subscriber], rng: &mut impl rand::Rng) -> Vec<FannedOut<'s>> {
     subscribers
         .iter()
-        .filter(|s| type_filter_matches(&s.event_types, &event.event_type))
+        .filter(|s| match &event.only {
+            Some(only) => only.as_str() == s.endpoint,
+            None => type_filter_matches(&s.event_types, &event.event_type),
+        })
         .map(|s| FannedOut {
             id: DeliveryId::generate(event.created_at, rng),
             endpoint: s.endpoint.as_str(),
@@ -579,6 +585,9 @@ pub struct NewEvent {
     pub expires_at: Millis,
     /// The key its deliveries to endpoints ordered by `key` are ordered within.
     pub ordering_key: Option<String>,
+    /// Deliver to this endpoint of the tenant alone, whatever its event-type filter (a
+    /// test send); `None`: to every subscriber whose filter matches.
+    pub only: Option<EndpointId>,
 }
 
 /// The sha256 hex of an event's type and payload bytes. A type never contains a newline,

@@ -120,6 +120,7 @@ impl Ops {
                 created_at: now,
                 expires_at: now + self.ttl_ms,
                 ordering_key: None,
+                only: None,
             },
             Err(e) => {
                 tracing::warn!(error = %e, "bad operational event id");

@@ -149,6 +149,7 @@ fn event(tenant: &str, id: &str, event_type: &str, at: Millis) -> NewEvent {
         created_at: at,
         expires_at: at + 24 * HOUR,
         ordering_key: None,
+        only: None,
     }
 }
 

@@ -14,7 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::doc::ErrorCode;
 use super::extract::{EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath};
 use super::{ApiError, AppState, query_rfc3339, rfc3339};
-use crate::intake::{self, IntakeLimits};
+use crate::intake::{self, Checks, IntakeLimits};
 use crate::model::*;
 use crate::store::{DeliveryFilter, IngestOutcome, StoreError};
 
@@ -49,6 +49,7 @@ fn accepted(id: &EventId, o: &IngestOutcome) -> AcceptedOut {
     responses(
         (status = 202, description = "Stored with its deliveries", body = AcceptedOut),
         (status = 409, description = "`conflict`: the id was used with another type or payload", body = super::doc::ErrorBody),
+        (status = 422, description = "`invalid_request`: the tenant enforces its event catalog and the payload fails its type's schema (the message names the path), or the catalog lacks the type", body = super::doc::ErrorBody),
     ),
     security(("tenant_token" = ["events:write"]), ("admin_token" = [])),
 )]
@@ -58,7 +59,9 @@ pub(crate) async fn create(
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedOut>), ApiError> {
     let input = intake::parse_one(&body)?;
-    let event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
+    let limits = limits(&state);
+    let checks = Checks { limits: &limits, catalog: &state.catalog };
+    let event = intake::prepare(&tenant, &input, checks, state.clock.now(), &mut rand::rng())?;
     let outcomes = accept(&state, vec![event]).await?;
     let (id, outcome) = &outcomes[0];
     Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))
@@ -71,6 +74,7 @@ pub(crate) async fn create(
     responses(
         (status = 202, description = "All stored with their deliveries", body = AcceptedList),
         (status = 409, description = "`conflict`: an id was used with another type or payload", body = super::doc::ErrorBody),
+        (status = 422, description = "`invalid_request`: an event fails the tenant's enforced event catalog (`events[i]: payload.…`)", body = super::doc::ErrorBody),
     ),
     security(("tenant_token" = ["events:write"]), ("admin_token" = [])),
 )]
@@ -79,7 +83,9 @@ pub(crate) async fn create_batch(
     TenantAuth { tenant, .. }: TenantAuth<EventsWrite>,
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<AcceptedList>), ApiError> {
-    let events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
+    let limits = limits(&state);
+    let checks = Checks { limits: &limits, catalog: &state.catalog };
+    let events = intake::prepare_batch(&tenant, &body, checks, state.clock.now(), &mut rand::rng())?;
     let outcomes = accept(&state, events).await?;
     let data = outcomes.iter().map(|(id, o)| accepted(id, o)).collect();
     Ok((StatusCode::ACCEPTED, Json(AcceptedList { data })))

@@ -80,6 +80,8 @@ pub struct Node {
     pub engine: crate::intake::Waker,
     pub ops: Ops,
     pub limits: crate::intake::IntakeLimits,
+    /// The event catalog, checked as the events API checks it.
+    pub catalog: Arc<crate::catalog::Catalog>,
 }
 
 /// Starts one relay task per source; each stops when `stop` turns true.

@@ -153,7 +153,12 @@ impl Relay {
         }
         let now = self.node.engine.clock().now();
         let fields = (row.event_id.as_str(), row.event_type.as_str(), row.payload.as_str());
-        Ok(intake::prepare_fields(&tenant, fields, &self.node.limits, now, &mut rand::rng()).map_err(|e| reason(&e)))
+        Ok(intake::prepare_fields(&tenant, fields, self.checks(), now, &mut rand::rng()).map_err(|e| reason(&e)))
+    }
+
+    /// What intake checks a row against, as it checks a posted event.
+    fn checks(&self) -> intake::Checks<'_> {
+        intake::Checks { limits: &self.node.limits, catalog: &self.node.catalog }
     }
 
     /// The Herald tenant of a row: its `tenant` through the source's map, or the source's
@@ -220,6 +225,7 @@ impl Relay {
 fn reason(e: &IntakeError) -> String {
     let code = match e {
         IntakeError::Invalid(_) => "invalid",
+        IntakeError::Schema(_) => "schema",
         IntakeError::TooLarge { .. } => "too_large",
         IntakeError::TooDeep { .. } => "too_deep",
         IntakeError::Conflict { .. } => "conflict",
