@@ -353,3 +353,38 @@ async fn the_export_passes_an_openapi_validator(backend: Backend) -> anyhow::Res
     ensure!(out.status.success() && text.contains("valid"), "openapi-spec-validator refused the export:\n{text}");
     Ok(())
 }
+
+/// Two nodes on one Postgres: a catalog write on one reaches the other's intake within
+/// its one-second follow (`catalog_revision`), new schema versions included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_nodes_catalog_write_applies_within_seconds() -> anyhow::Result<()> {
+    let a = TestGateway::start_on(Backend::Postgres, &[("HERALD_CLUSTER_NODE_ID", "node-a")]).await?;
+    let url = a.schema().context("a Postgres schema")?.url.clone();
+    let b =
+        TestGateway::start_with(&[("HERALD_STORE_URL", url.as_str()), ("HERALD_CLUSTER_NODE_ID", "node-b")]).await?;
+    catalog_tenant(&a.api, "enforce").await?;
+    let refused_on_b = |payload: Value, needle: &'static str| {
+        let api = b.api.clone();
+        async move {
+            tests::eventually("node b to refuse", Duration::from_secs(5), || {
+                let (api, payload) = (api.clone(), payload.clone());
+                async move {
+                    let r = api.event("acme", json!({"type": "order.created", "payload": payload})).await?;
+                    tests::done_or(r.status == 422 && message(&r).contains(needle), format!("{} {}", r.status, r.text))
+                }
+            })
+            .await
+        }
+    };
+    refused_on_b(json!({"order_id": 5}), "(schema v1 of order.created)").await?;
+    let mut v2 = order_schema();
+    v2["required"] = json!(["order_id", "customer", "currency"]);
+    let mut example = good_order();
+    example["currency"] = json!("EUR");
+    a.api
+        .call("PATCH", "/v1/event-types/order.created", ADMIN_TOKEN, Some(json!({"schema": v2, "examples": [example]})))
+        .await?
+        .expect(200)?;
+    refused_on_b(good_order(), "currency").await?;
+    Ok(())
+}
