@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::catalog::Catalog;
 use crate::ops::{self, Ops};
 use crate::outbox;
 use crate::plugin::PluginHost;
@@ -90,6 +91,11 @@ pub async fn run(
     if shared {
         tokio::spawn(follow_plugin_settings(store.clone(), plugins.clone(), stopped.clone()));
     }
+    let catalog = Arc::new(Catalog::new(metrics.clone()));
+    catalog.refresh(&store).await?;
+    if shared {
+        tokio::spawn(follow_catalog(store.clone(), catalog.clone(), stopped.clone()));
+    }
     let engine = Engine::start(
         node_id.clone(),
         store.clone(),
@@ -114,13 +120,15 @@ pub async fn run(
         ops: ops.clone(),
         limits: crate::intake::IntakeLimits::from_config(&config),
         telemetry: telemetry.clone(),
+        catalog: catalog.clone(),
     };
     let relays = outbox::start(&config.outbox, outbox_node, stopped.clone())?;
     ops::start_housekeeping(store.clone(), ops, config.operator.clone(), config.retention.clone(), stopped);
     let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins)
         .with_outbox(relays)
         .with_deliverer(engine.deliverer())
-        .with_telemetry(telemetry.clone());
+        .with_telemetry(telemetry.clone())
+        .with_catalog(catalog);
     let admin = match config.admin_listen {
         Some(addr) => Some(TcpListener::bind(addr).await?),
         None => None,
@@ -222,6 +230,23 @@ async fn apply_plugin_settings(store: &DynStore, plugins: &PluginHost) -> Result
         plugins.set_tenant_config(s.tenant.as_str(), &s.plugin, s.settings.merged());
     }
     Ok(())
+}
+
+/// On a shared store, follows other nodes' catalog writes within [`SETTINGS_FOLLOW`]: one
+/// read of `catalog_revision` per interval, and a reload of the catalog only when it moved
+/// (schemas of a (type, version) already compiled are kept). A poll rather than a NOTIFY:
+/// a catalog changes rarely, a missed notification would leave a node validating against
+/// an old schema until restart, and a one-row read a second costs nothing.
+async fn follow_catalog(store: DynStore, catalog: Arc<Catalog>, mut stopped: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(SETTINGS_FOLLOW) => {}
+            _ = stopped.wait_for(|s| *s) => return,
+        }
+        if let Err(e) = catalog.refresh(&store).await {
+            tracing::warn!(error = %e, "cannot read the event catalog; will retry");
+        }
+    }
 }
 
 /// How soon a node sharing a Postgres store applies a plugin setting another node took.

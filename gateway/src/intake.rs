@@ -5,6 +5,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::catalog::{Catalog, Check};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -44,6 +45,10 @@ pub enum IntakeError {
     TooLarge { size: usize, limit: usize },
     #[error("payload nests deeper than {limit} levels of arrays and objects")]
     TooDeep { limit: usize },
+    /// The payload fails its type's schema, or the catalog lacks its type, and the tenant
+    /// enforces its catalog (`schema_validation: enforce`); the reason names the path.
+    #[error("{0}")]
+    Schema(String),
     #[error("event {id:?} was already posted with a different type or payload")]
     Conflict {
         id: String,
@@ -105,18 +110,33 @@ impl IntakeLimits {
     }
 }
 
-/// Validates one posted event into a `NewEvent` stamped with `now`.
+/// What intake checks an event against: the node's limits and the tenants' event catalogs.
+#[derive(Clone, Copy)]
+pub struct Checks<'a> {
+    pub limits: &'a IntakeLimits,
+    pub catalog: &'a Catalog,
+}
+
+/// Validates one posted event into a `NewEvent` stamped with `now`: its fields, then its
+/// payload against the tenant's event catalog as the tenant's `schema_validation` says
+/// (`enforce` refuses it, `warn` counts it).
 pub fn prepare(
     tenant: &TenantId,
     input: &EventIn<'_>,
-    limits: &IntakeLimits,
+    checks: Checks<'_>,
     now: Millis,
     rng: &mut impl rand::Rng,
 ) -> Result<NewEvent, IntakeError> {
+    let limits = checks.limits;
     validate_event_type(&input.event_type).map_err(IntakeError::Invalid)?;
     let payload = input.payload.get();
     if payload.len() > limits.max_payload_bytes {
         return Err(IntakeError::TooLarge { size: payload.len(), limit: limits.max_payload_bytes });
+    }
+    match checks.catalog.check(tenant, &input.event_type, payload) {
+        Check::Pass => {}
+        Check::Warned(reason) => tracing::debug!(tenant = %tenant, %reason, "event fails its catalog (warn)"),
+        Check::Refused(reason) => return Err(IntakeError::Schema(reason)),
     }
     let id = match &input.id {
         Some(id) => EventId::parse(id).map_err(|e| IntakeError::Invalid(e.0))?,
@@ -135,6 +155,7 @@ pub fn prepare(
         expires_at: now.saturating_add(limits.ttl_ms),
         ordering_key: input.ordering_key.clone(),
         trace: None,
+        only: None,
     })
 }
 
@@ -143,10 +164,11 @@ pub fn prepare(
 pub fn prepare_fields(
     tenant: &TenantId,
     (id, event_type, payload): (&str, &str, &str),
-    limits: &IntakeLimits,
+    checks: Checks<'_>,
     now: Millis,
     rng: &mut impl rand::Rng,
 ) -> Result<NewEvent, IntakeError> {
+    let limits = checks.limits;
     if payload.len() > limits.max_payload_bytes {
         return Err(IntakeError::TooLarge { size: payload.len(), limit: limits.max_payload_bytes });
     }
@@ -156,7 +178,7 @@ pub fn prepare_fields(
     let payload: &RawValue =
         serde_json::from_str(payload).map_err(|e| IntakeError::Invalid(format!("payload: invalid JSON: {e}")))?;
     let input = EventIn { id: Some(id.to_string()), event_type: event_type.to_string(), payload, ordering_key: None };
-    prepare(tenant, &input, limits, now, rng)
+    prepare(tenant, &input, checks, now, rng)
 }
 
 /// Parses one posted event's body (`{"type": …, "payload": …}`), nesting limit first.
@@ -211,10 +233,11 @@ pub fn nesting_depth(json: &[u8]) -> usize {
 pub fn prepare_batch(
     tenant: &TenantId,
     body: &[u8],
-    limits: &IntakeLimits,
+    checks: Checks<'_>,
     now: Millis,
     rng: &mut impl rand::Rng,
 ) -> Result<Vec<NewEvent>, IntakeError> {
+    let limits = checks.limits;
     // `{"events": [{"payload": …}]}`: three levels around each payload.
     let batch: BatchIn<'_> = parse(body, 3)?;
     if batch.events.is_empty() {
@@ -232,8 +255,9 @@ pub fn prepare_batch(
         .iter()
         .enumerate()
         .map(|(i, e)| {
-            prepare(tenant, e, limits, now, rng).map_err(|err| match err {
+            prepare(tenant, e, checks, now, rng).map_err(|err| match err {
                 IntakeError::Invalid(m) => IntakeError::Invalid(format!("events[{i}]: {m}")),
+                IntakeError::Schema(m) => IntakeError::Schema(format!("events[{i}]: {m}")),
                 other => other,
             })
         })

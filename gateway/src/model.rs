@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 pub const OPS_TENANT: &str = "herald-ops";
 
 mod bindings;
+mod catalog;
 mod destination;
 mod egress;
 mod plugin_settings;
@@ -18,6 +19,7 @@ mod replay;
 mod sent;
 mod trace;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
+pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
 pub use destination::{Destination, EndpointKind, TEMPLATE_PLACEHOLDERS, render_template};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use plugin_settings::*;
@@ -434,13 +436,17 @@ pub fn type_filter_matches(filter: &[String], event_type: &str) -> bool {
 }
 
 /// The deliveries a new event fans out to: one per subscriber of its tenant (in the order
-/// given) whose event-type filter matches, each with a fresh time-ordered id. Pure; both
+/// given) whose event-type filter matches (or the one subscriber it is `only` for), each
+/// with a fresh time-ordered id. Pure; both
 /// stores call it inside the transaction that stores the event, so a subscription change
 /// and the fan-out never interleave.
 pub fn fan_out<'s>(event: &'s NewEvent, subscribers: &'s [Subscriber], rng: &mut impl rand::Rng) -> Vec<FannedOut<'s>> {
     subscribers
         .iter()
-        .filter(|s| type_filter_matches(&s.event_types, &event.event_type))
+        .filter(|s| match &event.only {
+            Some(only) => only.as_str() == s.endpoint,
+            None => type_filter_matches(&s.event_types, &event.event_type),
+        })
         .map(|s| FannedOut {
             id: DeliveryId::generate(event.created_at, rng),
             endpoint: s.endpoint.as_str(),
@@ -592,6 +598,9 @@ pub struct NewEvent {
     /// The producer's trace context (or the one Herald started for it), sent on with
     /// every attempt; stored as its `traceparent` and `tracestate`.
     pub trace: Option<TraceContext>,
+    /// Deliver to this endpoint of the tenant alone, whatever its event-type filter (a
+    /// test send); `None`: to every subscriber whose filter matches.
+    pub only: Option<EndpointId>,
 }
 
 /// The sha256 hex of an event's type and payload bytes. A type never contains a newline,

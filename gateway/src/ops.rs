@@ -123,6 +123,7 @@ impl Ops {
                 expires_at: now + self.ttl_ms,
                 ordering_key: None,
                 trace: None,
+                only: None,
             },
             Err(e) => {
                 tracing::warn!(error = %e, "bad operational event id");

@@ -6,6 +6,7 @@
 //! Where a new test goes, one line per module:
 //!
 //! - `api`: the HTTP API: round trips, idempotency, fan-out, bad input, tenant isolation
+//! - `catalog`: the event catalog: types and schema versions, `schema_validation` at intake, test sends, the export
 //! - `changes`: how soon a change to an endpoint applies to its partition (within a second)
 //! - `cluster`: several `herald` processes on one Postgres: no double sends, the pace across nodes
 //! - `console`: the console in headless Chromium: pages, scopes, XSS safety, screenshots
@@ -36,6 +37,7 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
 mod api;
+mod catalog;
 mod changes;
 mod cli;
 mod cluster;

@@ -12,7 +12,10 @@ use sqlx::{PgPool, Row};
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Api, Backend, FakeReceiver, HeraldProcess, herald_binary};
 
-tests::backends!(committed_rows_arrive_and_rolled_back_ones_never);
+tests::backends!(
+    committed_rows_arrive_and_rolled_back_ones_never,
+    rows_failing_an_enforced_catalog_are_parked_with_the_path
+);
 
 /// A producer: its own schema with the outbox table (and a business table), and a pool.
 struct Producer {
@@ -99,6 +102,14 @@ async fn relaying_node_with(
     HeraldProcess::start_with_config(&herald_binary()?, dir, &env, &producer.source(batch)).await
 }
 
+/// Herald's own store on `backend`: a Postgres schema of its own, or (`None`) SQLite.
+async fn herald_store(backend: Backend) -> anyhow::Result<Option<PgSchema>> {
+    Ok(match backend {
+        Backend::Postgres => Some(PgSchema::create().await?),
+        Backend::Sqlite => None,
+    })
+}
+
 async fn tenant_with_endpoint(api: &Api, rx: &FakeReceiver) -> anyhow::Result<()> {
     api.tenant("acme").await?;
     api.endpoint("acme", json!({"url": rx.url(), "rate_per_sec": 1000, "burst": 100, "max_in_flight": 4})).await?;
@@ -128,10 +139,7 @@ async fn metric(api: &Api, series: &str) -> anyhow::Result<f64> {
 
 async fn committed_rows_arrive_and_rolled_back_ones_never(backend: Backend) -> anyhow::Result<()> {
     let producer = Producer::create().await?;
-    let store = match backend {
-        Backend::Postgres => Some(PgSchema::create().await?),
-        Backend::Sqlite => None,
-    };
+    let store = herald_store(backend).await?;
     let (dir, rx) = (tempfile::tempdir()?, FakeReceiver::start().await?);
     let node = relaying_node(&producer, store.as_ref(), dir.path(), 100).await?;
     tenant_with_endpoint(&node.api, &rx).await?;
@@ -170,6 +178,46 @@ async fn committed_rows_arrive_and_rolled_back_ones_never(backend: Backend) -> a
                 && v["outbox"][0]["pending"] == 0
         })
         .await?;
+    Ok(())
+}
+
+/// A tenant that enforces its event catalog: the relay applies it as the events API does.
+async fn rows_failing_an_enforced_catalog_are_parked_with_the_path(backend: Backend) -> anyhow::Result<()> {
+    let producer = Producer::create().await?;
+    let store = herald_store(backend).await?;
+    let (dir, rx) = (tempfile::tempdir()?, FakeReceiver::start().await?);
+    let node = relaying_node(&producer, store.as_ref(), dir.path(), 100).await?;
+    tenant_with_endpoint(&node.api, &rx).await?;
+    let schema = json!({"type": "object", "required": ["total"], "properties": {"total": {"type": "integer"}}});
+    node.api
+        .post("/v1/tenants/acme/event-types", ADMIN_TOKEN, json!({"name": "order.created", "schema": schema}))
+        .await?
+        .expect(201)?;
+    node.api
+        .call("PUT", "/v1/tenants/acme/catalog", ADMIN_TOKEN, Some(json!({"schema_validation": "enforce"})))
+        .await?
+        .expect(200)?;
+
+    producer
+        .commit(&[
+            ("evt_fits", "order.created", r#"{"total": 1999}"#),
+            ("evt_string_total", "order.created", r#"{"total": "1999"}"#),
+            ("evt_unknown_type", "order.shipped", r#"{"total": 1}"#),
+        ])
+        .await?;
+    wait_arrived(&rx, &["evt_fits"], Duration::from_secs(20)).await?;
+    tests::eventually("two rows parked", Duration::from_secs(20), || async {
+        let parked = producer.parked().await?.len();
+        tests::done_or(parked == 2, format!("{parked} parked"))
+    })
+    .await?;
+    let parked = producer.parked().await?;
+    let reason = parked.get("evt_string_total").context("not parked")?;
+    assert!(reason.starts_with("schema: payload.total: "), "{reason}");
+    let reason = parked.get("evt_unknown_type").context("not parked")?;
+    assert!(reason.starts_with("schema: type: "), "{reason}");
+    node.api.get("/v1/tenants/acme/events/evt_string_total", ADMIN_TOKEN).await?.expect(404)?;
+    assert_eq!(arrived(&rx), ["evt_fits"]);
     Ok(())
 }
 

@@ -101,6 +101,7 @@ const LAYERS: &[&[&str]] = &[
     &["store", "deliver", "plugin"],
     &["config"],
     &["metrics", "telemetry"],
+    &["catalog"],
     &["intake"],
     &["ops"],
     &["worker"],
@@ -133,8 +134,8 @@ const INNER: &[(&str, &[&[&str]])] = &[
         &[
             &["doc", "listen"],
             &["extract", "auth", "console"],
-            &["bindings", "plugin_stats"],
-            &["endpoints", "events", "replays", "tenants", "whoami"],
+            &["bindings", "plugin_stats", "event_types"],
+            &["endpoints", "events", "replays", "tenants", "test_send", "whoami"],
             &["plugins"],
             &["plugin_versions", "plugin_config", "insight"],
         ],
@@ -240,7 +241,7 @@ fn the_layer_scan_sees_a_planted_upward_import() {
     assert_eq!(
         found,
         [
-            "gateway/src/store/writer.rs:1: store (layer 4) imports intake (layer 7)",
+            "gateway/src/store/writer.rs:1: store (layer 4) imports intake (layer 8)",
             "gateway/src/worker/decide.rs:1: worker/decide imports worker/attempt, not below it",
         ]
     );

@@ -16,7 +16,7 @@ use super::extract::{
     EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath, TraceHeaders, TraceParent,
 };
 use super::{ApiError, AppState, query_rfc3339, rfc3339};
-use crate::intake::{self, IntakeLimits};
+use crate::intake::{self, Checks, IntakeLimits};
 use crate::model::*;
 use crate::store::{DeliveryFilter, IngestOutcome, StoreError};
 use crate::telemetry::Span;
@@ -52,6 +52,7 @@ fn accepted(id: &EventId, o: &IngestOutcome) -> AcceptedOut {
     responses(
         (status = 202, description = "Stored with its deliveries", body = AcceptedOut),
         (status = 409, description = "`conflict`: the id was used with another type or payload", body = super::doc::ErrorBody),
+        (status = 422, description = "`invalid_request`: the tenant enforces its event catalog and the payload fails its type's schema (the message names the path), or the catalog lacks the type", body = super::doc::ErrorBody),
     ),
     security(("tenant_token" = ["events:write"]), ("admin_token" = [])),
 )]
@@ -64,7 +65,9 @@ pub(crate) async fn create(
     let mut span = state.telemetry.intake("POST /v1/tenants/{tenant}/events", trace.as_ref());
     let result = async {
         let input = intake::parse_one(&body)?;
-        let mut event = intake::prepare(&tenant, &input, &limits(&state), state.clock.now(), &mut rand::rng())?;
+        let limits = limits(&state);
+        let checks = Checks { limits: &limits, catalog: &state.catalog };
+        let mut event = intake::prepare(&tenant, &input, checks, state.clock.now(), &mut rand::rng())?;
         event.trace = events_trace(span.as_ref(), trace);
         let outcomes = accept(&state, vec![event], span.as_ref()).await?;
         let (id, outcome) = &outcomes[0];
@@ -103,6 +106,7 @@ fn answered(span: Option<&mut Span>, tenant: &TenantId, events: usize, result: R
     responses(
         (status = 202, description = "All stored with their deliveries", body = AcceptedList),
         (status = 409, description = "`conflict`: an id was used with another type or payload", body = super::doc::ErrorBody),
+        (status = 422, description = "`invalid_request`: an event fails the tenant's enforced event catalog (`events[i]: payload.…`)", body = super::doc::ErrorBody),
     ),
     security(("tenant_token" = ["events:write"]), ("admin_token" = [])),
 )]
@@ -115,7 +119,9 @@ pub(crate) async fn create_batch(
     let mut span = state.telemetry.intake("POST /v1/tenants/{tenant}/events/batch", trace.as_ref());
     let mut count = 0;
     let result = async {
-        let mut events = intake::prepare_batch(&tenant, &body, &limits(&state), state.clock.now(), &mut rand::rng())?;
+        let limits = limits(&state);
+        let checks = Checks { limits: &limits, catalog: &state.catalog };
+        let mut events = intake::prepare_batch(&tenant, &body, checks, state.clock.now(), &mut rand::rng())?;
         count = events.len();
         // The request's context is the parent of each of its events.
         let trace = events_trace(span.as_ref(), trace);

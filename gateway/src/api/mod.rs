@@ -23,6 +23,7 @@ mod bindings;
 mod console;
 mod doc;
 mod endpoints;
+mod event_types;
 mod events;
 mod extract;
 mod insight;
@@ -33,6 +34,7 @@ mod plugin_versions;
 mod plugins;
 mod replays;
 mod tenants;
+mod test_send;
 mod whoami;
 
 pub use auth::hash_token;
@@ -52,6 +54,8 @@ pub struct AppState {
     pub engine: crate::intake::Waker,
     pub replayer: crate::replay::Replayer,
     pub plugins: crate::plugin::PluginHost,
+    /// The event catalog intake checks events against (refreshed after every write of it).
+    pub catalog: Arc<crate::catalog::Catalog>,
     /// The outbox relays' status (for `/readyz`); empty without `[[outbox]]` sources.
     pub outbox: crate::outbox::Relays,
     /// The engine's client, for what this node knows of endpoints' OAuth2 tokens.
@@ -81,6 +85,7 @@ impl AppState {
         Arc::new(AppState {
             config,
             clock: engine.clock(),
+            catalog: Arc::new(crate::catalog::Catalog::new(metrics.clone())),
             store,
             committer,
             metrics,
@@ -109,6 +114,14 @@ impl AppState {
     pub fn with_telemetry(mut self: Arc<Self>, telemetry: crate::telemetry::Telemetry) -> Arc<Self> {
         if let Some(state) = Arc::get_mut(&mut self) {
             state.telemetry = telemetry;
+        }
+        self
+    }
+
+    /// The state with the node's event catalog (before it is shared).
+    pub fn with_catalog(mut self: Arc<Self>, catalog: Arc<crate::catalog::Catalog>) -> Arc<Self> {
+        if let Some(state) = Arc::get_mut(&mut self) {
+            state.catalog = catalog;
         }
         self
     }
@@ -143,6 +156,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(endpoints::pause))
         .routes(routes!(endpoints::rotate_secret))
         .routes(routes!(endpoints::secret))
+        .routes(routes!(test_send::test_send))
         .routes(routes!(events::create))
         .routes(routes!(events::create_batch))
         .routes(routes!(events::get_one))
@@ -159,6 +173,14 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(plugin_versions::versions))
         .routes(routes!(plugin_versions::rollback))
         .routes(routes!(plugin_config::put, plugin_config::get))
+        .routes(routes!(event_types::create, event_types::list))
+        .routes(routes!(event_types::export))
+        .routes(routes!(event_types::get_one, event_types::patch, event_types::delete))
+        .routes(routes!(event_types::versions))
+        .routes(routes!(event_types::get_settings, event_types::put_settings))
+        .routes(routes!(event_types::create_operator, event_types::list_operator))
+        .routes(routes!(event_types::get_operator, event_types::patch_operator, event_types::delete_operator))
+        .routes(routes!(event_types::versions_operator))
 }
 
 /// The OpenAPI 3.1 document of [`router`]'s routes.
@@ -259,6 +281,7 @@ impl From<IntakeError> for ApiError {
     fn from(e: IntakeError) -> Self {
         match e {
             IntakeError::Invalid(m) => ApiError::bad_request(m),
+            IntakeError::Schema(m) => ApiError::unprocessable(m),
             e @ IntakeError::TooDeep { .. } => ApiError::unprocessable(e.to_string()),
             e @ IntakeError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, e.to_string()),
             e @ IntakeError::TooLarge { .. } => {

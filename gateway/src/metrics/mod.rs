@@ -94,6 +94,7 @@ pub struct Metrics {
     outcomes: Family<OutcomeLabels, Counter>,
     dead: Family<DeadLabels, Counter>,
     plugin_failures: Family<PluginFailureLabels, Counter>,
+    schema_violations: Family<SchemaLabels, Counter>,
     /// The outbox relay's series, per source.
     pub outbox: OutboxMetrics,
     snapshot: snapshot::Shared,
@@ -117,6 +118,12 @@ struct PluginFailureLabels {
     plugin: String,
     hook: &'static str,
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SchemaLabels {
+    tenant: String,
+    mode: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -159,6 +166,8 @@ impl Metrics {
         let outcomes = "Attempt results by tenant: delivered, retried, dropped (by a transform plugin) or dead";
         let dead = "Deliveries dead-lettered by the engine, by tenant and reason";
         let plugin_failures = "Failed plugin calls by tenant, plugin, hook and reason";
+        let schema_violations = "Events whose payload failed their catalog schema (or whose type the catalog lacks), \
+            by tenant and the tenant's schema_validation: accepted (warn) or refused (enforce)";
         let snapshot = snapshot::Shared::default();
         r.register_collector(Box::new(snapshot.clone()));
         let store_health = Arc::<crate::store::CommitHealth>::default();
@@ -184,6 +193,7 @@ impl Metrics {
             outcomes: register(&mut r, "herald_delivery_outcomes", outcomes, Family::default()),
             dead: register(&mut r, "herald_dead_letters", dead, Family::default()),
             plugin_failures: register(&mut r, "herald_plugin_failures", plugin_failures, Family::default()),
+            schema_violations: register(&mut r, "herald_schema_violations", schema_violations, Family::default()),
             outbox: OutboxMetrics::register(&mut r),
             snapshot,
             registry: r,
@@ -208,6 +218,12 @@ impl Metrics {
     /// Times one call of `hook`.
     pub fn plugin_call(&self, hook: Hook) -> &DurationHistogram {
         &self.plugin_call[Hook::ALL.iter().position(|h| *h == hook).unwrap_or(0)]
+    }
+
+    /// Counts an event that failed its tenant's event catalog (`mode`: `warn` or `enforce`).
+    /// Rare on a healthy producer, so the label lookup is affordable.
+    pub fn schema_violation(&self, tenant: &str, mode: &'static str) {
+        self.schema_violations.get_or_create(&SchemaLabels { tenant: tenant.to_string(), mode }).inc();
     }
 
     /// Counts a failed plugin call. Failures are rare, so the label lookup is affordable.

@@ -65,6 +65,7 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
         expires_at: 2_000,
         ordering_key: Some("cus_1".into()),
         trace: None,
+        only: None,
     };
     let out = fan_out(&event, &subscribers, &mut rng);
     let endpoints: Vec<(&str, Option<&str>)> = out.iter().map(|f| (f.endpoint, f.ordering_key)).collect();
@@ -75,6 +76,10 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
     assert_eq!(keys, [None, Some(""), Some("")], "no key: the endpoint's default key");
     event.event_type = "order.shipped".into();
     assert!(fan_out(&event, &subscribers[1..], &mut rng).is_empty());
+    // A test send reaches its one endpoint, whatever that endpoint's filter.
+    event.only = Some(EndpointId::from_stored("ep_paid"));
+    let only: Vec<&str> = fan_out(&event, &subscribers, &mut rng).iter().map(|f| f.endpoint).collect();
+    assert_eq!(only, ["ep_paid"]);
 }
 
 #[test]

@@ -82,6 +82,8 @@ pub struct Node {
     pub limits: crate::intake::IntakeLimits,
     /// Relay spans, when exported.
     pub telemetry: crate::telemetry::Telemetry,
+    /// The event catalog, checked as the events API checks it.
+    pub catalog: Arc<crate::catalog::Catalog>,
 }
 
 /// Starts one relay task per source; each stops when `stop` turns true.

@@ -174,13 +174,18 @@ impl Relay {
         }
         let now = self.node.engine.clock().now();
         let fields = (row.event_id.as_str(), row.event_type.as_str(), row.payload.as_str());
-        let mut event = match intake::prepare_fields(&tenant, fields, &self.node.limits, now, &mut rand::rng()) {
+        let mut event = match intake::prepare_fields(&tenant, fields, self.checks(), now, &mut rand::rng()) {
             Ok(event) => event,
             Err(e) => return Ok(Err(reason(&e))),
         };
         // A malformed trace context is none, as on the API: it never parks a row.
         event.trace = row.traceparent.as_deref().and_then(|t| TraceContext::parse(t, row.tracestate.as_deref()));
         Ok(Ok(event))
+    }
+
+    /// What intake checks a row against, as it checks a posted event.
+    fn checks(&self) -> intake::Checks<'_> {
+        intake::Checks { limits: &self.node.limits, catalog: &self.node.catalog }
     }
 
     /// The Herald tenant of a row: its `tenant` through the source's map, or the source's
@@ -247,6 +252,7 @@ impl Relay {
 fn reason(e: &IntakeError) -> String {
     let code = match e {
         IntakeError::Invalid(_) => "invalid",
+        IntakeError::Schema(_) => "schema",
         IntakeError::TooLarge { .. } => "too_large",
         IntakeError::TooDeep { .. } => "too_deep",
         IntakeError::Conflict { .. } => "conflict",

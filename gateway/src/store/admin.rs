@@ -23,6 +23,16 @@ pub trait Admin: Send + Sync + 'static {
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool>;
     /// Replaces the settings of one tenant's plugin (a tenant's own configuration).
     async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()>;
+    /// Adds an event type, and its schema as version 1 when it has one (`version` 1).
+    async fn insert_event_type(&self, t: &EventType) -> Result<()>;
+    /// Replaces an event type's fields if its latest version is still `prior_version`; a
+    /// `t.version` above it stores `t.schema` as that new version (older ones stay). False
+    /// when the type is gone or another write numbered a version first.
+    async fn update_event_type(&self, t: &EventType, prior_version: i64) -> Result<bool>;
+    /// Deletes an event type with every version of its schema.
+    async fn delete_event_type(&self, owner: &CatalogOwner, name: &str) -> Result<bool>;
+    /// Sets what the tenant's intake does with events that fail its catalog.
+    async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()>;
     async fn create_replay(&self, replay: &Replay) -> Result<()>;
     /// One turn of a running replay, if its schedule (`next_due_at`) has come by `now`:
     /// re-queues what [`Replay::plan`] allows of the dead letters after its cursor (those

@@ -9,6 +9,7 @@ use crate::model::*;
 mod admin;
 pub(crate) mod committer;
 mod engine;
+mod event_types;
 pub mod outbox;
 mod plugin_settings;
 pub mod postgres;
@@ -108,6 +109,7 @@ impl StoreError {
             Some("events") => "id: an event with this id already exists",
             Some("deliveries") => "id: a delivery with this id already exists",
             Some("replays") => "id: a replay with this id already exists",
+            Some("event_types" | "event") => "name: an event type with this name already exists",
             Some("plugin_settings") => "plugin: this plugin's settings already exist",
             _ => "id: an object with this id already exists",
         };

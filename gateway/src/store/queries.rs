@@ -70,7 +70,7 @@ where
     for<'q> Option<String>: Encode<'q, DB>,
     for<'q> Option<i64>: Encode<'q, DB>,
     for<'q> f64: Encode<'q, DB> + Type<DB>,
-    for<'q> bool: Encode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'c> &'c str: ColumnIndex<DB::Row>,
     usize: ColumnIndex<DB::Row>,
     for<'r> TenantRow: FromRow<'r, DB::Row>,
@@ -322,6 +322,22 @@ where
     }
     async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>> {
         Queries::all_plugin_settings(self).await
+    }
+    // The event catalog's reads (`event_types.rs`).
+    async fn event_types(&self, owner: Option<&CatalogOwner>) -> Result<Vec<EventType>> {
+        Queries::event_types(self, owner).await
+    }
+    async fn event_type(&self, owner: &CatalogOwner, name: &str) -> Result<Option<EventType>> {
+        Queries::event_type(self, owner, name).await
+    }
+    async fn schema_versions(&self, owner: &CatalogOwner, name: &str) -> Result<Vec<SchemaVersion>> {
+        Queries::schema_versions(self, owner, name).await
+    }
+    async fn schema_validations(&self) -> Result<Vec<(TenantId, SchemaValidation)>> {
+        Queries::schema_validations(self).await
+    }
+    async fn catalog_revision(&self) -> Result<i64> {
+        Queries::catalog_revision(self).await
     }
 }
 

@@ -39,6 +39,16 @@ pub trait Reads: Send + Sync + 'static {
     /// Every tenant's plugin settings: a node applies them at start and, on a shared
     /// store, follows other nodes' changes.
     async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>>;
+    /// One catalog's event types (the operator's or a tenant's own; every catalog's with
+    /// `None`), each with its latest schema, by name.
+    async fn event_types(&self, owner: Option<&CatalogOwner>) -> Result<Vec<EventType>>;
+    async fn event_type(&self, owner: &CatalogOwner, name: &str) -> Result<Option<EventType>>;
+    /// Every schema version of an event type, oldest first.
+    async fn schema_versions(&self, owner: &CatalogOwner, name: &str) -> Result<Vec<SchemaVersion>>;
+    /// Every tenant's `schema_validation` that was ever set (unset: `off`).
+    async fn schema_validations(&self) -> Result<Vec<(TenantId, SchemaValidation)>>;
+    /// A number every catalog write raises (types and settings).
+    async fn catalog_revision(&self) -> Result<i64>;
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>>;
     async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<Delivery>>;
     async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>>;
@@ -125,6 +135,21 @@ impl<T: HasReads> Reads for T {
     }
     async fn all_plugin_settings(&self) -> Result<Vec<StoredPluginSettings>> {
         self.reads().all_plugin_settings().await
+    }
+    async fn event_types(&self, owner: Option<&CatalogOwner>) -> Result<Vec<EventType>> {
+        self.reads().event_types(owner).await
+    }
+    async fn event_type(&self, owner: &CatalogOwner, name: &str) -> Result<Option<EventType>> {
+        self.reads().event_type(owner, name).await
+    }
+    async fn schema_versions(&self, owner: &CatalogOwner, name: &str) -> Result<Vec<SchemaVersion>> {
+        self.reads().schema_versions(owner, name).await
+    }
+    async fn schema_validations(&self) -> Result<Vec<(TenantId, SchemaValidation)>> {
+        self.reads().schema_validations().await
+    }
+    async fn catalog_revision(&self) -> Result<i64> {
+        self.reads().catalog_revision().await
     }
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
         self.reads().get_event(tenant, id).await

@@ -198,6 +198,34 @@ pub(super) const UPSERT_PLUGIN_SETTINGS: &str = "INSERT INTO plugin_settings (te
      updated_at) VALUES ($1, $2, $3, $4) ON CONFLICT (tenant_id, plugin) \
      DO UPDATE SET settings = excluded.settings, updated_at = excluded.updated_at";
 
+/// A new event type (`$1` owner, `$2` name, `$3` description, `$4` deprecated, `$5` examples
+/// JSON, `$6` latest schema version, `$7` created and updated at).
+pub(super) const INSERT_EVENT_TYPE: &str = "INSERT INTO event_types (owner, name, description, deprecated, \
+     examples, version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7)";
+
+/// Replaces event type (`$6` owner, `$7` name)'s fields at `$5`, if its latest schema
+/// version is still `$8` (two writers cannot both number version n+1).
+pub(super) const UPDATE_EVENT_TYPE: &str = "UPDATE event_types SET description = $1, deprecated = $2, \
+     examples = $3, version = $4, updated_at = $5 WHERE owner = $6 AND name = $7 AND version = $8";
+
+/// Schema version `$3` (`$4` JSON) of event type (`$1` owner, `$2` name), at `$5`.
+pub(super) const INSERT_SCHEMA_VERSION: &str =
+    "INSERT INTO event_type_schemas (owner, name, version, schema, created_at) VALUES ($1, $2, $3, $4, $5)";
+
+/// Deletes event type (`$1` owner, `$2` name); then [`DELETE_SCHEMA_VERSIONS`].
+pub(super) const DELETE_EVENT_TYPE: &str = "DELETE FROM event_types WHERE owner = $1 AND name = $2";
+
+/// Deletes every schema version of event type (`$1` owner, `$2` name).
+pub(super) const DELETE_SCHEMA_VERSIONS: &str = "DELETE FROM event_type_schemas WHERE owner = $1 AND name = $2";
+
+/// Sets tenant `$1`'s `schema_validation` to `$2` at `$3`.
+pub(super) const UPSERT_SCHEMA_VALIDATION: &str = "INSERT INTO catalog_settings (tenant_id, schema_validation, \
+     updated_at) VALUES ($1, $2, $3) ON CONFLICT (tenant_id) \
+     DO UPDATE SET schema_validation = excluded.schema_validation, updated_at = excluded.updated_at";
+
+/// Every catalog write's last statement: tells other nodes' caches something changed.
+pub(super) const BUMP_CATALOG_REVISION: &str = "UPDATE catalog_revision SET revision = revision + 1";
+
 /// A new replay.
 pub(super) const INSERT_REPLAY: &str = "INSERT INTO replays (id, tenant_id, state, ids, filter, rate_per_sec, \
      batch, selected, requeued, cursor, created_at, updated_at, next_due_at) \

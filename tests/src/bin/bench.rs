@@ -59,6 +59,12 @@ enum Scenario {
         /// then reads its token from the store (no cache, so revocations hold at once).
         #[arg(long, default_value_t = false)]
         tenant_token: bool,
+        /// With the event catalog: a typical schema for the type (an object of 10 typed
+        /// properties, 4 required, two formats, a pattern) and ~1 KiB payloads that fit it,
+        /// under this `schema_validation` (`off` for the baseline with the same payloads,
+        /// `warn`, `enforce`). Without it: small payloads and no catalog.
+        #[arg(long)]
+        schema_validation: Option<String>,
     },
     /// End-to-end deliveries/s: events posted in batches, delivered to a fast receiver.
     Deliver {
@@ -503,8 +509,19 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
     let rx = FakeReceiver::start().await?;
     let mut out = HashMap::new();
     match s.clone() {
-        Scenario::Intake { events, concurrency, tenant_token } => {
+        Scenario::Intake { events, concurrency, tenant_token, schema_validation } => {
             api.endpoint("bench", json!({"url": rx.url(), "rate_per_sec": 1, "max_in_flight": 1})).await?;
+            if let Some(mode) = &schema_validation {
+                let r = api
+                    .post("/v1/event-types", ADMIN_TOKEN, json!({"name": "invoice.paid", "schema": bench_schema()}))
+                    .await?;
+                anyhow::ensure!(r.status == 201, "event type: {}", r.text);
+                let r = api
+                    .call("PUT", "/v1/tenants/bench/catalog", ADMIN_TOKEN, Some(json!({"schema_validation": mode})))
+                    .await?;
+                anyhow::ensure!(r.status == 200, "schema_validation: {}", r.text);
+            }
+            let catalog = schema_validation.is_some();
             let token: Arc<str> =
                 if tenant_token { api.token("bench", &["events:write"]).await?.into() } else { ADMIN_TOKEN.into() };
             let latencies = Arc::new(Mutex::new(Vec::with_capacity(events)));
@@ -519,7 +536,10 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                         if i >= events {
                             return anyhow::Ok(());
                         }
-                        let body = format!(r#"{{"id":"evt_{i}","type":"invoice.paid","payload":{{"n":{i},"customer":"cus_123","amount":1999}}}}"#);
+                        let body = match catalog {
+                            true => format!(r#"{{"id":"evt_{i}","type":"invoice.paid","payload":{}}}"#, bench_payload(i)),
+                            false => format!(r#"{{"id":"evt_{i}","type":"invoice.paid","payload":{{"n":{i},"customer":"cus_123","amount":1999}}}}"#),
+                        };
                         let t = Instant::now();
                         let r = api.raw("POST", "/v1/tenants/bench/events", Some(&token), body).await?;
                         if r.status != 202 {
@@ -973,4 +993,47 @@ async fn restart(plugins: usize) -> anyhow::Result<HashMap<String, f64>> {
         ("all_plugins_ms".to_string(), ms(all_loaded.unwrap_or_default())),
         ("first_delivery_ms".to_string(), ms(first_delivery)),
     ]))
+}
+
+/// A typical event schema: an object of 10 typed properties, 4 of them required, with
+/// formats (`date-time`, `email`), a pattern, an enum and a nested array of objects.
+fn bench_schema() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "required": ["invoice_id", "customer_id", "amount", "currency"],
+        "properties": {
+            "invoice_id": {"type": "string", "pattern": "^inv_[0-9]+$"},
+            "customer_id": {"type": "string", "minLength": 1, "maxLength": 64},
+            "email": {"type": "string", "format": "email"},
+            "amount": {"type": "integer", "minimum": 0},
+            "currency": {"type": "string", "enum": ["EUR", "USD", "GBP"]},
+            "paid_at": {"type": "string", "format": "date-time"},
+            "paid": {"type": "boolean"},
+            "note": {"type": "string", "maxLength": 1000},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 20},
+            "lines": {"type": "array", "items": {
+                "type": "object", "required": ["sku", "qty"],
+                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}, "price": {"type": "number"}},
+            }},
+        },
+    })
+}
+
+/// A payload of about 1 KiB that fits [`bench_schema`].
+fn bench_payload(i: usize) -> String {
+    let lines: Vec<serde_json::Value> =
+        (0..13).map(|l| json!({"sku": format!("sku_{l:04}_widget"), "qty": l + 1, "price": 19.99})).collect();
+    json!({
+        "invoice_id": format!("inv_{i}"),
+        "customer_id": "cus_0123456789abcdef",
+        "email": "billing@example.com",
+        "amount": 1999 + i,
+        "currency": "EUR",
+        "paid_at": "2026-12-03T18:00:00Z",
+        "paid": true,
+        "note": "Thank you for your business. This invoice covers the subscription period and the add-ons listed below; questions go to billing.",
+        "tags": ["subscription", "monthly", "eu", "priority"],
+        "lines": lines,
+    })
+    .to_string()
 }

@@ -223,6 +223,13 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
         spec.description = d;
     }
     if let Some(types) = input.event_types {
+        // Against the catalog the tenant sees (when it has one): a typo would otherwise
+        // subscribe to nothing, silently.
+        if let Some(unknown) = state.catalog.unknown_filter(tenant, &types) {
+            return Err(ApiError::unprocessable(format!(
+                "event_types: {unknown:?} names no type of the tenant's event catalog"
+            )));
+        }
         spec.event_types = types;
     }
     spec.rate_per_sec = input.rate_per_sec.unwrap_or(spec.rate_per_sec);

@@ -107,6 +107,71 @@ impl Admin for PostgresStore {
         self.q.put_plugin_settings(s).await
     }
 
+    async fn insert_event_type(&self, t: &EventType) -> Result<()> {
+        let mut tx = self.q.pool.begin().await?;
+        let owner = t.owner.stored();
+        sqlx::query(sql::INSERT_EVENT_TYPE)
+            .bind(owner)
+            .bind(&t.name)
+            .bind(&t.description)
+            .bind(t.deprecated)
+            .bind(queries::json(&t.examples))
+            .bind(t.version)
+            .bind(t.created_at)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(schema) = &t.schema {
+            insert_schema_version(&mut tx, t, schema).await?;
+        }
+        sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
+        Ok(tx.commit().await?)
+    }
+
+    async fn update_event_type(&self, t: &EventType, prior_version: i64) -> Result<bool> {
+        let mut tx = self.q.pool.begin().await?;
+        let done = sqlx::query(sql::UPDATE_EVENT_TYPE)
+            .bind(&t.description)
+            .bind(t.deprecated)
+            .bind(queries::json(&t.examples))
+            .bind(t.version)
+            .bind(t.updated_at)
+            .bind(t.owner.stored())
+            .bind(&t.name)
+            .bind(prior_version)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        if let Some(schema) = t.schema.as_ref().filter(|_| t.version > prior_version) {
+            insert_schema_version(&mut tx, t, schema).await?;
+        }
+        sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn delete_event_type(&self, owner: &CatalogOwner, name: &str) -> Result<bool> {
+        let mut tx = self.q.pool.begin().await?;
+        let done = sqlx::query(sql::DELETE_EVENT_TYPE).bind(owner.stored()).bind(name).execute(&mut *tx).await?;
+        sqlx::query(sql::DELETE_SCHEMA_VERSIONS).bind(owner.stored()).bind(name).execute(&mut *tx).await?;
+        sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()> {
+        let mut tx = self.q.pool.begin().await?;
+        sqlx::query(sql::UPSERT_SCHEMA_VALIDATION)
+            .bind(tenant.as_str())
+            .bind(mode.as_str())
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
+        Ok(tx.commit().await?)
+    }
+
     async fn create_replay(&self, r: &Replay) -> Result<()> {
         self.q.create_replay(r).await
     }
@@ -426,6 +491,23 @@ async fn forward_notifications(mut listener: PgListener, pool: PgPool, channel: 
             }
         }
     }
+}
+
+/// Stores `t.schema` as its version `t.version`.
+async fn insert_schema_version(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    t: &EventType,
+    schema: &serde_json::Value,
+) -> Result<()> {
+    sqlx::query(sql::INSERT_SCHEMA_VERSION)
+        .bind(t.owner.stored())
+        .bind(&t.name)
+        .bind(t.version)
+        .bind(queries::json(schema))
+        .bind(t.updated_at)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 impl Dialect for Postgres {

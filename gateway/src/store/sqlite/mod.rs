@@ -147,6 +147,26 @@ impl Admin for SqliteStore {
         self.writer.run(move |tx| writes::put_plugin_settings(tx, &s)).await
     }
 
+    async fn insert_event_type(&self, t: &EventType) -> Result<()> {
+        let t = t.clone();
+        self.writer.run(move |tx| writes::insert_event_type(tx, &t)).await
+    }
+
+    async fn update_event_type(&self, t: &EventType, prior_version: i64) -> Result<bool> {
+        let t = t.clone();
+        self.writer.run(move |tx| writes::update_event_type(tx, &t, prior_version)).await
+    }
+
+    async fn delete_event_type(&self, owner: &CatalogOwner, name: &str) -> Result<bool> {
+        let (owner, name) = (owner.clone(), name.to_string());
+        self.writer.run(move |tx| writes::delete_event_type(tx, &owner, &name)).await
+    }
+
+    async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()> {
+        let tenant = tenant.clone();
+        self.writer.run(move |tx| writes::put_schema_validation(tx, &tenant, mode, at)).await
+    }
+
     async fn create_replay(&self, r: &Replay) -> Result<()> {
         let r = r.clone();
         self.writer.run(move |tx| writes::create_replay(tx, &r)).await

@@ -81,6 +81,69 @@ pub(super) fn put_plugin_settings(tx: &Transaction<'_>, s: &StoredPluginSettings
     Ok(())
 }
 
+pub(super) fn insert_event_type(tx: &Transaction<'_>, t: &EventType) -> Result<()> {
+    tx.prepare_cached(sql::INSERT_EVENT_TYPE)?.execute(params![
+        t.owner.stored(),
+        t.name,
+        t.description,
+        t.deprecated,
+        json(&t.examples),
+        t.version,
+        t.created_at
+    ])?;
+    if let Some(schema) = &t.schema {
+        insert_schema_version(tx, t, schema)?;
+    }
+    tx.prepare_cached(sql::BUMP_CATALOG_REVISION)?.execute([])?;
+    Ok(())
+}
+
+pub(super) fn update_event_type(tx: &Transaction<'_>, t: &EventType, prior_version: i64) -> Result<bool> {
+    let n = tx.prepare_cached(sql::UPDATE_EVENT_TYPE)?.execute(params![
+        t.description,
+        t.deprecated,
+        json(&t.examples),
+        t.version,
+        t.updated_at,
+        t.owner.stored(),
+        t.name,
+        prior_version
+    ])?;
+    if n == 0 {
+        return Ok(false);
+    }
+    if let Some(schema) = t.schema.as_ref().filter(|_| t.version > prior_version) {
+        insert_schema_version(tx, t, schema)?;
+    }
+    tx.prepare_cached(sql::BUMP_CATALOG_REVISION)?.execute([])?;
+    Ok(true)
+}
+
+/// Stores `t.schema` as its version `t.version`.
+fn insert_schema_version(tx: &Transaction<'_>, t: &EventType, schema: &serde_json::Value) -> Result<()> {
+    let values = params![t.owner.stored(), t.name, t.version, json(schema), t.updated_at];
+    tx.prepare_cached(sql::INSERT_SCHEMA_VERSION)?.execute(values)?;
+    Ok(())
+}
+
+pub(super) fn delete_event_type(tx: &Transaction<'_>, owner: &CatalogOwner, name: &str) -> Result<bool> {
+    let n = tx.prepare_cached(sql::DELETE_EVENT_TYPE)?.execute(params![owner.stored(), name])?;
+    tx.prepare_cached(sql::DELETE_SCHEMA_VERSIONS)?.execute(params![owner.stored(), name])?;
+    tx.prepare_cached(sql::BUMP_CATALOG_REVISION)?.execute([])?;
+    Ok(n == 1)
+}
+
+pub(super) fn put_schema_validation(
+    tx: &Transaction<'_>,
+    tenant: &TenantId,
+    mode: SchemaValidation,
+    at: Millis,
+) -> Result<()> {
+    tx.prepare_cached(sql::UPSERT_SCHEMA_VALIDATION)?.execute(params![tenant.as_str(), mode.as_str(), at])?;
+    tx.prepare_cached(sql::BUMP_CATALOG_REVISION)?.execute([])?;
+    Ok(())
+}
+
 pub(super) fn recover_leases(tx: &Transaction<'_>, expired_before: Millis, now: Millis) -> Result<u64> {
     let n = tx
         .prepare_cached(

@@ -1,0 +1,528 @@
+//! The event catalog: event types with JSON Schemas (draft 2020-12, numbered versions)
+//! and examples. The operator's catalog (`/v1/event-types`, admin) is inherited by every
+//! tenant; a tenant's own type (`/v1/tenants/{tenant}/event-types`, `read` to read,
+//! `manage` to write) overrides the operator's of the same name. A tenant's
+//! `schema_validation` (`/v1/tenants/{tenant}/catalog`) says what intake does with events
+//! that fail it. Every write refreshes this node's `catalog::Catalog`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::extract::{Admin, JsonBody, Manage, Path, Read, TenantAuth, TenantPath};
+use super::{ApiError, AppState, rfc3339};
+use crate::catalog;
+use crate::model::{CatalogOwner, EventType, SchemaValidation, TenantId, validate_event_type};
+use crate::spec::{MAX_DESCRIPTION, check_text};
+
+/// How many examples a type keeps.
+const MAX_EXAMPLES: usize = 20;
+/// The largest schema, as JSON text.
+const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+/// The path of the export, which no type can be named.
+const EXPORT: &str = "openapi.json";
+
+/// An event type as posted (create: `name` required) or patched (every field optional).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EventTypeIn {
+    /// The type events are posted with (`invoice.paid`): 1-128 of letters, digits, `.`,
+    /// `_`, `-`, `:`. Set at creation only.
+    name: Option<String>,
+    description: Option<String>,
+    /// Still accepted by intake; shown as deprecated in the catalog and its export.
+    deprecated: Option<bool>,
+    /// Example payloads, each valid against the schema. Replaces the stored list.
+    #[schema(value_type = Option<Vec<serde_json::Value>>)]
+    examples: Option<Vec<serde_json::Value>>,
+    /// The payload's JSON Schema (draft 2020-12; local `$ref`s only; `format` is
+    /// asserted). One that differs from the latest version is stored as the next version;
+    /// older versions stay readable.
+    #[schema(value_type = Option<Object>)]
+    schema: Option<serde_json::Value>,
+}
+
+/// An event type with its latest schema.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EventTypeOut {
+    name: String,
+    description: String,
+    deprecated: bool,
+    #[schema(value_type = Vec<serde_json::Value>)]
+    examples: Vec<serde_json::Value>,
+    /// The latest schema's version (1, 2, …); 0 while the type has no schema.
+    version: i64,
+    #[schema(value_type = Option<Object>)]
+    schema: Option<serde_json::Value>,
+    /// `tenant` (the tenant's own) or `operator` (inherited from the operator's catalog).
+    source: &'static str,
+    /// RFC 3339.
+    created_at: String,
+    /// RFC 3339.
+    updated_at: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EventTypeList {
+    data: Vec<EventTypeOut>,
+}
+
+/// One version of a type's schema.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SchemaVersionOut {
+    version: i64,
+    #[schema(value_type = Object)]
+    schema: serde_json::Value,
+    /// RFC 3339.
+    created_at: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SchemaVersionList {
+    /// Oldest first.
+    data: Vec<SchemaVersionOut>,
+}
+
+/// A tenant's catalog settings.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CatalogSettings {
+    /// What intake (the events API and the outbox relay) does with an event whose payload
+    /// fails its type's schema, or whose type is missing from a catalog the tenant has:
+    /// `off` (the default) checks nothing, `warn` accepts and counts it
+    /// (`herald_schema_violations_total`), `enforce` refuses it with a 422.
+    schema_validation: SchemaValidation,
+}
+
+/// `{tenant}` and `{name}`: one event type as the tenant sees it.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct TypePath {
+    /// The tenant's id.
+    #[allow(dead_code)] // `TenantAuth` reads it; here for the document.
+    tenant: String,
+    /// The event type's name.
+    name: String,
+}
+
+/// `{name}`: one event type of the operator's catalog.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct OperatorTypePath {
+    /// The event type's name.
+    name: String,
+}
+
+fn view(t: EventType) -> EventTypeOut {
+    EventTypeOut {
+        source: match t.owner {
+            CatalogOwner::Operator => "operator",
+            CatalogOwner::Tenant(_) => "tenant",
+        },
+        name: t.name,
+        description: t.description,
+        deprecated: t.deprecated,
+        examples: t.examples,
+        version: t.version,
+        schema: t.schema,
+        created_at: rfc3339(t.created_at),
+        updated_at: rfc3339(t.updated_at),
+    }
+}
+
+// ---- the tenant's view ----
+
+#[utoipa::path(
+    post, path = "/v1/tenants/{tenant}/event-types", tag = "event-types", operation_id = "create_event_type",
+    params(TenantPath), request_body = EventTypeIn,
+    responses(
+        (status = 201, description = "Created (its schema, if any, as version 1)", body = EventTypeOut),
+        (status = 409, description = "`conflict`: the tenant has a type of this name", body = super::doc::ErrorBody),
+        (status = 422, description = "`invalid_request`: a bad name, schema or example (the message names the field)", body = super::doc::ErrorBody),
+    ),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
+pub(crate) async fn create(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    JsonBody(input): JsonBody<EventTypeIn>,
+) -> Result<(StatusCode, Json<EventTypeOut>), ApiError> {
+    let t = insert(&state, CatalogOwner::Tenant(tenant), input).await?;
+    Ok((StatusCode::CREATED, Json(view(t))))
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/event-types", tag = "event-types", operation_id = "list_event_types",
+    params(TenantPath),
+    responses((status = 200, description = "The tenant's own types and the operator's it inherits, by name", body = EventTypeList)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
+pub(crate) async fn list(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+) -> Result<Json<EventTypeList>, ApiError> {
+    let data = tenant_types(&state, &tenant).await?.into_iter().map(view).collect();
+    Ok(Json(EventTypeList { data }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/event-types/{name}", tag = "event-types", operation_id = "get_event_type",
+    params(TypePath),
+    responses((status = 200, description = "The tenant's own type of this name, else the operator's", body = EventTypeOut)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
+pub(crate) async fn get_one(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Path(TypePath { name, .. }): Path<TypePath>,
+) -> Result<Json<EventTypeOut>, ApiError> {
+    Ok(Json(view(seen_by(&state, &tenant, &name).await?)))
+}
+
+#[utoipa::path(
+    patch, path = "/v1/tenants/{tenant}/event-types/{name}", tag = "event-types", operation_id = "patch_event_type",
+    params(TypePath), request_body = EventTypeIn,
+    responses(
+        (status = 200, description = "Changed; a new schema is stored as the next version", body = EventTypeOut),
+        (status = 404, description = "`not_found`: the tenant has no own type of this name (an inherited one is changed by creating the tenant's own)", body = super::doc::ErrorBody),
+        (status = 409, description = "`conflict`: another write changed its schema meanwhile", body = super::doc::ErrorBody),
+    ),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
+pub(crate) async fn patch(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path(TypePath { name, .. }): Path<TypePath>,
+    JsonBody(input): JsonBody<EventTypeIn>,
+) -> Result<Json<EventTypeOut>, ApiError> {
+    Ok(Json(view(update(&state, CatalogOwner::Tenant(tenant), &name, input).await?)))
+}
+
+#[utoipa::path(
+    delete, path = "/v1/tenants/{tenant}/event-types/{name}", tag = "event-types", operation_id = "delete_event_type",
+    params(TypePath),
+    responses((status = 204, description = "Deleted with every version of its schema (an operator type of the same name shows again)")),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
+pub(crate) async fn delete(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    Path(TypePath { name, .. }): Path<TypePath>,
+) -> Result<StatusCode, ApiError> {
+    remove(&state, CatalogOwner::Tenant(tenant), &name).await
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/event-types/{name}/versions", tag = "event-types", operation_id = "list_event_type_versions",
+    params(TypePath),
+    responses((status = 200, description = "Every version of the type's schema, oldest first", body = SchemaVersionList)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
+pub(crate) async fn versions(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    Path(TypePath { name, .. }): Path<TypePath>,
+) -> Result<Json<SchemaVersionList>, ApiError> {
+    let t = seen_by(&state, &tenant, &name).await?;
+    versions_of(&state, &t.owner, &name).await
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/event-types/openapi.json", tag = "event-types", operation_id = "export_event_types",
+    params(TenantPath),
+    responses((status = 200, description = "An OpenAPI 3.1 document whose `webhooks` has every type the tenant sees: the default envelope with the latest schema as `data`, and the examples", body = Object)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
+pub(crate) async fn export(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let types = tenant_types(&state, &tenant).await?;
+    let version = state.store.catalog_revision().await?.to_string();
+    Ok(Json(catalog::openapi(&format!("{tenant} webhooks"), &version, &types)))
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{tenant}/catalog", tag = "event-types", operation_id = "get_catalog_settings",
+    params(TenantPath),
+    responses((status = 200, description = "The tenant's catalog settings", body = CatalogSettings)),
+    security(("tenant_token" = ["read"]), ("admin_token" = [])),
+)]
+pub(crate) async fn get_settings(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Read>,
+) -> Result<Json<CatalogSettings>, ApiError> {
+    let stored = state.store.schema_validations().await?;
+    let schema_validation = stored.into_iter().find(|(t, _)| *t == tenant).map(|(_, m)| m).unwrap_or_default();
+    Ok(Json(CatalogSettings { schema_validation }))
+}
+
+#[utoipa::path(
+    put, path = "/v1/tenants/{tenant}/catalog", tag = "event-types", operation_id = "put_catalog_settings",
+    params(TenantPath), request_body = CatalogSettings,
+    responses((status = 200, description = "Stored; intake applies it from now on (other nodes within a second)", body = CatalogSettings)),
+    security(("tenant_token" = ["manage"]), ("admin_token" = [])),
+)]
+pub(crate) async fn put_settings(
+    State(state): State<Arc<AppState>>,
+    TenantAuth { tenant, .. }: TenantAuth<Manage>,
+    JsonBody(input): JsonBody<CatalogSettings>,
+) -> Result<Json<CatalogSettings>, ApiError> {
+    state.store.put_schema_validation(&tenant, input.schema_validation, state.clock.now()).await?;
+    state.catalog.refresh(&state.store).await?;
+    Ok(Json(input))
+}
+
+// ---- the operator's catalog ----
+
+#[utoipa::path(
+    post, path = "/v1/event-types", tag = "event-types", operation_id = "create_operator_event_type",
+    request_body = EventTypeIn,
+    responses(
+        (status = 201, description = "Created in the operator's catalog, which every tenant inherits", body = EventTypeOut),
+        (status = 409, description = "`conflict`: the operator's catalog has a type of this name", body = super::doc::ErrorBody),
+        (status = 422, description = "`invalid_request`: a bad name, schema or example (the message names the field)", body = super::doc::ErrorBody),
+    ),
+    security(("admin_token" = [])),
+)]
+pub(crate) async fn create_operator(
+    State(state): State<Arc<AppState>>,
+    _: Admin,
+    JsonBody(input): JsonBody<EventTypeIn>,
+) -> Result<(StatusCode, Json<EventTypeOut>), ApiError> {
+    let t = insert(&state, CatalogOwner::Operator, input).await?;
+    Ok((StatusCode::CREATED, Json(view(t))))
+}
+
+#[utoipa::path(
+    get, path = "/v1/event-types", tag = "event-types", operation_id = "list_operator_event_types",
+    responses((status = 200, description = "The operator's catalog, by name", body = EventTypeList)),
+    security(("admin_token" = [])),
+)]
+pub(crate) async fn list_operator(
+    State(state): State<Arc<AppState>>,
+    _: Admin,
+) -> Result<Json<EventTypeList>, ApiError> {
+    let data = state.store.event_types(Some(&CatalogOwner::Operator)).await?.into_iter().map(view).collect();
+    Ok(Json(EventTypeList { data }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/event-types/{name}", tag = "event-types", operation_id = "get_operator_event_type",
+    params(OperatorTypePath),
+    responses(
+        (status = 200, description = "The operator's type", body = EventTypeOut),
+        (status = 404, description = "`not_found`: the operator's catalog has no type of this name", body = super::doc::ErrorBody),
+    ),
+    security(("admin_token" = [])),
+)]
+pub(crate) async fn get_operator(
+    State(state): State<Arc<AppState>>,
+    _: Admin,
+    Path(OperatorTypePath { name }): Path<OperatorTypePath>,
+) -> Result<Json<EventTypeOut>, ApiError> {
+    let t = state.store.event_type(&CatalogOwner::Operator, &name).await?;
+    Ok(Json(view(t.ok_or_else(|| ApiError::not_found("event type"))?)))
+}
+
+#[utoipa::path(
+    patch, path = "/v1/event-types/{name}", tag = "event-types", operation_id = "patch_operator_event_type",
+    params(OperatorTypePath), request_body = EventTypeIn,
+    responses(
+        (status = 404, description = "`not_found`: the operator's catalog has no type of this name", body = super::doc::ErrorBody),
+        (status = 200, description = "Changed; a new schema is stored as the next version", body = EventTypeOut),
+        (status = 409, description = "`conflict`: another write changed its schema meanwhile", body = super::doc::ErrorBody),
+    ),
+    security(("admin_token" = [])),
+)]
+pub(crate) async fn patch_operator(
+    State(state): State<Arc<AppState>>,
+    _: Admin,
+    Path(OperatorTypePath { name }): Path<OperatorTypePath>,
+    JsonBody(input): JsonBody<EventTypeIn>,
+) -> Result<Json<EventTypeOut>, ApiError> {
+    Ok(Json(view(update(&state, CatalogOwner::Operator, &name, input).await?)))
+}
+
+#[utoipa::path(
+    delete, path = "/v1/event-types/{name}", tag = "event-types", operation_id = "delete_operator_event_type",
+    params(OperatorTypePath),
+    responses(
+        (status = 204, description = "Deleted with every version of its schema"),
+        (status = 404, description = "`not_found`: the operator's catalog has no type of this name", body = super::doc::ErrorBody),
+    ),
+    security(("admin_token" = [])),
+)]
+pub(crate) async fn delete_operator(
+    State(state): State<Arc<AppState>>,
+    _: Admin,
+    Path(OperatorTypePath { name }): Path<OperatorTypePath>,
+) -> Result<StatusCode, ApiError> {
+    remove(&state, CatalogOwner::Operator, &name).await
+}
+
+#[utoipa::path(
+    get, path = "/v1/event-types/{name}/versions", tag = "event-types", operation_id = "list_operator_event_type_versions",
+    params(OperatorTypePath),
+    responses(
+        (status = 200, description = "Every version of the type's schema, oldest first", body = SchemaVersionList),
+        (status = 404, description = "`not_found`: the operator's catalog has no type of this name", body = super::doc::ErrorBody),
+    ),
+    security(("admin_token" = [])),
+)]
+pub(crate) async fn versions_operator(
+    State(state): State<Arc<AppState>>,
+    _: Admin,
+    Path(OperatorTypePath { name }): Path<OperatorTypePath>,
+) -> Result<Json<SchemaVersionList>, ApiError> {
+    versions_of(&state, &CatalogOwner::Operator, &name).await
+}
+
+// ---- shared ----
+
+/// The types a tenant sees: its own, and the operator's it does not override, by name.
+pub(crate) async fn tenant_types(state: &AppState, tenant: &TenantId) -> Result<Vec<EventType>, ApiError> {
+    let mut types = state.store.event_types(Some(&CatalogOwner::Tenant(tenant.clone()))).await?;
+    let operator = state.store.event_types(Some(&CatalogOwner::Operator)).await?;
+    let inherited: Vec<EventType> = operator.into_iter().filter(|o| !types.iter().any(|t| t.name == o.name)).collect();
+    types.extend(inherited);
+    types.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(types)
+}
+
+/// The type of this name a tenant sees: its own, else the operator's.
+pub(crate) async fn seen_by(state: &AppState, tenant: &TenantId, name: &str) -> Result<EventType, ApiError> {
+    if let Some(t) = state.store.event_type(&CatalogOwner::Tenant(tenant.clone()), name).await? {
+        return Ok(t);
+    }
+    let t = state.store.event_type(&CatalogOwner::Operator, name).await?;
+    t.ok_or_else(|| ApiError::not_found("event type"))
+}
+
+async fn insert(state: &AppState, owner: CatalogOwner, input: EventTypeIn) -> Result<EventType, ApiError> {
+    let name = input.name.ok_or_else(|| ApiError::unprocessable("name: required"))?;
+    validate_event_type(&name).map_err(|e| ApiError::unprocessable(format!("name: {e}")))?;
+    if name == EXPORT {
+        return Err(ApiError::unprocessable(format!("name: {EXPORT:?} is reserved (the catalog's export)")));
+    }
+    let description = input.description.unwrap_or_default();
+    check_text("description", &description, MAX_DESCRIPTION)?;
+    let validator = input.schema.as_ref().map(checked_schema).transpose()?;
+    let examples = input.examples.unwrap_or_default();
+    check_examples(state, &examples, validator.as_ref(), "examples")?;
+    let now = state.clock.now();
+    let t = EventType {
+        owner,
+        name,
+        description,
+        deprecated: input.deprecated.unwrap_or(false),
+        examples,
+        version: i64::from(input.schema.is_some()),
+        schema: input.schema,
+        created_at: now,
+        updated_at: now,
+    };
+    state.store.insert_event_type(&t).await?;
+    state.catalog.refresh(&state.store).await?;
+    Ok(t)
+}
+
+async fn update(state: &AppState, owner: CatalogOwner, name: &str, input: EventTypeIn) -> Result<EventType, ApiError> {
+    if input.name.as_deref().is_some_and(|n| n != name) {
+        return Err(ApiError::unprocessable("name: a type is not renamed; create one of the new name"));
+    }
+    let prior = state.store.event_type(&owner, name).await?.ok_or_else(|| ApiError::not_found("event type"))?;
+    let mut t = prior.clone();
+    if let Some(d) = input.description {
+        check_text("description", &d, MAX_DESCRIPTION)?;
+        t.description = d;
+    }
+    if let Some(d) = input.deprecated {
+        t.deprecated = d;
+    }
+    let new_schema = input.schema.filter(|s| Some(s) != prior.schema.as_ref());
+    let validator = match &new_schema {
+        Some(s) => Some(checked_schema(s)?),
+        None => prior.schema.as_ref().map(|s| catalog::compile(s).map_err(ApiError::unprocessable)).transpose()?,
+    };
+    // A new schema must fit the examples kept (or the ones given with it).
+    let (examples, field) = match input.examples {
+        Some(e) => (e, "examples"),
+        None => (prior.examples.clone(), "examples (kept)"),
+    };
+    check_examples(state, &examples, validator.as_ref(), field)?;
+    t.examples = examples;
+    if let Some(s) = new_schema {
+        t.schema = Some(s);
+        t.version = prior.version + 1;
+    }
+    t.updated_at = state.clock.now();
+    if !state.store.update_event_type(&t, prior.version).await? {
+        return Err(ApiError::from(crate::store::StoreError::Conflict(
+            "schema: the type changed meanwhile (or was deleted); read it and try again".into(),
+        )));
+    }
+    state.catalog.refresh(&state.store).await?;
+    Ok(t)
+}
+
+async fn remove(state: &AppState, owner: CatalogOwner, name: &str) -> Result<StatusCode, ApiError> {
+    if !state.store.delete_event_type(&owner, name).await? {
+        return Err(ApiError::not_found("event type"));
+    }
+    state.catalog.refresh(&state.store).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn versions_of(state: &AppState, owner: &CatalogOwner, name: &str) -> Result<Json<SchemaVersionList>, ApiError> {
+    if state.store.event_type(owner, name).await?.is_none() {
+        return Err(ApiError::not_found("event type"));
+    }
+    let data = state
+        .store
+        .schema_versions(owner, name)
+        .await?
+        .into_iter()
+        .map(|v| SchemaVersionOut { version: v.version, schema: v.schema, created_at: rfc3339(v.created_at) })
+        .collect();
+    Ok(Json(SchemaVersionList { data }))
+}
+
+/// Compiles a schema as given, or says why it is not a draft 2020-12 schema.
+fn checked_schema(schema: &serde_json::Value) -> Result<catalog::Validator, ApiError> {
+    let size = serde_json::to_string(schema).map_or(0, |s| s.len());
+    if size > MAX_SCHEMA_BYTES {
+        return Err(ApiError::unprocessable(format!("schema: {size} bytes, over the limit of {MAX_SCHEMA_BYTES}")));
+    }
+    catalog::compile(schema).map_err(|e| ApiError::unprocessable(format!("schema: {e}")))
+}
+
+/// Each example is a payload intake would take: within the size limit and valid against
+/// the schema.
+fn check_examples(
+    state: &AppState,
+    examples: &[serde_json::Value],
+    validator: Option<&catalog::Validator>,
+    field: &str,
+) -> Result<(), ApiError> {
+    if examples.len() > MAX_EXAMPLES {
+        return Err(ApiError::unprocessable(format!("{field}: at most {MAX_EXAMPLES}")));
+    }
+    for (i, example) in examples.iter().enumerate() {
+        let size = serde_json::to_string(example).map_or(0, |s| s.len());
+        if size > state.config.max_payload_bytes {
+            return Err(ApiError::unprocessable(format!(
+                "{field}[{i}]: {size} bytes, over the payload limit of {}",
+                state.config.max_payload_bytes
+            )));
+        }
+        if let Some(reason) = validator.and_then(|v| catalog::first_failure(v, example)) {
+            return Err(ApiError::unprocessable(format!("{field}[{i}]: fails the schema: {reason}")));
+        }
+    }
+    Ok(())
+}
