@@ -11,7 +11,7 @@
 //! not take it (no lease held while work is overdue) is taken over by whichever node scans
 //! it first (see `worker::dispatch`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::lease;
@@ -24,11 +24,23 @@ pub(super) struct Members {
     view: RwLock<Option<Arc<[String]>>>,
     /// Bumped on every change of `view`, so partitions re-check only then.
     generation: AtomicU64,
+    /// The last heartbeat failed (the store was out of reach).
+    cut_off: AtomicBool,
 }
 
 impl Members {
     pub(super) fn new(owner: &str) -> Members {
-        Members { owner: owner.to_string(), view: RwLock::new(None), generation: AtomicU64::new(0) }
+        Members {
+            owner: owner.to_string(),
+            view: RwLock::new(None),
+            generation: AtomicU64::new(0),
+            cut_off: AtomicBool::new(false),
+        }
+    }
+
+    /// Notes whether this heartbeat failed; returns whether the one before had.
+    pub(super) fn cut_off(&self, now: bool) -> bool {
+        self.cut_off.swap(now, Ordering::AcqRel)
     }
 
     /// Takes a heartbeat's answer. True when the membership changed.

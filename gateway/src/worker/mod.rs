@@ -338,6 +338,10 @@ fn take_over(inner: &Arc<Inner>, id: &EndpointId) {
 /// store this node owns, a no-op.
 async fn heartbeat(inner: &Inner, leaving: bool) {
     match inner.store.heartbeat(&inner.owner, leaving).await {
+        // The first heartbeat after the store was out of reach finds every other node's
+        // row as old as this one's was: they have not written theirs again yet. Taking
+        // that in would hand this node every endpoint for a second, then hand them back.
+        Ok(_) if inner.members.cut_off(false) && !leaving => {}
         Ok(live) => {
             if inner.members.update(live) {
                 let nodes = inner.members.count();
@@ -347,7 +351,10 @@ async fn heartbeat(inner: &Inner, leaving: bool) {
                 inner.partitions.lock().expect("partition map").values().for_each(|s| s.nudge());
             }
         }
-        Err(e) => tracing::warn!(error = %e, "cannot write this node's heartbeat; keeping the last membership"),
+        Err(e) => {
+            inner.members.cut_off(true);
+            tracing::warn!(error = %e, "cannot write this node's heartbeat; keeping the last membership");
+        }
     }
 }
 
