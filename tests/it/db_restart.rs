@@ -207,9 +207,7 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
     // Results sent while the database was down are recorded when it is back, so all is
     // settled in seconds, not after the leases of the dropped ones ran out (30 s and more
     // after the database's return).
-    // (25 s: on its return each node's first heartbeats may find the others' rows as old
-    // as the outage, and the endpoints move once and back before the last results land.)
-    assert!(settled <= Duration::from_secs(25), "everything settled {settled:?} after the database returned");
+    assert!(settled <= Duration::from_secs(15), "everything settled {settled:?} after the database returned");
     assert!(reconnects > 0, "the metrics show the store's recoveries");
     pool.close().await;
     drop(nodes);

@@ -11,10 +11,13 @@
 //! not take it (no lease held while work is overdue) is taken over by whichever node scans
 //! it first (see `worker::dispatch`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::time::Instant;
 
 use crate::lease;
+use crate::store::MEMBER_TIMEOUT;
 
 /// This node's view of the cluster.
 pub(super) struct Members {
@@ -24,8 +27,9 @@ pub(super) struct Members {
     view: RwLock<Option<Arc<[String]>>>,
     /// Bumped on every change of `view`, so partitions re-check only then.
     generation: AtomicU64,
-    /// The last heartbeat failed (the store was out of reach).
-    cut_off: AtomicBool,
+    /// Whether the last heartbeat failed, and when the store answered again after the
+    /// last failure.
+    outage: Mutex<(bool, Option<Instant>)>,
 }
 
 impl Members {
@@ -34,20 +38,40 @@ impl Members {
             owner: owner.to_string(),
             view: RwLock::new(None),
             generation: AtomicU64::new(0),
-            cut_off: AtomicBool::new(false),
+            outage: Mutex::new((false, None)),
         }
     }
 
-    /// Notes whether this heartbeat failed; returns whether the one before had.
-    pub(super) fn cut_off(&self, now: bool) -> bool {
-        self.cut_off.swap(now, Ordering::AcqRel)
+    /// A heartbeat failed: the store is out of reach.
+    pub(super) fn cut_off(&self) {
+        self.outage.lock().expect("members").0 = true;
     }
 
-    /// Takes a heartbeat's answer. True when the membership changed.
-    pub(super) fn update(&self, live: Option<Vec<String>>) -> bool {
+    /// Takes a heartbeat's answer, received at `now`. True when the membership changed.
+    ///
+    /// After an outage, a node is dropped only once this node has been back in touch with
+    /// the store for [`MEMBER_TIMEOUT`]: every other node's row is as old as the outage,
+    /// until each has written again, and dropping them would hand this node all their
+    /// endpoints for a moment, then take them back. Joins, and this node's own leaving,
+    /// apply at once.
+    pub(super) fn update(&self, live: Option<Vec<String>>, now: Instant) -> bool {
+        let back = {
+            let mut outage = self.outage.lock().expect("members");
+            if std::mem::take(&mut outage.0) {
+                outage.1 = Some(now);
+            }
+            outage.1
+        };
         let mut view = self.view.write().expect("members");
         if view.as_deref() == live.as_deref() {
             return false;
+        }
+        if let (Some(old), Some(new)) = (view.as_deref(), live.as_deref()) {
+            let drops = old.iter().any(|m| !new.contains(m));
+            let leaving = !new.contains(&self.owner);
+            if drops && !leaving && back.is_some_and(|at| now.duration_since(at) < MEMBER_TIMEOUT) {
+                return false;
+            }
         }
         *view = live.map(Arc::from);
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -77,19 +101,39 @@ impl Members {
 mod tests {
     use super::*;
 
+    fn view(nodes: &[&str]) -> Option<Vec<String>> {
+        Some(nodes.iter().map(|n| n.to_string()).collect())
+    }
+
     #[test]
     fn a_node_alone_paces_everything_and_a_split_moves_some_away() {
-        let m = Members::new("a");
+        let (m, t0) = (Members::new("a"), Instant::now());
         assert!(m.mine("ep_1") && m.mine("ep_2"), "no view: everything");
         let g = m.generation();
-        assert!(m.update(Some(vec!["a".into(), "b".into()])));
-        assert!(!m.update(Some(vec!["a".into(), "b".into()])), "the same view is no change");
+        assert!(m.update(view(&["a", "b"]), t0));
+        assert!(!m.update(view(&["a", "b"]), t0), "the same view is no change");
         assert_eq!((m.generation(), m.count()), (g + 1, 2));
         let ours = (0..100).filter(|i| m.mine(&format!("ep_{i}"))).count();
         assert!((30..70).contains(&ours), "{ours} of 100");
-        m.update(Some(Vec::new()));
+        assert!(m.update(view(&["b"]), t0), "this node leaving applies at once");
         assert!(!m.mine("ep_1"), "a leaving node keeps nothing");
-        m.update(None);
+        m.update(None, t0);
         assert_eq!((m.count(), m.mine("ep_1")), (1, true));
+    }
+
+    #[test]
+    fn after_an_outage_a_node_drops_others_only_once_it_has_been_back_a_while() {
+        let (m, t0) = (Members::new("a"), Instant::now());
+        assert!(m.update(view(&["a", "b"]), t0));
+        // No outage: b's row going stale is b gone.
+        assert!(m.update(view(&["a"]), t0));
+        assert!(m.update(view(&["a", "b"]), t0 + MEMBER_TIMEOUT), "a join applies at once");
+        m.cut_off();
+        let back = t0 + MEMBER_TIMEOUT * 3;
+        assert!(!m.update(view(&["a"]), back), "b has not written since the outage yet");
+        assert!(!m.update(view(&["a"]), back + MEMBER_TIMEOUT / 2));
+        assert_eq!(m.count(), 2);
+        assert!(m.update(view(&["a", "b", "c"]), back + MEMBER_TIMEOUT / 2), "joins apply at once");
+        assert!(m.update(view(&["a", "c"]), back + MEMBER_TIMEOUT), "b stayed silent: gone");
     }
 }

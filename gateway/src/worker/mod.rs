@@ -57,6 +57,9 @@ const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// How long work may wait overdue, its partition lease held by nobody, before a node that
 /// is not its endpoint's preferred one takes it over.
 const TAKEOVER_AFTER: Duration = crate::store::MEMBER_TIMEOUT;
+/// How long a node keeps another node's endpoint it took over before offering it back (its
+/// owner takes it at its next scan if it is well; if not, it is taken over again).
+const TAKEOVER_HOLD: Duration = Duration::from_secs(10);
 
 /// Handle to the running engine.
 #[derive(Clone)]
@@ -74,6 +77,8 @@ struct Inner {
     partitions: Mutex<HashMap<EndpointId, Arc<signal::Signal>>>,
     /// Which endpoints are this node's to pace, when nodes share the store.
     members: members::Members,
+    /// Held across each heartbeat; true once this node has left (no heartbeat after it).
+    left: tokio::sync::Mutex<bool>,
     global: Arc<Semaphore>,
     scan: Notify,
     shutdown: watch::Receiver<bool>,
@@ -113,6 +118,7 @@ impl Engine {
             config,
             metrics,
             members: members::Members::new(&owner),
+            left: tokio::sync::Mutex::new(false),
             owner,
             partitions: Mutex::default(),
             scan: Notify::new(),
@@ -140,6 +146,7 @@ impl Engine {
             Err(e) => tracing::error!(error = %e, "cannot listen for other nodes' work; scanning only"),
         }
         inner.store.hand_off(Arc::new(Handoffs { inner: Arc::downgrade(&inner), owner: inner.owner.clone() }));
+        tokio::spawn(heartbeats(inner.clone()));
         tokio::spawn(dispatch(inner.clone()));
         Engine { inner }
     }
@@ -334,16 +341,33 @@ fn take_over(inner: &Arc<Inner>, id: &EndpointId) {
     }
 }
 
+/// Writes this node's heartbeat every [`HEARTBEAT_EVERY`] until shutdown, on a task of its
+/// own so a slow scan never makes the node look gone.
+async fn heartbeats(inner: Arc<Inner>) {
+    let mut shutdown = inner.shutdown.clone();
+    let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !*shutdown.borrow() {
+        tokio::select! {
+            _ = tick.tick() => heartbeat(&inner, false).await,
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
 /// Says this node is alive (or leaving) and takes the cluster's membership in; on a
 /// store this node owns, a no-op.
 async fn heartbeat(inner: &Inner, leaving: bool) {
+    // One at a time, and none once left: a beat still under way when the node leaves
+    // would otherwise write its row back.
+    let mut left = inner.left.lock().await;
+    if *left {
+        return;
+    }
+    *left = leaving;
     match inner.store.heartbeat(&inner.owner, leaving).await {
-        // The first heartbeat after the store was out of reach finds every other node's
-        // row as old as this one's was: they have not written theirs again yet. Taking
-        // that in would hand this node every endpoint for a second, then hand them back.
-        Ok(_) if inner.members.cut_off(false) && !leaving => {}
         Ok(live) => {
-            if inner.members.update(live) {
+            if inner.members.update(live, Instant::now()) {
                 let nodes = inner.members.count();
                 tracing::info!(nodes, "cluster membership changed");
                 inner.metrics.cluster_nodes.set(nodes as i64);
@@ -352,7 +376,7 @@ async fn heartbeat(inner: &Inner, leaving: bool) {
             }
         }
         Err(e) => {
-            inner.members.cut_off(true);
+            inner.members.cut_off();
             tracing::warn!(error = %e, "cannot write this node's heartbeat; keeping the last membership");
         }
     }
@@ -417,18 +441,16 @@ fn signal_changed(inner: &Inner, endpoints: &[EndpointId]) {
 async fn dispatch(inner: Arc<Inner>) {
     let mut shutdown = inner.shutdown.clone();
     let mut last_recover = Instant::now();
-    let mut last_heartbeat: Option<Instant> = None;
     inner.metrics.cluster_nodes.set(1);
+    // Other nodes' endpoints with due work and no lease held, since when this node has seen
+    // them so.
+    let mut unheld = HashMap::new();
     loop {
         if *shutdown.borrow() {
             return;
         }
-        if last_heartbeat.is_none_or(|at| at.elapsed() >= HEARTBEAT_EVERY) {
-            last_heartbeat = Some(Instant::now());
-            heartbeat(&inner, false).await;
-        }
         match inner.store.pending_endpoints().await {
-            Ok(pending) => scan(&inner, pending).await,
+            Ok(pending) => scan(&inner, pending, &mut unheld).await,
             Err(e) => tracing::warn!(error = %e, "scan for due work failed"),
         }
         if last_recover.elapsed() >= RECOVER_EVERY {
@@ -451,8 +473,9 @@ async fn dispatch(inner: Arc<Inner>) {
 }
 
 /// Starts a partition for each endpoint of this node's with work coming due, and for each
-/// of another node's whose work has waited past [`TAKEOVER_AFTER`] with no lease held.
-async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>) {
+/// of another node's whose due work this node has seen with no lease held for
+/// [`TAKEOVER_AFTER`] (`unheld`: since when, kept from scan to scan).
+async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>, unheld: &mut HashMap<EndpointId, Instant>) {
     let now = inner.clock.now();
     let mut orphans = Vec::new();
     for (id, due) in pending {
@@ -461,17 +484,28 @@ async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>) {
         }
         match inner.members.mine(id.as_str()) {
             true => ensure_partition(inner, &id),
-            false if due < now - TAKEOVER_AFTER.as_millis() as i64 => orphans.push(id),
+            false if due <= now => orphans.push(id),
             false => {}
         }
     }
     orphans.retain(|id| !inner.partitions.lock().expect("partition map").contains_key(id));
     if orphans.is_empty() {
+        unheld.clear();
         return;
     }
-    match inner.store.held_partitions(now).await {
-        Ok(held) => orphans.iter().filter(|id| !held.contains(id)).for_each(|id| take_over(inner, id)),
-        Err(e) => tracing::warn!(error = %e, "cannot read the partition leases"),
+    let held = match inner.store.held_partitions(now).await {
+        Ok(held) => held,
+        Err(e) => return tracing::warn!(error = %e, "cannot read the partition leases"),
+    };
+    orphans.retain(|id| !held.contains(id));
+    unheld.retain(|id, _| orphans.contains(id));
+    let seen = Instant::now();
+    for id in orphans {
+        let since = *unheld.entry(id.clone()).or_insert(seen);
+        if seen.duration_since(since) >= TAKEOVER_AFTER {
+            unheld.remove(&id);
+            take_over(inner, &id);
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, attempt, ensure_partition};
+use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
@@ -118,6 +118,8 @@ struct Partition {
     /// whether the endpoint then belonged to another node.
     members_seen: u64,
     moved: bool,
+    /// Since when it paces another node's endpoint it took over (see [`TAKEOVER_HOLD`]).
+    took_over: Option<Instant>,
 }
 
 impl Drop for Partition {
@@ -144,6 +146,7 @@ enum Refill {
 
 impl Partition {
     fn new(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) -> Partition {
+        let took_over = (!inner.members.mine(id.as_str())).then(Instant::now);
         Partition {
             id,
             signal,
@@ -159,6 +162,7 @@ impl Partition {
             rng: StdRng::from_rng(&mut rand::rng()),
             members_seen: inner.members.generation(),
             moved: false,
+            took_over,
             inner,
         }
     }
@@ -196,12 +200,14 @@ impl Partition {
 
     /// Whether the endpoint went to another node since this partition last looked (the
     /// membership changed: a node joined). A partition that took over another node's
-    /// endpoint keeps it until the membership changes or it retires.
+    /// endpoint offers it back after [`TAKEOVER_HOLD`].
     fn moved_away(&mut self) -> bool {
         let generation = self.inner.members.generation();
-        if generation != self.members_seen {
+        let offer_back = self.took_over.is_some_and(|at| at.elapsed() >= TAKEOVER_HOLD);
+        if generation != self.members_seen || offer_back {
             self.members_seen = generation;
             self.moved = !self.inner.members.mine(self.id.as_str());
+            self.took_over = None;
         }
         self.moved
     }
