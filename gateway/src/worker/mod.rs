@@ -477,18 +477,21 @@ async fn dispatch(inner: Arc<Inner>) {
 /// [`TAKEOVER_AFTER`] (`unheld`: since when, kept from scan to scan).
 async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>, unheld: &mut HashMap<EndpointId, Instant>) {
     let now = inner.clock.now();
-    let mut orphans = Vec::new();
+    let mut orphans = std::collections::HashSet::new();
     for (id, due) in pending {
         if due > now + SCAN_EVERY.as_millis() as i64 {
             continue;
         }
         match inner.members.mine(id.as_str()) {
             true => ensure_partition(inner, &id),
-            false if due <= now => orphans.push(id),
+            false if due <= now => drop(orphans.insert(id)),
             false => {}
         }
     }
-    orphans.retain(|id| !inner.partitions.lock().expect("partition map").contains_key(id));
+    {
+        let parts = inner.partitions.lock().expect("partition map");
+        orphans.retain(|id| !parts.contains_key(id));
+    }
     if orphans.is_empty() {
         unheld.clear();
         return;
@@ -497,7 +500,9 @@ async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>, unheld: &m
         Ok(held) => held,
         Err(e) => return tracing::warn!(error = %e, "cannot read the partition leases"),
     };
-    orphans.retain(|id| !held.contains(id));
+    for id in &held {
+        orphans.remove(id);
+    }
     unheld.retain(|id, _| orphans.contains(id));
     let seen = Instant::now();
     for id in orphans {
