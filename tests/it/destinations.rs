@@ -929,6 +929,15 @@ async fn broker_credentials_are_sealed_and_never_printed() -> anyhow::Result<()>
             assert!(!reply.contains(secret), "{secret} in a reply: {reply}");
         }
     }
+
+    // Under another operator key the sealed password does not open: the endpoint is held
+    // with the reason, and nothing is sent.
+    let other_key = [("HERALD_SECRETS_KEY", "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=")];
+    let node = HeraldProcess::start(&bin, dir.path(), &other_key).await?;
+    let path = format!("/v1/tenants/acme/endpoints/{}", ids[0]);
+    node.api.post(&format!("{path}/enable"), ADMIN_TOKEN, json!({})).await?.expect(200)?;
+    let (_, reason) = paused(&node.api, "acme", &ids[0]).await?;
+    assert!(reason.starts_with("broker:auth: the password") && reason.ends_with("write it again"), "{reason}");
     Ok(())
 }
 

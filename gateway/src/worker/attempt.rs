@@ -535,8 +535,6 @@ fn outgoing(
     }
 }
 
-/// The token endpoint gave no token: nothing was sent; the endpoint is held like a TLS
-/// failure (`classify::token_failed`), and the attempt says why (`auth:token: …`).
 /// The endpoint's own material cannot be used (a TLS key or a broker credential that does
 /// not open): held until a human fixes it.
 fn held(reason: String) -> Exchange {
@@ -544,6 +542,8 @@ fn held(reason: String) -> Exchange {
     Exchange::Decided { verdict, by: "builtin".to_string(), error: Some(reason) }
 }
 
+/// The token endpoint gave no token: nothing was sent; the endpoint is held like a TLS
+/// failure (`classify::token_failed`), and the attempt says why (`auth:token: …`).
 fn token_failed(error: String) -> Exchange {
     Exchange::Decided {
         verdict: classify::token_failed(&error),
