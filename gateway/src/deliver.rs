@@ -170,22 +170,16 @@ impl Deliverer {
     }
 
     /// Publishes one message to a broker destination and waits for its acknowledgement
-    /// (within `timeout`); the SSRF guard applies to the broker's host.
+    /// (within `timeout`); the SSRF guard applies to the broker's host whenever a
+    /// connection is opened, and the connection goes to the address it checked.
     pub async fn publish(&self, m: Message) -> Outcome {
         use crate::model::EndpointKind;
-        let port = match m.kind {
-            EndpointKind::RedisStream => 6379,
-            EndpointKind::Nats => 4222,
-            EndpointKind::Amqp => 5672,
-            EndpointKind::Http => return failed(TransportErrorKind::Other, "not a broker destination".into()),
-        };
-        if let Err(blocked) = broker::guard(&m.url, port, self.allow_private, m.connect_timeout).await {
-            return blocked;
-        }
+        let guard = broker::Guard { allow_private: self.allow_private };
         match m.kind {
-            EndpointKind::RedisStream => self.brokers.redis.publish(&m).await,
-            EndpointKind::Nats => self.brokers.nats.publish(&m).await,
-            _ => self.brokers.amqp.publish(&m).await,
+            EndpointKind::RedisStream => self.brokers.redis.publish(&m, guard).await,
+            EndpointKind::Nats => self.brokers.nats.publish(&m, guard).await,
+            EndpointKind::Amqp => self.brokers.amqp.publish(&m, guard).await,
+            EndpointKind::Http => failed(TransportErrorKind::Other, "not a broker destination".into()),
         }
     }
 

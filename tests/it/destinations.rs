@@ -1,18 +1,24 @@
-//! Queue destinations against the real local brokers: Redis Streams and NATS JetStream
-//! (the machine's shared servers for the steady runs; a server of the test's own, on a free
-//! port, for whatever stops one). Every event arrives once per webhook id (duplicates at
-//! most what was in flight), a broker restarted mid-run loses nothing, refused credentials
-//! and a missing stream pause the endpoint, a SIGKILL of Herald loses nothing, and the pace
-//! holds to ±1 %.
+//! Queue destinations against the real local brokers: Redis Streams, NATS JetStream and
+//! RabbitMQ (the machine's shared servers for the steady runs; a server of the test's own,
+//! on a free port, for whatever stops one). Every event arrives once per webhook id
+//! (duplicates at most what was in flight) and is counted by kind in `/metrics`, a broker
+//! restarted mid-run loses nothing, refused credentials and a missing stream pause the
+//! endpoint, a SIGKILL of Herald loses nothing, the pace holds to ±1 %, credentials are
+//! sealed at rest and never printed, the SSRF guard covers broker hosts, and every message
+//! carries the producer's trace.
 
 use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use tests::{ADMIN_TOKEN, Api, Backend, HeraldProcess, TestGateway, backends, eventually, herald_binary};
+use tests::{
+    ADMIN_TOKEN, Api, Backend, HeraldProcess, SEAL_KEY, TestGateway, backends, done_or, eventually, herald_binary,
+};
 
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379";
 const SHARED_NATS: &str = "nats://127.0.0.1:4222";
@@ -27,7 +33,8 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// A broker process of the test's own; killed when dropped, whatever happens.
+/// A broker process of the test's own, leading a process group of its own; the group is
+/// killed when dropped, whatever happens.
 struct OwnServer {
     port: u16,
     dir: tempfile::TempDir,
@@ -60,27 +67,64 @@ impl OwnServer {
         })
     }
 
+    /// A RabbitMQ node of the test's own, never the machine's shared one on 5672: its AMQP
+    /// port, node name, distribution port, data, logs, config, plugins and Erlang cookie (a
+    /// `HOME` of its own) all its own. The server script is run as it is installed for the
+    /// service user: `rabbitmq-server` on the `PATH` switches to that user, who cannot write
+    /// the test's directory.
+    fn rabbitmq() -> anyhow::Result<OwnServer> {
+        Self::start(|port, dir| {
+            for sub in ["mnesia", "log"] {
+                std::fs::create_dir_all(dir.join(sub)).expect("the node's directories");
+            }
+            let conf = dir.join("rabbitmq.conf");
+            std::fs::write(&conf, format!("listeners.tcp.local = 127.0.0.1:{port}\n")).expect("rabbitmq.conf");
+            std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("enabled_plugins");
+            std::fs::write(dir.join("rabbitmq-env.conf"), "").expect("rabbitmq-env.conf");
+            let dist = free_port().expect("a distribution port");
+            let mut c = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
+            c.current_dir(dir)
+                .env("HOME", dir)
+                .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
+                .env("RABBITMQ_CONFIG_FILE", &conf)
+                .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+                .env("RABBITMQ_NODENAME", format!("herald-test-{port}@localhost"))
+                .env("RABBITMQ_NODE_PORT", port.to_string())
+                .env("RABBITMQ_DIST_PORT", dist.to_string())
+                .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+                .env("RABBITMQ_LOG_BASE", dir.join("log"))
+                .env("RABBITMQ_PID_FILE", dir.join("rabbitmq.pid"))
+                .env("ERL_EPMD_ADDRESS", "127.0.0.1");
+            c
+        })
+    }
+
     fn start_again(&mut self) -> anyhow::Result<()> {
         let child = (self.command)(self.port, self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .context("start the broker")?;
         self.child = Some(child);
         Ok(())
     }
 
-    /// SIGKILL: the broker gone at once, mid-publish.
+    /// SIGKILL to the whole group: the broker gone at once, mid-publish, with whatever it
+    /// started (RabbitMQ's script runs the Erlang VM as its child).
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            let group = format!("-{}", c.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
+    /// Until the broker accepts connections (a RabbitMQ node boots in several seconds).
     async fn wait_up(&self) -> anyhow::Result<()> {
         let addr = format!("127.0.0.1:{}", self.port);
-        eventually("the broker listens", Duration::from_secs(20), || async {
+        eventually("the broker listens", Duration::from_secs(60), || async {
             Ok(tokio::net::TcpStream::connect(&addr).await.map(|_| ()).map_err(|e| e.to_string()))
         })
         .await
@@ -121,14 +165,27 @@ async fn redis_conn(url: &str) -> anyhow::Result<redis::aio::MultiplexedConnecti
     Ok(redis::Client::open(url)?.get_multiplexed_async_connection().await?)
 }
 
-/// Every entry of `stream`: its id and fields.
+/// Every entry of `stream`: its id and fields, read a page at a time (a reply of 10,000
+/// entries at once outlasts the client's response deadline).
 async fn redis_entries(
     conn: &mut redis::aio::MultiplexedConnection,
     stream: &str,
 ) -> anyhow::Result<Vec<redis::streams::StreamId>> {
-    let reply: redis::streams::StreamRangeReply =
-        redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query_async(conn).await?;
-    Ok(reply.ids)
+    const PAGE: usize = 1_000;
+    let mut all = Vec::new();
+    let mut from = "-".to_string();
+    loop {
+        let reply: redis::streams::StreamRangeReply =
+            redis::cmd("XRANGE").arg(stream).arg(&from).arg("+").arg("COUNT").arg(PAGE).query_async(conn).await?;
+        let n = reply.ids.len();
+        if let Some(last) = reply.ids.last() {
+            from = format!("({}", last.id);
+        }
+        all.extend(reply.ids);
+        if n < PAGE {
+            return Ok(all);
+        }
+    }
 }
 
 /// Waits until `stream` holds every one of `ids` (as `webhook-id`); returns the entries.
@@ -142,6 +199,10 @@ async fn redis_all_arrive(
     eventually(&format!("{} entries in {stream}", ids.len()), within, || {
         let mut conn = conn.clone();
         async move {
+            let n: usize = redis::cmd("XLEN").arg(stream).query_async(&mut conn).await?;
+            if n < ids.len() {
+                return Ok(Err(format!("{n} of {} in", ids.len())));
+            }
             let entries = redis_entries(&mut conn, stream).await?;
             let seen = count_ids(entries.iter().filter_map(|e| e.get::<String>("webhook-id")));
             let missing = ids.iter().filter(|id| !seen.contains_key(*id)).count();
@@ -150,6 +211,10 @@ async fn redis_all_arrive(
     })
     .await
 }
+
+/// Retries soon and for long: a broker's outage is waited out, not dead-lettered.
+const FAST_RETRIES: [(&str, &str); 3] =
+    [("HERALD_RETRY_BASE", "100ms"), ("HERALD_RETRY_CAP", "1s"), ("HERALD_RETRY_MAX_ATTEMPTS", "100")];
 
 /// Waits until a delivery of `tenant` failed an attempt and waits for its retry: the
 /// broker's outage was met, not only scheduled.
@@ -184,6 +249,18 @@ fn assert_once_each(seen: &HashMap<String, usize>, ids: &[String], in_flight: us
     assert!(dups <= in_flight, "{dups} duplicates, more than the {in_flight} in flight");
 }
 
+/// `/metrics` counts `n` deliveries of `tenant` to destinations of `kind`.
+async fn counted_by_kind(api: &Api, tenant: &str, kind: &str, n: usize) -> anyhow::Result<()> {
+    let line =
+        format!("herald_delivery_outcomes_total{{tenant=\"{tenant}\",kind=\"{kind}\",outcome=\"delivered\"}} {n}");
+    eventually(&line, Duration::from_secs(10), || async {
+        let text = api.raw("GET", "/metrics", None, "").await?.text;
+        let ours: Vec<&str> = text.lines().filter(|l| l.contains(&format!("tenant=\"{tenant}\""))).collect();
+        done_or(text.lines().any(|l| l == line), format!("{ours:?}"))
+    })
+    .await
+}
+
 /// Creates a broker endpoint of `kind` at `url` sending to `destination` (a JSON object),
 /// paced fast unless `extra` (top-level fields) says otherwise.
 async fn broker_endpoint(
@@ -216,12 +293,13 @@ async fn redis_stream_delivers_each_event_once(backend: Backend) -> anyhow::Resu
     let ep =
         redis_endpoint(&gw.api, &tenant, SHARED_REDIS, &format!("{prefix}:{{tenant}}:{{type}}"), json!({})).await?;
     assert_eq!(ep["kind"], "redis-stream");
-    let total = 2_000;
+    let total = 10_000;
     let ids = post_events(&gw.api, &tenant, total).await?;
     let stream = format!("{prefix}:{tenant}:order.paid");
     let entries = redis_all_arrive(SHARED_REDIS, &stream, &ids, Duration::from_secs(120)).await?;
     let seen = count_ids(entries.iter().filter_map(|e| e.get::<String>("webhook-id")));
     assert_once_each(&seen, &ids, 16);
+    counted_by_kind(&gw.api, &tenant, "redis-stream", total).await?;
     // The same envelope and webhook headers as an HTTP delivery.
     let first = &entries[0];
     let body: Value = serde_json::from_slice(&first.get::<Vec<u8>>("body").context("body")?)?;
@@ -261,12 +339,7 @@ async fn redis_restarted_mid_run_loses_nothing() -> anyhow::Result<()> {
     let mut redis = OwnServer::redis(None)?;
     redis.wait_up().await?;
     let url = format!("redis://127.0.0.1:{}", redis.port);
-    let gw = TestGateway::start_with(&[
-        ("HERALD_RETRY_BASE", "100ms"),
-        ("HERALD_RETRY_CAP", "1s"),
-        ("HERALD_RETRY_MAX_ATTEMPTS", "100"),
-    ])
-    .await?;
+    let gw = TestGateway::start_with(&FAST_RETRIES).await?;
     gw.api.tenant("acme").await?;
     redis_endpoint(&gw.api, "acme", &url, "orders", json!({"rate_per_sec": 200})).await?;
     let ids = post_events(&gw.api, "acme", 1_000).await?;
@@ -301,7 +374,7 @@ async fn redis_wrong_password_pauses_the_endpoint_and_is_never_shown() -> anyhow
     let redis = OwnServer::redis(Some("right-password"))?;
     redis.wait_up().await?;
     let url = format!("redis://127.0.0.1:{}", redis.port);
-    let gw = TestGateway::start().await?;
+    let gw = TestGateway::start_with(&[("HERALD_SECRETS_KEY", SEAL_KEY)]).await?;
     gw.api.tenant("acme").await?;
     let extra = json!({"destination": {"stream": "s", "password": "wrong-password"}});
     let ep = redis_endpoint(&gw.api, "acme", &url, "s", extra).await?;
@@ -431,11 +504,12 @@ async fn nats_jetstream_delivers_each_event_once(backend: Backend) -> anyhow::Re
     let name = unique("HERALD_");
     let mut stream = nats_stream(SHARED_NATS, &name, &format!("{name}.>")).await?;
     nats_endpoint(&gw.api, &tenant, SHARED_NATS, &format!("{name}.{{tenant}}.{{type}}"), json!({})).await?;
-    let total = 2_000;
+    let total = 10_000;
     let ids = post_events(&gw.api, &tenant, total).await?;
     let seen = nats_all_arrive(&mut stream, total, Duration::from_secs(120)).await?;
     // JetStream dedupes on the webhook id: exactly once.
     assert_once_each(&seen, &ids, 0);
+    counted_by_kind(&gw.api, &tenant, "nats", total).await?;
     let m = stream.get_raw_message(1).await?;
     assert_eq!(m.subject.as_str(), format!("{name}.{tenant}.order.paid"));
     assert!(m.headers.get("webhook-signature").is_some_and(|s| s.as_str().starts_with("v1,")));
@@ -483,12 +557,7 @@ async fn nats_restarted_mid_run_loses_nothing() -> anyhow::Result<()> {
     nats.wait_up().await?;
     let url = format!("nats://127.0.0.1:{}", nats.port);
     let mut stream = nats_stream(&url, "ORDERS", "orders.>").await?;
-    let gw = TestGateway::start_with(&[
-        ("HERALD_RETRY_BASE", "100ms"),
-        ("HERALD_RETRY_CAP", "1s"),
-        ("HERALD_RETRY_MAX_ATTEMPTS", "100"),
-    ])
-    .await?;
+    let gw = TestGateway::start_with(&FAST_RETRIES).await?;
     gw.api.tenant("acme").await?;
     nats_endpoint(&gw.api, "acme", &url, "orders.{type}", json!({"rate_per_sec": 200})).await?;
     let ids = post_events(&gw.api, "acme", 1_000).await?;
@@ -537,7 +606,7 @@ async fn nats_wrong_token_pauses_the_endpoint() -> anyhow::Result<()> {
     })?;
     nats.wait_up().await?;
     let url = format!("nats://127.0.0.1:{}", nats.port);
-    let gw = TestGateway::start().await?;
+    let gw = TestGateway::start_with(&[("HERALD_SECRETS_KEY", SEAL_KEY)]).await?;
     gw.api.tenant("acme").await?;
     let extra = json!({"destination": {"subject": "orders", "token": "wrong-token"}});
     let ep = nats_endpoint(&gw.api, "acme", &url, "orders", extra).await?;
@@ -554,38 +623,63 @@ async fn nats_wrong_token_pauses_the_endpoint() -> anyhow::Result<()> {
 
 const SHARED_AMQP: &str = "amqp://127.0.0.1:5672/%2f";
 
-/// A topic exchange and a queue bound to all of it, on the shared RabbitMQ.
-async fn amqp_queue(exchange: &str) -> anyhow::Result<lapin::Channel> {
+/// A topic exchange and a queue of the same name bound to all of it, at `url`: durable on a
+/// broker the test restarts, deleted with their last user on the shared one.
+async fn amqp_queue(url: &str, exchange: &str, durable: bool) -> anyhow::Result<lapin::Channel> {
     use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
     use lapin::types::FieldTable;
-    let conn = lapin::Connection::connect(SHARED_AMQP, lapin::ConnectionProperties::default()).await?;
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
-    let auto_delete = ExchangeDeclareOptions { auto_delete: true, ..Default::default() };
-    ch.exchange_declare(exchange.into(), lapin::ExchangeKind::Topic, auto_delete, FieldTable::default()).await?;
-    let queue = QueueDeclareOptions { auto_delete: true, ..Default::default() };
+    let x = ExchangeDeclareOptions { auto_delete: !durable, durable, ..Default::default() };
+    ch.exchange_declare(exchange.into(), lapin::ExchangeKind::Topic, x, FieldTable::default()).await?;
+    let queue = QueueDeclareOptions { auto_delete: !durable, durable, ..Default::default() };
     ch.queue_declare(exchange.into(), queue, FieldTable::default()).await?;
     ch.queue_bind(exchange.into(), exchange.into(), "#".into(), QueueBindOptions::default(), FieldTable::default())
         .await?;
     Ok(ch)
 }
 
-/// Waits until the queue holds `total` messages, then takes them all: each message id's count.
-async fn amqp_all_arrive(ch: &lapin::Channel, queue: &str, total: usize) -> anyhow::Result<HashMap<String, usize>> {
-    use lapin::options::{BasicGetOptions, QueueDeclareOptions};
-    use lapin::types::FieldTable;
-    eventually(&format!("{total} messages"), Duration::from_secs(120), || async {
-        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-        let q = ch.queue_declare(queue.into(), passive, FieldTable::default()).await?;
-        let n = q.message_count() as usize;
-        Ok(if n >= total { Ok(()) } else { Err(format!("{n}")) })
+/// How many messages `queue` holds.
+async fn amqp_count(ch: &lapin::Channel, queue: &str) -> anyhow::Result<usize> {
+    use lapin::options::QueueDeclareOptions;
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let q = ch.queue_declare(queue.into(), passive, lapin::types::FieldTable::default()).await?;
+    Ok(q.message_count() as usize)
+}
+
+/// Waits until `queue` holds at least `n` messages.
+async fn amqp_at_least(ch: &lapin::Channel, queue: &str, n: usize) -> anyhow::Result<()> {
+    eventually(&format!("{n} messages in {queue}"), Duration::from_secs(30), || async {
+        let got = amqp_count(ch, queue).await?;
+        done_or(got >= n, got)
+    })
+    .await
+}
+
+/// Takes the messages of `queue` as they come until every one of `ids` (as `message-id`)
+/// has; returns each id's count.
+async fn amqp_all_arrive(
+    ch: &lapin::Channel,
+    queue: &str,
+    ids: &[String],
+    within: Duration,
+) -> anyhow::Result<HashMap<String, usize>> {
+    use lapin::options::BasicGetOptions;
+    let seen = Mutex::new(HashMap::new());
+    eventually(&format!("{} messages in {queue}", ids.len()), within, || async {
+        let mut got = Vec::new();
+        while let Some(m) = ch.basic_get(queue.into(), BasicGetOptions { no_ack: true }).await? {
+            got.extend(m.delivery.properties.message_id().as_ref().map(|id| id.to_string()));
+        }
+        let mut seen = seen.lock().unwrap();
+        for id in got {
+            *seen.entry(id).or_insert(0) += 1;
+        }
+        let missing = ids.iter().filter(|id| !seen.contains_key(*id)).count();
+        done_or(missing == 0, format!("{missing} missing of {}", ids.len()))
     })
     .await?;
-    let mut ids = Vec::new();
-    let auto_ack = BasicGetOptions { no_ack: true };
-    while let Some(m) = ch.basic_get(queue.into(), auto_ack).await? {
-        ids.extend(m.delivery.properties.message_id().as_ref().map(|id| id.to_string()));
-    }
-    Ok(count_ids(ids.into_iter()))
+    Ok(seen.into_inner().unwrap())
 }
 
 async fn amqp_delivers_each_event_once(backend: Backend) -> anyhow::Result<()> {
@@ -593,13 +687,14 @@ async fn amqp_delivers_each_event_once(backend: Backend) -> anyhow::Result<()> {
     let tenant = unique("a");
     gw.api.tenant(&tenant).await?;
     let exchange = unique("herald.test.");
-    let ch = amqp_queue(&exchange).await?;
+    let ch = amqp_queue(SHARED_AMQP, &exchange, false).await?;
     let dest = json!({"exchange": exchange, "routing_key": "{tenant}.{type}"});
     broker_endpoint(&gw.api, &tenant, "amqp", SHARED_AMQP, dest, json!({})).await?;
-    let total = 2_000;
+    let total = 10_000;
     let ids = post_events(&gw.api, &tenant, total).await?;
-    let seen = amqp_all_arrive(&ch, &exchange, total).await?;
+    let seen = amqp_all_arrive(&ch, &exchange, &ids, Duration::from_secs(120)).await?;
     assert_once_each(&seen, &ids, 16);
+    counted_by_kind(&gw.api, &tenant, "amqp", total).await?;
     Ok(())
 }
 
@@ -626,13 +721,321 @@ async fn amqp_missing_exchange_and_unroutable_messages_pause_the_endpoint() -> a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_wrong_password_pauses_the_endpoint() -> anyhow::Result<()> {
-    let gw = TestGateway::start().await?;
+    let gw = TestGateway::start_with(&[("HERALD_SECRETS_KEY", SEAL_KEY)]).await?;
     gw.api.tenant("acme").await?;
     let dest = json!({"exchange": "amq.topic", "routing_key": "k", "username": "guest", "password": "wrong"});
     let ep = broker_endpoint(&gw.api, "acme", "amqp", SHARED_AMQP, dest, json!({})).await?;
     post_events(&gw.api, "acme", 1).await?;
     let (_, reason) = paused(&gw.api, "acme", ep["id"].as_str().context("id")?).await?;
     assert!(reason.starts_with("broker:auth:"), "{reason}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_restarted_mid_run_loses_nothing() -> anyhow::Result<()> {
+    let mut rabbit = OwnServer::rabbitmq()?;
+    rabbit.wait_up().await?;
+    let url = format!("amqp://127.0.0.1:{}/%2f", rabbit.port);
+    // Durable, so the exchange, the queue and the confirmed messages outlive the kill.
+    let ch = amqp_queue(&url, "orders", true).await?;
+    let gw = TestGateway::start_with(&FAST_RETRIES).await?;
+    gw.api.tenant("acme").await?;
+    let dest = json!({"exchange": "orders", "routing_key": "{type}"});
+    broker_endpoint(&gw.api, "acme", "amqp", &url, dest, json!({"rate_per_sec": 200})).await?;
+    let ids = post_events(&gw.api, "acme", 1_000).await?;
+    amqp_at_least(&ch, "orders", 100).await?;
+    rabbit.kill();
+    a_retry_waits(&gw.api, "acme").await?;
+    rabbit.start_again()?;
+    rabbit.wait_up().await?;
+    let ch = amqp_queue(&url, "orders", true).await?;
+    let at_restart = amqp_count(&ch, "orders").await?;
+    assert!(at_restart < ids.len(), "the broker stopped mid-run ({at_restart} of {} in)", ids.len());
+    let seen = amqp_all_arrive(&ch, "orders", &ids, Duration::from_secs(90)).await?;
+    assert_once_each(&seen, &ids, 16);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_sigkill_of_herald_mid_run_loses_nothing() -> anyhow::Result<()> {
+    let bin = herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    let env = [("HERALD_DELIVERY_MAX_IN_FLIGHT_TOTAL", "8")];
+    let mut node = HeraldProcess::start(&bin, dir.path(), &env).await?;
+    let tenant = unique("ak");
+    node.api.tenant(&tenant).await?;
+    let exchange = unique("herald.kill.");
+    let ch = amqp_queue(SHARED_AMQP, &exchange, false).await?;
+    let dest = json!({"exchange": exchange, "routing_key": "{type}"});
+    broker_endpoint(&node.api, &tenant, "amqp", SHARED_AMQP, dest, json!({"rate_per_sec": 300, "max_in_flight": 8}))
+        .await?;
+    let ids = post_events(&node.api, &tenant, 1_500).await?;
+    amqp_at_least(&ch, &exchange, 500).await?;
+    node.kill();
+    let at_kill = amqp_count(&ch, &exchange).await?;
+    assert!(at_kill < ids.len(), "the kill came mid-run ({at_kill} in)");
+    let _node = HeraldProcess::start(&bin, dir.path(), &env).await?;
+    let seen = amqp_all_arrive(&ch, &exchange, &ids, Duration::from_secs(90)).await?;
+    assert_once_each(&seen, &ids, 8);
+    Ok(())
+}
+
+/// The pace as a consumer of the queue sees it: RabbitMQ pushes each message on as it is
+/// routed, so the arrival times (the test's clock) are the publishes'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_keeps_the_pace() -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use lapin::options::BasicConsumeOptions;
+    let gw = TestGateway::start().await?;
+    let tenant = unique("ap");
+    gw.api.tenant(&tenant).await?;
+    let exchange = unique("herald.pace.");
+    let ch = amqp_queue(SHARED_AMQP, &exchange, false).await?;
+    let options = BasicConsumeOptions { no_ack: true, ..Default::default() };
+    let mut consumer =
+        ch.basic_consume(exchange.as_str().into(), "pace".into(), options, lapin::types::FieldTable::default()).await?;
+    let (rate, burst, total) = (50.0, 5usize, 400usize);
+    let dest = json!({"exchange": exchange, "routing_key": "{type}"});
+    broker_endpoint(&gw.api, &tenant, "amqp", SHARED_AMQP, dest, json!({"rate_per_sec": rate, "burst": burst})).await?;
+    // One message first, so that the connection's opening (an AMQP handshake, a channel,
+    // confirm mode) does not delay the first burst and shorten the measured span.
+    gw.api.event(&tenant, json!({"id": "evt_warm", "type": "order.paid", "payload": {}})).await?.expect(202)?;
+    tokio::time::timeout(Duration::from_secs(20), consumer.next()).await?.context("the consumer ended")??;
+    let start = tokio::time::Instant::now();
+    post_events(&gw.api, &tenant, total).await?;
+    let mut at = Vec::with_capacity(total);
+    let arrivals = async {
+        while at.len() < total {
+            consumer.next().await.context("the consumer ended")??;
+            at.push(start.elapsed().as_secs_f64());
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(60), arrivals).await.context("400 messages within 60 s")??;
+    assert_pace("amqp", at, rate, burst);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_sigkill_of_herald_mid_run_loses_nothing() -> anyhow::Result<()> {
+    let bin = herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    let env = [("HERALD_DELIVERY_MAX_IN_FLIGHT_TOTAL", "8")];
+    let mut node = HeraldProcess::start(&bin, dir.path(), &env).await?;
+    let tenant = unique("nk");
+    node.api.tenant(&tenant).await?;
+    let name = unique("HERALD_KILL_");
+    let mut stream = nats_stream(SHARED_NATS, &name, &format!("{name}.>")).await?;
+    let extra = json!({"rate_per_sec": 300, "max_in_flight": 8});
+    nats_endpoint(&node.api, &tenant, SHARED_NATS, &format!("{name}.{{type}}"), extra).await?;
+    let ids = post_events(&node.api, &tenant, 1_500).await?;
+    eventually("a third in", Duration::from_secs(30), || {
+        let mut s = stream.clone();
+        async move {
+            let n = s.info().await?.state.messages;
+            done_or(n >= 500, n)
+        }
+    })
+    .await?;
+    node.kill();
+    let at_kill = stream.info().await?.state.messages as usize;
+    assert!(at_kill < ids.len(), "the kill came mid-run ({at_kill} in)");
+    let _node = HeraldProcess::start(&bin, dir.path(), &env).await?;
+    let seen = nats_all_arrive(&mut stream, ids.len(), Duration::from_secs(90)).await?;
+    // What was in flight at the kill is published again; JetStream drops the repeats.
+    assert_once_each(&seen, &ids, 0);
+    let js = async_nats::jetstream::new(async_nats::connect(SHARED_NATS).await?);
+    js.delete_stream(&name).await?;
+    Ok(())
+}
+
+// --- Credentials, the SSRF guard, trace context ---
+
+/// A password or token is sealed under `[secrets] key` (a node without one refuses it) and
+/// shows nowhere: not in the API's replies (the endpoint, its deliveries and attempts with
+/// the brokers' refusals), not in Herald's log at debug level, not in the database files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_credentials_are_sealed_and_never_printed() -> anyhow::Result<()> {
+    let keyless = TestGateway::start().await?;
+    keyless.api.tenant("acme").await?;
+    let dest = json!({"stream": "s", "password": "p"});
+    let body = json!({"kind": "redis-stream", "url": SHARED_REDIS, "destination": dest});
+    let r = keyless.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, body).await?;
+    assert_eq!(r.status, 422, "{}", r.text);
+    assert!(r.text.contains("destination.password: this node has no [secrets] key"), "{}", r.text);
+    drop(keyless);
+
+    let redis = OwnServer::redis(Some("right-password"))?;
+    redis.wait_up().await?;
+    let nats = OwnServer::start(|port, dir| {
+        let mut c = Command::new("nats-server");
+        c.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "--auth", "right-token", "-sd"]).arg(dir);
+        c
+    })?;
+    nats.wait_up().await?;
+    let bin = herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("herald.log");
+    let env = [("HERALD_SECRETS_KEY", SEAL_KEY), ("HERALD_LOG_LEVEL", "debug")];
+    let node = HeraldProcess::start_logged(&bin, dir.path(), &env, Some(&log)).await?;
+    let api = &node.api;
+    api.tenant("acme").await?;
+    let secrets = ["redis-Secret-7d1f0c", "nats-Secret-52aa9e", "amqp-Secret-e0b3c4"];
+    let endpoints = [
+        ("redis-stream", format!("redis://127.0.0.1:{}", redis.port), json!({"stream": "s", "password": secrets[0]})),
+        ("nats", format!("nats://127.0.0.1:{}", nats.port), json!({"subject": "orders", "token": secrets[1]})),
+        (
+            "amqp",
+            SHARED_AMQP.to_string(),
+            json!({"exchange": "amq.topic", "routing_key": "k", "username": "guest", "password": secrets[2]}),
+        ),
+    ];
+    let mut replies = Vec::new();
+    let mut ids = Vec::new();
+    for (kind, url, dest) in endpoints {
+        let ep = broker_endpoint(api, "acme", kind, &url, dest, json!({})).await?;
+        ids.push(ep["id"].as_str().context("id")?.to_string());
+        replies.push(ep.to_string());
+    }
+    post_events(api, "acme", 1).await?;
+    for id in &ids {
+        let (got, reason) = paused(api, "acme", id).await?;
+        assert!(reason.starts_with("broker:auth:"), "{reason}");
+        replies.push(got.to_string());
+    }
+    let deliveries = api.get("/v1/tenants/acme/deliveries?limit=100", ADMIN_TOKEN).await?;
+    replies.push(deliveries.text.clone());
+    for d in deliveries.json["data"].as_array().context("deliveries")? {
+        let id = d["id"].as_str().context("delivery id")?;
+        // The delivery with its attempts, each with the broker's refusal.
+        replies.push(api.get(&format!("/v1/tenants/acme/deliveries/{id}"), ADMIN_TOKEN).await?.expect(200)?.text);
+    }
+    replies.push(api.get("/v1/tenants/acme/endpoints", ADMIN_TOKEN).await?.text);
+    drop(node);
+    let mut stored = Vec::new();
+    for entry in std::fs::read_dir(dir.path())? {
+        let path = entry?.path();
+        if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("herald.db")) {
+            stored.extend(std::fs::read(&path)?);
+        }
+    }
+    let stored = String::from_utf8_lossy(&stored);
+    let logged = std::fs::read_to_string(&log)?;
+    assert!(!logged.is_empty(), "the node logged nothing at debug level");
+    for secret in secrets {
+        assert!(!logged.contains(secret), "{secret} in the log");
+        assert!(!stored.contains(secret), "{secret} stored in clear");
+        for reply in &replies {
+            assert!(!reply.contains(secret), "{secret} in a reply: {reply}");
+        }
+    }
+
+    // Under another operator key the sealed password does not open: the endpoint is held
+    // with the reason, and nothing is sent.
+    let other_key = [("HERALD_SECRETS_KEY", "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=")];
+    let node = HeraldProcess::start(&bin, dir.path(), &other_key).await?;
+    let path = format!("/v1/tenants/acme/endpoints/{}", ids[0]);
+    node.api.post(&format!("{path}/enable"), ADMIN_TOKEN, json!({})).await?.expect(200)?;
+    let (_, reason) = paused(&node.api, "acme", &ids[0]).await?;
+    assert!(reason.starts_with("broker:auth: the password") && reason.ends_with("write it again"), "{reason}");
+    Ok(())
+}
+
+/// With private destinations refused, a broker URL at a loopback address is a 422 that says
+/// why; one written while they were allowed is refused when it would connect (the address
+/// checked is the one connected to), dead-lettered as a blocked destination with the
+/// address in its error, and nothing reaches the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_hosts_pass_the_ssrf_guard() -> anyhow::Result<()> {
+    let guarded = [("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "false")];
+    let gw = TestGateway::start_with(&guarded).await?;
+    gw.api.tenant("acme").await?;
+    for (kind, url, dest) in [
+        ("redis-stream", "redis://127.0.0.1:6379", json!({"stream": "s"})),
+        ("nats", "nats://localhost:4222", json!({"subject": "s"})),
+        ("amqp", "amqp://[::1]:5672/%2f", json!({"exchange": "x", "routing_key": "k"})),
+    ] {
+        let body = json!({"kind": kind, "url": url, "destination": dest});
+        let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, body).await?;
+        assert_eq!(r.status, 422, "{url}: {}", r.text);
+        assert!(r.text.contains("url: ") && r.text.contains("loopback"), "{url}: {}", r.text);
+    }
+    drop(gw);
+
+    let gw = TestGateway::start().await?;
+    let tenant = unique("g");
+    gw.api.tenant(&tenant).await?;
+    let stream = unique("herald:guard:");
+    redis_endpoint(&gw.api, &tenant, SHARED_REDIS, &stream, json!({})).await?;
+    let gw = TestGateway::start_in(gw.stop().await, &guarded).await?;
+    post_events(&gw.api, &tenant, 1).await?;
+    let dead = gw
+        .api
+        .wait_for(&format!("/v1/tenants/{tenant}/dead-letters"), Duration::from_secs(20), |v| {
+            v["data"].as_array().is_some_and(|d| !d.is_empty())
+        })
+        .await?;
+    let d = &dead["data"][0];
+    assert!(d["reason"].as_str().is_some_and(|r| r.contains("blocked")), "{d}");
+    let error = d["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("127.0.0.1 is a private or loopback address"), "{d}");
+    let mut conn = redis_conn(SHARED_REDIS).await?;
+    let len: usize = redis::cmd("XLEN").arg(&stream).query_async(&mut conn).await?;
+    assert_eq!(len, 0, "nothing reached the broker");
+    Ok(())
+}
+
+/// An event posted with a `traceparent` reaches every kind's message with the producer's
+/// trace id and a span id of the attempt's own, beside the webhook headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_messages_carry_the_producers_trace() -> anyhow::Result<()> {
+    const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let gw = TestGateway::start().await?;
+    let tenant = unique("t");
+    gw.api.tenant(&tenant).await?;
+    let key = unique("herald:trace:");
+    redis_endpoint(&gw.api, &tenant, SHARED_REDIS, &key, json!({})).await?;
+    let name = unique("HERALD_TRACE_");
+    let mut stream = nats_stream(SHARED_NATS, &name, &format!("{name}.>")).await?;
+    nats_endpoint(&gw.api, &tenant, SHARED_NATS, &format!("{name}.{{type}}"), json!({})).await?;
+    let exchange = unique("herald.trace.");
+    let ch = amqp_queue(SHARED_AMQP, &exchange, false).await?;
+    let dest = json!({"exchange": exchange, "routing_key": "{type}"});
+    broker_endpoint(&gw.api, &tenant, "amqp", SHARED_AMQP, dest, json!({})).await?;
+    let event = json!({"id": "evt_traced", "type": "order.paid", "payload": {}});
+    let path = format!("/v1/tenants/{tenant}/events");
+    gw.api
+        .raw_with("POST", &path, Some(ADMIN_TOKEN), &[("traceparent", PARENT)], event.to_string())
+        .await?
+        .expect(202)?;
+
+    let ids = ["evt_traced".to_string()];
+    let entries = redis_all_arrive(SHARED_REDIS, &key, &ids, Duration::from_secs(20)).await?;
+    let from_redis = entries[0].get::<String>("traceparent");
+    nats_all_arrive(&mut stream, 1, Duration::from_secs(20)).await?;
+    let from_nats = stream.get_raw_message(1).await?.headers.get("traceparent").map(|v| v.to_string());
+    let from_amqp = {
+        use lapin::options::BasicGetOptions;
+        let m = eventually("the AMQP message", Duration::from_secs(20), || async {
+            let got = ch.basic_get(exchange.as_str().into(), BasicGetOptions { no_ack: true }).await?;
+            Ok(got.ok_or_else(|| "none yet".to_string()))
+        })
+        .await?;
+        let headers = m.delivery.properties.headers().clone().unwrap_or_default();
+        headers.inner().get("traceparent").and_then(|v| v.as_long_string()).map(|v| v.to_string())
+    };
+    for (kind, got) in [("redis-stream", from_redis), ("nats", from_nats), ("amqp", from_amqp)] {
+        let got = got.with_context(|| format!("{kind}: no traceparent"))?;
+        let parts: Vec<&str> = got.split('-').collect();
+        assert_eq!(parts.len(), 4, "{kind}: {got}");
+        assert_eq!((parts[1], parts[3]), (TRACE_ID, "01"), "{kind}: the producer's trace");
+        assert_ne!(parts[2], "00f067aa0ba902b7", "{kind}: a span of the attempt's own");
+    }
+    let mut conn = redis_conn(SHARED_REDIS).await?;
+    let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+    let js = async_nats::jetstream::new(async_nats::connect(SHARED_NATS).await?);
+    js.delete_stream(&name).await?;
     Ok(())
 }
 

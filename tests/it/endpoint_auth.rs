@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
-use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, TestGateway};
+use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, SEAL_KEY, TestGateway};
 use tokio::net::TcpListener;
 
 tests::backends!(
@@ -624,8 +624,6 @@ async fn mtls_receiver(server: &Pki, clients: &Pki) -> anyhow::Result<(u16, Arc<
     });
     Ok((port, count))
 }
-
-const SEAL_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
 /// A valid client certificate delivers through a receiver that requires one (its private
 /// CA trusted through `ca_bundle`); the key is stored sealed and never shown; a

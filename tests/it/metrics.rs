@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gateway::metrics::{Metrics, Snapshot};
-use gateway::model::{DeliveryState, EndpointId, TenantId};
+use gateway::model::{DeliveryState, EndpointId, EndpointKind, TenantId};
 use gateway::plugin::{Hook, PluginFailure, PluginMetrics};
 use gateway::store::QueueStats;
 use serde_json::{Value, json};
@@ -74,18 +74,20 @@ async fn metrics_follow_real_deliveries(backend: Backend) -> anyhow::Result<()> 
         assert_eq!(api.event("evil", json!({"type": format!("x.{mode}"), "payload": {}})).await?.status, 202);
     }
 
-    let acme = |outcome: &str| format!("herald_delivery_outcomes_total{{tenant=\"acme\",outcome=\"{outcome}\"}}");
+    let acme = |outcome: &str| {
+        format!("herald_delivery_outcomes_total{{tenant=\"acme\",kind=\"http\",outcome=\"{outcome}\"}}")
+    };
     let mut want = vec![
         (acme("delivered"), 2.0, 2.0),
         (acme("retried"), 4.0, 4.0),
         (acme("dead"), 2.0, 2.0),
-        ("herald_dead_letters_total{tenant=\"acme\",reason=\"permanent\"}".into(), 1.0, 1.0),
+        ("herald_dead_letters_total{tenant=\"acme\",kind=\"http\",reason=\"permanent\"}".into(), 1.0, 1.0),
         // The 410's own delivery, and with it the three waiting for their retry.
-        ("herald_dead_letters_total{tenant=\"acme\",reason=\"endpoint_disabled\"}".into(), 4.0, 4.0),
-        ("herald_dead_letters_total{tenant=\"acme\",reason=\"exhausted\"}".into(), 0.0, 0.0),
-        ("herald_delivery_outcomes_total{tenant=\"evil\",outcome=\"delivered\"}".into(), 1.0, 1.0),
+        ("herald_dead_letters_total{tenant=\"acme\",kind=\"http\",reason=\"endpoint_disabled\"}".into(), 4.0, 4.0),
+        ("herald_dead_letters_total{tenant=\"acme\",kind=\"http\",reason=\"exhausted\"}".into(), 0.0, 0.0),
+        ("herald_delivery_outcomes_total{tenant=\"evil\",kind=\"http\",outcome=\"delivered\"}".into(), 1.0, 1.0),
         // A failed transform retries like a failed send, so its one allowed attempt exhausts it.
-        ("herald_dead_letters_total{tenant=\"evil\",reason=\"exhausted\"}".into(), 1.0, 1.0),
+        ("herald_dead_letters_total{tenant=\"evil\",kind=\"http\",reason=\"exhausted\"}".into(), 1.0, 1.0),
         // The panic traps, or on a busy machine may spend its CPU budget first: either way
         // one failure, with its reason.
         ("herald_plugin_failures_total{tenant=\"evil\",plugin=\"hostile\",hook=\"transform\",".into(), 1.0, 1.0),
@@ -147,8 +149,8 @@ async fn retries_whose_endpoint_was_disabled_meanwhile_count_as_its_dead_letters
         .await?;
     assert!(dead["data"].as_array().into_iter().flatten().all(|d| d["reason"] == "endpoint_disabled"), "{dead}");
     let want = [
-        ("herald_dead_letters_total{tenant=\"acme\",reason=\"endpoint_disabled\"}".to_string(), 4.0, 4.0),
-        ("herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"retried\"}".to_string(), 0.0, 0.0),
+        ("herald_dead_letters_total{tenant=\"acme\",kind=\"http\",reason=\"endpoint_disabled\"}".to_string(), 4.0, 4.0),
+        ("herald_delivery_outcomes_total{tenant=\"acme\",kind=\"http\",outcome=\"retried\"}".to_string(), 0.0, 0.0),
         ("herald_dead_letters_stored{tenant=\"acme\"}".to_string(), 4.0, 4.0),
     ];
     wait_for_series(api, &want, Duration::from_secs(10)).await?;
@@ -214,7 +216,7 @@ fn dashboard_and_alert_rules_use_only_exported_series() -> anyhow::Result<()> {
 /// Every family and sample name of an exposition where every family has a series.
 fn exported_names() -> BTreeSet<String> {
     let m = Metrics::new();
-    m.tenant("t").settled(DeliveryState::Delivered, None);
+    m.tenant("t", EndpointKind::Http).settled(DeliveryState::Delivered, None);
     m.plugin_failed("t", "p", Hook::Transform, &PluginFailure::Timeout);
     m.outbox.source("s");
     let t = TenantId::from_stored("t");

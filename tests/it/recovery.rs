@@ -371,11 +371,11 @@ async fn a_plugins_drops_are_one_dead_letter_reason(b: Backend) -> anyhow::Resul
     let r = gw.api.get("/v1/tenants/acme/dead-letters", ADMIN_TOKEN).await?;
     assert_eq!(r.json["counts_by_reason"], json!({"dropped": 2}), "{}", r.text);
     // The counter moves once the result's commit returns, just after the rows are readable.
-    wait_for_metric(&gw, r#"herald_dead_letters_total{tenant="acme",reason="dropped"} 2"#).await?;
+    wait_for_metric(&gw, r#"herald_dead_letters_total{tenant="acme",kind="http",reason="dropped"} 2"#).await?;
     let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, json!({"filter": {"reason": "dropped"}})).await?;
     assert_eq!((r.status, r.json["selected"].as_u64()), (202, Some(2)), "{}", r.text);
     // Replayed, the plugin drops them again: two more dead letters of the same reason.
-    wait_for_metric(&gw, r#"herald_dead_letters_total{tenant="acme",reason="dropped"} 4"#).await?;
+    wait_for_metric(&gw, r#"herald_dead_letters_total{tenant="acme",kind="http",reason="dropped"} 4"#).await?;
     assert_eq!(rx.count(), 0, "a dropped delivery is never sent");
     Ok(())
 }

@@ -26,6 +26,8 @@ use tokio::sync::{Notify, oneshot};
 pub mod pg;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+/// A `[secrets] key` (`HERALD_SECRETS_KEY`) for nodes that seal stored secrets.
+pub const SEAL_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
 /// A JSON client for Herald's API.
 #[derive(Clone)]

@@ -13,7 +13,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
 
-use super::broker::{Key, Message, Pool, acknowledged, failed, message_headers};
+use super::broker::{Guard, Key, Message, Pool, acknowledged, failed, message_headers};
 use crate::classify::{Outcome, TransportErrorKind};
 
 /// A destination's connection and its channel in confirm mode.
@@ -30,9 +30,9 @@ pub(super) struct Amqp {
 }
 
 impl Amqp {
-    pub(super) async fn publish(&self, m: &Message) -> Outcome {
+    pub(super) async fn publish(&self, m: &Message, guard: Guard) -> Outcome {
         let key = Key::of(m);
-        let link = match self.pool.get(&key, || connect(m)).await {
+        let link = match self.pool.get(&key, || connect(m, guard)).await {
             Ok(l) => l,
             Err(outcome) => return outcome,
         };
@@ -80,9 +80,10 @@ impl Amqp {
     }
 }
 
-async fn connect(m: &Message) -> Result<Arc<Link>, Outcome> {
+async fn connect(m: &Message, guard: Guard) -> Result<Arc<Link>, Outcome> {
+    let url = guard.pinned(m).await?;
     let mut uri: lapin::uri::AMQPUri =
-        m.url.parse().map_err(|e| failed(TransportErrorKind::Other, format!("bad url: {e}")))?;
+        url.parse().map_err(|e| failed(TransportErrorKind::Other, format!("bad url: {e}")))?;
     if let Some(u) = &m.destination.username {
         uri.authority.userinfo.username = u.clone();
     }

@@ -1,7 +1,8 @@
 //! What the broker destinations share: the message a broker attempt publishes, one
 //! connection per destination (by URL and credentials) connected once at a time, a
 //! reconnect backoff that fails attempts fast (with the last error) while it lasts, and
-//! the SSRF guard applied to a broker's host. No client crate is linked here.
+//! the SSRF guard applied to a broker's host, each connection pinned to the address it
+//! checked. No client crate is linked here.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -138,36 +139,119 @@ pub(super) fn acknowledged(answer: String) -> Outcome {
     })
 }
 
-/// The SSRF guard for a broker URL: every address its host resolves to must be allowed.
-/// The client resolves the name again as it connects; what it may reach differently is
-/// what DNS changes in between.
-pub(super) async fn guard(url: &str, default_port: u16, allow_private: bool, within: Duration) -> Result<(), Outcome> {
-    if allow_private {
-        return Ok(());
+/// The SSRF guard of a node's broker connections.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Guard {
+    pub(super) allow_private: bool,
+}
+
+impl Guard {
+    /// The URL a new connection for `m` opens: every address the broker's host resolves
+    /// to must be allowed, and the host is replaced by the first of them, so the client
+    /// connects to the address checked and never resolves the name again (no DNS rebinding
+    /// between the check and the connect, as for HTTP). A TLS URL (`rediss`, `tls`,
+    /// `amqps`) keeps its name, which the handshake needs for SNI and the certificate check.
+    /// With private destinations allowed there is nothing to check: the URL as written.
+    pub(super) async fn pinned(&self, m: &Message) -> Result<String, Outcome> {
+        if self.allow_private {
+            return Ok(m.url.clone());
+        }
+        let mut url =
+            url::Url::parse(&m.url).map_err(|e| failed(TransportErrorKind::Other, format!("bad url: {e}")))?;
+        let port = url.port().unwrap_or(default_port(url.scheme()));
+        let within = m.connect_timeout;
+        let addrs: Vec<IpAddr> = match url.host() {
+            Some(url::Host::Ipv4(ip)) => vec![ip.into()],
+            Some(url::Host::Ipv6(ip)) => vec![ip.into()],
+            Some(url::Host::Domain(name)) => {
+                let found = tokio::time::timeout(within, tokio::net::lookup_host((name, port)))
+                    .await
+                    .map_err(|_| failed(TransportErrorKind::Dns, format!("{name}: no answer within {within:?}")))?
+                    .map_err(|e| failed(TransportErrorKind::Dns, format!("{name}: {e}")))?;
+                found.map(|a| a.ip()).collect()
+            }
+            None => return Err(failed(TransportErrorKind::Other, "bad url: no host")),
+        };
+        if let Some(ip) = addrs.iter().find(|ip| is_forbidden(**ip)) {
+            let why = format!("destination {ip} is a private or loopback address");
+            return Err(failed(TransportErrorKind::Blocked, why));
+        }
+        let first = *addrs.first().ok_or_else(|| failed(TransportErrorKind::Dns, "the host has no addresses"))?;
+        Ok(pin(&mut url, first))
     }
-    let parsed = url::Url::parse(url).map_err(|e| failed(TransportErrorKind::Other, format!("bad url: {e}")))?;
-    let port = parsed.port().unwrap_or(default_port);
-    let addrs: Vec<IpAddr> = match parsed.host() {
-        Some(url::Host::Ipv4(ip)) => vec![ip.into()],
-        Some(url::Host::Ipv6(ip)) => vec![ip.into()],
-        Some(url::Host::Domain(name)) => {
-            let found = tokio::time::timeout(within, tokio::net::lookup_host((name, port)))
-                .await
-                .map_err(|_| failed(TransportErrorKind::Dns, format!("{name}: no answer within {within:?}")))?
-                .map_err(|e| failed(TransportErrorKind::Dns, format!("{name}: {e}")))?;
-            found.map(|a| a.ip()).collect()
-        }
-        None => return Err(failed(TransportErrorKind::Other, "bad url: no host")),
-    };
-    match addrs.into_iter().find(|ip| is_forbidden(*ip)) {
-        Some(ip) => {
-            Err(failed(TransportErrorKind::Blocked, format!("destination {ip} is a private or loopback address")))
-        }
-        None => Ok(()),
+}
+
+/// `url` with its host replaced by `ip`, unless it is a TLS URL.
+fn pin(url: &mut url::Url, ip: IpAddr) -> String {
+    if !TLS_SCHEMES.contains(&url.scheme()) {
+        // Only a URL without a host refuses one, and a parsed broker URL has one.
+        let _ = url.set_ip_host(ip);
+    }
+    url.to_string()
+}
+
+/// The broker URL schemes that speak TLS: the client needs the host's name.
+const TLS_SCHEMES: [&str; 3] = ["rediss", "tls", "amqps"];
+
+/// A broker scheme's port when the URL names none.
+fn default_port(scheme: &str) -> u16 {
+    match scheme {
+        "redis" | "rediss" => 6379,
+        "nats" | "tls" => 4222,
+        "amqps" => 5671,
+        _ => 5672,
     }
 }
 
 /// The headers a broker message carries: the webhook headers, not the HTTP client's.
 pub(super) fn message_headers(m: &Message) -> impl Iterator<Item = (&str, &str)> {
     m.headers.iter().filter(|(k, _)| !k.eq_ignore_ascii_case("user-agent")).map(|(k, v)| (k.as_str(), v.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(url: &str) -> Message {
+        Message {
+            kind: EndpointKind::RedisStream,
+            url: url.to_string(),
+            destination: Arc::default(),
+            target: "s".into(),
+            id: "evt_1".into(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+            connect_timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// With the guard on, a name that resolves to a loopback address is refused before any
+    /// connect, with the address in the reason; an allowed literal keeps its port and path.
+    #[tokio::test]
+    async fn the_guard_refuses_forbidden_addresses_and_pins_the_checked_one() {
+        let guard = Guard { allow_private: false };
+        for url in ["redis://localhost:6379", "nats://127.0.0.1:4222", "amqp://[::1]:5672/%2f", "rediss://localhost"] {
+            match guard.pinned(&message(url)).await {
+                Err(Outcome::Transport { kind: TransportErrorKind::Blocked, detail }) => {
+                    assert!(detail.contains("is a private or loopback address"), "{url}: {detail}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let public = guard.pinned(&message("amqp://93.184.216.34:5672/%2f")).await.unwrap();
+        assert_eq!(public, "amqp://93.184.216.34:5672/%2f");
+        // A name is replaced by the address checked; a TLS URL keeps it for the handshake.
+        let ip: IpAddr = "10.0.0.7".parse().unwrap();
+        for (url, want) in [
+            ("redis://cache.internal:6380/2", "redis://10.0.0.7:6380/2"),
+            ("nats://nats.internal:4222", "nats://10.0.0.7:4222"),
+            ("amqp://mq.internal/%2f", "amqp://10.0.0.7/%2f"),
+            ("amqps://mq.internal/%2f", "amqps://mq.internal/%2f"),
+        ] {
+            assert_eq!(pin(&mut url::Url::parse(url).unwrap(), ip), want);
+        }
+        let allowed = Guard { allow_private: true };
+        assert_eq!(allowed.pinned(&message("redis://localhost:6379")).await.unwrap(), "redis://localhost:6379");
+    }
 }

@@ -9,7 +9,7 @@ use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::{ConnectErrorKind, ConnectOptions, connection::State};
 
-use super::broker::{Key, Message, Pool, acknowledged, failed, message_headers};
+use super::broker::{Guard, Key, Message, Pool, acknowledged, failed, message_headers};
 use crate::classify::{Outcome, TransportErrorKind};
 
 /// The NATS clients of a node, one per destination.
@@ -19,9 +19,9 @@ pub(super) struct Nats {
 }
 
 impl Nats {
-    pub(super) async fn publish(&self, m: &Message) -> Outcome {
+    pub(super) async fn publish(&self, m: &Message, guard: Guard) -> Outcome {
         let key = Key::of(m);
-        let js = match self.pool.get(&key, || connect(m)).await {
+        let js = match self.pool.get(&key, || connect(m, guard)).await {
             Ok(c) => c,
             Err(outcome) => return outcome,
         };
@@ -47,16 +47,20 @@ impl Nats {
     }
 }
 
-async fn connect(m: &Message) -> Result<async_nats::jetstream::Context, Outcome> {
+async fn connect(m: &Message, guard: Guard) -> Result<async_nats::jetstream::Context, Outcome> {
     let d = &m.destination;
-    let mut options = ConnectOptions::new().connection_timeout(m.connect_timeout).name("herald");
+    let url = guard.pinned(m).await?;
+    // Only the server checked: not the others a cluster's server tells of, which the guard
+    // never saw.
+    let mut options =
+        ConnectOptions::new().connection_timeout(m.connect_timeout).name("herald").ignore_discovered_servers();
     if let (Some(user), Some(pass)) = (&d.username, &d.password) {
         options = options.user_and_password(user.clone(), pass.expose().to_string());
     }
     if let Some(token) = &d.token {
         options = options.token(token.expose().to_string());
     }
-    let client = options.connect(m.url.as_str()).await.map_err(|e| {
+    let client = options.connect(url.as_str()).await.map_err(|e| {
         let kind = match e.kind() {
             ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation => {
                 TransportErrorKind::BrokerAuth

@@ -6,7 +6,7 @@
 
 use redis::aio::MultiplexedConnection;
 
-use super::broker::{Key, Message, Pool, acknowledged, failed, message_headers};
+use super::broker::{Guard, Key, Message, Pool, acknowledged, failed, message_headers};
 use crate::classify::{Outcome, TransportErrorKind};
 
 /// The Redis connections of a node, one per destination.
@@ -16,9 +16,9 @@ pub(super) struct Redis {
 }
 
 impl Redis {
-    pub(super) async fn publish(&self, m: &Message) -> Outcome {
+    pub(super) async fn publish(&self, m: &Message, guard: Guard) -> Outcome {
         let key = Key::of(m);
-        let mut conn = match self.pool.get(&key, || connect(m)).await {
+        let mut conn = match self.pool.get(&key, || connect(m, guard)).await {
             Ok(c) => c,
             Err(outcome) => return outcome,
         };
@@ -48,9 +48,10 @@ impl Redis {
     }
 }
 
-async fn connect(m: &Message) -> Result<MultiplexedConnection, Outcome> {
+async fn connect(m: &Message, guard: Guard) -> Result<MultiplexedConnection, Outcome> {
     use redis::IntoConnectionInfo;
-    let info = m.url.as_str().into_connection_info().map_err(|e| outcome_of(&e))?;
+    let url = guard.pinned(m).await?;
+    let info = url.as_str().into_connection_info().map_err(|e| outcome_of(&e))?;
     let mut settings = info.redis_settings().clone();
     if let Some(u) = &m.destination.username {
         settings = settings.set_username(u);

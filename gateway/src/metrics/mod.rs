@@ -22,7 +22,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::model::DeliveryState;
+use crate::model::{DeliveryState, EndpointKind};
 use crate::plugin::{Hook, PluginFailure};
 
 /// Dead-letter reasons by class: the part of the reason before its first `:`
@@ -103,12 +103,14 @@ pub struct Metrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     tenant: String,
+    kind: &'static str,
     outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeadLabels {
     tenant: String,
+    kind: &'static str,
     reason: &'static str,
 }
 
@@ -163,8 +165,8 @@ impl Metrics {
             "Plugin hook calls, queueing on the call pool included",
             Family::new_with_constructor(fast),
         );
-        let outcomes = "Attempt results by tenant: delivered, retried, dropped (by a transform plugin) or dead";
-        let dead = "Deliveries dead-lettered by the engine, by tenant and reason";
+        let outcomes = "Attempt results by tenant and destination kind: delivered, retried, dropped (by a transform plugin) or dead";
+        let dead = "Deliveries dead-lettered by the engine, by tenant, destination kind and reason";
         let plugin_failures = "Failed plugin calls by tenant, plugin, hook and reason";
         let schema_violations = "Events whose payload failed their catalog schema (or whose type the catalog lacks), \
             by tenant and the tenant's schema_validation: accepted (warn) or refused (enforce)";
@@ -200,18 +202,20 @@ impl Metrics {
         }
     }
 
-    /// The counters of `tenant`'s attempt results; look them up once and keep them, so
-    /// counting a result is one atomic add.
-    pub fn tenant(&self, tenant: &str) -> TenantCounters {
+    /// The counters of `tenant`'s attempt results to destinations of `kind`; look them up
+    /// once and keep them, so counting a result is one atomic add.
+    pub fn tenant(&self, tenant: &str, kind: EndpointKind) -> TenantCounters {
+        let kind = kind.as_str();
         let outcome =
-            |outcome| self.outcomes.get_or_create_owned(&OutcomeLabels { tenant: tenant.to_string(), outcome });
+            |outcome| self.outcomes.get_or_create_owned(&OutcomeLabels { tenant: tenant.to_string(), kind, outcome });
         TenantCounters(Arc::new(TenantInner {
+            kind,
             delivered: outcome("delivered"),
             retried: outcome("retried"),
             dropped: outcome("dropped"),
             dead: outcome("dead"),
             dead_by: DEAD_REASONS
-                .map(|reason| self.dead.get_or_create_owned(&DeadLabels { tenant: tenant.to_string(), reason })),
+                .map(|reason| self.dead.get_or_create_owned(&DeadLabels { tenant: tenant.to_string(), kind, reason })),
         }))
     }
 
@@ -269,6 +273,7 @@ pub struct TenantCounters(Arc<TenantInner>);
 
 #[derive(Debug)]
 struct TenantInner {
+    kind: &'static str,
     delivered: Counter,
     retried: Counter,
     dropped: Counter,
@@ -277,6 +282,11 @@ struct TenantInner {
 }
 
 impl TenantCounters {
+    /// The destination kind these counters are labelled with.
+    pub fn kind(&self) -> &'static str {
+        self.0.kind
+    }
+
     /// Counts a recorded result that left the delivery in `state` (with its dead-letter
     /// `reason`, if dead).
     pub fn settled(&self, state: DeliveryState, reason: Option<&str>) {
@@ -359,19 +369,21 @@ mod tests {
     #[test]
     fn tenant_counters_move_their_own_series() {
         let m = Metrics::new();
-        let acme = m.tenant("acme");
+        let acme = m.tenant("acme", EndpointKind::Http);
         acme.settled(DeliveryState::Delivered, None);
         acme.settled(DeliveryState::Dead, Some("permanent:400"));
         acme.settled(DeliveryState::Dead, Some("dropped"));
-        m.tenant("acme").settled(DeliveryState::Waiting, None);
+        m.tenant("acme", EndpointKind::Http).settled(DeliveryState::Waiting, None);
+        m.tenant("acme", EndpointKind::Nats).settled(DeliveryState::Delivered, None);
         let text = m.render();
         for line in [
-            "herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"delivered\"} 1",
-            "herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"retried\"} 1",
-            "herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"dead\"} 1",
-            "herald_delivery_outcomes_total{tenant=\"acme\",outcome=\"dropped\"} 1",
-            "herald_dead_letters_total{tenant=\"acme\",reason=\"permanent\"} 1",
-            "herald_dead_letters_total{tenant=\"acme\",reason=\"expired\"} 0",
+            "herald_delivery_outcomes_total{tenant=\"acme\",kind=\"http\",outcome=\"delivered\"} 1",
+            "herald_delivery_outcomes_total{tenant=\"acme\",kind=\"http\",outcome=\"retried\"} 1",
+            "herald_delivery_outcomes_total{tenant=\"acme\",kind=\"http\",outcome=\"dead\"} 1",
+            "herald_delivery_outcomes_total{tenant=\"acme\",kind=\"http\",outcome=\"dropped\"} 1",
+            "herald_delivery_outcomes_total{tenant=\"acme\",kind=\"nats\",outcome=\"delivered\"} 1",
+            "herald_dead_letters_total{tenant=\"acme\",kind=\"http\",reason=\"permanent\"} 1",
+            "herald_dead_letters_total{tenant=\"acme\",kind=\"http\",reason=\"expired\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }

@@ -404,16 +404,14 @@ async fn send(
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
-    if let (false, Some(dest)) = (spec.kind.is_http(), &target.destination) {
-        return published(inner, spec, dest, d, headers, body, is_envelope).await;
+    match (spec.kind.is_http(), &target.destination) {
+        (false, Some(Ok(dest))) => return published(inner, spec, dest, d, headers, body, is_envelope).await,
+        (false, Some(Err(e))) => return held(format!("broker:auth: {e}; write it again")),
+        _ => {}
     }
     let route = match route(inner, spec) {
         Ok(route) => route,
-        Err(e) => {
-            let reason = format!("tls: {e}");
-            let verdict = Verdict::HoldForHuman { reason: reason.clone() };
-            return Exchange::Decided { verdict, by: "builtin".to_string(), error: Some(reason) };
-        }
+        Err(e) => return held(format!("tls: {e}")),
     };
     let Some(auth) = &spec.oauth2 else {
         // Headers encoded once; the body copied only when a transform changed it.
@@ -535,6 +533,13 @@ fn outgoing(
         keep_headers: spec.plugins.classify.is_some(),
         now: inner.clock.now(),
     }
+}
+
+/// The endpoint's own material cannot be used (a TLS key or a broker credential that does
+/// not open): held until a human fixes it.
+fn held(reason: String) -> Exchange {
+    let verdict = Verdict::HoldForHuman { reason: reason.clone() };
+    Exchange::Decided { verdict, by: "builtin".to_string(), error: Some(reason) }
 }
 
 /// The token endpoint gave no token: nothing was sent; the endpoint is held like a TLS

@@ -15,10 +15,11 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
+use crate::model::{Destination, Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable, WriteOnly};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::sign::Secret;
+use crate::sign::seal::Sealer;
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 mod handoff;
@@ -106,7 +107,7 @@ struct Partition {
     prefetch: Option<JoinHandle<(usize, LeasedClaim)>>,
     /// Until when this node's partition lease is known to hold.
     held: Option<Instant>,
-    /// The endpoint's tenant's outcome counters, looked up once per partition.
+    /// The endpoint's tenant's outcome counters for its kind, looked up once per partition.
     counters: Option<TenantCounters>,
     /// A renewal of the partition lease riding the next group commit while sending goes on.
     renewal: Option<JoinHandle<(Instant, StoreResult<bool>)>>,
@@ -243,7 +244,12 @@ impl Partition {
     }
 
     fn counters(&mut self, endpoint: &Endpoint) -> TenantCounters {
-        self.counters.get_or_insert_with(|| self.inner.metrics.tenant(endpoint.tenant.as_str())).clone()
+        // Looked up again only when the endpoint's kind changed (a PATCH may change it).
+        let kind = endpoint.spec.kind;
+        match &self.counters {
+            Some(c) if c.kind() == kind.as_str() => c.clone(),
+            _ => self.counters.insert(self.inner.metrics.tenant(endpoint.tenant.as_str(), kind)).clone(),
+        }
     }
 
     /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`], and at once
@@ -547,8 +553,22 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-    let destination = endpoint.spec.destination.clone().map(Arc::new);
+    let sealer = inner.config.secrets.as_deref();
+    let destination = endpoint.spec.destination.as_ref().map(|d| opened(d, sealer).map(Arc::new));
     Target { endpoint, policy, secrets, destination, counters }
+}
+
+/// A broker destination with its sealed password and token opened, once per claim rather
+/// than per message. `Err` says which does not open (the operator's key is gone or changed).
+fn opened(d: &Destination, sealer: Option<&Sealer>) -> Result<Destination, String> {
+    let open = |field: &str, sealed: &Option<WriteOnly>| match (sealed, sealer) {
+        (None, _) => Ok(None),
+        (Some(v), Some(sealer)) => {
+            sealer.open(v.expose()).map(|plain| Some(WriteOnly::new(plain))).map_err(|e| format!("the {field} {e}"))
+        }
+        (Some(_), None) => Err(format!("the {field}: no [secrets] key on this node")),
+    };
+    Ok(Destination { password: open("password", &d.password)?, token: open("token", &d.token)?, ..d.clone() })
 }
 
 impl Partition {

@@ -132,8 +132,9 @@ pub(in crate::worker) struct Target {
     pub(in crate::worker) endpoint: Endpoint,
     pub(in crate::worker) policy: RetryPolicy,
     pub(in crate::worker) secrets: Vec<Secret>,
-    /// A broker endpoint's destination, shared by its messages (the broker pool's key).
-    pub(in crate::worker) destination: Option<std::sync::Arc<crate::model::Destination>>,
+    /// A broker endpoint's destination with its credentials opened, shared by its messages
+    /// (the broker pool's key); `Err`: a sealed credential does not open.
+    pub(in crate::worker) destination: Option<Result<std::sync::Arc<crate::model::Destination>, String>>,
     /// The tenant's outcome counters, looked up once per partition rather than per result.
     pub(in crate::worker) counters: TenantCounters,
 }

@@ -94,9 +94,11 @@ pub(crate) struct DestinationIn {
     /// `amqp`: the routing key template (required).
     routing_key: Option<String>,
     username: Option<String>,
-    /// Write-only: never shown again.
+    /// Write-only: never shown again; stored sealed under the node's `[secrets] key` (without
+    /// one, writing it is a 422).
     password: Option<String>,
-    /// `nats`: an authentication token, instead of `username` and `password`. Write-only.
+    /// `nats`: an authentication token, instead of `username` and `password`. Write-only,
+    /// sealed like `password`.
     token: Option<String>,
 }
 
@@ -217,7 +219,7 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     match input.destination {
         None => {}
         Some(None) => spec.destination = None,
-        Some(Some(d)) => spec.destination = Some(destination(spec.destination.take(), d)),
+        Some(Some(d)) => spec.destination = Some(destination(state, spec.destination.take(), d)?),
     }
     if let Some(d) = input.description {
         spec.description = d;
@@ -299,15 +301,24 @@ fn patched(new: Option<String>, old: Option<String>) -> Option<String> {
 }
 
 /// A destination patched onto the stored one: a field written replaces it (`""` or a
-/// `maxlen` of 0 removes it), one omitted stays.
-fn destination(stored: Option<Destination>, input: DestinationIn) -> Destination {
+/// `maxlen` of 0 removes it), one omitted stays. A password or token written is checked in
+/// clear and stored sealed under `[secrets] key`, as a TLS client key is: never at rest in
+/// clear.
+fn destination(state: &AppState, stored: Option<Destination>, input: DestinationIn) -> Result<Destination, ApiError> {
     let stored = stored.unwrap_or_default();
     let pick = patched;
-    let secret = |new: Option<String>, old: Option<WriteOnly>| match new {
-        Some(v) => patched(Some(v), None).map(WriteOnly::new),
-        None => old,
+    let secret = |field: &str, new: Option<String>, old: Option<WriteOnly>| match new {
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => {
+            check_text(field, &v, crate::spec::MAX_DESTINATION_TEXT)?;
+            let sealer = state.config.secrets.as_ref().ok_or_else(|| {
+                ApiError::unprocessable(format!("{field}: this node has no [secrets] key to seal it with"))
+            })?;
+            Ok::<_, ApiError>(Some(WriteOnly::new(sealer.seal(&v, &mut rand::rng()))))
+        }
+        None => Ok(old),
     };
-    Destination {
+    Ok(Destination {
         stream: pick(input.stream, stored.stream),
         maxlen: match input.maxlen {
             Some(0) => None,
@@ -319,9 +330,9 @@ fn destination(stored: Option<Destination>, input: DestinationIn) -> Destination
         exchange: input.exchange.or(stored.exchange),
         routing_key: pick(input.routing_key, stored.routing_key),
         username: pick(input.username, stored.username),
-        password: secret(input.password, stored.password),
-        token: secret(input.token, stored.token),
-    }
+        password: secret("destination.password", input.password, stored.password)?,
+        token: secret("destination.token", input.token, stored.token)?,
+    })
 }
 
 /// TLS settings patched onto the stored ones: checked with the key in clear (the stored
