@@ -5,8 +5,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use base64::Engine;
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -99,7 +97,7 @@ pub(crate) struct TokenList {
 }
 
 /// The distinct scopes named, each known and given once.
-fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
+pub(super) fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
     let names =
         names.ok_or_else(|| ApiError::unprocessable("scopes: required (events:write, read, manage, replay)"))?;
     if names.is_empty() || names.len() > Scope::ALL.len() {
@@ -131,9 +129,7 @@ pub(crate) async fn create_token(
     JsonBody(input): JsonBody<TokenIn>,
 ) -> Result<(StatusCode, Json<NewTokenOut>), ApiError> {
     let scopes = scopes(input.scopes)?;
-    let mut raw = [0u8; 32];
-    rand::rng().fill_bytes(&mut raw);
-    let token = format!("hrld_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw));
+    let token = auth::secret_token("hrld_");
     let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, state.clock.now());
     state.store.insert_token(&record).await?;
     let out = NewTokenOut { info: token_view(&record), token, tenant: record.tenant.to_string() };
