@@ -77,7 +77,8 @@ async function testSendSection(e, path) {
         const sent = await api('POST', `${path}/test-send`, { body: { event_type: type.value, example: Number(example.value || 0) } });
         out.replaceChildren(h('p', {}, `Sent ${sent.event_type} as event ${sent.event_id}; waiting for its attempt\u2026`));
         const attempt = await firstAttempt(sent.delivery_id);
-        out.replaceChildren(attempt ? attemptFacts(sent, attempt)
+        out.replaceChildren();
+        put(out, attempt ? attemptFacts(sent, attempt)
           : h('p', {}, 'No attempt yet: ', link(`#/deliveries/${encodeURIComponent(sent.delivery_id)}`, 'follow the delivery')));
       });
     } }, field('Event type', type), field('Example', example), h('button', { type: 'submit' }, 'Send test event')), out);

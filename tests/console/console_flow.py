@@ -30,6 +30,8 @@ def browser():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
         opts.add_argument(arg)
+    # The browser's console messages (a CSP refusal is one), for `driver.get_log("browser")`.
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = Service(executable_path=os.environ.get("HERALD_CHROMEDRIVER", "/usr/bin/chromedriver"))
     return webdriver.Chrome(options=opts, service=service)
 

@@ -57,6 +57,7 @@ mod ordering;
 mod outbox;
 mod plugins;
 mod portal;
+mod portal_browser;
 mod props;
 mod recovery;
 mod scaffold;
