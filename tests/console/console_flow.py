@@ -151,6 +151,9 @@ def admin_pages(c, cfg, times):
     c.wait.until(lambda d: "#/endpoints/" in d.execute_script("return location.hash"))
     c.arrived("#page-endpoints")
     assert "100.0 % of" in c.find("main dl").text
+    # Test send is offered to the admin too (the portal test sends one): with no example in
+    # this catalog, the section says so.
+    assert "no type with an example" in c.find("#test-send").text
     c.shot("endpoint")
 
 

@@ -149,6 +149,26 @@ pub fn forget(state: &AppState, id: &str) {
     state.token_use.lock().unwrap_or_else(|e| e.into_inner()).retain(|hash, _| TokenRecord::id_of(hash) != id);
 }
 
+/// The distinct scopes named, each known and given once.
+pub fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
+    let names =
+        names.ok_or_else(|| ApiError::unprocessable("scopes: required (events:write, read, manage, replay)"))?;
+    if names.is_empty() || names.len() > Scope::ALL.len() {
+        return Err(ApiError::unprocessable(format!("scopes: name 1 to {} scopes", Scope::ALL.len())));
+    }
+    let mut out: Vec<Scope> = Vec::with_capacity(names.len());
+    for n in &names {
+        let scope = Scope::parse(n).ok_or_else(|| {
+            ApiError::unprocessable(format!("scopes: unknown scope {n:?} (events:write, read, manage, replay)"))
+        })?;
+        if out.contains(&scope) {
+            return Err(ApiError::unprocessable(format!("scopes: {n:?} is named twice")));
+        }
+        out.push(scope);
+    }
+    Ok(out)
+}
+
 /// Requires the admin token.
 pub async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     match caller(state, headers).await?.caller {

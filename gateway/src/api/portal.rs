@@ -123,7 +123,7 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<NewPortalSessionOut>), ApiError> {
     let scopes = match input.scopes {
         None => PORTAL_SCOPES.to_vec(),
-        names => super::tenants::scopes(names)?,
+        names => auth::scopes(names)?,
     };
     if let Some(s) = scopes.iter().find(|s| !PORTAL_SCOPES.contains(s)) {
         return Err(ApiError::unprocessable(format!(

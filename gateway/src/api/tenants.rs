@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use super::extract::{Admin, ItemPath, JsonBody, Manage, Path, TenantAuth, TenantPath};
 use super::{ApiError, AppState, auth, rfc3339};
-use crate::model::{Scope, Tenant, TenantId, TokenRecord};
+use crate::model::{Tenant, TenantId, TokenRecord};
 use crate::spec::{MAX_TENANT_NAME, check_text};
 
 /// A tenant to create.
@@ -96,26 +96,6 @@ pub(crate) struct TokenList {
     data: Vec<TokenOut>,
 }
 
-/// The distinct scopes named, each known and given once.
-pub(super) fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
-    let names =
-        names.ok_or_else(|| ApiError::unprocessable("scopes: required (events:write, read, manage, replay)"))?;
-    if names.is_empty() || names.len() > Scope::ALL.len() {
-        return Err(ApiError::unprocessable(format!("scopes: name 1 to {} scopes", Scope::ALL.len())));
-    }
-    let mut out: Vec<Scope> = Vec::with_capacity(names.len());
-    for n in &names {
-        let scope = Scope::parse(n).ok_or_else(|| {
-            ApiError::unprocessable(format!("scopes: unknown scope {n:?} (events:write, read, manage, replay)"))
-        })?;
-        if out.contains(&scope) {
-            return Err(ApiError::unprocessable(format!("scopes: {n:?} is named twice")));
-        }
-        out.push(scope);
-    }
-    Ok(out)
-}
-
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/tokens", tag = "tenants", operation_id = "create_token",
     params(TenantPath), request_body = TokenIn,
@@ -128,7 +108,7 @@ pub(crate) async fn create_token(
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
     JsonBody(input): JsonBody<TokenIn>,
 ) -> Result<(StatusCode, Json<NewTokenOut>), ApiError> {
-    let scopes = scopes(input.scopes)?;
+    let scopes = auth::scopes(input.scopes)?;
     let token = auth::secret_token("hrld_");
     let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, state.clock.now());
     state.store.insert_token(&record).await?;

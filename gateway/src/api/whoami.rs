@@ -22,7 +22,9 @@ pub(crate) struct WhoamiOut {
     tenant: Option<String>,
     /// What it may do: `events:write`, `read`, `manage`, `replay` (all four for the admin).
     scopes: Vec<&'static str>,
-    /// Set for a portal session's token: the console then runs as the customer portal.
+    /// Present for a portal session's token only: the console then runs as the customer
+    /// portal, within these limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
     portal: Option<PortalOut>,
 }
 
