@@ -226,8 +226,38 @@ async fn read_only_and_endpoint_limits_hold(backend: Backend) -> anyhow::Result<
     let seen = seen["data"].as_array().context("data")?;
     ensure!(seen.len() == 1 && seen[0]["endpoint_id"] == mine, "{seen:?}");
     let theirs = all["data"].as_array().context("data")?.iter().find(|d| d["endpoint_id"] == other).context("other")?;
-    let path = format!("/v1/tenants/acme/deliveries/{}", theirs["id"].as_str().context("id")?);
-    refused(api, "GET", &path, &limited, None, 404).await?;
+    let theirs_id = theirs["id"].as_str().context("id")?;
+    refused(api, "GET", &format!("/v1/tenants/acme/deliveries/{theirs_id}"), &limited, None, 404).await?;
+    // What spans the tenant is not for it: the tenant's series, a replay of any endpoint's.
+    refused(api, "GET", "/v1/tenants/acme/series", &limited, None, 422).await?;
+    refused(api, "GET", &format!("/v1/tenants/acme/series?endpoint={other}"), &limited, None, 404).await?;
+    api.get(&format!("/v1/tenants/acme/series?endpoint={mine}"), &limited).await?.expect(200)?;
+    let replays = "/v1/tenants/acme/replays";
+    refused(api, "POST", replays, &limited, Some(json!({"filter": {}})), 422).await?;
+    refused(api, "POST", replays, &limited, Some(json!({"filter": {"endpoint": other}})), 404).await?;
+    refused(api, "POST", replays, &limited, Some(json!({"ids": [theirs_id]})), 404).await?;
+    Ok(())
+}
+
+/// Nodes sharing Postgres: a session minted and opened on one node works on the other, and
+/// a revocation on either is refused by both from the next request (no node caches one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_holds_on_every_node() -> anyhow::Result<()> {
+    let a = TestGateway::start_on(Backend::Postgres, &[MIN_TTL]).await?;
+    let url = a.schema().context("a Postgres node")?.url.clone();
+    let b = TestGateway::start_with(&[("HERALD_STORE_URL", url.as_str()), MIN_TTL]).await?;
+    a.api.tenant("acme").await?;
+    let s = mint(&a.api, "acme", json!({})).await?;
+    let token = open(&b.api, &s).await?;
+    for node in [&a.api, &b.api] {
+        node.get("/v1/tenants/acme/endpoints", &token).await?.expect(200)?;
+    }
+    let path = format!("/v1/tenants/acme/portal-sessions/{}", s["id"].as_str().context("id")?);
+    b.api.call("DELETE", &path, ADMIN_TOKEN, None).await?.expect(204)?;
+    for node in [&a.api, &b.api] {
+        let m = refused(node, "GET", "/v1/tenants/acme/endpoints", &token, None, 401).await?;
+        ensure!(m.contains("expired"), "{m}");
+    }
     Ok(())
 }
 

@@ -176,11 +176,22 @@ pub(crate) struct EventOut {
 )]
 pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<EventOut>, ApiError> {
-    let event =
-        state.store.get_event(&tenant, &EventId::from_stored(id)).await?.ok_or_else(|| ApiError::not_found("event"))?;
+    let event = state
+        .store
+        .get_event(&auth.tenant, &EventId::from_stored(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("event"))?;
+    // A portal session limited to some endpoints sees the events sent to them only.
+    if auth.limited() {
+        let (tenant, event_id) = (Some(auth.tenant.clone()), Some(event.id.clone()));
+        let f = DeliveryFilter { tenant, event: event_id, limit: 1000, ..Default::default() };
+        if !state.store.list_deliveries(&f).await?.iter().any(|d| auth.sees(&d.endpoint_id)) {
+            return Err(ApiError::not_found("event"));
+        }
+    }
     // Intake stored valid JSON; a raw value keeps its bytes as they were posted.
     let payload = RawValue::from_string(event.payload).map_err(|e| {
         tracing::error!(event = %event.id, error = %e, "a stored payload is not JSON");

@@ -61,6 +61,12 @@ impl<S: ScopeMarker> TenantAuth<S> {
     pub fn sees(&self, id: &EndpointId) -> bool {
         self.portal.as_ref().is_none_or(|s| s.sees(id))
     }
+
+    /// Whether the caller is a portal session limited to some endpoints: what spans the
+    /// whole tenant (its series, a replay by any filter) is not for it.
+    pub fn limited(&self) -> bool {
+        self.portal.as_ref().is_some_and(|s| s.endpoints.is_some())
+    }
 }
 
 impl<S: ScopeMarker> FromRequestParts<Arc<AppState>> for TenantAuth<S> {
