@@ -56,9 +56,11 @@ async function portalSignIn() {
 /** The tenant's branding: a name as text, a logo as an image source, an accent colour as
  *  a CSS custom property (nothing of it is ever markup). */
 async function brand() {
-  const b = await api('GET', tenantPathOf(session().tenant, '/branding')).catch(() => null);
+  // Kept with the session: a page refused after expiry still shows whose portal it is.
+  const b = await api('GET', tenantPathOf(session().tenant, '/branding')).catch(() => session().brand);
   const el = document.querySelector('.brand');
   if (!b) return;
+  saveSession({ ...session(), brand: b });
   const logo = b.logo ? h('img', { src: b.logo, alt: '', class: 'logo' }) : null;
   el.replaceChildren(...[logo, b.name].filter(Boolean));
   if (b.accent) document.documentElement.style.setProperty('--accent', b.accent);

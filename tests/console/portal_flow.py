@@ -145,6 +145,8 @@ def revoked(p, session):
     status, _ = p.admin("DELETE", f"/v1/tenants/{p.cfg['tenant']}/portal-sessions/{session['id']}")
     assert status == 204, status
     p.refused_with(EXPIRED)
+    # Still the tenant's portal, in its colours, saying what happened.
+    assert p.find("header .brand").text == p.cfg["brand_name"]
     p.shot("portal-revoked")
 
 
