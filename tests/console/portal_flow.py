@@ -19,7 +19,7 @@ from urllib.parse import quote
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from console_flow import Console, browser
+from console_flow import Console, browser, run
 
 EXPIRED = "this portal link has expired; ask for a new one"
 
@@ -196,9 +196,9 @@ def framed(p, times):
 
 def flow(cfg):
     times = {}
-    d = browser()
-    p = Portal(d, cfg)
-    try:
+    p = Portal(browser(), cfg)
+
+    def steps():
         s = opened_link_leaves_no_code(p, times)
         p.item("branded-and-nothing-of-the-operator", branded_and_nothing_of_the_operator)
         create_and_test_send(p, times)
@@ -208,20 +208,8 @@ def flow(cfg):
         revoked(p, s)
         used_link_refused(p, s)
         expired(p)
-        csp = framed(p, times)
-    except Exception:
-        d.save_screenshot(f"{cfg['screenshots']}/failure.png")
-        print("the page's alert and status: " + repr(d.execute_script(
-            "return [document.getElementById('alert').textContent, document.getElementById('status').textContent]")),
-            file=sys.stderr)
-        print("the browser's log: " + repr(d.get_log("browser")[-10:]), file=sys.stderr)
-        if p.failures:
-            print("Checks that failed before this:\n" + "\n".join(p.failures), file=sys.stderr)
-        raise
-    finally:
-        d.quit()
-    if p.failures:
-        raise AssertionError("\n".join(p.failures))
+        return framed(p, times)
+    csp = run(p, steps)
     print(json.dumps({"page_ms": times, "csp_refusal": csp}))
 
 

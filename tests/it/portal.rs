@@ -15,6 +15,7 @@ tests::backends!(
     revoked_and_expired_sessions_are_refused,
     read_only_and_endpoint_limits_hold,
     branding_is_checked_and_read_through_the_session,
+    plugins_only_when_the_operator_allows,
 );
 
 /// The shortest `ttl_secs` these tests' nodes allow, so that expiry takes seconds.
@@ -284,5 +285,18 @@ async fn branding_is_checked_and_read_through_the_session(backend: Backend) -> a
     let set = json!({"name": "Acme <b>Webhooks</b>", "logo": logo, "accent": "#aa3300"});
     api.call("PUT", path, ADMIN_TOKEN, Some(set.clone())).await?.expect(200)?;
     ensure!(api.get(path, &token).await?.expect(200)?.json == set, "branding reads back as set");
+    Ok(())
+}
+
+async fn plugins_only_when_the_operator_allows(backend: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(backend, &[MIN_TTL, ("HERALD_PORTAL_PLUGINS", "true")]).await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let token = open(api, &mint(api, "acme", json!({})).await?).await?;
+    let me = api.get("/v1/whoami", &token).await?.expect(200)?.json;
+    ensure!(me["portal"]["plugins"] == true, "{me}");
+    api.get("/v1/tenants/acme/plugins", &token).await?.expect(200)?;
+    // The operator's routes stay closed.
+    refused(api, "GET", "/v1/tenants/acme/tokens", &token, None, 403).await?;
     Ok(())
 }
