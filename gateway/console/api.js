@@ -1,6 +1,17 @@
 // The console's only way to act: the public API, with the session's token. The token lives
 // in sessionStorage (this tab only, gone when it closes), never in a cookie or the URL.
+// The customer portal (`/console/portal`) keeps its portal session's token there too.
 const KEY = 'herald.console';
+
+/** Whether this page is the customer portal (opened from a minted link). */
+export function inPortal() {
+  return location.pathname.replace(/\/$/, '') === '/console/portal';
+}
+
+/** The portal session's limits (`read_only`, `endpoints`, `plugins`), or null. */
+export function portal() {
+  return session()?.portal ?? null;
+}
 
 export function session() {
   try {
@@ -61,6 +72,7 @@ export async function api(method, path, { body, query, raw, token } = {}) {
  *  `GET /v1/whoami` said at sign-in: the console offers only what the API would allow. */
 export function can(scope) {
   const s = session();
+  if (s?.portal?.read_only && scope !== 'read') return false;
   return Boolean(s?.admin || s?.scopes?.includes(scope));
 }
 

@@ -1,5 +1,8 @@
-// The console's shell: sign-in, the page list and hash routing (#/page/id?filters).
-import { ApiError, api, clearSession, saveSession, session } from './api.js';
+// The console's shell: sign-in, the page list and hash routing (#/page/id?filters). As the
+// customer portal (`/console/portal`), it signs in from the link's one-time code instead,
+// shows the tenant's branding and none of the operator's pages.
+import { ApiError, api, clearSession, inPortal, saveSession, session } from './api.js';
+import { catalogPage } from './catalog.js';
 import { deadLettersPage } from './deadletters.js';
 import { deliveriesPage, deliveryPage } from './deliveries.js';
 import { field, guard, h, problem, put, say } from './dom.js';
@@ -10,10 +13,18 @@ import { pluginsPage } from './plugins.js';
 const PAGES = [
   { id: 'overview', label: 'Overview', admin: true },
   { id: 'endpoints', label: 'Endpoints' },
+  { id: 'catalog', label: 'Event catalog' },
   { id: 'deliveries', label: 'Deliveries' },
   { id: 'dead-letters', label: 'Dead letters' },
-  { id: 'plugins', label: 'Plugins' },
+  { id: 'plugins', label: 'Plugins', plugins: true },
 ];
+
+/** Whether session `s` shows `page`: the overview to the admin only; plugins not in the
+ *  portal unless the operator allows them. */
+function shows(s, page) {
+  if (page.admin && !s.admin) return false;
+  return !(page.plugins && s.portal && !s.portal.plugins);
+}
 
 const main = () => document.getElementById('main');
 
@@ -27,7 +38,37 @@ async function signIn(token, tenant) {
   }
   // As the API answers for another tenant's objects.
   if (tenant && tenant !== me.tenant) throw new ApiError(404, 'not_found', `tenant ${tenant} not found for this token`);
-  return { token, admin: false, scopes: me.scopes, tenant: me.tenant };
+  return { token, admin: false, scopes: me.scopes, tenant: me.tenant, portal: me.portal };
+}
+
+/** The portal's sign-in: the link's fragment holds a one-time code. It leaves the URL
+ *  (and this history entry) before anything else, then is exchanged for the session's
+ *  token, which stays in this tab's session storage only. */
+async function portalSignIn() {
+  const code = new URLSearchParams(location.hash.replace(/^#/, '')).get('code');
+  if (!code) return;
+  history.replaceState(null, '', location.pathname);
+  clearSession();
+  const { token } = await api('POST', '/v1/portal-sessions/exchange', { body: { code }, token: '' });
+  saveSession(await signIn(token, ''));
+}
+
+/** The tenant's branding: a name as text, a logo as an image source, an accent colour as
+ *  a CSS custom property (nothing of it is ever markup). */
+async function brand() {
+  // Kept with the session: a page refused after expiry still shows whose portal it is.
+  const b = await api('GET', tenantPathOf(session().tenant, '/branding')).catch(() => session().brand);
+  const el = document.querySelector('.brand');
+  if (!b) return;
+  saveSession({ ...session(), brand: b });
+  const logo = b.logo ? h('img', { src: b.logo, alt: '', class: 'logo' }) : null;
+  el.replaceChildren(...[logo, b.name].filter(Boolean));
+  if (b.accent) document.documentElement.style.setProperty('--accent', b.accent);
+  document.title = b.name;
+}
+
+function tenantPathOf(tenant, rest) {
+  return `/v1/tenants/${encodeURIComponent(tenant)}${rest}`;
 }
 
 /** The session with the token's scopes, asked again if it was saved without them. */
@@ -74,10 +115,12 @@ async function tenantPicker(s) {
  *  replacing the previous one whole (two renders under way must not both add to it). */
 async function header(s, page) {
   const picker = s.admin ? await tenantPicker(s) : null;
-  const links = PAGES.filter((p) => s.admin || !p.admin).map((p) =>
+  const links = PAGES.filter((p) => shows(s, p)).map((p) =>
     h('a', { href: `#/${p.id}`, 'aria-current': p.id === page ? 'page' : null }, p.label));
-  const who = [h('span', {}, s.admin ? 'admin' : `tenant ${s.tenant} (${s.scopes.join(', ')})`), picker,
-    h('button', { type: 'button', class: 'secondary', onclick: () => {
+  const whoText = s.portal ? `${s.portal.read_only ? 'read only' : s.scopes.join(', ')}`
+    : s.admin ? 'admin' : `tenant ${s.tenant} (${s.scopes.join(', ')})`;
+  const who = [h('span', {}, whoText), picker,
+    s.portal ? null : h('button', { type: 'button', class: 'secondary', onclick: () => {
       clearSession();
       say('Signed out.');
       go('');
@@ -105,11 +148,12 @@ async function render() {
   if (!s?.token) {
     document.getElementById('nav').hidden = true;
     document.getElementById('who').replaceChildren();
-    m.replaceChildren(signInForm());
+    m.replaceChildren(inPortal() ? h('p', { id: 'portal-signin', role: 'alert' },
+      'Open this portal from the link your provider gives you.') : signInForm());
     return;
   }
   let { page, id, params } = route();
-  if (!PAGES.some((p) => p.id === page && (s.admin || !p.admin))) page = s.admin ? 'overview' : 'endpoints';
+  if (!PAGES.some((p) => p.id === page && shows(s, p))) page = s.admin ? 'overview' : 'endpoints';
   s = await guard(() => withScopes(s));
   if (!s) return;
   const draw = await header(s, page);
@@ -123,6 +167,7 @@ async function render() {
     overview: () => overviewPage(content, rerender),
     endpoints: () => (id ? endpointPage(content, id, rerender) : endpointsPage(content, params)),
     deliveries: () => (id ? deliveryPage(content, id) : deliveriesPage(content, params)),
+    catalog: () => catalogPage(content, id),
     'dead-letters': () => deadLettersPage(content, params),
     plugins: () => pluginsPage(content, rerender, id, params),
   };
@@ -137,11 +182,27 @@ async function render() {
   if (mine !== generation) return;
   m.replaceChildren(content);
   m.setAttribute('aria-busy', 'false');
-  document.title = `Herald · ${PAGES.find((p) => p.id === page).label}`;
+  const label = PAGES.find((p) => p.id === page).label;
+  document.title = s.portal ? `${document.querySelector('.brand').textContent} · ${label}` : `Herald · ${label}`;
 }
 
 window.addEventListener('hashchange', () => {
   say('');
   render().then(() => main().focus());
 });
-render();
+
+async function start() {
+  if (inPortal()) {
+    document.body.classList.add('portal');
+    try {
+      await portalSignIn();
+    } catch (e) {
+      document.getElementById('nav').hidden = true;
+      main().replaceChildren(problem(e));
+      return;
+    }
+    if (session()?.token) await brand();
+  }
+  await render();
+}
+start();

@@ -1,9 +1,10 @@
-// Endpoints: health beside pacing for a page of them; one endpoint's settings, chart and
-// actions (pause, enable, pacing, OAuth2, a broker destination, secret rotation, plugin
-// bindings), for a token that may manage it.
-import { api, can, tenantPath } from './api.js';
+// Endpoints: health beside pacing for a page of them, and a form to add one; one
+// endpoint's settings, chart and actions (pause, enable, pacing, OAuth2, a broker
+// destination, secret rotation, plugin bindings, a test send of a catalog example), for a
+// token that may manage it.
+import { api, can, portal, tenantPath } from './api.js';
 import { rateChart } from './chart.js';
-import { facts, field, guard, h, link, needs, percent, say, stateText, table, when, put } from './dom.js';
+import { facts, field, guard, h, link, needs, percent, put, say, stateText, table, when } from './dom.js';
 
 const HOOKS = ['transform', 'classify', 'sign'];
 
@@ -31,7 +32,75 @@ export async function endpointsPage(main, params) {
     ], rows, 'This tenant has no endpoints.'),
     h('nav', { 'aria-label': 'Endpoint pages' },
       after ? link('#/endpoints', 'First page') : null, ' ',
-      page.next_after ? link(`#/endpoints?after=${encodeURIComponent(page.next_after)}`, 'Next page') : null));
+      page.next_after ? link(`#/endpoints?after=${encodeURIComponent(page.next_after)}`, 'Next page') : null),
+    can('manage') && !portal()?.endpoints ? createForm() : null);
+}
+
+/** Adds an HTTP endpoint, then opens it. */
+function createForm() {
+  const url = h('input', { name: 'url', type: 'url', required: true, placeholder: 'https://receiver.example/webhooks' });
+  const description = h('input', { name: 'description' });
+  const types = h('input', { name: 'event_types', placeholder: 'comma separated; empty: every type' });
+  return h('section', { id: 'create' }, h('h2', {}, 'Add an endpoint'),
+    h('form', { class: 'inline', 'aria-label': 'Add an endpoint', onsubmit: (ev) => {
+      ev.preventDefault();
+      guard(async () => {
+        const event_types = types.value.split(',').map((t) => t.trim()).filter(Boolean);
+        const e = await api('POST', tenantPath('/endpoints'), { body: { url: url.value.trim(), description: description.value, event_types } });
+        say(`Endpoint ${e.id} added.`);
+        location.hash = `#/endpoints/${encodeURIComponent(e.id)}`;
+      });
+    } }, field('URL', url), field('Description', description), field('Event types', types),
+    h('button', { type: 'submit' }, 'Add endpoint')));
+}
+
+/** How long the page follows a test send's first attempt, and how often it looks. */
+const FOLLOW_MS = 30000;
+const FOLLOW_EVERY_MS = 500;
+
+/** Sends one of the catalog's examples to this endpoint now, then follows the delivery
+ *  until its first attempt is recorded and shows that attempt as it happened. */
+async function testSendSection(e, path) {
+  const types = await api('GET', tenantPath('/event-types')).catch(() => ({ data: [] }));
+  const withExamples = types.data.filter((t) => t.examples.length > 0);
+  const out = h('div', { id: 'test-send-result', 'aria-live': 'polite' });
+  if (withExamples.length === 0) {
+    return h('section', { id: 'test-send' }, h('h2', {}, 'Test send'),
+      h('p', { class: 'muted' }, 'The event catalog has no type with an example to send.'));
+  }
+  const type = h('select', { name: 'event_type' }, withExamples.map((t) => h('option', { value: t.name }, t.name)));
+  const example = h('input', { name: 'example', type: 'number', min: '0', value: '0' });
+  return h('section', { id: 'test-send' }, h('h2', {}, 'Test send'),
+    h('form', { class: 'inline', 'aria-label': 'Test send', onsubmit: (ev) => {
+      ev.preventDefault();
+      guard(async () => {
+        const sent = await api('POST', `${path}/test-send`, { body: { event_type: type.value, example: Number(example.value || 0) } });
+        out.replaceChildren(h('p', {}, `Sent ${sent.event_type} as event ${sent.event_id}; waiting for its attempt\u2026`));
+        const attempt = await firstAttempt(sent.delivery_id);
+        out.replaceChildren();
+        put(out, attempt ? attemptFacts(sent, attempt)
+          : h('p', {}, 'No attempt yet: ', link(`#/deliveries/${encodeURIComponent(sent.delivery_id)}`, 'follow the delivery')));
+      });
+    } }, field('Event type', type), field('Example', example), h('button', { type: 'submit' }, 'Send test event')), out);
+}
+
+async function firstAttempt(deliveryId) {
+  const until = Date.now() + FOLLOW_MS;
+  const path = tenantPath(`/deliveries/${encodeURIComponent(deliveryId)}`);
+  while (Date.now() < until) {
+    const d = await api('GET', path);
+    if (d.attempt_history.length > 0) return d.attempt_history[0];
+    await new Promise((r) => { setTimeout(r, FOLLOW_EVERY_MS); });
+  }
+  return null;
+}
+
+function attemptFacts(sent, a) {
+  return [h('h3', {}, 'Attempt ', String(a.number)), facts([
+    ['Status', a.status === null ? 'no response' : String(a.status)], ['Verdict', a.verdict],
+    ['Duration', `${a.duration_ms} ms`], ['Started', when(a.started_at)], ['Error', a.error || '—'],
+    ['Response body', a.response_body || '—'],
+  ]), h('p', {}, link(`#/deliveries/${encodeURIComponent(sent.delivery_id)}`, 'The delivery'))];
 }
 
 export async function endpointPage(main, id, rerender) {
@@ -39,10 +108,11 @@ export async function endpointPage(main, id, rerender) {
   // Drawn first: an unknown id is said under them.
   put(main, h('p', {}, link('#/endpoints', 'All endpoints')), h('h1', {}, 'Endpoint ', id));
   const manage = can('manage');
+  const withPlugins = manage && (!portal() || portal().plugins);
   const [e, series, plugins] = await Promise.all([
     api('GET', path),
     api('GET', tenantPath('/series'), { query: { endpoint: id } }),
-    manage ? api('GET', tenantPath('/plugins')).catch(() => ({ data: [] })) : null,
+    withPlugins ? api('GET', tenantPath('/plugins')).catch(() => ({ data: [] })) : null,
   ]);
   const hl = e.health;
   put(main,
@@ -61,8 +131,9 @@ export async function endpointPage(main, id, rerender) {
       link(`#/dead-letters?endpoint=${encodeURIComponent(e.id)}`, 'Its dead letters'))),
     e.kind === 'http' ? authSection(e) : destinationSection(e),
     h('section', {}, h('h2', {}, 'Delivery rate and latency, last hour'), rateChart(`Endpoint ${e.id}`, series)),
-    manage ? actions(e, path, plugins.data, rerender)
-      : h('section', { id: 'actions' }, h('h2', {}, 'Actions'), needs('manage-needed', 'Changing an endpoint', 'manage')));
+    manage ? actions(e, path, plugins?.data, rerender)
+      : h('section', { id: 'actions' }, h('h2', {}, 'Actions'), needs('manage-needed', 'Changing an endpoint', 'manage')),
+    manage ? await testSendSection(e, path) : null);
 }
 
 /** How the endpoint's requests authenticate: OAuth2 settings (never the secret), this
@@ -158,7 +229,7 @@ function actions(e, path, plugins, rerender) {
   const ordering = choose('ordering', ['none', 'endpoint', 'key'], e.ordering);
   const onDead = choose('ordering_on_dead', ['skip', 'block'], e.ordering_on_dead);
   const secretOut = h('p', { id: 'rotated', 'aria-live': 'polite' });
-  const binds = Object.fromEntries(HOOKS.map((k) => [k, bindingSelect(k, e.plugins[k], plugins)]));
+  const binds = Object.fromEntries(HOOKS.map((k) => [k, bindingSelect(k, e.plugins[k], plugins || [])]));
   const submit = (f) => (ev) => { ev.preventDefault(); guard(f); };
   return h('section', { id: 'actions' }, h('h2', {}, 'Actions'),
     h('form', { class: 'inline', 'aria-label': 'Pause', onsubmit: submit(async () => {
@@ -177,12 +248,13 @@ function actions(e, path, plugins, rerender) {
       await api('PATCH', path, { body: { ordering: ordering.value, ordering_on_dead: onDead.value } });
       done('Ordering saved.');
     }) }, field('Ordering', ordering), field('A dead letter', onDead), h('button', { type: 'submit' }, 'Save ordering')),
-    h('form', { class: 'inline', 'aria-label': 'Plugins', onsubmit: submit(async () => {
+    // `null`: this session may not reach plugins (the portal, unless the operator allows).
+    plugins ? h('form', { class: 'inline', 'aria-label': 'Plugins', onsubmit: submit(async () => {
       const chosen = Object.fromEntries(Object.entries(binds).filter(([, s]) => s.value).map(([k, s]) => [k, s.value]));
       await api('PATCH', path, { body: { plugins: chosen } });
       done('Plugin bindings saved.');
     }) }, field('Transform plugin', binds.transform), field('Classify plugin', binds.classify), field('Sign plugin', binds.sign),
-    h('button', { type: 'submit' }, 'Bind plugins')),
+    h('button', { type: 'submit' }, 'Bind plugins')) : null,
     e.kind === 'http' ? oauth2Form(e, path, submit, done) : destinationForm(e, path, submit, done),
     h('form', { class: 'inline', 'aria-label': 'Rotate secret', onsubmit: submit(async () => {
       const r = await api('POST', `${path}/rotate-secret`, { body: {} });

@@ -12,8 +12,10 @@ use crate::store::{StoreKind, StoreUrlError};
 
 mod outbox;
 mod plugins;
+mod portal;
 mod raw;
 pub use outbox::{MAX_OUTBOX_BATCH, OutboxSource, RawOutbox, is_identifier};
+pub use portal::PortalConfig;
 pub use raw::*;
 
 /// A configuration problem, naming the key and the reason.
@@ -72,6 +74,8 @@ pub struct Config {
     pub secrets: Option<std::sync::Arc<crate::sign::seal::Sealer>>,
     /// `[tracing]`: where spans are exported (`None`: nowhere, and none are built).
     pub tracing: Option<TracingConfig>,
+    /// `[portal]`: who may embed the customer portal, and what it may reach.
+    pub portal: PortalConfig,
 }
 
 /// `[tracing]` with an `otlp_endpoint`: spans go there over OTLP/HTTP (protobuf).
@@ -442,6 +446,7 @@ impl RawConfig {
             log_level: self.log.level,
             log_json: self.log.format == "json",
             tracing: self.tracing.validate()?,
+            portal: self.portal.validate()?,
         })
     }
 }

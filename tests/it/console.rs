@@ -42,16 +42,17 @@ fn python() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// Runs the browser script with `args` within `limit`; its stdout is a JSON summary.
-async fn browse(args: &[&str], limit: Duration) -> anyhow::Result<Value> {
+/// Runs the browser script `script` (under `tests/console/`) with `args` within `limit`;
+/// its stdout is a JSON summary.
+pub(crate) async fn browse(script: &str, args: &[&str], limit: Duration) -> anyhow::Result<Value> {
     let mut cmd = tokio::process::Command::new(python()?);
-    cmd.arg(repo().join("tests/console/console_flow.py")).args(args).kill_on_drop(true);
+    cmd.arg(repo().join("tests/console").join(script)).args(args).kill_on_drop(true);
     cmd.stdin(std::process::Stdio::null());
     let out: Output = tokio::time::timeout(limit, cmd.output())
         .await
         .with_context(|| format!("the browser ran over {limit:?}"))??;
     let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    ensure!(out.status.success(), "the console's browser flow failed:\n{text}");
+    ensure!(out.status.success(), "the browser flow {script} failed:\n{text}");
     serde_json::from_slice(&out.stdout).with_context(|| format!("the browser's summary:\n{text}"))
 }
 
@@ -188,7 +189,7 @@ async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
     let config = dir.path().join("console.json");
     std::fs::write(&config, cfg.to_string())?;
 
-    let summary = browse(&[config.to_str().context("path")?], Duration::from_secs(240)).await?;
+    let summary = browse("console_flow.py", &[config.to_str().context("path")?], Duration::from_secs(240)).await?;
     println!("console page loads (ms, small store): {}", summary["page_ms"]);
     assert!(summary["other_tenant"].as_str().is_some_and(|m| m.contains("not_found")), "{summary}");
     // The replay reached the receiver: each dead letter delivered once more.

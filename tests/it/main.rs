@@ -21,6 +21,8 @@
 //! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
 //! - `ordering`: ordered endpoints: each key in intake order through failures, dead letters, a SIGKILL
 //! - `outbox`: the transactional outbox relay from a producer's Postgres
+//! - `portal`: the customer portal's API: minted links, sessions, limits, branding
+//! - `portal_browser`: the customer portal in headless Chromium: the link, the pages, framing
 //! - `plugins`: plugins end to end: hooks, uploads, isolation, hot reload; under it `config`,
 //!   `guard`, `js` (JavaScript plugins), `limits`, `stats`, `versions`
 //! - `props`: property tests of the validators through the real API
@@ -54,6 +56,8 @@ mod metrics;
 mod ordering;
 mod outbox;
 mod plugins;
+mod portal;
+mod portal_browser;
 mod props;
 mod recovery;
 mod scaffold;

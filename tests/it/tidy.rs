@@ -135,7 +135,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
             &["doc", "listen"],
             &["extract", "auth", "console"],
             &["bindings", "plugin_stats", "event_types"],
-            &["endpoints", "events", "replays", "tenants", "test_send", "whoami"],
+            &["endpoints", "events", "replays", "tenants", "test_send", "whoami", "portal"],
             &["plugins"],
             &["plugin_versions", "plugin_config", "insight"],
         ],

@@ -1,17 +1,45 @@
-//! Bearer tokens: the admin token from config, or tenant tokens (stored hashed) with scopes.
+//! Bearer tokens: the admin token from config, tenant tokens (stored hashed) with scopes,
+//! or a portal session's token (stored hashed, with its scopes, expiry and limits).
 
-use axum::http::{HeaderMap, StatusCode};
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, Method, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::doc::ErrorCode;
 use super::{ApiError, AppState};
-use crate::model::{Millis, Scope, TenantId, TokenRecord};
+use crate::model::{EndpointId, Millis, PortalSession, Scope, TenantId, TokenRecord};
 
 /// Who is calling.
 #[derive(Debug, Clone)]
 pub enum Caller {
     Admin,
     Tenant(TenantId),
+}
+
+/// Who is calling, with what it may do.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub caller: Caller,
+    pub scopes: Vec<Scope>,
+    /// The portal session behind a tenant caller, whose limits apply on top of its scopes.
+    pub portal: Option<Arc<PortalSession>>,
+}
+
+/// How a portal session's token starts (tenant tokens start `hrld_`): a token is looked up
+/// in one table only.
+pub const PORTAL_TOKEN_PREFIX: &str = "hps_";
+
+/// What an expired or revoked portal session is told; the portal page shows it as it is.
+pub const PORTAL_EXPIRED: &str = "this portal link has expired; ask for a new one";
+
+/// A new secret: `prefix` and 32 random bytes, base64url.
+pub fn secret_token(prefix: &str) -> String {
+    use base64::Engine;
+    use rand::RngCore;
+    let mut raw = [0u8; 32];
+    rand::rng().fill_bytes(&mut raw);
+    format!("{prefix}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw))
 }
 
 /// The sha256 hex of a token: what the store keeps.
@@ -43,16 +71,36 @@ fn same_token(a: &str, b: &str) -> bool {
 }
 
 /// Identifies the caller from its token.
-pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<(Caller, Vec<Scope>), ApiError> {
+pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Identity, ApiError> {
     let token = bearer(headers)?;
     if let Some(admin) = &state.config.admin_token
         && same_token(admin.expose(), token)
     {
-        return Ok((Caller::Admin, Scope::ALL.to_vec()));
+        return Ok(Identity { caller: Caller::Admin, scopes: Scope::ALL.to_vec(), portal: None });
+    }
+    if token.starts_with(PORTAL_TOKEN_PREFIX) {
+        let session = portal_session(state, &hash_token(token)).await?;
+        let scopes = session.scopes.clone();
+        return Ok(Identity {
+            caller: Caller::Tenant(session.tenant.clone()),
+            scopes,
+            portal: Some(Arc::new(session)),
+        });
     }
     let record = tenant_token(state, hash_token(token)).await?;
     note_use(state, &record.hash);
-    Ok((Caller::Tenant(record.tenant), record.scopes))
+    Ok(Identity { caller: Caller::Tenant(record.tenant), scopes: record.scopes, portal: None })
+}
+
+/// The live portal session whose token hashes to `hash`. Read from the store on every
+/// request, on every backend: a revocation or an expiry holds from the next request on
+/// every node, with no cache to miss it.
+async fn portal_session(state: &AppState, hash: &str) -> Result<PortalSession, ApiError> {
+    let session = state.store.find_portal_session(hash).await?.ok_or_else(|| unauthorized("unknown portal session"))?;
+    if !session.live(state.clock.now()) {
+        return Err(unauthorized(PORTAL_EXPIRED));
+    }
+    Ok(session)
 }
 
 /// The stored token with `hash`. A SQLite node is the only node of its store, so it caches
@@ -101,9 +149,29 @@ pub fn forget(state: &AppState, id: &str) {
     state.token_use.lock().unwrap_or_else(|e| e.into_inner()).retain(|hash, _| TokenRecord::id_of(hash) != id);
 }
 
+/// The distinct scopes named, each known and given once.
+pub fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
+    let names =
+        names.ok_or_else(|| ApiError::unprocessable("scopes: required (events:write, read, manage, replay)"))?;
+    if names.is_empty() || names.len() > Scope::ALL.len() {
+        return Err(ApiError::unprocessable(format!("scopes: name 1 to {} scopes", Scope::ALL.len())));
+    }
+    let mut out: Vec<Scope> = Vec::with_capacity(names.len());
+    for n in &names {
+        let scope = Scope::parse(n).ok_or_else(|| {
+            ApiError::unprocessable(format!("scopes: unknown scope {n:?} (events:write, read, manage, replay)"))
+        })?;
+        if out.contains(&scope) {
+            return Err(ApiError::unprocessable(format!("scopes: {n:?} is named twice")));
+        }
+        out.push(scope);
+    }
+    Ok(out)
+}
+
 /// Requires the admin token.
 pub async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    match caller(state, headers).await?.0 {
+    match caller(state, headers).await?.caller {
         Caller::Admin => Ok(()),
         Caller::Tenant(_) => {
             Err(ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, "this route needs the admin token"))
@@ -111,13 +179,32 @@ pub async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError
     }
 }
 
-/// Requires access to `tenant` with `scope`; another tenant's objects answer 404.
-pub async fn tenant(state: &AppState, headers: &HeaderMap, tenant: &str, scope: Scope) -> Result<TenantId, ApiError> {
-    let (caller, scopes) = caller(state, headers).await?;
+/// The route a request matched, as [`tenant`] checks a portal session against it.
+pub struct RouteAccess<'a> {
+    pub method: &'a Method,
+    /// The matched path (`/v1/tenants/{tenant}/endpoints/{id}`).
+    pub route: &'a str,
+    /// The path's `{id}`, if it has one.
+    pub id: Option<&'a str>,
+}
+
+/// Requires access to `tenant` with `scope`; another tenant's objects answer 404. A portal
+/// session must also be allowed `access` (see [`portal_allows`]).
+pub async fn tenant(
+    state: &AppState,
+    headers: &HeaderMap,
+    tenant: &str,
+    scope: Scope,
+    access: RouteAccess<'_>,
+) -> Result<(TenantId, Option<Arc<PortalSession>>), ApiError> {
+    let Identity { caller, scopes, portal } = caller(state, headers).await?;
     let id = TenantId::parse(tenant).map_err(|_| ApiError::not_found("tenant"))?;
     match caller {
         Caller::Tenant(own) if own != id => return Err(ApiError::not_found("tenant")),
         _ => {}
+    }
+    if let Some(session) = &portal {
+        portal_allows(session, state.config.portal.plugins, &access)?;
     }
     if !scopes.contains(&scope) {
         return Err(ApiError::new(
@@ -127,7 +214,41 @@ pub async fn tenant(state: &AppState, headers: &HeaderMap, tenant: &str, scope: 
         ));
     }
     ensure_tenant(state, &id).await?;
-    Ok(id)
+    Ok((id, portal))
+}
+
+/// The tenant routes a portal session may use: the customer's own (endpoints, deliveries,
+/// dead letters, replays, the catalog to read, the series; plugins only when
+/// `portal.plugins` allows), never the operator's (tokens, catalog writes, settings,
+/// portal sessions). A read-only session may only read; one limited to some endpoints
+/// finds the others absent (`404`) and cannot create one.
+fn portal_allows(session: &PortalSession, plugins: bool, access: &RouteAccess<'_>) -> Result<(), ApiError> {
+    let forbidden = |m: &str| ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, m);
+    let rest = access.route.strip_prefix("/v1/tenants/{tenant}").unwrap_or("");
+    let read = access.method == Method::GET;
+    let allowed = match rest.split('/').nth(1).unwrap_or("") {
+        "endpoints" | "deliveries" | "dead-letters" | "replays" | "series" => true,
+        "events" => read,
+        "event-types" | "branding" => read && !rest.ends_with("/settings"),
+        "plugins" => plugins,
+        _ => false,
+    };
+    if !allowed {
+        return Err(forbidden("a portal session cannot use this route"));
+    }
+    if session.read_only && !read {
+        return Err(forbidden("this portal session is read-only: it cannot change anything"));
+    }
+    if rest.starts_with("/endpoints") && session.endpoints.is_some() {
+        match access.id {
+            Some(id) if !session.sees(&EndpointId::from_stored(id)) => return Err(ApiError::not_found("endpoint")),
+            None if !read => {
+                return Err(forbidden("this portal session is limited to some endpoints: it cannot add one"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 async fn ensure_tenant(state: &AppState, id: &TenantId) -> Result<(), ApiError> {

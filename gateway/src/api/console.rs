@@ -4,12 +4,14 @@
 //! and does everything through the public API, so it can never do what the token could
 //! not. These are the only routes outside `api::routes` (`tests/it/tidy.rs` allows this
 //! file alone, and only paths under `/console`); every answer carries a Content Security
-//! Policy that allows no inline script and no other origin.
+//! Policy that allows no inline script and no other origin. `/console/portal` is the same
+//! page for a tenant's customer (a portal session, see `api::portal`): its policy lets the
+//! origins of `portal.frame_ancestors` frame it; the console itself is never framed.
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::Path;
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -35,6 +37,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("deliveries.js", "text/javascript; charset=utf-8", include_str!("../../console/deliveries.js")),
     ("deadletters.js", "text/javascript; charset=utf-8", include_str!("../../console/deadletters.js")),
     ("plugins.js", "text/javascript; charset=utf-8", include_str!("../../console/plugins.js")),
+    ("catalog.js", "text/javascript; charset=utf-8", include_str!("../../console/catalog.js")),
 ];
 
 /// The file names the console serves (for tests).
@@ -47,7 +50,24 @@ pub(super) fn mount(router: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
     router
         .route("/console", get(|| async { asset("index.html") }))
         .route("/console/", get(|| async { asset("index.html") }))
+        .route("/console/portal", get(portal))
         .route("/console/{file}", get(|Path(file): Path<String>| async move { asset(&file) }))
+}
+
+/// The portal page: the console's page, framed by the configured origins only.
+async fn portal(State(state): State<Arc<AppState>>) -> Response {
+    let mut page = asset("index.html");
+    let policy = portal_policy(&state.config.portal.frame_ancestors_csp());
+    if let Ok(value) = HeaderValue::from_str(&policy) {
+        page.headers_mut().insert(header::CONTENT_SECURITY_POLICY, value);
+    }
+    page
+}
+
+/// [`CONTENT_SECURITY_POLICY`] with `frame-ancestors` set to `ancestors`.
+pub fn portal_policy(ancestors: &str) -> String {
+    let rest = CONTENT_SECURITY_POLICY.strip_suffix("frame-ancestors 'none'").unwrap_or(CONTENT_SECURITY_POLICY);
+    format!("{rest}frame-ancestors {ancestors}")
 }
 
 fn asset(name: &str) -> Response {

@@ -88,7 +88,9 @@ pub(super) fn base() -> OpenApi {
             bearer(
                 "A tenant token (`POST /v1/tenants/{tenant}/tokens`): its own tenant only (another \
                  tenant's objects answer 404), and only the scopes it was given. Each operation \
-                 names the one it needs: `events:write`, `read`, `manage` or `replay`.",
+                 names the one it needs: `events:write`, `read`, `manage` or `replay`. A portal \
+                 session's token (`POST /v1/portal-sessions/exchange`) is one too, confined to \
+                 the customer's routes, its endpoints and, when read-only, to reads.",
             ),
         )
         .build();

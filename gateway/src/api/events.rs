@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::doc::ErrorCode;
 use super::extract::{
-    EventsWrite, ItemPath, Path, Query, RawBody, Read, TenantAuth, TenantPath, TraceHeaders, TraceParent,
+    EventsWrite, ItemPath, Path, Query, RawBody, Read, ScopeMarker, TenantAuth, TenantPath, TraceHeaders, TraceParent,
 };
 use super::{ApiError, AppState, query_rfc3339, rfc3339};
 use crate::intake::{self, Checks, IntakeLimits};
@@ -176,11 +176,22 @@ pub(crate) struct EventOut {
 )]
 pub(crate) async fn get_one(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<EventOut>, ApiError> {
-    let event =
-        state.store.get_event(&tenant, &EventId::from_stored(id)).await?.ok_or_else(|| ApiError::not_found("event"))?;
+    let event = state
+        .store
+        .get_event(&auth.tenant, &EventId::from_stored(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("event"))?;
+    // A portal session limited to some endpoints sees the events sent to them only.
+    if auth.limited() {
+        let (tenant, event_id) = (Some(auth.tenant.clone()), Some(event.id.clone()));
+        let f = DeliveryFilter { tenant, event: event_id, limit: 1000, ..Default::default() };
+        if !state.store.list_deliveries(&f).await?.iter().any(|d| auth.sees(&d.endpoint_id)) {
+            return Err(ApiError::not_found("event"));
+        }
+    }
     // Intake stored valid JSON; a raw value keeps its bytes as they were posted.
     let payload = RawValue::from_string(event.payload).map_err(|e| {
         tracing::error!(event = %event.id, error = %e, "a stored payload is not JSON");
@@ -302,9 +313,12 @@ pub(crate) struct DeadLetterPage {
     counts_by_reason: BTreeMap<String, u64>,
 }
 
-fn page(items: Vec<Delivery>, limit: u32) -> DeliveryPage {
+/// A page of `items` as `auth` may see them: a portal session limited to some endpoints
+/// sees their deliveries only (the page's cursor still follows every item read).
+fn page<S: ScopeMarker>(auth: &TenantAuth<S>, items: Vec<Delivery>, limit: u32) -> DeliveryPage {
     let next = (items.len() as u32 == limit).then(|| items.last().map(|d| d.id.to_string())).flatten();
-    DeliveryPage { data: items.iter().map(delivery_view).collect(), next_after: next }
+    let data = items.iter().filter(|d| auth.sees(&d.endpoint_id)).map(delivery_view).collect();
+    DeliveryPage { data, next_after: next }
 }
 
 #[utoipa::path(
@@ -315,18 +329,18 @@ fn page(items: Vec<Delivery>, limit: u32) -> DeliveryPage {
 )]
 pub(crate) async fn event_deliveries(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
     Path(ItemPath { id, .. }): Path<ItemPath>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<DeliveryPage>, ApiError> {
     let event_id = EventId::from_stored(id);
-    if state.store.get_event(&tenant, &event_id).await?.is_none() {
+    if state.store.get_event(&auth.tenant, &event_id).await?.is_none() {
         return Err(ApiError::not_found("event"));
     }
-    let mut f = filter(tenant, q)?;
+    let mut f = filter(auth.tenant.clone(), q)?;
     f.event = Some(event_id);
     let items = state.store.list_deliveries(&f).await?;
-    Ok(Json(page(items, f.limit)))
+    Ok(Json(page(&auth, items, f.limit)))
 }
 
 #[utoipa::path(
@@ -337,12 +351,12 @@ pub(crate) async fn event_deliveries(
 )]
 pub(crate) async fn list_deliveries(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<DeliveryPage>, ApiError> {
-    let f = filter(tenant, q)?;
+    let f = filter(auth.tenant.clone(), q)?;
     let items = state.store.list_deliveries(&f).await?;
-    Ok(Json(page(items, f.limit)))
+    Ok(Json(page(&auth, items, f.limit)))
 }
 
 #[utoipa::path(
@@ -353,14 +367,18 @@ pub(crate) async fn list_deliveries(
 )]
 pub(crate) async fn dead_letters(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<DeadLetterPage>, ApiError> {
-    let mut f = filter(tenant.clone(), q)?;
+    let mut f = filter(auth.tenant.clone(), q)?;
     f.state = Some(DeliveryState::Dead);
     let items = state.store.list_deliveries(&f).await?;
-    let counts = state.store.dead_letter_counts(&tenant).await?;
-    Ok(Json(DeadLetterPage { page: page(items, f.limit), counts_by_reason: counts.into_iter().collect() }))
+    // The tenant's counts would tell a session limited to some endpoints of the others'.
+    let counts = match auth.portal.as_ref().is_some_and(|s| s.endpoints.is_some()) {
+        true => BTreeMap::new(),
+        false => state.store.dead_letter_counts(&auth.tenant).await?.into_iter().collect(),
+    };
+    Ok(Json(DeadLetterPage { page: page(&auth, items, f.limit), counts_by_reason: counts }))
 }
 
 /// One HTTP attempt.
@@ -420,19 +438,21 @@ pub(crate) struct DeliveryDetail {
 )]
 pub(crate) async fn get_delivery(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<DeliveryDetail>, ApiError> {
+    let tenant = &auth.tenant;
     let (delivery, attempts) = state
         .store
-        .get_delivery(&tenant, &DeliveryId::from_stored(id))
+        .get_delivery(tenant, &DeliveryId::from_stored(id))
         .await?
+        .filter(|(d, _)| auth.sees(&d.endpoint_id))
         .ok_or_else(|| ApiError::not_found("delivery"))?;
     // Bodies that were the event's envelope are rebuilt once, from the event.
     let envelope = match attempts.iter().any(|a| a.request.as_ref().is_some_and(|r| r.body.is_none())) {
         true => state
             .store
-            .get_event(&tenant, &delivery.event_id)
+            .get_event(tenant, &delivery.event_id)
             .await?
             .map(|e| crate::model::envelope(e.id.as_str(), &e.event_type, e.created_at, &e.payload)),
         false => None,

@@ -81,20 +81,26 @@ async fn series(state: &AppState, scope: SeriesScope, window_text: Option<&str>)
 #[utoipa::path(
     get, path = "/v1/tenants/{tenant}/series", tag = "deliveries", operation_id = "get_series",
     params(TenantPath, SeriesQuery),
-    responses((status = 200, description = "Attempts, successes and latency per time bucket", body = SeriesOut)),
+    responses(
+        (status = 200, description = "Attempts, successes and latency per time bucket", body = SeriesOut),
+        (status = 422, description = "`invalid_request`: a portal session limited to some endpoints names none", body = super::doc::ErrorBody),
+    ),
     security(("tenant_token" = ["read"]), ("admin_token" = [])),
 )]
 pub(crate) async fn tenant_series(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
     Query(q): Query<SeriesQuery>,
 ) -> Result<Json<SeriesOut>, ApiError> {
     let scope = match q.endpoint {
         Some(id) => match state.store.endpoint(&EndpointId::from_stored(id)).await? {
-            Some(e) if e.tenant == tenant => SeriesScope::Endpoint(e.id),
+            Some(e) if e.tenant == auth.tenant && auth.sees(&e.id) => SeriesScope::Endpoint(e.id),
             _ => return Err(ApiError::not_found("endpoint")),
         },
-        None => SeriesScope::Tenant(tenant),
+        None if auth.limited() => {
+            return Err(ApiError::unprocessable("endpoint: this portal session sees only some endpoints: name one"));
+        }
+        None => SeriesScope::Tenant(auth.tenant),
     };
     Ok(Json(series(&state, scope, q.window.as_deref()).await?))
 }

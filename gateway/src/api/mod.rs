@@ -32,6 +32,7 @@ mod plugin_config;
 mod plugin_stats;
 mod plugin_versions;
 mod plugins;
+mod portal;
 mod replays;
 mod tenants;
 mod test_send;
@@ -157,6 +158,10 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(endpoints::rotate_secret))
         .routes(routes!(endpoints::secret))
         .routes(routes!(test_send::test_send))
+        .routes(routes!(portal::create, portal::list))
+        .routes(routes!(portal::revoke))
+        .routes(routes!(portal::exchange))
+        .routes(routes!(portal::get_branding, portal::put_branding))
         .routes(routes!(events::create))
         .routes(routes!(events::create_batch))
         .routes(routes!(events::get_one))

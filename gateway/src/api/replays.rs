@@ -109,6 +109,30 @@ fn view(p: &ReplayProgress) -> ReplayOut {
     }
 }
 
+/// A portal session limited to some endpoints replays their dead letters only: by a filter
+/// naming one of them, or by ids of their deliveries (another's is not found).
+async fn within_limit(state: &AppState, auth: &TenantAuth<ReplayScope>, input: &ReplayIn) -> Result<(), ApiError> {
+    if !auth.limited() {
+        return Ok(());
+    }
+    if let Some(f) = &input.filter {
+        return match f.endpoint.as_deref().map(EndpointId::from_stored) {
+            Some(e) if auth.sees(&e) => Ok(()),
+            Some(_) => Err(ApiError::not_found("endpoint")),
+            None => {
+                Err(ApiError::unprocessable("filter.endpoint: this portal session sees only some endpoints: name one"))
+            }
+        };
+    }
+    for id in input.ids.iter().flatten() {
+        let found = state.store.get_delivery(&auth.tenant, &DeliveryId::from_stored(id.as_str())).await?;
+        if !found.is_some_and(|(d, _)| auth.sees(&d.endpoint_id)) {
+            return Err(ApiError::not_found("delivery"));
+        }
+    }
+    Ok(())
+}
+
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/replays", tag = "replays", operation_id = "create_replay",
     params(TenantPath), request_body = ReplayIn,
@@ -120,9 +144,11 @@ fn view(p: &ReplayProgress) -> ReplayOut {
 )]
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<ReplayScope>,
+    auth: TenantAuth<ReplayScope>,
     JsonBody(input): JsonBody<ReplayIn>,
 ) -> Result<(StatusCode, Json<ReplayOut>), ApiError> {
+    within_limit(&state, &auth, &input).await?;
+    let tenant = auth.tenant;
     let (ids, filter) = match (input.ids, input.filter) {
         (Some(ids), None) if !ids.is_empty() && ids.len() <= MAX_IDS => {
             for id in &ids {

@@ -5,14 +5,12 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use base64::Engine;
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::extract::{Admin, ItemPath, JsonBody, Manage, Path, TenantAuth, TenantPath};
 use super::{ApiError, AppState, auth, rfc3339};
-use crate::model::{Scope, Tenant, TenantId, TokenRecord};
+use crate::model::{Tenant, TenantId, TokenRecord};
 use crate::spec::{MAX_TENANT_NAME, check_text};
 
 /// A tenant to create.
@@ -98,26 +96,6 @@ pub(crate) struct TokenList {
     data: Vec<TokenOut>,
 }
 
-/// The distinct scopes named, each known and given once.
-fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
-    let names =
-        names.ok_or_else(|| ApiError::unprocessable("scopes: required (events:write, read, manage, replay)"))?;
-    if names.is_empty() || names.len() > Scope::ALL.len() {
-        return Err(ApiError::unprocessable(format!("scopes: name 1 to {} scopes", Scope::ALL.len())));
-    }
-    let mut out: Vec<Scope> = Vec::with_capacity(names.len());
-    for n in &names {
-        let scope = Scope::parse(n).ok_or_else(|| {
-            ApiError::unprocessable(format!("scopes: unknown scope {n:?} (events:write, read, manage, replay)"))
-        })?;
-        if out.contains(&scope) {
-            return Err(ApiError::unprocessable(format!("scopes: {n:?} is named twice")));
-        }
-        out.push(scope);
-    }
-    Ok(out)
-}
-
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/tokens", tag = "tenants", operation_id = "create_token",
     params(TenantPath), request_body = TokenIn,
@@ -130,10 +108,8 @@ pub(crate) async fn create_token(
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
     JsonBody(input): JsonBody<TokenIn>,
 ) -> Result<(StatusCode, Json<NewTokenOut>), ApiError> {
-    let scopes = scopes(input.scopes)?;
-    let mut raw = [0u8; 32];
-    rand::rng().fill_bytes(&mut raw);
-    let token = format!("hrld_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw));
+    let scopes = auth::scopes(input.scopes)?;
+    let token = auth::secret_token("hrld_");
     let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, state.clock.now());
     state.store.insert_token(&record).await?;
     let out = NewTokenOut { info: token_view(&record), token, tenant: record.tenant.to_string() };

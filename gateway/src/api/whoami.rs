@@ -22,6 +22,23 @@ pub(crate) struct WhoamiOut {
     tenant: Option<String>,
     /// What it may do: `events:write`, `read`, `manage`, `replay` (all four for the admin).
     scopes: Vec<&'static str>,
+    /// Present for a portal session's token only: the console then runs as the customer
+    /// portal, within these limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    portal: Option<PortalOut>,
+}
+
+/// A portal session's limits, beyond its scopes.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PortalOut {
+    id: String,
+    /// Every write is refused.
+    read_only: bool,
+    /// The only endpoints it sees; null: all of the tenant's.
+    endpoints: Option<Vec<String>>,
+    expires_at: String,
+    /// Whether the operator lets portal sessions reach the tenant's plugins.
+    plugins: bool,
 }
 
 #[utoipa::path(
@@ -33,10 +50,17 @@ pub(crate) async fn whoami(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
 ) -> Result<Json<WhoamiOut>, ApiError> {
-    let (caller, scopes) = auth::caller(&state, &headers).await?;
-    let scopes = scopes.iter().map(|s| s.as_str()).collect();
-    Ok(Json(match caller {
-        Caller::Admin => WhoamiOut { admin: true, tenant: None, scopes },
-        Caller::Tenant(t) => WhoamiOut { admin: false, tenant: Some(t.to_string()), scopes },
+    let who = auth::caller(&state, &headers).await?;
+    let scopes = who.scopes.iter().map(|s| s.as_str()).collect();
+    let portal = who.portal.map(|s| PortalOut {
+        id: s.id.clone(),
+        read_only: s.read_only,
+        endpoints: s.endpoints.as_ref().map(|ids| ids.iter().map(|e| e.to_string()).collect()),
+        expires_at: super::rfc3339(s.expires_at),
+        plugins: state.config.portal.plugins,
+    });
+    Ok(Json(match who.caller {
+        Caller::Admin => WhoamiOut { admin: true, tenant: None, scopes, portal },
+        Caller::Tenant(t) => WhoamiOut { admin: false, tenant: Some(t.to_string()), scopes, portal },
     }))
 }

@@ -21,6 +21,7 @@ pub struct RawConfig {
     pub log: RawLog,
     pub secrets: RawSecrets,
     pub tracing: RawTracing,
+    pub portal: RawPortal,
     /// `[[outbox]]`: an array of tables, so after every plain section.
     pub outbox: Vec<super::RawOutbox>,
 }
@@ -37,6 +38,22 @@ pub struct RawSecrets {
 impl std::fmt::Debug for RawSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "RawSecrets {{ key: <redacted>, previous_keys: {} }}", self.previous_keys.len())
+    }
+}
+
+/// `[portal]`: the embeddable customer portal (`config::portal`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawPortal {
+    pub frame_ancestors: Vec<String>,
+    pub public_url: String,
+    pub plugins: bool,
+    pub min_ttl_secs: u64,
+}
+
+impl Default for RawPortal {
+    fn default() -> Self {
+        Self { frame_ancestors: Vec::new(), public_url: String::new(), plugins: false, min_ttl_secs: 60 }
     }
 }
 

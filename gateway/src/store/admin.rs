@@ -33,6 +33,15 @@ pub trait Admin: Send + Sync + 'static {
     async fn delete_event_type(&self, owner: &CatalogOwner, name: &str) -> Result<bool>;
     /// Sets what the tenant's intake does with events that fail its catalog.
     async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()>;
+    /// Adds a portal session whose link's one-time code hashes to `code_hash`.
+    async fn insert_portal_session(&self, session: &PortalSession, code_hash: &str) -> Result<()>;
+    /// Exchanges a live session's one-time code for its token, once: false when no live
+    /// session has that code (unknown, used, expired or revoked).
+    async fn exchange_portal_code(&self, code_hash: &str, token_hash: &str, now: Millis) -> Result<bool>;
+    /// Revokes the tenant's session `id`; false when it has no such unrevoked session.
+    async fn revoke_portal_session(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<bool>;
+    /// Sets the tenant's portal branding.
+    async fn put_branding(&self, tenant: &TenantId, branding: &Branding, at: Millis) -> Result<()>;
     async fn create_replay(&self, replay: &Replay) -> Result<()>;
     /// One turn of a running replay, if its schedule (`next_due_at`) has come by `now`:
     /// re-queues what [`Replay::plan`] allows of the dead letters after its cursor (those

@@ -12,6 +12,7 @@ mod engine;
 mod event_types;
 pub mod outbox;
 mod plugin_settings;
+mod portal;
 pub mod postgres;
 mod queries;
 mod reads;

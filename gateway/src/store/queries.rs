@@ -339,6 +339,16 @@ where
     async fn catalog_revision(&self) -> Result<i64> {
         Queries::catalog_revision(self).await
     }
+    // The portal's reads (`portal.rs`).
+    async fn find_portal_session(&self, token_hash: &str) -> Result<Option<PortalSession>> {
+        Queries::portal_session(self, token_hash).await
+    }
+    async fn list_portal_sessions(&self, tenant: &TenantId) -> Result<Vec<PortalSession>> {
+        Queries::portal_sessions(self, tenant).await
+    }
+    async fn branding(&self, tenant: &TenantId) -> Result<Option<Branding>> {
+        Queries::branding(self, tenant).await
+    }
 }
 
 // The writes Postgres runs on its pool (SQLite runs them on its writer thread), and the

@@ -49,6 +49,12 @@ pub trait Reads: Send + Sync + 'static {
     async fn schema_validations(&self) -> Result<Vec<(TenantId, SchemaValidation)>>;
     /// A number every catalog write raises (types and settings).
     async fn catalog_revision(&self) -> Result<i64>;
+    /// The portal session whose token hashes to `token_hash` (expired and revoked ones too).
+    async fn find_portal_session(&self, token_hash: &str) -> Result<Option<PortalSession>>;
+    /// A tenant's portal sessions, newest first.
+    async fn list_portal_sessions(&self, tenant: &TenantId) -> Result<Vec<PortalSession>>;
+    /// A tenant's portal branding, if it was ever set.
+    async fn branding(&self, tenant: &TenantId) -> Result<Option<Branding>>;
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>>;
     async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<Delivery>>;
     async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>>;
@@ -150,6 +156,15 @@ impl<T: HasReads> Reads for T {
     }
     async fn catalog_revision(&self) -> Result<i64> {
         self.reads().catalog_revision().await
+    }
+    async fn find_portal_session(&self, token_hash: &str) -> Result<Option<PortalSession>> {
+        self.reads().find_portal_session(token_hash).await
+    }
+    async fn list_portal_sessions(&self, tenant: &TenantId) -> Result<Vec<PortalSession>> {
+        self.reads().list_portal_sessions(tenant).await
+    }
+    async fn branding(&self, tenant: &TenantId) -> Result<Option<Branding>> {
+        self.reads().branding(tenant).await
     }
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
         self.reads().get_event(tenant, id).await

@@ -464,6 +464,10 @@ mod tests {
             REPLAY_CLAIMED_UNSENT,
             ADVANCE_REPLAY,
             REPLAY_DONE,
+            super::super::portal::INSERT_PORTAL_SESSION,
+            super::super::portal::EXCHANGE_PORTAL_CODE,
+            super::super::portal::REVOKE_PORTAL_SESSION,
+            super::super::portal::UPSERT_BRANDING,
             &returned,
         ];
         for text in statements {

@@ -900,20 +900,23 @@ pub(crate) struct EndpointPage {
 )]
 pub(crate) async fn list_endpoints(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
     Query(q): Query<EndpointQuery>,
 ) -> Result<Json<EndpointPage>, ApiError> {
+    let tenant = &auth.tenant;
     let limit = page_limit(q.limit)?;
     let after = q.after.map(EndpointId::from_stored);
     if let Some(name) = q.plugin.as_deref().filter(|n| !crate::plugin::is_slug(n)) {
         return Err(super::extract::bad_query(format!("plugin: {name:?} is not a plugin name (1-64 of [a-z0-9_-])")));
     }
-    let endpoints = state.store.endpoint_page(&tenant, after.as_ref(), limit, q.plugin.as_deref()).await?;
+    let mut endpoints = state.store.endpoint_page(tenant, after.as_ref(), limit, q.plugin.as_deref()).await?;
+    let next_after = (endpoints.len() as u32 == limit).then(|| endpoints.last().map(|e| e.id.to_string())).flatten();
+    // A portal session limited to some endpoints finds the others absent.
+    endpoints.retain(|e| auth.sees(&e.id));
     let health: Vec<Option<HealthOut>> = match q.health {
         Some(true) => page_health(&state, &endpoints).await?.into_iter().map(Some).collect(),
         _ => endpoints.iter().map(|_| None).collect(),
     };
     let data = endpoints.iter().zip(health).map(|(e, health)| EndpointItem { endpoint: view(e), health }).collect();
-    let next_after = (endpoints.len() as u32 == limit).then(|| endpoints.last().map(|e| e.id.to_string())).flatten();
     Ok(Json(EndpointPage { data, next_after }))
 }

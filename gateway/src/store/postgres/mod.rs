@@ -14,6 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult}
 use sqlx::{PgPool, Postgres, Row};
 use tokio::sync::mpsc;
 
+use super::portal;
 use super::queries::{self, Dialect, Queries, TurnStep};
 use super::reads::HasReads;
 use super::sql::{self, Sql};
@@ -170,6 +171,53 @@ impl Admin for PostgresStore {
             .await?;
         sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
         Ok(tx.commit().await?)
+    }
+
+    async fn insert_portal_session(&self, s: &PortalSession, code_hash: &str) -> Result<()> {
+        sqlx::query(portal::INSERT_PORTAL_SESSION)
+            .bind(&s.id)
+            .bind(s.tenant.as_str())
+            .bind(code_hash)
+            .bind(portal::scopes_text(s))
+            .bind(s.read_only)
+            .bind(portal::endpoints_json(s))
+            .bind(s.created_at)
+            .bind(s.expires_at)
+            .execute(&self.q.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn exchange_portal_code(&self, code_hash: &str, token_hash: &str, now: Millis) -> Result<bool> {
+        let done = sqlx::query(portal::EXCHANGE_PORTAL_CODE)
+            .bind(token_hash)
+            .bind(now)
+            .bind(code_hash)
+            .execute(&self.q.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn revoke_portal_session(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<bool> {
+        let done = sqlx::query(portal::REVOKE_PORTAL_SESSION)
+            .bind(now)
+            .bind(tenant.as_str())
+            .bind(id)
+            .execute(&self.q.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn put_branding(&self, tenant: &TenantId, b: &Branding, at: Millis) -> Result<()> {
+        sqlx::query(portal::UPSERT_BRANDING)
+            .bind(tenant.as_str())
+            .bind(&b.name)
+            .bind(&b.logo)
+            .bind(&b.accent)
+            .bind(at)
+            .execute(&self.q.pool)
+            .await?;
+        Ok(())
     }
 
     async fn create_replay(&self, r: &Replay) -> Result<()> {

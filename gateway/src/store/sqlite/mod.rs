@@ -167,6 +167,26 @@ impl Admin for SqliteStore {
         self.writer.run(move |tx| writes::put_schema_validation(tx, &tenant, mode, at)).await
     }
 
+    async fn insert_portal_session(&self, session: &PortalSession, code_hash: &str) -> Result<()> {
+        let (session, code_hash) = (session.clone(), code_hash.to_string());
+        self.writer.run(move |tx| writes::insert_portal_session(tx, &session, &code_hash)).await
+    }
+
+    async fn exchange_portal_code(&self, code_hash: &str, token_hash: &str, now: Millis) -> Result<bool> {
+        let (code_hash, token_hash) = (code_hash.to_string(), token_hash.to_string());
+        self.writer.run(move |tx| writes::exchange_portal_code(tx, &code_hash, &token_hash, now)).await
+    }
+
+    async fn revoke_portal_session(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<bool> {
+        let (tenant, id) = (tenant.clone(), id.to_string());
+        self.writer.run(move |tx| writes::revoke_portal_session(tx, &tenant, &id, now)).await
+    }
+
+    async fn put_branding(&self, tenant: &TenantId, branding: &Branding, at: Millis) -> Result<()> {
+        let (tenant, branding) = (tenant.clone(), branding.clone());
+        self.writer.run(move |tx| writes::put_branding(tx, &tenant, &branding, at)).await
+    }
+
     async fn create_replay(&self, r: &Replay) -> Result<()> {
         let r = r.clone();
         self.writer.run(move |tx| writes::create_replay(tx, &r)).await

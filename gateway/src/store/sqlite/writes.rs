@@ -5,8 +5,8 @@
 
 use rusqlite::{Transaction, params};
 
-use super::super::sql;
 use super::super::*;
+use super::super::{portal, sql};
 use crate::store::queries::json;
 
 pub(super) fn create_tenant(tx: &Transaction<'_>, t: &Tenant) -> Result<()> {
@@ -141,6 +141,38 @@ pub(super) fn put_schema_validation(
 ) -> Result<()> {
     tx.prepare_cached(sql::UPSERT_SCHEMA_VALIDATION)?.execute(params![tenant.as_str(), mode.as_str(), at])?;
     tx.prepare_cached(sql::BUMP_CATALOG_REVISION)?.execute([])?;
+    Ok(())
+}
+
+pub(super) fn insert_portal_session(tx: &Transaction<'_>, s: &PortalSession, code_hash: &str) -> Result<()> {
+    tx.prepare_cached(portal::INSERT_PORTAL_SESSION)?.execute(params![
+        s.id,
+        s.tenant.as_str(),
+        code_hash,
+        portal::scopes_text(s),
+        s.read_only,
+        portal::endpoints_json(s),
+        s.created_at,
+        s.expires_at
+    ])?;
+    Ok(())
+}
+
+pub(super) fn exchange_portal_code(
+    tx: &Transaction<'_>,
+    code_hash: &str,
+    token_hash: &str,
+    now: Millis,
+) -> Result<bool> {
+    Ok(tx.prepare_cached(portal::EXCHANGE_PORTAL_CODE)?.execute(params![token_hash, now, code_hash])? == 1)
+}
+
+pub(super) fn revoke_portal_session(tx: &Transaction<'_>, tenant: &TenantId, id: &str, now: Millis) -> Result<bool> {
+    Ok(tx.prepare_cached(portal::REVOKE_PORTAL_SESSION)?.execute(params![now, tenant.as_str(), id])? == 1)
+}
+
+pub(super) fn put_branding(tx: &Transaction<'_>, tenant: &TenantId, b: &Branding, at: Millis) -> Result<()> {
+    tx.prepare_cached(portal::UPSERT_BRANDING)?.execute(params![tenant.as_str(), b.name, b.logo, b.accent, at])?;
     Ok(())
 }
 

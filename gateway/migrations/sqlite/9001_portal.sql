@@ -1,0 +1,25 @@
+-- Portal sessions: a one-time code (in the link) exchanged once for a session token, both
+-- kept as sha256 hex only, with the session's scopes, limits and expiry.
+CREATE TABLE portal_sessions (
+    id           TEXT PRIMARY KEY,
+    tenant_id    TEXT NOT NULL REFERENCES tenants(id),
+    code_hash    TEXT UNIQUE,                  -- NULL once exchanged
+    token_hash   TEXT UNIQUE,                  -- NULL until exchanged
+    scopes       TEXT NOT NULL,                -- space-separated
+    read_only    INTEGER NOT NULL,
+    endpoints    TEXT,                         -- JSON array of endpoint ids; NULL: all
+    created_at   INTEGER NOT NULL,
+    expires_at   INTEGER NOT NULL,
+    exchanged_at INTEGER,
+    revoked_at   INTEGER
+);
+CREATE INDEX portal_sessions_tenant ON portal_sessions (tenant_id, created_at);
+
+-- A tenant's portal branding: shown as text and a CSS colour only.
+CREATE TABLE tenant_branding (
+    tenant_id   TEXT PRIMARY KEY REFERENCES tenants(id),
+    name        TEXT NOT NULL,
+    logo        TEXT NOT NULL,                 -- a data: URL, or '' for none
+    accent      TEXT NOT NULL,                 -- #rrggbb, or '' for the default
+    updated_at  INTEGER NOT NULL
+);
