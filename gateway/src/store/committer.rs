@@ -53,9 +53,8 @@ impl CommitHealth {
 
 #[derive(Clone)]
 enum Queue {
-    /// A task folds waiting writes into one [`Engine::apply`](crate::store::Engine::apply),
-    /// and another folds attempts' results the same way (see [`Lanes`]).
-    Loop(Lanes),
+    /// A task folds waiting writes into one [`Engine::apply`](crate::store::Engine::apply).
+    Loop(mpsc::Sender<Pending>),
     /// The store batches on a thread of its own (SQLite's writer): one hop less per commit.
     Direct(Arc<dyn CommitSink>),
 }
@@ -78,11 +77,9 @@ impl Committer {
         if let Some(sink) = store.commit_sink(max_batch) {
             return Committer { queue: Queue::Direct(sink), health };
         }
-        let (writes, rx) = mpsc::channel(max_batch * 4);
-        tokio::spawn(commit_loop(store.clone(), rx, max_batch));
-        let (results, rx) = mpsc::channel(max_batch * 4);
+        let (tx, rx) = mpsc::channel(max_batch * 4);
         tokio::spawn(commit_loop(store, rx, max_batch));
-        Committer { queue: Queue::Loop(Lanes { writes, results }), health }
+        Committer { queue: Queue::Loop(tx), health }
     }
 
     /// Counts this committer's failures and recoveries in `health` (before it is cloned).
@@ -101,7 +98,7 @@ impl Committer {
         let stopped = || StoreError::backend("committer stopped");
         let (reply, rx) = oneshot::channel();
         match &self.queue {
-            Queue::Loop(lanes) => lanes.of(&ops).send((ops, reply)).await.map_err(|_| stopped())?,
+            Queue::Loop(tx) => tx.send((ops, reply)).await.map_err(|_| stopped())?,
             Queue::Direct(sink) => sink.send((ops, reply)).map_err(|_| stopped())?,
         }
         let answer = rx.await.map_err(|_| stopped())?;
@@ -181,29 +178,6 @@ impl Committer {
         match self.submit(WriteOp::Endpoint(change)).await? {
             WriteResult::Endpoint(n) => Ok(n),
             other => Err(unexpected(other)),
-        }
-    }
-}
-
-/// The two commit loops of a store without a queue of its own (Postgres). Attempts'
-/// results, with the endpoint change each may carry, commit in a lane of their own, beside
-/// intake, claims, releases and leases: results were half of every group commit's time,
-/// and intake (which a producer waits for) queued behind them, though nothing orders the
-/// two. A result's fence and its delivery's state are checked by its own statement, so it
-/// settles alike whichever commit a claim of the same endpoint is in; claims and intake
-/// keep one lane, where the order of their ops is what hands intake over to a partition.
-#[derive(Clone)]
-struct Lanes {
-    writes: mpsc::Sender<Pending>,
-    results: mpsc::Sender<Pending>,
-}
-
-impl Lanes {
-    fn of(&self, ops: &[WriteOp]) -> &mpsc::Sender<Pending> {
-        let result = |op: &WriteOp| matches!(op, WriteOp::Record(_) | WriteOp::Endpoint(_));
-        match ops.iter().any(|op| matches!(op, WriteOp::Record(_))) && ops.iter().all(result) {
-            true => &self.results,
-            false => &self.writes,
         }
     }
 }
