@@ -192,7 +192,7 @@ async fn commit_loop(store: DynStore, mut rx: mpsc::Receiver<Pending>, max_batch
     while rx.recv_many(&mut batch, max_batch).await > 0 {
         let started = std::time::Instant::now();
         let size: usize = batch.iter().map(|p| p.0.len()).sum();
-        let (side, main) = split(&mut batch);
+        let (side, main) = split(std::mem::take(&mut batch));
         let committed = match side {
             None => {
                 let (ops, replies) = fold(main);
@@ -232,31 +232,38 @@ const SIDE_BY_SIDE_FROM: usize = 200;
 /// endpoint change moves the endpoint's other deliveries: both stay with the rest, where
 /// a disable and a hand-back applied side by side once left deliveries queued on a
 /// disabled endpoint, each settling against the endpoint as it was before the other.
-fn split(batch: &mut Vec<Pending>) -> (Option<Vec<Pending>>, Vec<Pending>) {
-    let finished = |ops: &[WriteOp]| {
-        !ops.is_empty()
-            && ops.iter().all(|op| match op {
-                WriteOp::Record(results) => {
-                    results.iter().all(|r| matches!(r.state, DeliveryState::Delivered | DeliveryState::Dead))
-                }
-                _ => false,
-            })
-    };
-    let results: usize = batch
-        .iter()
-        .filter(|(ops, _)| finished(ops))
-        .flat_map(|(ops, _)| ops)
-        .map(|op| match op {
-            WriteOp::Record(results) => results.len(),
-            _ => 0,
-        })
-        .sum();
-    if results < SIDE_BY_SIDE_FROM || batch.iter().all(|(ops, _)| finished(ops)) {
+fn split(batch: Vec<Pending>) -> (Option<Vec<Pending>>, Vec<Pending>) {
+    let finished: Vec<Option<usize>> = batch.iter().map(|(ops, _)| finished_results(ops)).collect();
+    let results: usize = finished.iter().flatten().sum();
+    if results < SIDE_BY_SIDE_FROM || finished.iter().all(Option::is_some) {
         // In the order it came: one transaction applies its ops in order.
-        return (None, std::mem::take(batch));
+        return (None, batch);
     }
-    let (side, main) = batch.drain(..).partition(|(ops, _)| finished(ops));
+    let (mut side, mut main) = (Vec::new(), Vec::new());
+    for (pending, finished) in batch.into_iter().zip(finished) {
+        match finished {
+            Some(_) => side.push(pending),
+            None => main.push(pending),
+        }
+    }
     (Some(side), main)
+}
+
+/// How many results `ops` carry when they are results of finished deliveries alone (see
+/// [`split`]); `None` when they are anything else.
+fn finished_results(ops: &[WriteOp]) -> Option<usize> {
+    let mut n = 0;
+    for op in ops {
+        match op {
+            WriteOp::Record(results)
+                if results.iter().all(|r| matches!(r.state, DeliveryState::Delivered | DeliveryState::Dead)) =>
+            {
+                n += results.len()
+            }
+            _ => return None,
+        }
+    }
+    (n > 0).then_some(n)
 }
 
 /// Who waits for how many of a group commit's results.
@@ -340,7 +347,7 @@ mod tests {
         let mut batch = results(SIDE_BY_SIDE_FROM - 1, DeliveryState::Delivered);
         batch.insert(3, pending(vec![WriteOp::Release(vec![])]));
         let before = kinds(&batch);
-        let (side, main) = split(&mut batch);
+        let (side, main) = split(batch);
         assert!(side.is_none());
         assert_eq!(kinds(&main), before);
     }
@@ -352,7 +359,7 @@ mod tests {
         batch.extend(results(1, DeliveryState::Waiting));
         batch.push(pending(vec![WriteOp::Release(vec![]), WriteOp::Record(vec![result(0, DeliveryState::Delivered)])]));
         batch.extend(results(SIDE_BY_SIDE_FROM / 2, DeliveryState::Dead));
-        let (side, main) = split(&mut batch);
+        let (side, main) = split(batch);
         let side = side.expect("split");
         assert_eq!(side.len(), SIDE_BY_SIDE_FROM);
         assert!(kinds(&side).iter().all(|k| k == "record:delivered" || k == "record:dead"), "{:?}", kinds(&side));
@@ -362,8 +369,8 @@ mod tests {
 
     #[test]
     fn finished_results_alone_are_one_transaction() {
-        let mut batch = results(SIDE_BY_SIDE_FROM * 2, DeliveryState::Delivered);
-        let (side, main) = split(&mut batch);
+        let batch = results(SIDE_BY_SIDE_FROM * 2, DeliveryState::Delivered);
+        let (side, main) = split(batch);
         assert!(side.is_none());
         assert_eq!(main.len(), SIDE_BY_SIDE_FROM * 2);
     }
