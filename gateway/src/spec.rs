@@ -336,23 +336,33 @@ pub const MAX_OAUTH2_TEXT: usize = 1024;
 /// Most OAuth2 scopes.
 pub const MAX_OAUTH2_SCOPES: usize = 32;
 
+/// An OAuth2 client secret as written (in clear): visible ASCII or spaces, required.
+pub fn check_oauth2_secret(secret: &str) -> Result<(), SpecError> {
+    visible("oauth2.client_secret", secret, false)
+}
+
+/// An OAuth2 text field: at most `MAX_OAUTH2_TEXT` bytes of visible ASCII or spaces.
+fn visible(field: &str, v: &str, may_be_empty: bool) -> Result<(), SpecError> {
+    check_text(field, v, MAX_OAUTH2_TEXT)?;
+    if v.is_empty() && !may_be_empty {
+        return Err(SpecError::new(field, "is required"));
+    }
+    if !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(SpecError::new(field, "must be visible ASCII or spaces"));
+    }
+    Ok(())
+}
+
 /// OAuth2 client credentials: a token URL the SSRF rules allow (the same as an endpoint's
 /// URL), a client id and secret of visible ASCII (RFC 6749 §A.1, A.2), scopes as the RFC
 /// spells them (§3.3: no space, quote or backslash), an audience of visible ASCII.
 pub fn check_oauth2(auth: &crate::model::OAuth2, allow_private: bool) -> Result<(), SpecError> {
     check_url("oauth2.token_url", &auth.token_url, allow_private)?;
-    let visible = |field: &str, v: &str, may_be_empty: bool| {
-        check_text(field, v, MAX_OAUTH2_TEXT)?;
-        if v.is_empty() && !may_be_empty {
-            return Err(SpecError::new(field, "is required"));
-        }
-        if !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-            return Err(SpecError::new(field, "must be visible ASCII or spaces"));
-        }
-        Ok(())
-    };
     visible("oauth2.client_id", &auth.client_id, false)?;
-    visible("oauth2.client_secret", auth.client_secret.expose(), false)?;
+    // A sealed secret was checked in clear before it was sealed.
+    if !auth.client_secret_sealed {
+        check_oauth2_secret(auth.client_secret.expose())?;
+    }
     if auth.scopes.len() > MAX_OAUTH2_SCOPES {
         return Err(SpecError::new("oauth2.scopes", format!("at most {MAX_OAUTH2_SCOPES} scopes")));
     }

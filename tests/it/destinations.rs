@@ -912,13 +912,7 @@ async fn broker_credentials_are_sealed_and_never_printed() -> anyhow::Result<()>
     }
     replies.push(api.get("/v1/tenants/acme/endpoints", ADMIN_TOKEN).await?.text);
     drop(node);
-    let mut stored = Vec::new();
-    for entry in std::fs::read_dir(dir.path())? {
-        let path = entry?.path();
-        if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("herald.db")) {
-            stored.extend(std::fs::read(&path)?);
-        }
-    }
+    let stored = tests::stored_bytes(dir.path())?;
     let stored = String::from_utf8_lossy(&stored);
     let logged = std::fs::read_to_string(&log)?;
     assert!(!logged.is_empty(), "the node logged nothing at debug level");

@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context;
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
-use tests::{ADMIN_TOKEN, Answer, Backend, FakeReceiver, SEAL_KEY, TestGateway};
+use tests::{ADMIN_TOKEN, Answer, Api, Backend, FakeReceiver, HeraldProcess, SEAL_KEY, TestGateway, herald_binary};
 use tokio::net::TcpListener;
 
 tests::backends!(
@@ -92,8 +93,8 @@ impl TokenServer {
 
 const SECRET: &str = "s3cr3t-value";
 
-async fn setup(gw: &TestGateway, rx: &FakeReceiver, token_url: &str, extra: Value) -> anyhow::Result<String> {
-    gw.api.tenant("acme").await?;
+async fn setup(api: &Api, rx: &FakeReceiver, token_url: &str, extra: Value) -> anyhow::Result<String> {
+    api.tenant("acme").await?;
     let mut body = json!({
         "url": rx.url(), "rate_per_sec": 1000, "burst": 100, "max_in_flight": 8,
         "retry": {"base": "100ms", "jitter": "none"},
@@ -103,13 +104,13 @@ async fn setup(gw: &TestGateway, rx: &FakeReceiver, token_url: &str, extra: Valu
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
     }
-    let ep = gw.api.endpoint("acme", body).await?;
+    let ep = api.endpoint("acme", body).await?;
     Ok(ep["id"].as_str().unwrap().to_string())
 }
 
-async fn post_events(gw: &TestGateway, from: usize, n: usize) -> anyhow::Result<()> {
+async fn post_events(api: &Api, from: usize, n: usize) -> anyhow::Result<()> {
     for i in from..from + n {
-        gw.api.event("acme", json!({"id": format!("evt_{i}"), "type": "t", "payload": {"i": i}})).await?.expect(202)?;
+        api.event("acme", json!({"id": format!("evt_{i}"), "type": "t", "payload": {"i": i}})).await?.expect(202)?;
     }
     Ok(())
 }
@@ -124,16 +125,16 @@ async fn delivery_of(gw: &TestGateway, event: &str) -> anyhow::Result<Value> {
     Ok(gw.api.get(&format!("/v1/tenants/acme/deliveries/{id}"), ADMIN_TOKEN).await?.json)
 }
 
-async fn endpoint(gw: &TestGateway, id: &str) -> anyhow::Result<Value> {
-    Ok(gw.api.get(&format!("/v1/tenants/acme/endpoints/{id}"), ADMIN_TOKEN).await?.expect(200)?.json)
+async fn endpoint(api: &Api, id: &str) -> anyhow::Result<Value> {
+    Ok(api.get(&format!("/v1/tenants/acme/endpoints/{id}"), ADMIN_TOKEN).await?.expect(200)?.json)
 }
 
 async fn a_token_is_fetched_once_per_lifetime_and_never_shown(b: Backend) -> anyhow::Result<()> {
     let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     let ts = TokenServer::start(3600).await?;
-    let id = setup(&gw, &rx, &ts.url(), json!({})).await?;
-    post_events(&gw, 0, 40).await?;
+    let id = setup(&gw.api, &rx, &ts.url(), json!({})).await?;
+    post_events(&gw.api, 0, 40).await?;
     let got = rx.wait_for(40, Duration::from_secs(20)).await?;
     assert!(got.iter().all(|r| bearer(r) == "Bearer tok-1"), "{:?}", got.iter().map(bearer).collect::<Vec<_>>());
     assert_eq!(ts.fetches(), 1, "40 deliveries, 8 at a time, one token");
@@ -152,7 +153,7 @@ async fn a_token_is_fetched_once_per_lifetime_and_never_shown(b: Backend) -> any
 
     // The secret is never shown: not by the endpoint's views, nor in an attempt, whose
     // `authorization` as sent is redacted.
-    let ep = endpoint(&gw, &id).await?;
+    let ep = endpoint(&gw.api, &id).await?;
     assert_eq!(ep["oauth2"]["client_secret_set"], true, "{ep}");
     assert_eq!(ep["token"]["state"], "valid", "{ep}");
     assert_eq!(ep["token"]["fetches"], 1, "{ep}");
@@ -180,7 +181,7 @@ async fn a_token_is_fetched_once_per_lifetime_and_never_shown(b: Backend) -> any
         )
         .await?
         .expect(200)?;
-    post_events(&gw, 40, 1).await?;
+    post_events(&gw.api, 40, 1).await?;
     let got = rx.wait_for(41, Duration::from_secs(10)).await?;
     assert_eq!(bearer(&got[40]), "Bearer tok-2");
     let (auth, form) = ts.requests.lock().unwrap()[1].clone();
@@ -212,23 +213,116 @@ fn decode(s: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
+/// The `client_id:client_secret` of the n-th token request's Basic authorization.
+fn basic_pair(ts: &TokenServer, n: usize) -> anyhow::Result<String> {
+    let (auth, _) = ts.requests.lock().unwrap()[n].clone();
+    let basic = auth.context("no authorization")?.strip_prefix("Basic ").context("not Basic")?.to_string();
+    Ok(String::from_utf8(base64::engine::general_purpose::STANDARD.decode(basic)?)?)
+}
+
+/// On a node with `[secrets] key` the client secret is sealed at rest: the token request
+/// carries it, while the store (every file of the SQLite database) and the API never hold
+/// it in clear. Under another operator key it does not open: the endpoint is held saying
+/// why, and nothing is sent until the secret is written again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_secret_is_sealed_at_rest() -> anyhow::Result<()> {
+    let bin = herald_binary()?;
+    let dir = tempfile::tempdir()?;
+    let rx = FakeReceiver::start().await?;
+    let ts = TokenServer::start(3600).await?;
+    let node = HeraldProcess::start(&bin, dir.path(), &[("HERALD_SECRETS_KEY", SEAL_KEY)]).await?;
+    let id = setup(&node.api, &rx, &ts.url(), json!({})).await?;
+    post_events(&node.api, 0, 3).await?;
+    rx.wait_for(3, Duration::from_secs(20)).await?;
+    assert_eq!(basic_pair(&ts, 0)?, "herald+client:s3cr3t-value");
+    let shown = endpoint(&node.api, &id).await?;
+    assert_eq!(shown["oauth2"]["client_secret_set"], true, "{shown}");
+    assert!(!shown.to_string().contains(SECRET), "{shown}");
+    drop(node);
+    let stored = tests::stored_bytes(dir.path())?;
+    assert!(stored.windows(3).any(|w| w == b"v1:"), "no sealed value stored");
+    assert!(!stored.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "the secret is stored in clear");
+
+    // Another operator key: held with the reason, no token fetched, nothing sent.
+    let other_key = [("HERALD_SECRETS_KEY", "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=")];
+    let node = HeraldProcess::start(&bin, dir.path(), &other_key).await?;
+    post_events(&node.api, 3, 1).await?;
+    let path = format!("/v1/tenants/acme/endpoints/{id}");
+    let held = node.api.wait_for(&path, Duration::from_secs(20), |v| v["state"] == "paused").await?;
+    let reason = held["state_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("oauth2: the client secret sealed under key") && reason.ends_with("write it again"),
+        "{reason}"
+    );
+    assert_eq!((rx.count(), ts.fetches()), (3, 1), "nothing sent under a key that does not open the secret");
+    let shown = endpoint(&node.api, &id).await?;
+    assert_eq!(shown["token"]["state"], "failing", "{shown}");
+
+    // Written again under this key, and enabled: the held delivery goes.
+    let patch = json!({"oauth2": {"client_secret": SECRET}});
+    node.api.call("PATCH", &path, ADMIN_TOKEN, Some(patch)).await?.expect(200)?;
+    node.api.post(&format!("{path}/enable"), ADMIN_TOKEN, json!({})).await?.expect(200)?;
+    rx.wait_for(4, Duration::from_secs(20)).await?;
+    assert_eq!(basic_pair(&ts, 1)?, "herald+client:s3cr3t-value");
+    Ok(())
+}
+
+/// A client secret stored in clear (before secrets were sealed, or by a node without
+/// `[secrets] key`) is sealed at the endpoint's next write on a node with a key: the row then
+/// holds no clear secret, and the token request still carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_secret_stored_in_clear_is_sealed_at_the_next_write() -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(Backend::Postgres, &[("HERALD_SECRETS_KEY", SEAL_KEY)]).await?;
+    let rx = FakeReceiver::start().await?;
+    let ts = TokenServer::start(3600).await?;
+    let id = setup(&gw.api, &rx, &ts.url(), json!({})).await?;
+    let url = gw.schema().context("a Postgres node")?.url.clone();
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&url).await?;
+    let row = || sqlx::query_scalar::<_, String>("SELECT spec FROM endpoints WHERE id = $1").bind(&id).fetch_one(&pool);
+    let sealed: Value = serde_json::from_str(&row().await?)?;
+    assert_eq!(sealed["oauth2"]["client_secret_sealed"], true, "{sealed}");
+    assert!(sealed["oauth2"]["client_secret"].as_str().unwrap_or_default().starts_with("v1:"), "{sealed}");
+
+    // The row as a node without a key writes it.
+    let mut legacy = sealed.clone();
+    legacy["oauth2"]["client_secret"] = json!(SECRET);
+    legacy["oauth2"].as_object_mut().context("oauth2")?.remove("client_secret_sealed");
+    sqlx::query("UPDATE endpoints SET spec = $1 WHERE id = $2")
+        .bind(legacy.to_string())
+        .bind(&id)
+        .execute(&pool)
+        .await?;
+
+    let path = format!("/v1/tenants/acme/endpoints/{id}");
+    gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"rate_per_sec": 900}))).await?.expect(200)?;
+    let resealed = row().await?;
+    assert!(!resealed.contains(SECRET), "{resealed}");
+    let resealed: Value = serde_json::from_str(&resealed)?;
+    assert_eq!(resealed["oauth2"]["client_secret_sealed"], true, "{resealed}");
+    assert_eq!(resealed["rate_per_sec"].as_f64(), Some(900.0), "{resealed}");
+    post_events(&gw.api, 0, 2).await?;
+    rx.wait_for(2, Duration::from_secs(20)).await?;
+    assert_eq!(basic_pair(&ts, 0)?, "herald+client:s3cr3t-value");
+    Ok(())
+}
+
 async fn an_expired_token_is_refreshed_once(b: Backend) -> anyhow::Result<()> {
     let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     // One second: refreshed 100 ms early.
     let ts = TokenServer::start(1).await?;
-    let id = setup(&gw, &rx, &ts.url(), json!({})).await?;
-    post_events(&gw, 0, 8).await?;
+    let id = setup(&gw.api, &rx, &ts.url(), json!({})).await?;
+    post_events(&gw.api, 0, 8).await?;
     rx.wait_for(8, Duration::from_secs(10)).await?;
     assert_eq!(ts.fetches(), 1);
     ts.expires_in.store(3600, Ordering::SeqCst);
     tests::eventually("the token going stale", Duration::from_secs(5), || async {
-        let ep = endpoint(&gw, &id).await?;
+        let ep = endpoint(&gw.api, &id).await?;
         Ok(if ep["token"]["state"] == "none" { Ok(()) } else { Err(ep["token"].to_string()) })
     })
     .await?;
     // Eight deliveries at once after the expiry: one of them fetches, the rest wait for it.
-    post_events(&gw, 8, 8).await?;
+    post_events(&gw.api, 8, 8).await?;
     let got = rx.wait_for(16, Duration::from_secs(10)).await?;
     assert!(got[8..].iter().all(|r| bearer(r) == "Bearer tok-2"), "{:?}", got.iter().map(bearer).collect::<Vec<_>>());
     assert_eq!(ts.fetches(), 2, "one refresh after the expiry");
@@ -239,10 +333,10 @@ async fn a_401_refreshes_the_token_once_then_holds_the_endpoint(b: Backend) -> a
     let gw = TestGateway::start_on(b, &[]).await?;
     let rx = FakeReceiver::start().await?;
     let ts = TokenServer::start(3600).await?;
-    let id = setup(&gw, &rx, &ts.url(), json!({"max_in_flight": 1})).await?;
+    let id = setup(&gw.api, &rx, &ts.url(), json!({"max_in_flight": 1})).await?;
     // The receiver refuses the first token once: one refresh, and the same attempt delivers.
     rx.script([Answer::status(401)]);
-    post_events(&gw, 0, 1).await?;
+    post_events(&gw.api, 0, 1).await?;
     let got = rx.wait_for(2, Duration::from_secs(10)).await?;
     assert_eq!([bearer(&got[0]), bearer(&got[1])], ["Bearer tok-1", "Bearer tok-2"]);
     let d = tests::eventually("evt_0 delivered", Duration::from_secs(5), || async {
@@ -255,13 +349,13 @@ async fn a_401_refreshes_the_token_once_then_holds_the_endpoint(b: Backend) -> a
 
     // A receiver that refuses every token: one refresh, then the 401 rule (held for a human).
     rx.set_default(Answer::status(401));
-    post_events(&gw, 1, 1).await?;
+    post_events(&gw.api, 1, 1).await?;
     tests::eventually("the endpoint held", Duration::from_secs(10), || async {
-        let ep = endpoint(&gw, &id).await?;
+        let ep = endpoint(&gw.api, &id).await?;
         Ok(if ep["state"] == "paused" { Ok(()) } else { Err(ep.to_string()) })
     })
     .await?;
-    let ep = endpoint(&gw, &id).await?;
+    let ep = endpoint(&gw.api, &id).await?;
     assert_eq!(ep["state_reason"], "credentials: HTTP 401", "{ep}");
     assert_eq!(ep["paused_until"], Value::Null, "held until re-enabled: {ep}");
     let got = rx.received();
@@ -278,8 +372,8 @@ async fn a_token_server_that_is_down_is_auth_token_and_pauses_the_endpoint(b: Ba
     let down = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/token", down.local_addr()?);
     drop(down);
-    let id = setup(&gw, &rx, &url, json!({})).await?;
-    post_events(&gw, 0, 3).await?;
+    let id = setup(&gw.api, &rx, &url, json!({})).await?;
+    post_events(&gw.api, 0, 3).await?;
     let d = tests::eventually("evt_0 held", Duration::from_secs(10), || async {
         let d = delivery_of(&gw, "evt_0").await?;
         Ok(if d["state"] == "paused" { Ok(d) } else { Err(d.to_string()) })
@@ -287,7 +381,7 @@ async fn a_token_server_that_is_down_is_auth_token_and_pauses_the_endpoint(b: Ba
     .await?;
     let error = d["attempt_history"][0]["error"].as_str().unwrap_or_default().to_string();
     assert!(error.starts_with("auth:token: connection_refused"), "{d}");
-    let ep = endpoint(&gw, &id).await?;
+    let ep = endpoint(&gw.api, &id).await?;
     assert_eq!(ep["state"], "paused", "{ep}");
     assert!(ep["state_reason"].as_str().unwrap().starts_with("auth:token: "), "{ep}");
     assert_eq!(ep["token"]["state"], "failing", "{ep}");
@@ -302,7 +396,7 @@ async fn a_token_server_that_is_down_is_auth_token_and_pauses_the_endpoint(b: Ba
     gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"oauth2": {"token_url": ts.url()}}))).await?.expect(200)?;
     gw.api.post(&format!("{path}/enable"), ADMIN_TOKEN, json!({})).await?.expect(200)?;
     let ep = tests::eventually("held again", Duration::from_secs(10), || async {
-        let ep = endpoint(&gw, &id).await?;
+        let ep = endpoint(&gw.api, &id).await?;
         Ok(if ep["state"] == "paused" { Ok(ep) } else { Err(ep.to_string()) })
     })
     .await?;
@@ -452,7 +546,7 @@ impl ConnectProxy {
 }
 
 async fn proxied_events(gw: &TestGateway, rx: &FakeReceiver, from: usize, n: usize) -> anyhow::Result<()> {
-    post_events(gw, from, n).await?;
+    post_events(&gw.api, from, n).await?;
     rx.wait_for(from + n, Duration::from_secs(10)).await?;
     Ok(())
 }
@@ -493,7 +587,7 @@ async fn deliveries_go_through_the_egress_proxy() -> anyhow::Result<()> {
     assert_eq!(own.requests.load(Ordering::SeqCst), 3);
     let wrong = proxy.url("herald:wrong@");
     gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"proxy": wrong}))).await?.expect(200)?;
-    post_events(&gw, 28, 1).await?;
+    post_events(&gw.api, 28, 1).await?;
     let d = tests::eventually("a refused tunnel recorded", Duration::from_secs(10), || async {
         let d = delivery_of(&gw, "evt_28").await?;
         Ok(if d["attempts"].as_u64() >= Some(1) { Ok(d) } else { Err(d.to_string()) })
@@ -644,13 +738,13 @@ async fn a_client_certificate_delivers_and_a_wrong_one_pauses(b: Backend) -> any
         .await?;
     let id = ep["id"].as_str().unwrap().to_string();
     assert_eq!(ep["tls"]["client_key_set"], true, "{ep}");
-    post_events(&gw, 0, 3).await?;
+    post_events(&gw.api, 0, 3).await?;
     tests::eventually("3 delivered over mTLS", Duration::from_secs(10), || async {
         let n = served.load(Ordering::SeqCst);
         Ok(if n == 3 { Ok(()) } else { Err(n.to_string()) })
     })
     .await?;
-    let shown = endpoint(&gw, &id).await?.to_string();
+    let shown = endpoint(&gw.api, &id).await?.to_string();
     assert!(!shown.contains("PRIVATE KEY"), "{shown}");
     if b == Backend::Sqlite {
         for entry in std::fs::read_dir(gw.dir.path())? {
@@ -667,9 +761,9 @@ async fn a_client_certificate_delivers_and_a_wrong_one_pauses(b: Backend) -> any
     let path = format!("/v1/tenants/acme/endpoints/{id}");
     let body = json!({"tls": {"client_cert": cert, "client_key": key}});
     gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(body)).await?.expect(200)?;
-    post_events(&gw, 3, 1).await?;
+    post_events(&gw.api, 3, 1).await?;
     let ep = tests::eventually("held for TLS", Duration::from_secs(10), || async {
-        let ep = endpoint(&gw, &id).await?;
+        let ep = endpoint(&gw.api, &id).await?;
         Ok(if ep["state"] == "paused" { Ok(ep) } else { Err(ep.to_string()) })
     })
     .await?;

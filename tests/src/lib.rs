@@ -282,6 +282,19 @@ impl Drop for TestGateway {
     }
 }
 
+/// Every byte a node in `dir` stored in its SQLite database (`herald.db` and its `-wal`
+/// and `-shm` files), for a test that a secret is never stored in clear.
+pub fn stored_bytes(dir: &Path) -> anyhow::Result<Vec<u8>> {
+    let mut stored = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("herald.db")) {
+            stored.extend(std::fs::read(&path)?);
+        }
+    }
+    Ok(stored)
+}
+
 /// The settings every test node gets: a SQLite file in `dir`, a random port, the admin
 /// token, and private destinations allowed (receivers live on 127.0.0.1). Nodes start with
 /// a cleared environment; `HERALD_SERVER_WORKER_THREADS` is passed through when the caller

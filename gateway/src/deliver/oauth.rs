@@ -241,6 +241,7 @@ mod tests {
             token_url: "https://auth.example/token".into(),
             client_id: "c".into(),
             client_secret: WriteOnly::new(secret),
+            client_secret_sealed: false,
             scopes: vec!["a".into()],
             audience: None,
             client_auth: ClientAuth::ClientSecretBasic,

@@ -1,7 +1,7 @@
 //! How an endpoint's requests leave the node beyond the URL: an OAuth2 client-credentials
 //! grant (`oauth2`), TLS client certificates and a private CA (`tls`), and the egress proxy
 //! override (`proxy`). Stored in the endpoint's spec document. What is write-only (the
-//! client secret, the sealed client key) is a [`WriteOnly`], whose `Debug` prints nothing.
+//! client secret, the client key; both sealed) is a [`WriteOnly`], whose `Debug` prints nothing.
 
 use std::fmt;
 
@@ -46,7 +46,12 @@ pub enum ClientAuth {
 pub struct OAuth2 {
     pub token_url: String,
     pub client_id: String,
+    /// Sealed under the operator's `[secrets] key` when `client_secret_sealed`; one written
+    /// on a node without a key (or before secrets were sealed) is as written, and is sealed
+    /// at the endpoint's next write on a node with one.
     pub client_secret: WriteOnly,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_secret_sealed: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

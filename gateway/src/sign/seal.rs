@@ -12,6 +12,8 @@ use rand::{CryptoRng, Rng};
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use sha2::{Digest, Sha256};
 
+use crate::model::{OAuth2, WriteOnly};
+
 /// One operator key.
 struct Key {
     id: String,
@@ -100,6 +102,18 @@ impl Sealer {
     }
 }
 
+/// `auth` with its client secret opened when it is stored sealed; one stored as written (on
+/// a node without a key, or before secrets were sealed) as it is. `Err` says why it does not
+/// open: this node has no key, or not the one it was sealed under.
+pub fn open_oauth2(auth: &OAuth2, sealer: Option<&Sealer>) -> Result<OAuth2, String> {
+    if !auth.client_secret_sealed {
+        return Ok(auth.clone());
+    }
+    let sealer = sealer.ok_or("the client secret: no [secrets] key on this node")?;
+    let plain = sealer.open(auth.client_secret.expose()).map_err(|e| format!("the client secret {e}"))?;
+    Ok(OAuth2 { client_secret: WriteOnly::new(plain), client_secret_sealed: false, ..auth.clone() })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +140,31 @@ mod tests {
         assert_eq!(Sealer::new("c2hvcnQ=", &[]).unwrap_err().0, 0);
         assert_eq!(Sealer::new(K1, &["nope".into()]).unwrap_err().0, 1);
         assert!(!format!("{rotated:?}").contains(K1));
+    }
+
+    #[test]
+    fn an_oauth2_secret_opens_when_sealed_and_is_used_as_stored_otherwise() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let sealer = Sealer::new(K1, &[]).unwrap();
+        let auth = |secret: String, sealed: bool| OAuth2 {
+            token_url: "https://auth.example/token".into(),
+            client_id: "c".into(),
+            client_secret: WriteOnly::new(secret),
+            client_secret_sealed: sealed,
+            scopes: Vec::new(),
+            audience: None,
+            client_auth: Default::default(),
+        };
+        let sealed = auth(sealer.seal("s3cr3t", &mut rng), true);
+        let opened = open_oauth2(&sealed, Some(&sealer)).unwrap();
+        assert_eq!((opened.client_secret.expose(), opened.client_secret_sealed), ("s3cr3t", false));
+        // Stored as written: used as it is, with or without a key.
+        let plain = auth("as-written".into(), false);
+        assert_eq!(open_oauth2(&plain, Some(&sealer)).unwrap(), plain);
+        assert_eq!(open_oauth2(&plain, None).unwrap(), plain);
+        // Sealed, on a node without the key it was sealed under, or without any.
+        let other = Sealer::new(K2, &[]).unwrap();
+        assert!(open_oauth2(&sealed, Some(&other)).unwrap_err().starts_with("the client secret sealed under key"));
+        assert_eq!(open_oauth2(&sealed, None).unwrap_err(), "the client secret: no [secrets] key on this node");
     }
 }

@@ -413,12 +413,16 @@ async fn send(
         Ok(route) => route,
         Err(e) => return held(format!("tls: {e}")),
     };
-    let Some(auth) = &spec.oauth2 else {
-        // Headers encoded once; the body copied only when a transform changed it.
-        let sent = SentRequest::new(&headers, &body, is_envelope);
-        let outcome = inner.deliverer.send(outgoing(inner, spec, &route, headers, Bytes::from(body))).await;
-        inner.metrics.attempts.inc();
-        return Exchange::Answered(outcome, sent);
+    let auth = match &target.oauth2 {
+        Some(Ok(auth)) => auth,
+        Some(Err(e)) => return held(format!("oauth2: {e}; write it again")),
+        None => {
+            // Headers encoded once; the body copied only when a transform changed it.
+            let sent = SentRequest::new(&headers, &body, is_envelope);
+            let outcome = inner.deliverer.send(outgoing(inner, spec, &route, headers, Bytes::from(body))).await;
+            inner.metrics.attempts.inc();
+            return Exchange::Answered(outcome, sent);
+        }
     };
     // OAuth2: the node's token for these credentials; a 401 refreshes it once and sends
     // again, and what that second request gets is judged (a second 401: the 401 rule).

@@ -19,7 +19,7 @@ use crate::model::{Destination, Endpoint, EndpointId, EndpointSpec, EndpointStat
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::sign::Secret;
-use crate::sign::seal::Sealer;
+use crate::sign::seal::{Sealer, open_oauth2};
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 mod handoff;
@@ -546,7 +546,8 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
     }
 }
 
-/// The endpoint's effective retry policy and signing secrets at `now`.
+/// The endpoint's effective retry policy and signing secrets at `now`, and its sealed
+/// credentials opened (once per claim rather than per attempt).
 fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now: Millis) -> Target {
     let policy = RetryOverride::from_doc(&endpoint.spec.retry)
         .ok()
@@ -555,7 +556,8 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
     let sealer = inner.config.secrets.as_deref();
     let destination = endpoint.spec.destination.as_ref().map(|d| opened(d, sealer).map(Arc::new));
-    Target { endpoint, policy, secrets, destination, counters }
+    let oauth2 = endpoint.spec.oauth2.as_ref().map(|a| open_oauth2(a, sealer).map(Arc::new));
+    Target { endpoint, policy, secrets, destination, oauth2, counters }
 }
 
 /// A broker destination with its sealed password and token opened, once per claim rather

@@ -135,6 +135,9 @@ pub(in crate::worker) struct Target {
     /// A broker endpoint's destination with its credentials opened, shared by its messages
     /// (the broker pool's key); `Err`: a sealed credential does not open.
     pub(in crate::worker) destination: Option<Result<std::sync::Arc<crate::model::Destination>, String>>,
+    /// An HTTP endpoint's OAuth2 credentials with the client secret opened; `Err`: a sealed
+    /// secret does not open.
+    pub(in crate::worker) oauth2: Option<Result<std::sync::Arc<crate::model::OAuth2>, String>>,
     /// The tenant's outcome counters, looked up once per partition rather than per result.
     pub(in crate::worker) counters: TenantCounters,
 }

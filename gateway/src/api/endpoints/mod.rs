@@ -287,6 +287,7 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
         allow_private_destinations: state.config.delivery.allow_private_destinations,
     };
     spec.validate(&rules)?;
+    seal_secrets(state, spec);
     Ok(())
 }
 
@@ -366,17 +367,34 @@ fn tls(state: &AppState, stored: Option<EndpointTls>, input: TlsIn) -> Result<Op
 }
 
 /// OAuth2 settings patched onto the stored ones (if any); a new configuration needs every
-/// required field.
+/// required field. A new client secret is checked here, in clear: it is sealed with the
+/// rest of the spec (see [`seal_secrets`]).
 fn oauth2(stored: Option<OAuth2>, input: OAuth2In) -> Result<OAuth2, ApiError> {
     let required = |field: &str| ApiError::unprocessable(format!("oauth2.{field}: required"));
     let (url, id, secret, scopes, audience, client_auth) = match stored {
-        Some(o) => (Some(o.token_url), Some(o.client_id), Some(o.client_secret), o.scopes, o.audience, o.client_auth),
+        Some(o) => (
+            Some(o.token_url),
+            Some(o.client_id),
+            Some((o.client_secret, o.client_secret_sealed)),
+            o.scopes,
+            o.audience,
+            o.client_auth,
+        ),
         None => (None, None, None, Vec::new(), None, ClientAuth::default()),
+    };
+    let (client_secret, client_secret_sealed) = match (input.client_secret, secret) {
+        (Some(new), _) => {
+            crate::spec::check_oauth2_secret(&new)?;
+            (WriteOnly::new(new), false)
+        }
+        (None, Some(stored)) => stored,
+        (None, None) => return Err(required("client_secret")),
     };
     Ok(OAuth2 {
         token_url: input.token_url.or(url).ok_or_else(|| required("token_url"))?,
         client_id: input.client_id.or(id).ok_or_else(|| required("client_id"))?,
-        client_secret: input.client_secret.map(WriteOnly::new).or(secret).ok_or_else(|| required("client_secret"))?,
+        client_secret,
+        client_secret_sealed,
         scopes: input.scopes.unwrap_or(scopes),
         audience: match input.audience {
             Some(a) if a.is_empty() => None,
@@ -385,6 +403,17 @@ fn oauth2(stored: Option<OAuth2>, input: OAuth2In) -> Result<OAuth2, ApiError> {
         },
         client_auth: input.client_auth.unwrap_or(client_auth),
     })
+}
+
+/// Seals the OAuth2 client secret under `[secrets] key` when the node has one: a new one,
+/// and one stored in clear (before secrets were sealed, or by a node without a key) at
+/// the endpoint's next write, whatever it changes. Without a key it stays as written.
+fn seal_secrets(state: &AppState, spec: &mut EndpointSpec) {
+    let (Some(auth), Some(sealer)) = (spec.oauth2.as_mut(), state.config.secrets.as_ref()) else { return };
+    if !auth.client_secret_sealed {
+        auth.client_secret = WriteOnly::new(sealer.seal(auth.client_secret.expose(), &mut rand::rng()));
+        auth.client_secret_sealed = true;
+    }
 }
 
 /// Loads the pinned versions (`name@n`) that `input` binds, off the async runtime, so
@@ -483,7 +512,14 @@ pub(crate) struct EndpointDetail {
 fn token_view(state: &AppState, e: &Endpoint) -> Option<OAuth2TokenOut> {
     let auth = e.spec.oauth2.as_ref()?;
     let deliverer = state.deliverer.as_ref()?;
-    let Some(t) = deliverer.token_state(auth) else {
+    // The tokens are cached by the credentials in clear, as the worker uses them.
+    let auth = match crate::sign::seal::open_oauth2(auth, state.config.secrets.as_deref()) {
+        Ok(auth) => auth,
+        Err(e) => {
+            return Some(OAuth2TokenOut { state: "failing".into(), refresh_at: None, fetches: 0, last_error: Some(e) });
+        }
+    };
+    let Some(t) = deliverer.token_state(&auth) else {
         return Some(OAuth2TokenOut { state: "fetching".into(), refresh_at: None, fetches: 0, last_error: None });
     };
     let now = state.clock.now();
