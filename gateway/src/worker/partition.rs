@@ -556,7 +556,7 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
     let sealer = inner.config.secrets.as_deref();
     let destination = endpoint.spec.destination.as_ref().map(|d| opened(d, sealer).map(Arc::new));
-    let oauth2 = endpoint.spec.oauth2.as_ref().map(|a| open_oauth2(a, sealer).map(Arc::new));
+    let oauth2 = endpoint.spec.oauth2.as_ref().map(|a| open_oauth2(a, sealer));
     Target { endpoint, policy, secrets, destination, oauth2, counters }
 }
 

@@ -137,7 +137,7 @@ pub(in crate::worker) struct Target {
     pub(in crate::worker) destination: Option<Result<std::sync::Arc<crate::model::Destination>, String>>,
     /// An HTTP endpoint's OAuth2 credentials with the client secret opened; `Err`: a sealed
     /// secret does not open.
-    pub(in crate::worker) oauth2: Option<Result<std::sync::Arc<crate::model::OAuth2>, String>>,
+    pub(in crate::worker) oauth2: Option<Result<crate::model::OAuth2, String>>,
     /// The tenant's outcome counters, looked up once per partition rather than per result.
     pub(in crate::worker) counters: TenantCounters,
 }
