@@ -28,6 +28,8 @@ struct Seen {
     acked: Vec<(String, Instant)>,
     /// `503 storage_unavailable` answers.
     refused: usize,
+    /// How long each `503` took, while the database was down for long.
+    refused_in_outage: Vec<Duration>,
     /// Any other answer, or a failed request: never expected.
     other: Vec<String>,
     /// `/healthz` answers that were not `200`.
@@ -74,23 +76,30 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
     let down = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let producer = tokio::spawn({
-        let (apis, seen, stop) = (apis.clone(), seen.clone(), stop.clone());
+        let (apis, seen, stop, down) = (apis.clone(), seen.clone(), stop.clone(), down.clone());
         async move {
-            // Requests overlap: while the database is down each waits for its 503.
+            // Requests overlap: a 503 may wait (the one finding out whether the database is
+            // back waits out the connection pool's timeout).
             let slots = Arc::new(tokio::sync::Semaphore::new(64));
             let mut tick = tokio::time::interval(Duration::from_millis(20));
             let mut i = 0;
             while !stop.load(Ordering::Acquire) {
                 tick.tick().await;
                 let slot = slots.clone().acquire_owned().await.expect("open");
-                let (api, seen) = (apis[i % NODES].clone(), seen.clone());
+                let (api, seen, down) = (apis[i % NODES].clone(), seen.clone(), down.clone());
                 tokio::spawn(async move {
                     let id = format!("evt_{i:05}");
+                    let sent = Instant::now();
                     let r = api.event("acme", json!({"id": id, "type": "t", "payload": {"i": i}})).await;
                     let mut s = seen.lock().unwrap();
                     match r {
                         Ok(r) if r.status == 202 => s.acked.push((id, Instant::now())),
-                        Ok(r) if r.status == 503 && r.json["error"]["code"] == "storage_unavailable" => s.refused += 1,
+                        Ok(r) if r.status == 503 && r.json["error"]["code"] == "storage_unavailable" => {
+                            s.refused += 1;
+                            if down.load(Ordering::Acquire) {
+                                s.refused_in_outage.push(sent.elapsed());
+                            }
+                        }
                         Ok(r) => s.other.push(format!("{id}: {} {}", r.status, r.text)),
                         Err(e) => s.other.push(format!("{id}: {e:#}")),
                     }
@@ -190,15 +199,21 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
         *per.entry((r.path.as_str(), r.header("webhook-id").unwrap_or_default())).or_default() += 1;
     }
     let duplicates: usize = per.values().map(|n| n - 1).sum();
-    let mut reconnects = 0;
+    let (mut reconnects, mut untried) = (0, 0);
     for api in &apis {
         reconnects += metric(api, "herald_store_recoveries_total").await?;
+        untried += metric(api, "herald_store_refused_untried_total").await?;
     }
+    let mut waits = s.refused_in_outage.clone();
+    waits.sort_unstable();
+    let median_wait = waits.get(waits.len() / 2).copied().unwrap_or_default();
     eprintln!(
         "database restarts: {} acknowledged, {} refused (503), lost 0, {duplicates} duplicates, resumed {resumed_quick:?} \
-         after the quick restart and {resumed_long:?} after {LONG_OUTAGE:?} down, all settled {settled:?} after it; {reconnects} store recoveries",
+         after the quick restart and {resumed_long:?} after {LONG_OUTAGE:?} down, all settled {settled:?} after it; {reconnects} store recoveries; \
+         {} refused in the long outage, median wait {median_wait:?}, {untried} refused untried",
         want.len(),
-        s.refused
+        s.refused,
+        waits.len()
     );
     assert!(s.other.is_empty(), "intake answered neither 202 nor 503 storage_unavailable: {:?}", s.other);
     assert!(s.unhealthy.is_empty(), "/healthz failed: {:?}", s.unhealthy);
@@ -212,6 +227,14 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
     // after the database's return).
     assert!(settled <= Duration::from_secs(15), "everything settled {settled:?} after the database returned");
     assert!(reconnects > 0, "the metrics show the store's recoveries");
+    // While the database is down, intake answers at once: only the one request finding out
+    // whether it is back waits out the connection pool's timeout (10 s), not every one.
+    assert!(waits.len() >= 100, "{} refused during {LONG_OUTAGE:?} down", waits.len());
+    assert!(
+        median_wait < Duration::from_secs(1),
+        "a refusal took {median_wait:?} (median) while the database was down"
+    );
+    assert!(untried > 0, "the metrics show the refusals answered at once");
     pool.close().await;
     drop(nodes);
     drop(pg);

@@ -278,6 +278,12 @@ impl From<StoreError> for ApiError {
                     "storage is unavailable; nothing was accepted",
                 )
             }
+            // Logged once by the committer when the store became unreachable, not per request.
+            StoreError::Unreachable => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::StorageUnavailable,
+                "storage is unreachable; nothing was accepted",
+            ),
         }
     }
 }

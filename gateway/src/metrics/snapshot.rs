@@ -122,6 +122,11 @@ impl Collector for StoreHealth {
         for (name, help, value) in [
             ("herald_store_write_failures", "Writes the store failed (database down or refusing)", self.0.failures()),
             ("herald_store_recoveries", "Times the store took writes again after failing", self.0.recoveries()),
+            (
+                "herald_store_refused_untried",
+                "Intake requests answered 503 at once while the store could not be reached",
+                self.0.refused_untried(),
+            ),
         ] {
             let m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
             ConstCounter::new(value).encode(m)?;

@@ -19,12 +19,18 @@ pub struct Committer {
 }
 
 /// How the writes through the committer fared: failures, and recoveries (a write that
-/// committed after some failed: the database came back). Read by `/metrics`.
+/// committed after some failed: the database came back). Read by `/metrics`. Also gates
+/// intake while the store cannot be reached ([`CommitHealth::admit`]).
 #[derive(Debug, Default)]
 pub struct CommitHealth {
     failures: AtomicU64,
     recoveries: AtomicU64,
+    refused_untried: AtomicU64,
     failing: AtomicBool,
+    /// The last write failed because the store could not be reached.
+    unreachable: AtomicBool,
+    /// A write admitted while unreachable is on its way: the others are refused.
+    probing: AtomicBool,
 }
 
 impl CommitHealth {
@@ -38,15 +44,55 @@ impl CommitHealth {
         self.recoveries.load(Ordering::Relaxed)
     }
 
-    fn note(&self, committed: bool) {
-        if committed {
-            if self.failing.swap(false, Ordering::AcqRel) {
-                self.recoveries.fetch_add(1, Ordering::Relaxed);
-                tracing::info!("the store takes writes again");
+    /// Intake requests refused without trying while the store could not be reached.
+    pub fn refused_untried(&self) -> u64 {
+        self.refused_untried.load(Ordering::Relaxed)
+    }
+
+    fn note(&self, answer: Result<(), &StoreError>) {
+        match answer {
+            Ok(()) => {
+                self.unreachable.store(false, Ordering::Release);
+                if self.failing.swap(false, Ordering::AcqRel) {
+                    self.recoveries.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!("the store takes writes again");
+                }
             }
-        } else {
-            self.failures.fetch_add(1, Ordering::Relaxed);
-            self.failing.store(true, Ordering::Release);
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                self.failing.store(true, Ordering::Release);
+                if e.is_unavailable() && !self.unreachable.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(error = %e, "the store cannot be reached: intake answers 503 at once, one request at a time finding out whether it is back");
+                }
+            }
+        }
+    }
+
+    /// Whether a write that may be refused (intake) goes ahead. While the store is reachable,
+    /// always. While the last write could not reach it, one at a time: each would wait out
+    /// the connection pool's timeout (10 s) behind the others, and a producer is better
+    /// served by a `503` at once. The one admitted finds out whether the store is back; its
+    /// success opens the gate for all (as any other write's does, such as the engine's).
+    fn admit(&self) -> Option<Admitted<'_>> {
+        if !self.unreachable.load(Ordering::Acquire) {
+            return Some(Admitted(None));
+        }
+        if self.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return Some(Admitted(Some(&self.probing)));
+        }
+        self.refused_untried.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+/// A write let through [`CommitHealth::admit`]; while the store is unreachable, the one
+/// finding out (the next may go once it is answered).
+struct Admitted<'a>(Option<&'a AtomicBool>);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some(probing) = self.0 {
+            probing.store(false, Ordering::Release);
         }
     }
 }
@@ -103,7 +149,7 @@ impl Committer {
             Queue::Direct(sink) => sink.send((ops, reply)).map_err(|_| stopped())?,
         }
         let answer = rx.await.map_err(|_| stopped())?;
-        self.health.note(answer.is_ok());
+        self.health.note(answer.as_ref().map(drop));
         answer
     }
 
@@ -123,7 +169,10 @@ impl Committer {
         Ok(Recorded { settled, dead_lettered })
     }
 
+    /// Stores events; refused at once (`StoreError::Unreachable`) while the store cannot be
+    /// reached and another intake is finding out whether it is back.
     pub async fn ingest(&self, events: Vec<NewEvent>) -> Result<Vec<IngestOutcome>> {
+        let Some(_admitted) = self.health.admit() else { return Err(StoreError::Unreachable) };
         match self.submit(WriteOp::Ingest(events)).await? {
             WriteResult::Ingest(v) => Ok(v),
             other => Err(unexpected(other)),
@@ -373,5 +422,31 @@ mod tests {
         let (side, main) = split(batch);
         assert!(side.is_none());
         assert_eq!(main.len(), SIDE_BY_SIDE_FROM * 2);
+    }
+
+    #[test]
+    fn while_the_store_is_unreachable_one_intake_at_a_time_goes_ahead() {
+        let health = CommitHealth::default();
+        // Reachable: every one goes, at once.
+        let (a, b) = (health.admit(), health.admit());
+        assert!(a.is_some() && b.is_some());
+        drop((a, b));
+        // A failure that is not about reaching the store gates nothing.
+        health.note(Err(&StoreError::backend("a statement failed")));
+        assert!(health.admit().is_some() && health.admit().is_some());
+        // Unreachable: one finds out, the others are refused until it is answered.
+        health.note(Err(&StoreError::Unreachable));
+        let probe = health.admit();
+        assert!(probe.is_some());
+        assert!(health.admit().is_none() && health.admit().is_none());
+        assert_eq!(health.refused_untried(), 2);
+        drop(probe);
+        let probe = health.admit();
+        assert!(probe.is_some(), "the next one goes once the first is answered");
+        // A write that commits (this one, or any other) opens the gate for all.
+        health.note(Ok(()));
+        drop(probe);
+        assert!(health.admit().is_some() && health.admit().is_some());
+        assert_eq!(health.recoveries(), 1);
     }
 }

@@ -35,6 +35,10 @@ pub enum StoreError {
     NotFound(String),
     #[error("storage unavailable: {0}")]
     Backend(BackendError),
+    /// Refused without trying: the last write could not reach the store, and another one
+    /// is finding out whether it is back (see `CommitHealth::admit`).
+    #[error("storage unreachable: the last write could not reach it; nothing was tried")]
+    Unreachable,
 }
 
 impl StoreError {
@@ -47,7 +51,11 @@ impl StoreError {
     /// network failed, the pool found no live connection in time): the same write may
     /// succeed once it is back. Not a statement the database refused.
     pub fn is_unavailable(&self) -> bool {
-        let StoreError::Backend(b) = self else { return false };
+        let b = match self {
+            StoreError::Backend(b) => b,
+            StoreError::Unreachable => return true,
+            _ => return false,
+        };
         let Some(e) = b.source.as_deref().and_then(|e| e.downcast_ref::<sqlx::Error>()) else { return false };
         match e {
             sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
