@@ -156,9 +156,11 @@ impl Known {
         self.stored
     }
 
-    /// Is the endpoint as last read out of date (a change taken, not read since)?
+    /// Is the endpoint as last read out of date: a change taken and not read since, or
+    /// announced and not yet taken (the partition's loop takes it at its next turn; until
+    /// then nothing is sent or leased on the old settings: a secret rotated, a URL changed).
     pub(in crate::worker) fn stale(&self) -> bool {
-        self.stale
+        self.stale || self.changed
     }
 
     /// The endpoint was read again: true when it had been stale.
@@ -198,7 +200,7 @@ impl Known {
         halted: bool,
         claim: impl FnOnce(u32) -> (u32, Millis),
     ) -> Option<Open> {
-        if self.stale || halted {
+        if self.stale() || halted {
             return None;
         }
         let waiting = queued + self.inbox.len() as u32;

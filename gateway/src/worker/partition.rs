@@ -372,12 +372,12 @@ impl Partition {
     /// Reads the endpoint, (re)configures the pacer and claims a batch of due deliveries.
     async fn refill(&mut self) -> Refill {
         let (inner, id) = (&self.inner, &self.id);
-        let read = match self.cached_endpoint() {
-            Some(e) => Ok(Some(e)),
+        let (read, fresh) = match self.cached_endpoint() {
+            Some(e) => (Ok(Some(e)), false),
             None => {
                 let read = inner.store.endpoint(id).await;
                 self.note_read(&read);
-                read
+                (read, true)
             }
         };
         let id = &self.id;
@@ -401,19 +401,27 @@ impl Partition {
         {
             return Refill::Idle(Some(self.inner.clock.millis_at(until)));
         }
+        let counters = self.counters(&endpoint);
+        let target = Arc::new(make_target(&self.inner, endpoint, counters, now));
+        if fresh {
+            // The read cleared the news of a change: whatever is sent from now on, even
+            // deliveries leased at intake after this refill finds nothing, is sent on it
+            // (a rotated secret signs the next delivery).
+            self.target = Some(target.clone());
+        }
         let handed = self.signal.known(Known::take_inbox);
         if !handed.is_empty() {
             // Leased at intake: nothing to claim for them.
             self.queue.extend(handed);
-            let counters = self.counters(&endpoint);
-            return Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, counters, now)));
+            return Refill::Claimed(target);
         }
         let (inner, id) = (&self.inner, &self.id);
-        let req = claim_request(inner, id, &endpoint.spec, 0, now);
+        let spec = &target.endpoint.spec;
+        let req = claim_request(inner, id, spec, 0, now);
         let limit = req.limit as usize;
         let renew = self.renew_with_claim(now);
         let renewed = renew.map(|_| Instant::now());
-        self.expect_drained(&endpoint.spec, renewed);
+        self.expect_drained(spec, renewed);
         let claim = inner.metrics.claim_duration.time(inner.committer.claim_in_partition(req, renew)).await;
         self.signal.known(Known::forget_terms);
         let failed = claim.is_err();
@@ -426,8 +434,7 @@ impl Partition {
             return Refill::Idle(batch.next_due);
         }
         self.queue.extend(batch.claimed);
-        let counters = self.counters(&endpoint);
-        Refill::Claimed(Arc::new(make_target(&self.inner, endpoint, counters, now)))
+        Refill::Claimed(target)
     }
 
     /// The endpoint as last read, while it may stand for the stored one: read within

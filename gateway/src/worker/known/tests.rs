@@ -124,6 +124,12 @@ const ORDERINGS: &[(&str, &[Step])] = &[
     ("a change while open closes at once", &[
         Expect(open(HELD, 4)), Applied(5, 1), Lease(100, Some(600)), Changed, Lease(100, None),
     ]),
+    ("a change not yet taken opens nothing: the loop may be past taking it (a rotated secret)", &[
+        Refilled(true, None), Changed,
+        OpenTerms(HELD, 0, false, None), Terms(HELD, 0, 10, false, None),
+        TakeChanged(true), OpenTerms(HELD, 0, false, None), Read(true),
+        Terms(HELD, 0, 10, false, Some(Open { held_until: HELD, lease_ms: 600, room: 10 })),
+    ]),
     ("hand-back closes first; a partition with deliveries in its inbox does not retire", &[
         Expect(open(HELD, 4)), Applied(5, 0), Lease(100, Some(600)), Hand,
         Close, Lease(100, None), Retire(false), TakeInbox(1), Retire(true), TakeInbox(0), Lease(100, None),
