@@ -224,7 +224,7 @@ async fn a_database_restart_loses_nothing_and_delivery_resumes() -> anyhow::Resu
     assert!(resumed_long <= Duration::from_secs(5), "delivery resumed {resumed_long:?} after the long outage");
     // Results sent while the database was down are recorded when it is back, so all is
     // settled in seconds, not after the leases of the dropped ones ran out (30 s and more
-    // after the database's return). Known and open (issue 31): in about a third of runs,
+    // after the database's return). Known and open (issue 31): in about half of runs,
     // on one node, a delivery leased at intake just as the database returns waits out a
     // partition lease (15 s) before it is sent; the bound sits between the two.
     assert!(settled <= Duration::from_secs(25), "everything settled {settled:?} after the database returned");
