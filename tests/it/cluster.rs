@@ -3,6 +3,7 @@
 //! node killed with SIGKILL loses nothing (the others finish its work once its leases end).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -396,14 +397,7 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
     let bin = herald_binary()?;
     let names = ["node-a", "node-b", "node-c"];
     let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir()).collect::<Result<_, _>>()?;
-    let (bin, dirs, url) = (&bin, &dirs, schema.url.clone());
-    let start = |i: usize| {
-        let url = url.clone();
-        async move {
-            let env = [("HERALD_STORE_URL", url.as_str()), ("HERALD_CLUSTER_NODE_ID", names[i])];
-            HeraldProcess::start(bin, dirs[i].path(), &env).await
-        }
-    };
+    let start = |i: usize| start_node(&bin, &dirs[i], &schema.url, names[i]);
     let mut nodes = vec![start(0).await?, start(1).await?];
     let api = nodes[0].api.clone();
     api.tenant("acme").await?;
@@ -413,25 +407,7 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
         let ep = api.endpoint("acme", json!({"url": url, "rate_per_sec": 4, "burst": 1})).await?;
         ids.push(ep["id"].as_str().expect("id").to_string());
     }
-    // Each node's share of the endpoints among `members`.
-    let shares = |members: &[String]| -> Vec<u64> {
-        let mut n = vec![0; members.len()];
-        for id in &ids {
-            let node = gateway::lease::preferred_node(id, members).expect("members");
-            n[members.iter().position(|m| m == node).expect("a member")] += 1;
-        }
-        n
-    };
-    let held = |nodes: &[HeraldProcess]| {
-        let apis: Vec<Api> = nodes.iter().map(|n| n.api.clone()).collect();
-        async move {
-            let mut v = Vec::new();
-            for api in &apis {
-                v.push(metric(api, "herald_partitions_held").await?);
-            }
-            anyhow::Ok(v)
-        }
-    };
+    let shares = |members: &[String]| shares(&ids, members);
     // 100 events to each of 24 endpoints at 4/s: 25 s of work for every endpoint.
     let total = ENDPOINTS * EVENTS;
     for chunk in (0..EVENTS).collect::<Vec<_>>().chunks(20) {
@@ -439,7 +415,7 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
         let r = api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, json!({"events": events})).await?;
         anyhow::ensure!(r.status == 202, "{} {}", r.status, r.text);
     }
-    let two = shares(&names[..2].iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    let two = shares(&members(&names[..2]));
     assert!(two.iter().all(|&n| n > 0), "both nodes have endpoints: {two:?}");
     eventually("each of two nodes holds its share", Duration::from_secs(20), || async {
         let now = held(&nodes).await?;
@@ -449,7 +425,7 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
 
     let joined = Instant::now();
     nodes.push(start(2).await?);
-    let three = shares(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    let three = shares(&members(&names));
     eventually("the joining node takes its share", Duration::from_secs(20), || async {
         let now = held(&nodes).await?;
         done_or(now == three, format!("held {now:?}, shares {three:?}"))
@@ -461,7 +437,7 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
     let left = Instant::now();
     let status = nodes[1].terminate(Duration::from_secs(20)).await?;
     assert!(status.success(), "node-b stopped cleanly: {status}");
-    let after = shares(&[names[0].to_string(), names[2].to_string()]);
+    let after = shares(&members(&[names[0], names[2]]));
     let staying = [nodes.remove(0), nodes.remove(1)];
     eventually("the others take the leaving node's endpoints", Duration::from_secs(20), || async {
         let now = held(&staying).await?;
@@ -478,4 +454,86 @@ async fn endpoints_spread_over_the_nodes_and_a_joining_node_takes_its_share() ->
     every_event_arrives(&rx, total).await?;
     assert_eq!(rx.count(), total, "nothing was sent twice");
     Ok(())
+}
+
+/// A node that joins while another's partitions sit idle, still holding the endpoints'
+/// leases, gets its share at once: the idle partitions of the endpoints that moved give
+/// their leases up when the membership changes, rather than when their linger ends (10 s)
+/// and the lease runs out (15 s more), and the new node paces its endpoints' next events
+/// itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_node_takes_its_share_from_idle_partitions_at_once() -> anyhow::Result<()> {
+    const ENDPOINTS: usize = 16;
+    let rx = FakeReceiver::start().await?;
+    let schema = PgSchema::create().await?;
+    let bin = herald_binary()?;
+    let names = ["node-a", "node-b"];
+    let dirs: Vec<tempfile::TempDir> = names.iter().map(|_| tempfile::tempdir()).collect::<Result<_, _>>()?;
+    let start = |i: usize| start_node(&bin, &dirs[i], &schema.url, names[i]);
+    let mut nodes = vec![start(0).await?];
+    let api = nodes[0].api.clone();
+    api.tenant("acme").await?;
+    let mut ids = Vec::new();
+    for i in 0..ENDPOINTS {
+        let url = format!("{}/{i}", rx.url());
+        let ep = api.endpoint("acme", json!({"url": url, "rate_per_sec": 50})).await?;
+        ids.push(ep["id"].as_str().expect("id").to_string());
+    }
+    let r = api.post("/v1/tenants/acme/events", ADMIN_TOKEN, json!({"type": "t", "payload": {"n": 1}})).await?;
+    anyhow::ensure!(r.status == 202, "{} {}", r.status, r.text);
+    rx.wait_for(ENDPOINTS, Duration::from_secs(20)).await?;
+    // node-a's partitions are idle now, each still holding its endpoint's lease.
+    assert_eq!(held(&nodes).await?, vec![ENDPOINTS as u64], "node-a holds every endpoint it delivered to");
+
+    let joined = Instant::now();
+    nodes.push(start(1).await?);
+    let two = shares(&ids, &members(&names));
+    assert!(two.iter().all(|&n| n > 0), "both nodes have endpoints: {two:?}");
+    // Within 5 s: well before the idle partitions' linger (10 s) would have ended.
+    eventually("node-a gives up the endpoints that moved", Duration::from_secs(5), || async {
+        let now = held(&nodes[..1]).await?;
+        done_or(now[0] == two[0], format!("node-a holds {}, its share is {}", now[0], two[0]))
+    })
+    .await?;
+    let handed = joined.elapsed();
+    let r = api.post("/v1/tenants/acme/events", ADMIN_TOKEN, json!({"type": "t", "payload": {"n": 2}})).await?;
+    anyhow::ensure!(r.status == 202, "{} {}", r.status, r.text);
+    eventually("node-b paces its share", Duration::from_secs(5), || async {
+        let now = held(&nodes).await?;
+        done_or(now == two, format!("held {now:?}, shares {two:?}"))
+    })
+    .await?;
+    every_event_arrives(&rx, 2 * ENDPOINTS).await?;
+    eprintln!("shares {two:?} of {ENDPOINTS} idle endpoints: node-a gave node-b its share {handed:?} after it joined");
+    assert_eq!(rx.count(), 2 * ENDPOINTS, "nothing was sent twice");
+    Ok(())
+}
+
+/// Starts `herald` in `dir` as cluster node `name` of the store at `url`.
+async fn start_node(bin: &Path, dir: &tempfile::TempDir, url: &str, name: &str) -> anyhow::Result<HeraldProcess> {
+    let env = [("HERALD_STORE_URL", url), ("HERALD_CLUSTER_NODE_ID", name)];
+    HeraldProcess::start(bin, dir.path(), &env).await
+}
+
+/// Each member's share of `endpoints`, as `lease::preferred_node` splits them.
+fn shares(endpoints: &[String], members: &[String]) -> Vec<u64> {
+    let mut n = vec![0; members.len()];
+    for id in endpoints {
+        let node = gateway::lease::preferred_node(id, members).expect("members");
+        n[members.iter().position(|m| m == node).expect("a member")] += 1;
+    }
+    n
+}
+
+fn members(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// How many partition leases each node holds (`herald_partitions_held`).
+async fn held(nodes: &[HeraldProcess]) -> anyhow::Result<Vec<u64>> {
+    let mut v = Vec::new();
+    for node in nodes {
+        v.push(metric(&node.api, "herald_partitions_held").await?);
+    }
+    Ok(v)
 }

@@ -354,6 +354,9 @@ pub enum Notice {
     Work(Vec<EndpointId>),
     /// These endpoints' settings or state changed.
     Changed(Vec<EndpointId>),
+    /// Notices may have been lost (the listener reconnected): any endpoint may have new
+    /// work or changes.
+    Missed,
 }
 
 /// One write the group committer folds into a shared transaction.

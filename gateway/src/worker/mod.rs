@@ -138,6 +138,7 @@ impl Engine {
                         match notice {
                             Notice::Work(ids) => ids.iter().for_each(|id| ensure_partition(&listener, id)),
                             Notice::Changed(ids) => signal_changed(&listener, &ids),
+                            Notice::Missed => missed(&listener),
                         }
                     }
                 });
@@ -435,6 +436,17 @@ fn signal_changed(inner: &Inner, endpoints: &[EndpointId]) {
     }
 }
 
+/// Notices from other nodes were lost (the store's listener reconnected): every running
+/// partition reads its endpoint again, and the scan looks for work now, so none waits for
+/// a wake that never came (a node still holding a partition lease while another queues its
+/// endpoint's deliveries would otherwise sit on them until the lease ran out).
+fn missed(inner: &Inner) {
+    for signal in inner.partitions.lock().expect("partition map").values() {
+        signal.changed();
+    }
+    inner.scan.notify_one();
+}
+
 /// The engine's background loop: every [`SCAN_EVERY`] (or when asked) it starts a
 /// partition for each endpoint with work coming due, and every [`RECOVER_EVERY`] it hands
 /// abandoned leases back.
@@ -451,7 +463,12 @@ async fn dispatch(inner: Arc<Inner>) {
         }
         match inner.store.pending_endpoints().await {
             Ok(pending) => scan(&inner, pending, &mut unheld).await,
-            Err(e) => tracing::warn!(error = %e, "scan for due work failed"),
+            Err(e) => {
+                // What was seen unheld before is no evidence across a gap: a takeover counts
+                // only time watched.
+                unheld.clear();
+                tracing::warn!(error = %e, "scan for due work failed");
+            }
         }
         if last_recover.elapsed() >= RECOVER_EVERY {
             last_recover = Instant::now();
@@ -472,9 +489,11 @@ async fn dispatch(inner: Arc<Inner>) {
     }
 }
 
-/// Starts a partition for each endpoint of this node's with work coming due, and for each
-/// of another node's whose due work this node has seen with no lease held for
-/// [`TAKEOVER_AFTER`] (`unheld`: since when, kept from scan to scan).
+/// Wakes the partition running here of each endpoint with work coming due, whichever node
+/// it belongs to (a partition still pacing another node's endpoint claims what that node
+/// queued, when no notice woke it); starts one for each of this node's endpoints without
+/// one, and for each of another node's whose due work this node has seen with no lease
+/// held for [`TAKEOVER_AFTER`] (`unheld`: since when, kept from scan to scan).
 async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>, unheld: &mut HashMap<EndpointId, Instant>) {
     let now = inner.clock.now();
     let mut orphans = std::collections::HashSet::new();
@@ -482,15 +501,15 @@ async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>, unheld: &m
         if due > now + SCAN_EVERY.as_millis() as i64 {
             continue;
         }
-        match inner.members.mine(id.as_str()) {
-            true => ensure_partition(inner, &id),
-            false if due <= now => drop(orphans.insert(id)),
-            false => {}
+        let mut parts = inner.partitions.lock().expect("partition map");
+        match parts.get(&id) {
+            Some(signal) => signal.work_after(0),
+            None if inner.members.mine(id.as_str()) => {
+                start_partition(inner, &mut parts, &id, signal::Signal::default())
+            }
+            None if due <= now => drop(orphans.insert(id)),
+            None => {}
         }
-    }
-    {
-        let parts = inner.partitions.lock().expect("partition map");
-        orphans.retain(|id| !parts.contains_key(id));
     }
     if orphans.is_empty() {
         unheld.clear();

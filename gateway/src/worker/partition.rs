@@ -332,11 +332,23 @@ impl Partition {
         let busy = self.shared.as_ref().is_some_and(|s| s.busy());
         if wake_at.is_none() && !busy {
             // Linger before retiring: a partition that came and went with every event would
-            // re-take its lease (a write) and respawn each time.
-            if tokio::time::timeout(IDLE_LINGER, self.signal.work.notified()).await.is_ok() {
-                // Deliveries handed over at intake leave what is known of the store standing.
-                self.signal.known(Known::take_fresh);
-                return Flow::Again;
+            // re-take its lease (a write) and respawn each time. A change (or the cluster's
+            // membership) ends the linger too: the endpoint may have moved to another node,
+            // which waits for this lease until it is given up.
+            tokio::select! {
+                _ = self.signal.work.notified() => {
+                    // Deliveries handed over at intake leave what is known of the store standing.
+                    self.signal.known(Known::take_fresh);
+                    return Flow::Again;
+                }
+                _ = self.signal.change.notified() => return Flow::Again,
+                _ = tokio::time::sleep(IDLE_LINGER) => {}
+            }
+            if !self.inner.members.mine(self.id.as_str()) {
+                // Another node's endpoint (taken over, or paced here while the membership
+                // was out of date): its lease is given up rather than left to run out, so
+                // that node takes the endpoint at its next scan.
+                self.give_up().await;
             }
             if !self.retire() {
                 return Flow::Again;

@@ -498,28 +498,35 @@ async fn listen(pool: &PgPool, channel: &str) -> sqlx::Result<PgListener> {
     Ok(listener)
 }
 
-/// Feeds notifications to the engine until it stops listening. Missed notifications
-/// (while reconnecting) only delay work until the engine's periodic scan.
+/// Feeds notifications to the engine until it stops listening. Notifications sent while
+/// the listener was reconnecting are lost: once it listens again, the engine is told
+/// (`Notice::Missed`) and looks for work and changes itself, rather than waiting for its
+/// periodic scan, or for a partition lease to run out on a node no one woke.
 async fn forward_notifications(mut listener: PgListener, pool: PgPool, channel: String, tx: mpsc::Sender<Notice>) {
     loop {
+        // `try_recv`, not `recv`: `recv` reconnects without a word, and what it missed
+        // meanwhile would go unnoticed.
         let got = tokio::select! {
             _ = tx.closed() => return,
-            got = listener.recv() => got,
+            got = listener.try_recv() => got,
         };
-        match got {
-            Ok(n) => {
+        let notice = match got {
+            Ok(Some(n)) => {
                 let (changed, list) = match n.payload().strip_prefix(CHANGED) {
                     Some(rest) => (true, rest),
                     None => (false, n.payload()),
                 };
                 let ids: Vec<EndpointId> =
                     list.split(',').filter(|s| !s.is_empty()).map(EndpointId::from_stored).collect();
-                let notice = if changed { Notice::Changed(ids) } else { Notice::Work(ids) };
-                if matches!(&notice, Notice::Work(ids) | Notice::Changed(ids) if !ids.is_empty())
-                    && tx.send(notice).await.is_err()
-                {
-                    return;
+                if ids.is_empty() {
+                    continue;
                 }
+                if changed { Notice::Changed(ids) } else { Notice::Work(ids) }
+            }
+            // The connection was lost, and listens again (sqlx reconnects before answering).
+            Ok(None) => {
+                tracing::warn!("the notification listener reconnected; looking for what it missed");
+                Notice::Missed
             }
             Err(e) => {
                 tracing::warn!(error = %e, "lost the notification listener; reconnecting");
@@ -536,7 +543,11 @@ async fn forward_notifications(mut listener: PgListener, pool: PgPool, channel: 
                         Err(e) => tracing::warn!(error = %e, "cannot listen for notifications"),
                     }
                 }
+                Notice::Missed
             }
+        };
+        if tx.send(notice).await.is_err() {
+            return;
         }
     }
 }
