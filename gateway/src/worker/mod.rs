@@ -322,15 +322,17 @@ fn ensure_partition(inner: &Arc<Inner>, id: &EndpointId) {
     wake(inner, id, 0);
 }
 
-/// Wakes `id`'s partition for work from op `seq` (see [`Engine::poke_after`]), starting
-/// one where none runs if the endpoint is this node's to pace.
-fn wake(inner: &Arc<Inner>, id: &EndpointId, seq: u64) {
+/// Wakes `id`'s partition for work from op `seq` (see [`Engine::poke_after`]), whichever
+/// node's endpoint it paces, starting one where none runs if the endpoint is this node's to
+/// pace. False when no partition runs here for it.
+fn wake(inner: &Arc<Inner>, id: &EndpointId, seq: u64) -> bool {
     let mut parts = inner.partitions.lock().expect("partition map");
     match parts.get(id) {
         Some(signal) => signal.work_after(seq),
         None if inner.members.mine(id.as_str()) => start_partition(inner, &mut parts, id, signal::Signal::default()),
-        None => {}
+        None => return false,
     }
+    true
 }
 
 /// Starts a partition for another node's endpoint whose work nobody takes.
@@ -501,14 +503,8 @@ async fn scan(inner: &Arc<Inner>, pending: Vec<(EndpointId, Millis)>, unheld: &m
         if due > now + SCAN_EVERY.as_millis() as i64 {
             continue;
         }
-        let mut parts = inner.partitions.lock().expect("partition map");
-        match parts.get(&id) {
-            Some(signal) => signal.work_after(0),
-            None if inner.members.mine(id.as_str()) => {
-                start_partition(inner, &mut parts, &id, signal::Signal::default())
-            }
-            None if due <= now => drop(orphans.insert(id)),
-            None => {}
+        if !wake(inner, &id, 0) && due <= now {
+            orphans.insert(id);
         }
     }
     if orphans.is_empty() {
