@@ -31,7 +31,8 @@ fn repo() -> PathBuf {
 fn tool(program: &str) -> Command {
     let root = repo();
     let mut cmd = Command::new(program);
-    let path = format!("{}:{}", root.join("target/packaging-tools/bin").display(), std::env::var("PATH").unwrap_or_default());
+    let path =
+        format!("{}:{}", root.join("target/packaging-tools/bin").display(), std::env::var("PATH").unwrap_or_default());
     cmd.current_dir(&root)
         .env("PATH", path)
         .env("CONTAINERS_STORAGE_CONF", root.join("target/containers/storage.conf"))
@@ -69,7 +70,9 @@ fn argv(args: &[&str]) -> Vec<String> {
 fn image() -> anyhow::Result<&'static str> {
     let binary = herald_binary()?;
     std::fs::create_dir_all(repo().join("target/containers"))?;
-    run(tool("flock").args(["target/containers/image.lock", "scripts/image", "--tag", IMAGE, "--binary"]).arg(&binary))?;
+    run(tool("flock")
+        .args(["target/containers/image.lock", "scripts/image", "--tag", IMAGE, "--binary"])
+        .arg(&binary))?;
     Ok(IMAGE)
 }
 
@@ -114,7 +117,8 @@ fn run_image(name: &str, volume: &str) -> anyhow::Result<(u16, u16)> {
 #[tokio::test]
 async fn the_image_delivers_an_event_keeps_its_data_and_drains_on_sigterm() -> anyhow::Result<()> {
     image()?;
-    let config: Value = serde_json::from_str(&run(tool("podman").args(["image", "inspect", "--format", "{{json .Config}}", IMAGE]))?)?;
+    let config: Value =
+        serde_json::from_str(&run(tool("podman").args(["image", "inspect", "--format", "{{json .Config}}", IMAGE]))?)?;
     assert_eq!(config["User"], "65532:65532", "runs as the non-root user");
     assert_eq!(config["Cmd"], json!(["serve", "--config", "/etc/herald/herald.toml"]));
     assert!(config["Volumes"]["/var/lib/herald"].is_object(), "the data directory is a volume: {config}");
@@ -126,7 +130,8 @@ async fn the_image_delivers_an_event_keeps_its_data_and_drains_on_sigterm() -> a
 
     let name = format!("herald-it-image-{}", std::process::id());
     let volume = format!("{name}-data");
-    let _cleanup = Cleanup(vec![argv(&["podman", "rm", "-f", "-v", &name]), argv(&["podman", "volume", "rm", "-f", &volume])]);
+    let _cleanup =
+        Cleanup(vec![argv(&["podman", "rm", "-f", "-v", &name]), argv(&["podman", "volume", "rm", "-f", &volume])]);
     let spawned = Instant::now();
     let (api_port, admin_port) = run_image(&name, &volume)?;
     ready(admin_port, Duration::from_secs(120)).await?;
@@ -146,7 +151,9 @@ async fn the_image_delivers_an_event_keeps_its_data_and_drains_on_sigterm() -> a
     // What a node needs at run time is in the image: the JavaScript runtime (found beside
     // the binary, precompiled), the example plugins, the build's revision.
     for plugin in ["transform-chat.js", "transform-chat.wasm", "classify-409.wasm", "sign-hmac-hex.wasm"] {
-        let out = run(tool("podman").args(["exec", &name, "herald", "plugin", "check"]).arg(format!("/usr/share/herald/plugins/{plugin}")))?;
+        let out = run(tool("podman")
+            .args(["exec", &name, "herald", "plugin", "check"])
+            .arg(format!("/usr/share/herald/plugins/{plugin}")))?;
         assert!(out.starts_with("ok: "), "{plugin}: {out}");
     }
     let version = run(tool("podman").args(["exec", &name, "herald", "--version"]))?;
@@ -255,7 +262,8 @@ async fn the_compose_stack_delivers_an_event_through_two_nodes_on_postgres() -> 
     ]);
     run(&mut compose(&["up", "-d"]))?;
 
-    let nodes = [Api::new(format!("http://127.0.0.1:{}", ports[0])), Api::new(format!("http://127.0.0.1:{}", ports[2]))];
+    let nodes =
+        [Api::new(format!("http://127.0.0.1:{}", ports[0])), Api::new(format!("http://127.0.0.1:{}", ports[2]))];
     for (node, admin) in [(0, ports[1]), (1, ports[3])] {
         // Postgres makes its cluster on first start; a node waits for it.
         ready(admin, Duration::from_secs(180)).await.with_context(|| format!("node {}", node + 1))?;
@@ -270,7 +278,8 @@ async fn the_compose_stack_delivers_an_event_through_two_nodes_on_postgres() -> 
 
     nodes[0].tenant("acme").await?;
     let ep = nodes[0].endpoint("acme", json!({"url": "http://receiver:9999/hook", "event_types": ["*"]})).await?;
-    let reply = nodes[1].event("acme", json!({"id": "evt_compose", "type": "invoice.paid", "payload": {"n": 1}})).await?;
+    let reply =
+        nodes[1].event("acme", json!({"id": "evt_compose", "type": "invoice.paid", "payload": {"n": 1}})).await?;
     assert_eq!(reply.status, 202, "{}", reply.text);
     let receiver = Api::new(format!("http://127.0.0.1:{}", ports[4]));
     let got = eventually("the receiver got evt_compose", Duration::from_secs(60), || async {
