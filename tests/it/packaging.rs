@@ -181,7 +181,7 @@ async fn the_image_delivers_an_event_keeps_its_data_and_drains_on_sigterm() -> a
 #[tokio::test]
 async fn the_chart_validates_and_its_cluster_deployment_runs_under_podman_kube_play() -> anyhow::Result<()> {
     // Lint, strict schemas of every supported Kubernetes version, required values.
-    run(tool("scripts/chart-check"))?;
+    run(&mut tool("scripts/chart-check"))?;
 
     image()?;
     let schema = PgSchema::create().await?;
@@ -217,7 +217,9 @@ async fn the_chart_validates_and_its_cluster_deployment_runs_under_podman_kube_p
     std::fs::write(&file, &adapted.stdout)?;
     let file = file.to_string_lossy().to_string();
 
-    let _cleanup = Cleanup(vec![argv(&["podman", "kube", "down", &file])]);
+    // `kube down` leaves the volume podman made of the ConfigMap (named after it).
+    let _cleanup =
+        Cleanup(vec![argv(&["podman", "kube", "down", &file]), argv(&["podman", "volume", "rm", "-f", "it-herald"])]);
     run(tool("podman").args(["kube", "play", "--network", "host", &file]))?;
     ready(admin_port, Duration::from_secs(120)).await?;
     // The node's id is its pod's name, from the downward API.
@@ -233,7 +235,7 @@ async fn the_chart_validates_and_its_cluster_deployment_runs_under_podman_kube_p
 #[tokio::test]
 async fn the_compose_stack_delivers_an_event_through_two_nodes_on_postgres() -> anyhow::Result<()> {
     image()?;
-    run(tool("scripts/compose-images"))?;
+    run(&mut tool("scripts/compose-images"))?;
     let project = format!("herald-it-{}", std::process::id());
     let ports: Vec<u16> = (0..5).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
     let env = [
