@@ -184,7 +184,9 @@ async fn the_image_delivers_an_event_keeps_its_data_and_drains_on_sigterm() -> a
     let (api_port, admin_port) = run_image(&name, &volume)?;
     ready(admin_port, Duration::from_secs(120)).await?;
     let again = Api::new(format!("http://127.0.0.1:{api_port}"));
-    assert_eq!(again.get("/v1/tenants/acme", ADMIN_TOKEN).await?.status, 200);
+    let id = ep["id"].as_str().context("endpoint id")?;
+    let kept = again.get(&format!("/v1/tenants/acme/endpoints/{id}"), ADMIN_TOKEN).await?;
+    assert_eq!(kept.status, 200, "the endpoint made before the restart: {}", kept.text);
     Ok(())
 }
 
