@@ -15,8 +15,11 @@ use gateway::config::Config;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `herald --version`: the crate's version and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("HERALD_REVISION"), ")");
+
 #[derive(Parser)]
-#[command(name = "herald", version, about = "A WebAssembly-extensible webhook delivery gateway")]
+#[command(name = "herald", version = VERSION, about = "A WebAssembly-extensible webhook delivery gateway")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

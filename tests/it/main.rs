@@ -23,6 +23,7 @@
 //! - `outbox`: the transactional outbox relay from a producer's Postgres
 //! - `portal`: the customer portal's API: minted links, sessions, limits, branding
 //! - `portal_browser`: the customer portal in headless Chromium: the link, the pages, framing
+//! - `packaging`: the image, the Helm chart, the compose stack and the Debian package, used as shipped
 //! - `plugins`: plugins end to end: hooks, uploads, isolation, hot reload; under it `config`,
 //!   `guard`, `js` (JavaScript plugins), `limits`, `stats`, `versions`
 //! - `props`: property tests of the validators through the real API
@@ -55,6 +56,7 @@ mod limits;
 mod metrics;
 mod ordering;
 mod outbox;
+mod packaging;
 mod plugins;
 mod portal;
 mod portal_browser;

@@ -322,3 +322,54 @@ fn sqlite_writes_run_on_the_writer_thread_only() {
     assert!(found.is_empty(), "{}", found.join("\n"));
     assert_eq!(sql_writes("q(\"INSERT INTO t\")\n// \"DELETE FROM t\"\nq(\"SELECT 1\")"), [1]);
 }
+
+/// Each package of `cargo tree` with the features it is built with, as `name vX.Y.Z` →
+/// the feature lists it appears with (a package built for the host and the target twice
+/// may show two).
+fn resolved_features(packages: &[&str]) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut cmd = std::process::Command::new(env!("CARGO"));
+    cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    cmd.args(["tree", "--offline", "--locked", "-e", "normal,build", "--prefix", "none", "-f", "{p}|{f}"]);
+    for p in packages {
+        // `--workspace` as given; a package's name after `-p`.
+        if p.starts_with("--") {
+            cmd.arg(p)
+        } else {
+            cmd.args(["-p", p])
+        };
+    }
+    let out = cmd.output().expect("run cargo tree");
+    assert!(out.status.success(), "cargo tree {packages:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let mut map = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line = line.trim_end_matches(" (*)");
+        let Some((package, features)) = line.split_once('|') else { continue };
+        // `name vX (path)`: the name and version name the package; the path is noise.
+        let key = package.split(' ').take(2).collect::<Vec<_>>().join(" ");
+        map.entry(key).or_default().insert(features.to_string());
+    }
+    map
+}
+
+/// `cargo build --release -p gateway` (what `cargo run --release -p gateway` builds) and
+/// the workspace's build (`cargo build --release`: gateway and tests, the bench's crate)
+/// must build every dependency of the gateway with the same features. Resolver 3 unifies
+/// features over the packages asked for, so a feature that only the tests crate turns on
+/// (tempfile's `fastrand/default`) gave gateway's dependencies a second set: each command
+/// then rebuilt the chain up to `herald` for minutes after the other, and the two wrote
+/// `target/release/herald` in turn. `gateway/Cargo.toml` enables what the others add.
+#[test]
+fn the_gateway_alone_and_the_workspace_build_resolve_the_same_features() {
+    let alone = resolved_features(&["gateway"]);
+    for set in [&["gateway", "tests"][..], &["--workspace"]] {
+        let together = resolved_features(set);
+        let differ: Vec<String> = alone
+            .iter()
+            .filter(|(package, features)| together.get(*package) != Some(features))
+            .map(|(package, features)| {
+                format!("{package}: alone {features:?}, with {set:?} {:?}", together.get(package))
+            })
+            .collect();
+        assert!(differ.is_empty(), "gateway's dependencies resolve differently:\n{}", differ.join("\n"));
+    }
+}

@@ -491,7 +491,8 @@ impl Drop for HeraldProcess {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
