@@ -308,10 +308,6 @@ async fn record(
     );
 }
 
-/// The first wait before a record is tried again, and the longest.
-const RECORD_RETRY_FIRST: Duration = Duration::from_millis(100);
-const RECORD_RETRY_MAX: Duration = Duration::from_secs(1);
-
 /// Commits a result, trying again for as long as the database is out of reach (restarting,
 /// a connection lost): a result sent and then dropped would be sent again once its lease
 /// expired, long after the database came back. Trying again is safe: the fence admits one
@@ -325,17 +321,8 @@ async fn record_until_stored(
     change: Option<EndpointChange>,
     result: AttemptResult,
 ) -> crate::store::Result<Recorded> {
-    let mut wait = RECORD_RETRY_FIRST;
-    loop {
-        match inner.committer.record_with(change.clone(), result.clone()).await {
-            Err(e) if e.is_unavailable() => {
-                tracing::debug!(delivery_id = %result.delivery, error = %e, "cannot record attempt yet; trying again");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RECORD_RETRY_MAX);
-            }
-            recorded => return recorded,
-        }
-    }
+    let forever = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+    super::until_stored(forever, || inner.committer.record_with(change.clone(), result.clone())).await
 }
 
 /// A delivery just went to the dead-letter queue: counted, logged, announced as an
@@ -363,7 +350,7 @@ const PLUGIN_LOADING_WAIT: std::time::Duration = std::time::Duration::from_secs(
 /// (after a start or a new file): calling it now would fail `plugin:not_found`, which is
 /// not the delivery's fault. The delivery goes out as soon as the load ends; after
 /// [`PLUGIN_LOADING_WAIT`] it is handed back, due shortly, and the slot freed.
-async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
+async fn wait_for_plugins(inner: &Arc<Inner>, target: &Target, d: &Claimed) -> bool {
     let bound = &target.endpoint.spec.plugins;
     let tenant = d.tenant.as_str();
     let deadline = tokio::time::Instant::now() + PLUGIN_LOADING_WAIT;
@@ -375,12 +362,7 @@ async fn wait_for_plugins(inner: &Inner, target: &Target, d: &Claimed) -> bool {
                 fence: d.fence,
                 next_attempt_at: inner.clock.now() + PLUGIN_LOADING_RETRY_MS,
             };
-            if let Err(e) = inner.committer.release(vec![release]).await {
-                tracing::warn!(
-                    tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
-                    error = %e, "release failed; the lease will expire instead"
-                );
-            }
+            super::release(inner, vec![release]).await;
             return true;
         }
     }

@@ -36,7 +36,7 @@ use crate::metrics::Metrics;
 use crate::model::{EndpointId, Millis};
 use crate::ops::Ops;
 use crate::plugin::PluginHost;
-use crate::store::{Claimed, Committer, DynStore, Handoff, Notice};
+use crate::store::{Claimed, Committer, DynStore, Handoff, Notice, Release};
 use crate::telemetry::Telemetry;
 
 /// How often the engine looks for due work it was not told about (retries coming due,
@@ -315,6 +315,60 @@ async fn recover(inner: &Inner) {
         Ok(n) if n > 0 => tracing::info!(released = n, "took up the partitions of the previous process"),
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "cannot free the previous process's partitions; they expire instead"),
+    }
+}
+
+/// How long claims the database could not take back are tried again: past this their
+/// leases have long expired and the scan has taken them up anyway.
+const RELEASE_RETRY_FOR: Duration = Duration::from_secs(300);
+/// The first wait before a write the database could not take is tried again, and the
+/// longest.
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(100);
+const STORE_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Hands claimed-but-unsent deliveries back. When the database is out of reach (a
+/// restart, an outage) the release is tried again in the background until it is stored:
+/// dropped, it would hold its deliveries back for the rest of their leases (the endpoint's
+/// timeout plus the lease margin after the claim, most of a minute after the database's
+/// return). Trying again is safe: a release is fenced, so one that outlived its claim is
+/// refused, never applied to a later one.
+async fn release(inner: &Arc<Inner>, releases: Vec<Release>) {
+    let count = releases.len();
+    match inner.committer.release(releases.clone()).await {
+        Ok(()) => {}
+        Err(e) if e.is_unavailable() => {
+            tracing::warn!(count, error = %e, "cannot hand claims back yet; trying again until the database takes them");
+            let inner = Arc::clone(inner);
+            tokio::spawn(async move {
+                let tried = Instant::now();
+                let stored = until_stored(tried + RELEASE_RETRY_FOR, || inner.committer.release(releases.clone())).await;
+                match stored {
+                    Ok(()) => tracing::info!(count, "handed claims back once the database returned"),
+                    Err(e) => tracing::warn!(count, error = %e, "release failed; leases will expire instead"),
+                }
+            });
+        }
+        Err(e) => tracing::warn!(count, error = %e, "release failed; leases will expire instead"),
+    }
+}
+
+/// Runs `write` until the database takes it, trying again while it is out of reach (until
+/// `give_up`, when given): any other failure is returned at once, as is the last one.
+async fn until_stored<T, F, Fut>(give_up: Instant, mut write: F) -> crate::store::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::store::Result<T>>,
+{
+    let mut wait = STORE_RETRY_FIRST;
+    loop {
+        match write().await {
+            Err(e) if e.is_unavailable() && Instant::now() + wait < give_up => {
+                tracing::debug!(error = %e, "cannot store yet; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(STORE_RETRY_MAX);
+            }
+            done => return done,
+        }
     }
 }
 

@@ -637,13 +637,11 @@ impl Partition {
     }
 }
 
-/// Hands claimed-but-unsent deliveries back, due at `at`.
-async fn release_all(inner: &Inner, queue: &mut VecDeque<Claimed>, at: Millis) {
+/// Hands claimed-but-unsent deliveries back, due at `at` (see [`super::release`]).
+async fn release_all(inner: &Arc<Inner>, queue: &mut VecDeque<Claimed>, at: Millis) {
     if queue.is_empty() {
         return;
     }
     let releases = queue.drain(..).map(|c| Release { delivery: c.id, fence: c.fence, next_attempt_at: at }).collect();
-    if let Err(e) = inner.committer.release(releases).await {
-        tracing::warn!(error = %e, "release failed; leases will expire instead");
-    }
+    super::release(inner, releases).await;
 }
