@@ -41,6 +41,10 @@ async fn the_readme_five_minute_path_delivers_an_event_and_verifies_its_signatur
     assert!(lines.contains(&"delivered"), "{shown}");
     let verified = lines.iter().find_map(|l| l.strip_prefix("verified "));
     let event: serde_json::Value = serde_json::from_str(verified.unwrap_or_else(|| panic!("{shown}")))?;
-    assert_eq!((&event["id"], &event["type"], &event["data"]["amount"]), (&"evt_1".into(), &"invoice.paid".into(), &1999.into()), "{shown}");
+    assert_eq!(
+        (&event["id"], &event["type"], &event["data"]["amount"]),
+        (&"evt_1".into(), &"invoice.paid".into(), &1999.into()),
+        "{shown}"
+    );
     Ok(())
 }

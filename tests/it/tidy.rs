@@ -543,5 +543,8 @@ fn ci_runs_the_test_command_the_readme_gives() {
     let block = section.split("```sh\n").nth(1).and_then(|b| b.split("\n```").next());
     let command = block.expect("README: a sh block under \"Running the tests\"").trim();
     let ci = std::fs::read_to_string(root.join(".ci/run")).expect(".ci/run");
-    assert!(ci.lines().any(|l| l.trim() == format!("exec {command}")), "README runs the tests with `{command}`; .ci/run:\n{ci}");
+    assert!(
+        ci.lines().any(|l| l.trim() == format!("exec {command}")),
+        "README runs the tests with `{command}`; .ci/run:\n{ci}"
+    );
 }
