@@ -219,15 +219,18 @@ fn modules_import_only_lower_layers() {
     assert!(found.is_empty(), "imports against the layer order (ARCHITECTURE.md, \"Layers\"):\n{}", found.join("\n"));
 }
 
+/// Writes `text` to `rel` under `root`, making the folders on the way.
+fn plant(root: &Path, rel: &str, text: &str) {
+    let path = root.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
 /// The scan catches a planted upward import, at the top level and inside a folder.
 #[test]
 fn the_layer_scan_sees_a_planted_upward_import() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let write = |rel: &str, text: &str| {
-        let path = dir.path().join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let write = |rel: &str, text: &str| plant(dir.path(), rel, text);
     for i in 0..20 {
         write(&format!("model/part{i}.rs"), "use crate::model::Millis;\n");
     }
@@ -512,11 +515,7 @@ fn every_doc_link_resolves_and_every_docs_page_is_reachable_from_the_readme() {
 #[test]
 fn the_link_check_sees_a_planted_broken_link_and_an_orphan_page() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let write = |rel: &str, text: &str| {
-        let path = dir.path().join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let write = |rel: &str, text: &str| plant(dir.path(), rel, text);
     write("README.md", "# Herald\n\nSee [ops](docs/ops.md#shut-down-a-node) and [`a`](docs/ops.md).\n");
     write("ARCHITECTURE.md", "## Map\n\n[up](#map), `[no](missing.md)`\n\n```\n[no](missing.md)\n```\n");
     write("docs/ops.md", "# Ops\n\n## Shut down a node\n\n[Back](../README.md#herald), [sub](sub/plugins.md)\n");
