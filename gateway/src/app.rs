@@ -1,5 +1,15 @@
 //! Wires config, store, committer, delivery engine and API into a running node, and runs it
 //! until the shutdown future resolves (shutdown is passed in, never global).
+//!
+//! On shutdown the API stops accepting, then the engine drains (attempts in flight record
+//! their results, partitions hand unsent claims back) within a grace period. It applies
+//! tenants' own plugin settings (`plugin_settings` in the store, written through
+//! `api/plugin_config.rs`) to the plugin host at start and, on a shared Postgres, follows
+//! other nodes' changes and the catalog's once a second (the host merges the settings
+//! between the operator's TOML defaults and overrides and re-derives the serving version, no
+//! compile). `reserve_fd_table`: before the runtime's threads start, `herald serve` sizes
+//! the process's descriptor table for the connections its settings allow (grown on demand,
+//! each doubling stalls every thread for an RCU grace period).
 
 use std::future::Future;
 use std::sync::Arc;

@@ -7,6 +7,11 @@
 //!
 //! Schemas are JSON Schema draft 2020-12 (`jsonschema`, no remote or file resolving:
 //! a `$ref` reaches only the schema itself), with `format` asserted.
+//!
+//! `catalog/export.rs` writes a tenant's catalog as an OpenAPI 3.1 `webhooks` document. The
+//! types and their numbered schema versions live in `store/event_types.rs`; their API is
+//! `api/event_types.rs` (and `api/test_send.rs`: an example sent to one endpoint,
+//! `NewEvent::only`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

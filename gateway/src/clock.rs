@@ -1,5 +1,9 @@
 //! Time, read only here: the wall clock, and [`Clock`], the one the engine and the API run
 //! on, which `tokio::time::pause()` controls. Policies get `now` passed in.
+//!
+//! [`Clock`] reads the wall clock once at start and then follows tokio's clock, so
+//! `tokio::time::pause()` moves stored times and timers together; it owns the `Millis` ↔
+//! `Instant` conversions. `clippy.toml` refuses `SystemTime::now` elsewhere.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -112,7 +112,7 @@ enum PluginCommand {
         file: PathBuf,
         #[arg(long, value_parser = ["transform", "classify", "sign"])]
         hook: String,
-        /// The hook's input (see `herald plugin run --help` and README "Writing a plugin").
+        /// The hook's input (see `herald plugin run --help` and docs/plugins/rust.md).
         #[arg(long)]
         input: PathBuf,
     },

@@ -12,6 +12,14 @@
 //! others find it not due yet and sleep until it is. So a cluster keeps a replay's rate,
 //! and when the node that took the last turns dies, another takes the next. Once
 //! everything is re-queued, the turns look whether it has all settled, and mark it done.
+//!
+//! A cluster's nodes find new replays every 2 s. How much a turn re-queues is
+//! `Replay::plan` (pure); the figures (`sent`, `delivered`, `failed`, `returned`,
+//! `pending`) are read from the deliveries it re-queued. A re-queued dead letter keeps its
+//! reason and time (`prior_reason`, `prior_dead_at`): a cancel puts what is unsent back as it
+//! was, in its transaction for what waits in the store, and through the release or the lease
+//! recovery for what a partition holds (`sql::return_unsent`); the partitions holding some
+//! are told through the endpoint-change signal (`Engine::changed`, NOTIFY on a cluster).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

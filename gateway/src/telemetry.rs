@@ -5,6 +5,9 @@
 //! every attempt is its child. Spans are batched and posted off the hot path (the SDK's
 //! batch thread, through `deliver::otlp`). With no endpoint, [`Telemetry::off`] builds
 //! nothing: every method answers `None` at once. It never decides what Herald does.
+//!
+//! The W3C trace context's format is `model/trace.rs`. Every attempt sends the event's
+//! `traceparent` with a span id of its own, exported or not (`worker/attempt.rs::AttemptTrace`).
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -27,12 +27,13 @@
 //! - `plugins`: plugins end to end: hooks, uploads, isolation, hot reload; under it `config`,
 //!   `guard`, `js` (JavaScript plugins), `limits`, `stats`, `versions`
 //! - `props`: property tests of the validators through the real API
+//! - `quickstart`: README's five-minute path, run as written
 //! - `recovery`: dead letters, replays, operational events, retention
 //! - `scaffold`: `herald plugin new` projects build and their tests pass
 //! - `secrets`: tokens and secrets: listing, revocation, never printed
 //! - `sent`: what each attempt sent, as the API shows it
 //! - `store`: the `Store` conformance suite, on both backends
-//! - `tidy`: the source tree's rules: I/O library owners, layers, routes
+//! - `tidy`: the source tree's rules: I/O library owners, layers, routes; the docs' links
 //! - `timing`: the engine's timing rules in paused time (backoff, 429, disable-after, linger)
 //! - `tracing`: W3C trace context from producer to receiver, and the spans exported over OTLP
 
@@ -61,6 +62,7 @@ mod plugins;
 mod portal;
 mod portal_browser;
 mod props;
+mod quickstart;
 mod recovery;
 mod scaffold;
 mod secrets;

@@ -1,5 +1,6 @@
 //! ARCHITECTURE.md's invariants as tests (rust-analyzer's tidy habit): each I/O library is
-//! imported by the one module that owns it, so a stray `use` fails here, not in review.
+//! imported by the one module that owns it, so a stray `use` fails here, not in review. And
+//! the docs hold together: every link of README.md, ARCHITECTURE.md and docs/ resolves.
 
 use std::path::{Path, PathBuf};
 
@@ -218,15 +219,18 @@ fn modules_import_only_lower_layers() {
     assert!(found.is_empty(), "imports against the layer order (ARCHITECTURE.md, \"Layers\"):\n{}", found.join("\n"));
 }
 
+/// Writes `text` to `rel` under `root`, making the folders on the way.
+fn plant(root: &Path, rel: &str, text: &str) {
+    let path = root.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
 /// The scan catches a planted upward import, at the top level and inside a folder.
 #[test]
 fn the_layer_scan_sees_a_planted_upward_import() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let write = |rel: &str, text: &str| {
-        let path = dir.path().join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let write = |rel: &str, text: &str| plant(dir.path(), rel, text);
     for i in 0..20 {
         write(&format!("model/part{i}.rs"), "use crate::model::Millis;\n");
     }
@@ -372,4 +376,174 @@ fn the_gateway_alone_and_the_workspace_build_resolve_the_same_features() {
             .collect();
         assert!(differ.is_empty(), "gateway's dependencies resolve differently:\n{}", differ.join("\n"));
     }
+}
+
+// The docs: README.md, ARCHITECTURE.md and the pages under docs/ (see README, "Read next").
+
+/// The pages whose links are checked: README.md, ARCHITECTURE.md and every `.md` under `docs/`.
+fn doc_pages(root: &Path) -> Vec<PathBuf> {
+    let mut pages = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    let mut dirs = vec![root.join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read docs/") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+    }
+    pages.sort();
+    pages
+}
+
+/// A page's lines outside fenced code blocks, numbered from 1.
+fn prose(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let start = line.trim_start();
+        if start.starts_with("```") || start.starts_with("~~~") {
+            fenced = !fenced;
+        } else if !fenced {
+            lines.push((i + 1, line));
+        }
+    }
+    lines
+}
+
+/// GitHub's anchor for a heading: lower case, spaces as `-`, every character but letters,
+/// digits, `-` and `_` dropped.
+fn anchor(heading: &str) -> String {
+    let kept = heading.trim().chars().filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'));
+    kept.map(|c| if c == ' ' { '-' } else { c }).flat_map(char::to_lowercase).collect()
+}
+
+/// The anchors of a page's headings (a repeated heading gets `-1`, `-2`, … as on GitHub).
+fn anchors(text: &str) -> std::collections::HashSet<String> {
+    let mut seen = std::collections::HashSet::new();
+    for (_, line) in prose(text) {
+        let level = line.len() - line.trim_start_matches('#').len();
+        if !(1..=6).contains(&level) || !line[level..].starts_with(' ') {
+            continue;
+        }
+        let base = anchor(&line[level..]);
+        let (mut name, mut n) = (base.clone(), 0);
+        while !seen.insert(name.clone()) {
+            n += 1;
+            name = format!("{base}-{n}");
+        }
+    }
+    seen
+}
+
+/// A page's relative link targets (`[text](target)`, not in code), with their lines.
+fn relative_links(text: &str) -> Vec<(usize, String)> {
+    let mut links = Vec::new();
+    for (n, line) in prose(text) {
+        // What lies between backticks is code, never a link.
+        let plain: String = line.split('`').step_by(2).collect::<Vec<_>>().join("");
+        let mut rest = plain.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let end = rest.find(')').unwrap_or(rest.len());
+            let target = &rest[..end];
+            if !target.contains("://") && !target.starts_with("mailto:") {
+                links.push((n, target.to_string()));
+            }
+            rest = &rest[end..];
+        }
+    }
+    links
+}
+
+/// Every relative link of the doc pages that does not resolve (no such file, or no heading
+/// for its `#anchor`), and every page under `docs/` that no chain of links from README.md
+/// reaches.
+fn doc_link_problems(root: &Path) -> Vec<String> {
+    let root = std::fs::canonicalize(root).expect("the repository's root");
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let show = |path: &Path| path.strip_prefix(&root).unwrap_or(path).display().to_string();
+    let (mut problems, mut edges) = (Vec::new(), Vec::new());
+    for page in doc_pages(&root) {
+        for (n, target) in relative_links(&read(&page)) {
+            let (file, fragment) = target.split_once('#').map_or((target.as_str(), None), |(f, a)| (f, Some(a)));
+            let linked = if file.is_empty() { page.clone() } else { page.parent().expect("a dir").join(file) };
+            let Ok(linked) = std::fs::canonicalize(&linked) else {
+                problems.push(format!("{}:{n}: ({target}): no such file", show(&page)));
+                continue;
+            };
+            let markdown = linked.extension().is_some_and(|e| e == "md");
+            if let Some(fragment) = fragment.filter(|_| markdown)
+                && !anchors(&read(&linked)).contains(fragment)
+            {
+                problems.push(format!("{}:{n}: ({target}): no heading #{fragment} in {}", show(&page), show(&linked)));
+            }
+            if markdown {
+                edges.push((page.clone(), linked));
+            }
+        }
+    }
+    let mut reached = std::collections::HashSet::from([root.join("README.md")]);
+    let mut queue = vec![root.join("README.md")];
+    while let Some(page) = queue.pop() {
+        for (_, to) in edges.iter().filter(|(from, _)| *from == page) {
+            if reached.insert(to.clone()) {
+                queue.push(to.clone());
+            }
+        }
+    }
+    let docs = root.join("docs");
+    for page in doc_pages(&root).into_iter().filter(|p| p.starts_with(&docs) && !reached.contains(p)) {
+        problems.push(format!("{}: no chain of links from README.md reaches it", show(&page)));
+    }
+    problems
+}
+
+/// Every relative link in README.md, ARCHITECTURE.md and docs/ resolves, to a file and, when
+/// it names one, to a heading of that page; and every page under docs/ is reachable from
+/// README.md by links, so a reader can find it.
+#[test]
+fn every_doc_link_resolves_and_every_docs_page_is_reachable_from_the_readme() {
+    let problems = doc_link_problems(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    assert!(problems.is_empty(), "the docs' links:\n{}", problems.join("\n"));
+}
+
+/// The link check sees a planted missing file, a missing heading and an orphan page, and
+/// nothing in code.
+#[test]
+fn the_link_check_sees_a_planted_broken_link_and_an_orphan_page() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |rel: &str, text: &str| plant(dir.path(), rel, text);
+    write("README.md", "# Herald\n\nSee [ops](docs/ops.md#shut-down-a-node) and [`a`](docs/ops.md).\n");
+    write("ARCHITECTURE.md", "## Map\n\n[up](#map), `[no](missing.md)`\n\n```\n[no](missing.md)\n```\n");
+    write("docs/ops.md", "# Ops\n\n## Shut down a node\n\n[Back](../README.md#herald), [sub](sub/plugins.md)\n");
+    write("docs/sub/plugins.md", "# Plugins\n\n## 1. The `Plugin` trait\n\n[here](#1-the-plugin-trait)\n");
+    assert_eq!(doc_link_problems(dir.path()), Vec::<String>::new());
+    write("ARCHITECTURE.md", "## Map\n\n[gone](docs/gone.md) and [deep](docs/ops.md#nowhere)\n");
+    write("docs/orphan.md", "# Nobody links here\n");
+    assert_eq!(
+        doc_link_problems(dir.path()),
+        [
+            "ARCHITECTURE.md:3: (docs/gone.md): no such file",
+            "ARCHITECTURE.md:3: (docs/ops.md#nowhere): no heading #nowhere in docs/ops.md",
+            "docs/orphan.md: no chain of links from README.md reaches it",
+        ]
+    );
+}
+
+/// `.ci/run` runs the very command README.md gives for running the tests.
+#[test]
+fn ci_runs_the_test_command_the_readme_gives() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let section = readme.split("\n## Running the tests\n").nth(1).expect("README: \"## Running the tests\"");
+    let block = section.split("```sh\n").nth(1).and_then(|b| b.split("\n```").next());
+    let command = block.expect("README: a sh block under \"Running the tests\"").trim();
+    let ci = std::fs::read_to_string(root.join(".ci/run")).expect(".ci/run");
+    assert!(
+        ci.lines().any(|l| l.trim() == format!("exec {command}")),
+        "README runs the tests with `{command}`; .ci/run:\n{ci}"
+    );
 }

@@ -1,5 +1,10 @@
 //! What orders plugin writes against the endpoints that bind them: the per-tenant
 //! [`PluginLocks`], and the endpoints that bind a plugin (by name or pinned).
+//!
+//! Bindings are in the store, plugins in the node's directory, and no transaction spans
+//! both: the lock (this node only) orders endpoint writes that bind a plugin with that
+//! plugin's `DELETE` and upload. Which endpoints bind or pin a plugin is
+//! `model::PluginBindings::{binds, pinned}`.
 
 use std::sync::Arc;
 

@@ -2,6 +2,10 @@
 //! time, and the admin's overview. Every figure is an aggregate over an index, so the
 //! answers stay fast with 10k endpoints and 1M deliveries in the store. (Each resource's
 //! own listing lives with the resource: `endpoints`, `tenants`.)
+//!
+//! The endpoints' page with their health is one grouped statement per page
+//! (`endpoints/health.rs`); the SQL of these aggregates is `store/queries/insight.rs`, each
+//! bounded by an index.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,6 +1,17 @@
 //! The admin and intake HTTP API (axum). Architecture invariant: this is the only module
 //! that knows HTTP status codes of the API; every error becomes `{"error": {code, message}}`
 //! here and nowhere else.
+//!
+//! Extractors (`TenantAuth<Scope>`, `Admin`, `JsonBody`, `Path`, `Query`) refuse with that
+//! shape. `routes` is the one route list: each route is registered with its handler's
+//! `#[utoipa::path]` (utoipa-axum), so the router and the OpenAPI document
+//! (`GET /openapi.json`; `doc` adds the security schemes and the error responses every route
+//! of a kind can give) cannot differ; responses are typed structs, so the document's schemas
+//! are the types the handlers serialise. The admin token is compared by digest in constant
+//! time; the token cache is local on a SQLite node and bypassed on Postgres, so a revocation
+//! holds at once. Portal sessions (`portal`) are never cached on any backend: each request
+//! reads its row, so a revocation or an expiry holds at once on every node; `auth` confines
+//! a session to the customer's routes, its endpoint limit and, when read-only, to `GET`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};

@@ -9,6 +9,11 @@
 //! batch, and re-ingesting it is a no-op. When Herald's store fails, the producer
 //! transaction rolls back (rows stay) and the relay backs off. This module speaks no SQL:
 //! the producer's side is `store::outbox`.
+//!
+//! A source's task takes committed rows under `FOR UPDATE SKIP LOCKED` (in `seq` order),
+//! validates each with intake's own `prepare`, and wakes on the table's `NOTIFY` or every
+//! `poll_interval`; it backs off while either database fails, and measures the backlog (lag
+//! on the producer's clock) for `/metrics` and `/readyz`.
 
 mod relay;
 

@@ -15,6 +15,46 @@
 //!   JavaScript runtime component.
 //! - The hook data types ([`DeliveryContext`], [`Request`], [`Outcome`], [`Verdict`],
 //!   …) are generated from the WIT by the one `bindgen!` below.
+//!
+//! How a call runs: with a CPU-time budget, a memory cap and output caps (hostcall fuel
+//! included; the output checks and failure mapping in `output`), on a pool of dedicated
+//! threads (`pool`) where tenants take turns and none holds every thread; a call past 1 ms
+//! of CPU continues at `SCHED_IDLE`, so anything else on the node preempts it. Warm
+//! instances are reused per plugin version (dropped when idle, so an unused plugin holds no
+//! pool slot), each with its WASI context built once and per-call inputs (timestamp,
+//! attempt-seeded random) in a shared cell (`sandbox`); an epoch ticker sleeps while no
+//! call runs (`ticker`). `classify` is called only for the statuses a plugin declares in
+//! `describe`; each loaded version carries its tenant's limits (`[plugins.tenant.<tenant>]`
+//! over `[plugins]`: time budget, memory cap).
+//!
+//! The per-tenant registry (`registry`): tenant limits and atomic install; what a tenant
+//! stores (serving files and kept versions) against its byte limit and which old versions
+//! an upload lets go, never a pinned one (`registry/usage.rs`); background loading, the
+//! hot-reloading watcher and the idle sweeper (`registry/files.rs`); numbered versions
+//! beside the serving file, rollback, pinned `name@n` loads and deletion
+//! (`registry/versions.rs`); the three layers of a plugin's settings
+//! (`registry/settings.rs`); per-plugin call figures, p50/p99 and the latest failures with
+//! their log lines (`registry/stats.rs`).
+//!
+//! Components are checked structurally (`inspect`, wasmparser) before anything is compiled;
+//! `compile` bounds compiles (one at a time, in a `herald plugin compile` child with memory
+//! and time limits) and caches their artifacts outside the plugins directory (`artifacts`:
+//! the atomic write every upload and artifact goes through, and mapping one back; `engine`:
+//! the wasmtime configuration the server and the compile child share, and the server's
+//! instance pool). The binary allocates with mimalloc (`main.rs`); the child is started with
+//! its arenas reserved without access (`MIMALLOC_ARENA_EAGER_COMMIT=0`), so every commit of
+//! memory meets its `RLIMIT_DATA`.
+//!
+//! JavaScript (`js`): a plugin file that is not a component is JavaScript source. It runs on
+//! the one JavaScript runtime component (`sdk-js/runtime.js` on `wit/js.wit`'s `js-runtime`
+//! world, operator-supplied or found beside the binary or in `target/js-runtime`, compiled
+//! in process once and cached beside the other artifacts), which reads the tenant's source
+//! through the `js-source` import and evaluates it once per instance; the instances are the
+//! tenant's own, as for a component. `sdk-js/plugin-host.js` is the one rule for evaluating
+//! a source and converting what its hooks return (shared with the node test kit); what a
+//! hook's type cannot hold, or a source that does not evaluate, ends the call through the
+//! `js-failure` import with a message naming the field or the line (`plugin:invalid_output`,
+//! `plugin:error`), never a bare trap.
 
 mod artifacts;
 mod cli;

@@ -1,5 +1,14 @@
 //! The group committer: callers submit writes concurrently, and whatever is waiting is
 //! folded into one transaction, each caller answered after the commit.
+//!
+//! Every hot-path write goes through it: intake, claims, results, releases and endpoint
+//! state. It counts failed writes and recoveries (`CommitHealth`) for `/metrics`, and while
+//! the store cannot be reached it lets one intake request at a time find out whether it is
+//! back. An attempt's result that cannot commit because the database is out of reach
+//! (`StoreError::is_unavailable`) is tried again until it commits or its fence refuses it
+//! (`worker/attempt.rs::record_until_stored`). On Postgres, under load, the results of
+//! finished deliveries commit in a second transaction beside each commit, since they read
+//! nothing it writes (`split`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -11,6 +11,39 @@ use tokio::sync::{mpsc, watch};
 use super::{CommitSink, Handoff, Notice, PartitionLease, Result, StoreError, WriteOp, WriteResult};
 use crate::model::*;
 
+/// The engine's side of the store: what both backends must do alike.
+///
+/// - A partition's lease (`WriteOp::Partition`) rides the group commit of its claim, and a
+///   claim made under it checks the lease in the same transaction. A claim that gets less
+///   than it asked for also says when the next delivery is due, so a partition at low rates
+///   does not claim again until new work, a change, a retry or that time wakes it (new work
+///   that arrives while it is still sending ends that state at once, so prefetch goes on).
+/// - Claim at intake: while a partition knows nothing of its endpoint waits in the store and
+///   holds its lease, it is open (`worker/known.rs`; `worker/partition/handoff.rs` gives it
+///   the partition's facts: room for a claim's size, leases as long as a claim's), and the
+///   intake commit stores that endpoint's new deliveries already leased to it (`Handoff`,
+///   asked by the writer per delivery); they reach its queue through its signal's inbox with
+///   no claim of their own. It opens in the writer's order of writes, not when it hears
+///   back: the writer numbers its ops, and a partition claim that took all that was due is
+///   told to the engine as it is applied (`Handoff::claimed`), inside its transaction, so no
+///   intake op falls between the claim and the opening; a wake for an intake op numbered
+///   before that claim is not news (`IngestOutcome::seq`). Without this, producers posting
+///   at once kept every partition claiming. Postgres hands off too (its commit loop applies
+///   one node's commits one at a time, numbered the same way), and its intake statement
+///   checks the stored partition lease of each delivery it leases (owner and expiry, as a
+///   claim does); one it cannot lease is queued and announced.
+/// - On Postgres a commit holding only the engine's bookkeeping runs with
+///   `synchronous_commit = off`: the next acknowledged commit flushes it.
+/// - Ordered delivery: an ordered endpoint's deliveries carry an `ordering_key` (fan-out sets
+///   it from the endpoint's `ordering` and the event's key). A claim takes only the heads of
+///   their keys: `sql::is_head` (each key's first unfinished delivery in intake order,
+///   `rowid` on SQLite and `seq` on Postgres, read once per claim from the partial index
+///   `deliveries_ordered`), so a key never has two deliveries claimed, whichever node
+///   claims. Intake never hands an ordered delivery to a partition, and its result is
+///   committed at once (`AttemptResult::ordered`); the attempt then tells its partition to
+///   claim again (`Shared::settled` with a due time of now). On Postgres, intake takes a
+///   transaction lock per (endpoint, key) before numbering its deliveries, so `seq` follows
+///   commit order within a key.
 #[async_trait]
 pub trait Engine: Send + Sync + 'static {
     /// Applies every op in one durable transaction: all commit, or all fail.

@@ -1,6 +1,23 @@
 //! Persistence: the `Store` trait, its SQLite and Postgres implementations, and the
 //! group committer that folds many concurrent writes into one durable transaction.
 //! Architecture invariant: this is the only module that speaks SQL.
+//!
+//! `Store` is the union of four traits split by caller: `Reads` (API, console, metrics,
+//! engine reads; implemented once, generic over sqlx's `Database`, in `queries`), `Admin`
+//! (tenants, tokens, endpoints, plugin settings, replays), `Engine` (group commits,
+//! partitions, claim at intake, notices; its doc is the backend contract) and `Housekeeping`
+//! (lease recovery, purge). `StoreKind` is read off the URL once, by `config`. One
+//! conformance suite, `tests/it/store.rs`, runs against both implementations.
+//!
+//! What the backends share is written once: `sql` (every statement both drivers run, the
+//! delivery and dead-letter filters, how a delivery settles against its endpoint),
+//! `queries` (every read, and on Postgres the administrative writes, generic over sqlx's
+//! `Database`) and `rows` (row decoding). What differs on purpose (`SKIP LOCKED`, `UNNEST`,
+//! `RETURNING`) stays in each writer: each backend keeps its own write path
+//! (`sqlite/writer.rs` and `sqlite/writes.rs`, `postgres/writer.rs`), lease recovery,
+//! replay re-queueing and purging; Postgres adds LISTEN/NOTIFY. The outbox relay's SQL
+//! (against the producer's database) is `outbox`, with the DDL `config/outbox.sql`; the event
+//! types and their numbered schema versions are `event_types`.
 
 use std::sync::Arc;
 

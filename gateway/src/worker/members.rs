@@ -10,6 +10,19 @@
 //! (a node joined) hands it back at its next step; an endpoint whose preferred node does
 //! not take it (no lease held while work is overdue) is taken over by whichever node scans
 //! it first (see `worker::dispatch`).
+//!
+//! On Postgres every node heartbeats into `cluster_nodes` once a second (by the database's
+//! clock) on a task of its own. A node starts partitions only for its own endpoints (`wake`);
+//! a partition whose endpoint moved (the membership changed, which wakes even an idle one)
+//! hands its queue back and releases its lease, as does an idle partition of another node's
+//! endpoint when it retires. The scan wakes whatever partition runs here for an endpoint with
+//! due work, whoever's it is, and takes over another node's due work once it has seen it
+//! with no lease held for `TAKEOVER_AFTER` (5 s), offering it back after `TAKEOVER_HOLD`
+//! (10 s). After an outage a node drops other nodes only once it has been back for the
+//! member timeout (their rows are as old as the outage). When the LISTEN connection comes
+//! back, notices may have been lost (`Notice::Missed`): every partition re-reads its
+//! endpoint and the scan runs at once. A draining node leaves first and writes no heartbeat
+//! after. SQLite: no membership, the node paces everything.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

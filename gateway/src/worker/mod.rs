@@ -10,6 +10,11 @@
 //! - [`decide`]: what a verdict means for the delivery and its endpoint (pure);
 //! - [`known`]: what a partition knows of its endpoint's work, and claim at intake (pure);
 //! - [`members`]: which endpoints this node paces when nodes share a store.
+//!
+//! A partition is a private `Partition` with named steps (hold the lease, refresh, prefetch,
+//! refill or idle, send next). A change to its endpoint (API, or another node's `NOTIFY`)
+//! wakes it from any wait and re-plans the pacer from the new settings (`signal`: what wakes
+//! it and what it shares with its attempts).
 
 mod attempt;
 mod decide;

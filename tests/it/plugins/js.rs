@@ -431,7 +431,7 @@ async fn a_missing_runtime_shows_a_tenant_no_server_path() -> anyhow::Result<()>
     Ok(())
 }
 
-/// README's "Writing a plugin in JavaScript", followed literally from a fresh directory
+/// docs/plugins/javascript.md, followed literally from a fresh directory
 /// with only the `herald` binary (which finds the runtime itself): `herald plugin new
 /// --lang js` scaffolds a plugin whose own test passes under node, which `plugin check`
 /// loads and `plugin run` runs on the `input.json` it wrote; a second scaffold over it is
