@@ -350,7 +350,8 @@ pub fn pem_reason(e: &rustls_pki_types::pem::Error) -> String {
         if s.chars().count() > 80 { format!("{}…", s.chars().take(80).collect::<String>()) } else { s.to_string() }
     };
     match e {
-        Error::MissingSectionEnd { end_marker } => format!("a section has no {:?} line", text(end_marker)),
+        // `end_marker` is the section's label (`CERTIFICATE`).
+        Error::MissingSectionEnd { end_marker } => format!("a section has no \"-----END {}-----\" line", text(end_marker)),
         Error::IllegalSectionStart { line } => format!("malformed section start {:?}", text(line)),
         Error::Base64Decode(_) => "a section's body is not valid base64".into(),
         Error::NoItemsFound => "no PEM section found".into(),
