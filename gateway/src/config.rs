@@ -297,7 +297,10 @@ impl RawConfig {
     /// What `herald check-config` checks: what [`Config::load`] does, and also the file's
     /// own values that variables hide (a wrong one would be used once they are unset).
     /// Returns the configuration as loaded.
-    pub fn check(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<RawConfig, ConfigError> {
+    pub fn check(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<RawConfig, ConfigError> {
         let env: Vec<(String, String)> = env.into_iter().collect();
         let (raw, vars) = Self::read(path, env.clone())?;
         raw.clone().validate().map_err(|e| vars.blame(e))?;
@@ -312,15 +315,22 @@ impl RawConfig {
             return Ok(raw);
         }
         let rest = env.into_iter().filter(|(name, _)| !hidden.contains(&name.as_str()));
-        Self::read(Some(path), rest).and_then(|(file_raw, vars)| file_raw.validate().map_err(|e| vars.blame(e))).map_err(
-            |source| ConfigError::Hidden { path: path.to_path_buf(), vars: hidden.join(", "), source: Box::new(source) },
-        )?;
+        Self::read(Some(path), rest)
+            .and_then(|(file_raw, vars)| file_raw.validate().map_err(|e| vars.blame(e)))
+            .map_err(|source| ConfigError::Hidden {
+                path: path.to_path_buf(),
+                vars: hidden.join(", "),
+                source: Box::new(source),
+            })?;
         Ok(raw)
     }
 
     /// [`RawConfig::load`], and which keys the variables set. A value of the wrong type is
     /// named by its key, and by its variable when one set it.
-    fn read(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<(RawConfig, Vars), ConfigError> {
+    fn read(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(RawConfig, Vars), ConfigError> {
         let mut doc = match path {
             Some(p) => read_file(p)?,
             None => toml::Table::new(),
@@ -381,7 +391,8 @@ fn key_lines(value: &toml::Value, path: &str, lines: &mut Vec<String>) {
 
 /// The TOML table of the file at `path`.
 fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
     text.parse::<toml::Table>().map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })
 }
 
@@ -405,18 +416,17 @@ fn apply_env(doc: &mut toml::Table, env: impl IntoIterator<Item = (String, Strin
         let Some((section, key, default)) = found else {
             return Err(invalid(&name, "no such configuration key"));
         };
-        let parsed = match default {
-            toml::Value::String(_) => toml::Value::String(value),
-            _ => format!("v = {value}")
-                .parse::<toml::Table>()
-                .ok()
-                .and_then(|mut t| t.remove("v"))
-                .ok_or_else(|| ConfigError::Variable {
-                    var: name.clone(),
-                    key: format!("{section}.{key}"),
-                    reason: format!("cannot parse {value:?} as a TOML value"),
-                })?,
-        };
+        let parsed =
+            match default {
+                toml::Value::String(_) => toml::Value::String(value),
+                _ => format!("v = {value}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v")).ok_or_else(
+                    || ConfigError::Variable {
+                        var: name.clone(),
+                        key: format!("{section}.{key}"),
+                        reason: format!("cannot parse {value:?} as a TOML value"),
+                    },
+                )?,
+            };
         let table = doc.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         let Some(table) = table.as_table_mut() else {
             return Err(invalid(&section, "must be a table"));

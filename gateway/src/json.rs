@@ -281,7 +281,10 @@ mod tests {
         assert_eq!(within("events[2]", "type: required"), "events[2].type: required");
         assert_eq!(within("events[2]", "[0]: expected a string"), "events[2][0]: expected a string");
         assert_eq!(within("payload", "body: trailing characters"), "payload: trailing characters");
-        assert_eq!(within("payload", "a.b: the key is given more than once"), "payload.a.b: the key is given more than once");
+        assert_eq!(
+            within("payload", "a.b: the key is given more than once"),
+            "payload.a.b: the key is given more than once"
+        );
     }
 
     #[test]
@@ -299,7 +302,10 @@ mod tests {
         };
         assert_eq!(read(r#"[{"a": 1}]"#), Ok(1));
         assert_eq!(read("[[1]]"), Err("[0]: expected a JSON object, got an array".to_string()));
-        assert_eq!(read(r#"[{"a": "x"}]"#), Err("[0].a: expected a whole number, 0 or more, got string \"x\"".to_string()));
+        assert_eq!(
+            read(r#"[{"a": "x"}]"#),
+            Err("[0].a: expected a whole number, 0 or more, got string \"x\"".to_string())
+        );
     }
 
     #[test]

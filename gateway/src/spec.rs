@@ -313,8 +313,9 @@ pub fn check_tls(cert: Option<&str>, key: Option<&str>, ca: Option<&str>, now: i
     if let (Some(cert), Some(key)) = (cert, key) {
         let chain = certs("tls.client_cert", cert)?;
         // The parser's own error is its internals (`Parsing Error: Error(Der(…))`).
-        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0])
-            .map_err(|_| SpecError::new("tls.client_cert", "holds a CERTIFICATE section that is not an X.509 certificate"))?;
+        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).map_err(|_| {
+            SpecError::new("tls.client_cert", "holds a CERTIFICATE section that is not an X.509 certificate")
+        })?;
         let not_after = leaf.validity().not_after.timestamp();
         if not_after <= now {
             return Err(SpecError::new("tls.client_cert", format!("expired at {}", leaf.validity().not_after)));
@@ -351,7 +352,9 @@ pub fn pem_reason(e: &rustls_pki_types::pem::Error) -> String {
     };
     match e {
         // `end_marker` is the section's label (`CERTIFICATE`).
-        Error::MissingSectionEnd { end_marker } => format!("a section has no \"-----END {}-----\" line", text(end_marker)),
+        Error::MissingSectionEnd { end_marker } => {
+            format!("a section has no \"-----END {}-----\" line", text(end_marker))
+        }
         Error::IllegalSectionStart { line } => format!("malformed section start {:?}", text(line)),
         Error::Base64Decode(_) => "a section's body is not valid base64".into(),
         Error::NoItemsFound => "no PEM section found".into(),

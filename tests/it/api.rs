@@ -378,7 +378,14 @@ async fn every_refusal_starts_with_the_field() -> anyhow::Result<()> {
         ),
         ("POST", "/v1/tenants".into(), r#"{"id": 7}"#.into(), 400, "invalid_request", "id: expected a string"),
         ("POST", "/v1/tenants".into(), r#"{"name": "x"}"#.into(), 400, "invalid_request", "id: required"),
-        ("POST", "/v1/tenants".into(), "[1]".into(), 400, "invalid_request", "body: expected a JSON object, got an array"),
+        (
+            "POST",
+            "/v1/tenants".into(),
+            "[1]".into(),
+            400,
+            "invalid_request",
+            "body: expected a JSON object, got an array",
+        ),
         ("POST", "/v1/tenants".into(), "{not json".into(), 400, "invalid_request", "body: key must be a string"),
         (
             "POST",
@@ -602,9 +609,19 @@ async fn each_message_starts_with_its_field_once() -> anyhow::Result<()> {
         (batch, r#"{"events": [["evt_1", "a.b", {}]]}"#.into(), 400, "events[0]: expected a JSON object, got an array"),
         (batch, r#"{"events": {"type": "a.b"}}"#.into(), 400, "events: expected an array, got an object"),
         (events, r#"{"type": "a b", "payload": {}}"#.into(), 400, "type: \"a b\" is not an event type (…"),
-        (batch, r#"{"events": [{"type": "a", "payload": 1}, {"type": "a b", "payload": 1}]}"#.into(), 400, "events[1].type: \"a b\" is not an event type (…"),
+        (
+            batch,
+            r#"{"events": [{"type": "a", "payload": 1}, {"type": "a b", "payload": 1}]}"#.into(),
+            400,
+            "events[1].type: \"a b\" is not an event type (…",
+        ),
         (events, r#"{"id": "a b", "type": "a", "payload": {}}"#.into(), 400, "id: \"a b\" is not an event id (…"),
-        (events, r#"{"type": "a", "payload": {}, "ordering_key": ""}"#.into(), 400, "ordering_key: must be 1-256 visible ASCII characters"),
+        (
+            events,
+            r#"{"type": "a", "payload": {}, "ordering_key": ""}"#.into(),
+            400,
+            "ordering_key: must be 1-256 visible ASCII characters",
+        ),
         (batch, r#"{"events": []}"#.into(), 400, "events: must not be empty"),
         (endpoints, format!(r#"{{{ep}, "rate_per_sec": 0}}"#), 422, "rate_per_sec: must be a finite number in (0, …"),
         (endpoints, format!(r#"{{{ep}, "burst": 0}}"#), 422, "burst: must be at least 1"),
@@ -621,9 +638,24 @@ async fn each_message_starts_with_its_field_once() -> anyhow::Result<()> {
             422,
             r#"retry.jitter: must be "none", "full" or a percentage like "20%", got "half""#,
         ),
-        (endpoints, format!(r#"{{{ep}, "retry": {{"base": "10s", "cap": "1s"}}}}"#), 422, "retry.cap: 1s is less than the base delay (10s)"),
-        (endpoints, format!(r#"{{{ep}, "retry": {{"factor": 0.5}}}}"#), 422, "retry.factor: must be a finite number >= 1, got 0.5"),
-        (endpoints, format!(r#"{{{ep}, "retry": {{"max_attempts": 0}}}}"#), 422, "retry.max_attempts: must be at least 1"),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "retry": {{"base": "10s", "cap": "1s"}}}}"#),
+            422,
+            "retry.cap: 1s is less than the base delay (10s)",
+        ),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "retry": {{"factor": 0.5}}}}"#),
+            422,
+            "retry.factor: must be a finite number >= 1, got 0.5",
+        ),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "retry": {{"max_attempts": 0}}}}"#),
+            422,
+            "retry.max_attempts: must be at least 1",
+        ),
         (
             endpoints,
             format!(r#"{{{ep}, "tls": {{"ca_bundle": {unterminated}}}}}"#),
@@ -665,7 +697,12 @@ async fn a_body_over_the_limit_names_the_limit() -> anyhow::Result<()> {
     let body = format!(r#"{{"type": "a", "payload": "{}"}}"#, "x".repeat(limit));
     for path in ["/v1/tenants/acme/events", "/v1/tenants/acme/endpoints"] {
         let r = api.raw("POST", path, Some(ADMIN_TOKEN), body.clone()).await?;
-        assert_eq!((r.status, r.json["error"]["code"].as_str()), (413, Some("payload_too_large")), "{path}: {}", r.text);
+        assert_eq!(
+            (r.status, r.json["error"]["code"].as_str()),
+            (413, Some("payload_too_large")),
+            "{path}: {}",
+            r.text
+        );
         let message = r.json["error"]["message"].as_str().unwrap_or_default();
         let want = format!("body: over the limit of {limit} bytes (");
         assert!(message.starts_with(&want), "{path}: {message:?} should start {want:?}");

@@ -407,7 +407,8 @@ async fn one_rule_for_types_outside_the_catalog() -> anyhow::Result<()> {
             .expect(200)?;
         let endpoint = json!({"url": rx.url(), "event_types": ["shipment.sent"]});
         let subscribed = api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, endpoint).await?;
-        let posted = api.event("acme", json!({"id": format!("evt_{i}"), "type": "shipment.sent", "payload": {}})).await?;
+        let posted =
+            api.event("acme", json!({"id": format!("evt_{i}"), "type": "shipment.sent", "payload": {}})).await?;
         if mode == "enforce" {
             ensure!(subscribed.status == 422 && posted.status == 422, "{mode}: {} / {}", subscribed.text, posted.text);
             let (sub, post) = (message(&subscribed), message(&posted));

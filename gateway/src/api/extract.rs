@@ -134,7 +134,9 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
         let RawBody(body) = RawBody::from_request(req, state).await?;
         let value: Value = match body.is_empty() {
             true if patch => {
-                return Err(ApiError::bad_request("body: required, a JSON object of the fields to change (none: `{}`)"));
+                return Err(ApiError::bad_request(
+                    "body: required, a JSON object of the fields to change (none: `{}`)",
+                ));
             }
             true => Value::Object(Default::default()),
             false => json::parse_strict(&body).map_err(ApiError::bad_request)?,
