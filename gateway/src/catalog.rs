@@ -163,13 +163,31 @@ impl Catalog {
         snapshot.owned(tenant.as_str()).is_some() || snapshot.owned("").is_some()
     }
 
-    /// The first of an endpoint's `event_types` filters that names no type of the tenant's
-    /// catalog (a `prefix.*` filter must match at least one); `None` when all do, or when
-    /// the tenant has no catalog.
-    pub fn unknown_filter<'f>(&self, tenant: &TenantId, filters: &'f [String]) -> Option<&'f str> {
+    /// Why an endpoint's `event_types` are refused, if they are: under [`OUTSIDE_RULE`],
+    /// the first filter that names no type of the tenant's catalog (a `prefix.*` filter
+    /// must match at least one). `None` when all do, or the tenant does not enforce its
+    /// catalog, or has none.
+    pub fn refused_filter(&self, tenant: &TenantId, filters: &[String]) -> Option<String> {
         let snapshot = self.snapshot();
-        let own = snapshot.owned(tenant.as_str());
-        let operator = snapshot.owned("");
+        if snapshot.modes.get(tenant) != Some(&SchemaValidation::Enforce) {
+            return None;
+        }
+        let unknown = snapshot.unknown_filter(tenant, filters)?;
+        Some(format!("event_types: {unknown:?} names no type of the event catalog ({OUTSIDE_RULE})"))
+    }
+}
+
+/// The one rule for event types outside a tenant's catalog, for posting and subscribing
+/// alike; every refusal under it says it.
+pub const OUTSIDE_RULE: &str = "with schema_validation \"enforce\", events and endpoints take only the catalog's \
+     types; with \"warn\" or \"off\", any type";
+
+impl Snapshot {
+    /// The first of `filters` that names no type of the tenant's catalog; `None` when all
+    /// do, or when the tenant has no catalog.
+    fn unknown_filter<'f>(&self, tenant: &TenantId, filters: &'f [String]) -> Option<&'f str> {
+        let own = self.owned(tenant.as_str());
+        let operator = self.owned("");
         if own.is_none() && operator.is_none() {
             return None;
         }
@@ -177,9 +195,7 @@ impl Catalog {
         let known = |f: &String| names.iter().any(|n| type_filter_matches(std::slice::from_ref(f), n));
         filters.iter().find(|f| f.as_str() != "*" && !known(f)).map(String::as_str)
     }
-}
 
-impl Snapshot {
     fn build(
         revision: i64,
         old: &Snapshot,
@@ -211,7 +227,7 @@ impl Snapshot {
         }
         let found = own.and_then(|m| m.get(event_type)).or_else(|| operator.and_then(|m| m.get(event_type)));
         let Some(compiled) = found else {
-            return Some(format!("type: {event_type:?} is not in the event catalog"));
+            return Some(format!("type: {event_type:?} is not in the event catalog ({OUTSIDE_RULE})"));
         };
         let validator = compiled.validator.as_ref()?;
         let value: serde_json::Value = match serde_json::from_str(payload) {

@@ -27,6 +27,38 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config key `{key}`: {reason}")]
     Invalid { key: String, reason: String },
+    /// A key's value came from a `HERALD_*` variable, and is wrong.
+    #[error("{var} (config key `{key}`): {reason}")]
+    Variable { var: String, key: String, reason: String },
+    /// A value of the file that variables hide is wrong: it would be used once they are
+    /// unset (`herald check-config` looks).
+    #[error("{source} (in config file {path}, hidden by {vars})")]
+    Hidden { path: PathBuf, vars: String, source: Box<ConfigError> },
+}
+
+/// The keys `HERALD_*` variables set: `(section.key, variable)`.
+#[derive(Debug, Default)]
+struct Vars(Vec<(String, String)>);
+
+impl Vars {
+    /// The variable that set `key`, or a key that holds it (`secrets.previous_keys[0]`), or
+    /// (for a whole section's error) one of its keys.
+    fn of(&self, key: &str) -> Option<&str> {
+        let within = |outer: &str, inner: &str| inner.strip_prefix(outer).is_some_and(|r| r.starts_with(['.', '[']));
+        let set = |k: &String| k == key || within(k, key) || within(key, k);
+        self.0.iter().find(|(k, _)| set(k)).map(|(_, var)| var.as_str())
+    }
+
+    /// `e` naming the variable that set its key, if one did.
+    fn blame(&self, e: ConfigError) -> ConfigError {
+        match e {
+            ConfigError::Invalid { key, reason } => match self.of(&key) {
+                Some(var) => ConfigError::Variable { var: var.to_string(), key, reason },
+                None => ConfigError::Invalid { key, reason },
+            },
+            e => e,
+        }
+    }
 }
 
 fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -244,9 +276,11 @@ pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
 pub const CLIENT_VARS: [&str; 2] = ["HERALD_API", "HERALD_TOKEN"];
 
 impl Config {
-    /// Reads `path` (if any), applies `HERALD_*` variables from `env`, and validates.
+    /// Reads `path` (if any), applies `HERALD_*` variables from `env`, and validates. An
+    /// error names the key at fault, and the variable when one set it.
     pub fn load(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
-        RawConfig::load(path, env)?.validate()
+        let (raw, vars) = RawConfig::read(path, env)?;
+        raw.validate().map_err(|e| vars.blame(e))
     }
 }
 
@@ -257,24 +291,64 @@ impl RawConfig {
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<RawConfig, ConfigError> {
+        Self::read(path, env).map(|(raw, _)| raw)
+    }
+
+    /// What `herald check-config` checks: what [`Config::load`] does, and also the file's
+    /// own values that variables hide (a wrong one would be used once they are unset).
+    /// Returns the configuration as loaded.
+    pub fn check(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<RawConfig, ConfigError> {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        let (raw, vars) = Self::read(path, env.clone())?;
+        raw.clone().validate().map_err(|e| vars.blame(e))?;
+        let Some(path) = path else { return Ok(raw) };
+        let file = read_file(path)?;
+        let in_file = |key: &str| {
+            let (section, key) = key.split_once('.').unwrap_or((key, ""));
+            file.get(section).and_then(toml::Value::as_table).is_some_and(|t| t.contains_key(key))
+        };
+        let hidden: Vec<&str> = vars.0.iter().filter(|(key, _)| in_file(key)).map(|(_, var)| var.as_str()).collect();
+        if hidden.is_empty() {
+            return Ok(raw);
+        }
+        let rest = env.into_iter().filter(|(name, _)| !hidden.contains(&name.as_str()));
+        Self::read(Some(path), rest)
+            .and_then(|(file_raw, vars)| file_raw.validate().map_err(|e| vars.blame(e)))
+            .map_err(|source| ConfigError::Hidden {
+                path: path.to_path_buf(),
+                vars: hidden.join(", "),
+                source: Box::new(source),
+            })?;
+        Ok(raw)
+    }
+
+    /// [`RawConfig::load`], and which keys the variables set. A value of the wrong type is
+    /// named by its key, and by its variable when one set it.
+    fn read(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(RawConfig, Vars), ConfigError> {
         let mut doc = match path {
-            Some(p) => {
-                let text =
-                    std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })?;
-                text.parse::<toml::Table>()
-                    .map_err(|e| ConfigError::Parse { path: p.to_path_buf(), message: e.to_string() })?
-            }
+            Some(p) => read_file(p)?,
             None => toml::Table::new(),
         };
-        apply_env(&mut doc, env)?;
-        // A value of the wrong type (from the file or a variable) is named by its key.
+        let vars = apply_env(&mut doc, env)?;
         let raw: RawConfig = serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(
-            |e: serde_path_to_error::Error<toml::de::Error>| ConfigError::Parse {
-                path: path.map(Path::to_path_buf).unwrap_or_else(|| "<defaults>".into()),
-                message: format!("{}: {}", e.path(), e.inner().message()),
+            |e: serde_path_to_error::Error<toml::de::Error>| {
+                let (key, reason) = (e.path().to_string(), e.inner().message().to_string());
+                match vars.of(&key) {
+                    Some(var) => ConfigError::Variable { var: var.to_string(), key, reason },
+                    None => ConfigError::Parse {
+                        path: path.map(Path::to_path_buf).unwrap_or_else(|| "<defaults>".into()),
+                        message: format!("{key}: {reason}"),
+                    },
+                }
             },
         )?;
-        Ok(raw)
+        Ok((raw, vars))
     }
 
     /// Every key with its value, one `section.key = value` line each in TOML's notation
@@ -315,9 +389,18 @@ fn key_lines(value: &toml::Value, path: &str, lines: &mut Vec<String>) {
     }
 }
 
-/// Applies `HERALD_<SECTION>_<KEY>` overrides. Known keys come from the defaults, so a
-/// variable for a key that does not exist is an error, not silently ignored.
-fn apply_env(doc: &mut toml::Table, env: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
+/// The TOML table of the file at `path`.
+fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    text.parse::<toml::Table>().map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })
+}
+
+/// Applies `HERALD_<SECTION>_<KEY>` overrides, and says which keys they set. Known keys
+/// come from the defaults, so a variable for a key that does not exist is an error, not
+/// silently ignored.
+fn apply_env(doc: &mut toml::Table, env: impl IntoIterator<Item = (String, String)>) -> Result<Vars, ConfigError> {
+    let mut vars = Vars::default();
     let defaults = toml::Table::try_from(RawConfig::default()).expect("defaults serialize");
     for (name, value) in env {
         let Some(rest) = name.strip_prefix("HERALD_") else { continue };
@@ -333,21 +416,25 @@ fn apply_env(doc: &mut toml::Table, env: impl IntoIterator<Item = (String, Strin
         let Some((section, key, default)) = found else {
             return Err(invalid(&name, "no such configuration key"));
         };
-        let parsed = match default {
-            toml::Value::String(_) => toml::Value::String(value),
-            _ => format!("v = {value}")
-                .parse::<toml::Table>()
-                .ok()
-                .and_then(|mut t| t.remove("v"))
-                .ok_or_else(|| invalid(&name, format!("cannot parse {value:?}")))?,
-        };
+        let parsed =
+            match default {
+                toml::Value::String(_) => toml::Value::String(value),
+                _ => format!("v = {value}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v")).ok_or_else(
+                    || ConfigError::Variable {
+                        var: name.clone(),
+                        key: format!("{section}.{key}"),
+                        reason: format!("cannot parse {value:?} as a TOML value"),
+                    },
+                )?,
+            };
         let table = doc.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         let Some(table) = table.as_table_mut() else {
             return Err(invalid(&section, "must be a table"));
         };
+        vars.0.push((format!("{section}.{key}"), name));
         table.insert(key, parsed);
     }
-    Ok(())
+    Ok(vars)
 }
 
 /// The longest duration any setting accepts (100 years). Every duration is stored and
@@ -513,14 +600,14 @@ impl RawRetry {
             self.max_attempts,
             duration("retry.ttl", &self.ttl)?,
         )
-        .map_err(|e| invalid("retry", e.to_string()))
+        .map_err(|e| invalid(&format!("retry.{}", e.field()), e.to_string()))
     }
 }
 
 impl RawEndpointDefaults {
     fn validate(&self) -> Result<EndpointDefaults, ConfigError> {
         crate::pace::Pacer::try_new(self.rate_per_sec, self.burst, self.max_in_flight)
-            .map_err(|e| invalid("endpoint_defaults", e.to_string()))?;
+            .map_err(|e| invalid(&format!("endpoint_defaults.{}", e.field()), e.to_string()))?;
         Ok(EndpointDefaults { rate_per_sec: self.rate_per_sec, burst: self.burst, max_in_flight: self.max_in_flight })
     }
 }

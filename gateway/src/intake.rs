@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use crate::catalog::{Catalog, Check};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::json::{Object, within};
 use crate::metrics::Metrics;
 use crate::model::{
     EndpointId, EventId, Millis, NewEvent, TenantId, event_fingerprint, validate_event_type, validate_ordering_key,
@@ -47,10 +48,13 @@ pub type Waker = std::sync::Arc<dyn Wake>;
 pub enum IntakeError {
     #[error("{0}")]
     Invalid(String),
-    #[error("payload is {size} bytes, over the limit of {limit}")]
-    TooLarge { size: usize, limit: usize },
-    #[error("payload nests deeper than {limit} levels of arrays and objects")]
-    TooDeep { limit: usize },
+    /// `at` is the payload's path (`payload`, `events[3].payload`).
+    #[error("{at}: {size} bytes, over the limit of {limit} (server.max_payload_bytes)")]
+    TooLarge { at: String, size: usize, limit: usize },
+    /// `at` is `payload`, or `events` when one of a batch's payloads is (the depth is
+    /// measured on the whole body, before it is parsed).
+    #[error("{at}: nests deeper than {limit} levels of arrays and objects")]
+    TooDeep { at: &'static str, limit: usize },
     /// The payload fails its type's schema, or the catalog lacks its type, and the tenant
     /// enforces its catalog (`schema_validation: enforce`); the reason names the path.
     #[error("{0}")]
@@ -85,11 +89,12 @@ pub struct EventIn<'a> {
 }
 
 /// A batch as posted: `{"events": [ ... ]}`.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchIn<'a> {
     #[serde(borrow)]
-    pub events: Vec<EventIn<'a>>,
+    #[schema(value_type = Vec<EventIn<'_>>)]
+    pub events: Vec<Object<EventIn<'a>>>,
 }
 
 /// How deeply a payload may nest arrays and objects. Below the JSON parser's own limit
@@ -134,10 +139,11 @@ pub fn prepare(
     rng: &mut impl rand::Rng,
 ) -> Result<NewEvent, IntakeError> {
     let limits = checks.limits;
-    validate_event_type(&input.event_type).map_err(IntakeError::Invalid)?;
+    validate_event_type(&input.event_type).map_err(|e| IntakeError::Invalid(format!("type: {e}")))?;
     let payload = input.payload.get();
     if payload.len() > limits.max_payload_bytes {
-        return Err(IntakeError::TooLarge { size: payload.len(), limit: limits.max_payload_bytes });
+        let (at, size, limit) = ("payload".into(), payload.len(), limits.max_payload_bytes);
+        return Err(IntakeError::TooLarge { at, size, limit });
     }
     match checks.catalog.check(tenant, &input.event_type, payload) {
         Check::Pass => {}
@@ -145,11 +151,11 @@ pub fn prepare(
         Check::Refused(reason) => return Err(IntakeError::Schema(reason)),
     }
     let id = match &input.id {
-        Some(id) => EventId::parse(id).map_err(|e| IntakeError::Invalid(e.0))?,
+        Some(id) => EventId::parse(id).map_err(|e| IntakeError::Invalid(format!("id: {}", e.0)))?,
         None => EventId::generate(now, rng),
     };
     if let Some(key) = &input.ordering_key {
-        validate_ordering_key(key).map_err(IntakeError::Invalid)?;
+        validate_ordering_key(key).map_err(|e| IntakeError::Invalid(format!("ordering_key: {e}")))?;
     }
     Ok(NewEvent {
         tenant: tenant.clone(),
@@ -176,11 +182,14 @@ pub fn prepare_fields(
 ) -> Result<NewEvent, IntakeError> {
     let limits = checks.limits;
     if payload.len() > limits.max_payload_bytes {
-        return Err(IntakeError::TooLarge { size: payload.len(), limit: limits.max_payload_bytes });
+        let (at, size, limit) = ("payload".into(), payload.len(), limits.max_payload_bytes);
+        return Err(IntakeError::TooLarge { at, size, limit });
     }
     if nesting_depth(payload.as_bytes()) > MAX_PAYLOAD_DEPTH {
-        return Err(IntakeError::TooDeep { limit: MAX_PAYLOAD_DEPTH });
+        return Err(IntakeError::TooDeep { at: "payload", limit: MAX_PAYLOAD_DEPTH });
     }
+    // What the events API refuses, a row is refused for too: invalid JSON, a key given twice.
+    crate::json::check_strict(payload.as_bytes()).map_err(|e| IntakeError::Invalid(within("payload", &e)))?;
     let payload: &RawValue =
         serde_json::from_str(payload).map_err(|e| IntakeError::Invalid(format!("payload: invalid JSON: {e}")))?;
     let input = EventIn { id: Some(id.to_string()), event_type: event_type.to_string(), payload, ordering_key: None };
@@ -189,20 +198,21 @@ pub fn prepare_fields(
 
 /// Parses one posted event's body (`{"type": …, "payload": …}`), nesting limit first.
 pub fn parse_one(body: &[u8]) -> Result<EventIn<'_>, IntakeError> {
-    parse(body, 1)
+    parse(body, 1, "payload")
 }
 
 /// Parses `body` as `T` after checking that nothing in it nests deeper than
 /// [`MAX_PAYLOAD_DEPTH`] plus the `envelope` levels around each payload, and that no
 /// object in it, payloads included, gives a key twice (receivers' parsers disagree on which
-/// copy wins). Errors start with the field path (`events[2].type: required`).
-fn parse<'a, T: Deserialize<'a>>(body: &'a [u8], envelope: usize) -> Result<T, IntakeError> {
+/// copy wins). The body must be an object. Errors start with the field path
+/// (`events[2].type: required`); a payload too deep is said of `deep` (what holds it).
+fn parse<'a, T: Deserialize<'a>>(body: &'a [u8], envelope: usize, deep: &'static str) -> Result<T, IntakeError> {
     if nesting_depth(body) > MAX_PAYLOAD_DEPTH + envelope {
-        return Err(IntakeError::TooDeep { limit: MAX_PAYLOAD_DEPTH });
+        return Err(IntakeError::TooDeep { at: deep, limit: MAX_PAYLOAD_DEPTH });
     }
     // Syntax and trailing characters are checked here too, so what follows fails on types only.
     crate::json::check_strict(body).map_err(IntakeError::Invalid)?;
-    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body)).map_err(|e| {
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body)).map(|Object(t)| t).map_err(|e| {
         let at = e.path().to_string();
         IntakeError::Invalid(crate::json::describe(&at, &crate::json::message(e.inner())))
     })
@@ -245,13 +255,13 @@ pub fn prepare_batch(
 ) -> Result<Vec<NewEvent>, IntakeError> {
     let limits = checks.limits;
     // `{"events": [{"payload": …}]}`: three levels around each payload.
-    let batch: BatchIn<'_> = parse(body, 3)?;
+    let batch: BatchIn<'_> = parse(body, 3, "events")?;
     if batch.events.is_empty() {
-        return Err(IntakeError::Invalid("events must not be empty".into()));
+        return Err(IntakeError::Invalid("events: must not be empty".into()));
     }
     if batch.events.len() > limits.max_events_per_request {
         return Err(IntakeError::Invalid(format!(
-            "{} events in one request, over the limit of {}",
+            "events: {} events, over the limit of {} (intake.max_events_per_request)",
             batch.events.len(),
             limits.max_events_per_request
         )));
@@ -260,10 +270,14 @@ pub fn prepare_batch(
         .events
         .iter()
         .enumerate()
-        .map(|(i, e)| {
+        .map(|(i, Object(e))| {
+            let at = format!("events[{i}]");
             prepare(tenant, e, checks, now, rng).map_err(|err| match err {
-                IntakeError::Invalid(m) => IntakeError::Invalid(format!("events[{i}]: {m}")),
-                IntakeError::Schema(m) => IntakeError::Schema(format!("events[{i}]: {m}")),
+                IntakeError::Invalid(m) => IntakeError::Invalid(within(&at, &m)),
+                IntakeError::Schema(m) => IntakeError::Schema(within(&at, &m)),
+                IntakeError::TooLarge { at: field, size, limit } => {
+                    IntakeError::TooLarge { at: format!("{at}.{field}"), size, limit }
+                }
                 other => other,
             })
         })

@@ -44,7 +44,7 @@ pub fn describe(at: &str, error: &str) -> String {
     }
     for kind in ["invalid type: ", "invalid value: "] {
         if let Some((got, expected)) = error.strip_prefix(kind).and_then(|r| r.rsplit_once(", expected ")) {
-            return format!("{here}: expected {}, got {got}", expected_words(expected));
+            return format!("{here}: expected {}, got {}", expected_words(expected), got_words(got));
         }
     }
     match error {
@@ -56,6 +56,51 @@ pub fn describe(at: &str, error: &str) -> String {
         "invalid float literal" => format!("{here}: expected a number"),
         "provided string was not `true` or `false`" => format!("{here}: expected true or false"),
         _ => format!("{here}: {error}"),
+    }
+}
+
+/// `message` (which starts with a path, or `body`) as said of the value at `parent`:
+/// `within("events[2]", "type: required")` is `events[2].type: required`, and
+/// `within("payload", "body: must be …")` is `payload: must be …`. The one way a message
+/// gets the path of what contains its field.
+pub fn within(parent: &str, message: &str) -> String {
+    match message.strip_prefix("body: ") {
+        Some(rest) => format!("{parent}: {rest}"),
+        None if message.starts_with('[') => format!("{parent}{message}"),
+        None => format!("{parent}.{message}"),
+    }
+}
+
+/// What a JSON value is, in a user's words (`got an array`).
+pub fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A `T` read from a JSON object only. serde's derived structs also take an array of their
+/// fields in order (`["evt_1", "a.b", {}]`), which no user means: through `Object` that is
+/// refused as `expected a JSON object, got an array`.
+pub struct Object<T>(pub T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Object<T> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Only<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> Visitor<'de> for Only<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Only(std::marker::PhantomData)).map(Object)
     }
 }
 
@@ -71,6 +116,16 @@ pub fn message(e: &serde_json::Error) -> String {
 /// `error` after `lead` and up to the closing backquote, and what follows it.
 fn quoted<'e>(error: &'e str, lead: &str) -> Option<(&'e str, &'e str)> {
     error.strip_prefix(lead)?.split_once('`')
+}
+
+/// serde's name of the value it got in a user's words (JSON's, not Rust's).
+fn got_words(got: &str) -> &str {
+    match got {
+        "sequence" => "an array",
+        "map" => "an object",
+        "unit value" => "null",
+        got => got,
+    }
 }
 
 /// serde's name of an expected type in a user's words.
@@ -219,6 +274,38 @@ mod tests {
         assert_eq!(parse_strict(b"{\"a\": 1} x").unwrap_err(), "body: trailing characters at line 1 column 10");
         assert!(parse_strict(b"{\"a\": ").unwrap_err().starts_with("body: EOF"));
         assert_eq!(check_strict(text.as_bytes()), Ok(()));
+    }
+
+    #[test]
+    fn a_message_is_put_within_its_parent() {
+        assert_eq!(within("events[2]", "type: required"), "events[2].type: required");
+        assert_eq!(within("events[2]", "[0]: expected a string"), "events[2][0]: expected a string");
+        assert_eq!(within("payload", "body: trailing characters"), "payload: trailing characters");
+        assert_eq!(
+            within("payload", "a.b: the key is given more than once"),
+            "payload.a.b: the key is given more than once"
+        );
+    }
+
+    #[test]
+    fn an_object_is_never_read_from_an_array() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Pair {
+            #[allow(dead_code)]
+            a: u8,
+        }
+        let read = |json: &str| {
+            let mut de = serde_json::Deserializer::from_str(json);
+            serde_path_to_error::deserialize::<_, Vec<Object<Pair>>>(&mut de)
+                .map(|v| v.len())
+                .map_err(|e| describe(&e.path().to_string(), &message(e.inner())))
+        };
+        assert_eq!(read(r#"[{"a": 1}]"#), Ok(1));
+        assert_eq!(read("[[1]]"), Err("[0]: expected a JSON object, got an array".to_string()));
+        assert_eq!(
+            read(r#"[{"a": "x"}]"#),
+            Err("[0].a: expected a whole number, 0 or more, got string \"x\"".to_string())
+        );
     }
 
     #[test]

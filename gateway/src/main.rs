@@ -215,9 +215,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::CheckConfig { config } => {
-            let raw = gateway::config::RawConfig::load(config.as_deref(), std::env::vars())
+            let raw = gateway::config::RawConfig::check(config.as_deref(), std::env::vars())
                 .context("invalid configuration")?;
-            raw.clone().validate().context("invalid configuration")?;
             print_out(&raw.effective_keys())
         }
         Command::Outbox { command: OutboxCommand::Schema { table } } => {

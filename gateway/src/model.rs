@@ -111,7 +111,7 @@ impl TenantId {
             Ok(Self(s.to_string()))
         } else {
             Err(IdError(format!(
-                "tenant id {s:?} must be 1-64 chars of a-z, 0-9, '_' or '-', starting with a letter or digit"
+                "{s:?} is not a tenant id (1-64 chars of a-z, 0-9, '_' or '-', starting with a letter or digit)"
             )))
         }
     }
@@ -124,7 +124,7 @@ impl EventId {
         if ok {
             Ok(Self(s.to_string()))
         } else {
-            Err(IdError(format!("event id {s:?} must be 1-128 printable ASCII chars without spaces or '/'")))
+            Err(IdError(format!("{s:?} is not an event id (1-128 printable ASCII chars without spaces or '/')")))
         }
     }
     pub fn generate(now: Millis, rng: &mut impl Rng) -> Self {
@@ -552,11 +552,12 @@ impl DeadHead {
 pub const MAX_ORDERING_KEY: usize = 256;
 
 /// An event's `ordering_key`: 1-256 bytes of visible ASCII (so it shows and logs as written).
+/// The error is the reason; the caller puts the field before it.
 pub fn validate_ordering_key(k: &str) -> Result<(), String> {
     if !k.is_empty() && k.len() <= MAX_ORDERING_KEY && k.bytes().all(|b| b.is_ascii_graphic()) {
         Ok(())
     } else {
-        Err(format!("ordering_key must be 1-{MAX_ORDERING_KEY} visible ASCII characters"))
+        Err(format!("must be 1-{MAX_ORDERING_KEY} visible ASCII characters"))
     }
 }
 
@@ -566,11 +567,12 @@ pub fn validate_type_filter(f: &str) -> Result<(), String> {
     if f == "*" || validate_event_type(name).is_ok() {
         Ok(())
     } else {
-        Err(format!("event type filter {f:?} must be a name, \"prefix.*\" or \"*\""))
+        Err(format!("{f:?} is not an event type, \"prefix.*\" or \"*\""))
     }
 }
 
-/// Event types: 1-128 chars of letters, digits, '.', '_', '-', ':'.
+/// Event types: 1-128 chars of letters, digits, '.', '_', '-', ':'. The error is the
+/// reason; the caller puts the field (`type`, `name`) before it.
 pub fn validate_event_type(t: &str) -> Result<(), String> {
     let ok = !t.is_empty()
         && t.len() <= 128
@@ -578,7 +580,7 @@ pub fn validate_event_type(t: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("event type {t:?} must be 1-128 chars of letters, digits, '.', '_', '-', ':'"))
+        Err(format!("{t:?} is not an event type (1-128 chars of letters, digits, '.', '_', '-' or ':')"))
     }
 }
 

@@ -105,13 +105,14 @@ impl Ops {
         Attached(self.engine.clone()).get().map_or_else(now_ms, |e| e.clock().now())
     }
 
-    /// Emits one event, idempotently by `id`; delivered by the engine like any other.
-    pub fn emit(&self, tenant: &TenantId, event_type: &str, id: String, data: serde_json::Value) {
+    /// Emits one event, idempotently by `id`; delivered by the engine like any other. Its
+    /// payload (the webhook's `data`) is `fields` with the `tenant` and the time (`at`).
+    pub fn emit(&self, tenant: &TenantId, event_type: &str, id: String, fields: serde_json::Value) {
         if !self.enabled || tenant.as_str() == OPS_TENANT {
             return;
         }
         let now = self.now();
-        let payload = json!({ "tenant": tenant, "at": rfc3339(now), "data": data }).to_string();
+        let payload = payload(tenant, now, fields).to_string();
         let event = match EventId::parse(&id) {
             Ok(id) => NewEvent {
                 tenant: TenantId::from_stored(OPS_TENANT),
@@ -137,6 +138,18 @@ impl Ops {
             }
         });
     }
+}
+
+/// An operational event's payload: `fields` flat beside `tenant` and `at` (the webhook
+/// envelope already puts the payload under `data`; a second `data` inside it was noise).
+fn payload(tenant: &TenantId, now: Millis, fields: serde_json::Value) -> serde_json::Value {
+    let mut payload = match fields {
+        serde_json::Value::Object(fields) => fields,
+        other => serde_json::Map::from_iter([("value".to_string(), other)]),
+    };
+    payload.insert("tenant".into(), json!(tenant));
+    payload.insert("at".into(), json!(rfc3339(now)));
+    serde_json::Value::Object(payload)
 }
 
 /// The engine once attached; before that (or after it is gone), nothing to wake: its

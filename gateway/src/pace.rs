@@ -37,17 +37,18 @@ pub enum Permit {
     Paused(Instant),
 }
 
-/// A rejected pacing configuration.
+/// A rejected pacing configuration. It says the reason; [`PaceError::field`] names the
+/// setting, which the caller puts before it (`rate_per_sec: …`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PaceError {
     /// The rate was not a finite number in `(0, MAX_RATE_PER_SEC]`, or too small to represent.
-    #[error("rate_per_sec must be a finite number in (0, {MAX_RATE_PER_SEC}], got {0}")]
+    #[error("must be a finite number in (0, {MAX_RATE_PER_SEC}], got {0}")]
     InvalidRate(f64),
     /// `burst` was zero.
-    #[error("burst must be at least 1")]
+    #[error("must be at least 1")]
     ZeroBurst,
     /// `burst` intervals at this rate do not fit in a `Duration`.
-    #[error("burst {burst} at {rate} per second spans too long a window")]
+    #[error("{burst} at {rate} per second spans too long a window")]
     BurstTooLong {
         /// The rejected burst.
         burst: u32,
@@ -55,8 +56,19 @@ pub enum PaceError {
         rate: f64,
     },
     /// `max_in_flight` was zero.
-    #[error("max_in_flight must be at least 1")]
+    #[error("must be at least 1")]
     ZeroMaxInFlight,
+}
+
+impl PaceError {
+    /// The setting at fault: `rate_per_sec`, `burst` or `max_in_flight`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            PaceError::InvalidRate(_) => "rate_per_sec",
+            PaceError::ZeroBurst | PaceError::BurstTooLong { .. } => "burst",
+            PaceError::ZeroMaxInFlight => "max_in_flight",
+        }
+    }
 }
 
 /// How far behind schedule a send may be and still keep the schedule's cadence: the

@@ -50,15 +50,16 @@ pub struct RetryOverride {
 }
 
 impl RetryOverride {
-    /// The override an endpoint's stored retry document asks for; an error names the field.
-    pub fn from_doc(doc: &RetryOverrideDoc) -> Result<RetryOverride, String> {
+    /// The override an endpoint's stored retry document asks for (only its jitter can be
+    /// wrong: [`PolicyError::field`] is `jitter`).
+    pub fn from_doc(doc: &RetryOverrideDoc) -> Result<RetryOverride, PolicyError> {
         let ms = |v: Option<u64>| v.map(Duration::from_millis);
         Ok(RetryOverride {
             base: ms(doc.base_ms),
             factor: doc.factor,
             cap: ms(doc.cap_ms),
             jitter: match &doc.jitter {
-                Some(j) => Some(j.parse().map_err(|e| format!("retry.jitter: {e}"))?),
+                Some(j) => Some(j.parse()?),
                 None => None,
             },
             max_attempts: doc.max_attempts,
@@ -87,17 +88,18 @@ pub enum GiveUpReason {
     RetryAfterBeyondDeadline,
 }
 
-/// A rejected policy or jitter value.
+/// A rejected policy or jitter value. It says the reason; [`PolicyError::field`] names the
+/// setting, which the caller puts before it under its own path (`retry.jitter: …`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PolicyError {
     /// `base` was zero.
-    #[error("retry base delay must be greater than zero")]
+    #[error("must be greater than zero")]
     ZeroBase,
     /// `factor` was below 1, NaN or infinite.
-    #[error("retry factor must be a finite number >= 1, got {0}")]
+    #[error("must be a finite number >= 1, got {0}")]
     InvalidFactor(f64),
     /// `cap` was smaller than `base`.
-    #[error("retry cap ({cap:?}) must be at least the base delay ({base:?})")]
+    #[error("{} is less than the base delay ({})", humantime::format_duration(*cap), humantime::format_duration(*base))]
     CapBelowBase {
         /// The rejected cap.
         cap: Duration,
@@ -105,17 +107,31 @@ pub enum PolicyError {
         base: Duration,
     },
     /// `max_attempts` was zero.
-    #[error("max_attempts must be at least 1")]
+    #[error("must be at least 1")]
     ZeroMaxAttempts,
     /// `ttl` was zero.
-    #[error("queue ttl must be greater than zero")]
+    #[error("must be greater than zero")]
     ZeroTtl,
     /// A proportional jitter outside `(0, 1]`.
-    #[error("proportional jitter must be in (0%, 100%], got {0}")]
+    #[error("must be \"none\", \"full\" or a percentage in (0%, 100%], got \"{}\"", Jitter::Proportional(*.0))]
     InvalidJitter(f64),
     /// A jitter string that is not `none`, `full` or `<p>%`.
-    #[error("unrecognised jitter {0:?}: expected \"none\", \"full\" or a percentage like \"20%\"")]
+    #[error("must be \"none\", \"full\" or a percentage like \"20%\", got {0:?}")]
     UnparsableJitter(String),
+}
+
+impl PolicyError {
+    /// The setting at fault: `base`, `factor`, `cap`, `jitter`, `max_attempts` or `ttl`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            PolicyError::ZeroBase => "base",
+            PolicyError::InvalidFactor(_) => "factor",
+            PolicyError::CapBelowBase { .. } => "cap",
+            PolicyError::ZeroMaxAttempts => "max_attempts",
+            PolicyError::ZeroTtl => "ttl",
+            PolicyError::InvalidJitter(_) | PolicyError::UnparsableJitter(_) => "jitter",
+        }
+    }
 }
 
 impl Default for RetryPolicy {

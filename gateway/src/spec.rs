@@ -85,6 +85,14 @@ pub fn check_url_of(field: &str, raw: &str, allow_private: bool, kind: EndpointK
         let schemes = kind.schemes().join(" or ");
         return Err(err(format!("scheme must be {schemes} for kind {}, not {:?}", kind.as_str(), url.scheme())));
     }
+    // The URL standard reads `http:///x`, `http:/x` and `http:\\x` as `http://x/`: what is
+    // stored must be what was written, so the text itself must be `scheme://host…`.
+    let written = raw.split_once("://").filter(|(scheme, rest)| {
+        scheme.eq_ignore_ascii_case(url.scheme()) && !rest.is_empty() && !rest.starts_with(['/', '\\'])
+    });
+    if written.is_none() {
+        return Err(err(format!("{raw:?} does not start with scheme://host")));
+    }
     let host = url.host().ok_or_else(|| err("missing host".into()))?;
     if !url.username().is_empty() || url.password().is_some() {
         let instead = if kind.is_http() { "headers" } else { "destination.username and destination.password" };
@@ -159,14 +167,14 @@ impl EndpointSpec {
             validate_type_filter(t).map_err(|reason| SpecError::new("event_types", reason))?;
         }
         crate::pace::Pacer::try_new(self.rate_per_sec, self.burst, self.max_in_flight)
-            .map_err(|e| SpecError::new("pacing", e.to_string()))?;
+            .map_err(|e| SpecError::new(e.field(), e.to_string()))?;
         check_timeouts(
             Duration::from_millis(self.timeout_ms),
             Duration::from_millis(self.connect_timeout_ms),
             rules.max_timeout,
         )?;
-        let over = RetryOverride::from_doc(&self.retry).map_err(|reason| SpecError::new("retry", reason))?;
-        rules.retry.with_override(&over).map_err(|e| SpecError::new("retry", e.to_string()))?;
+        let retry = |e: crate::schedule::PolicyError| SpecError::new(format!("retry.{}", e.field()), e.to_string());
+        rules.retry.with_override(&RetryOverride::from_doc(&self.retry).map_err(retry)?).map_err(retry)?;
         if self.headers.len() > MAX_HEADERS {
             return Err(SpecError::new("headers", format!("at most {MAX_HEADERS} custom headers")));
         }
@@ -291,7 +299,7 @@ pub fn check_tls(cert: Option<&str>, key: Option<&str>, ca: Option<&str>, now: i
         check_text(field, pem, MAX_PEM)?;
         let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| SpecError::new(field, format!("is not PEM ({e})")))?;
+            .map_err(|e| SpecError::new(field, format!("is not PEM: {}", pem_reason(&e))))?;
         match certs.is_empty() {
             true => Err(SpecError::new(field, "holds no PEM CERTIFICATE")),
             false => Ok(certs),
@@ -304,8 +312,10 @@ pub fn check_tls(cert: Option<&str>, key: Option<&str>, ca: Option<&str>, now: i
     }
     if let (Some(cert), Some(key)) = (cert, key) {
         let chain = certs("tls.client_cert", cert)?;
-        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0])
-            .map_err(|e| SpecError::new("tls.client_cert", format!("is not an X.509 certificate ({e})")))?;
+        // The parser's own error is its internals (`Parsing Error: Error(Der(…))`).
+        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).map_err(|_| {
+            SpecError::new("tls.client_cert", "holds a CERTIFICATE section that is not an X.509 certificate")
+        })?;
         let not_after = leaf.validity().not_after.timestamp();
         if not_after <= now {
             return Err(SpecError::new("tls.client_cert", format!("expired at {}", leaf.validity().not_after)));
@@ -329,6 +339,28 @@ pub fn check_tls(cert: Option<&str>, key: Option<&str>, ca: Option<&str>, now: i
         }
     }
     Ok(())
+}
+
+/// Why PEM text does not parse, in words (the parser's own text shows the markers it
+/// missed as lists of byte values).
+pub fn pem_reason(e: &rustls_pki_types::pem::Error) -> String {
+    use rustls_pki_types::pem::Error;
+    let text = |bytes: &[u8]| {
+        let s = String::from_utf8_lossy(bytes);
+        let s = s.trim();
+        if s.chars().count() > 80 { format!("{}…", s.chars().take(80).collect::<String>()) } else { s.to_string() }
+    };
+    match e {
+        // `end_marker` is the section's label (`CERTIFICATE`).
+        Error::MissingSectionEnd { end_marker } => {
+            format!("a section has no \"-----END {}-----\" line", text(end_marker))
+        }
+        Error::IllegalSectionStart { line } => format!("malformed section start {:?}", text(line)),
+        Error::Base64Decode(_) => "a section's body is not valid base64".into(),
+        Error::NoItemsFound => "no PEM section found".into(),
+        Error::SectionTooLarge => "a section is over 256 MB".into(),
+        other => other.to_string(),
+    }
 }
 
 /// Longest OAuth2 client id, client secret, scope or audience, in bytes.
@@ -417,6 +449,10 @@ mod tests {
         assert!(validate_url(&format!("https://example.com/{}", "a".repeat(MAX_URL)), false).is_err());
         assert!(validate_url("ftp://example.com", false).is_err());
         assert!(validate_url("https://u:p@example.com", false).is_err());
+        for hostless in ["http:///x", "http:/x", "http:x", "http:\\\\x/y", "https:////example.com", " http://x/"] {
+            let e = validate_url(hostless, true).unwrap_err();
+            assert!(e.reason.contains("does not start with scheme://host"), "{hostless:?}: {e}");
+        }
     }
 
     #[test]

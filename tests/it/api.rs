@@ -378,7 +378,14 @@ async fn every_refusal_starts_with_the_field() -> anyhow::Result<()> {
         ),
         ("POST", "/v1/tenants".into(), r#"{"id": 7}"#.into(), 400, "invalid_request", "id: expected a string"),
         ("POST", "/v1/tenants".into(), r#"{"name": "x"}"#.into(), 400, "invalid_request", "id: required"),
-        ("POST", "/v1/tenants".into(), "[1]".into(), 400, "invalid_request", "body: must be a JSON object"),
+        (
+            "POST",
+            "/v1/tenants".into(),
+            "[1]".into(),
+            400,
+            "invalid_request",
+            "body: expected a JSON object, got an array",
+        ),
         ("POST", "/v1/tenants".into(), "{not json".into(), 400, "invalid_request", "body: key must be a string"),
         (
             "POST",
@@ -576,5 +583,179 @@ async fn an_empty_patch_changes_nothing() -> anyhow::Result<()> {
     let r = api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"rate_per_sec": 6}))).await?;
     assert_eq!((r.status, r.json["rate_per_sec"].as_f64()), (200, Some(6.0)), "{}", r.text);
     assert_ne!(r.json["updated_at"], before["updated_at"]);
+    Ok(())
+}
+
+/// Issue 48 §11: each message starts with the field at fault, whole, once: not with a
+/// serde position (`[0]: …` for a top-level array), a noun (`event type "a b" …`), a group
+/// (`pacing: rate_per_sec …`) or the path twice (`retry: retry.jitter: …`); a bad PEM is
+/// said in words, not as lists of byte values. Nothing of a refused request is written.
+#[tokio::test]
+async fn each_message_starts_with_its_field_once() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let ep = r#""url": "http://127.0.0.1:9/x""#;
+    let events = "/v1/tenants/acme/events";
+    let batch = "/v1/tenants/acme/events/batch";
+    let endpoints = "/v1/tenants/acme/endpoints";
+    let unterminated = r#""-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUQ\n""#;
+    let not_base64 = r#""-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n""#;
+    // (path, body, status, the whole message or, ending in `…`, how it starts)
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (events, r#"[1, "a.b", {}]"#.into(), 400, "body: expected a JSON object, got an array"),
+        (events, r#""a.b""#.into(), 400, "body: expected a JSON object, got string \"a.b\""),
+        (batch, r#"[{"type": "a.b", "payload": {}}]"#.into(), 400, "body: expected a JSON object, got an array"),
+        (batch, r#"{"events": [["evt_1", "a.b", {}]]}"#.into(), 400, "events[0]: expected a JSON object, got an array"),
+        (batch, r#"{"events": {"type": "a.b"}}"#.into(), 400, "events: expected an array, got an object"),
+        (events, r#"{"type": "a b", "payload": {}}"#.into(), 400, "type: \"a b\" is not an event type (…"),
+        (
+            batch,
+            r#"{"events": [{"type": "a", "payload": 1}, {"type": "a b", "payload": 1}]}"#.into(),
+            400,
+            "events[1].type: \"a b\" is not an event type (…",
+        ),
+        (events, r#"{"id": "a b", "type": "a", "payload": {}}"#.into(), 400, "id: \"a b\" is not an event id (…"),
+        (
+            events,
+            r#"{"type": "a", "payload": {}, "ordering_key": ""}"#.into(),
+            400,
+            "ordering_key: must be 1-256 visible ASCII characters",
+        ),
+        (batch, r#"{"events": []}"#.into(), 400, "events: must not be empty"),
+        (endpoints, format!(r#"{{{ep}, "rate_per_sec": 0}}"#), 422, "rate_per_sec: must be a finite number in (0, …"),
+        (endpoints, format!(r#"{{{ep}, "burst": 0}}"#), 422, "burst: must be at least 1"),
+        (endpoints, format!(r#"{{{ep}, "max_in_flight": 0}}"#), 422, "max_in_flight: must be at least 1"),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "retry": {{"jitter": "0%"}}}}"#),
+            422,
+            r#"retry.jitter: must be "none", "full" or a percentage in (0%, 100%], got "0%""#,
+        ),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "retry": {{"jitter": "half"}}}}"#),
+            422,
+            r#"retry.jitter: must be "none", "full" or a percentage like "20%", got "half""#,
+        ),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "retry": {{"base": "10s", "cap": "1s"}}}}"#),
+            422,
+            "retry.cap: 1s is less than the base delay (10s)",
+        ),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "retry": {{"factor": 0.5}}}}"#),
+            422,
+            "retry.factor: must be a finite number >= 1, got 0.5",
+        ),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "retry": {{"max_attempts": 0}}}}"#),
+            422,
+            "retry.max_attempts: must be at least 1",
+        ),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "tls": {{"ca_bundle": {unterminated}}}}}"#),
+            422,
+            r#"tls.ca_bundle: is not PEM: a section has no "-----END CERTIFICATE-----" line"#,
+        ),
+        (
+            endpoints,
+            format!(r#"{{{ep}, "tls": {{"ca_bundle": {not_base64}}}}}"#),
+            422,
+            "tls.ca_bundle: is not PEM: a section's body is not valid base64",
+        ),
+    ];
+    for (path, body, status, want) in &cases {
+        let r = api.raw("POST", path, Some(ADMIN_TOKEN), body.clone()).await?;
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(r.status, *status, "{path} {body}: {}", r.text);
+        match want.strip_suffix('…') {
+            Some(start) => assert!(message.starts_with(start), "{path} {body}: {message:?} should start {start:?}"),
+            None => assert_eq!(message, *want, "{path} {body}"),
+        }
+    }
+    let listed = api.get(endpoints, ADMIN_TOKEN).await?.expect(200)?;
+    assert_eq!(listed.json["data"], json!([]), "no endpoint was written");
+    let deliveries = api.get("/v1/tenants/acme/deliveries", ADMIN_TOKEN).await?.expect(200)?;
+    assert_eq!(deliveries.json["data"], json!([]), "no event was written");
+    Ok(())
+}
+
+/// Issue 48 §11: a body over the API's limit is a `413` that names the limit and what sets
+/// it, on a route that parses its own body and on one that reads a JSON object.
+#[tokio::test]
+async fn a_body_over_the_limit_names_the_limit() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_SERVER_MAX_PAYLOAD_BYTES", "1024")]).await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    // 16 × 1 KiB is under the floor of 1 MiB: the limit is 1 MiB + 64 KiB.
+    let limit = (1 << 20) + (64 << 10);
+    let body = format!(r#"{{"type": "a", "payload": "{}"}}"#, "x".repeat(limit));
+    for path in ["/v1/tenants/acme/events", "/v1/tenants/acme/endpoints"] {
+        let r = api.raw("POST", path, Some(ADMIN_TOKEN), body.clone()).await?;
+        assert_eq!(
+            (r.status, r.json["error"]["code"].as_str()),
+            (413, Some("payload_too_large")),
+            "{path}: {}",
+            r.text
+        );
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        let want = format!("body: over the limit of {limit} bytes (");
+        assert!(message.starts_with(&want), "{path}: {message:?} should start {want:?}");
+        assert!(message.contains("server.max_payload_bytes"), "{path}: {message:?} names what sets it");
+    }
+    // A payload over its own limit (under the body's) names that one.
+    let r = api.event("acme", json!({"type": "a", "payload": "x".repeat(2000)})).await?;
+    assert_eq!(r.status, 413, "{}", r.text);
+    let message = r.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("payload: 2002 bytes, over the limit of 1024 (server.max_payload_bytes)"), "{message}");
+    Ok(())
+}
+
+/// Issue 48 §15: a URL with no host right after `//` (`http:///x`, which the URL standard
+/// reads as `http://x/`) is refused, not stored as another URL.
+#[tokio::test]
+async fn a_url_without_its_host_is_refused_not_rewritten() -> anyhow::Result<()> {
+    let gw = TestGateway::start_with(&[("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS", "true")]).await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    for url in ["http:///x", "http:/x", "https:example.com/h", "http:\\\\x/h"] {
+        let r = api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({ "url": url })).await?;
+        assert_eq!(r.status, 422, "{url}: {}", r.text);
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with("url: ") && message.contains("scheme://host"), "{url}: {message}");
+    }
+    let listed = api.get("/v1/tenants/acme/endpoints", ADMIN_TOKEN).await?.expect(200)?;
+    assert_eq!(listed.json["data"], json!([]), "nothing was stored");
+    // Written in full, a URL is stored as written.
+    let ep = api.endpoint("acme", json!({"url": "http://x/"})).await?;
+    assert_eq!(ep["url"], "http://x/");
+    let path = format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().unwrap_or_default());
+    let r = api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"url": "http:///y"}))).await?;
+    assert_eq!(r.status, 422, "{}", r.text);
+    assert_eq!(api.get(&path, ADMIN_TOKEN).await?.json["url"], "http://x/", "the stored URL is kept");
+    Ok(())
+}
+
+/// Issue 48 §15: a `PATCH` with no body at all is refused with a clear `400` (it is not
+/// read as `{}`); `{}` still changes nothing, and a bodiless `POST` action still works.
+#[tokio::test]
+async fn a_patch_without_a_body_is_refused() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let ep = api.endpoint("acme", json!({"url": "http://127.0.0.1:9/h"})).await?;
+    let path = format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().unwrap_or_default());
+    let r = api.raw("PATCH", &path, Some(ADMIN_TOKEN), "").await?;
+    assert_eq!((r.status, r.json["error"]["code"].as_str()), (400, Some("invalid_request")), "{}", r.text);
+    let message = r.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("body: required"), "{message}");
+    api.raw("PATCH", &path, Some(ADMIN_TOKEN), "{}").await?.expect(200)?;
+    api.raw("PATCH", "/v1/event-types/none", Some(ADMIN_TOKEN), "").await?.expect(400)?;
+    api.raw("POST", &format!("{path}/pause"), Some(ADMIN_TOKEN), "").await?.expect(200)?;
     Ok(())
 }

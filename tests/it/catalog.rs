@@ -130,7 +130,10 @@ async fn catalog_crud_and_bad_input(backend: Backend) -> anyhow::Result<()> {
     ensure!(renamed.status == 422 && message(&renamed).starts_with("name:"), "{}", renamed.text);
     api.get("/v1/tenants/acme/event-types/nope", &reader).await?.expect(404)?;
 
-    // An endpoint's event types are checked against the catalog the tenant sees.
+    // An endpoint's event types are checked against the catalog the tenant enforces.
+    api.call("PUT", "/v1/tenants/acme/catalog", &manager, Some(json!({"schema_validation": "enforce"})))
+        .await?
+        .expect(200)?;
     let unknown = api
         .post(
             "/v1/tenants/acme/endpoints",
@@ -190,7 +193,7 @@ async fn enforce_refuses_a_bad_payload_naming_its_path_and_stores_nothing(backen
     ]});
     let r = api.post("/v1/tenants/acme/events/batch", ADMIN_TOKEN, batch).await?;
     ensure!(r.status == 422, "{}", r.text);
-    ensure!(message(&r).starts_with("events[1]: payload.customer:"), "{}", r.text);
+    ensure!(message(&r).starts_with("events[1].payload.customer:"), "{}", r.text);
     api.get("/v1/tenants/acme/events/evt_b0", ADMIN_TOKEN).await?.expect(404)?;
     let deliveries = api.get("/v1/tenants/acme/deliveries", ADMIN_TOKEN).await?.expect(200)?;
     assert_eq!(deliveries.json["data"].as_array().map(Vec::len), Some(0));
@@ -386,5 +389,39 @@ async fn another_nodes_catalog_write_applies_within_seconds() -> anyhow::Result<
         .await?
         .expect(200)?;
     refused_on_b(good_order(), "currency").await?;
+    Ok(())
+}
+
+/// Issue 48 §12: one rule for types outside the catalog, for posting and subscribing alike,
+/// said in each refusal: with `enforce` neither an event nor an endpoint takes such a type;
+/// with `warn` or `off` (the default) both do, although the tenant has a catalog.
+#[tokio::test]
+async fn one_rule_for_types_outside_the_catalog() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    catalog_tenant(api, "off").await?;
+    let rx = FakeReceiver::start().await?;
+    for (i, mode) in ["off", "warn", "enforce"].into_iter().enumerate() {
+        api.call("PUT", "/v1/tenants/acme/catalog", ADMIN_TOKEN, Some(json!({"schema_validation": mode})))
+            .await?
+            .expect(200)?;
+        let endpoint = json!({"url": rx.url(), "event_types": ["shipment.sent"]});
+        let subscribed = api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, endpoint).await?;
+        let posted =
+            api.event("acme", json!({"id": format!("evt_{i}"), "type": "shipment.sent", "payload": {}})).await?;
+        if mode == "enforce" {
+            ensure!(subscribed.status == 422 && posted.status == 422, "{mode}: {} / {}", subscribed.text, posted.text);
+            let (sub, post) = (message(&subscribed), message(&posted));
+            ensure!(sub.starts_with("event_types: \"shipment.sent\""), "{sub}");
+            ensure!(post.starts_with("type: \"shipment.sent\""), "{post}");
+            let rule = "with schema_validation \"enforce\", events and endpoints take only the catalog's types";
+            ensure!(sub.contains(rule) && post.contains(rule), "each says the rule: {sub} / {post}");
+        } else {
+            ensure!(subscribed.status == 201, "{mode}: the endpoint was refused: {}", subscribed.text);
+            ensure!(posted.status == 202, "{mode}: the event was refused: {}", posted.text);
+        }
+    }
+    // What was taken is delivered: the first event to the first endpoint, the second to both.
+    rx.wait_for(3, Duration::from_secs(10)).await?;
     Ok(())
 }

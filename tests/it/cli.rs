@@ -77,3 +77,54 @@ fn openapi_into_a_closed_pipe_exits_quietly() -> anyhow::Result<()> {
     assert!(stderr.is_empty(), "{stderr}");
     Ok(())
 }
+
+/// Runs `herald check-config` with `env` (over the suite's base environment) and, if
+/// given, a config file holding `toml`; returns whether it passed, and its output.
+fn check_config(toml: Option<&str>, env: &[(&str, &str)]) -> anyhow::Result<(bool, String)> {
+    let dir = tempfile::tempdir()?;
+    let mut cmd = std::process::Command::new(herald_binary()?);
+    cmd.arg("check-config").env_clear().envs(tests::base_env(dir.path())).envs(env.iter().copied());
+    if let Some(toml) = toml {
+        let file = dir.path().join("herald.toml");
+        std::fs::write(&file, toml)?;
+        cmd.arg("--config").arg(&file);
+    }
+    let out = cmd.output()?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.success(), text))
+}
+
+/// Issue 48 §14: `check-config` checks the file's values too, also those a `HERALD_*`
+/// variable overrides (the file is wrong, and would be used once the variable is unset);
+/// and a wrong value that a variable set is named by that variable.
+#[test]
+fn check_config_checks_what_variables_hide_and_names_a_bad_variable() -> anyhow::Result<()> {
+    // A wrong value in the file, hidden by a variable.
+    let listen = [("HERALD_SERVER_LISTEN", "127.0.0.1:9099")];
+    let (ok, text) = check_config(Some("[server]\nlisten = \"nowhere\"\n"), &listen)?;
+    assert!(!ok, "a wrong value in the file passed:\n{text}");
+    assert!(text.contains("server.listen") && text.contains("\"nowhere\""), "names the key and value:\n{text}");
+    assert!(text.contains("hidden by HERALD_SERVER_LISTEN") && text.contains("herald.toml"), "{text}");
+    let jitter = [("HERALD_RETRY_JITTER", "full")];
+    let (ok, text) = check_config(Some("[retry]\njitter = \"0%\"\n"), &jitter)?;
+    assert!(!ok && text.contains("retry.jitter") && text.contains("hidden by HERALD_RETRY_JITTER"), "{text}");
+    // A right value in the file, overridden: fine, and the variable's value is shown.
+    let (ok, text) = check_config(Some("[server]\nlisten = \"127.0.0.1:8080\"\n"), &listen)?;
+    assert!(ok && text.contains("server.listen = \"127.0.0.1:9099\""), "{text}");
+
+    // A wrong value from a variable is named by the variable, whatever the fault.
+    for (var, value) in [
+        ("HERALD_RETRY_BASE", "soon"),
+        ("HERALD_SERVER_LISTEN", "nowhere"),
+        ("HERALD_SERVER_MAX_PAYLOAD_BYTES", "-1"),
+        ("HERALD_ENDPOINT_DEFAULTS_BURST", "0"),
+        ("HERALD_RETRY_MAX_ATTEMPTS", "many"),
+    ] {
+        for file in [None, Some("[server]\nmax_connections = 64\n")] {
+            let (ok, text) = check_config(file, &[(var, value)])?;
+            assert!(!ok, "{var}={value} passed:\n{text}");
+            assert!(text.contains(var), "{var}={value}: the error does not name the variable:\n{text}");
+        }
+    }
+    Ok(())
+}

@@ -360,13 +360,15 @@ async fn poison_rows_are_parked_with_their_reason_and_the_rest_flow() -> anyhow:
     sqlx::query("INSERT INTO herald_outbox (event_id, event_type, payload) VALUES ('evt_no_tenant', 't', '{}')")
         .execute(&mut *tx)
         .await?;
+    // Issue 48 §15: a key given twice, which the events API refuses (`json` keeps both).
+    insert(&mut tx, &[("evt_dup_key", "order.created", r#"{"a": {"b": 1, "b": 2}}"#)]).await?;
     insert(&mut tx, &[("evt_good_2", "order.created", "{}")]).await?;
     tx.commit().await?;
 
     wait_arrived(&rx, &["evt_good_1", "evt_same", "evt_good_2"], Duration::from_secs(20)).await?;
-    tests::eventually("six rows parked", Duration::from_secs(20), || async {
+    tests::eventually("seven rows parked", Duration::from_secs(20), || async {
         let parked = producer.parked().await?.len();
-        tests::done_or(parked == 6, format!("{parked} parked"))
+        tests::done_or(parked == 7, format!("{parked} parked"))
     })
     .await?;
     let parked = producer.parked().await?;
@@ -377,6 +379,7 @@ async fn poison_rows_are_parked_with_their_reason_and_the_rest_flow() -> anyhow:
         ("evt_ghost", "unknown_tenant: "),
         ("evt_slug", "unknown_tenant: "),
         ("evt_no_tenant", "unknown_tenant: "),
+        ("evt_dup_key", "invalid: payload.a.b: the key is given more than once"),
     ] {
         let reason = parked.get(id).with_context(|| format!("{id} not parked: {parked:?}"))?;
         assert!(reason.starts_with(code), "{id}: {reason}");
@@ -384,8 +387,8 @@ async fn poison_rows_are_parked_with_their_reason_and_the_rest_flow() -> anyhow:
     assert_eq!(producer.scalar("SELECT COUNT(*) FROM herald_outbox WHERE failed_at IS NULL").await?, 0);
     let same = node.api.get("/v1/tenants/acme/events/evt_same", ADMIN_TOKEN).await?;
     assert_eq!(same.json["payload"], json!({"v": 1}), "the first row's event stands");
-    assert_eq!(metric(&node.api, r#"herald_outbox_parked_total{source="orders"}"#).await?, 6.0);
-    node.api.wait_for("/readyz", Duration::from_secs(10), |v: &Value| v["outbox"][0]["parked"] == 6).await?;
+    assert_eq!(metric(&node.api, r#"herald_outbox_parked_total{source="orders"}"#).await?, 7.0);
+    node.api.wait_for("/readyz", Duration::from_secs(10), |v: &Value| v["outbox"][0]["parked"] == 7).await?;
     assert_eq!(arrived(&rx).len(), 3, "only the valid rows were delivered: {:?}", arrived(&rx));
     Ok(())
 }

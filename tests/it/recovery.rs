@@ -234,6 +234,16 @@ async fn operational_events_reach_the_operator() -> anyhow::Result<()> {
     let paused = got.iter().find(|r| r.json()["type"] == "endpoint.paused").unwrap();
     assert_eq!(paused.json()["data"]["tenant"], "acme");
     assert!(paused.header("webhook-signature").unwrap().starts_with("v1,"));
+    // Issue 48 §23: the event's fields are the webhook's `data`, not nested in a `data` of their own.
+    for r in &got {
+        let (body, data) = (r.json(), &r.json()["data"]);
+        assert!(data.get("data").is_none(), "data.data: {body}");
+        assert!(data["tenant"] == "acme" && data["at"].is_string(), "{body}");
+    }
+    let data = &paused.json()["data"];
+    assert!(data["endpoint_id"].is_string() && data["reason"].is_string() && data["url"].is_string(), "{data}");
+    let dead = got.iter().find(|r| r.json()["type"] == "delivery.dead").unwrap().json();
+    assert!(dead["data"]["delivery_id"].is_string() && dead["data"]["attempts"].is_u64(), "{dead}");
     Ok(())
 }
 

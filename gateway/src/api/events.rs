@@ -106,7 +106,7 @@ fn answered(span: Option<&mut Span>, tenant: &TenantId, events: usize, result: R
     responses(
         (status = 202, description = "All stored with their deliveries", body = AcceptedList),
         (status = 409, description = "`conflict`: an id was used with another type or payload", body = super::doc::ErrorBody),
-        (status = 422, description = "`invalid_request`: an event fails the tenant's enforced event catalog (`events[i]: payload.…`)", body = super::doc::ErrorBody),
+        (status = 422, description = "`invalid_request`: an event fails the tenant's enforced event catalog (`events[i].payload.…`)", body = super::doc::ErrorBody),
     ),
     security(("tenant_token" = ["events:write"]), ("admin_token" = [])),
 )]

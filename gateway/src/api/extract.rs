@@ -95,43 +95,54 @@ impl FromRequestParts<Arc<AppState>> for Admin {
 }
 
 /// The body as bytes, for routes that parse it themselves (events borrow their payload
-/// from it; plugins are binary); a body over the limit is a JSON `413`.
+/// from it; plugins are binary); a body over the limit is a JSON `413` that names it.
 pub struct RawBody(pub Bytes);
 
-impl<S: Send + Sync> FromRequest<S> for RawBody {
+impl FromRequest<Arc<AppState>> for RawBody {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         Bytes::from_request(req, state).await.map(RawBody).map_err(|e| {
             if let Some(timeout) = super::listen::BodyTimeout::behind(&e) {
                 ApiError::body_timeout(timeout)
             } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, e.body_text())
+                let limit = super::body_limit(&state.config);
+                let message = format!(
+                    "body: over the limit of {limit} bytes (16 events of server.max_payload_bytes, at least 1 MiB, plus 64 KiB)"
+                );
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, message)
             } else {
-                ApiError::bad_request(e.body_text())
+                ApiError::bad_request(format!("body: {}", e.body_text()))
             }
         })
     }
 }
 
-/// A JSON object body deserialised into `T`. An empty body reads as `{}`; anything but an
-/// object (`[]`, a string, …) is refused rather than coerced, and so is a key given twice
+/// A JSON object body deserialised into `T`. An empty body reads as `{}` (an action whose
+/// fields are all optional, `POST …/pause`), except on a `PATCH`, which is refused: a
+/// change that says nothing is a client's mistake (`{}` still changes nothing). Anything
+/// but an object (`[]`, a string, …) is refused rather than coerced, and so is a key given twice
 /// in one object (at any depth) and a NUL character in any string or key, which not every
 /// store can hold. Every refusal starts with the field path (`retry.base: …`), or `body`.
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let patch = req.method() == axum::http::Method::PATCH;
         let RawBody(body) = RawBody::from_request(req, state).await?;
-        let value: Value = if body.is_empty() {
-            Value::Object(Default::default())
-        } else {
-            json::parse_strict(&body).map_err(ApiError::bad_request)?
+        let value: Value = match body.is_empty() {
+            true if patch => {
+                return Err(ApiError::bad_request(
+                    "body: required, a JSON object of the fields to change (none: `{}`)",
+                ));
+            }
+            true => Value::Object(Default::default()),
+            false => json::parse_strict(&body).map_err(ApiError::bad_request)?,
         };
         if !value.is_object() {
-            return Err(ApiError::bad_request("body: must be a JSON object"));
+            return Err(ApiError::bad_request(format!("body: expected a JSON object, got {}", json::kind(&value))));
         }
         if let Some(at) = find_nul(&value, String::new()) {
             return Err(ApiError::unprocessable(format!("{at}: must not contain a NUL character")));

@@ -209,9 +209,15 @@ pub fn openapi_json() -> &'static str {
     doc::DOCUMENT.as_str()
 }
 
+/// The largest request body the API reads (a plugin upload has its own limit): room for
+/// a batch of 16 of the largest events, at least 1 MiB, plus 64 KiB of envelope.
+pub(crate) fn body_limit(config: &crate::config::Config) -> usize {
+    config.max_payload_bytes.saturating_mul(16).max(1 << 20) + (64 << 10)
+}
+
 /// Builds the router; tests may call it without a socket.
 pub fn router(state: Arc<AppState>) -> Router {
-    let body_limit = state.config.max_payload_bytes.saturating_mul(16).max(1 << 20) + (64 << 10);
+    let body_limit = body_limit(&state.config);
     let (router, _) = routes().split_for_parts();
     console::mount(router)
         // Runs on matched routes only, before their extractors.

@@ -51,8 +51,11 @@ pub(crate) struct LogLineOut {
     message: String,
 }
 
+/// Milliseconds to the microsecond: `3.181`, not the `3.1809999999999996` that
+/// `as_secs_f64() * 1000.0` gives (an integer over a power of ten rounds to the shortest
+/// decimal).
 fn ms(d: std::time::Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    d.as_micros() as f64 / 1000.0
 }
 
 fn failure(f: &FailureRecord) -> FailureOut {
@@ -81,5 +84,18 @@ pub(super) fn view(s: &PluginStats) -> StatsOut {
         p50_ms: s.p50.map(ms),
         p99_ms: s.p99.map(ms),
         recent_failures: s.recent_failures.iter().map(failure).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn milliseconds_carry_no_float_noise() {
+        assert_eq!(super::ms(Duration::from_micros(3181)).to_string(), "3.181");
+        assert_eq!(super::ms(Duration::from_nanos(3_181_999)).to_string(), "3.181");
+        assert_eq!(super::ms(Duration::from_millis(7)).to_string(), "7");
+        assert_eq!(serde_json::json!(super::ms(Duration::from_micros(100_013))).to_string(), "100.013");
     }
 }

@@ -127,6 +127,10 @@ fn errors_name_the_key() {
     for (toml, env, key) in cases {
         let err = load(toml, env).unwrap_err().to_string();
         assert!(err.contains(key), "{toml:?} {env:?}: {err}");
+        // A value a variable set is named by the variable too (issue 48 §14).
+        for (var, _) in env.iter() {
+            assert!(err.contains(var), "{env:?}: the error does not name {var}: {err}");
+        }
     }
 }
 

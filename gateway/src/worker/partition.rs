@@ -477,7 +477,7 @@ impl Partition {
         let pacer = match Pacer::try_new(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
             Ok(p) => p,
             Err(e) => {
-                tracing::error!(endpoint_id = %self.id, error = %e, "invalid pacing");
+                tracing::error!(endpoint_id = %self.id, field = e.field(), error = %e, "invalid pacing");
                 return None;
             }
         };
@@ -493,7 +493,7 @@ impl Partition {
         let spec = &endpoint.spec;
         let mut pacer = sh.pacer.lock().expect("pacer");
         if let Err(e) = pacer.reconfigure(spec.rate_per_sec, spec.burst, spec.max_in_flight) {
-            tracing::warn!(endpoint_id = %self.id, error = %e, "keeping previous pacing");
+            tracing::warn!(endpoint_id = %self.id, field = e.field(), error = %e, "keeping previous pacing");
         }
         if self.signal.known(Known::read) && endpoint.state == EndpointState::Active {
             pacer.resume();

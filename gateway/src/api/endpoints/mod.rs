@@ -225,12 +225,10 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
         spec.description = d;
     }
     if let Some(types) = input.event_types {
-        // Against the catalog the tenant sees (when it has one): a typo would otherwise
-        // subscribe to nothing, silently.
-        if let Some(unknown) = state.catalog.unknown_filter(tenant, &types) {
-            return Err(ApiError::unprocessable(format!(
-                "event_types: {unknown:?} names no type of the tenant's event catalog"
-            )));
+        // Against the catalog the tenant enforces, by the rule intake applies to events:
+        // a type it would refuse to take, no endpoint can wait for.
+        if let Some(refused) = state.catalog.refused_filter(tenant, &types) {
+            return Err(ApiError::unprocessable(refused));
         }
         spec.event_types = types;
     }
