@@ -46,10 +46,11 @@ export async function deadLettersPage(main, params) {
         'Replay every dead letter matching the filter')),
     progress,
     h('section', {}, h('h2', {}, 'Recent replays'), table('Recent replays, newest first', [
-      { label: 'Replay', cell: (r) => [h('div', {}, r.id), h('div', { class: 'muted' }, `${r.state}, started ${when(r.created_at)}`)] },
+      // Three columns, the button under the id: the table fits a narrow frame.
+      { label: 'Replay', cell: (r) => [h('div', {}, r.id), h('div', { class: 'muted' }, `${r.state}, started ${when(r.created_at)}`),
+        h('button', { type: 'button', class: 'secondary', onclick: () => follow(progress, r.id) }, 'Follow')] },
       { label: 'Which dead letters', cls: 'wrap', cell: (r) => replayed(r) },
       { label: 'Progress', cls: 'wrap', cell: (r) => figuresText(r) },
-      { label: 'Follow', cell: (r) => h('button', { type: 'button', class: 'secondary', onclick: () => follow(progress, r.id) }, 'Follow') },
     ], replays.data, 'No replay yet.')),
     table('Dead letters, oldest first', [
       replaying && { label: 'Select', cell: (d) => {

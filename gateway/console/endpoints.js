@@ -332,7 +332,8 @@ function actions(e, path, plugins, rerender) {
   const binds = Object.fromEntries(HOOKS.map((k) => [k, bindingSelect(k, e.plugins[k], plugins || [])]));
   const submit = (f) => (ev) => { ev.preventDefault(); guard(f); };
   return h('section', { id: 'actions' }, h('h2', {}, 'Actions'),
-    editForm(e, path, submit, done),
+    h('h3', {}, 'Where it sends and what'), editForm(e, path, submit, done),
+    h('h3', {}, 'How it sends'),
     h('form', { class: 'inline', 'aria-label': 'Pause', onsubmit: submit(async () => {
       await api('POST', `${path}/pause`, { body: { for: pauseFor.value || undefined, reason: reason.value || undefined } });
       done('Endpoint paused.');
