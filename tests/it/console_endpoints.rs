@@ -102,8 +102,12 @@ async fn replay(api: &tests::Api, body: Value) -> anyhow::Result<()> {
 /// 48's item 24 and the console half of item 23 are checked in the same browser.
 #[tokio::test]
 async fn endpoints_are_added_edited_and_deleted_in_the_console_and_the_portal() -> anyhow::Result<()> {
-    let (ok, bad, rx, operator) =
-        (FakeReceiver::start().await?, FakeReceiver::start().await?, FakeReceiver::start().await?, FakeReceiver::start().await?);
+    let (ok, bad, rx, operator) = (
+        FakeReceiver::start().await?,
+        FakeReceiver::start().await?,
+        FakeReceiver::start().await?,
+        FakeReceiver::start().await?,
+    );
     let host = FakeReceiver::start().await?;
     host.set_default(Answer::status(200).header("content-type", "text/html; charset=utf-8").body(NARROW_HOST_PAGE));
     let ancestors = format!("[\"{}\"]", origin(&host.url())?);
@@ -145,10 +149,17 @@ async fn endpoints_are_added_edited_and_deleted_in_the_console_and_the_portal() 
         let r = &at[0];
         ensure!(r.path.ends_with(&format!("/{mode}-edited")), "{mode}: sent to {}", r.path);
         ensure!(r.header("x-customer") == Some(format!("{mode}-42").as_str()), "{mode}: headers {:?}", r.headers);
-        let (ts, sig) = (r.header("webhook-timestamp").context("timestamp")?, r.header("webhook-signature").context("sig")?);
+        let (ts, sig) =
+            (r.header("webhook-timestamp").context("timestamp")?, r.header("webhook-signature").context("sig")?);
         let key = gateway::sign::Secret::parse(secret).map_err(|e| anyhow::anyhow!("{e}"))?;
-        ensure!(gateway::sign::verify(&key, event, ts.parse()?, &r.body, sig), "{mode}: the shown secret does not verify {sig}");
-        ensure!(!rx.received().iter().any(|r| r.path.ends_with(&format!("/{mode}-first"))), "{mode}: sent to the old URL");
+        ensure!(
+            gateway::sign::verify(&key, event, ts.parse()?, &r.body, sig),
+            "{mode}: the shown secret does not verify {sig}"
+        );
+        ensure!(
+            !rx.received().iter().any(|r| r.path.ends_with(&format!("/{mode}-first"))),
+            "{mode}: sent to the old URL"
+        );
     }
     let shots = repo().join("target/artifacts");
     for page in [
@@ -209,7 +220,8 @@ async fn the_operational_tenant_is_not_listed_but_stays_reachable() -> anyhow::R
     // The 410 disables the endpoint: Herald tells the operator, through herald-ops.
     operator.wait_for(1, Duration::from_secs(15)).await?;
     let listed = gw.api.get("/v1/tenants", ADMIN_TOKEN).await?.expect(200)?;
-    let ids: Vec<&str> = listed.json["data"].as_array().context("data")?.iter().filter_map(|t| t["id"].as_str()).collect();
+    let ids: Vec<&str> =
+        listed.json["data"].as_array().context("data")?.iter().filter_map(|t| t["id"].as_str()).collect();
     ensure!(ids == ["acme"], "{ids:?}");
     let overview = gw.api.get("/v1/overview", ADMIN_TOKEN).await?.expect(200)?;
     ensure!(overview.json["tenants"] == 1, "{}", overview.text);
