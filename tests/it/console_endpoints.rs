@@ -162,26 +162,25 @@ async fn endpoints_are_added_edited_and_deleted_in_the_console_and_the_portal() 
         );
     }
     let shots = repo().join("target/artifacts");
-    for page in [
-        "console/console-endpoint-added-secret",
-        "console/console-endpoint-edited",
-        "console/console-edited-delivery-headers",
-        "console/console-endpoint-delete-confirm",
-        "console/console-endpoint-deleted",
-        "console/console-narrow-endpoints",
-        "console/console-replays-with-filters",
-        "portal/portal-endpoint-added-secret",
-        "portal/portal-endpoint-edited",
-        "portal/portal-edited-delivery-headers",
-        "portal/portal-endpoint-delete-confirm",
-        "portal/portal-endpoint-deleted",
-        "portal/portal-narrow-endpoints",
-        "portal/portal-replays-in-a-narrow-frame",
-    ] {
-        let png = std::fs::read(shots.join(format!("{page}.png"))).with_context(|| format!("screenshot {page}"))?;
-        ensure!(png.starts_with(b"\x89PNG"), "{page}.png is not a PNG");
-    }
-    Ok(())
+    crate::console::screenshots_taken(
+        &shots,
+        &[
+            "console/console-endpoint-added-secret",
+            "console/console-endpoint-edited",
+            "console/console-edited-delivery-headers",
+            "console/console-endpoint-delete-confirm",
+            "console/console-endpoint-deleted",
+            "console/console-narrow-endpoints",
+            "console/console-replays-with-filters",
+            "portal/portal-endpoint-added-secret",
+            "portal/portal-endpoint-edited",
+            "portal/portal-edited-delivery-headers",
+            "portal/portal-endpoint-delete-confirm",
+            "portal/portal-endpoint-deleted",
+            "portal/portal-narrow-endpoints",
+            "portal/portal-replays-in-a-narrow-frame",
+        ],
+    )
 }
 
 /// `/` sends a browser to the console and `/favicon.ico` to its icon, an SVG served like the
