@@ -5,7 +5,7 @@ import { ApiError, api, clearSession, inPortal, saveSession, session } from './a
 import { catalogPage } from './catalog.js';
 import { deadLettersPage } from './deadletters.js';
 import { deliveriesPage, deliveryPage } from './deliveries.js';
-import { field, guard, h, problem, put, say } from './dom.js';
+import { field, guard, h, newsAfterNavigation, problem, put, say, sayAcross } from './dom.js';
 import { endpointPage, endpointsPage } from './endpoints.js';
 import { overviewPage } from './overview.js';
 import { pluginsPage } from './plugins.js';
@@ -81,7 +81,10 @@ async function withScopes(s) {
 
 /** Moves to `hash` and renders once: a changed hash renders through `hashchange`. */
 function go(hash) {
-  if (location.hash === hash) return render();
+  if (location.hash === hash) {
+    newsAfterNavigation(); // already said, and no navigation will take it
+    return render();
+  }
   location.hash = hash;
   return undefined;
 }
@@ -93,7 +96,7 @@ function signInForm() {
     ev.preventDefault();
     guard(async () => {
       saveSession(await signIn(token.value.trim(), tenant.value.trim()));
-      say('Signed in.');
+      sayAcross('Signed in.');
       await go(session().admin ? '#/overview' : '#/endpoints');
     });
   } }, h('h1', {}, 'Sign in to Herald'),
@@ -103,12 +106,16 @@ function signInForm() {
   h('button', { type: 'submit' }, 'Sign in'));
 }
 
+/** The admin's tenants. The list leaves out Herald's own `herald-ops`; signed in to it by
+ *  name (its operational events' deliveries), the picker names it too. */
 async function tenantPicker(s) {
   const tenants = await api('GET', '/v1/tenants').catch(() => ({ data: [] }));
+  const ids = tenants.data.map((t) => t.id);
+  if (s.tenant && !ids.includes(s.tenant)) ids.unshift(s.tenant);
   return h('select', { id: 'tenant-picker', 'aria-label': 'Tenant', onchange: (ev) => {
     saveSession({ ...session(), tenant: ev.target.value });
     render();
-  } }, tenants.data.map((t) => h('option', { value: t.id, selected: t.id === s.tenant }, t.id)));
+  } }, ids.map((id) => h('option', { value: id, selected: id === s.tenant }, id)));
 }
 
 /** The header for `page`, once what it shows has been read: a function that draws it,
@@ -122,7 +129,7 @@ async function header(s, page) {
   const who = [h('span', {}, whoText), picker,
     s.portal ? null : h('button', { type: 'button', class: 'secondary', onclick: () => {
       clearSession();
-      say('Signed out.');
+      sayAcross('Signed out.');
       go('');
     } }, 'Sign out')];
   return () => {
@@ -187,7 +194,7 @@ async function render() {
 }
 
 window.addEventListener('hashchange', () => {
-  say('');
+  say(newsAfterNavigation());
   render().then(() => main().focus());
 });
 

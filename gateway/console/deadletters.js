@@ -46,11 +46,11 @@ export async function deadLettersPage(main, params) {
         'Replay every dead letter matching the filter')),
     progress,
     h('section', {}, h('h2', {}, 'Recent replays'), table('Recent replays, newest first', [
-      { label: 'Replay', cell: (r) => r.id },
-      { label: 'State', cell: (r) => r.state },
-      ...FIGURES.map(([key, label]) => ({ label, num: true, cell: (r) => r[key] })),
-      { label: 'Started', cell: (r) => when(r.created_at) },
-      { label: 'Follow', cell: (r) => h('button', { type: 'button', class: 'secondary', onclick: () => follow(progress, r.id) }, 'Follow') },
+      // Three columns, the button under the id: the table fits a narrow frame.
+      { label: 'Replay', cell: (r) => [h('div', {}, r.id), h('div', { class: 'muted' }, `${r.state}, started ${when(r.created_at)}`),
+        h('button', { type: 'button', class: 'secondary', onclick: () => follow(progress, r.id) }, 'Follow')] },
+      { label: 'Which dead letters', cls: 'wrap', cell: (r) => replayed(r) },
+      { label: 'Progress', cls: 'wrap', cell: (r) => figuresText(r) },
     ], replays.data, 'No replay yet.')),
     table('Dead letters, oldest first', [
       replaying && { label: 'Select', cell: (d) => {
@@ -69,6 +69,23 @@ export async function deadLettersPage(main, params) {
     page.next_after ? link(`#/dead-letters?${next}`, 'Next page') : null);
   const latest = replays.data[0];
   if (latest && latest.state === 'running') follow(progress, latest.id);
+}
+
+/** Which dead letters a replay selected: each field of its filter, or how many ids. */
+function replayed(r) {
+  if (r.ids) return `${r.ids.length} chosen by id`;
+  const f = r.filter || {};
+  const parts = [['endpoint', 'endpoint'], ['type', 'type'], ['reason', 'reason']]
+    .filter(([k]) => f[k]).map(([k, label]) => `${label} ${f[k]}`);
+  if (f.since) parts.push(`since ${when(f.since)}`);
+  if (f.until) parts.push(`until ${when(f.until)}`);
+  return parts.length ? parts.join(', ') : 'every dead letter';
+}
+
+/** A replay's figures as a sentence: "selected 3, re-queued 3, …". */
+function figuresText(r) {
+  const text = FIGURES.map(([key, label]) => `${label.toLowerCase()} ${r[key]}`).join(', ');
+  return `${text[0].toUpperCase()}${text.slice(1)}.`;
 }
 
 /** A replay's figures, in the order they happen: [field, label]. */
@@ -90,10 +107,10 @@ function follow(section, id) {
     const r = await guard(() => api('GET', path));
     if (!r) return;
     const settled = r.delivered + r.failed + r.returned;
-    const figures = FIGURES.map(([key, label]) => `${label.toLowerCase()} ${r[key]}`).join(', ');
     section.replaceChildren();
     put(section, h('h2', {}, 'Replay ', r.id),
-      h('p', { id: 'replay-state' }, `State: ${r.state}. ${figures[0].toUpperCase()}${figures.slice(1)}.`),
+      h('p', { id: 'replay-state' }, `State: ${r.state}. ${figuresText(r)}`),
+      h('p', { class: 'muted' }, `Dead letters: ${replayed(r)}.`),
       h('progress', { max: Math.max(1, r.selected), value: settled, 'aria-label': 'Replay progress' }),
       // While it runs, a cancel stops whatever it has not sent yet.
       r.state === 'running' && can('replay') ? h('button', { type: 'button', id: 'replay-cancel', class: 'secondary', onclick: () => guard(async () => {

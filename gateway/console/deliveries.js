@@ -6,9 +6,21 @@ import { facts, field, h, link, problem, stateText, table, when, put } from './d
 const STATES = ['', 'queued', 'delivering', 'waiting', 'delivered', 'dead', 'paused'];
 const FILTERS = ['event', 'endpoint', 'state', 'type', 'since', 'until'];
 
-/** An RFC 3339 time from a `datetime-local` value (taken as UTC), or undefined. */
+/** A time as the search form takes it, in UTC: `2026-12-07`, `2026-12-07 09:30`, with
+ *  seconds, with `T` for the space, with a trailing `Z`. (A browser's date picker shows
+ *  its locale's order, `mm/dd/yyyy`, whatever time zone the label says.) */
+const UTC_TIME = '\\d{4}-\\d{2}-\\d{2}([ T]\\d{2}:\\d{2}(:\\d{2})?)?Z?';
+
+/** The RFC 3339 time of a search form's time (taken as UTC), or undefined. */
 export function utc(v) {
-  return v ? `${v.length === 16 ? `${v}:00` : v}Z` : undefined;
+  if (!v) return undefined;
+  const [date, time = '00:00'] = v.trim().replace(/Z$/, '').split(/[ T]/);
+  return `${date}T${time.length === 5 ? `${time}:00` : time}Z`;
+}
+
+function timeInput(name, params) {
+  return h('input', { name, value: params.get(name) ?? '', pattern: UTC_TIME, placeholder: 'YYYY-MM-DD hh:mm',
+    title: 'A UTC time: YYYY-MM-DD, optionally with hh:mm or hh:mm:ss', autocomplete: 'off' });
 }
 
 /** A search form whose fields mirror `params`; submitting moves to `#/{page}?…`. */
@@ -20,8 +32,8 @@ export function searchForm(page, params, names, extra = {}) {
     state: () => h('select', { name: 'state' }, STATES.map((s) => h('option', { value: s, selected: params.get('state') === s }, s || 'any'))),
     type: () => h('input', { name: 'type', value: params.get('type') ?? '', placeholder: 'invoice.paid' }),
     reason: () => h('input', { name: 'reason', value: params.get('reason') ?? '', placeholder: 'exhausted' }),
-    since: () => h('input', { name: 'since', type: 'datetime-local', step: '1', value: params.get('since') ?? '' }),
-    until: () => h('input', { name: 'until', type: 'datetime-local', step: '1', value: params.get('until') ?? '' }),
+    since: () => timeInput('since', params),
+    until: () => timeInput('until', params),
   };
   const labels = { event: 'Event id', endpoint: 'Endpoint id', state: 'State', type: 'Event type', reason: 'Reason', since: 'Since (UTC)', until: 'Until (UTC)' };
   for (const n of names) inputs[n] = make[n]();

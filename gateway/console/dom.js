@@ -21,13 +21,15 @@ function append(el, children) {
   }
 }
 
-/** A table: `columns` are `{label, cell: row => node or text, num}`. */
+/** A table: `columns` are `{label, cell: row => node or text, num}`. It scrolls sideways
+ *  in its own box when it is wider than the page (a narrow window, a frame), so the page
+ *  itself never does. */
 export function table(caption, columns, rows, empty = 'Nothing to show.') {
   if (rows.length === 0) return h('p', { class: 'muted' }, empty);
-  return h('table', {},
+  return h('div', { class: 'table-wrap' }, h('table', {},
     h('caption', { class: 'muted' }, caption),
     h('thead', {}, h('tr', {}, columns.map((c) => h('th', { scope: 'col', class: c.num ? 'num' : c.cls }, c.label)))),
-    h('tbody', {}, rows.map((r) => h('tr', {}, columns.map((c) => h('td', { class: c.num ? 'num' : c.cls }, c.cell(r)))))));
+    h('tbody', {}, rows.map((r) => h('tr', {}, columns.map((c) => h('td', { class: c.num ? 'num' : c.cls }, c.cell(r))))))));
 }
 
 /** A labelled form control. */
@@ -61,6 +63,42 @@ export function stateText(s, reason, until) {
 export function say(message, isError = false) {
   document.getElementById(isError ? 'alert' : 'status').textContent = message;
   document.getElementById(isError ? 'status' : 'alert').textContent = '';
+}
+
+/** News said before a navigation that the next page keeps showing (a navigation clears
+ *  the regions otherwise): "Endpoint … added." then its page. */
+let afterNavigation = '';
+
+export function sayAcross(message) {
+  afterNavigation = message;
+  say(message);
+}
+
+/** What the page after a navigation says: the news said for it, once, or nothing. */
+export function newsAfterNavigation() {
+  const message = afterNavigation;
+  afterNavigation = '';
+  return message;
+}
+
+/** A secret shown whole in a read-only field with a Copy button: selected on focus, so it
+ *  can be copied by hand too (a frame may not allow the clipboard). */
+export function copyable(id, label, value) {
+  const input = h('input', { id, readonly: true, value, 'aria-label': label, spellcheck: 'false', onfocus: (ev) => ev.target.select() });
+  const said = h('span', { class: 'muted', 'aria-live': 'polite' });
+  const copy = async () => {
+    input.focus();
+    input.select();
+    let ok = false;
+    try {
+      await navigator.clipboard.writeText(value);
+      ok = true;
+    } catch {
+      ok = document.execCommand('copy');
+    }
+    said.textContent = ok ? 'Copied.' : 'Selected: copy it with Ctrl+C (or \u2318C).';
+  };
+  return h('div', { class: 'copyable' }, input, h('button', { type: 'button', class: 'secondary', onclick: copy }, 'Copy'), said);
 }
 
 /** An error said inside the page, where it happened (the rest of the page stays):

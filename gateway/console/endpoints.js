@@ -1,10 +1,11 @@
-// Endpoints: health beside pacing for a page of them, and a form to add one; one
-// endpoint's settings, chart and actions (pause, enable, pacing, OAuth2, a broker
-// destination, secret rotation, plugin bindings, a test send of a catalog example), for a
-// token that may manage it.
+// Endpoints: health beside pacing for a page of them, and a form to add one (its signing
+// secret shown once, on the new endpoint's page); one endpoint's settings, chart and actions
+// (edit its URL, description, event types and headers, pause, enable, pacing, OAuth2, a
+// broker destination, secret rotation, plugin bindings, delete, a test send of a catalog
+// example), for a token that may manage it.
 import { api, can, portal, tenantPath } from './api.js';
 import { rateChart } from './chart.js';
-import { facts, field, guard, h, link, needs, percent, put, say, stateText, table, when } from './dom.js';
+import { copyable, facts, field, guard, h, link, needs, percent, put, say, sayAcross, stateText, table, when } from './dom.js';
 
 const HOOKS = ['transform', 'classify', 'sign'];
 
@@ -17,7 +18,7 @@ export async function endpointsPage(main, params) {
   put(main, h('h1', {}, 'Endpoints'),
     h('p', { class: 'muted' }, 'Success rates count attempts answered 2xx; backlog counts deliveries not finished.'),
     table('Endpoints, their pacing and their health', [
-      { label: 'URL', cls: 'url', cell: (e) => link(`#/endpoints/${encodeURIComponent(e.id)}`, e.url) },
+      { label: 'URL', cls: 'url', cell: (e) => [link(`#/endpoints/${encodeURIComponent(e.id)}`, e.url), target(e)] },
       { label: 'Kind', cell: (e) => e.kind },
       { label: 'Description', cls: 'url', cell: (e) => e.description },
       { label: 'State', cell: (e) => stateText(e.state, e.state_reason, e.paused_until) },
@@ -36,7 +37,23 @@ export async function endpointsPage(main, params) {
     can('manage') && !portal()?.endpoints ? createForm() : null);
 }
 
-/** Adds an HTTP endpoint, then opens it. */
+/** Where a broker endpoint's messages go besides its broker's URL (its stream, subject or
+ *  exchange and routing key); null for HTTP. */
+function target(e) {
+  const d = e.destination;
+  if (e.kind === 'http' || !d) return null;
+  const where = {
+    'redis-stream': () => `stream ${d.stream}`,
+    nats: () => `subject ${d.subject}`,
+    amqp: () => `exchange ${d.exchange ? d.exchange : '(default)'}, routing key ${d.routing_key}`,
+  }[e.kind];
+  return where ? h('div', { class: 'target muted' }, where()) : null;
+}
+
+/** The endpoint just added and its signing secret, shown once on its page. */
+let added = null;
+
+/** Adds an HTTP endpoint, then opens it, where its signing secret is shown once. */
 function createForm() {
   const url = h('input', { name: 'url', type: 'url', required: true, placeholder: 'https://receiver.example/webhooks' });
   const description = h('input', { name: 'description' });
@@ -47,11 +64,22 @@ function createForm() {
       guard(async () => {
         const event_types = types.value.split(',').map((t) => t.trim()).filter(Boolean);
         const e = await api('POST', tenantPath('/endpoints'), { body: { url: url.value.trim(), description: description.value, event_types } });
-        say(`Endpoint ${e.id} added.`);
+        added = { id: e.id, secret: e.secret };
+        sayAcross(`Endpoint ${e.id} added.`);
         location.hash = `#/endpoints/${encodeURIComponent(e.id)}`;
       });
     } }, field('URL', url), field('Description', description), field('Event types', types),
     h('button', { type: 'submit' }, 'Add endpoint')));
+}
+
+/** The signing secret of the endpoint just added: once, where it can be copied. */
+function addedSecret(id) {
+  const fresh = added?.id === id ? added : null;
+  added = null;
+  if (!fresh) return null;
+  return h('section', { id: 'new-secret', class: 'notice' }, h('h2', {}, 'Signing secret'),
+    h('p', {}, 'Your receiver verifies each delivery with this secret. It is shown this once: copy it now.'),
+    copyable('new-secret-value', 'Signing secret', fresh.secret));
 }
 
 /** How long the page follows a test send's first attempt, and how often it looks. */
@@ -69,7 +97,17 @@ async function testSendSection(e, path) {
       h('p', { class: 'muted' }, 'The event catalog has no type with an example to send.'));
   }
   const type = h('select', { name: 'event_type' }, withExamples.map((t) => h('option', { value: t.name }, t.name)));
-  const example = h('input', { name: 'example', type: 'number', min: '0', value: '0' });
+  const example = h('select', { name: 'example' });
+  const shown = h('pre', { id: 'test-send-example', class: 'example' });
+  const examplesOf = () => withExamples.find((t) => t.name === type.value).examples;
+  const showExample = () => { shown.textContent = JSON.stringify(examplesOf()[Number(example.value)], null, 2); };
+  const listExamples = () => {
+    example.replaceChildren(...examplesOf().map((x, i) => h('option', { value: String(i) }, `Example ${i}: ${brief(x)}`)));
+    showExample();
+  };
+  type.addEventListener('change', listExamples);
+  example.addEventListener('change', showExample);
+  listExamples();
   return h('section', { id: 'test-send' }, h('h2', {}, 'Test send'),
     h('form', { class: 'inline', 'aria-label': 'Test send', onsubmit: (ev) => {
       ev.preventDefault();
@@ -81,7 +119,14 @@ async function testSendSection(e, path) {
         put(out, attempt ? attemptFacts(sent, attempt)
           : h('p', {}, 'No attempt yet: ', link(`#/deliveries/${encodeURIComponent(sent.delivery_id)}`, 'follow the delivery')));
       });
-    } }, field('Event type', type), field('Example', example), h('button', { type: 'submit' }, 'Send test event')), out);
+    } }, field('Event type', type), field('Example', example), h('button', { type: 'submit' }, 'Send test event')),
+    h('p', { class: 'muted' }, 'The example\u2019s payload, as the event\u2019s data:'), shown, out);
+}
+
+/** An example's JSON on one line, cut to fit an option. */
+function brief(x) {
+  const text = JSON.stringify(x);
+  return text.length > 60 ? `${text.slice(0, 59)}\u2026` : text;
 }
 
 async function firstAttempt(deliveryId) {
@@ -106,18 +151,21 @@ function attemptFacts(sent, a) {
 export async function endpointPage(main, id, rerender) {
   const path = tenantPath(`/endpoints/${encodeURIComponent(id)}`);
   // Drawn first: an unknown id is said under them.
-  put(main, h('p', {}, link('#/endpoints', 'All endpoints')), h('h1', {}, 'Endpoint ', id));
+  put(main, h('p', {}, link('#/endpoints', 'All endpoints')), h('h1', {}, 'Endpoint ', id), addedSecret(id));
   const manage = can('manage');
-  const withPlugins = manage && (!portal() || portal().plugins);
+  const withPlugins = !portal() || portal().plugins;
   const [e, series, plugins] = await Promise.all([
     api('GET', path),
     api('GET', tenantPath('/series'), { query: { endpoint: id } }),
-    withPlugins ? api('GET', tenantPath('/plugins')).catch(() => ({ data: [] })) : null,
+    manage && withPlugins ? api('GET', tenantPath('/plugins')).catch(() => ({ data: [] })) : null,
   ]);
   const hl = e.health;
+  const headers = Object.entries(e.headers);
   put(main,
     h('section', {}, h('h2', {}, 'Health and pacing'), facts([
-      ['URL', e.url], ['Kind', e.kind], ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
+      ['URL', e.url], ['Kind', e.kind], e.kind === 'http' ? null : ['Sends to', target(e)],
+      ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
+      ['Headers', headers.length ? headers.map(([k, v]) => `${k}: ${v}`).join('\n') : 'none'],
       ['State', stateText(e.state, e.state_reason, e.paused_until)],
       ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
       ['Ordering', e.ordering === 'none' ? 'none (in parallel)' : `${e.ordering}; a dead letter: ${e.ordering_on_dead}`],
@@ -126,14 +174,65 @@ export async function endpointPage(main, id, rerender) {
       ['Backlog', String(hl.backlog)], ['Dead letters', String(hl.dead_letters)],
       ['Last success', when(hl.last_success_at)], ['Last attempt', when(hl.last_attempt_at)],
       ['Failing since', when(hl.failing_since)],
-      ['Plugins', HOOKS.map((k) => `${k}: ${e.plugins[k] ?? '—'}`).join(', ')],
-    ]), h('p', {}, link(`#/deliveries?endpoint=${encodeURIComponent(e.id)}`, 'Its deliveries'), ' · ',
+      withPlugins ? ['Plugins', HOOKS.map((k) => `${k}: ${e.plugins[k] ?? '—'}`).join(', ')] : null,
+    ].filter(Boolean)), h('p', {}, link(`#/deliveries?endpoint=${encodeURIComponent(e.id)}`, 'Its deliveries'), ' · ',
       link(`#/dead-letters?endpoint=${encodeURIComponent(e.id)}`, 'Its dead letters'))),
     e.kind === 'http' ? authSection(e) : destinationSection(e),
     h('section', {}, h('h2', {}, 'Delivery rate and latency, last hour'), rateChart(`Endpoint ${e.id}`, series)),
     manage ? actions(e, path, plugins?.data, rerender)
       : h('section', { id: 'actions' }, h('h2', {}, 'Actions'), needs('manage-needed', 'Changing an endpoint', 'manage')),
-    manage ? await testSendSection(e, path) : null);
+    manage ? await testSendSection(e, path) : null,
+    manage ? deleteSection(e, path) : null);
+}
+
+/** What a receiver is told about the endpoint's settings: its URL, description, event
+ *  types and custom headers (`Name: value`, one a line). Only what changed is sent, so an
+ *  unchanged list of types is not checked again against the catalog. */
+function editForm(e, path, submit, done) {
+  const headerText = (hs) => Object.entries(hs).map(([k, v]) => `${k}: ${v}`).join('\n');
+  const url = h('input', { name: 'url', required: true, value: e.url, class: 'wide' });
+  const description = h('input', { name: 'description', value: e.description, class: 'wide' });
+  const types = h('input', { name: 'event_types', value: e.event_types.join(', '), class: 'wide', placeholder: 'comma separated; empty: every type' });
+  const headers = h('textarea', { name: 'headers', rows: '3', class: 'wide', placeholder: 'X-Name: value, one a line' }, headerText(e.headers));
+  return h('form', { class: 'inline', 'aria-label': 'Edit endpoint', onsubmit: submit(async () => {
+    const body = {};
+    if (url.value.trim() !== e.url) body.url = url.value.trim();
+    if (description.value !== e.description) body.description = description.value;
+    const eventTypes = types.value.split(',').map((t) => t.trim()).filter(Boolean);
+    if (eventTypes.join(',') !== e.event_types.join(',')) body.event_types = eventTypes;
+    if (headers.value.trim() !== headerText(e.headers)) body.headers = parseHeaders(headers.value);
+    if (Object.keys(body).length === 0) throw new Error('Nothing changed.');
+    await api('PATCH', path, { body });
+    done('Endpoint saved.');
+  }) }, field('URL', url), field('Description', description), field('Event types', types),
+  field('Headers (Name: value, one a line)', headers), h('button', { type: 'submit' }, 'Save endpoint'));
+}
+
+/** `Name: value` lines as a header map; a line without a colon is refused, naming it. */
+function parseHeaders(text) {
+  const out = {};
+  text.split('\n').map((l) => l.trim()).forEach((line, i) => {
+    if (!line) return;
+    const colon = line.indexOf(':');
+    if (colon < 1) throw new Error(`headers: line ${i + 1} (${JSON.stringify(line)}) is not Name: value`);
+    out[line.slice(0, colon).trim()] = line.slice(colon + 1).trim();
+  });
+  return out;
+}
+
+/** Deletes the endpoint after a second click that says what it does. */
+function deleteSection(e, path) {
+  const confirm = h('div', { id: 'delete-confirm', class: 'notice', hidden: true },
+    h('p', {}, `Delete ${e.url}? Its deliveries not yet delivered become dead letters (endpoint_deleted); this cannot be undone.`),
+    h('button', { type: 'button', id: 'delete-confirmed', class: 'danger', onclick: () => guard(async () => {
+      await api('DELETE', path);
+      sayAcross(`Endpoint ${e.id} deleted.`);
+      location.hash = '#/endpoints';
+    }) }, 'Delete it'), ' ',
+    h('button', { type: 'button', class: 'secondary', onclick: () => { confirm.hidden = true; } }, 'Keep it'));
+  return h('section', { id: 'delete' }, h('h2', {}, 'Delete'),
+    h('button', { type: 'button', id: 'delete-endpoint', class: 'danger', onclick: () => { confirm.hidden = false; } }, 'Delete endpoint\u2026'),
+    confirm);
 }
 
 /** How the endpoint's requests authenticate: OAuth2 settings (never the secret), this
@@ -147,7 +246,8 @@ function authSection(e) {
     ['Token', t ? `${t.state}${t.refresh_at ? `, refreshed ${when(t.refresh_at)}` : ''} (${t.fetches} fetched on this node)` : '—'],
     ['Last token error', (t && t.last_error) || '—'],
   ] : [['OAuth2', 'none: requests carry only the signature and custom headers']];
-  rows.push(['Egress proxy', e.proxy ?? "the node's"]);
+  // The node's proxy is the operator's business: a customer sees only one of the endpoint's own.
+  if (e.proxy || !portal()) rows.push(['Egress proxy', e.proxy ?? "the node's"]);
   rows.push(['TLS client certificate', e.tls && e.tls.client_cert ? `set (key ${e.tls.client_key_set ? 'set' : 'missing'})` : 'none']);
   rows.push(['Private CA bundle', e.tls && e.tls.ca_bundle ? 'set' : 'none: public roots only']);
   return h('section', { id: 'auth' }, h('h2', {}, 'Authentication'), facts(rows));
@@ -228,10 +328,12 @@ function actions(e, path, plugins, rerender) {
     values.map((v) => h('option', { value: v, selected: v === current }, v)));
   const ordering = choose('ordering', ['none', 'endpoint', 'key'], e.ordering);
   const onDead = choose('ordering_on_dead', ['skip', 'block'], e.ordering_on_dead);
-  const secretOut = h('p', { id: 'rotated', 'aria-live': 'polite' });
+  const secretOut = h('div', { id: 'rotated', 'aria-live': 'polite' });
   const binds = Object.fromEntries(HOOKS.map((k) => [k, bindingSelect(k, e.plugins[k], plugins || [])]));
   const submit = (f) => (ev) => { ev.preventDefault(); guard(f); };
   return h('section', { id: 'actions' }, h('h2', {}, 'Actions'),
+    h('h3', {}, 'Where it sends and what'), editForm(e, path, submit, done),
+    h('h3', {}, 'How it sends'),
     h('form', { class: 'inline', 'aria-label': 'Pause', onsubmit: submit(async () => {
       await api('POST', `${path}/pause`, { body: { for: pauseFor.value || undefined, reason: reason.value || undefined } });
       done('Endpoint paused.');
@@ -258,7 +360,8 @@ function actions(e, path, plugins, rerender) {
     e.kind === 'http' ? oauth2Form(e, path, submit, done) : destinationForm(e, path, submit, done),
     h('form', { class: 'inline', 'aria-label': 'Rotate secret', onsubmit: submit(async () => {
       const r = await api('POST', `${path}/rotate-secret`, { body: {} });
-      secretOut.textContent = `New secret ${r.secret}; the previous one keeps signing until ${when(r.previous_valid_until)}.`;
+      secretOut.replaceChildren(h('p', {}, `New secret (shown this once); the previous one keeps signing until ${when(r.previous_valid_until)}:`),
+        copyable('rotated-secret', 'New signing secret', r.secret));
       say('Secret rotated.');
     }) }, h('button', { type: 'submit' }, 'Rotate secret')), secretOut);
 }

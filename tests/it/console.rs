@@ -200,27 +200,35 @@ async fn the_console_works_in_a_real_browser() -> anyhow::Result<()> {
         .get(&format!("/v1/tenants/acme/endpoints/{}", cfg["plugin_endpoint"].as_str().context("id")?), ADMIN_TOKEN)
         .await?;
     assert_eq!(bound.json["plugins"], json!({"transform": PINNED, "classify": CLASSIFY}), "{}", bound.text);
-    for page in [
-        "overview",
-        "header-after-admin-sign-in",
-        "endpoints",
-        "endpoint",
-        "delivery",
-        "unknown-event-error-inline",
-        "unknown-endpoint-error-inline",
-        "dead-letter-reason-counts",
-        "dead-letters",
-        "plugins",
-        "plugin",
-        "pinned-binding-shown",
-        "pinned-binding-kept-after-save",
-        "endpoint-oauth2",
-        "read-only-endpoint-without-actions",
-        "read-only-dead-letters-without-replay",
-        "read-only-plugins-without-upload",
-    ] {
-        let png = std::fs::read(shots.join(format!("{page}.png"))).with_context(|| format!("screenshot {page}"))?;
-        assert!(png.starts_with(b"\x89PNG"), "{page}.png is not a PNG");
+    screenshots_taken(
+        &shots,
+        &[
+            "overview",
+            "header-after-admin-sign-in",
+            "endpoints",
+            "endpoint",
+            "delivery",
+            "unknown-event-error-inline",
+            "unknown-endpoint-error-inline",
+            "dead-letter-reason-counts",
+            "dead-letters",
+            "plugins",
+            "plugin",
+            "pinned-binding-shown",
+            "pinned-binding-kept-after-save",
+            "endpoint-oauth2",
+            "read-only-endpoint-without-actions",
+            "read-only-dead-letters-without-replay",
+            "read-only-plugins-without-upload",
+        ],
+    )
+}
+
+/// Each of `pages` has its screenshot, a PNG, under `dir`.
+pub(crate) fn screenshots_taken(dir: &std::path::Path, pages: &[&str]) -> anyhow::Result<()> {
+    for page in pages {
+        let png = std::fs::read(dir.join(format!("{page}.png"))).with_context(|| format!("screenshot {page}"))?;
+        ensure!(png.starts_with(b"\x89PNG"), "{page}.png is not a PNG");
     }
     Ok(())
 }

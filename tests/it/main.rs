@@ -10,6 +10,7 @@
 //! - `changes`: how soon a change to an endpoint applies to its partition (within a second)
 //! - `cluster`: several `herald` processes on one Postgres: no double sends, the pace across nodes
 //! - `console`: the console in headless Chromium: pages, scopes, XSS safety, screenshots
+//! - `console_endpoints`: endpoints added, edited and deleted in the console and the portal (Chromium), `/`, `herald-ops` unlisted
 //! - `contract`: the OpenAPI document against the router, schemathesis, the generated client
 //! - `db_restart`: Herald's Postgres (a server of the test's own) restarting under running nodes
 //! - `delivery`: sending to receivers: retries, 429 pauses, the classification table, signatures
@@ -46,6 +47,7 @@ mod changes;
 mod cli;
 mod cluster;
 mod console;
+mod console_endpoints;
 mod contract;
 mod db_restart;
 mod delivery;

@@ -258,7 +258,8 @@ const UNDOCUMENTED_ROUTING: &[&str] = &[".route(", ".route_service(", ".nest(", 
 
 ///
 /// The one exception is the console (`api/console.rs`): static files, not API operations,
-/// so they are not in the document; there every route must be a GET under `/console`.
+/// so they are not in the document; there every route must be a GET under `/console` (or
+/// `/` and `/favicon.ico`, which send a browser to the console's page and icon).
 #[test]
 fn every_api_route_is_registered_with_its_openapi_operation() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
@@ -280,10 +281,12 @@ fn every_api_route_is_registered_with_its_openapi_operation() {
     assert!(found.is_empty(), "routes added outside `api::routes` (not in /openapi.json):\n{}", found.join("\n"));
 }
 
-/// `.route("/console…", get(…))`: a static file of the console, read-only.
+/// `.route("/console…", get(…))`: a static file of the console, read-only; or `/` and
+/// `/favicon.ico`, read-only too.
 fn console_route(code: &str) -> bool {
     let code = code.trim();
-    code.starts_with(".route(\"/console") && code.contains(", get(") && !code.contains(".nest")
+    let path = [".route(\"/console", ".route(\"/\", ", ".route(\"/favicon.ico\", "].iter().any(|p| code.starts_with(p));
+    path && code.contains(", get(") && !code.contains(".nest")
 }
 
 #[test]
@@ -291,6 +294,9 @@ fn only_console_gets_pass_as_console_routes() {
     assert!(console_route(r#".route("/console/{file}", get(|| async { x }))"#));
     assert!(!console_route(r#".route("/v1/x", get(h))"#));
     assert!(!console_route(r#".route("/console", post(h))"#));
+    assert!(console_route(r#".route("/", get(|| async { x }))"#));
+    assert!(!console_route(r#".route("/", post(h))"#));
+    assert!(!console_route(r#".route("/v2", get(h))"#));
 }
 
 /// SQL that writes, in a string literal on one line of `text` (the statement's first line).

@@ -3,8 +3,9 @@
 //! an API operation: the page signs in with a token kept in the browser's session storage
 //! and does everything through the public API, so it can never do what the token could
 //! not. These are the only routes outside `api::routes` (`tests/it/tidy.rs` allows this
-//! file alone, and only paths under `/console`); every answer carries a Content Security
-//! Policy that allows no inline script and no other origin. `/console/portal` is the same
+//! file alone, and only GETs: paths under `/console`, `/` and `/favicon.ico`); every answer
+//! carries a Content Security Policy that allows no inline script and no other origin. `/`
+//! sends a browser to the console, and `/favicon.ico` to the console's icon. `/console/portal` is the same
 //! page for a tenant's customer (a portal session, see `api::portal`): its policy lets the
 //! origins of `portal.frame_ancestors` frame it; the console itself is never framed.
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
 use super::doc::ErrorCode;
@@ -38,6 +39,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("deadletters.js", "text/javascript; charset=utf-8", include_str!("../../console/deadletters.js")),
     ("plugins.js", "text/javascript; charset=utf-8", include_str!("../../console/plugins.js")),
     ("catalog.js", "text/javascript; charset=utf-8", include_str!("../../console/catalog.js")),
+    ("favicon.svg", "image/svg+xml", include_str!("../../console/favicon.svg")),
 ];
 
 /// The file names the console serves (for tests).
@@ -45,9 +47,12 @@ pub fn asset_names() -> impl Iterator<Item = &'static str> {
     ASSETS.iter().map(|(name, _, _)| *name)
 }
 
-/// Adds the console's routes (GET only) to `router`.
+/// Adds the console's routes (GET only) to `router`: its files, and `/` and `/favicon.ico`
+/// sent to them.
 pub(super) fn mount(router: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
     router
+        .route("/", get(|| async { Redirect::temporary("/console/") }))
+        .route("/favicon.ico", get(|| async { Redirect::temporary("/console/favicon.svg") }))
         .route("/console", get(|| async { asset("index.html") }))
         .route("/console/", get(|| async { asset("index.html") }))
         .route("/console/portal", get(portal))

@@ -112,6 +112,7 @@ pub(crate) async fn tenant_series(
 /// The whole node: tenants, queue depth, endpoints by state, dead letters, delivery rate.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct OverviewOut {
+    /// The tenants `GET /v1/tenants` lists (not Herald's own `herald-ops`).
     tenants: u64,
     /// Deliveries due and unclaimed, and when the oldest of them came due (RFC 3339).
     due: u64,
@@ -145,7 +146,7 @@ pub(crate) async fn overview(
     Query(q): Query<OverviewQuery>,
 ) -> Result<Json<OverviewOut>, ApiError> {
     let stats = state.store.queue_stats(state.clock.now(), 0).await?;
-    let tenants = state.store.list_tenants().await?.len() as u64;
+    let tenants = super::tenants::platform_tenants(&state).await?.len() as u64;
     let dead_letters_by_tenant: BTreeMap<String, u64> =
         stats.dead.iter().map(|(t, _, n)| (t.to_string(), *n)).collect();
     Ok(Json(OverviewOut {

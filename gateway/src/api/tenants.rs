@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use super::extract::{Admin, ItemPath, JsonBody, Manage, Path, TenantAuth, TenantPath};
 use super::{ApiError, AppState, auth, rfc3339};
-use crate::model::{Tenant, TenantId, TokenRecord};
+use crate::model::{OPS_TENANT, Tenant, TenantId, TokenRecord};
 use crate::spec::{MAX_TENANT_NAME, check_text};
 
 /// A tenant to create.
@@ -248,12 +248,20 @@ pub(crate) struct TenantList {
     data: Vec<TenantOut>,
 }
 
+/// The tenants the platform made: every one but Herald's own `herald-ops`, which holds the
+/// operational events (its deliveries stay reachable at `/v1/tenants/herald-ops/…`).
+pub(crate) async fn platform_tenants(state: &AppState) -> Result<Vec<Tenant>, ApiError> {
+    let mut tenants = state.store.list_tenants().await?;
+    tenants.retain(|t| t.id.as_str() != OPS_TENANT);
+    Ok(tenants)
+}
+
 #[utoipa::path(
     get, path = "/v1/tenants", tag = "tenants", operation_id = "list_tenants",
-    responses((status = 200, description = "Every tenant", body = TenantList)),
+    responses((status = 200, description = "Every tenant but Herald's own `herald-ops`", body = TenantList)),
     security(("admin_token" = [])),
 )]
 pub(crate) async fn list_tenants(State(state): State<Arc<AppState>>, _: Admin) -> Result<Json<TenantList>, ApiError> {
-    let tenants = state.store.list_tenants().await?;
+    let tenants = platform_tenants(&state).await?;
     Ok(Json(TenantList { data: tenants.into_iter().map(TenantOut::from).collect() }))
 }
