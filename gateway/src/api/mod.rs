@@ -33,6 +33,7 @@ mod plugin_stats;
 mod plugin_versions;
 mod plugins;
 mod portal;
+mod reach;
 mod replays;
 mod tenants;
 mod test_send;

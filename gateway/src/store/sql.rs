@@ -340,6 +340,16 @@ where
             q.push(condition).push_bind(v);
         }
     }
+    if let Some(only) = &f.endpoints {
+        // No endpoint at all selects nothing (`IN ()` is not SQL).
+        q.push(if only.is_empty() { " AND 1 = 0" } else { " AND endpoint_id IN (" });
+        for (i, e) in only.iter().enumerate() {
+            q.push(if i == 0 { "" } else { ", " }).push_bind(e.as_str());
+        }
+        if !only.is_empty() {
+            q.push(")");
+        }
+    }
     push_window(q, "", f.since, f.until);
     q.push(if f.newest_first { " ORDER BY id DESC LIMIT " } else { " ORDER BY id LIMIT " });
     q.push_bind(i64::from(f.limit.max(1)));
