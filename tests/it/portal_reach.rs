@@ -195,8 +195,12 @@ enum Want {
     Ok,
     /// 4xx: an object out of reach, or a route not for a portal session.
     Refused,
-    /// Any answer but a 5xx (the operator's probes, reads of the shared catalog).
+    /// Any answer but a 5xx (reads of the shared catalog).
     Any,
+    /// The operator's probes and the document, which answer without a token: the
+    /// session's token must get no more than a caller with none (the same status, nothing
+    /// of the other endpoint that the anonymous answer lacks).
+    Public,
 }
 
 struct Call {
@@ -222,8 +226,8 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
     let their_d = &w.their_deliveries;
     let plugin = |name: &str, want: Want, body: Option<Value>| call(at(path).replace("{name}", name), body, want);
     Some(match (method, path) {
-        // The operator's probes and the document: no token, nothing of a tenant.
-        ("get", "/healthz" | "/readyz" | "/metrics" | "/openapi.json") => vec![call(path, None, Any)],
+        // The operator's probes and the document: no token needed.
+        ("get", "/healthz" | "/readyz" | "/metrics" | "/openapi.json") => vec![call(path, None, Public)],
         ("get", "/v1/whoami") => vec![call(path, None, Ok)],
         ("post", "/v1/portal-sessions/exchange") => vec![call(path, Some(json!({"code": "hpc_nope"})), Refused)],
         // The operator's routes.
@@ -400,9 +404,18 @@ async fn a_limited_session_reaches_nothing_of_another_endpoint_on_any_route(back
         ensure!(!calls.is_empty(), "{method} {path}: the table calls it no way");
         walked += 1;
         for c in calls {
-            let sent = format!("{}{}", c.path, String::from_utf8_lossy(c.body.as_deref().unwrap_or_default()));
-            let r = api.raw(&method.to_uppercase(), &c.path, Some(&w.token), c.body.unwrap_or_default()).await?;
-            let what = format!("{} {} → {}", method.to_uppercase(), c.path, r.status);
+            let (method, body) = (method.to_uppercase(), c.body.unwrap_or_default());
+            let mut sent = format!("{}{}", c.path, String::from_utf8_lossy(&body));
+            let anonymous = match c.want {
+                Want::Public => Some(api.raw(&method, &c.path, None, body.clone()).await?),
+                _ => None,
+            };
+            // What a caller without a token is told is no more the session's to know.
+            if let Some(a) = &anonymous {
+                sent.push_str(&a.text);
+            }
+            let r = api.raw(&method, &c.path, Some(&w.token), body).await?;
+            let what = format!("{method} {} → {}", c.path, r.status);
             let shown: Vec<&String> = w.secrets.iter().filter(|s| r.text.contains(*s) && !sent.contains(*s)).collect();
             if !shown.is_empty() {
                 failures.push(format!("{what}: names the other endpoint's {shown:?}: {}", r.text));
@@ -411,6 +424,7 @@ async fn a_limited_session_reaches_nothing_of_another_endpoint_on_any_route(back
                 Want::Ok => (200..300).contains(&r.status),
                 Want::Refused => (400..500).contains(&r.status),
                 Want::Any => r.status < 500,
+                Want::Public => anonymous.is_some_and(|a| a.status == r.status) && r.status < 500,
             };
             if !ok {
                 failures.push(format!("{what}: expected {:?}: {}", c.want, r.text));
