@@ -71,9 +71,7 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
     api.tenant("acme").await?;
     // `mine` answers 422 (a dead letter at once) to payloads marked dead, `theirs` always.
     let mine_rx = FakeReceiver::start().await?;
-    mine_rx.answer_when(|body| {
-        String::from_utf8_lossy(body).contains("\"dead\":true").then(|| Answer::status(422))
-    });
+    mine_rx.answer_when(|body| String::from_utf8_lossy(body).contains("\"dead\":true").then(|| Answer::status(422)));
     let theirs_rx = FakeReceiver::start().await?;
     theirs_rx.set_default(Answer::status(422));
     for name in ["my-plugin", "their-plugin", "free-plugin"] {
@@ -166,7 +164,8 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
 /// Everything of `theirs`, as the admin reads it (what changes with time left out).
 async fn their_state(w: &World) -> anyhow::Result<Value> {
     let api = &w.gw.api;
-    let get = async |path: String| -> anyhow::Result<Value> { Ok(api.get(&path, ADMIN_TOKEN).await?.expect(200)?.json) };
+    let get =
+        async |path: String| -> anyhow::Result<Value> { Ok(api.get(&path, ADMIN_TOKEN).await?.expect(200)?.json) };
     let mut endpoint = get(format!("{T}/endpoints/{}", w.theirs)).await?;
     endpoint.as_object_mut().context("endpoint")?.remove("health");
     let mut plugin = get(format!("{T}/plugins/their-plugin")).await?;
@@ -220,7 +219,9 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
     use Want::*;
     let (mine, theirs) = (&w.mine, &w.theirs);
     let each = |ids: &[String], suffix: &str, body: Option<Value>, want: Want| -> Vec<Call> {
-        ids.iter().map(|id| call(path.replace("{tenant}", "acme").replace("{id}", id) + suffix, body.clone(), want)).collect()
+        ids.iter()
+            .map(|id| call(path.replace("{tenant}", "acme").replace("{id}", id) + suffix, body.clone(), want))
+            .collect()
     };
     let at = |p: &str| p.replace("{tenant}", "acme");
     let their_d = &w.their_deliveries;
@@ -351,11 +352,9 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
         ("post", "/v1/tenants/{tenant}/replays/{id}/cancel") => each(&w.their_replays, "", None, Refused),
         // Plugins: those bound to its endpoints alone, or to none.
         ("get", "/v1/tenants/{tenant}/plugins") => vec![call(at(path), None, Ok)],
-        ("get", "/v1/tenants/{tenant}/plugins/{name}" | "/v1/tenants/{tenant}/plugins/{name}/versions") => vec![
-            plugin("their-plugin", Refused, None),
-            plugin("my-plugin", Ok, None),
-            plugin("free-plugin", Ok, None),
-        ],
+        ("get", "/v1/tenants/{tenant}/plugins/{name}" | "/v1/tenants/{tenant}/plugins/{name}/versions") => {
+            vec![plugin("their-plugin", Refused, None), plugin("my-plugin", Ok, None), plugin("free-plugin", Ok, None)]
+        }
         ("get", "/v1/tenants/{tenant}/plugins/{name}/config") => {
             vec![plugin("their-plugin", Refused, None), plugin("my-plugin", Ok, None)]
         }
@@ -381,9 +380,7 @@ fn operations(doc: &Value) -> anyhow::Result<BTreeSet<(String, String)>> {
     let paths = doc["paths"].as_object().context("paths")?;
     Ok(paths
         .iter()
-        .flat_map(|(path, item)| {
-            item.as_object().into_iter().flatten().map(move |(m, _)| (m.clone(), path.clone()))
-        })
+        .flat_map(|(path, item)| item.as_object().into_iter().flatten().map(move |(m, _)| (m.clone(), path.clone())))
         .filter(|(m, _)| METHODS.contains(&m.as_str()))
         .collect())
 }

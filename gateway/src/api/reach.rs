@@ -100,8 +100,7 @@ impl Reach {
         if !self.limited() {
             return Ok(String::new());
         }
-        let outside: Vec<_> =
-            binding(state, tenant, name).await?.into_iter().filter(|e| !self.sees(&e.id)).collect();
+        let outside: Vec<_> = binding(state, tenant, name).await?.into_iter().filter(|e| !self.sees(&e.id)).collect();
         let mut hooks: Vec<&str> = outside.iter().flat_map(|e| e.spec.plugins.hooks_binding(name)).collect();
         hooks.sort_unstable();
         hooks.dedup();
@@ -152,7 +151,11 @@ const CONFINED: &[(&str, &str, Confine)] = {
     use Confine::*;
     &[
         ("GET", "/v1/tenants/{tenant}/endpoints", Listing),
-        ("POST", "/v1/tenants/{tenant}/endpoints", Refused("this portal session is limited to some endpoints: it cannot add one")),
+        (
+            "POST",
+            "/v1/tenants/{tenant}/endpoints",
+            Refused("this portal session is limited to some endpoints: it cannot add one"),
+        ),
         ("GET", "/v1/tenants/{tenant}/endpoints/{id}", Endpoint),
         ("PATCH", "/v1/tenants/{tenant}/endpoints/{id}", Endpoint),
         ("DELETE", "/v1/tenants/{tenant}/endpoints/{id}", Endpoint),
@@ -199,7 +202,8 @@ pub(super) async fn confine(
         return Ok(());
     }
     let forbidden = |m: String| ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, m);
-    let Some(&(_, _, confine)) = CONFINED.iter().find(|(m, r, _)| *m == access.method.as_str() && *r == access.route) else {
+    let Some(&(_, _, confine)) = CONFINED.iter().find(|(m, r, _)| *m == access.method.as_str() && *r == access.route)
+    else {
         return Err(forbidden("this route is not open to a portal session limited to some endpoints".into()));
     };
     let id = access.id.unwrap_or_default();
@@ -249,7 +253,9 @@ pub(super) async fn confine(
             match named {
                 Some(e) if reach.sees(&e) => Ok(()),
                 Some(_) => Err(ApiError::not_found("endpoint")),
-                None => Err(ApiError::unprocessable("endpoint: this portal session sees only some endpoints: name one")),
+                None => {
+                    Err(ApiError::unprocessable("endpoint: this portal session sees only some endpoints: name one"))
+                }
             }
         }
     }

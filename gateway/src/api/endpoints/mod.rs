@@ -946,20 +946,21 @@ pub(crate) async fn list_endpoints(
         return Err(super::extract::bad_query(format!("plugin: {name:?} is not a plugin name (1-64 of [a-z0-9_-])")));
     }
     // A portal session limited to some endpoints finds the others absent.
-    let (state, plugin, reach) = (&state, q.plugin.as_deref(), &auth.reach);
-    let (endpoints, next_after) = super::reach::narrowed(
-        limit,
-        after,
-        |after: Option<EndpointId>| async move {
-            Ok(state.store.endpoint_page(tenant, after.as_ref(), limit, plugin).await?)
-        },
-        |mut page: Vec<Endpoint>| async move {
-            page.retain(|e| reach.sees(&e.id));
-            Ok(page)
-        },
-        |e| e.id.clone(),
-    )
-    .await?;
+    let (app, plugin, reach) = (&*state, q.plugin.as_deref(), &auth.reach);
+    let (endpoints, next_after) =
+        super::reach::narrowed(
+            limit,
+            after,
+            |after: Option<EndpointId>| async move {
+                Ok(app.store.endpoint_page(tenant, after.as_ref(), limit, plugin).await?)
+            },
+            |mut page: Vec<Endpoint>| async move {
+                page.retain(|e| reach.sees(&e.id));
+                Ok(page)
+            },
+            |e| e.id.clone(),
+        )
+        .await?;
     let next_after = next_after.map(|id| id.to_string());
     let health: Vec<Option<HealthOut>> = match q.health {
         Some(true) => page_health(&state, &endpoints).await?.into_iter().map(Some).collect(),
