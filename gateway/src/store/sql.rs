@@ -436,6 +436,21 @@ mod tests {
         );
     }
 
+    /// A portal session's endpoint limit is one `IN` list; a limit of no endpoint selects
+    /// nothing (rather than `IN ()`, which is not SQL).
+    #[test]
+    fn an_endpoint_limit_is_an_in_list() {
+        let both = vec![EndpointId::from_stored("ep_1"), EndpointId::from_stored("ep_2")];
+        let f = DeliveryFilter { endpoints: Some(both), limit: 5, ..Default::default() };
+        let mut q: Sql<'_, sqlx::Postgres> = Sql::new("SELECT id FROM deliveries WHERE 1 = 1");
+        push_delivery_filter(&mut q, &f);
+        assert_eq!(q.sql(), "SELECT id FROM deliveries WHERE 1 = 1 AND endpoint_id IN ($1, $2) ORDER BY id LIMIT $3");
+        let f = DeliveryFilter { endpoints: Some(Vec::new()), limit: 5, ..Default::default() };
+        let mut q: Sql<'_, sqlx::Sqlite> = Sql::new("SELECT id FROM deliveries WHERE 1 = 1");
+        push_delivery_filter(&mut q, &f);
+        assert_eq!(q.sql(), "SELECT id FROM deliveries WHERE 1 = 1 AND 1 = 0 ORDER BY id LIMIT ?");
+    }
+
     /// Every statement SQLite's writer runs from here, as rusqlite prepares it on the
     /// migrated schema: it parses, and its `i`th parameter is `$i`, so that the writer's
     /// positional `params![…]` bind what sqlx binds by number.
