@@ -78,20 +78,14 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
         let r = api.raw("PUT", &format!("{T}/plugins/{name}"), Some(ADMIN_TOKEN), plugin_bytes("classify_409")).await?;
         r.expect(200)?;
     }
-    let mine = api
-        .endpoint(
-            "acme",
-            json!({"url": format!("{}/mine", mine_rx.url()), "event_types": ["mine.happened", "both.happened"],
-                   "plugins": {"classify": "my-plugin"}}),
-        )
-        .await?;
-    let theirs = api
-        .endpoint(
-            "acme",
-            json!({"url": format!("{}/theirs", theirs_rx.url()), "event_types": ["theirs.happened", "both.happened"],
-                   "plugins": {"classify": "their-plugin"}}),
-        )
-        .await?;
+    // Each endpoint takes its own type and `both.happened`, and binds its own plugin.
+    let endpoint = async |who: &str, rx: &FakeReceiver, plugin: &str| {
+        let types = [format!("{who}.happened"), "both.happened".to_string()];
+        let body = json!({"url": format!("{}/{who}", rx.url()), "event_types": types, "plugins": {"classify": plugin}});
+        api.endpoint("acme", body).await
+    };
+    let mine = endpoint("mine", &mine_rx, "my-plugin").await?;
+    let theirs = endpoint("theirs", &theirs_rx, "their-plugin").await?;
     let (mine, theirs_secret) = (mine["id"].as_str().context("id")?.to_string(), theirs["secret"].clone());
     let theirs = theirs["id"].as_str().context("id")?.to_string();
     let config = json!({"values": {"on_409": "delivered"}, "secrets": {"token": "their-config-secret"}});
