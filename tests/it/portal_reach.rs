@@ -504,7 +504,7 @@ async fn a_limited_session_changes_only_plugins_bound_within_its_endpoints() -> 
     let before = version("shared").await?;
     let r = put("shared").await?.expect(403)?;
     let m = r.json["error"]["message"].as_str().unwrap_or_default();
-    ensure!(m.contains("its classify binding on an endpoint outside this portal session"), "{m}");
+    ensure!(m.contains("its classify binding is on an endpoint the session does not reach"), "{m}");
     ensure!(version("shared").await? == before, "the refused upload changed nothing");
     Ok(())
 }

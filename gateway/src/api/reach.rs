@@ -106,8 +106,8 @@ impl Reach {
         hooks.dedup();
         Ok(match outside.len() {
             0 => String::new(),
-            1 => format!("its {} binding on an endpoint outside this portal session", hooks.join(" and ")),
-            n => format!("its {} bindings on {n} endpoints outside this portal session", hooks.join(" and ")),
+            1 => format!("its {} binding is on an endpoint the session does not reach", hooks.join(" and ")),
+            n => format!("its {} bindings are on {n} endpoints the session does not reach", hooks.join(" and ")),
         })
     }
 
