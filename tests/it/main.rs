@@ -24,6 +24,7 @@
 //! - `outbox`: the transactional outbox relay from a producer's Postgres
 //! - `portal`: the customer portal's API: minted links, sessions, limits, branding
 //! - `portal_browser`: the customer portal in headless Chromium: the link, the pages, framing
+//! - `portal_reach`: a portal session limited to one endpoint, walked over every route of `/openapi.json`
 //! - `packaging`: the image, the Helm chart, the compose stack and the Debian package, used as shipped
 //! - `plugins`: plugins end to end: hooks, uploads, isolation, hot reload; under it `config`,
 //!   `guard`, `js` (JavaScript plugins), `limits`, `stats`, `versions`
@@ -63,6 +64,7 @@ mod packaging;
 mod plugins;
 mod portal;
 mod portal_browser;
+mod portal_reach;
 mod props;
 mod quickstart;
 mod recovery;

@@ -39,7 +39,7 @@ fn code_of(session: &Value) -> anyhow::Result<String> {
 }
 
 /// Exchanges a minted link for its session token.
-async fn open(api: &Api, session: &Value) -> anyhow::Result<String> {
+pub async fn open(api: &Api, session: &Value) -> anyhow::Result<String> {
     let r =
         api.raw("POST", "/v1/portal-sessions/exchange", None, json!({"code": code_of(session)?}).to_string()).await?;
     let r = r.expect(200)?;

@@ -134,6 +134,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
         "api",
         &[
             &["doc", "listen"],
+            &["reach"],
             &["extract", "auth", "console"],
             &["bindings", "plugin_stats", "event_types"],
             &["endpoints", "events", "replays", "tenants", "test_send", "whoami", "portal"],

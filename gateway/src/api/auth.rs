@@ -7,8 +7,9 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::doc::ErrorCode;
+use super::reach::{self, Reach, RouteAccess};
 use super::{ApiError, AppState};
-use crate::model::{EndpointId, Millis, PortalSession, Scope, TenantId, TokenRecord};
+use crate::model::{Millis, PortalSession, Scope, TenantId, TokenRecord};
 
 /// Who is calling.
 #[derive(Debug, Clone)]
@@ -179,24 +180,16 @@ pub async fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError
     }
 }
 
-/// The route a request matched, as [`tenant`] checks a portal session against it.
-pub struct RouteAccess<'a> {
-    pub method: &'a Method,
-    /// The matched path (`/v1/tenants/{tenant}/endpoints/{id}`).
-    pub route: &'a str,
-    /// The path's `{id}`, if it has one.
-    pub id: Option<&'a str>,
-}
-
 /// Requires access to `tenant` with `scope`; another tenant's objects answer 404. A portal
-/// session must also be allowed `access` (see [`portal_allows`]).
+/// session must also be allowed `access` (see [`portal_allows`]), and is confined to what
+/// it reaches of the tenant ([`reach::confine`]).
 pub async fn tenant(
     state: &AppState,
     headers: &HeaderMap,
     tenant: &str,
     scope: Scope,
     access: RouteAccess<'_>,
-) -> Result<(TenantId, Option<Arc<PortalSession>>), ApiError> {
+) -> Result<(TenantId, Reach), ApiError> {
     let Identity { caller, scopes, portal } = caller(state, headers).await?;
     let id = TenantId::parse(tenant).map_err(|_| ApiError::not_found("tenant"))?;
     match caller {
@@ -214,14 +207,16 @@ pub async fn tenant(
         ));
     }
     ensure_tenant(state, &id).await?;
-    Ok((id, portal))
+    let reach = Reach::of(portal.as_deref());
+    reach::confine(state, &id, &reach, &access).await?;
+    Ok((id, reach))
 }
 
 /// The tenant routes a portal session may use: the customer's own (endpoints, deliveries,
 /// dead letters, replays, the catalog to read, the series; plugins only when
 /// `portal.plugins` allows), never the operator's (tokens, catalog writes, settings,
-/// portal sessions). A read-only session may only read; one limited to some endpoints
-/// finds the others absent (`404`) and cannot create one.
+/// portal sessions). A read-only session may only read; what one limited to some
+/// endpoints reaches is [`reach::confine`]'s.
 fn portal_allows(session: &PortalSession, plugins: bool, access: &RouteAccess<'_>) -> Result<(), ApiError> {
     let forbidden = |m: &str| ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, m);
     let rest = access.route.strip_prefix("/v1/tenants/{tenant}").unwrap_or("");
@@ -238,15 +233,6 @@ fn portal_allows(session: &PortalSession, plugins: bool, access: &RouteAccess<'_
     }
     if session.read_only && !read {
         return Err(forbidden("this portal session is read-only: it cannot change anything"));
-    }
-    if rest.starts_with("/endpoints") && session.endpoints.is_some() {
-        match access.id {
-            Some(id) if !session.sees(&EndpointId::from_stored(id)) => return Err(ApiError::not_found("endpoint")),
-            None if !read => {
-                return Err(forbidden("this portal session is limited to some endpoints: it cannot add one"));
-            }
-            _ => {}
-        }
     }
     Ok(())
 }

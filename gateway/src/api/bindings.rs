@@ -8,27 +8,9 @@
 
 use std::sync::Arc;
 
+pub(super) use super::reach::binding;
 use super::{ApiError, AppState};
-use crate::model::{Endpoint, TenantId};
-
-/// Endpoints read per page while looking for a plugin's bindings.
-const PAGE: u32 = 500;
-
-/// `tenant`'s endpoints whose hooks bind plugin `name`, following it or pinned
-/// (`name@n`), in creation order. Read under the tenant's binding lock.
-pub(super) async fn binding(state: &AppState, tenant: &TenantId, name: &str) -> Result<Vec<Endpoint>, ApiError> {
-    let mut found = Vec::new();
-    let mut after = None;
-    loop {
-        let page = state.store.endpoint_page(tenant, after.as_ref(), PAGE, Some(name)).await?;
-        let full = page.len() as u32 == PAGE;
-        after = page.last().map(|e| e.id.clone());
-        found.extend(page.into_iter().filter(|e| e.spec.plugins.binds(name)));
-        if !full {
-            return Ok(found);
-        }
-    }
-}
+use crate::model::TenantId;
 
 /// The versions of `name` that `tenant`'s endpoints pin (`name@n`): an upload keeps them.
 /// Read under the tenant's binding lock.

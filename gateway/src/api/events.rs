@@ -184,14 +184,6 @@ pub(crate) async fn get_one(
         .get_event(&auth.tenant, &EventId::from_stored(id))
         .await?
         .ok_or_else(|| ApiError::not_found("event"))?;
-    // A portal session limited to some endpoints sees the events sent to them only.
-    if auth.limited() {
-        let (tenant, event_id) = (Some(auth.tenant.clone()), Some(event.id.clone()));
-        let f = DeliveryFilter { tenant, event: event_id, limit: 1000, ..Default::default() };
-        if !state.store.list_deliveries(&f).await?.iter().any(|d| auth.sees(&d.endpoint_id)) {
-            return Err(ApiError::not_found("event"));
-        }
-    }
     // Intake stored valid JSON; a raw value keeps its bytes as they were posted.
     let payload = RawValue::from_string(event.payload).map_err(|e| {
         tracing::error!(event = %event.id, error = %e, "a stored payload is not JSON");
@@ -234,11 +226,14 @@ pub struct ListQuery {
     order: Option<String>,
 }
 
-fn filter(tenant: TenantId, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
+/// The store's filter for a listing by `auth` with query `q`: the tenant's deliveries to
+/// the endpoints the caller reaches.
+fn filter<S: ScopeMarker>(auth: &TenantAuth<S>, q: ListQuery) -> Result<DeliveryFilter, ApiError> {
     Ok(DeliveryFilter {
-        tenant: Some(tenant),
+        tenant: Some(auth.tenant.clone()),
         event: None,
         endpoint: q.endpoint.map(EndpointId::from_stored),
+        endpoints: auth.reach.endpoints(),
         state: q
             .state
             .map(|s| {
@@ -313,12 +308,10 @@ pub(crate) struct DeadLetterPage {
     counts_by_reason: BTreeMap<String, u64>,
 }
 
-/// A page of `items` as `auth` may see them: a portal session limited to some endpoints
-/// sees their deliveries only (the page's cursor still follows every item read).
-fn page<S: ScopeMarker>(auth: &TenantAuth<S>, items: Vec<Delivery>, limit: u32) -> DeliveryPage {
+/// A page of `items` (read with [`filter`], so only what the caller reaches).
+fn page(items: Vec<Delivery>, limit: u32) -> DeliveryPage {
     let next = (items.len() as u32 == limit).then(|| items.last().map(|d| d.id.to_string())).flatten();
-    let data = items.iter().filter(|d| auth.sees(&d.endpoint_id)).map(delivery_view).collect();
-    DeliveryPage { data, next_after: next }
+    DeliveryPage { data: items.iter().map(delivery_view).collect(), next_after: next }
 }
 
 #[utoipa::path(
@@ -337,10 +330,10 @@ pub(crate) async fn event_deliveries(
     if state.store.get_event(&auth.tenant, &event_id).await?.is_none() {
         return Err(ApiError::not_found("event"));
     }
-    let mut f = filter(auth.tenant.clone(), q)?;
+    let mut f = filter(&auth, q)?;
     f.event = Some(event_id);
     let items = state.store.list_deliveries(&f).await?;
-    Ok(Json(page(&auth, items, f.limit)))
+    Ok(Json(page(items, f.limit)))
 }
 
 #[utoipa::path(
@@ -354,9 +347,9 @@ pub(crate) async fn list_deliveries(
     auth: TenantAuth<Read>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<DeliveryPage>, ApiError> {
-    let f = filter(auth.tenant.clone(), q)?;
+    let f = filter(&auth, q)?;
     let items = state.store.list_deliveries(&f).await?;
-    Ok(Json(page(&auth, items, f.limit)))
+    Ok(Json(page(items, f.limit)))
 }
 
 #[utoipa::path(
@@ -370,15 +363,15 @@ pub(crate) async fn dead_letters(
     auth: TenantAuth<Read>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<DeadLetterPage>, ApiError> {
-    let mut f = filter(auth.tenant.clone(), q)?;
+    let mut f = filter(&auth, q)?;
     f.state = Some(DeliveryState::Dead);
     let items = state.store.list_deliveries(&f).await?;
     // The tenant's counts would tell a session limited to some endpoints of the others'.
-    let counts = match auth.portal.as_ref().is_some_and(|s| s.endpoints.is_some()) {
+    let counts = match auth.limited() {
         true => BTreeMap::new(),
         false => state.store.dead_letter_counts(&auth.tenant).await?.into_iter().collect(),
     };
-    Ok(Json(DeadLetterPage { page: page(&auth, items, f.limit), counts_by_reason: counts }))
+    Ok(Json(DeadLetterPage { page: page(items, f.limit), counts_by_reason: counts }))
 }
 
 /// One HTTP attempt.
@@ -446,7 +439,6 @@ pub(crate) async fn get_delivery(
         .store
         .get_delivery(tenant, &DeliveryId::from_stored(id))
         .await?
-        .filter(|(d, _)| auth.sees(&d.endpoint_id))
         .ok_or_else(|| ApiError::not_found("delivery"))?;
     // Bodies that were the event's envelope are rebuilt once, from the event.
     let envelope = match attempts.iter().any(|a| a.request.as_ref().is_some_and(|r| r.body.is_none())) {

@@ -17,9 +17,10 @@ use serde_json::Value;
 use utoipa::IntoParams;
 
 use super::doc::ErrorCode;
+use super::reach::Reach;
 use super::{ApiError, AppState, auth};
 use crate::json;
-use crate::model::{EndpointId, PortalSession, Scope, TRACEPARENT, TRACESTATE, TenantId, TraceContext};
+use crate::model::{EndpointId, Scope, TRACEPARENT, TRACESTATE, TenantId, TraceContext};
 
 /// A scope a route needs, as a type: `TenantAuth<Manage>`.
 pub trait ScopeMarker: Send + Sync + 'static {
@@ -51,21 +52,22 @@ scopes! {
 /// and the tenant exists. Another tenant's token gets `404`, as if it did not exist.
 pub struct TenantAuth<S: ScopeMarker> {
     pub tenant: TenantId,
-    /// The portal session calling, if it is one: its endpoint limit applies to listings.
-    pub portal: Option<Arc<PortalSession>>,
+    /// What of the tenant the caller reaches (a portal session may be limited to some
+    /// endpoints): the route's path is already confined to it, listings narrow with it.
+    pub reach: Reach,
     _scope: PhantomData<S>,
 }
 
 impl<S: ScopeMarker> TenantAuth<S> {
     /// Whether the caller may see endpoint `id` (a portal session may be limited to some).
     pub fn sees(&self, id: &EndpointId) -> bool {
-        self.portal.as_ref().is_none_or(|s| s.sees(id))
+        self.reach.sees(id)
     }
 
     /// Whether the caller is a portal session limited to some endpoints: what spans the
     /// whole tenant (its series, a replay by any filter) is not for it.
     pub fn limited(&self) -> bool {
-        self.portal.as_ref().is_some_and(|s| s.endpoints.is_some())
+        self.reach.limited()
     }
 }
 
@@ -75,11 +77,12 @@ impl<S: ScopeMarker> FromRequestParts<Arc<AppState>> for TenantAuth<S> {
     async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
         let params = RawPathParams::from_request_parts(parts, state).await.map_err(path_error)?;
         let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
-        let (tenant, id) = (param("tenant").unwrap_or_default(), param("id"));
+        let (tenant, id, name) = (param("tenant").unwrap_or_default(), param("id"), param("name"));
         let route = parts.extensions.get::<axum::extract::MatchedPath>().map(|m| m.as_str()).unwrap_or_default();
-        let access = auth::RouteAccess { method: &parts.method, route, id: id.as_deref() };
-        let (tenant, portal) = auth::tenant(state, &parts.headers, &tenant, S::SCOPE, access).await?;
-        Ok(TenantAuth { tenant, portal, _scope: PhantomData })
+        let (id, name, query) = (id.as_deref(), name.as_deref(), parts.uri.query());
+        let access = super::reach::RouteAccess { method: &parts.method, route, id, name, query };
+        let (tenant, reach) = auth::tenant(state, &parts.headers, &tenant, S::SCOPE, access).await?;
+        Ok(TenantAuth { tenant, reach, _scope: PhantomData })
     }
 }
 

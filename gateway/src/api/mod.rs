@@ -11,7 +11,14 @@
 //! time; the token cache is local on a SQLite node and bypassed on Postgres, so a revocation
 //! holds at once. Portal sessions (`portal`) are never cached on any backend: each request
 //! reads its row, so a revocation or an expiry holds at once on every node; `auth` confines
-//! a session to the customer's routes, its endpoint limit and, when read-only, to `GET`.
+//! a session to the customer's routes and, when read-only, to `GET`. A session limited to
+//! some endpoints is confined in one place, `reach`, which every tenant route's extractor
+//! (`TenantAuth`) goes through before its handler: its table says what each route's path
+//! names (an endpoint, an event, a delivery, a replay, a plugin: one out of reach is absent,
+//! a plugin bound out of reach is refused naming the binding), a route missing from it is
+//! refused to such a session, and listings narrow with the `Reach` the extractor hands over
+//! (the store's delivery filter takes the endpoints; cursors are always an item shown).
+//! `tests/it/portal_reach.rs` walks every route of `/openapi.json` with such a session.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -44,6 +51,7 @@ mod plugin_stats;
 mod plugin_versions;
 mod plugins;
 mod portal;
+mod reach;
 mod replays;
 mod tenants;
 mod test_send;

@@ -166,9 +166,16 @@ pub(crate) async fn upload(
 )]
 pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    TenantAuth { tenant, reach, .. }: TenantAuth<Read>,
 ) -> Result<Json<PluginList>, ApiError> {
-    Ok(Json(PluginList { data: state.plugins.list(tenant.as_str()).iter().map(view).collect() }))
+    let mut data = Vec::new();
+    // A portal session limited to some endpoints lists the plugins it reaches.
+    for p in state.plugins.list(tenant.as_str()) {
+        if reach.plugin(&state, &tenant, &p.name).await? {
+            data.push(view(&p));
+        }
+    }
+    Ok(Json(PluginList { data }))
 }
 
 #[utoipa::path(

@@ -258,12 +258,27 @@ pub(crate) struct ReplayPage {
 )]
 pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    TenantAuth { tenant, reach, .. }: TenantAuth<Read>,
     Query(q): Query<ReplayQuery>,
 ) -> Result<Json<ReplayPage>, ApiError> {
     let limit = page_limit(q.limit)?;
-    let replays = state.store.list_replays(&tenant, q.after.as_deref(), limit).await?;
-    let next_after = (replays.len() as u32 == limit).then(|| replays.last().map(|p| p.replay.id.clone())).flatten();
+    let (state, tenant, reach) = (&state, &tenant, &reach);
+    let (replays, next_after) = super::reach::narrowed(
+        limit,
+        q.after,
+        |after: Option<String>| async move { Ok(state.store.list_replays(tenant, after.as_deref(), limit).await?) },
+        |page: Vec<ReplayProgress>| async move {
+            let mut kept = Vec::with_capacity(page.len());
+            for p in page {
+                if reach.replay(state, &p.replay).await? {
+                    kept.push(p);
+                }
+            }
+            Ok(kept)
+        },
+        |p| p.replay.id.clone(),
+    )
+    .await?;
     Ok(Json(ReplayPage { data: replays.iter().map(view).collect(), next_after }))
 }
 

@@ -28,7 +28,17 @@ impl PluginBindings {
 
     /// Whether a hook binds plugin `name`, following it or pinned to a version of it.
     pub fn binds(&self, name: &str) -> bool {
-        self.iter().any(|b| b == name || split_pinned(b).is_some_and(|(base, _)| base == name))
+        self.hooks_binding(name).next().is_some()
+    }
+
+    /// The hooks (`transform`, `classify`, `sign`) that bind plugin `name`, following it
+    /// or pinned to a version of it.
+    pub fn hooks_binding<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'static str> + 'a {
+        let named = move |b: &str| b == name || split_pinned(b).is_some_and(|(base, _)| base == name);
+        [("transform", &self.transform), ("classify", &self.classify), ("sign", &self.sign)]
+            .into_iter()
+            .filter(move |(_, bound)| bound.as_deref().is_some_and(&named))
+            .map(|(hook, _)| hook)
     }
 
     /// The versions of plugin `name` that hooks pin (`name@n`), in hook order.

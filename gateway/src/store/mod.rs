@@ -470,6 +470,8 @@ pub struct DeliveryFilter {
     pub tenant: Option<TenantId>,
     pub event: Option<EventId>,
     pub endpoint: Option<EndpointId>,
+    /// Only deliveries to one of these endpoints (a portal session's endpoint limit).
+    pub endpoints: Option<Vec<EndpointId>>,
     pub state: Option<DeliveryState>,
     pub event_type: Option<String>,
     pub reason: Option<String>,

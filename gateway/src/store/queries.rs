@@ -194,6 +194,17 @@ where
         let blocked: Vec<String> = sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?;
         Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
     }
+    async fn delivery_endpoints(&self, tenant: &TenantId, ids: &[String]) -> Result<Vec<EndpointId>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = Sql::<DB>::new("SELECT DISTINCT endpoint_id FROM deliveries WHERE tenant_id = ");
+        q.push_bind(tenant.as_str());
+        DB::push_ids(&mut q, ids);
+        let (text, args) = q.take()?;
+        let found: Vec<String> = sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?;
+        Ok(found.into_iter().map(EndpointId::from_stored).collect())
+    }
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
         let row = sqlx::query_as::<_, ReplayRow>("SELECT * FROM replays WHERE id = $1 AND tenant_id = $2")
             .bind(id)

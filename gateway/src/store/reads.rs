@@ -74,6 +74,9 @@ pub trait Reads: Send + Sync + 'static {
         ids: Option<&[String]>,
         filter: Option<&DeadLetterFilter>,
     ) -> Result<(u64, Vec<EndpointId>)>;
+    /// The distinct endpoints of `tenant`'s deliveries among `ids` (ids of no delivery of
+    /// the tenant add none).
+    async fn delivery_endpoints(&self, tenant: &TenantId, ids: &[String]) -> Result<Vec<EndpointId>>;
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>>;
     /// Up to `limit` of a tenant's replays, newest first, older than the replay `after`.
     async fn list_replays(&self, tenant: &TenantId, after: Option<&str>, limit: u32) -> Result<Vec<ReplayProgress>>;
@@ -191,6 +194,9 @@ impl<T: HasReads> Reads for T {
         filter: Option<&DeadLetterFilter>,
     ) -> Result<(u64, Vec<EndpointId>)> {
         self.reads().dead_selection(tenant, ids, filter).await
+    }
+    async fn delivery_endpoints(&self, tenant: &TenantId, ids: &[String]) -> Result<Vec<EndpointId>> {
+        self.reads().delivery_endpoints(tenant, ids).await
     }
     async fn get_replay(&self, tenant: &TenantId, id: &str) -> Result<Option<ReplayProgress>> {
         self.reads().get_replay(tenant, id).await

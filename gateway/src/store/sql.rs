@@ -340,6 +340,16 @@ where
             q.push(condition).push_bind(v);
         }
     }
+    if let Some(only) = &f.endpoints {
+        // No endpoint at all selects nothing (`IN ()` is not SQL).
+        q.push(if only.is_empty() { " AND 1 = 0" } else { " AND endpoint_id IN (" });
+        for (i, e) in only.iter().enumerate() {
+            q.push(if i == 0 { "" } else { ", " }).push_bind(e.as_str());
+        }
+        if !only.is_empty() {
+            q.push(")");
+        }
+    }
     push_window(q, "", f.since, f.until);
     q.push(if f.newest_first { " ORDER BY id DESC LIMIT " } else { " ORDER BY id LIMIT " });
     q.push_bind(i64::from(f.limit.max(1)));
@@ -424,6 +434,21 @@ mod tests {
             "SELECT id FROM deliveries WHERE 1 = 1 AND tenant_id = $1 AND endpoint_id = $2 AND state = $3 \
              AND updated_at >= $4 ORDER BY id LIMIT $5"
         );
+    }
+
+    /// A portal session's endpoint limit is one `IN` list; a limit of no endpoint selects
+    /// nothing (rather than `IN ()`, which is not SQL).
+    #[test]
+    fn an_endpoint_limit_is_an_in_list() {
+        let both = vec![EndpointId::from_stored("ep_1"), EndpointId::from_stored("ep_2")];
+        let f = DeliveryFilter { endpoints: Some(both), limit: 5, ..Default::default() };
+        let mut q: Sql<'_, sqlx::Postgres> = Sql::new("SELECT id FROM deliveries WHERE 1 = 1");
+        push_delivery_filter(&mut q, &f);
+        assert_eq!(q.sql(), "SELECT id FROM deliveries WHERE 1 = 1 AND endpoint_id IN ($1, $2) ORDER BY id LIMIT $3");
+        let f = DeliveryFilter { endpoints: Some(Vec::new()), limit: 5, ..Default::default() };
+        let mut q: Sql<'_, sqlx::Sqlite> = Sql::new("SELECT id FROM deliveries WHERE 1 = 1");
+        push_delivery_filter(&mut q, &f);
+        assert_eq!(q.sql(), "SELECT id FROM deliveries WHERE 1 = 1 AND 1 = 0 ORDER BY id LIMIT ?");
     }
 
     /// Every statement SQLite's writer runs from here, as rusqlite prepares it on the

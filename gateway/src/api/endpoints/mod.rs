@@ -943,10 +943,23 @@ pub(crate) async fn list_endpoints(
     if let Some(name) = q.plugin.as_deref().filter(|n| !crate::plugin::is_slug(n)) {
         return Err(super::extract::bad_query(format!("plugin: {name:?} is not a plugin name (1-64 of [a-z0-9_-])")));
     }
-    let mut endpoints = state.store.endpoint_page(tenant, after.as_ref(), limit, q.plugin.as_deref()).await?;
-    let next_after = (endpoints.len() as u32 == limit).then(|| endpoints.last().map(|e| e.id.to_string())).flatten();
     // A portal session limited to some endpoints finds the others absent.
-    endpoints.retain(|e| auth.sees(&e.id));
+    let (app, plugin, reach) = (&*state, q.plugin.as_deref(), &auth.reach);
+    let (endpoints, next_after) =
+        super::reach::narrowed(
+            limit,
+            after,
+            |after: Option<EndpointId>| async move {
+                Ok(app.store.endpoint_page(tenant, after.as_ref(), limit, plugin).await?)
+            },
+            |mut page: Vec<Endpoint>| async move {
+                page.retain(|e| reach.sees(&e.id));
+                Ok(page)
+            },
+            |e| e.id.clone(),
+        )
+        .await?;
+    let next_after = next_after.map(|id| id.to_string());
     let health: Vec<Option<HealthOut>> = match q.health {
         Some(true) => page_health(&state, &endpoints).await?.into_iter().map(Some).collect(),
         _ => endpoints.iter().map(|_| None).collect(),
