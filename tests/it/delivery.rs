@@ -187,7 +187,7 @@ async fn a_timed_pause_ends_in_the_endpoints_state(b: Backend) -> anyhow::Result
     assert_eq!(e["health"]["state"], "active", "{e}");
     let metrics = gw.api.raw("GET", "/metrics", None, "").await?.text;
     let states: Vec<&str> = metrics.lines().filter(|l| l.starts_with("herald_endpoints{")).collect();
-    assert_eq!(states, ["herald_endpoints{state=\"active\"} 1"], "{states:?}");
+    assert_eq!(states, ["herald_endpoints{state=\"active\"} 1.0"], "{states:?}");
     gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, replay).await?.expect(202)?;
     wait_state(&gw, "evt_dead", "delivered", Duration::from_secs(10)).await?;
     Ok(())
