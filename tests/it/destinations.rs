@@ -619,6 +619,11 @@ async fn nats_wrong_token_pauses_the_endpoint() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Posts event `evt_1` (`order.paid`) to `tenant`.
+async fn post_evt_1(api: &Api, tenant: &str) -> anyhow::Result<()> {
+    api.event(tenant, json!({"id": "evt_1", "type": "order.paid", "payload": {}})).await?.expect(202).map(drop)
+}
+
 /// Waits until each of `tenant`'s deliveries of `event` is delivered; returns the response
 /// each one's attempts recorded.
 async fn delivered(api: &Api, tenant: &str, event: &str, deliveries: usize) -> anyhow::Result<Vec<String>> {
@@ -662,8 +667,7 @@ async fn nats_two_endpoints_on_one_stream_get_a_message_each() -> anyhow::Result
     let mut stream = nats_stream(SHARED_NATS, &name, &format!("{name}.>")).await?;
     nats_endpoint(&gw.api, &tenant, SHARED_NATS, &format!("{name}.a.{{type}}"), json!({})).await?;
     nats_endpoint(&gw.api, &tenant, SHARED_NATS, &format!("{name}.b.{{type}}"), json!({})).await?;
-    let r = gw.api.event(&tenant, json!({"id": "evt_1", "type": "order.paid", "payload": {}})).await?;
-    anyhow::ensure!(r.status == 202, "{} {}", r.status, r.text);
+    post_evt_1(&gw.api, &tenant).await?;
     let answers = delivered(&gw.api, &tenant, "evt_1", 2).await?;
     assert!(answers.iter().all(|a| !a.contains("duplicate")), "{answers:?}");
     let messages = nats_messages(&mut stream).await?;
@@ -684,8 +688,7 @@ async fn nats_two_tenants_with_one_event_id_get_a_message_each() -> anyhow::Resu
     for tenant in ["t1", "t2"] {
         gw.api.tenant(tenant).await?;
         nats_endpoint(&gw.api, tenant, SHARED_NATS, &format!("{name}.{{tenant}}.{{type}}"), json!({})).await?;
-        let r = gw.api.event(tenant, json!({"id": "evt_1", "type": "order.paid", "payload": {}})).await?;
-        anyhow::ensure!(r.status == 202, "{} {}", r.status, r.text);
+        post_evt_1(&gw.api, tenant).await?;
     }
     for tenant in ["t1", "t2"] {
         let answers = delivered(&gw.api, tenant, "evt_1", 1).await?;
@@ -711,8 +714,7 @@ async fn nats_duplicate_on_a_first_attempt_is_not_delivered() -> anyhow::Result<
     let ep = ep["id"].as_str().context("id")?;
     let r = gw.api.post(&format!("/v1/tenants/{tenant}/endpoints/{ep}/pause"), ADMIN_TOKEN, json!({})).await?;
     anyhow::ensure!(r.status == 200, "pause: {} {}", r.status, r.text);
-    let r = gw.api.event(&tenant, json!({"id": "evt_1", "type": "order.paid", "payload": {}})).await?;
-    anyhow::ensure!(r.status == 202, "{} {}", r.status, r.text);
+    post_evt_1(&gw.api, &tenant).await?;
     let list = gw
         .api
         .wait_for(&format!("/v1/tenants/{tenant}/events/evt_1/deliveries"), Duration::from_secs(10), |v| {
@@ -757,8 +759,7 @@ async fn redis_and_amqp_two_endpoints_get_a_message_each() -> anyhow::Result<()>
         let dest = json!({"exchange": exchange, "routing_key": key});
         broker_endpoint(&gw.api, &tenant, "amqp", SHARED_AMQP, dest, json!({})).await?;
     }
-    let r = gw.api.event(&tenant, json!({"id": "evt_1", "type": "order.paid", "payload": {}})).await?;
-    anyhow::ensure!(r.status == 202, "{} {}", r.status, r.text);
+    post_evt_1(&gw.api, &tenant).await?;
     delivered(&gw.api, &tenant, "evt_1", 4).await?;
     let mut conn = redis_conn(SHARED_REDIS).await?;
     let entries = redis_entries(&mut conn, &stream).await?;

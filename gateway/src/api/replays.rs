@@ -201,7 +201,7 @@ pub(crate) async fn create(
             }
             if let Some(id) = &f.endpoint {
                 let found = state.store.endpoint(&EndpointId::from_stored(id.as_str())).await?;
-                if !found.is_some_and(|e| e.tenant == tenant) {
+                if found.is_none_or(|e| e.tenant != tenant) {
                     return Err(ApiError::not_found("endpoint"));
                 }
             }
