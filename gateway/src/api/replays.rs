@@ -37,6 +37,8 @@ pub(crate) struct FilterIn {
     endpoint: Option<String>,
     #[serde(rename = "type")]
     event_type: Option<String>,
+    /// A reason (`permanent:422`) or a class of them (`permanent`), as the dead-letter
+    /// listing's `reason`.
     reason: Option<String>,
     /// RFC 3339.
     since: Option<String>,
