@@ -80,8 +80,10 @@ async fn connect(m: &Message, guard: Guard) -> Result<async_nats::jetstream::Con
 
 /// What a stream's acknowledgement means for the attempt. A duplicate on a later attempt
 /// is an earlier attempt's message (its acknowledgement was lost): delivered. On a first
-/// attempt it is a message of someone else's under this id: not delivered, retried (the
-/// duplicate window passes).
+/// attempt no attempt of this delivery vouches for it (a message of someone else's under
+/// this id): not delivered, retried. The one first-attempt duplicate that is this
+/// delivery's own, an attempt a node sent and died before recording, costs one retry: the
+/// next attempt counts it.
 fn judged(m: &Message, stream: &str, sequence: u64, duplicate: bool) -> Outcome {
     match (duplicate, m.first_attempt) {
         (false, _) => acknowledged(format!("{stream} seq {sequence}")),
