@@ -328,6 +328,24 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// The innermost of I/O errors wrapped in one another, and whether one of them carries a
+/// TLS error. hyper-rustls wraps tokio-rustls' `io::Error` (which carries the handshake's
+/// `rustls::Error`: an unknown issuer, an expired certificate, a wrong name) in another
+/// `io::Error`, and `io::Error::source` skips the wrapped error: walking `source` alone
+/// never meets the TLS error, and a certificate failure would be retried as `other`.
+fn innermost_io(mut io: &std::io::Error) -> (&std::io::Error, bool) {
+    loop {
+        match io.get_ref() {
+            Some(inner) if inner.is::<rustls::Error>() => return (io, true),
+            Some(inner) => match inner.downcast_ref::<std::io::Error>() {
+                Some(wrapped) => io = wrapped,
+                None => return (io, false),
+            },
+            None => return (io, false),
+        }
+    }
+}
+
 /// Maps a client error to the kind the classification table speaks of.
 fn kind_of(e: &(dyn std::error::Error + 'static)) -> TransportErrorKind {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -349,7 +367,8 @@ fn kind_of(e: &(dyn std::error::Error + 'static)) -> TransportErrorKind {
             connect |= ce.is_connect();
         }
         if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+            let (io, tls) = innermost_io(io);
+            if tls {
                 return TransportErrorKind::Tls;
             }
             use std::io::ErrorKind::*;

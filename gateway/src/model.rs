@@ -372,6 +372,41 @@ pub enum Sendable {
     No,
 }
 
+/// The start of an attempt's label when its retries were given up (`retry->exhausted`):
+/// plain ASCII, for whoever reads it. Attempts recorded before were labelled `retry→…`;
+/// [`ascii_label`] reads them in today's words.
+pub const GAVE_UP: &str = "retry->";
+
+/// An attempt's recorded label in today's words: an older `retry→exhausted` reads as
+/// `retry->exhausted`.
+pub fn ascii_label(label: String) -> String {
+    match label.strip_prefix("retry\u{2192}") {
+        Some(rest) => format!("{GAVE_UP}{rest}"),
+        None => label,
+    }
+}
+
+/// The classes of dead-letter reasons, the one vocabulary of the API's `reason` filter,
+/// the metrics' `reason` label and the console: a reason is its class (`exhausted`) or its
+/// class and a detail (`permanent:404`); a reason of no other class is `other`.
+pub const DEAD_REASON_CLASSES: [&str; 8] = [
+    "exhausted",
+    "expired",
+    "permanent",
+    "endpoint_disabled",
+    "retry_after_beyond_deadline",
+    "plugin",
+    "dropped",
+    "other",
+];
+
+/// The index in [`DEAD_REASON_CLASSES`] of a dead-letter reason's class: the part before
+/// its first `:` (`permanent:404` → `permanent`), `other` for anything else.
+pub fn dead_reason_class(reason: &str) -> usize {
+    let class = reason.split(':').next().unwrap_or("");
+    DEAD_REASON_CLASSES.iter().position(|r| *r == class).unwrap_or(DEAD_REASON_CLASSES.len() - 1)
+}
+
 /// A change to an endpoint's `failing_since`: when its deliveries started failing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failing {

@@ -15,6 +15,7 @@ tests::backends!(
     a_hanging_endpoint_does_not_hold_up_a_healthy_one,
     the_classification_table_end_to_end,
     a_paused_endpoint_keeps_its_deliveries_until_re_enabled,
+    a_timed_pause_ends_in_the_endpoints_state,
     redirects_are_not_followed_and_transport_failures_are_retried,
     events_past_their_ttl_become_dead_letters,
     requests_carry_a_verifiable_standard_webhooks_signature,
@@ -140,6 +141,55 @@ async fn the_classification_table_end_to_end(b: Backend) -> anyhow::Result<()> {
     // Dead letters are listed with their reasons.
     let r = gw.api.get("/v1/tenants/acme/dead-letters?reason=permanent:422", ADMIN_TOKEN).await?;
     assert_eq!(r.json["data"].as_array().unwrap().len(), 1);
+    assert_eq!(r.json["counts_by_reason"], json!({"permanent:422": 1}), "the counts follow the filter: {}", r.text);
+    // One vocabulary: `reason=permanent` is what the metrics count as `permanent`.
+    let r = gw.api.get("/v1/tenants/acme/dead-letters?reason=permanent", ADMIN_TOKEN).await?;
+    assert_eq!(r.json["data"].as_array().unwrap().len(), 3, "{}", r.text);
+    let counts = json!({"permanent:400": 1, "permanent:404": 1, "permanent:422": 1});
+    assert_eq!(r.json["counts_by_reason"], counts, "{}", r.text);
+    let metrics = gw.api.raw("GET", "/metrics", None, "").await?.text;
+    let line = "herald_dead_letters_total{tenant=\"acme\",kind=\"http\",reason=\"permanent\"} 3";
+    assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    let ep = receivers[6].1["id"].as_str().unwrap();
+    let r = gw.api.get(&format!("/v1/tenants/acme/dead-letters?endpoint={ep}"), ADMIN_TOKEN).await?;
+    assert_eq!(r.json["counts_by_reason"], json!({"exhausted": 1}), "{}", r.text);
+    Ok(())
+}
+
+/// A timed pause ends in the endpoint's state, not only in delivery: once a 429's
+/// `Retry-After` or `pause {"for": "2s"}` runs out, the endpoint is `active` in the API, in
+/// its health and in `herald_endpoints`, and a replay of its dead letter is accepted.
+async fn a_timed_pause_ends_in_the_endpoints_state(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    rx.script([Answer::status(400), Answer::status(429).header("Retry-After", "2")]);
+    let ep = setup(&gw, &rx, json!({"max_in_flight": 1})).await?;
+    let path = format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().unwrap());
+    gw.api.event("acme", json!({"id": "evt_dead", "type": "t", "payload": {}})).await?.expect(202)?;
+    let dead = wait_state(&gw, "evt_dead", "dead", Duration::from_secs(10)).await?;
+    let replay = json!({"ids": [dead["id"]]});
+    let is = |state: &'static str| move |e: &Value| e["state"] == state;
+    // A 429 with `Retry-After: 2`.
+    gw.api.event("acme", json!({"id": "evt_429", "type": "t", "payload": {}})).await?.expect(202)?;
+    gw.api.wait_for(&path, Duration::from_secs(10), is("paused")).await?;
+    let e = gw.api.wait_for(&path, Duration::from_secs(10), is("active")).await?;
+    assert_eq!(
+        (&e["health"]["state"], &e["paused_until"], &e["state_reason"]),
+        (&json!("active"), &Value::Null, &Value::Null),
+        "{e}"
+    );
+    // `pause {"for": "2s"}`.
+    let r = gw.api.post(&format!("{path}/pause"), ADMIN_TOKEN, json!({"for": "2s"})).await?.expect(200)?;
+    assert_eq!(r.json["state"], "paused");
+    let r = gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, replay.clone()).await?;
+    assert_eq!(r.status, 409, "a replay to a paused endpoint: {}", r.text);
+    let e = gw.api.wait_for(&path, Duration::from_secs(10), is("active")).await?;
+    assert_eq!(e["health"]["state"], "active", "{e}");
+    let metrics = gw.api.raw("GET", "/metrics", None, "").await?.text;
+    let states: Vec<&str> = metrics.lines().filter(|l| l.starts_with("herald_endpoints{")).collect();
+    assert_eq!(states, ["herald_endpoints{state=\"active\"} 1.0"], "{states:?}");
+    gw.api.post("/v1/tenants/acme/replays", ADMIN_TOKEN, replay).await?.expect(202)?;
+    wait_state(&gw, "evt_dead", "delivered", Duration::from_secs(10)).await?;
     Ok(())
 }
 

@@ -470,7 +470,7 @@ async fn nats_stream(url: &str, name: &str, subjects: &str) -> anyhow::Result<as
     Ok(js.get_or_create_stream(config).await?)
 }
 
-/// Waits until the stream holds `total` messages; returns each `Nats-Msg-Id`'s count.
+/// Waits until the stream holds `total` messages; returns each `webhook-id`'s count.
 async fn nats_all_arrive(
     stream: &mut async_nats::jetstream::stream::Stream,
     total: usize,
@@ -488,7 +488,7 @@ async fn nats_all_arrive(
     let mut ids = Vec::new();
     for seq in 1..=last {
         let m = stream.get_raw_message(seq).await?;
-        ids.extend(m.headers.get("Nats-Msg-Id").map(|v| v.to_string()));
+        ids.extend(m.headers.get("webhook-id").map(|v| v.to_string()));
     }
     Ok(count_ids(ids.into_iter()))
 }
@@ -507,7 +507,7 @@ async fn nats_jetstream_delivers_each_event_once(backend: Backend) -> anyhow::Re
     let total = 10_000;
     let ids = post_events(&gw.api, &tenant, total).await?;
     let seen = nats_all_arrive(&mut stream, total, Duration::from_secs(120)).await?;
-    // JetStream dedupes on the webhook id: exactly once.
+    // JetStream dedupes a delivery's retries on its id: exactly once.
     assert_once_each(&seen, &ids, 0);
     counted_by_kind(&gw.api, &tenant, "nats", total).await?;
     let m = stream.get_raw_message(1).await?;
@@ -619,6 +619,165 @@ async fn nats_wrong_token_pauses_the_endpoint() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Posts event `evt_1` (`order.paid`) to `tenant`.
+async fn post_evt_1(api: &Api, tenant: &str) -> anyhow::Result<()> {
+    api.event(tenant, json!({"id": "evt_1", "type": "order.paid", "payload": {}})).await?.expect(202).map(drop)
+}
+
+/// Waits until each of `tenant`'s deliveries of `event` is delivered; returns the response
+/// each one's attempts recorded.
+async fn delivered(api: &Api, tenant: &str, event: &str, deliveries: usize) -> anyhow::Result<Vec<String>> {
+    let path = format!("/v1/tenants/{tenant}/events/{event}/deliveries");
+    let list = api
+        .wait_for(&path, Duration::from_secs(30), |v| {
+            v["data"].as_array().is_some_and(|d| d.len() == deliveries && d.iter().all(|d| d["state"] == "delivered"))
+        })
+        .await?;
+    let mut answers = Vec::new();
+    for d in list["data"].as_array().context("data")? {
+        let id = d["id"].as_str().context("id")?;
+        let detail = api.get(&format!("/v1/tenants/{tenant}/deliveries/{id}"), ADMIN_TOKEN).await?;
+        for a in detail.json["attempt_history"].as_array().context("attempts")? {
+            answers.push(a["response_body"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    Ok(answers)
+}
+
+/// The stream's messages: each one's `webhook-id` and `Nats-Msg-Id`.
+async fn nats_messages(stream: &mut async_nats::jetstream::stream::Stream) -> anyhow::Result<Vec<(String, String)>> {
+    let last = stream.info().await?.state.last_sequence;
+    let mut out = Vec::new();
+    for seq in 1..=last {
+        let m = stream.get_raw_message(seq).await?;
+        let header = |name: &str| m.headers.get(name).map(|v| v.to_string()).unwrap_or_default();
+        out.push((header("webhook-id"), header("Nats-Msg-Id")));
+    }
+    Ok(out)
+}
+
+/// One event sent to two NATS endpoints whose subjects land on one stream is two messages,
+/// each with the event's `webhook-id`; neither delivery is a JetStream duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_two_endpoints_on_one_stream_get_a_message_each() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let tenant = unique("m");
+    gw.api.tenant(&tenant).await?;
+    let name = unique("HERALD_TWO_");
+    let mut stream = nats_stream(SHARED_NATS, &name, &format!("{name}.>")).await?;
+    nats_endpoint(&gw.api, &tenant, SHARED_NATS, &format!("{name}.a.{{type}}"), json!({})).await?;
+    nats_endpoint(&gw.api, &tenant, SHARED_NATS, &format!("{name}.b.{{type}}"), json!({})).await?;
+    post_evt_1(&gw.api, &tenant).await?;
+    let answers = delivered(&gw.api, &tenant, "evt_1", 2).await?;
+    assert!(answers.iter().all(|a| !a.contains("duplicate")), "{answers:?}");
+    let messages = nats_messages(&mut stream).await?;
+    assert_eq!(messages.len(), 2, "two deliveries, two messages: {messages:?}");
+    assert!(messages.iter().all(|(w, _)| w == "evt_1"), "{messages:?}");
+    assert_ne!(messages[0].1, messages[1].1, "each delivery has its own Nats-Msg-Id");
+    let js = async_nats::jetstream::new(async_nats::connect(SHARED_NATS).await?);
+    js.delete_stream(&name).await?;
+    Ok(())
+}
+
+/// Two tenants that each post `evt_1` to a subject of one stream: two messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_two_tenants_with_one_event_id_get_a_message_each() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let name = unique("HERALD_TENANTS_");
+    let mut stream = nats_stream(SHARED_NATS, &name, &format!("{name}.>")).await?;
+    for tenant in ["t1", "t2"] {
+        gw.api.tenant(tenant).await?;
+        nats_endpoint(&gw.api, tenant, SHARED_NATS, &format!("{name}.{{tenant}}.{{type}}"), json!({})).await?;
+        post_evt_1(&gw.api, tenant).await?;
+    }
+    for tenant in ["t1", "t2"] {
+        let answers = delivered(&gw.api, tenant, "evt_1", 1).await?;
+        assert!(answers.iter().all(|a| !a.contains("duplicate")), "{tenant}: {answers:?}");
+    }
+    let messages = nats_messages(&mut stream).await?;
+    assert_eq!(messages.len(), 2, "two tenants' evt_1, two messages: {messages:?}");
+    let js = async_nats::jetstream::new(async_nats::connect(SHARED_NATS).await?);
+    js.delete_stream(&name).await?;
+    Ok(())
+}
+
+/// A first attempt that JetStream answers `duplicate` (a message already holds the
+/// delivery's id) is not counted as delivered: it is retried, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_duplicate_on_a_first_attempt_is_not_delivered() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let tenant = unique("d");
+    gw.api.tenant(&tenant).await?;
+    let name = unique("HERALD_DUP_");
+    nats_stream(SHARED_NATS, &name, &format!("{name}.>")).await?;
+    let ep = nats_endpoint(&gw.api, &tenant, SHARED_NATS, &format!("{name}.{{type}}"), json!({})).await?;
+    let ep = ep["id"].as_str().context("id")?;
+    let r = gw.api.post(&format!("/v1/tenants/{tenant}/endpoints/{ep}/pause"), ADMIN_TOKEN, json!({})).await?;
+    anyhow::ensure!(r.status == 200, "pause: {} {}", r.status, r.text);
+    post_evt_1(&gw.api, &tenant).await?;
+    let list = gw
+        .api
+        .wait_for(&format!("/v1/tenants/{tenant}/events/evt_1/deliveries"), Duration::from_secs(10), |v| {
+            v["data"].as_array().is_some_and(|d| d.len() == 1)
+        })
+        .await?;
+    let delivery = list["data"][0]["id"].as_str().context("delivery id")?.to_string();
+    // Someone else's message under the delivery's id, before its first attempt.
+    let js = async_nats::jetstream::new(async_nats::connect(SHARED_NATS).await?);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", delivery.as_str());
+    js.publish_with_headers(format!("{name}.other"), headers, "not herald's".into()).await?.await?;
+    let r = gw.api.post(&format!("/v1/tenants/{tenant}/endpoints/{ep}/enable"), ADMIN_TOKEN, json!({})).await?;
+    anyhow::ensure!(r.status == 200, "enable: {} {}", r.status, r.text);
+    let path = format!("/v1/tenants/{tenant}/deliveries/{delivery}");
+    let got = gw
+        .api
+        .wait_for(&path, Duration::from_secs(30), |v| v["attempt_history"].as_array().is_some_and(|a| !a.is_empty()))
+        .await?;
+    let first = &got["attempt_history"][0];
+    assert_ne!(first["verdict"], "delivered", "{first}");
+    let error = first["error"].as_str().unwrap_or_default();
+    assert!(error.contains("already holds a message"), "{first}");
+    js.delete_stream(&name).await?;
+    Ok(())
+}
+
+/// Redis and RabbitMQ: one event to two endpoints on one stream or queue is two messages,
+/// each with the event's `webhook-id`; RabbitMQ's `message-id` is each delivery's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_and_amqp_two_endpoints_get_a_message_each() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    let tenant = unique("b");
+    gw.api.tenant(&tenant).await?;
+    let stream = unique("herald:two:");
+    for _ in 0..2 {
+        redis_endpoint(&gw.api, &tenant, SHARED_REDIS, &stream, json!({})).await?;
+    }
+    let exchange = unique("herald.two.");
+    let ch = amqp_queue(SHARED_AMQP, &exchange, false).await?;
+    for key in ["a", "b"] {
+        let dest = json!({"exchange": exchange, "routing_key": key});
+        broker_endpoint(&gw.api, &tenant, "amqp", SHARED_AMQP, dest, json!({})).await?;
+    }
+    post_evt_1(&gw.api, &tenant).await?;
+    delivered(&gw.api, &tenant, "evt_1", 4).await?;
+    let mut conn = redis_conn(SHARED_REDIS).await?;
+    let entries = redis_entries(&mut conn, &stream).await?;
+    let ids: Vec<Option<String>> = entries.iter().map(|e| e.get::<String>("webhook-id")).collect();
+    assert_eq!(ids, [Some("evt_1".to_string()), Some("evt_1".to_string())]);
+    let _: () = redis::cmd("DEL").arg(&stream).query_async(&mut conn).await?;
+    let mut messages = Vec::new();
+    while let Some(m) = ch.basic_get(exchange.as_str().into(), lapin::options::BasicGetOptions { no_ack: true }).await?
+    {
+        let message_id = m.delivery.properties.message_id().as_ref().map(|id| id.to_string());
+        messages.push((amqp_header(&m.delivery, "webhook-id"), message_id));
+    }
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert!(messages.iter().all(|(w, _)| w.as_deref() == Some("evt_1")), "{messages:?}");
+    assert_ne!(messages[0].1, messages[1].1, "each delivery has its own message-id: {messages:?}");
+    Ok(())
+}
+
 // --- AMQP ---
 
 const SHARED_AMQP: &str = "amqp://127.0.0.1:5672/%2f";
@@ -656,7 +815,7 @@ async fn amqp_at_least(ch: &lapin::Channel, queue: &str, n: usize) -> anyhow::Re
     .await
 }
 
-/// Takes the messages of `queue` as they come until every one of `ids` (as `message-id`)
+/// Takes the messages of `queue` as they come until every one of `ids` (as `webhook-id`)
 /// has; returns each id's count.
 async fn amqp_all_arrive(
     ch: &lapin::Channel,
@@ -669,7 +828,7 @@ async fn amqp_all_arrive(
     eventually(&format!("{} messages in {queue}", ids.len()), within, || async {
         let mut got = Vec::new();
         while let Some(m) = ch.basic_get(queue.into(), BasicGetOptions { no_ack: true }).await? {
-            got.extend(m.delivery.properties.message_id().as_ref().map(|id| id.to_string()));
+            got.extend(amqp_header(&m.delivery, "webhook-id"));
         }
         let mut seen = seen.lock().unwrap();
         for id in got {
@@ -680,6 +839,14 @@ async fn amqp_all_arrive(
     })
     .await?;
     Ok(seen.into_inner().unwrap())
+}
+
+/// A message's header as text.
+fn amqp_header(m: &lapin::message::Delivery, name: &str) -> Option<String> {
+    match m.properties.headers().as_ref()?.inner().get(name)? {
+        lapin::types::AMQPValue::LongString(v) => Some(String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        _ => None,
+    }
 }
 
 async fn amqp_delivers_each_event_once(backend: Backend) -> anyhow::Result<()> {

@@ -696,6 +696,25 @@ async fn mtls_receiver(server: &Pki, clients: &Pki) -> anyhow::Result<(u16, Arc<
             vec![rustls_pki_types::CertificateDer::from_pem_slice(cert.as_bytes())?],
             rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())?,
         )?;
+    serve_tls(config).await
+}
+
+/// A receiver on TLS presenting `cert` (PEM, with its `key`), asking for no client
+/// certificate; counts the requests that got through.
+async fn tls_receiver(cert: &str, key: &str) -> anyhow::Result<(u16, Arc<AtomicUsize>)> {
+    use rustls_pki_types::pem::PemObject;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![rustls_pki_types::CertificateDer::from_pem_slice(cert.as_bytes())?],
+            rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())?,
+        )?;
+    serve_tls(config).await
+}
+
+/// Serves HTTP on TLS with `config` on a free port; counts the requests that got through.
+async fn serve_tls(config: rustls::ServerConfig) -> anyhow::Result<(u16, Arc<AtomicUsize>)> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
@@ -769,6 +788,55 @@ async fn a_client_certificate_delivers_and_a_wrong_one_pauses(b: Backend) -> any
     .await?;
     assert_eq!(ep["state_reason"], "tls", "{ep}");
     assert_eq!(served.load(Ordering::SeqCst), 3);
+    Ok(())
+}
+
+/// Every server certificate failure follows the TLS rule (the endpoint paused until
+/// re-enabled, reason `tls`, its delivery waiting), not `other:` retries: a certificate
+/// of an unknown issuer, a self-signed one, an expired one, one for another name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_server_certificate_failure_pauses_the_endpoint() -> anyhow::Result<()> {
+    let (trusted, unknown) = (Pki::new()?, Pki::new()?);
+    let key = rcgen::KeyPair::generate()?;
+    let self_signed = rcgen::CertificateParams::new(vec!["localhost".to_string()])?.self_signed(&key)?;
+    let cases = [
+        ("unknown_issuer", unknown.issue("localhost", false)?),
+        ("self_signed", (self_signed.pem(), key.serialize_pem())),
+        ("expired", trusted.issue("localhost", true)?),
+        ("wrong_name", trusted.issue("other.example", false)?),
+    ];
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    let mut endpoints = Vec::new();
+    for (what, (cert, key)) in &cases {
+        let (port, served) = tls_receiver(cert, key).await?;
+        let ep = gw
+            .api
+            .endpoint(
+                "acme",
+                json!({"url": format!("https://localhost:{port}/hook"), "event_types": [format!("tls.{what}")],
+                       "rate_per_sec": 100, "tls": {"ca_bundle": trusted.ca.pem()}}),
+            )
+            .await?;
+        let r = gw.api.event("acme", json!({"id": what, "type": format!("tls.{what}"), "payload": {}})).await?;
+        anyhow::ensure!(r.status == 202, "{what}: {} {}", r.status, r.text);
+        endpoints.push((what, ep["id"].as_str().context("id")?.to_string(), served));
+    }
+    for (what, id, served) in endpoints {
+        let ep = tests::eventually(&format!("{what}: held for TLS"), Duration::from_secs(10), || async {
+            let ep = endpoint(&gw.api, &id).await?;
+            Ok(if ep["state"] == "paused" { Ok(ep) } else { Err(ep.to_string()) })
+        })
+        .await?;
+        assert_eq!(ep["state_reason"], "tls", "{what}: {ep}");
+        let d = delivery_of(&gw, what).await?;
+        assert_eq!(d["state"], "paused", "{what}: its delivery waits: {d}");
+        let attempts = d["attempt_history"].as_array().context("attempts")?;
+        assert_eq!(attempts.len(), 1, "{what}: no retries: {d}");
+        let error = attempts[0]["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with("tls:") && error.contains("certificate"), "{what}: {error}");
+        assert_eq!(served.load(Ordering::SeqCst), 0, "{what}");
+    }
     Ok(())
 }
 

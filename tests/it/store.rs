@@ -972,10 +972,38 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     let ids = [failed[0].id.to_string(), failed[1].id.to_string()];
     assert_eq!(b.store.dead_selection(&acme, Some(&ids), None).await?.0, 2);
     let (n, blocked) = b.store.dead_selection(&acme, None, None).await?;
-    assert_eq!((n, blocked), (10, vec![EndpointId::from_stored("ep_b")]), "a disabled endpoint blocks a replay");
-    let mut counts = b.store.dead_letter_counts(&acme).await?;
+    let ep_b = SkippedEndpoint {
+        endpoint: "ep_b".into(),
+        state: "disabled".into(),
+        reason: Some("disabled for a test".into()),
+        dead_letters: 5,
+    };
+    assert_eq!((n, blocked), (10, vec![ep_b.clone()]), "a disabled endpoint blocks a replay");
+    // A filter's skipped endpoints are left out of what it selects.
+    let skipping = DeadLetterFilter { skipped: vec![ep_b], ..Default::default() };
+    assert_eq!(b.store.dead_selection(&acme, None, Some(&skipping)).await?, (5, vec![]));
+    let dead_of = |endpoint: Option<&str>, reason: Option<&str>| DeliveryFilter {
+        tenant: Some(acme.clone()),
+        endpoint: endpoint.map(EndpointId::from_stored),
+        reason: reason.map(str::to_string),
+        limit: 1,
+        ..Default::default()
+    };
+    let mut counts = b.store.dead_letter_counts(&dead_of(None, None)).await?;
     counts.sort();
     assert_eq!(counts, [("endpoint_disabled".to_string(), 5), ("permanent:422".to_string(), 5)]);
+    // The counts follow the list's filters (not its page), and a reason's class (the
+    // metrics' `permanent`) selects each of its reasons.
+    let permanent = [("permanent:422".to_string(), 5)];
+    assert_eq!(b.store.dead_letter_counts(&dead_of(Some("ep_a"), None)).await?, permanent);
+    assert_eq!(b.store.dead_letter_counts(&dead_of(None, Some("permanent"))).await?, permanent);
+    assert_eq!(b.store.dead_letter_counts(&dead_of(None, Some("permanent:422"))).await?, permanent);
+    assert_eq!(b.store.dead_letter_counts(&dead_of(None, Some("permanent:404"))).await?, []);
+    assert_eq!(b.store.dead_letter_counts(&dead_of(None, Some("other"))).await?, []);
+    let listed = b.store.list_deliveries(&DeliveryFilter { limit: 100, ..dead_of(None, Some("permanent")) }).await?;
+    assert_eq!(listed.len(), 5, "reason=permanent lists what the metrics call permanent");
+    let by_class = DeadLetterFilter { reason: Some("permanent".into()), ..Default::default() };
+    assert_eq!(b.store.dead_selection(&acme, None, Some(&by_class)).await?, (5, vec![]));
     assert_eq!(b.store.stale_dead_letters(T0 + 200).await?, [(acme.clone(), T0 + 50, 10)]);
     assert!(b.store.stale_dead_letters(T0 + 50).await?.is_empty());
 
@@ -1126,7 +1154,8 @@ async fn a_cancelled_replay_returns_what_it_has_not_sent(b: Backend) -> anyhow::
     assert_eq!((p.replay.state, p.replay.selected, p.replay.requeued), (ReplayState::Cancelled, 6, 4));
     assert_eq!(p.figures, ReplayFigures { sent: 1, delivered: 1, failed: 0, returned: 3, pending: 0 });
     assert_eq!(b.store.cancel_replay(&acme, "rpl_c", T0 + 500).await?, None);
-    assert_eq!(b.store.dead_letter_counts(&acme).await?, [("permanent:422".to_string(), 5)]);
+    let all = DeliveryFilter { tenant: Some(acme.clone()), limit: 1, ..Default::default() };
+    assert_eq!(b.store.dead_letter_counts(&all).await?, [("permanent:422".to_string(), 5)]);
 
     // A node that dies holding a cancelled replay's deliveries: lease recovery returns them.
     b.store.create_replay(&replay("rpl_d", Some(DeadLetterFilter::default()), 4, 5, T0 + 600)).await?;

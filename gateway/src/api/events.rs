@@ -211,7 +211,10 @@ pub struct ListQuery {
     #[serde(rename = "type")]
     #[param(rename = "type")]
     event_type: Option<String>,
-    /// A dead letter's reason, e.g. `exhausted`, `permanent:422`, `dropped`.
+    /// A dead letter's reason, e.g. `permanent:422`, or a class of them as the metrics
+    /// count them (`exhausted`, `expired`, `permanent`, `endpoint_disabled`,
+    /// `retry_after_beyond_deadline`, `plugin`, `dropped`, `other`): `permanent` matches
+    /// every `permanent:<status>`.
     reason: Option<String>,
     /// Dead (or created) at or after.
     since: Option<String>,
@@ -369,7 +372,7 @@ pub(crate) async fn dead_letters(
     // The tenant's counts would tell a session limited to some endpoints of the others'.
     let counts = match auth.limited() {
         true => BTreeMap::new(),
-        false => state.store.dead_letter_counts(&auth.tenant).await?.into_iter().collect(),
+        false => state.store.dead_letter_counts(&f).await?.into_iter().collect(),
     };
     Ok(Json(DeadLetterPage { page: page(items, f.limit), counts_by_reason: counts }))
 }

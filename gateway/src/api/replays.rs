@@ -37,6 +37,8 @@ pub(crate) struct FilterIn {
     endpoint: Option<String>,
     #[serde(rename = "type")]
     event_type: Option<String>,
+    /// A reason (`permanent:422`) or a class of them (`permanent`), as the dead-letter
+    /// listing's `reason`.
     reason: Option<String>,
     /// RFC 3339.
     since: Option<String>,
@@ -69,23 +71,57 @@ pub(crate) struct ReplayOut {
     rate_per_sec: f64,
     batch: u32,
     ids: Option<Vec<String>>,
-    /// The filter as stored: `since` and `until` in Unix milliseconds.
-    #[schema(value_type = Option<FilterOut>)]
-    filter: Option<DeadLetterFilter>,
+    /// The filter as given (`since` and `until` in RFC 3339, UTC).
+    filter: Option<FilterOut>,
+    /// The endpoints whose dead letters the filter selected but the replay leaves out,
+    /// because they were paused or disabled when it started, and why.
+    skipped: Vec<SkippedOut>,
     created_at: String,
     updated_at: String,
 }
 
-/// The schema of `DeadLetterFilter`, which `model` keeps free of the API's types.
+/// A replay's filter.
 #[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
 pub(crate) struct FilterOut {
     endpoint: Option<String>,
     #[serde(rename = "type")]
     event_type: Option<String>,
     reason: Option<String>,
-    since: Option<i64>,
-    until: Option<i64>,
+    /// RFC 3339.
+    since: Option<String>,
+    /// RFC 3339.
+    until: Option<String>,
+}
+
+/// An endpoint whose dead letters a replay leaves out.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SkippedOut {
+    endpoint: String,
+    /// `paused` or `disabled`.
+    state: String,
+    /// Why it is (its `state_reason`).
+    reason: Option<String>,
+    /// Its dead letters the filter selected.
+    dead_letters: u64,
+}
+
+fn filter_view(f: &DeadLetterFilter) -> FilterOut {
+    FilterOut {
+        endpoint: f.endpoint.clone(),
+        event_type: f.event_type.clone(),
+        reason: f.reason.clone(),
+        since: f.since.map(rfc3339),
+        until: f.until.map(rfc3339),
+    }
+}
+
+fn skipped_view(s: &SkippedEndpoint) -> SkippedOut {
+    SkippedOut {
+        endpoint: s.endpoint.clone(),
+        state: s.state.clone(),
+        reason: s.reason.clone(),
+        dead_letters: s.dead_letters,
+    }
 }
 
 fn view(p: &ReplayProgress) -> ReplayOut {
@@ -103,7 +139,8 @@ fn view(p: &ReplayProgress) -> ReplayOut {
         rate_per_sec: r.rate_per_sec,
         batch: r.batch,
         ids: r.ids.clone(),
-        filter: r.filter.clone(),
+        filter: r.filter.as_ref().map(filter_view),
+        skipped: r.filter.iter().flat_map(|f| f.skipped.iter().map(skipped_view)).collect(),
         created_at: rfc3339(r.created_at),
         updated_at: rfc3339(r.updated_at),
     }
@@ -137,8 +174,9 @@ async fn within_limit(state: &AppState, auth: &TenantAuth<ReplayScope>, input: &
     post, path = "/v1/tenants/{tenant}/replays", tag = "replays", operation_id = "create_replay",
     params(TenantPath), request_body = ReplayIn,
     responses(
-        (status = 202, description = "Started", body = ReplayOut),
-        (status = 409, description = "`endpoint_not_active`: a selected endpoint is paused or disabled", body = super::doc::ErrorBody),
+        (status = 202, description = "Started: what a filter selected on endpoints paused or disabled is left out, in `skipped`", body = ReplayOut),
+        (status = 404, description = "`filter.endpoint` names no endpoint of the tenant", body = super::doc::ErrorBody),
+        (status = 409, description = "`endpoint_not_active`: a delivery named by id is on a paused or disabled endpoint, or everything a filter selected is", body = super::doc::ErrorBody),
     ),
     security(("tenant_token" = ["replay"]), ("admin_token" = [])),
 )]
@@ -163,6 +201,12 @@ pub(crate) async fn create(
             {
                 check_text(field, value.as_deref().unwrap_or_default(), MAX_FILTER_TEXT)?;
             }
+            if let Some(id) = &f.endpoint {
+                let found = state.store.endpoint(&EndpointId::from_stored(id.as_str())).await?;
+                if found.is_none_or(|e| e.tenant != tenant) {
+                    return Err(ApiError::not_found("endpoint"));
+                }
+            }
             (
                 None,
                 Some(DeadLetterFilter {
@@ -171,6 +215,7 @@ pub(crate) async fn create(
                     reason: f.reason,
                     since: f.since.map(|s| parse_rfc3339("filter.since", &s)).transpose()?,
                     until: f.until.map(|s| parse_rfc3339("filter.until", &s)).transpose()?,
+                    skipped: Vec::new(),
                 }),
             )
         }
@@ -184,15 +229,9 @@ pub(crate) async fn create(
     if !(1..=1000).contains(&batch) {
         return Err(ApiError::unprocessable("batch: must be 1 to 1000"));
     }
-    let (selected, blocked) = state.store.dead_selection(&tenant, ids.as_deref(), filter.as_ref()).await?;
-    if !blocked.is_empty() {
-        let list: Vec<&str> = blocked.iter().map(|e| e.as_str()).collect();
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::EndpointNotActive,
-            format!("endpoints {} are paused or disabled: re-enable them first", list.join(", ")),
-        ));
-    }
+    let (mut selected, blocked) = state.store.dead_selection(&tenant, ids.as_deref(), filter.as_ref()).await?;
+    let (filter, left_out) = leave_out(filter, blocked, selected)?;
+    selected -= left_out;
     let now = state.clock.now();
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
     let replay = Replay {
@@ -214,6 +253,41 @@ pub(crate) async fn create(
     state.replayer.launch(replay.id.clone());
     let progress = ReplayProgress { replay, figures: ReplayFigures::default() };
     Ok((StatusCode::ACCEPTED, Json(view(&progress))))
+}
+
+/// A replay's selection without the dead letters of endpoints that are not active
+/// (`blocked`), which it would not send: a filter leaves them out and says so in its
+/// `skipped`; deliveries named by id, or a filter that selected nothing else, are refused.
+/// Returns the filter and how many dead letters it left out.
+fn leave_out(
+    filter: Option<DeadLetterFilter>,
+    blocked: Vec<SkippedEndpoint>,
+    selected: u64,
+) -> Result<(Option<DeadLetterFilter>, u64), ApiError> {
+    if blocked.is_empty() {
+        return Ok((filter, 0));
+    }
+    let left_out: u64 = blocked.iter().map(|b| b.dead_letters).sum();
+    let list: Vec<String> = blocked
+        .iter()
+        .map(|b| match &b.reason {
+            Some(why) => format!("{} is {} ({why})", b.endpoint, b.state),
+            None => format!("{} is {}", b.endpoint, b.state),
+        })
+        .collect();
+    let list = list.join(", ");
+    let message = match filter {
+        Some(mut f) if left_out < selected => {
+            f.skipped = blocked;
+            return Ok((Some(f), left_out));
+        }
+        Some(_) => format!("nothing to replay: every dead letter selected is on an endpoint not active: {list}"),
+        None => format!(
+            "deliveries named are on endpoints not active: {list}; re-enable them first, \
+             or replay by a filter, which leaves them out"
+        ),
+    };
+    Err(ApiError::new(StatusCode::CONFLICT, ErrorCode::EndpointNotActive, message))
 }
 
 #[utoipa::path(

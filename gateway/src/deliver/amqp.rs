@@ -1,10 +1,10 @@
 //! AMQP 0-9-1 destinations (`lapin`; linked only here): a persistent publish to the
 //! exchange with the routing key, `mandatory` set, the webhook headers as message headers
-//! and the webhook id as `message-id`, counted only once the broker confirms it (publisher
-//! confirms on). A nack is retried; a message the broker returns unroutable, a missing
-//! exchange (`NOT_FOUND`) are `broker_missing`; refused credentials (`ACCESS_REFUSED`) are
-//! `broker_auth`. One connection and confirming channel per destination, opened anew after
-//! any error that closes either.
+//! and the delivery's own id as `message-id` (see `Message::dedupe_id`), counted only once
+//! the broker confirms it (publisher confirms on). A nack is retried; a message the broker
+//! returns unroutable, a missing exchange (`NOT_FOUND`) are `broker_missing`; refused
+//! credentials (`ACCESS_REFUSED`) are `broker_auth`. One connection and confirming channel
+//! per destination, opened anew after any error that closes either.
 
 use std::sync::Arc;
 
@@ -46,7 +46,7 @@ impl Amqp {
         }
         let properties = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
-            .with_message_id(ShortString::from(m.id.as_str()))
+            .with_message_id(ShortString::from(m.dedupe_id.as_str()))
             .with_delivery_mode(2)
             .with_headers(headers);
         let exchange = ShortString::from(m.destination.exchange.as_deref().unwrap_or(""));

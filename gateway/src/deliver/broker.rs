@@ -26,8 +26,15 @@ pub struct Message {
     pub destination: Arc<Destination>,
     /// The rendered template: the stream, the subject or the routing key.
     pub target: String,
-    /// The webhook id: JetStream's `Nats-Msg-Id`, AMQP's `message-id`.
-    pub id: String,
+    /// The broker-side id of this delivery (JetStream's `Nats-Msg-Id`, AMQP's
+    /// `message-id`): one per delivery (tenant, endpoint, event) and replay, the same on
+    /// each of its retries. Never the webhook id alone: two deliveries of one event (two
+    /// endpoints, or two tenants' `evt_1`) are two messages, and a broker that dedupes on
+    /// the id would keep one. The webhook id travels in the `webhook-id` header.
+    pub dedupe_id: String,
+    /// No earlier attempt of this delivery (since its last replay) was made: a broker
+    /// that says it already holds the id is not answering for this delivery.
+    pub first_attempt: bool,
     /// The webhook headers (`webhook-id`, `webhook-timestamp`, `webhook-signature`, …).
     pub headers: Vec<(String, String)>,
     pub body: Bytes,
@@ -218,7 +225,8 @@ mod tests {
             url: url.to_string(),
             destination: Arc::default(),
             target: "s".into(),
-            id: "evt_1".into(),
+            dedupe_id: "dlv_1".into(),
+            first_attempt: true,
             headers: Vec::new(),
             body: Bytes::new(),
             connect_timeout: Duration::from_secs(2),

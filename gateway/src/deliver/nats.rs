@@ -1,9 +1,12 @@
 //! NATS JetStream destinations (`async-nats`; linked only here): a publish with the webhook
-//! headers as message headers and `Nats-Msg-Id` set to the webhook id (JetStream drops a
-//! repeat within its duplicate window), counted once the stream acknowledges it. One
-//! client per destination, which reconnects by itself; while it is disconnected attempts
-//! fail at once (retried) rather than queue in its buffer. No stream for the subject is
-//! `broker_missing`; refused credentials are `broker_auth`.
+//! headers as message headers and `Nats-Msg-Id` set to the delivery's own id (see
+//! `Message::dedupe_id`: JetStream drops a repeat of one delivery within its duplicate
+//! window, never another delivery of the same event), counted once the stream
+//! acknowledges it. A first attempt that JetStream calls a duplicate is not counted: the
+//! message it holds is not this delivery's. One client per destination, which reconnects
+//! by itself; while it is disconnected attempts fail at once (retried) rather than queue
+//! in its buffer. No stream for the subject is `broker_missing`; refused credentials are
+//! `broker_auth`.
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
@@ -28,7 +31,7 @@ impl Nats {
         if js.client().connection_state() != State::Connected {
             return failed(TransportErrorKind::ConnectionReset, "disconnected from the NATS server; reconnecting");
         }
-        let mut msg = PublishMessage::build().payload(m.body.clone()).message_id(&m.id);
+        let mut msg = PublishMessage::build().payload(m.body.clone()).message_id(&m.dedupe_id);
         for (k, v) in message_headers(m) {
             msg = msg.header(k, v);
         }
@@ -37,10 +40,7 @@ impl Nats {
             ack.await
         };
         match tokio::time::timeout(m.timeout, acked).await {
-            Ok(Ok(ack)) => {
-                let dup = if ack.duplicate { " (duplicate)" } else { "" };
-                acknowledged(format!("{} seq {}{dup}", ack.stream, ack.sequence))
-            }
+            Ok(Ok(ack)) => judged(m, &ack.stream, ack.sequence, ack.duplicate),
             Ok(Err(e)) => publish_failed(&e),
             Err(_) => failed(TransportErrorKind::Timeout, format!("no JetStream ack within {:?}", m.timeout)),
         }
@@ -76,6 +76,27 @@ async fn connect(m: &Message, guard: Guard) -> Result<async_nats::jetstream::Con
     let mut js = async_nats::jetstream::new(client);
     js.set_timeout(m.timeout);
     Ok(js)
+}
+
+/// What a stream's acknowledgement means for the attempt. A duplicate on a later attempt
+/// is an earlier attempt's message (its acknowledgement was lost): delivered. On a first
+/// attempt no attempt of this delivery vouches for it (a message of someone else's under
+/// this id): not delivered, retried. The one first-attempt duplicate that is this
+/// delivery's own, an attempt a node sent and died before recording, costs one retry: the
+/// next attempt counts it.
+fn judged(m: &Message, stream: &str, sequence: u64, duplicate: bool) -> Outcome {
+    match (duplicate, m.first_attempt) {
+        (false, _) => acknowledged(format!("{stream} seq {sequence}")),
+        (true, false) => acknowledged(format!("{stream} seq {sequence} (duplicate of an earlier attempt)")),
+        (true, true) => failed(
+            TransportErrorKind::Other,
+            format!(
+                "JetStream stream {stream} already holds a message with Nats-Msg-Id {:?} (seq {sequence}) \
+                 on this delivery's first attempt: not counted as delivered",
+                m.dedupe_id
+            ),
+        ),
+    }
 }
 
 fn publish_failed(e: &PublishError) -> Outcome {

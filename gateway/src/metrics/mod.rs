@@ -25,18 +25,8 @@ use prometheus_client::registry::{Metric, Registry};
 use crate::model::{DeliveryState, EndpointKind};
 use crate::plugin::{Hook, PluginFailure};
 
-/// Dead-letter reasons by class: the part of the reason before its first `:`
-/// (`permanent:404` → `permanent`). Anything else counts as `other`.
-pub const DEAD_REASONS: [&str; 8] = [
-    "exhausted",
-    "expired",
-    "permanent",
-    "endpoint_disabled",
-    "retry_after_beyond_deadline",
-    "plugin",
-    "dropped",
-    "other",
-];
+/// Dead-letter reasons by class (see [`crate::model::DEAD_REASON_CLASSES`]).
+pub const DEAD_REASONS: [&str; 8] = crate::model::DEAD_REASON_CLASSES;
 
 /// The node's plain counters, in [`Metrics`] field order: (name without `_total`, help).
 const COUNTERS: [(&str, &str); 7] = [
@@ -343,8 +333,7 @@ fn to_prometheus_text(open_metrics: &str) -> String {
 
 /// The index in [`DEAD_REASONS`] of a dead-letter reason's class.
 pub fn dead_class(reason: &str) -> usize {
-    let class = reason.split(':').next().unwrap_or("");
-    DEAD_REASONS.iter().position(|r| *r == class).unwrap_or(DEAD_REASONS.len() - 1)
+    crate::model::dead_reason_class(reason)
 }
 
 #[cfg(test)]

@@ -19,6 +19,24 @@ pub struct DeadLetterFilter {
     pub since: Option<Millis>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<Millis>,
+    /// A replay's: the endpoints whose dead letters it leaves out, not active when it
+    /// started (what it could not send), and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedEndpoint>,
+}
+
+/// An endpoint whose dead letters a replay leaves out, and why.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SkippedEndpoint {
+    pub endpoint: String,
+    /// `paused` or `disabled`.
+    pub state: String,
+    /// Its `state_reason`.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// How many of its dead letters the selection held.
+    pub dead_letters: u64,
 }
 
 /// Where a replay stands.

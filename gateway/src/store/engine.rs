@@ -161,6 +161,11 @@ pub trait Housekeeping: Send + Sync + 'static {
     /// a node that holds `owner`'s id (see [`Engine::hold_node_id`]), whatever its previous
     /// process held is abandoned, whenever its leases would end.
     async fn recover_leases_of(&self, owner: &str, now: Millis) -> Result<u64>;
+    /// Ends every timed pause that has run out by `now` (see [`EndpointState`]): those
+    /// endpoints are `active` again. Returns them (tenant, endpoint).
+    ///
+    /// [`EndpointState`]: crate::model::EndpointState
+    async fn end_timed_pauses(&self, now: Millis) -> Result<Vec<(TenantId, EndpointId)>>;
     /// Deletes up to `limit` finished deliveries (delivered before `delivered_before`, dead
     /// before `dead_before`) with their attempts, then events left without deliveries.
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64>;

@@ -180,19 +180,31 @@ where
         tenant: &TenantId,
         ids: Option<&[String]>,
         filter: Option<&DeadLetterFilter>,
-    ) -> Result<(u64, Vec<EndpointId>)> {
+    ) -> Result<(u64, Vec<SkippedEndpoint>)> {
         let mut q = Sql::<DB>::new("SELECT COUNT(*) FROM deliveries WHERE 1 = 1");
         sql::push_dead_selection(&mut q, tenant, ids, filter, "", DB::push_ids);
         let (text, args) = q.take()?;
         let n: i64 = sqlx::query_scalar_with(&text, args).fetch_one(&self.pool).await?;
         let mut q = Sql::<DB>::new(
-            "SELECT DISTINCT e.id FROM deliveries JOIN endpoints e ON e.id = deliveries.endpoint_id \
-             WHERE e.state <> 'active'",
+            "SELECT e.id, e.state, e.state_reason, COUNT(*) AS n FROM deliveries \
+             JOIN endpoints e ON e.id = deliveries.endpoint_id WHERE e.state <> 'active'",
         );
         sql::push_dead_selection(&mut q, tenant, ids, filter, "", DB::push_ids);
+        q.push(" GROUP BY e.id, e.state, e.state_reason ORDER BY e.id");
         let (text, args) = q.take()?;
-        let blocked: Vec<String> = sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?;
-        Ok((n as u64, blocked.into_iter().map(EndpointId::from_stored).collect()))
+        let rows = sqlx::query_with(&text, args).fetch_all(&self.pool).await?;
+        let blocked = rows
+            .iter()
+            .map(|r| {
+                Ok(SkippedEndpoint {
+                    endpoint: r.try_get("id")?,
+                    state: r.try_get("state")?,
+                    reason: r.try_get("state_reason")?,
+                    dead_letters: count(r, "n")?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok((n as u64, blocked))
     }
     async fn delivery_endpoints(&self, tenant: &TenantId, ids: &[String]) -> Result<Vec<EndpointId>> {
         if ids.is_empty() {
@@ -243,14 +255,13 @@ where
         let (text, args) = q.take()?;
         Ok(sqlx::query_scalar_with(&text, args).fetch_all(&self.pool).await?)
     }
-    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
-        let rows = sqlx::query(
-            "SELECT COALESCE(reason, '') AS reason, COUNT(*) AS n FROM deliveries \
-             WHERE tenant_id = $1 AND state = 'dead' GROUP BY reason ORDER BY n DESC",
-        )
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await?;
+    async fn dead_letter_counts(&self, f: &DeliveryFilter) -> Result<Vec<(String, u64)>> {
+        let mut q =
+            Sql::<DB>::new("SELECT COALESCE(reason, '') AS reason, COUNT(*) AS n FROM deliveries WHERE state = 'dead'");
+        sql::push_delivery_conditions(&mut q, f);
+        q.push(" GROUP BY reason ORDER BY n DESC");
+        let (text, args) = q.take()?;
+        let rows = sqlx::query_with(&text, args).fetch_all(&self.pool).await?;
         rows.iter().map(|r| Ok((r.try_get("reason")?, count(r, "n")?))).collect()
     }
     async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {

@@ -66,14 +66,15 @@ pub trait Reads: Send + Sync + 'static {
     /// ordered endpoint, only its keys' heads count (dead ones too, with
     /// `dead_heads_block`).
     async fn next_due(&self, endpoint: &EndpointId, dead_heads_block: bool) -> Result<Option<Millis>>;
-    /// Dead letters of `tenant` matching a replay selection: how many, and the endpoints
-    /// among them that are not active (a replay to those is refused).
+    /// Dead letters of `tenant` matching a replay selection: how many (those of the
+    /// filter's `skipped` endpoints aside), and the endpoints among them that are not active,
+    /// with their state, its reason and how many of the dead letters are theirs.
     async fn dead_selection(
         &self,
         tenant: &TenantId,
         ids: Option<&[String]>,
         filter: Option<&DeadLetterFilter>,
-    ) -> Result<(u64, Vec<EndpointId>)>;
+    ) -> Result<(u64, Vec<SkippedEndpoint>)>;
     /// The distinct endpoints of `tenant`'s deliveries among `ids` (ids of no delivery of
     /// the tenant add none).
     async fn delivery_endpoints(&self, tenant: &TenantId, ids: &[String]) -> Result<Vec<EndpointId>>;
@@ -84,8 +85,9 @@ pub trait Reads: Send + Sync + 'static {
     async fn running_replays(&self) -> Result<Vec<Replay>>;
     /// Which of these replays are cancelled.
     async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>>;
-    /// Dead letters of a tenant counted by reason.
-    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>>;
+    /// The dead letters `f` selects (its page aside: every one, not only a page's),
+    /// counted by reason.
+    async fn dead_letter_counts(&self, f: &DeliveryFilter) -> Result<Vec<(String, u64)>>;
     /// Per tenant: the oldest unresolved dead letter, if older than `older_than`, and the count.
     async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>>;
     /// The health of each of `endpoints` (a page of them) at `now`, in one statement: an
@@ -192,7 +194,7 @@ impl<T: HasReads> Reads for T {
         tenant: &TenantId,
         ids: Option<&[String]>,
         filter: Option<&DeadLetterFilter>,
-    ) -> Result<(u64, Vec<EndpointId>)> {
+    ) -> Result<(u64, Vec<SkippedEndpoint>)> {
         self.reads().dead_selection(tenant, ids, filter).await
     }
     async fn delivery_endpoints(&self, tenant: &TenantId, ids: &[String]) -> Result<Vec<EndpointId>> {
@@ -210,8 +212,8 @@ impl<T: HasReads> Reads for T {
     async fn cancelled_replays(&self, ids: &[String]) -> Result<Vec<String>> {
         self.reads().cancelled_replays(ids).await
     }
-    async fn dead_letter_counts(&self, tenant: &TenantId) -> Result<Vec<(String, u64)>> {
-        self.reads().dead_letter_counts(tenant).await
+    async fn dead_letter_counts(&self, f: &DeliveryFilter) -> Result<Vec<(String, u64)>> {
+        self.reads().dead_letter_counts(f).await
     }
     async fn stale_dead_letters(&self, older_than: Millis) -> Result<Vec<(TenantId, Millis, u64)>> {
         self.reads().stale_dead_letters(older_than).await

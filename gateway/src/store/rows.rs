@@ -190,7 +190,7 @@ impl From<AttemptRow> for Attempt {
             status: r.status.map(|s| s as u16),
             response_body: r.response_body,
             error: r.error,
-            verdict: r.verdict,
+            verdict: ascii_label(r.verdict),
             decided_by: r.decided_by,
             request: r.request_headers.map(|headers_json| SentRequest {
                 headers_json,

@@ -14,7 +14,7 @@ use sqlx::error::BoxDynError;
 use sqlx::{Arguments, Database, Encode, Type};
 
 use super::{DeliveryFilter, Result, StoreError};
-use crate::model::{DeadLetterFilter, TenantId};
+use crate::model::{DEAD_REASON_CLASSES, DeadLetterFilter, TenantId};
 
 /// A statement with its bound values, built piece by piece in either dialect. sqlx's
 /// `QueryBuilder` does the same, but code generic over the database cannot drop one it
@@ -109,6 +109,14 @@ pub(super) const PAUSE_DELIVERIES: &str = "UPDATE deliveries SET state = 'paused
 /// Active again: the paused ones are due now.
 pub(super) const RESUME_DELIVERIES: &str = "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, \
      updated_at = $1 WHERE endpoint_id = $2 AND state = 'paused'";
+
+/// At `$1`, every timed pause (a 429's `Retry-After`, `pause {"for": …}`) that has run out
+/// ends: the endpoint is active again, its reason cleared. Its deliveries were never
+/// paused (they wait, due at the pause's end), so nothing cascades. A pause made longer or
+/// turned into a human's meanwhile is not touched.
+pub(super) const END_TIMED_PAUSES: &str = "UPDATE endpoints SET state = 'active', state_reason = NULL, \
+     paused_until = NULL, updated_at = $1 \
+     WHERE state = 'paused' AND paused_until IS NOT NULL AND paused_until <= $1 RETURNING tenant_id, id";
 
 /// Takes or renews endpoint `$1`'s partition lease for `$2` until `$3`: if it is free,
 /// already `$2`'s, or expired at `$4`. One row changed: `$2` holds it.
@@ -326,14 +334,28 @@ where
     &'a str: Encode<'a, DB> + Type<DB>,
     i64: Encode<'a, DB> + Type<DB>,
 {
+    push_delivery_conditions(q, f);
+    if let Some(a) = &f.after {
+        q.push(if f.newest_first { " AND id < " } else { " AND id > " }).push_bind(a.as_str());
+    }
+    q.push(if f.newest_first { " ORDER BY id DESC LIMIT " } else { " ORDER BY id LIMIT " });
+    q.push_bind(i64::from(f.limit.max(1)));
+}
+
+/// What `f` selects, without its page (`after`, order, limit): the conditions a listing
+/// and its counts share.
+pub(super) fn push_delivery_conditions<'a, DB>(q: &mut Sql<'a, DB>, f: &'a DeliveryFilter)
+where
+    DB: Database,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
     let text = [
         (" AND tenant_id = ", f.tenant.as_ref().map(|t| t.as_str())),
         (" AND event_id = ", f.event.as_ref().map(|e| e.as_str())),
         (" AND endpoint_id = ", f.endpoint.as_ref().map(|e| e.as_str())),
         (" AND state = ", f.state.map(|s| s.as_str())),
         (" AND event_type = ", f.event_type.as_deref()),
-        (" AND reason = ", f.reason.as_deref()),
-        (if f.newest_first { " AND id < " } else { " AND id > " }, f.after.as_ref().map(|a| a.as_str())),
     ];
     for (condition, value) in text {
         if let Some(v) = value {
@@ -350,9 +372,33 @@ where
             q.push(")");
         }
     }
+    if let Some(reason) = f.reason.as_deref() {
+        push_reason(q, "reason", reason);
+    }
     push_window(q, "", f.since, f.until);
-    q.push(if f.newest_first { " ORDER BY id DESC LIMIT " } else { " ORDER BY id LIMIT " });
-    q.push_bind(i64::from(f.limit.max(1)));
+}
+
+/// ` AND` a dead-letter reason condition on `column`: a class of
+/// [`DEAD_REASON_CLASSES`] (`permanent`) matches the class and each of its reasons
+/// (`permanent:404`), as the metrics count them; `other`, every reason of no other class;
+/// anything else, that reason exactly.
+fn push_reason<'a, DB>(q: &mut Sql<'a, DB>, column: &str, reason: &'a str)
+where
+    DB: Database,
+    &'a str: Encode<'a, DB> + Type<DB>,
+{
+    let (other, classes) = DEAD_REASON_CLASSES.split_last().expect("classes");
+    // A class is one of the constants above (no quotes in them): written in the SQL.
+    let value = format!("COALESCE({column}, '')");
+    let in_class = |c: &str| format!("({value} = '{c}' OR substr({value}, 1, {}) = '{c}:')", c.len() + 1);
+    if reason == *other {
+        let any: Vec<String> = classes.iter().map(|c| in_class(c)).collect();
+        q.push(format_args!(" AND NOT ({})", any.join(" OR ")));
+    } else if let Some(c) = classes.iter().find(|c| **c == reason) {
+        q.push(format_args!(" AND {}", in_class(c)));
+    } else {
+        q.push(format_args!(" AND {column} = ")).push_bind(reason);
+    }
 }
 
 /// Restricts a query on `deliveries` (after a `WHERE`) to a tenant's dead letters selected
@@ -381,14 +427,22 @@ pub(super) fn push_dead_selection<'a, DB>(
     let text = [
         (" AND deliveries.endpoint_id = ", f.endpoint.as_deref()),
         (" AND deliveries.event_type = ", f.event_type.as_deref()),
-        (" AND deliveries.reason = ", f.reason.as_deref()),
     ];
     for (condition, value) in text {
         if let Some(v) = value {
             q.push(condition).push_bind(v);
         }
     }
+    if let Some(reason) = f.reason.as_deref() {
+        push_reason(q, "deliveries.reason", reason);
+    }
     push_window(q, "deliveries.", f.since, f.until);
+    for (i, s) in f.skipped.iter().enumerate() {
+        q.push(if i == 0 { " AND deliveries.endpoint_id NOT IN (" } else { ", " }).push_bind(s.endpoint.as_str());
+    }
+    if !f.skipped.is_empty() {
+        q.push(")");
+    }
 }
 
 /// `updated_at` in `[since, until)`.

@@ -455,7 +455,8 @@ async fn published(
         url: spec.url.clone(),
         destination: dest.clone(),
         target: render_template(template, &d.event_type, d.tenant.as_str()),
-        id: d.event_id.to_string(),
+        dedupe_id: dedupe_id(d),
+        first_attempt: d.attempts == d.attempt_base,
         headers,
         body: Bytes::from(body),
         connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
@@ -464,6 +465,16 @@ async fn published(
     let outcome = inner.deliverer.publish(message).await;
     inner.metrics.attempts.inc();
     Exchange::Answered(outcome, sent)
+}
+
+/// A delivery's id at a broker that dedupes on it: the delivery's own (one per tenant,
+/// endpoint and event), and the replay's after a replay (a replay sends again on purpose),
+/// so the same across the retries of one send and never shared by two deliveries.
+fn dedupe_id(d: &Claimed) -> String {
+    match &d.replay {
+        Some(replay) => format!("{}:{replay}", d.id),
+        None => d.id.to_string(),
+    }
 }
 
 /// How the endpoint's requests leave the node: its deadlines, and its own proxy (guarded

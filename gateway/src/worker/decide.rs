@@ -44,7 +44,9 @@ pub fn decide(
                 reason: None,
                 label: "retry".into(),
             },
-            RetryDecision::GiveUp(r) => dead(r.as_str().to_string(), format!("retry→{}", r.as_str())),
+            RetryDecision::GiveUp(r) => {
+                dead(r.as_str().to_string(), format!("{}{}", crate::model::GAVE_UP, r.as_str()))
+            }
         };
     match verdict {
         Verdict::Delivered => {
@@ -150,6 +152,9 @@ mod tests {
         assert_eq!(d.next_attempt_at, Some(now + 2_000));
         let d = decide(&retry(None), 3, now, deadline, &policy, &mut rng);
         assert_eq!((d.state, d.reason.as_deref()), (DeliveryState::Dead, Some("exhausted")));
+        // Labels are read by machines: plain ASCII; one recorded before reads the same.
+        assert_eq!(d.label, "retry->exhausted");
+        assert_eq!(crate::model::ascii_label("retry\u{2192}exhausted".into()), d.label);
         let d = decide(&retry(Some(Duration::from_secs(5))), 1, now, deadline, &policy, &mut rng);
         assert_eq!(d.next_attempt_at, Some(now + 5_000));
         let pause = Verdict::PauseFor { after: Duration::from_secs(5), reason: "rate limited (429)".into() };

@@ -531,6 +531,7 @@ async fn dispatch(inner: Arc<Inner>) {
                 tracing::warn!(error = %e, "scan for due work failed");
             }
         }
+        end_timed_pauses(&inner).await;
         if last_recover.elapsed() >= RECOVER_EVERY {
             last_recover = Instant::now();
             match inner.store.recover_leases(inner.clock.now(), inner.clock.now()).await {
@@ -547,6 +548,26 @@ async fn dispatch(inner: Arc<Inner>) {
             _ = inner.scan.notified() => {}
             _ = shutdown.changed() => {}
         }
+    }
+}
+
+/// Ends the timed pauses that have run out, in the store: the endpoint's state says
+/// `active` again (the API, the console, health, `herald_endpoints`, replays), not only its
+/// partition's pacer. Every node does it on each scan; the first to see one ends it.
+async fn end_timed_pauses(inner: &Arc<Inner>) {
+    match inner.store.end_timed_pauses(inner.clock.now()).await {
+        Ok(ended) if !ended.is_empty() => {
+            for (tenant, endpoint) in &ended {
+                tracing::info!(
+                    tenant = %tenant, endpoint_id = %endpoint, state = "active",
+                    "endpoint state change: its timed pause ended"
+                );
+            }
+            let ids: Vec<EndpointId> = ended.into_iter().map(|(_, id)| id).collect();
+            signal_changed(inner, &ids);
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot end timed pauses"),
     }
 }
 

@@ -414,6 +414,16 @@ impl Housekeeping for PostgresStore {
         Ok(done.rows_affected())
     }
 
+    async fn end_timed_pauses(&self, now: Millis) -> Result<Vec<(TenantId, EndpointId)>> {
+        let rows = sqlx::query(sql::END_TIMED_PAUSES).bind(now).fetch_all(&self.q.pool).await?;
+        rows.iter()
+            .map(|r| {
+                let tenant = TenantId::from_stored(r.try_get::<String, _>("tenant_id")?);
+                Ok((tenant, EndpointId::from_stored(r.try_get::<String, _>("id")?)))
+            })
+            .collect()
+    }
+
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
         let mut tx = self.q.pool.begin().await?;
         // SKIP LOCKED: nodes purging at the same time take different rows.

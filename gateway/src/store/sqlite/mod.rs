@@ -266,6 +266,10 @@ impl Housekeeping for SqliteStore {
         self.writer.run(move |tx| writes::recover_leases_of(tx, &owner, now)).await
     }
 
+    async fn end_timed_pauses(&self, now: Millis) -> Result<Vec<(TenantId, EndpointId)>> {
+        self.writer.run(move |tx| writes::end_timed_pauses(tx, now)).await
+    }
+
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
         self.writer.run(move |tx| writes::purge(tx, delivered_before, dead_before, limit)).await
     }

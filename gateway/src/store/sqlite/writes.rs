@@ -190,6 +190,14 @@ pub(super) fn recover_leases(tx: &Transaction<'_>, expired_before: Millis, now: 
     Ok(n as u64)
 }
 
+pub(super) fn end_timed_pauses(tx: &Transaction<'_>, now: Millis) -> Result<Vec<(TenantId, EndpointId)>> {
+    let mut stmt = tx.prepare_cached(sql::END_TIMED_PAUSES)?;
+    let rows = stmt.query_map(params![now], |r| {
+        Ok((TenantId::from_stored(r.get::<_, String>(0)?), EndpointId::from_stored(r.get::<_, String>(1)?)))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
 pub(super) fn recover_leases_of(tx: &Transaction<'_>, owner: &str, now: Millis) -> Result<u64> {
     let n = tx.prepare_cached(sql::RECOVER_LEASES_OF)?.execute(params![now, owner])?;
     if n > 0 {
