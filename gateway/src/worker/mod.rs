@@ -346,7 +346,8 @@ async fn release(inner: &Arc<Inner>, releases: Vec<Release>) {
             let inner = Arc::clone(inner);
             tokio::spawn(async move {
                 let tried = Instant::now();
-                let stored = until_stored(tried + RELEASE_RETRY_FOR, || inner.committer.release(releases.clone())).await;
+                let stored =
+                    until_stored(tried + RELEASE_RETRY_FOR, || inner.committer.release(releases.clone())).await;
                 match stored {
                     Ok(()) => tracing::info!(count, "handed claims back once the database returned"),
                     Err(e) => tracing::warn!(count, error = %e, "release failed; leases will expire instead"),
