@@ -63,6 +63,8 @@ pub(crate) struct Runtime {
     tenant_limits: HashMap<String, TenantLimits>,
     /// The limits of every other tenant (the global values).
     default_limits: TenantLimits,
+    /// Which tenants set which limits themselves, for naming a limit's key.
+    key_names: PluginConfig,
     structure: StructureLimits,
     compiler: Compiler,
     js: JsRuntime,
@@ -70,6 +72,13 @@ pub(crate) struct Runtime {
     warm_total: AtomicUsize,
     max_warm: usize,
     ticker: Arc<Ticker>,
+}
+
+/// The config keys of a plugin's limits (its tenant's own, or the global ones).
+struct LimitKeys {
+    call_timeout: String,
+    call_timeout_per_mib: String,
+    memory: String,
 }
 
 #[derive(Clone, Copy)]
@@ -101,6 +110,7 @@ impl Runtime {
             limits,
             tenant_limits,
             default_limits: cfg.limits(""),
+            key_names: PluginConfig { tenant_limits: cfg.tenant_limits.clone(), ..PluginConfig::new("") },
             structure: cfg.structure,
             compiler,
             js,
@@ -144,13 +154,24 @@ impl Runtime {
             loaded_at: crate::clock::wall(),
             warm: Mutex::new(Vec::new()),
             runs_long: AtomicBool::new(false),
-            js_source,
             memory_limit,
             call_limits: CallLimits::of(&limits),
+            limit_keys: Arc::new(self.limit_keys(tenant, js_source.is_some())),
+            js_source,
         };
         let checked = plugin.check_describe();
         checked.map_err(|e| if plugin.is_js() { js::as_js_error(e) } else { e })?;
         Ok(Arc::new(plugin))
+    }
+
+    /// The keys that set `tenant`'s limits, for a plugin of that kind (`js`).
+    fn limit_keys(&self, tenant: &str, js: bool) -> LimitKeys {
+        let keys = &self.key_names;
+        LimitKeys {
+            call_timeout: keys.limit_key(tenant, "call_timeout"),
+            call_timeout_per_mib: keys.limit_key(tenant, "call_timeout_per_mib"),
+            memory: keys.limit_key(tenant, if js { "js_memory_limit" } else { "memory_limit" }),
+        }
     }
 
     /// The limits of `tenant`'s plugins: its own table's, else the global values.
@@ -218,6 +239,8 @@ pub(crate) struct LoadedPlugin {
     memory_limit: usize,
     /// Its tenant's time budget.
     call_limits: CallLimits,
+    /// The config keys of its limits, for the failures that hit them.
+    limit_keys: Arc<LimitKeys>,
 }
 
 struct WarmInstance {
@@ -240,8 +263,15 @@ impl LoadedPlugin {
             timestamp: 0,
             attempt_id: "load".to_string(),
         };
-        let info =
-            self.call(&load_ctx, None, 0, |b, store| b.call_describe(store)).map_err(|f| match self.is_js() {
+        // What `describe` returns is cut to 128 bytes a string below, so the host lets it
+        // copy two strings as large as the plugin's memory (a name and a version aliasing
+        // all of it), not only the output cap: an over-long name is cut, not refused.
+        let fuel = self.memory_limit.saturating_mul(2).saturating_add(64 << 10);
+        let describe = |b: &Bindings, store: &mut Store<HostState>| {
+            store.set_hostcall_fuel(fuel.max(self.runtime.limits.max_output_bytes));
+            b.call_describe(store)
+        };
+        let info = self.call(&load_ctx, None, 0, describe).map_err(|f| match self.is_js() {
                 true => js::describe_failed(f),
                 false => PluginError::Rejected(format!("describe failed: plugin:{f}")),
             })?;
@@ -272,6 +302,7 @@ impl LoadedPlugin {
             js_source: self.js_source.clone(),
             memory_limit: self.memory_limit,
             call_limits: self.call_limits,
+            limit_keys: Arc::clone(&self.limit_keys),
         }
     }
 
@@ -412,7 +443,8 @@ impl LoadedPlugin {
             super::pool::demote_long_call();
         }
         inst.store.data_mut().begin_call(ctx, capture);
-        inst.store.data_mut().deadline.budget = self.budget(input_bytes);
+        let budget = self.budget(input_bytes);
+        inst.store.data_mut().deadline.budget = budget;
         inst.store.set_epoch_deadline(self.call_limits.first_check_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
@@ -427,8 +459,39 @@ impl LoadedPlugin {
                 self.recycle(inst);
                 Ok(value)
             }
-            Ok(_) => Err(PluginFailure::Memory),
-            Err(err) => Err(failure_from(&err, state.limiter.exceeded)),
+            Ok(_) => Err(self.name_limit(PluginFailure::Memory(String::new()), budget, state.deadline.stopped_on_wall)),
+            Err(err) => {
+                let failure = failure_from(&err, state.limiter.exceeded);
+                Err(self.name_limit(failure, budget, state.deadline.stopped_on_wall))
+            }
+        }
+    }
+
+    /// A timeout or memory failure with the limit it hit and the key that sets it, as the
+    /// attempt records it: `timeout: used its CPU budget of 10ms (plugins.call_timeout)`.
+    fn name_limit(&self, failure: PluginFailure, budget: Duration, stopped_on_wall: Option<Duration>) -> PluginFailure {
+        let keys = &self.limit_keys;
+        let limits = &self.call_limits;
+        let cpu = match budget > limits.call_timeout {
+            true => format!(
+                "CPU budget of {budget:?} ({} {:?} + {} {:?} per MiB of input)",
+                keys.call_timeout, limits.call_timeout, keys.call_timeout_per_mib, limits.call_timeout_per_mib
+            ),
+            false => format!("CPU budget of {budget:?} ({})", keys.call_timeout),
+        };
+        match failure {
+            PluginFailure::Timeout(_) => PluginFailure::Timeout(match stopped_on_wall {
+                Some(wall) => format!("stopped after {wall:.0?} of wall time, the most a call with a {cpu} may take"),
+                None => format!("used its {cpu}"),
+            }),
+            PluginFailure::Memory(_) => {
+                let limit = match self.memory_limit % (1 << 20) {
+                    0 => format!("{} MiB", self.memory_limit >> 20),
+                    _ => format!("{} bytes", self.memory_limit),
+                };
+                PluginFailure::Memory(format!("over its memory limit of {limit} ({})", keys.memory))
+            }
+            other => other,
         }
     }
 
@@ -459,7 +522,11 @@ impl LoadedPlugin {
         match self.pre.instantiate(&mut store) {
             Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0, idle_since: Instant::now() }),
             Err(err) if is_pool_exhausted(&err) => Err(PluginFailure::Busy),
-            Err(err) => Err(failure_from(&err, store.data().limiter.exceeded)),
+            Err(err) => {
+                let state = store.data();
+                let failure = failure_from(&err, state.limiter.exceeded);
+                Err(self.name_limit(failure, limits.call_timeout, state.deadline.stopped_on_wall))
+            }
         }
     }
 

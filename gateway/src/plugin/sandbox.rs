@@ -368,6 +368,9 @@ pub(super) struct Deadline {
     /// This call's CPU budget when it is larger than `call_timeout` (a call with a
     /// large input gets more, see `PluginConfig::call_timeout_per_mib`).
     pub(super) budget: Duration,
+    /// The wall time after which the call was stopped for running that long (not for
+    /// having spent its CPU budget), if it was: its timeout says so.
+    pub(super) stopped_on_wall: Option<Duration>,
 }
 
 impl Deadline {
@@ -375,6 +378,7 @@ impl Deadline {
         self.started = Some(Instant::now());
         self.cpu_start = thread_cpu_time();
         self.long = false;
+        self.stopped_on_wall = None;
     }
 
     /// Whether the call (so far) has used [`DEMOTE_AFTER`] of CPU.
@@ -386,6 +390,7 @@ impl Deadline {
         let call_timeout = call_timeout.max(self.budget);
         let wall = self.started.map(|s| s.elapsed()).unwrap_or(Duration::MAX);
         if wall >= call_timeout.saturating_mul(if pool::demoted() { 100 } else { 10 }) {
+            self.stopped_on_wall = Some(wall);
             return UpdateDeadline::Interrupt;
         }
         let (Some(start), Some(now)) = (self.cpu_start, thread_cpu_time()) else {

@@ -203,6 +203,21 @@ fn a_well_behaved_plugin_is_installed_listed_and_called() {
     assert_eq!((classify.calls, classify.failures), (3, 0));
 }
 
+#[test]
+fn an_over_long_name_in_describe_is_truncated_and_the_plugin_kept() {
+    // `describe` says a name of 8 MiB (zero bytes, valid UTF-8) at 65536 and a version of
+    // 8 MiB aliasing it: twice the 4 MiB output cap, once refused as a whole (422).
+    let guest = Guest {
+        pages: 130,
+        data: r#"(data (i32.const 0) "\00\00\01\00\00\00\80\00\00\00\01\00\00\00\80\00")"#,
+        ..Guest::classify(DELIVERED)
+    };
+    let t = test_host(|c| c.max_output_bytes = PluginConfig::new("").max_output_bytes);
+    let info = t.host.install_blocking("acme", "p", &guest.wasm()).unwrap();
+    assert_eq!((info.plugin_name.len(), info.plugin_version.len()), (128, 128));
+    assert_eq!(block(t.host.classify("acme", "p", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
+}
+
 /// A classifier (declaring `hooks`) whose `describe` lists `statuses` for `classify`.
 fn with_statuses(hooks: u8, statuses: &[u16]) -> Guest {
     let bytes: String = statuses.iter().flat_map(|s| s.to_le_bytes()).map(|b| format!("\\{b:02x}")).collect();
@@ -253,8 +268,16 @@ fn tenants_cannot_reach_each_others_plugins() {
 fn an_infinite_loop_times_out_quickly() {
     let started = Instant::now();
     let result = classify_with(Guest::classify("(loop $l (br $l)) (i32.const 128)"));
-    assert_eq!(result, Err(PluginFailure::Timeout));
+    assert_timeout(&result, "CPU budget of 10ms (plugins.call_timeout)");
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
+
+/// Asserts that `result` is a timeout whose reason names `budget` (a CPU budget and its
+/// key): `used its <budget>`, or, for a call starved of CPU, `stopped after … of wall
+/// time, the most a call with a <budget> may take`.
+fn assert_timeout<T: std::fmt::Debug>(result: &Result<T, PluginFailure>, budget: &str) {
+    let reason = result.as_ref().err().map(PluginFailure::reason).unwrap_or_default();
+    assert!(reason.starts_with("plugin:timeout: ") && reason.contains(budget), "{result:?}: {reason}");
 }
 
 #[test]
@@ -269,14 +292,15 @@ fn an_idle_host_stops_ticking_and_a_call_wakes_it_in_time() {
     // The deadline still holds: the call wakes the ticker instead of waiting out its
     // 10 s sleep (a starved call is stopped within 100 x 10 ms of wall time).
     let started = Instant::now();
-    assert_eq!(block(t.host.classify("acme", "spin", &ctx(), &outcome(409))), Err(PluginFailure::Timeout));
+    assert_timeout(&block(t.host.classify("acme", "spin", &ctx(), &outcome(409))), "plugins.call_timeout");
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
 }
 
 #[test]
 fn a_memory_bomb_hits_the_cap() {
     let bomb = "(if (i32.eq (memory.grow (i32.const 1000)) (i32.const -1)) (then unreachable)) (i32.const 128)";
-    assert_eq!(classify_with(Guest::classify(bomb)), Err(PluginFailure::Memory));
+    let expected = "memory: over its memory limit of 16 MiB (plugins.memory_limit_mib)";
+    assert_eq!(classify_with(Guest::classify(bomb)).map_err(|f| f.to_string()), Err(expected.to_string()));
 }
 
 #[test]
@@ -687,7 +711,7 @@ fn a_tenant_spinning_at_its_budget_leaves_a_call_thread_to_the_others() {
         assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)).await, Ok(Verdict::Delivered));
         assert_eq!(spins_done.load(Ordering::SeqCst), 0, "acme waited for a spinning call");
         for spin in spins {
-            assert_eq!(spin.await.unwrap(), Err(PluginFailure::Timeout));
+            assert!(matches!(spin.await.unwrap(), Err(PluginFailure::Timeout(_))));
         }
     });
 }
@@ -731,7 +755,7 @@ fn a_long_call_runs_at_idle_priority_and_its_thread_comes_back_normal() {
         }
         // A short call is not demoted, and runs while the long one holds a thread.
         assert_eq!(t.host.classify("acme", "p", &ctx(), &outcome(409)).await, Ok(Verdict::Delivered));
-        assert_eq!(spin.await.unwrap(), Err(PluginFailure::Timeout));
+        assert!(matches!(spin.await.unwrap(), Err(PluginFailure::Timeout(_))));
         // Every call thread is back at normal priority: restored, or (where that is not
         // permitted) retired and replaced, at the next call, by one at normal priority.
         let ended = Instant::now();
@@ -909,4 +933,17 @@ fn the_compile_cache_must_be_outside_the_plugins_directory() {
     config.cache_dir = Some(dir.path().join("acme"));
     let err = PluginHost::start(config).unwrap_err();
     assert!(err.to_string().contains("must be outside the plugins directory"), "{err}");
+}
+
+#[test]
+fn the_cli_says_when_it_compiles_the_javascript_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("herald-js.wasm");
+    std::fs::write(&file, b"\0asm a runtime never compiled").unwrap();
+    let mut config = PluginConfig::for_cli();
+    config.js_runtime = Some(file);
+    let runtime = runtime::Runtime::new(&config).unwrap();
+    let notice = cli::compile_notice(&runtime, b"function transform(ctx, req) { return req; }");
+    assert!(notice.is_some_and(|n| n.contains("compiling Herald's JavaScript runtime")), "{notice:?}");
+    assert_eq!(cli::compile_notice(&runtime, &Guest::default().wasm()), None, "a component compiles in no time");
 }

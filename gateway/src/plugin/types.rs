@@ -408,12 +408,14 @@ pub enum PluginFailure {
     /// The plugin does not declare that hook.
     #[error("hook_not_implemented")]
     HookNotImplemented,
-    /// The call exceeded its time budget (epoch deadline).
-    #[error("timeout")]
-    Timeout,
-    /// The instance tried to grow its memory past the cap.
-    #[error("memory")]
-    Memory,
+    /// The call exceeded its time budget (epoch deadline); the detail names the budget
+    /// and the key that sets it (empty where the budget is unknown).
+    #[error("timeout{}", detail(.0))]
+    Timeout(String),
+    /// The instance tried to grow its memory past the cap; the detail names the cap and
+    /// its key.
+    #[error("memory{}", detail(.0))]
+    Memory(String),
     /// The guest trapped (`unreachable`, out-of-bounds access, stack overflow, …).
     #[error("trap: {0}")]
     Trap(String),
@@ -437,8 +439,8 @@ impl PluginFailure {
         match self {
             PluginFailure::NotFound => "not_found",
             PluginFailure::HookNotImplemented => "hook_not_implemented",
-            PluginFailure::Timeout => "timeout",
-            PluginFailure::Memory => "memory",
+            PluginFailure::Timeout(_) => "timeout",
+            PluginFailure::Memory(_) => "memory",
             PluginFailure::Trap(_) => "trap",
             PluginFailure::OutputTooLarge => "output_too_large",
             PluginFailure::InvalidOutput(_) => "invalid_output",
@@ -467,6 +469,11 @@ impl PluginFailure {
     pub(crate) fn kind_index(&self) -> usize {
         Self::KINDS.iter().position(|k| *k == self.kind()).unwrap_or(0)
     }
+}
+
+/// `: <detail>` after a failure's kind, or nothing.
+fn detail(detail: &str) -> String {
+    if detail.is_empty() { String::new() } else { format!(": {detail}") }
 }
 
 /// Why a management operation (load, install, check, run) failed.

@@ -147,11 +147,11 @@ async fn each_example_hook_runs_in_a_real_server(backend: Backend) -> anyhow::Re
 /// Hostile plugins of tenant `evil`, each bound to its own endpoint, and the reason its
 /// attempt is recorded with.
 const HOSTILE: [(&str, &str, &str); 4] = [
-    ("spin", "function transform(ctx, req) { for (;;) {} }", "plugin:timeout"),
+    ("spin", "function transform(ctx, req) { for (;;) {} }", "plugin:timeout: "),
     (
         "bomb",
         "function transform(ctx, req) { return { tag: 'send', val: { headers: [], body: new Uint8Array(256 << 20) } }; }",
-        "plugin:memory",
+        "plugin:memory: over its memory limit of 64 MiB (plugins.js_memory_limit_mib)",
     ),
     ("throws", "function transform(ctx, req) { throw new Error('no thanks'); }", "plugin:error: Error: no thanks"),
     (
@@ -271,7 +271,7 @@ async fn what_a_hook_returns_is_checked_alike_under_node_and_in_herald() -> anyh
     let cases = output_cases()?;
     let sdk = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sdk-js");
     let out = run(&sdk, "node", &["--test", "tests/"], &[]).await?;
-    assert!(out.contains(&format!("# pass {}", cases.len() + 2)) && out.contains("# fail 0"), "{out}");
+    assert!(out.contains(&format!("# pass {}", cases.len() + 3)) && out.contains("# fail 0"), "{out}");
 
     let (dir, bin) = (tempfile::tempdir()?, herald_binary()?.display().to_string());
     std::fs::write(dir.path().join("input.json"), CASE_INPUT)?;

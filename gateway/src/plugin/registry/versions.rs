@@ -74,6 +74,24 @@ impl PluginHost {
         Ok(number)
     }
 
+    /// Records bytes that were loaded from the serving file (a hot reload, a restart) as
+    /// the next version of (tenant, name), unless a stored version already has them (a
+    /// rollback or an upload wrote that file): returns the version's number. Deletes no
+    /// old version (pinned ones are known to the API, not here); the next upload prunes.
+    pub(super) fn record_reloaded_version(
+        &self,
+        tenant: &str,
+        name: &str,
+        sha256: &str,
+        bytes: &[u8],
+    ) -> Result<u32, PluginError> {
+        let files = self.version_files(tenant, name);
+        if let Some(stored) = files.iter().rev().find(|f| f.sha256 == sha256) {
+            return Ok(stored.number);
+        }
+        self.record_version(tenant, name, sha256, bytes)
+    }
+
     /// The versions of `tenant`'s plugin `name`, oldest first.
     pub fn versions(&self, tenant: &str, name: &str) -> Vec<PluginVersion> {
         let serving = self.serving_sha256(tenant, name);
