@@ -30,6 +30,10 @@ pub(crate) struct PluginOut {
     classify_statuses: Option<Vec<u16>>,
     /// RFC 3339.
     loaded_at: Option<String>,
+    /// Milliseconds loading the serving version took: compiling (or mapping the compiled
+    /// copy), instantiating, `describe` (for JavaScript, evaluating the source). The
+    /// upload or reload pays it; a call's duration does not include it.
+    load_ms: Option<f64>,
     /// Being loaded in the background; bound deliveries wait.
     loading: bool,
     /// Why the newest file is not serving (the previous version keeps serving).
@@ -66,6 +70,7 @@ pub(super) fn view(p: &PluginInfo) -> PluginOut {
         plugin_version: p.plugin_version.clone(),
         classify_statuses: p.classify_statuses.clone(),
         loaded_at,
+        load_ms: p.load_time.map(|d| (d.as_micros() / 100) as f64 / 10.0),
         loading: p.loading,
         error: p.error.clone(),
         version: p.version,

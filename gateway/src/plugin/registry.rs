@@ -503,6 +503,7 @@ fn info(tenant: &str, name: &str, slot: &Slot) -> PluginInfo {
         plugin_version: current.map(|p| p.plugin_version.clone()).unwrap_or_default(),
         classify_statuses: current.and_then(|p| p.classify_statuses.clone()),
         loaded_at: current.map(|p| p.loaded_at),
+        load_time: current.map(|p| p.load_time),
         loading: slot.loading,
         error: slot.error.clone(),
         version: None,

@@ -77,7 +77,7 @@ impl HostState {
             wasi: wasi_context(&inputs),
             table: ResourceTable::new(),
             inputs,
-            limiter: MemoryLimiter { limit: memory_limit, exceeded: false },
+            limiter: MemoryLimiter { limit: memory_limit, exceeded: false, grown: 0 },
             config: Arc::clone(config),
             tenant: Arc::clone(tenant),
             plugin: Arc::clone(plugin),
@@ -109,6 +109,7 @@ impl HostState {
         self.host_bytes = 0;
         self.capture = capture;
         self.limiter.exceeded = false;
+        self.limiter.grown = 0;
     }
 
     pub(super) fn end_call(&mut self) {
@@ -429,16 +430,19 @@ pub(super) fn thread_cpu_time() -> Option<Duration> {
 /// Caps linear memory and remembers that the cap was hit, so that the trap a guest
 /// raises after a failed allocation is reported as `memory`, not as a generic trap.
 pub(super) struct MemoryLimiter {
-    limit: usize,
+    pub(super) limit: usize,
     pub(super) exceeded: bool,
+    /// Bytes of memory the current call (or instantiation) grew by.
+    pub(super) grown: usize,
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.limit {
             self.exceeded = true;
             return Ok(false);
         }
+        self.grown = self.grown.saturating_add(desired.saturating_sub(current));
         Ok(true)
     }
 

@@ -16,6 +16,7 @@ struct Guest {
     data: &'static str,
     /// More component items, e.g. core modules nobody instantiates.
     extra: &'static str,
+    describe: &'static str,
     transform: &'static str,
     classify: &'static str,
     sign: &'static str,
@@ -30,6 +31,7 @@ impl Default for Guest {
             pages: 1,
             data: "",
             extra: "",
+            describe: "(i32.const 0)",
             transform: "unreachable",
             classify: DELIVERED,
             sign: "unreachable",
@@ -43,7 +45,7 @@ impl Guest {
     }
 
     fn wasm(&self) -> Vec<u8> {
-        let Guest { hooks, pages, data, extra, transform, classify, sign } = self;
+        let Guest { hooks, pages, data, extra, describe, transform, classify, sign } = self;
         let text = format!(
             r#"(component
   (import "herald:plugin/host@0.1.0" (instance $host
@@ -110,7 +112,7 @@ impl Guest {
     (data (i32.const 64) "wat-plugin")
     (data (i32.const 80) "0.0.1")
     {data}
-    (func (export "describe") (result i32) (i32.const 0))
+    (func (export "describe") (result i32) {describe})
     (func (export "transform") (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i64 i32 i32 i32 i32 i32 i32) (result i32)
       {transform})
     (func (export "classify") (param i32) (result i32) {classify})
@@ -301,6 +303,41 @@ fn a_memory_bomb_hits_the_cap() {
     let bomb = "(if (i32.eq (memory.grow (i32.const 1000)) (i32.const -1)) (then unreachable)) (i32.const 128)";
     let expected = "memory: over its memory limit of 16 MiB (plugins.memory_limit_mib)";
     assert_eq!(classify_with(Guest::classify(bomb)).map_err(|f| f.to_string()), Err(expected.to_string()));
+}
+
+#[test]
+fn the_load_pays_for_instantiating_and_its_instance_serves_the_first_call() {
+    // `describe` marks its instance; `classify` says `retry` on an instance it did not mark.
+    let marked = "(if (i32.eqz (i32.load8_u (i32.const 1000))) (then (i32.store8 (i32.const 128) (i32.const 1)) \
+                  (i32.store8 (i32.const 132) (i32.const 0)) (return (i32.const 128)))) (i32.store8 (i32.const 128) \
+                  (i32.const 0)) (i32.const 128)";
+    let guest = Guest { describe: "(i32.store8 (i32.const 1000) (i32.const 1)) (i32.const 0)", ..Guest::classify(marked) };
+    let t = test_host(|_| {});
+    let info = t.host.install_blocking("acme", "p", &guest.wasm()).unwrap();
+    let load = info.load_time.unwrap_or_default();
+    assert!(load > Duration::ZERO, "the load time is reported: {info:?}");
+    assert_eq!(t.host.warm_instances(), 1);
+    assert_eq!(
+        block(t.host.classify("acme", "p", &ctx(), &outcome(409))),
+        Ok(Verdict::Delivered),
+        "the first call ran on the instance the load made, instantiating nothing"
+    );
+    // The call's own duration, apart from the load's, within twice its budget.
+    let first = t.host.stats("acme", "p").and_then(|s| s.p99).unwrap();
+    assert!(first < PluginConfig::new("").call_timeout * 2, "the first call took {first:?} (the load {load:?})");
+}
+
+#[test]
+fn a_call_that_runs_out_of_time_while_filling_its_memory_is_a_memory_failure() {
+    // Half the 16 MiB cap and more grown, then stopped by the budget before the cap (as
+    // any allocation loop is whose fresh pages cost more than its budget to touch).
+    let grows = Guest::classify("(drop (memory.grow (i32.const 130))) (loop $l (br $l)) (i32.const 128)");
+    let reason = classify_with(grows).map_err(|f| f.reason());
+    let expected = "plugin:memory: grew by 8 MiB toward its memory limit of 16 MiB (plugins.memory_limit_mib) until its CPU budget of 10ms (plugins.call_timeout) ran out";
+    assert_eq!(reason, Err(expected.to_string()));
+    // Less than half: the budget is what stopped it, and the timeout says how far it grew.
+    let reason = classify_with(Guest::classify("(drop (memory.grow (i32.const 64))) (loop $l (br $l)) (i32.const 128)"));
+    assert_timeout(&reason, "plugins.call_timeout), having grown by 4 MiB of its memory limit of 16 MiB");
 }
 
 #[test]
@@ -854,7 +891,8 @@ fn a_tenant_is_held_to_its_plugin_count_and_size() {
 
 #[test]
 fn idle_plugins_hold_no_instance_slot() {
-    // Far more plugins than slots: loading keeps no instance, so every upload works.
+    // Far more plugins than slots: loading keeps its instance only within the warm budget
+    // (half the pool), so every upload works.
     let t = test_host(|c| {
         c.max_instances = 8;
         c.warm_idle = Duration::from_millis(100);
@@ -863,7 +901,7 @@ fn idle_plugins_hold_no_instance_slot() {
         let tenant = if i % 2 == 0 { "acme" } else { "globex" };
         t.host.install_blocking(tenant, &format!("p{i}"), &Guest::classify(DELIVERED).wasm()).unwrap();
     }
-    assert_eq!(t.host.warm_instances(), 0);
+    assert!(t.host.warm_instances() <= 4, "{} warm", t.host.warm_instances());
     for i in 0..40 {
         let tenant = if i % 2 == 0 { "acme" } else { "globex" };
         assert_eq!(

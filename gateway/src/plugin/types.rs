@@ -369,6 +369,9 @@ pub struct PluginInfo {
     pub classify_statuses: Option<Vec<u16>>,
     /// When the serving version was loaded.
     pub loaded_at: Option<SystemTime>,
+    /// How long loading the serving version took (compiling or mapping it, instantiating
+    /// it, `describe`): paid once by the upload or reload, not by its first call.
+    pub load_time: Option<Duration>,
     /// The file is being loaded in the background (after a start or a file change);
     /// deliveries bound to it wait until it serves.
     pub loading: bool,
