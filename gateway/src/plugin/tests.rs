@@ -317,13 +317,15 @@ fn the_load_pays_for_instantiating_and_its_instance_serves_the_first_call() {
     let load = info.load_time.unwrap_or_default();
     assert!(load > Duration::ZERO, "the load time is reported: {info:?}");
     assert_eq!(t.host.warm_instances(), 1);
+    let cpu = cpu_time();
     assert_eq!(
         block(t.host.classify("acme", "p", &ctx(), &outcome(409))),
         Ok(Verdict::Delivered),
         "the first call ran on the instance the load made, instantiating nothing"
     );
-    // The call's own duration, apart from the load's, within twice its budget.
-    let first = t.host.stats("acme", "p").and_then(|s| s.p99).unwrap();
+    // The call's own cost, apart from the load's, within twice its budget (CPU time: the
+    // wall clock of a test beside others also counts their turns).
+    let first = cpu_time() - cpu;
     assert!(first < PluginConfig::new("").call_timeout * 2, "the first call took {first:?} (the load {load:?})");
 }
 
@@ -337,7 +339,8 @@ fn a_call_that_runs_out_of_time_while_filling_its_memory_is_a_memory_failure() {
     assert_eq!(reason, Err(expected.to_string()));
     // Less than half: the budget is what stopped it, and the timeout says how far it grew.
     let reason = classify_with(Guest::classify("(drop (memory.grow (i32.const 64))) (loop $l (br $l)) (i32.const 128)"));
-    assert_timeout(&reason, "plugins.call_timeout), having grown by 4 MiB of its memory limit of 16 MiB");
+    assert_timeout(&reason, "CPU budget of 10ms (plugins.call_timeout)");
+    assert_timeout(&reason, ", having grown by 4 MiB of its memory limit of 16 MiB");
 }
 
 #[test]
