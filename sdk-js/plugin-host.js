@@ -227,11 +227,22 @@ function pluginInfo(info, field) {
   }
   if (!isObject(info.hooks)) throw invalid(`${field}.hooks must be { transform, classify, sign }, got ${kindOf(info.hooks)}`);
   const hooks = Object.fromEntries(HOOKS.map((h) => [h, Boolean(info.hooks[h])]));
+  const [name, version] = [cut(info.name), cut(info.version)];
   const statuses = info.classifyStatuses;
-  if (statuses === undefined || statuses === null) return { name: info.name, version: info.version, hooks, classifyStatuses: undefined };
+  if (statuses === undefined || statuses === null) return { name, version, hooks, classifyStatuses: undefined };
   if (!Array.isArray(statuses)) throw invalid(`${field}.classifyStatuses must be a list of HTTP statuses, got ${kindOf(statuses)}`);
   const list = statuses.map((s, i) => whole(s, 0xffff, `${field}.classifyStatuses[${i}]`));
-  return { name: info.name, version: info.version, hooks, classifyStatuses: list };
+  return { name, version, hooks, classifyStatuses: list };
+}
+
+// A name or version as Herald keeps it: at most 128 bytes (cut here to 128 UTF-16 units,
+// never inside a pair, and by Herald to 128 bytes), so an over-long one is cut, not
+// refused (handing 8 MiB to Herald took longer than a call's budget).
+const MAX_NAME = 128;
+function cut(text) {
+  if (text.length <= MAX_NAME) return text;
+  const end = text.charCodeAt(MAX_NAME - 1) >= 0xd800 && text.charCodeAt(MAX_NAME - 1) <= 0xdbff ? MAX_NAME - 1 : MAX_NAME;
+  return text.slice(0, end);
 }
 
 function whole(n, max, field) {

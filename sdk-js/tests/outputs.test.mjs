@@ -69,3 +69,10 @@ test("a body of another realm is sent as its bytes, as in Herald (whose runtime 
     assert.equal(text(out.val.body), 'hi', source);
   }
 });
+
+test('an over-long name is cut to 128, never inside a pair, as Herald keeps it', () => {
+  const p = plugin("const plugin = { name: 'n'.repeat(8 << 20), version: 'x'.repeat(127) + '\\u{1F600}' };\nfunction transform(ctx, req) { return req; }");
+  const info = p.describe();
+  assert.equal(info.name, 'n'.repeat(128));
+  assert.equal(info.version, 'x'.repeat(127));
+});

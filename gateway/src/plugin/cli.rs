@@ -155,7 +155,7 @@ fn load(
 pub(super) fn compile_notice(runtime: &Runtime, bytes: &[u8]) -> Option<&'static str> {
     let js = matches!(detect(bytes), Ok(Source::Js(_)));
     (js && !runtime.is_cached(bytes)).then_some(
-        "compiling Herald's JavaScript runtime (once, kept for later runs; this takes a while, up to a minute)",
+        "compiling Herald's JavaScript runtime (once, kept for later runs; a minute or more on a small machine)",
     )
 }
 
