@@ -288,9 +288,9 @@ impl LoadedPlugin {
             info
         };
         let info = self.call(&load_ctx, None, 0, describe).map_err(|f| match self.is_js() {
-                true => js::describe_failed(f),
-                false => PluginError::Rejected(format!("describe failed: plugin:{f}")),
-            })?;
+            true => js::describe_failed(f),
+            false => PluginError::Rejected(format!("describe failed: plugin:{f}")),
+        })?;
         // The instance `describe` ran on stays warm (within the warm budget, until idle for
         // `warm_idle`), so the load pays for instantiating and, for JavaScript, evaluating
         // the source, not the first delivery.
@@ -514,7 +514,9 @@ impl LoadedPlugin {
             )),
             PluginFailure::Timeout(_) => {
                 let mut detail = match state.deadline.stopped_on_wall {
-                    Some(wall) => format!("stopped after {wall:.0?} of wall time, the most a call with a {cpu} may take"),
+                    Some(wall) => {
+                        format!("stopped after {wall:.0?} of wall time, the most a call with a {cpu} may take")
+                    }
                     None => format!("used its {cpu}"),
                 };
                 if grown >= 1 << 20 {
@@ -522,7 +524,9 @@ impl LoadedPlugin {
                 }
                 PluginFailure::Timeout(detail)
             }
-            PluginFailure::Memory(_) => PluginFailure::Memory(format!("over its memory limit of {limit} ({})", keys.memory)),
+            PluginFailure::Memory(_) => {
+                PluginFailure::Memory(format!("over its memory limit of {limit} ({})", keys.memory))
+            }
             other => other,
         }
     }

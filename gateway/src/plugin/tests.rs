@@ -311,7 +311,8 @@ fn the_load_pays_for_instantiating_and_its_instance_serves_the_first_call() {
     let marked = "(if (i32.eqz (i32.load8_u (i32.const 1000))) (then (i32.store8 (i32.const 128) (i32.const 1)) \
                   (i32.store8 (i32.const 132) (i32.const 0)) (return (i32.const 128)))) (i32.store8 (i32.const 128) \
                   (i32.const 0)) (i32.const 128)";
-    let guest = Guest { describe: "(i32.store8 (i32.const 1000) (i32.const 1)) (i32.const 0)", ..Guest::classify(marked) };
+    let guest =
+        Guest { describe: "(i32.store8 (i32.const 1000) (i32.const 1)) (i32.const 0)", ..Guest::classify(marked) };
     let t = test_host(|_| {});
     let info = t.host.install_blocking("acme", "p", &guest.wasm()).unwrap();
     let load = info.load_time.unwrap_or_default();
@@ -338,7 +339,8 @@ fn a_call_that_runs_out_of_time_while_filling_its_memory_is_a_memory_failure() {
     let expected = "plugin:memory: grew by 8 MiB toward its memory limit of 16 MiB (plugins.memory_limit_mib) until its CPU budget of 10ms (plugins.call_timeout) ran out";
     assert_eq!(reason, Err(expected.to_string()));
     // Less than half: the budget is what stopped it, and the timeout says how far it grew.
-    let reason = classify_with(Guest::classify("(drop (memory.grow (i32.const 64))) (loop $l (br $l)) (i32.const 128)"));
+    let reason =
+        classify_with(Guest::classify("(drop (memory.grow (i32.const 64))) (loop $l (br $l)) (i32.const 128)"));
     assert_timeout(&reason, "CPU budget of 10ms (plugins.call_timeout)");
     assert_timeout(&reason, ", having grown by 4 MiB of its memory limit of 16 MiB");
 }

@@ -334,7 +334,9 @@ async fn a_string_body_is_delivered_and_unusable_output_fails_the_attempt() -> a
         (
             "number",
             "function transform(ctx, req) { return { tag: 'send', val: { headers: req.headers, body: 42 } }; }",
-            Some("plugin:invalid_output: transform: request.body must be a string or bytes (a Uint8Array, another typed array, a DataView or an ArrayBuffer), got number"),
+            Some(
+                "plugin:invalid_output: transform: request.body must be a string or bytes (a Uint8Array, another typed array, a DataView or an ArrayBuffer), got number",
+            ),
         ),
         (
             "nothing",
@@ -477,11 +479,27 @@ async fn every_shape_of_body_is_sent_as_its_bytes_by_a_server() -> anyhow::Resul
     api.tenant("acme").await?;
     let shapes = [
         ("whole", "function transform(ctx, req) { return req; }", None),
-        ("body", "function transform(ctx, req) { return { tag: 'send', val: { headers: req.headers, body: req.body } }; }", None),
+        (
+            "body",
+            "function transform(ctx, req) { return { tag: 'send', val: { headers: req.headers, body: req.body } }; }",
+            None,
+        ),
         ("sub", "function transform(ctx, req) { return { headers: [], body: req.body.subarray(1, 3) }; }", Some("\"i")),
-        ("view", "function transform(ctx, req) { const b = req.body; return { headers: [], body: new DataView(b.buffer, b.byteOffset + 1, 2) }; }", Some("\"i")),
-        ("wide", "function transform(ctx, req) { return { headers: [], body: new Uint16Array([0x6968]) }; }", Some("hi")),
-        ("buffer", "function transform(ctx, req) { return { headers: [], body: new Uint8Array([104, 105]).buffer }; }", Some("hi")),
+        (
+            "view",
+            "function transform(ctx, req) { const b = req.body; return { headers: [], body: new DataView(b.buffer, b.byteOffset + 1, 2) }; }",
+            Some("\"i"),
+        ),
+        (
+            "wide",
+            "function transform(ctx, req) { return { headers: [], body: new Uint16Array([0x6968]) }; }",
+            Some("hi"),
+        ),
+        (
+            "buffer",
+            "function transform(ctx, req) { return { headers: [], body: new Uint8Array([104, 105]).buffer }; }",
+            Some("hi"),
+        ),
     ];
     let rx = FakeReceiver::start().await?;
     for (name, source, _) in shapes {
@@ -495,8 +513,7 @@ async fn every_shape_of_body_is_sent_as_its_bytes_by_a_server() -> anyhow::Resul
     }
     let huge = "function transform(ctx, req) { return { headers: [], body: 'x'.repeat(8 << 20) }; }";
     assert_eq!(upload(api, "acme", "huge", huge.as_bytes().to_vec()).await?.status, 200);
-    let endpoint =
-        json!({"url": rx.url(), "event_types": ["huge"], "plugins": {"transform": "huge"}, "retry": {"max_attempts": 1}});
+    let endpoint = json!({"url": rx.url(), "event_types": ["huge"], "plugins": {"transform": "huge"}, "retry": {"max_attempts": 1}});
     api.endpoint("acme", endpoint).await?;
     api.event("acme", json!({"id": "evt_huge", "type": "huge", "payload": {}})).await?;
 

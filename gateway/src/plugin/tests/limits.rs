@@ -40,7 +40,10 @@ fn a_tenant_with_more_memory_runs_what_the_default_cannot() {
     }
     let memory = |r: Result<Verdict, PluginFailure>| r.map_err(|f| f.reason());
     let over = |limit: &str| Err(format!("plugin:memory: over its memory limit of {limit}"));
-    assert_eq!(memory(block(t.host.classify("acme", "grow", &ctx(), &outcome(409)))), over("16 MiB (plugins.memory_limit_mib)"));
+    assert_eq!(
+        memory(block(t.host.classify("acme", "grow", &ctx(), &outcome(409)))),
+        over("16 MiB (plugins.memory_limit_mib)")
+    );
     assert_eq!(block(t.host.classify("big", "grow", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
     // The tenant's cap holds too: past 48 MiB it fails like the default.
     t.host.install_blocking("big", "bigger", &grower(800)).unwrap();
