@@ -327,7 +327,7 @@ impl PluginHost {
         let installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
         let prune = self.plan_storage(tenant, name, &incoming)?;
         if record.is_some() {
-            self.record_version(tenant, name, &plugin.sha256, bytes)?;
+            self.record_version(tenant, name, (&plugin.sha256, bytes), false)?;
         }
         write_atomically(&dir, &format!("{name}.wasm"), bytes)?;
         for old in prune {

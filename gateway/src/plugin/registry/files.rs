@@ -167,7 +167,7 @@ impl PluginHost {
                 // A file dropped in or changed on disk is a version like an upload's, so
                 // that `version` and `…/versions` say what serves (bytes already stored, as
                 // after a rollback or at a restart, are that version again).
-                let version = self.record_reloaded_version(tenant, name, &plugin.sha256, &bytes);
+                let version = self.record_version(tenant, name, (&plugin.sha256, &bytes), true);
                 let version = version.inspect_err(|e| {
                     tracing::warn!(tenant, plugin = name, error = %e, "cannot record the reloaded plugin as a version");
                 });
