@@ -9,7 +9,8 @@
 // writes to Herald's log (objects as JSON), and `herald`: `log(level, message)`,
 // `config(key)`, `text(bytes)`, `bytes(text)`. Data follows the WIT as types/ shows it:
 // records are objects with camelCase fields, `list<u8>` is a Uint8Array (a body may also
-// be returned as a string, sent as UTF-8), variants are `{ tag, val }`.
+// be returned as a string, sent as UTF-8, or as any other view of bytes: a typed array, a
+// DataView or an ArrayBuffer, of any realm), variants are `{ tag, val }`.
 //
 // What a hook returns is checked here, field by field, before it is handed to Herald: a
 // value its WIT type cannot hold is refused with a HookFailure naming the field, which
@@ -32,7 +33,9 @@ export class HookFailure extends Error {
     super(message);
     this.name = 'HookFailure';
     this.kind = kind;
-    this.reason = `plugin:${kind.replace('-', '_')}: ${message}`;
+    const reason = `plugin:${kind.replaceAll('-', '_')}`;
+    // Herald records an output over its cap without a message, as it does a component's.
+    this.reason = kind === 'output-too-large' ? reason : `${reason}: ${message}`;
   }
 }
 
@@ -57,7 +60,8 @@ export function show(value) {
 
 /**
  * Evaluates `source` once and returns its hooks, given `host`:
- * `{ log(level, message), getConfig(key) }`, `decode(bytes)`, `encode(text)`.
+ * `{ log(level, message), getConfig(key) }`, `decode(bytes)`, `encode(text)`, and
+ * `maxOutputBytes`, Herald's output cap (none when undefined).
  * Every hook returns what its WIT type holds, or throws: a string (the `error` result of
  * `transform` and `sign`) or a HookFailure.
  */
@@ -140,14 +144,40 @@ function transformResult(out, host) {
   return { tag: 'send', val: requestOf(out, 'transform: request', host) };
 }
 
-// A request whose body is a Uint8Array or a string (UTF-8).
+// A request whose body is a string (UTF-8) or bytes.
 function requestOf(req, field, host) {
   if (!isObject(req)) throw invalid(`${field} must be { headers, body }, got ${kindOf(req)}`);
   const headers = headersOf(req.headers, `${field}.headers`);
-  const body = req.body;
-  if (typeof body === 'string') return { headers, body: host.encode(body) };
-  if (body instanceof Uint8Array) return { headers, body };
-  throw invalid(`${field}.body must be a string or a Uint8Array, got ${kindOf(body)}`);
+  return { headers, body: bytesOf(req.body, `${field}.body`, host) };
+}
+
+// A body as the Uint8Array Herald sends: a string's UTF-8, or the bytes of a Uint8Array,
+// any other typed array or DataView, or an ArrayBuffer. Of any realm: `instanceof` is not
+// asked, as the runtime's own bindings hand `req.body` over as a Uint8Array of another
+// realm (passing it through was refused as "got Uint8Array"). Over the output cap is
+// refused before anything is copied or encoded: a string's UTF-8 has at least one byte a
+// UTF-16 unit, and encoding 8 MiB took longer than a call's whole budget.
+function bytesOf(body, field, host) {
+  const cap = host.maxOutputBytes;
+  const over = (size, what) => {
+    if (cap !== undefined && size > cap) {
+      throw new HookFailure('output-too-large', `${field} is ${what} of ${size}, over the output cap of ${cap} bytes`);
+    }
+  };
+  if (typeof body === 'string') {
+    over(body.length, 'a string of UTF-16 units');
+    return host.encode(body);
+  }
+  let bytes;
+  if (body instanceof Uint8Array) bytes = body;
+  else if (ArrayBuffer.isView(body)) bytes = new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
+  else if (['[object ArrayBuffer]', '[object SharedArrayBuffer]'].includes(Object.prototype.toString.call(body))) {
+    bytes = new Uint8Array(body);
+  } else {
+    throw invalid(`${field} must be a string or bytes (a Uint8Array, another typed array, a DataView or an ArrayBuffer), got ${kindOf(body)}`);
+  }
+  over(bytes.byteLength, 'bytes');
+  return bytes;
 }
 
 // A list of [name, value] pairs of strings.
@@ -197,11 +227,22 @@ function pluginInfo(info, field) {
   }
   if (!isObject(info.hooks)) throw invalid(`${field}.hooks must be { transform, classify, sign }, got ${kindOf(info.hooks)}`);
   const hooks = Object.fromEntries(HOOKS.map((h) => [h, Boolean(info.hooks[h])]));
+  const [name, version] = [cut(info.name), cut(info.version)];
   const statuses = info.classifyStatuses;
-  if (statuses === undefined || statuses === null) return { name: info.name, version: info.version, hooks, classifyStatuses: undefined };
+  if (statuses === undefined || statuses === null) return { name, version, hooks, classifyStatuses: undefined };
   if (!Array.isArray(statuses)) throw invalid(`${field}.classifyStatuses must be a list of HTTP statuses, got ${kindOf(statuses)}`);
   const list = statuses.map((s, i) => whole(s, 0xffff, `${field}.classifyStatuses[${i}]`));
-  return { name: info.name, version: info.version, hooks, classifyStatuses: list };
+  return { name, version, hooks, classifyStatuses: list };
+}
+
+// A name or version as Herald keeps it: at most 128 bytes (cut here to 128 UTF-16 units,
+// never inside a pair, and by Herald to 128 bytes), so an over-long one is cut, not
+// refused (handing 8 MiB to Herald took longer than a call's budget).
+const MAX_NAME = 128;
+function cut(text) {
+  if (text.length <= MAX_NAME) return text;
+  const end = text.charCodeAt(MAX_NAME - 1) >= 0xd800 && text.charCodeAt(MAX_NAME - 1) <= 0xdbff ? MAX_NAME - 1 : MAX_NAME;
+  return text.slice(0, end);
 }
 
 function whole(n, max, field) {

@@ -2,7 +2,7 @@
 // componentize-js, world `herald:plugin/js-runtime` of wit/js.wit) that exports the
 // `herald:plugin` hooks and runs them by evaluating a tenant's plugin source, read from the
 // `js-source` import once per instance. What a plugin sees: plugin-host.js.
-import { source } from 'herald:plugin/js-source@0.1.0';
+import { source, maxOutputBytes } from 'herald:plugin/js-source@0.1.0';
 import { fail } from 'herald:plugin/js-failure@0.1.0';
 import { log, getConfig } from 'herald:plugin/host@0.1.0';
 import { evaluate, HookFailure } from './plugin-host.js';
@@ -13,7 +13,10 @@ const host = { log, getConfig, decode: (bytes) => decoder.decode(bytes), encode:
 let plugin = null;
 
 function loaded() {
-  if (plugin === null) plugin = evaluate(source(), host);
+  if (plugin === null) {
+    host.maxOutputBytes = maxOutputBytes();
+    plugin = evaluate(source(), host);
+  }
   return plugin;
 }
 

@@ -19,9 +19,13 @@
 //
 //   assert.throws(() => plugin.transform(context(), request({})), { reason: /^plugin:invalid_output/ });
 //
+// A body over Herald's output cap (`maxOutputBytes`, 4 MiB unless you say) throws a
+// HookFailure whose reason is `plugin:output_too_large`, as in Herald.
+//
 // What Herald adds and this does not: the time and memory limits, the header syntax and
-// size caps, the sandbox, and the line and column of an error (node's engine does not
-// say them for a plugin's source); check those with `herald plugin run`.
+// the cap on headers and body together, the sandbox, and the line and column of an error
+// (node's engine does not say them for a plugin's source); check those with
+// `herald plugin run`.
 import { readFileSync } from 'node:fs';
 import { evaluate } from './plugin-host.js';
 
@@ -38,9 +42,10 @@ const decoder = new TextDecoder();
  * at upload (it does not evaluate, defines no hook, or describes itself wrongly) throws a
  * HookFailure here.
  */
-export function load(path, { config = {} } = {}) {
+export function load(path, { config = {}, maxOutputBytes = 4 << 20 } = {}) {
   const logs = [];
   const host = {
+    maxOutputBytes,
     log: (level, message) => logs.push([level, message]),
     getConfig: (key) => (Object.hasOwn(config, key) ? String(config[key]) : undefined),
     decode: (bytes) => decoder.decode(bytes),

@@ -490,7 +490,8 @@ impl RawConfig {
         if self.server.max_payload_bytes == 0 {
             return Err(invalid("server.max_payload_bytes", "must be at least 1"));
         }
-        let plugins = self.plugins.validate(self.delivery.max_in_flight_total)?;
+        let data_dir = plugins::data_dir(&self.store.url);
+        let plugins = self.plugins.validate(self.delivery.max_in_flight_total, &data_dir)?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }

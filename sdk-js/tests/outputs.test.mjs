@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { runInNewContext } from 'node:vm';
 import { load, context, request, response, text, HookFailure } from '../testing.mjs';
 
 const { cases } = JSON.parse(readFileSync(new URL('./outputs.json', import.meta.url), 'utf8'));
@@ -56,4 +57,22 @@ test('a source that does not evaluate is refused at load as an error', () => {
 test('a thrown transform error is the error result, a string', () => {
   const p = plugin("function transform() { throw new Error('no thanks'); }");
   assert.throws(() => p.transform(context(), request({})), (e) => e === 'Error: no thanks');
+});
+
+test("a body of another realm is sent as its bytes, as in Herald (whose runtime hands req.body over so)", () => {
+  const p = plugin('function transform(ctx, req) { return { headers: req.headers, body: req.body }; }');
+  for (const source of ['new Uint8Array([104, 105])', 'new DataView(new Uint8Array([0, 104, 105]).buffer, 1)', 'new Uint8Array([104, 105]).buffer']) {
+    const body = runInNewContext(source);
+    assert.ok(!(body instanceof Uint8Array), source);
+    const out = p.transform(context(), { headers: [], body });
+    assert.ok(out.val.body instanceof Uint8Array, source);
+    assert.equal(text(out.val.body), 'hi', source);
+  }
+});
+
+test('an over-long name is cut to 128, never inside a pair, as Herald keeps it', () => {
+  const p = plugin("const plugin = { name: 'n'.repeat(8 << 20), version: 'x'.repeat(127) + '\\u{1F600}' };\nfunction transform(ctx, req) { return req; }");
+  const info = p.describe();
+  assert.equal(info.name, 'n'.repeat(128));
+  assert.equal(info.version, 'x'.repeat(127));
 });

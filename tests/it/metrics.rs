@@ -217,7 +217,7 @@ fn dashboard_and_alert_rules_use_only_exported_series() -> anyhow::Result<()> {
 fn exported_names() -> BTreeSet<String> {
     let m = Metrics::new();
     m.tenant("t", EndpointKind::Http).settled(DeliveryState::Delivered, None);
-    m.plugin_failed("t", "p", Hook::Transform, &PluginFailure::Timeout);
+    m.plugin_failed("t", "p", Hook::Transform, &PluginFailure::Timeout(String::new()));
     m.outbox.source("s");
     let t = TenantId::from_stored("t");
     m.set_snapshot(Snapshot {

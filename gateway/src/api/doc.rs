@@ -53,7 +53,8 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// 409: a replay selects dead letters of a paused or disabled endpoint.
     EndpointNotActive,
-    /// 413 or 422: a plugin upload that is not a valid component.
+    /// 422: a plugin upload that is not a valid component (one over the size limit is
+    /// `payload_too_large`).
     InvalidPlugin,
     /// 422: the tenant holds as many plugins as it may.
     PluginLimit,

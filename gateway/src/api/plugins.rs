@@ -30,12 +30,16 @@ pub(crate) struct PluginOut {
     classify_statuses: Option<Vec<u16>>,
     /// RFC 3339.
     loaded_at: Option<String>,
+    /// Milliseconds loading the serving version took: compiling (or mapping the compiled
+    /// copy), instantiating, `describe` (for JavaScript, evaluating the source). The
+    /// upload or reload pays it; a call's duration does not include it.
+    load_ms: Option<f64>,
     /// Being loaded in the background; bound deliveries wait.
     loading: bool,
     /// Why the newest file is not serving (the previous version keeps serving).
     error: Option<String>,
-    /// The stored version that serves (see `…/versions`); null for a file the operator
-    /// dropped in directly.
+    /// The stored version that serves (see `…/versions`): an upload's, or the one a file
+    /// the operator dropped in was recorded as when it loaded; null while none serves.
     version: Option<u32>,
 }
 
@@ -66,6 +70,7 @@ pub(super) fn view(p: &PluginInfo) -> PluginOut {
         plugin_version: p.plugin_version.clone(),
         classify_statuses: p.classify_statuses.clone(),
         loaded_at,
+        load_ms: p.load_time.map(|d| (d.as_micros() / 100) as f64 / 10.0),
         loading: p.loading,
         error: p.error.clone(),
         version: p.version,
@@ -88,13 +93,11 @@ impl From<PluginError> for ApiError {
         if let PluginError::TenantLimit { .. } = e {
             return ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::PluginLimit, e.to_string());
         }
+        if let PluginError::TooLarge { .. } = e {
+            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, e.to_string());
+        }
         if e.is_client_error() {
-            let status = if matches!(e, PluginError::TooLarge { .. }) {
-                StatusCode::PAYLOAD_TOO_LARGE
-            } else {
-                StatusCode::UNPROCESSABLE_ENTITY
-            };
-            ApiError::new(status, ErrorCode::InvalidPlugin, e.to_string())
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidPlugin, e.to_string())
         } else {
             tracing::error!(error = %e, "plugin install failed");
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::PluginUnavailable, e.to_string())
@@ -126,7 +129,7 @@ pub(crate) async fn upload(
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::InvalidPlugin,
+            ErrorCode::PayloadTooLarge,
             format!("plugin is over the limit of {limit} bytes ({key})"),
         )
     };

@@ -1,6 +1,6 @@
 //! `[plugins]`: the plugin host's settings, with `[plugins.tenant.<tenant>]` limits.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::{ConfigError, RawPlugins, RawTenantPlugins, duration, invalid, raw};
 use crate::plugin::{PluginConfig, PluginValues, StructureLimits, TenantLimitOverrides, TenantLimits, is_slug};
@@ -10,18 +10,20 @@ const MAX_MEMORY_MIB: u32 = 4096;
 
 impl RawPlugins {
     /// The plugin host's settings; `max_in_flight_total` sizes the instance pool when
-    /// `max_instances` is 0.
-    pub(super) fn validate(self, max_in_flight_total: u32) -> Result<PluginConfig, ConfigError> {
+    /// `max_instances` is 0; `dir` and `cache_dir`, when unset, are `plugins.d` and
+    /// `plugins.cache` in `data_dir`.
+    pub(super) fn validate(self, max_in_flight_total: u32, data_dir: &Path) -> Result<PluginConfig, ConfigError> {
         if self.max_plugins_per_tenant == 0 || self.max_tenant_bytes < self.max_plugin_bytes {
             return Err(invalid(
                 "plugins.max_tenant_bytes",
                 "a tenant must fit at least one plugin (max_plugins_per_tenant >= 1, max_tenant_bytes >= max_plugin_bytes)",
             ));
         }
-        if self.cache_dir.is_empty() {
-            return Err(invalid("plugins.cache_dir", "must name a directory (outside plugins.dir)"));
-        }
-        let mut c = PluginConfig::new(self.dir);
+        let beside_data = |set: &str, default: &str| match set {
+            "" => data_dir.join(default),
+            set => PathBuf::from(set),
+        };
+        let mut c = PluginConfig::new(beside_data(&self.dir, "plugins.d"));
         c.call_timeout = duration("plugins.call_timeout", &self.call_timeout)?;
         c.call_timeout_per_mib = duration("plugins.call_timeout_per_mib", &self.call_timeout_per_mib)?;
         c.memory_limit = (self.memory_limit_mib as usize) << 20;
@@ -34,7 +36,7 @@ impl RawPlugins {
             max_functions: self.max_functions as usize,
             max_modules: self.max_modules as usize,
         };
-        c.cache_dir = Some(PathBuf::from(self.cache_dir));
+        c.cache_dir = Some(beside_data(&self.cache_dir, "plugins.cache"));
         c.compile_concurrency = self.compile_concurrency.max(1) as usize;
         c.compile_timeout = duration("plugins.compile_timeout", &self.compile_timeout)?;
         c.compile_memory = u64::from(self.compile_memory_mib) << 20;
@@ -55,6 +57,19 @@ impl RawPlugins {
             fits_one(tenant, &c.limits(tenant))?;
         }
         Ok(c)
+    }
+}
+
+/// Where the node keeps its data, for the plugin directories' defaults: the directory of
+/// an SQLite file (`sqlite:///var/lib/herald/herald.db`: `/var/lib/herald`), else (a
+/// file in the working directory, or Postgres, whose data is elsewhere) the working
+/// directory.
+pub(super) fn data_dir(store_url: &str) -> PathBuf {
+    let path = store_url.strip_prefix("sqlite://").or_else(|| store_url.strip_prefix("sqlite:"));
+    let path = path.map(|p| p.split('?').next().unwrap_or_default()).unwrap_or_default();
+    match Path::new(path).parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
     }
 }
 

@@ -233,6 +233,7 @@ impl Default for RawEndpointDefaults {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawPlugins {
+    /// Empty: `plugins.d` beside the data (see `config::plugins`).
     pub dir: String,
     pub call_timeout: String,
     pub call_timeout_per_mib: String,
@@ -244,6 +245,7 @@ pub struct RawPlugins {
     pub max_function_bytes: u64,
     pub max_functions: u32,
     pub max_modules: u32,
+    /// Empty: `plugins.cache` beside the data.
     pub cache_dir: String,
     pub compile_concurrency: u32,
     pub compile_timeout: String,
@@ -289,7 +291,7 @@ pub type PerPlugin =
 impl Default for RawPlugins {
     fn default() -> Self {
         Self {
-            dir: "plugins.d".into(),
+            dir: String::new(),
             call_timeout: "10ms".into(),
             call_timeout_per_mib: "100ms".into(),
             memory_limit_mib: 16,
@@ -300,7 +302,7 @@ impl Default for RawPlugins {
             max_function_bytes: 512 << 10,
             max_functions: 20_000,
             max_modules: 16,
-            cache_dir: "plugins.cache".into(),
+            cache_dir: String::new(),
             compile_concurrency: 1,
             compile_timeout: "20s".into(),
             compile_memory_mib: 512,

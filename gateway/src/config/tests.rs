@@ -239,3 +239,18 @@ fn bad_tenant_plugin_limits_name_the_key() {
     let err = load("[plugins.tenant.acme]\nmax_tenant_bytes = 1000\n", &[]).unwrap_err().to_string();
     assert!(err.contains("must fit at least one plugin"), "{err}");
 }
+
+#[test]
+fn the_plugin_directories_default_to_beside_the_data() {
+    let dirs = |toml: &str| {
+        let p = load(toml, &[]).unwrap().plugins;
+        (p.dir, p.cache_dir.unwrap_or_default())
+    };
+    let beside = |dir: &str| (Path::new(dir).join("plugins.d"), Path::new(dir).join("plugins.cache"));
+    assert_eq!(dirs("[store]\nurl = \"sqlite:///var/lib/herald/herald.db?mode=rwc\"\n"), beside("/var/lib/herald"));
+    assert_eq!(dirs("[store]\nurl = \"sqlite://data/herald.db\"\n"), beside("data"));
+    assert_eq!(dirs(""), beside("."), "sqlite://herald.db is in the working directory");
+    assert_eq!(dirs("[store]\nurl = \"postgres://h/db\"\n"), beside("."));
+    let set = "[plugins]\ndir = \"/srv/p\"\ncache_dir = \"/srv/c\"\n[store]\nurl = \"sqlite:///d/h.db\"\n";
+    assert_eq!(dirs(set), (PathBuf::from("/srv/p"), PathBuf::from("/srv/c")));
+}

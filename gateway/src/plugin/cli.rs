@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use base64::Engine as _;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::js::{Source, detect};
@@ -103,16 +104,16 @@ pub fn run_hook_file(path: &Path, config: &PluginConfig, hook: &str, input_json:
     let mut logs = LogCapture::new();
     let result = match hook {
         Hook::Transform => {
-            let req = request(input.get("request"))?;
+            let req = request(input.get("request"), raw_body(input_json, "request"))?;
             plugin.transform(&ctx, &req, Some(&mut logs)).map(transform_json)
         }
         Hook::Classify => {
-            let outcome = outcome(input.get("outcome"))?;
+            let outcome = outcome(input.get("outcome"), raw_body(input_json, "outcome"))?;
             plugin.classify(&ctx, &outcome, Some(&mut logs)).map(verdict_json)
         }
         Hook::Sign => {
             let secrets = secrets(input.get("secrets"))?;
-            let req = request(input.get("request"))?;
+            let req = request(input.get("request"), raw_body(input_json, "request"))?;
             plugin.sign(&ctx, &secrets, &req, Some(&mut logs)).map(|headers| json!({ "headers": headers }))
         }
     };
@@ -142,7 +143,20 @@ fn load(
             "{looked}: build it with scripts/build-js-runtime, or set HERALD_PLUGINS_JS_RUNTIME"
         )));
     }
+    if let Some(notice) = compile_notice(runtime, bytes) {
+        eprintln!("{notice}");
+    }
     runtime.load(tenant, "cli", bytes, config)
+}
+
+/// What the CLI says before a load that compiles the JavaScript runtime, which takes
+/// seconds of silence otherwise (tens of them on a small machine): JavaScript whose
+/// runtime has no compiled copy yet. Said once, as the compiled copy is kept.
+pub(super) fn compile_notice(runtime: &Runtime, bytes: &[u8]) -> Option<&'static str> {
+    let js = matches!(detect(bytes), Ok(Source::Js(_)));
+    (js && !runtime.is_cached(bytes)).then_some(
+        "compiling Herald's JavaScript runtime (once, kept for later runs; a minute or more on a small machine)",
+    )
 }
 
 fn context(v: Option<&Value>) -> Result<DeliveryContext, PluginError> {
@@ -194,7 +208,37 @@ fn headers(v: Option<&Value>) -> Result<Vec<(String, String)>, PluginError> {
     }
 }
 
-fn body(obj: &Map<String, Value>) -> Result<Vec<u8>, PluginError> {
+/// The JSON text of `<field>.body` in `input` as written: a body given as JSON reaches the
+/// plugin with its keys in the order written (a `Value` sorts them), as the server sends
+/// an event's payload.
+fn raw_body<'a>(input: &'a str, field: &str) -> Option<&'a RawValue> {
+    let top: HashMap<String, &RawValue> = serde_json::from_str(input).ok()?;
+    let inner: HashMap<String, &RawValue> = serde_json::from_str(top.get(field)?.get()).ok()?;
+    inner.get("body").copied()
+}
+
+/// JSON text without the whitespace between its tokens (strings kept as they are).
+fn compact(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+        } else if !c.is_ascii_whitespace() {
+            in_string = c == '"';
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn body(obj: &Map<String, Value>, raw: Option<&RawValue>) -> Result<Vec<u8>, PluginError> {
     if let Some(b64) = obj.get("body_base64").and_then(Value::as_str) {
         return base64::engine::general_purpose::STANDARD
             .decode(b64)
@@ -203,21 +247,21 @@ fn body(obj: &Map<String, Value>) -> Result<Vec<u8>, PluginError> {
     Ok(match obj.get("body") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => s.as_bytes().to_vec(),
-        Some(other) => other.to_string().into_bytes(),
+        Some(other) => raw.map_or_else(|| other.to_string(), |raw| compact(raw.get())).into_bytes(),
     })
 }
 
-fn request(v: Option<&Value>) -> Result<Request, PluginError> {
+fn request(v: Option<&Value>, raw: Option<&RawValue>) -> Result<Request, PluginError> {
     let empty = Map::new();
     let obj = match v {
         None => &empty,
         Some(Value::Object(o)) => o,
         Some(_) => return Err(PluginError::Input("request must be an object".into())),
     };
-    Ok(Request { headers: headers(obj.get("headers"))?, body: body(obj)? })
+    Ok(Request { headers: headers(obj.get("headers"))?, body: body(obj, raw)? })
 }
 
-fn outcome(v: Option<&Value>) -> Result<Outcome, PluginError> {
+fn outcome(v: Option<&Value>, raw: Option<&RawValue>) -> Result<Outcome, PluginError> {
     let Some(Value::Object(obj)) = v else {
         return Err(PluginError::Input("classify needs an \"outcome\" object".into()));
     };
@@ -241,7 +285,7 @@ fn outcome(v: Option<&Value>) -> Result<Outcome, PluginError> {
         .and_then(Value::as_u64)
         .and_then(|s| u16::try_from(s).ok())
         .ok_or_else(|| PluginError::Input("outcome needs a \"status\" or a \"transport_error\"".into()))?;
-    let mut body = body(obj)?;
+    let mut body = body(obj, raw)?;
     body.truncate(1024);
     Ok(Outcome::Response(Response { status, headers: headers(obj.get("headers"))?, body }))
 }

@@ -94,9 +94,14 @@ pub(crate) fn describe_failed(f: PluginFailure) -> PluginError {
 /// for a component plugin, which never imports it), and `js-failure`, which ends the call
 /// with a [`JsFailure`].
 pub(super) fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    linker.instance(SOURCE_IMPORT)?.func_wrap("source", |store, (): ()| {
+    let mut source = linker.instance(SOURCE_IMPORT)?;
+    source.func_wrap("source", |store, (): ()| {
         let state: &HostState = store.data();
         Ok((state.js_source.as_deref().unwrap_or_default().to_string(),))
+    })?;
+    source.func_wrap("max-output-bytes", |store, (): ()| {
+        let state: &HostState = store.data();
+        Ok((u32::try_from(state.max_host_bytes).unwrap_or(u32::MAX),))
     })?;
     linker.instance(FAILURE_IMPORT)?.func_wrap("fail", |_store, (kind, message): (FailureKind, String)| {
         Err::<(), _>(wasmtime::Error::new(JsFailure { kind, message }))

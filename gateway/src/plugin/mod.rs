@@ -20,8 +20,8 @@
 //! included; the output checks and failure mapping in `output`), on a pool of dedicated
 //! threads (`pool`) where tenants take turns and none holds every thread; a call past 1 ms
 //! of CPU continues at `SCHED_IDLE`, so anything else on the node preempts it. Warm
-//! instances are reused per plugin version (dropped when idle, so an unused plugin holds no
-//! pool slot), each with its WASI context built once and per-call inputs (timestamp,
+//! instances are reused per plugin version, the load's own kept so a first call does not
+//! instantiate (dropped when idle, so an unused plugin holds no pool slot for long), each with its WASI context built once and per-call inputs (timestamp,
 //! attempt-seeded random) in a shared cell (`sandbox`); an epoch ticker sleeps while no
 //! call runs (`ticker`). `classify` is called only for the statuses a plugin declares in
 //! `describe`; each loaded version carries its tenant's limits (`[plugins.tenant.<tenant>]`

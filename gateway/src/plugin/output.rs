@@ -28,6 +28,8 @@ pub(super) enum FailureKind {
     InvalidOutput,
     #[component(name = "error")]
     Error,
+    #[component(name = "output-too-large")]
+    OutputTooLarge,
 }
 
 /// A call the runtime ended through `fail`: the error its trap carries.
@@ -45,6 +47,7 @@ impl JsFailure {
         match self.kind {
             FailureKind::InvalidOutput => PluginFailure::InvalidOutput(message),
             FailureKind::Error => PluginFailure::Guest(message),
+            FailureKind::OutputTooLarge => PluginFailure::OutputTooLarge,
         }
     }
 }
@@ -64,7 +67,7 @@ impl std::error::Error for HostBytesExhausted {}
 
 pub(super) fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> PluginFailure {
     if memory_exceeded {
-        return PluginFailure::Memory;
+        return PluginFailure::Memory(String::new());
     }
     // `exit()` in a guest (Rust's `std::process::exit`, or the abort after a panic on
     // some toolchains) is the guest ending the call: a trap with its status.
@@ -83,7 +86,7 @@ pub(super) fn failure_from(err: &wasmtime::Error, memory_exceeded: bool) -> Plug
         return PluginFailure::OutputTooLarge;
     }
     match err.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => PluginFailure::Timeout,
+        Some(Trap::Interrupt) => PluginFailure::Timeout(String::new()),
         Some(Trap::StackOverflow) => PluginFailure::Trap("stack overflow".to_string()),
         Some(trap) => PluginFailure::Trap(truncate(trap.to_string(), 200)),
         // Not a trap: the canonical ABI refused what the guest handed back (bad

@@ -327,7 +327,7 @@ impl PluginHost {
         let installing = self.inner.installing.lock().unwrap_or_else(|e| e.into_inner());
         let prune = self.plan_storage(tenant, name, &incoming)?;
         if record.is_some() {
-            self.record_version(tenant, name, &plugin.sha256, bytes)?;
+            self.record_version(tenant, name, (&plugin.sha256, bytes), false)?;
         }
         write_atomically(&dir, &format!("{name}.wasm"), bytes)?;
         for old in prune {
@@ -503,6 +503,7 @@ fn info(tenant: &str, name: &str, slot: &Slot) -> PluginInfo {
         plugin_version: current.map(|p| p.plugin_version.clone()).unwrap_or_default(),
         classify_statuses: current.and_then(|p| p.classify_statuses.clone()),
         loaded_at: current.map(|p| p.loaded_at),
+        load_time: current.map(|p| p.load_time),
         loading: slot.loading,
         error: slot.error.clone(),
         version: None,

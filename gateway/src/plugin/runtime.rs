@@ -22,9 +22,10 @@
 //!   a leaky plugin accumulates in its own heap.
 //!
 //! Warm instances hold pooling-allocator slots, so they are kept only while they are
-//! used: none is kept from the `describe` call at load, one idle for `warm_idle` is
-//! dropped by the registry's sweeper, and all plugins together keep at most half the
-//! slots warm. A loaded plugin that serves no calls holds no slot, however many a
+//! used: the one the `describe` call at load ran on is kept (so the load, not the first
+//! delivery, pays for instantiating it), one idle for `warm_idle` is dropped by the
+//! registry's sweeper, and all plugins together keep at most half the slots warm. A
+//! loaded plugin that serves no calls holds no slot past `warm_idle`, however many a
 //! tenant installs.
 //!
 //! What a plugin may observe is that its globals can survive between calls of the same
@@ -63,6 +64,8 @@ pub(crate) struct Runtime {
     tenant_limits: HashMap<String, TenantLimits>,
     /// The limits of every other tenant (the global values).
     default_limits: TenantLimits,
+    /// Which tenants set which limits themselves, for naming a limit's key.
+    key_names: PluginConfig,
     structure: StructureLimits,
     compiler: Compiler,
     js: JsRuntime,
@@ -70,6 +73,19 @@ pub(crate) struct Runtime {
     warm_total: AtomicUsize,
     max_warm: usize,
     ticker: Arc<Ticker>,
+}
+
+/// What the host may copy out of a guest in one host call: the output cap, and room for
+/// the rest of a hook's result.
+fn hostcall_fuel(limits: &Limits) -> usize {
+    limits.max_output_bytes.saturating_add(64 << 10)
+}
+
+/// The config keys of a plugin's limits (its tenant's own, or the global ones).
+struct LimitKeys {
+    call_timeout: String,
+    call_timeout_per_mib: String,
+    memory: String,
 }
 
 #[derive(Clone, Copy)]
@@ -101,6 +117,7 @@ impl Runtime {
             limits,
             tenant_limits,
             default_limits: cfg.limits(""),
+            key_names: PluginConfig { tenant_limits: cfg.tenant_limits.clone(), ..PluginConfig::new("") },
             structure: cfg.structure,
             compiler,
             js,
@@ -120,6 +137,7 @@ impl Runtime {
         bytes: &[u8],
         config: HashMap<String, String>,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
+        let started = Instant::now();
         let sha256 = hex::encode(Sha256::digest(bytes));
         let limits = self.limits_of(tenant);
         let (pre, js_source, memory_limit) = match js::detect(bytes)? {
@@ -142,15 +160,28 @@ impl Runtime {
             sha256,
             size: bytes.len() as u64,
             loaded_at: crate::clock::wall(),
+            load_time: Duration::ZERO,
             warm: Mutex::new(Vec::new()),
             runs_long: AtomicBool::new(false),
-            js_source,
             memory_limit,
             call_limits: CallLimits::of(&limits),
+            limit_keys: Arc::new(self.limit_keys(tenant, js_source.is_some())),
+            js_source,
         };
         let checked = plugin.check_describe();
         checked.map_err(|e| if plugin.is_js() { js::as_js_error(e) } else { e })?;
+        plugin.load_time = started.elapsed();
         Ok(Arc::new(plugin))
+    }
+
+    /// The keys that set `tenant`'s limits, for a plugin of that kind (`js`).
+    fn limit_keys(&self, tenant: &str, js: bool) -> LimitKeys {
+        let keys = &self.key_names;
+        LimitKeys {
+            call_timeout: keys.limit_key(tenant, "call_timeout"),
+            call_timeout_per_mib: keys.limit_key(tenant, "call_timeout_per_mib"),
+            memory: keys.limit_key(tenant, if js { "js_memory_limit" } else { "memory_limit" }),
+        }
     }
 
     /// The limits of `tenant`'s plugins: its own table's, else the global values.
@@ -209,6 +240,10 @@ pub(crate) struct LoadedPlugin {
     pub(crate) sha256: String,
     pub(crate) size: u64,
     pub(crate) loaded_at: SystemTime,
+    /// How long loading it took: compiling or mapping the artifact, instantiating it and
+    /// calling `describe` (for JavaScript, evaluating the source). Paid by the upload or
+    /// the reload, reported apart from calls' durations.
+    pub(crate) load_time: Duration,
     warm: Mutex<Vec<WarmInstance>>,
     /// The last call used more than `pool::DEMOTE_AFTER` of CPU.
     runs_long: AtomicBool,
@@ -218,6 +253,8 @@ pub(crate) struct LoadedPlugin {
     memory_limit: usize,
     /// Its tenant's time budget.
     call_limits: CallLimits,
+    /// The config keys of its limits, for the failures that hit them.
+    limit_keys: Arc<LimitKeys>,
 }
 
 struct WarmInstance {
@@ -240,13 +277,23 @@ impl LoadedPlugin {
             timestamp: 0,
             attempt_id: "load".to_string(),
         };
-        let info =
-            self.call(&load_ctx, None, 0, |b, store| b.call_describe(store)).map_err(|f| match self.is_js() {
-                true => js::describe_failed(f),
-                false => PluginError::Rejected(format!("describe failed: plugin:{f}")),
-            })?;
-        // Loading is not a use: keep no slot for a plugin nobody calls yet.
-        self.drop_warm(|_| true);
+        // What `describe` returns is cut to 128 bytes a string below, so the host lets it
+        // copy two strings as large as the plugin's memory (a name and a version aliasing
+        // all of it), not only the output cap: an over-long name is cut, not refused.
+        let fuel = self.memory_limit.saturating_mul(2).saturating_add(64 << 10);
+        let describe = |b: &Bindings, store: &mut Store<HostState>| {
+            store.set_hostcall_fuel(fuel.max(self.runtime.limits.max_output_bytes));
+            let info = b.call_describe(&mut *store);
+            store.set_hostcall_fuel(hostcall_fuel(&self.runtime.limits));
+            info
+        };
+        let info = self.call(&load_ctx, None, 0, describe).map_err(|f| match self.is_js() {
+            true => js::describe_failed(f),
+            false => PluginError::Rejected(format!("describe failed: plugin:{f}")),
+        })?;
+        // The instance `describe` ran on stays warm (within the warm budget, until idle for
+        // `warm_idle`), so the load pays for instantiating and, for JavaScript, evaluating
+        // the source, not the first delivery.
         self.describe_as(info)?;
         Ok(())
     }
@@ -267,11 +314,13 @@ impl LoadedPlugin {
             sha256: self.sha256.clone(),
             size: self.size,
             loaded_at: self.loaded_at,
+            load_time: self.load_time,
             warm: Mutex::new(Vec::new()),
             runs_long: AtomicBool::new(self.runs_long.load(Ordering::Relaxed)),
             js_source: self.js_source.clone(),
             memory_limit: self.memory_limit,
             call_limits: self.call_limits,
+            limit_keys: Arc::clone(&self.limit_keys),
         }
     }
 
@@ -412,7 +461,8 @@ impl LoadedPlugin {
             super::pool::demote_long_call();
         }
         inst.store.data_mut().begin_call(ctx, capture);
-        inst.store.data_mut().deadline.budget = self.budget(input_bytes);
+        let budget = self.budget(input_bytes);
+        inst.store.data_mut().deadline.budget = budget;
         inst.store.set_epoch_deadline(self.call_limits.first_check_ticks);
         let result = f(&inst.bindings, &mut inst.store);
         let state = inst.store.data_mut();
@@ -427,8 +477,57 @@ impl LoadedPlugin {
                 self.recycle(inst);
                 Ok(value)
             }
-            Ok(_) => Err(PluginFailure::Memory),
-            Err(err) => Err(failure_from(&err, state.limiter.exceeded)),
+            Ok(_) => Err(self.name_limit(PluginFailure::Memory(String::new()), budget, state)),
+            Err(err) => Err(self.name_limit(failure_from(&err, state.limiter.exceeded), budget, state)),
+        }
+    }
+
+    /// A timeout or memory failure with the limit it hit and the key that sets it, as the
+    /// attempt records it: `timeout: used its CPU budget of 10ms (plugins.call_timeout)`.
+    ///
+    /// A call stopped at its deadline while it had grown its memory by half its memory
+    /// limit or more is a memory failure: it was spending its time allocating, and only
+    /// the cost of touching fresh memory (a 64 MiB heap takes more than a 10 ms budget to
+    /// fill) kept it from the cap. So an allocation loop is `memory` on any machine.
+    fn name_limit(&self, failure: PluginFailure, budget: Duration, state: &HostState) -> PluginFailure {
+        let keys = &self.limit_keys;
+        let limits = &self.call_limits;
+        // Shown to the millisecond; the part a small input adds is left out below that.
+        let budget = Duration::from_millis(budget.as_millis().try_into().unwrap_or(u64::MAX));
+        let cpu = match budget > limits.call_timeout {
+            true => format!(
+                "CPU budget of {budget:?} ({} {:?} + {} {:?} per MiB of input)",
+                keys.call_timeout, limits.call_timeout, keys.call_timeout_per_mib, limits.call_timeout_per_mib
+            ),
+            false => format!("CPU budget of {:?} ({})", limits.call_timeout, keys.call_timeout),
+        };
+        let limit = match self.memory_limit % (1 << 20) {
+            0 => format!("{} MiB", self.memory_limit >> 20),
+            _ => format!("{} bytes", self.memory_limit),
+        };
+        let grown = state.limiter.grown;
+        match failure {
+            PluginFailure::Timeout(_) if grown >= self.memory_limit / 2 => PluginFailure::Memory(format!(
+                "grew by {} MiB toward its memory limit of {limit} ({}) until its {cpu} ran out",
+                grown >> 20,
+                keys.memory
+            )),
+            PluginFailure::Timeout(_) => {
+                let mut detail = match state.deadline.stopped_on_wall {
+                    Some(wall) => {
+                        format!("stopped after {wall:.0?} of wall time, the most a call with a {cpu} may take")
+                    }
+                    None => format!("used its {cpu}"),
+                };
+                if grown >= 1 << 20 {
+                    detail.push_str(&format!(", having grown by {} MiB of its memory limit of {limit}", grown >> 20));
+                }
+                PluginFailure::Timeout(detail)
+            }
+            PluginFailure::Memory(_) => {
+                PluginFailure::Memory(format!("over its memory limit of {limit} ({})", keys.memory))
+            }
+            other => other,
         }
     }
 
@@ -451,7 +550,7 @@ impl LoadedPlugin {
         // result of a hook: strings and lists, aliased or not) is bounded by the output
         // cap, not by wasmtime's default of 128 MiB: a guest returning many aliases of
         // one buffer is refused after copying at most the cap.
-        store.set_hostcall_fuel(self.runtime.limits.max_output_bytes.saturating_add(64 << 10));
+        store.set_hostcall_fuel(hostcall_fuel(&self.runtime.limits));
         let limits = self.call_limits;
         store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(limits.call_timeout)));
         store.data_mut().deadline.start();
@@ -459,7 +558,10 @@ impl LoadedPlugin {
         match self.pre.instantiate(&mut store) {
             Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0, idle_since: Instant::now() }),
             Err(err) if is_pool_exhausted(&err) => Err(PluginFailure::Busy),
-            Err(err) => Err(failure_from(&err, store.data().limiter.exceeded)),
+            Err(err) => {
+                let state = store.data();
+                Err(self.name_limit(failure_from(&err, state.limiter.exceeded), limits.call_timeout, state))
+            }
         }
     }
 

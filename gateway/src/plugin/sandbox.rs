@@ -77,7 +77,7 @@ impl HostState {
             wasi: wasi_context(&inputs),
             table: ResourceTable::new(),
             inputs,
-            limiter: MemoryLimiter { limit: memory_limit, exceeded: false },
+            limiter: MemoryLimiter { limit: memory_limit, exceeded: false, grown: 0 },
             config: Arc::clone(config),
             tenant: Arc::clone(tenant),
             plugin: Arc::clone(plugin),
@@ -109,6 +109,7 @@ impl HostState {
         self.host_bytes = 0;
         self.capture = capture;
         self.limiter.exceeded = false;
+        self.limiter.grown = 0;
     }
 
     pub(super) fn end_call(&mut self) {
@@ -368,6 +369,9 @@ pub(super) struct Deadline {
     /// This call's CPU budget when it is larger than `call_timeout` (a call with a
     /// large input gets more, see `PluginConfig::call_timeout_per_mib`).
     pub(super) budget: Duration,
+    /// The wall time after which the call was stopped for running that long (not for
+    /// having spent its CPU budget), if it was: its timeout says so.
+    pub(super) stopped_on_wall: Option<Duration>,
 }
 
 impl Deadline {
@@ -375,6 +379,7 @@ impl Deadline {
         self.started = Some(Instant::now());
         self.cpu_start = thread_cpu_time();
         self.long = false;
+        self.stopped_on_wall = None;
     }
 
     /// Whether the call (so far) has used [`DEMOTE_AFTER`] of CPU.
@@ -386,6 +391,7 @@ impl Deadline {
         let call_timeout = call_timeout.max(self.budget);
         let wall = self.started.map(|s| s.elapsed()).unwrap_or(Duration::MAX);
         if wall >= call_timeout.saturating_mul(if pool::demoted() { 100 } else { 10 }) {
+            self.stopped_on_wall = Some(wall);
             return UpdateDeadline::Interrupt;
         }
         let (Some(start), Some(now)) = (self.cpu_start, thread_cpu_time()) else {
@@ -424,16 +430,19 @@ pub(super) fn thread_cpu_time() -> Option<Duration> {
 /// Caps linear memory and remembers that the cap was hit, so that the trap a guest
 /// raises after a failed allocation is reported as `memory`, not as a generic trap.
 pub(super) struct MemoryLimiter {
-    limit: usize,
+    pub(super) limit: usize,
     pub(super) exceeded: bool,
+    /// Bytes of memory the current call (or instantiation) grew by.
+    pub(super) grown: usize,
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.limit {
             self.exceeded = true;
             return Ok(false);
         }
+        self.grown = self.grown.saturating_add(desired.saturating_sub(current));
         Ok(true)
     }
 

@@ -369,6 +369,9 @@ pub struct PluginInfo {
     pub classify_statuses: Option<Vec<u16>>,
     /// When the serving version was loaded.
     pub loaded_at: Option<SystemTime>,
+    /// How long loading the serving version took (compiling or mapping it, instantiating
+    /// it, `describe`): paid once by the upload or reload, not by its first call.
+    pub load_time: Option<Duration>,
     /// The file is being loaded in the background (after a start or a file change);
     /// deliveries bound to it wait until it serves.
     pub loading: bool,
@@ -408,12 +411,14 @@ pub enum PluginFailure {
     /// The plugin does not declare that hook.
     #[error("hook_not_implemented")]
     HookNotImplemented,
-    /// The call exceeded its time budget (epoch deadline).
-    #[error("timeout")]
-    Timeout,
-    /// The instance tried to grow its memory past the cap.
-    #[error("memory")]
-    Memory,
+    /// The call exceeded its time budget (epoch deadline); the detail names the budget
+    /// and the key that sets it (empty where the budget is unknown).
+    #[error("timeout{}", detail(.0))]
+    Timeout(String),
+    /// The instance tried to grow its memory past the cap; the detail names the cap and
+    /// its key.
+    #[error("memory{}", detail(.0))]
+    Memory(String),
     /// The guest trapped (`unreachable`, out-of-bounds access, stack overflow, …).
     #[error("trap: {0}")]
     Trap(String),
@@ -437,8 +442,8 @@ impl PluginFailure {
         match self {
             PluginFailure::NotFound => "not_found",
             PluginFailure::HookNotImplemented => "hook_not_implemented",
-            PluginFailure::Timeout => "timeout",
-            PluginFailure::Memory => "memory",
+            PluginFailure::Timeout(_) => "timeout",
+            PluginFailure::Memory(_) => "memory",
             PluginFailure::Trap(_) => "trap",
             PluginFailure::OutputTooLarge => "output_too_large",
             PluginFailure::InvalidOutput(_) => "invalid_output",
@@ -467,6 +472,11 @@ impl PluginFailure {
     pub(crate) fn kind_index(&self) -> usize {
         Self::KINDS.iter().position(|k| *k == self.kind()).unwrap_or(0)
     }
+}
+
+/// `: <detail>` after a failure's kind, or nothing.
+fn detail(detail: &str) -> String {
+    if detail.is_empty() { String::new() } else { format!(": {detail}") }
 }
 
 /// Why a management operation (load, install, check, run) failed.

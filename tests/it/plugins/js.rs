@@ -147,11 +147,11 @@ async fn each_example_hook_runs_in_a_real_server(backend: Backend) -> anyhow::Re
 /// Hostile plugins of tenant `evil`, each bound to its own endpoint, and the reason its
 /// attempt is recorded with.
 const HOSTILE: [(&str, &str, &str); 4] = [
-    ("spin", "function transform(ctx, req) { for (;;) {} }", "plugin:timeout"),
+    ("spin", "function transform(ctx, req) { for (;;) {} }", "plugin:timeout: "),
     (
         "bomb",
         "function transform(ctx, req) { return { tag: 'send', val: { headers: [], body: new Uint8Array(256 << 20) } }; }",
-        "plugin:memory",
+        "plugin:memory: over its memory limit of 64 MiB (plugins.js_memory_limit_mib)",
     ),
     ("throws", "function transform(ctx, req) { throw new Error('no thanks'); }", "plugin:error: Error: no thanks"),
     (
@@ -271,7 +271,7 @@ async fn what_a_hook_returns_is_checked_alike_under_node_and_in_herald() -> anyh
     let cases = output_cases()?;
     let sdk = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sdk-js");
     let out = run(&sdk, "node", &["--test", "tests/"], &[]).await?;
-    assert!(out.contains(&format!("# pass {}", cases.len() + 2)) && out.contains("# fail 0"), "{out}");
+    assert!(out.contains(&format!("# pass {}", cases.len() + 4)) && out.contains("# fail 0"), "{out}");
 
     let (dir, bin) = (tempfile::tempdir()?, herald_binary()?.display().to_string());
     std::fs::write(dir.path().join("input.json"), CASE_INPUT)?;
@@ -334,7 +334,9 @@ async fn a_string_body_is_delivered_and_unusable_output_fails_the_attempt() -> a
         (
             "number",
             "function transform(ctx, req) { return { tag: 'send', val: { headers: req.headers, body: 42 } }; }",
-            Some("plugin:invalid_output: transform: request.body must be a string or a Uint8Array, got number"),
+            Some(
+                "plugin:invalid_output: transform: request.body must be a string or bytes (a Uint8Array, another typed array, a DataView or an ArrayBuffer), got number",
+            ),
         ),
         (
             "nothing",
@@ -461,5 +463,104 @@ async fn a_scaffolded_javascript_plugin_passes_its_test_loads_and_runs_on_its_in
     assert!(bad.is_err_and(|e| e.to_string().contains("HERALD_PLUGINS_CALL_TIMEOUT: invalid duration")));
     let again = run(dir.path(), &bin, &["plugin", "new", "--lang", "js", "shiny"], &[]).await;
     assert!(again.is_err_and(|e| e.to_string().contains("exists")));
+    Ok(())
+}
+
+/// Every shape a body can take reaches the receiver as its bytes in a real server, as
+/// under node and `herald plugin run` (`outputs.json`): the request passed through (its
+/// body a Uint8Array of the runtime's other realm, once refused as "must be a string or a
+/// Uint8Array, got Uint8Array" on every attempt), its body alone, a subarray, a DataView,
+/// another typed array, an ArrayBuffer; a string of 8 MiB is `output_too_large` (it was a
+/// `timeout`, spent encoding it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shape_of_body_is_sent_as_its_bytes_by_a_server() -> anyhow::Result<()> {
+    let gw = js_gateway().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let shapes = [
+        ("whole", "function transform(ctx, req) { return req; }", None),
+        (
+            "body",
+            "function transform(ctx, req) { return { tag: 'send', val: { headers: req.headers, body: req.body } }; }",
+            None,
+        ),
+        ("sub", "function transform(ctx, req) { return { headers: [], body: req.body.subarray(1, 3) }; }", Some("\"i")),
+        (
+            "view",
+            "function transform(ctx, req) { const b = req.body; return { headers: [], body: new DataView(b.buffer, b.byteOffset + 1, 2) }; }",
+            Some("\"i"),
+        ),
+        (
+            "wide",
+            "function transform(ctx, req) { return { headers: [], body: new Uint16Array([0x6968]) }; }",
+            Some("hi"),
+        ),
+        (
+            "buffer",
+            "function transform(ctx, req) { return { headers: [], body: new Uint8Array([104, 105]).buffer }; }",
+            Some("hi"),
+        ),
+    ];
+    let rx = FakeReceiver::start().await?;
+    for (name, source, _) in shapes {
+        let r = upload(api, "acme", name, source.as_bytes().to_vec()).await?;
+        assert_eq!(r.status, 200, "{name}: {}", r.text);
+        let endpoint = json!({"url": format!("{}{name}", rx.url()), "event_types": [name], "plugins": {"transform": name},
+            "retry": {"max_attempts": 1}, "rate_per_sec": 1000});
+        api.endpoint("acme", endpoint).await?;
+        let r = api.event("acme", json!({"id": format!("evt_{name}"), "type": name, "payload": {"n": 1}})).await?;
+        assert_eq!(r.status, 202, "{}", r.text);
+    }
+    let huge = "function transform(ctx, req) { return { headers: [], body: 'x'.repeat(8 << 20) }; }";
+    assert_eq!(upload(api, "acme", "huge", huge.as_bytes().to_vec()).await?.status, 200);
+    let endpoint = json!({"url": rx.url(), "event_types": ["huge"], "plugins": {"transform": "huge"}, "retry": {"max_attempts": 1}});
+    api.endpoint("acme", endpoint).await?;
+    api.event("acme", json!({"id": "evt_huge", "type": "huge", "payload": {}})).await?;
+
+    let got = rx.wait_for(shapes.len(), WAIT).await?;
+    for (name, _, body) in shapes {
+        let d = settled(api, "acme", &format!("evt_{name}")).await?;
+        assert_eq!(d["state"], "delivered", "{name}: {d}");
+        let sent = got.iter().find(|r| r.path.ends_with(name)).unwrap_or_else(|| panic!("{name} not received"));
+        match body {
+            Some(body) => assert_eq!(sent.body.as_ref(), body.as_bytes(), "{name}"),
+            // The envelope, as the plugin got it.
+            None => {
+                let text = String::from_utf8_lossy(&sent.body);
+                assert!(text.starts_with(&format!(r#"{{"id":"evt_{name}","type":"{name}","#)), "{name}: {text}");
+            }
+        }
+    }
+    dead_after_one_attempt(api, "acme", "evt_huge", "plugin:output_too_large").await?;
+    Ok(())
+}
+
+/// A JavaScript plugin whose `describe` names itself with 8 MiB (twice the output cap) is
+/// kept with its name cut to 128 bytes (it was refused as a whole, 422); its upload says
+/// how long loading took (`load_ms`), which its first call does not pay again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_long_name_is_cut_and_the_upload_pays_for_loading() -> anyhow::Result<()> {
+    let gw = js_gateway().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let source = "const plugin = { name: 'n'.repeat(8 << 20), version: '1.0.0' };\n\
+                  function transform(ctx, req) { return req; }";
+    let r = upload(api, "acme", "long", source.as_bytes().to_vec()).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["plugin_name"], "n".repeat(128), "{}", &r.text[..r.text.len().min(300)]);
+    assert_eq!(r.json["plugin_version"], "1.0.0");
+    let load_ms = r.json["load_ms"].as_f64().unwrap_or_default();
+    assert!(load_ms > 0.0, "the upload reports its load time: {}", &r.text[..r.text.len().min(300)]);
+
+    let rx = FakeReceiver::start().await?;
+    api.endpoint("acme", json!({"url": rx.url(), "plugins": {"transform": "long"}})).await?;
+    api.event("acme", json!({"id": "evt_1", "type": "t", "payload": {}})).await?;
+    rx.wait_for(1, WAIT).await?;
+    let p = api.get("/v1/tenants/acme/plugins/long", ADMIN_TOKEN).await?.json;
+    assert_eq!(p["load_ms"], r.json["load_ms"], "{}", p["stats"]);
+    // The first call ran on the instance the upload loaded (the source evaluated once):
+    // within twice the call budget of this node (100 ms).
+    let first = p["stats"]["p99_ms"].as_f64().unwrap_or(f64::MAX);
+    assert!(first < 200.0, "the first call took {first} ms; the load {load_ms} ms");
     Ok(())
 }

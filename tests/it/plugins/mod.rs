@@ -274,6 +274,29 @@ async fn cli_transform(path: PathBuf, event_type: &str) -> String {
     }
 }
 
+/// `herald plugin run` hands a JSON body to the plugin with its keys in the order written
+/// (they came back sorted), its strings untouched, as the server sends a payload: the
+/// hostile guest passes an ordinary event's request through unchanged.
+#[tokio::test]
+async fn plugin_run_keeps_the_order_of_a_json_bodys_keys() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("hostile.wasm");
+    std::fs::write(&path, plugin_bytes("hostile"))?;
+    std::fs::write(
+        dir.path().join("input.json"),
+        r#"{"request": {"body": {"zeta": 1, "alpha": {"y": [1, "a  b\" c"], "b": null}, "mid": 2.50}}}"#,
+    )?;
+    let bin = tests::herald_binary()?;
+    let args = ["plugin", "run", "hostile.wasm", "--hook", "transform", "--input", "input.json"];
+    let out = tokio::process::Command::new(&bin).args(args).current_dir(dir.path()).kill_on_drop(true).output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&stdout)?;
+    assert_eq!(report["result"]["body"], r#"{"zeta":1,"alpha":{"y":[1,"a  b\" c"],"b":null},"mid":2.50}"#, "{report}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_plugin_fails_its_attempts_cleanly_and_frees_its_slots() -> anyhow::Result<()> {
     let gw = TestGateway::start().await?;

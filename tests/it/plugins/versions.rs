@@ -110,3 +110,58 @@ async fn versions_pin_roll_back_under_load_and_guard_deletion(backend: Backend) 
     assert_eq!(r.json["version"], 1, "its versions went with it: {}", r.text);
     Ok(())
 }
+
+/// The versions listed for `name`: (number, current), oldest first.
+async fn listed(gw: &TestGateway, name: &str) -> anyhow::Result<Vec<(u64, bool)>> {
+    let r = gw.api.get(&format!("/v1/tenants/acme/plugins/{name}/versions"), ADMIN_TOKEN).await?;
+    let data = r.json["data"].as_array().cloned().unwrap_or_default();
+    Ok(data.iter().map(|v| (v["version"].as_u64().unwrap_or(0), v["current"] == true)).collect())
+}
+
+/// A file replaced on disk is hot-reloaded as the next version (it was served with
+/// `version: null`, and `/versions` showed the upload's v1 as not current); a file dropped
+/// in for a new plugin is its v1; bytes already stored (put back on disk) are that version
+/// again, recording nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_reload_from_disk_records_a_version() -> anyhow::Result<()> {
+    let gw = TestGateway::start().await?;
+    gw.api.tenant("acme").await?;
+    let v1 = plugin_bytes("transform_chat");
+    let v2 = tests::with_custom_section(v1.clone(), "v2");
+    let r = upload(&gw, "acme", "chat", v1.clone(), ADMIN_TOKEN).await?;
+    assert_eq!((r.status, &r.json["version"]), (200, &json!(1)), "{}", r.text);
+    let dir = gw.dir.path().join("plugins/acme");
+    let replace = |file: &str, bytes: &[u8]| -> anyhow::Result<()> {
+        let tmp = dir.join(format!("{file}.tmp"));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, dir.join(file))?;
+        Ok(())
+    };
+    let serving = |name: &'static str, sha: String| {
+        move |v: &serde_json::Value| {
+            let data = v["data"].as_array().cloned().unwrap_or_default();
+            data.iter().any(|p| p["name"] == name && p["sha256"] == sha.as_str())
+        }
+    };
+    let sha = |b: &[u8]| hex::encode(Sha256::digest(b));
+    const WAIT: Duration = Duration::from_secs(20);
+
+    replace("chat.wasm", &v2)?;
+    let list = gw.api.wait_for("/v1/tenants/acme/plugins", WAIT, serving("chat", sha(&v2))).await?;
+    let chat = list["data"].as_array().into_iter().flatten().find(|p| p["name"] == "chat").cloned();
+    assert_eq!(chat.as_ref().map(|p| &p["version"]), Some(&json!(2)), "{list}");
+    assert_eq!(listed(&gw, "chat").await?, [(1, false), (2, true)]);
+
+    // The upload's bytes put back: version 1 serves again, no version 3.
+    replace("chat.wasm", &v1)?;
+    gw.api.wait_for("/v1/tenants/acme/plugins", WAIT, serving("chat", sha(&v1))).await?;
+    assert_eq!(listed(&gw, "chat").await?, [(1, true), (2, false)]);
+
+    // A plugin that only ever existed on disk.
+    replace("dropped.wasm", &v2)?;
+    let list = gw.api.wait_for("/v1/tenants/acme/plugins", WAIT, serving("dropped", sha(&v2))).await?;
+    let dropped = list["data"].as_array().into_iter().flatten().find(|p| p["name"] == "dropped").cloned();
+    assert_eq!(dropped.as_ref().map(|p| &p["version"]), Some(&json!(1)), "{list}");
+    assert_eq!(listed(&gw, "dropped").await?, [(1, true)]);
+    Ok(())
+}

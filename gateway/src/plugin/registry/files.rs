@@ -164,7 +164,14 @@ impl PluginHost {
                     self.swap(tenant, name, Err(None));
                     return None;
                 }
-                tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, "plugin loaded");
+                // A file dropped in or changed on disk is a version like an upload's, so
+                // that `version` and `…/versions` say what serves (bytes already stored, as
+                // after a rollback or at a restart, are that version again).
+                let version = self.record_version(tenant, name, (&plugin.sha256, &bytes), true);
+                let version = version.inspect_err(|e| {
+                    tracing::warn!(tenant, plugin = name, error = %e, "cannot record the reloaded plugin as a version");
+                });
+                tracing::info!(tenant, plugin = name, sha256 = %plugin.sha256, hooks = %plugin.hooks, version = version.ok(), "plugin loaded");
                 self.swap(tenant, name, Ok(plugin));
                 None
             }

@@ -142,7 +142,7 @@ mod tests {
             stats.record(call(ms), None, Vec::new());
         }
         let logs: LogCapture = (0..30).map(|i| ("info", format!("line {i}"))).collect();
-        stats.record(call(1), Some(&PluginFailure::Timeout), logs);
+        stats.record(call(1), Some(&PluginFailure::Timeout(String::new())), logs);
         let s = stats.snapshot();
         // 101 calls: 1 ms twice, then 2 to 100 ms.
         assert_eq!((s.p50, s.p99), (Some(Duration::from_millis(50)), Some(Duration::from_millis(99))));

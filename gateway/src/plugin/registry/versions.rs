@@ -56,18 +56,25 @@ impl PluginHost {
     }
 
     /// Records `bytes` as the next version of (tenant, name), unless the newest version
-    /// has the same bytes. Returns its number. Which old versions go is decided with the
-    /// tenant's limits (see `plan_storage`).
+    /// has the same bytes, or, when `reloaded` (bytes loaded from the serving file by a hot
+    /// reload or a restart), any stored version has them (a rollback or an upload wrote
+    /// that file). Returns its number. Which old versions an upload lets go is decided
+    /// with the tenant's limits (see `plan_storage`); a reload deletes none (pinned ones
+    /// are known to the API, not here), the next upload prunes.
     pub(super) fn record_version(
         &self,
         tenant: &str,
         name: &str,
-        sha256: &str,
-        bytes: &[u8],
+        (sha256, bytes): (&str, &[u8]),
+        reloaded: bool,
     ) -> Result<u32, PluginError> {
         let files = self.version_files(tenant, name);
-        if let Some(last) = files.last().filter(|f| f.sha256 == sha256) {
-            return Ok(last.number);
+        let stored = match reloaded {
+            true => files.iter().rev().find(|f| f.sha256 == sha256),
+            false => files.last().filter(|f| f.sha256 == sha256),
+        };
+        if let Some(stored) = stored {
+            return Ok(stored.number);
         }
         let number = files.last().map_or(1, |f| f.number + 1);
         write_atomically(&self.versions_dir(tenant, name), &format!("{number}.{sha256}.wasm"), bytes)?;

@@ -38,11 +38,17 @@ fn a_tenant_with_more_memory_runs_what_the_default_cannot() {
     for tenant in ["acme", "big"] {
         t.host.install_blocking(tenant, "grow", &wasm).unwrap();
     }
-    assert_eq!(block(t.host.classify("acme", "grow", &ctx(), &outcome(409))), Err(PluginFailure::Memory));
+    let memory = |r: Result<Verdict, PluginFailure>| r.map_err(|f| f.reason());
+    let over = |limit: &str| Err(format!("plugin:memory: over its memory limit of {limit}"));
+    assert_eq!(
+        memory(block(t.host.classify("acme", "grow", &ctx(), &outcome(409)))),
+        over("16 MiB (plugins.memory_limit_mib)")
+    );
     assert_eq!(block(t.host.classify("big", "grow", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
     // The tenant's cap holds too: past 48 MiB it fails like the default.
     t.host.install_blocking("big", "bigger", &grower(800)).unwrap();
-    assert_eq!(block(t.host.classify("big", "bigger", &ctx(), &outcome(409))), Err(PluginFailure::Memory));
+    let bigger = block(t.host.classify("big", "bigger", &ctx(), &outcome(409)));
+    assert_eq!(memory(bigger), over("48 MiB (plugins.tenant.big.memory_limit_mib)"));
 }
 
 /// Runs `call` and returns what it gave and how long it took.
@@ -75,13 +81,18 @@ fn each_tenant_spins_for_its_own_budget() {
     }
     let (quick_result, quick_took) = timed(t.host.classify("quick", "spin", &ctx(), &outcome(409)));
     let (slow_result, slow_took) = timed(t.host.classify("slow", "spin", &ctx(), &outcome(409)));
-    assert_eq!((quick_result, slow_result), (Err(PluginFailure::Timeout), Err(PluginFailure::Timeout)));
+    super::assert_timeout(&quick_result, "CPU budget of 2ms (plugins.tenant.quick.call_timeout)");
+    super::assert_timeout(&slow_result, "CPU budget of 400ms (plugins.tenant.slow.call_timeout)");
     assert!(quick_took < Duration::from_millis(400), "quick ran {quick_took:?}");
     assert!(slow_took >= Duration::from_millis(400), "slow stopped after {slow_took:?}");
     // The input-size part is the tenant's too: 1 MiB of body adds quick's 300 ms.
     let big = Request { headers: vec![], body: vec![b'x'; 1 << 20] };
     let (result, took) = timed(t.host.transform("quick", "spin", &ctx(), &big));
-    assert_eq!(result, Err(PluginFailure::Timeout));
+    // The reason names both parts of the budget.
+    super::assert_timeout(
+        &result,
+        "CPU budget of 302ms (plugins.tenant.quick.call_timeout 2ms + plugins.tenant.quick.call_timeout_per_mib 300ms per MiB of input)",
+    );
     assert!(took >= Duration::from_millis(302), "a 1 MiB call stopped after {took:?}");
 }
 
