@@ -288,11 +288,6 @@ pub(super) fn demote_long_call() {
     }
 }
 
-/// Whether this thread runs at idle priority now.
-pub(super) fn demoted() -> bool {
-    matches!(PRIORITY.get(), Priority::Demoted | Priority::Stuck | Priority::Idle)
-}
-
 /// Called from a demoted call that has been starved (see [`STARVED_AFTER`]): a call
 /// thread goes back to normal priority for the rest of the call. The penalty lane stays
 /// idle.
