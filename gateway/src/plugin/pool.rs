@@ -28,9 +28,10 @@
 //! scheduler lets the running thread finish its slice (about 1.5 ms here) first. After
 //! the call the thread returns to normal priority; where that is not permitted (no
 //! `CAP_SYS_NICE` and `RLIMIT_NICE` 0, as in most containers) the thread retires and
-//! the pool starts a fresh one. A long call that has waited for a core for
-//! [`STARVED_AFTER`] times its budget without using it (a busy machine gives idle threads
-//! next to nothing) returns to normal priority for the rest of the call: it has shown to
+//! the pool starts a fresh one. A long call still running [`STARVED_AFTER`] times its
+//! budget after it started (a busy machine gives idle threads next to nothing, for
+//! seconds) returns to normal priority for the rest of the call, given back by the epoch
+//! ticker ([`rescue_starved`]) or by the call itself: it has shown to
 //! be starved, not burning, and a call within its budget must end within it, not be cut
 //! by the wall-time cap (see `sandbox::Deadline`). A penalised tenant's calls stay idle.
 
@@ -280,11 +281,13 @@ pub(super) fn budget_spent() {
 }
 
 /// Called from a running call once it has spent [`DEMOTE_AFTER`] of CPU: a call
-/// thread drops to idle priority for the rest of the call. Best effort: see
-/// [`demoted`].
-pub(super) fn demote_long_call() {
+/// thread drops to idle priority for the rest of the call, or until `starved_at` (see
+/// [`rescue_starved`]). Best effort: where idle priority is not permitted the call goes on
+/// at normal priority.
+pub(super) fn demote_long_call(starved_at: Instant) {
     if PRIORITY.get() == Priority::Normal && set_idle_policy(true) {
         PRIORITY.set(Priority::Demoted);
+        watch(Some(starved_at));
     }
 }
 
@@ -294,6 +297,7 @@ pub(super) fn demote_long_call() {
 pub(super) fn undemote_starved_call() {
     if PRIORITY.get() == Priority::Demoted && set_idle_policy(false) {
         PRIORITY.set(Priority::Normal);
+        watch(None);
     }
 }
 
@@ -301,23 +305,71 @@ pub(super) fn undemote_starved_call() {
 fn restore_priority() {
     if PRIORITY.get() == Priority::Demoted {
         PRIORITY.set(if set_idle_policy(false) { Priority::Normal } else { Priority::Stuck });
+        watch(None);
     }
 }
 
+/// The demoted calls' threads, and when each counts as starved. A thread at idle
+/// priority on a machine whose cores are all busy may not run for seconds, so it cannot
+/// notice by itself that it is starved: the epoch ticker (which runs at normal priority
+/// while calls run) gives it normal priority back through [`rescue_starved`].
+static DEMOTED: Mutex<Vec<(Tid, Instant)>> = Mutex::new(Vec::new());
+
+#[cfg(target_os = "linux")]
+type Tid = libc::pid_t;
+#[cfg(not(target_os = "linux"))]
+type Tid = u32;
+
+/// Records (`Some`) or forgets (`None`) this thread's demotion.
+fn watch(starved_at: Option<Instant>) {
+    let tid = current_tid();
+    let mut demoted = DEMOTED.lock().unwrap_or_else(|e| e.into_inner());
+    demoted.retain(|(t, _)| *t != tid);
+    demoted.extend(starved_at.map(|at| (tid, at)));
+}
+
+/// Called by the epoch ticker: every demoted call past the time it counts as starved
+/// gets normal priority back (where permitted; else it does so itself once it runs).
+pub(super) fn rescue_starved() {
+    let Ok(mut demoted) = DEMOTED.try_lock() else { return };
+    if demoted.is_empty() {
+        return;
+    }
+    let now = Instant::now();
+    demoted.retain(|&(tid, at)| at > now || !set_policy(tid, false));
+}
+
 /// `SCHED_IDLE` on, or back to `SCHED_OTHER`, for the calling thread.
+fn set_idle_policy(idle: bool) -> bool {
+    set_policy(0, idle)
+}
+
+/// `SCHED_IDLE` on, or back to `SCHED_OTHER`, for thread `tid` (0: the calling thread).
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn set_idle_policy(idle: bool) -> bool {
+fn set_policy(tid: Tid, idle: bool) -> bool {
     let policy = if idle { libc::SCHED_IDLE } else { libc::SCHED_OTHER };
     let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread and `param` is a valid sched_param that
-    // outlives the call.
-    unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
+    // SAFETY: `tid` is 0 (the calling thread) or a thread of this process, and `param` is
+    // a valid sched_param that outlives the call.
+    unsafe { libc::sched_setscheduler(tid, policy, &param) == 0 }
+}
+
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn current_tid() -> Tid {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
 }
 
 #[cfg(not(target_os = "linux"))]
-fn set_idle_policy(_idle: bool) -> bool {
+fn set_policy(_tid: Tid, _idle: bool) -> bool {
     false
+}
+
+#[cfg(not(target_os = "linux"))]
+fn current_tid() -> Tid {
+    0
 }
 
 #[cfg(test)]

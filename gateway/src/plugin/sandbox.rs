@@ -358,8 +358,8 @@ impl CallLimits {
 /// penalised (see `pool`); a legal call is never cut for having been preempted, however
 /// early. A long call runs at idle priority (see `pool`), which a busy machine may
 /// starve: once it has waited [`pool::STARVED_AFTER`] times its budget without having
-/// used it, it gets normal priority back (once it gets a core at all to notice), so that
-/// it ends at about its fair share of a core. Only a call starved for [`WALL_CAP`] times
+/// used it, it gets normal priority back (from the epoch ticker, see
+/// `pool::rescue_starved`), so that it ends at about its fair share of a core. Only a call starved for [`WALL_CAP`] times
 /// its budget of wall time (10 s for the default 10 ms) is stopped without having used
 /// its budget: the cap bounds how long a call may hold its thread, not what it may use.
 /// Without a thread CPU clock the wall deadline alone applies.
@@ -417,7 +417,8 @@ impl Deadline {
         // has run that long, it is checked again when it might have.
         let next = if used >= DEMOTE_AFTER {
             if !self.long && !self.starved {
-                pool::demote_long_call();
+                let started = self.started.unwrap_or_else(Instant::now);
+                pool::demote_long_call(started + budget * pool::STARVED_AFTER);
             }
             self.long = true;
             left

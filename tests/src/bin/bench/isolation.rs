@@ -132,7 +132,13 @@ pub(crate) async fn run(api: &Api, pid: u32, p: &Params, out: &mut HashMap<Strin
         let stop = Arc::new(AtomicBool::new(false));
         let mut attacks = Vec::new();
         if phase != "alone" {
-            attacks.push(tokio::spawn(post_at(api.clone(), "evil", vec!["burn.spin".into()], p.burn_rate, stop.clone())));
+            attacks.push(tokio::spawn(post_at(
+                api.clone(),
+                "evil",
+                vec!["burn.spin".into()],
+                p.burn_rate,
+                stop.clone(),
+            )));
         }
         if phase == "hostile" {
             for mode in HOSTILE_MODES {
@@ -195,7 +201,13 @@ async fn upload(api: &Api, tenant: &str, name: &str, bytes: Vec<u8>) -> anyhow::
 
 /// Posts to `tenant` at `rate` events/s in total, cycling over `types` (open loop: event
 /// `i` is due at `i / rate` s) until `stop`; the number posted.
-async fn post_at(api: Api, tenant: &'static str, types: Vec<String>, rate: u64, stop: Arc<AtomicBool>) -> anyhow::Result<u64> {
+async fn post_at(
+    api: Api,
+    tenant: &'static str,
+    types: Vec<String>,
+    rate: u64,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<u64> {
     let start = Instant::now();
     let mut i = 0u64;
     let path = format!("/v1/tenants/{tenant}/events");
@@ -239,7 +251,13 @@ async fn healthz(api: Api, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<f64>> {
 
 /// Posts `rate` events/s for `seconds` to tenant `good` and returns the time from each
 /// event's 202 to its arrival at each of `rxs` (both of good's endpoints), in ms.
-async fn good_steady(api: &Api, rxs: [&FakeReceiver; 2], phase: &str, rate: u64, seconds: u64) -> anyhow::Result<Vec<f64>> {
+async fn good_steady(
+    api: &Api,
+    rxs: [&FakeReceiver; 2],
+    phase: &str,
+    rate: u64,
+    seconds: u64,
+) -> anyhow::Result<Vec<f64>> {
     let total = (rate * seconds) as usize;
     let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
     let start = Instant::now();
