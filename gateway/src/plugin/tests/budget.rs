@@ -110,12 +110,13 @@ fn a_call_within_its_budget_never_times_out_on_a_busy_machine() {
 
 #[test]
 fn a_tenant_burning_its_budget_never_holds_a_call_thread_another_tenant_needs() {
-    // Two call threads, long budgets, so that "before any long call ends" is unambiguous.
+    // Two call threads, long budgets, so that "before any long call ends" is unambiguous
+    // (slow's legal call takes 600 ms of CPU, evil's spins 800 ms).
     let t = test_host(|c| {
         c.call_threads = 2;
-        c.call_timeout = Duration::from_millis(400);
+        c.call_timeout = Duration::from_millis(800);
     });
-    t.host.install_blocking("slow", "count", &counter(calibrate(Duration::from_millis(250)))).unwrap();
+    t.host.install_blocking("slow", "count", &counter(calibrate(Duration::from_millis(600)))).unwrap();
     t.host.install_blocking("evil", "spin", &Guest::classify(SPIN).wasm()).unwrap();
     t.host.install_blocking("good", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
@@ -143,10 +144,13 @@ fn a_tenant_burning_its_budget_never_holds_a_call_thread_another_tenant_needs() 
             tokio::task::yield_now().await;
         }
         // good's call runs at once on the other call thread: it does not wait for evil's
-        // spins to use up their budgets (nor for slow's call).
+        // spins to use up their budgets (nor for slow's call). Each of those takes at least
+        // 600 ms; good's takes microseconds plus the wait for a core on a busy machine.
         let started = Instant::now();
         assert_eq!(t.host.classify("good", "p", &ctx(), &outcome(409)).await, Ok(Verdict::Delivered));
-        assert_eq!(done.load(Ordering::SeqCst), 0, "good waited {:?} for a long call", started.elapsed());
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_millis(300), "good waited {waited:?} for a long call");
+        assert_eq!(done.load(Ordering::SeqCst), 0, "good waited {waited:?} for a long call");
         let results: Vec<_> = futures::future::join_all(long).await.into_iter().map(Result::unwrap).collect();
         assert_eq!(results, [Ok(Verdict::Delivered), Err(PluginFailure::Timeout), Err(PluginFailure::Timeout)]);
     });
