@@ -19,7 +19,9 @@
 //! How a call runs: with a CPU-time budget, a memory cap and output caps (hostcall fuel
 //! included; the output checks and failure mapping in `output`), on a pool of dedicated
 //! threads (`pool`) where tenants take turns and none holds every thread; a call past 1 ms
-//! of CPU continues at `SCHED_IDLE`, so anything else on the node preempts it. Warm
+//! of CPU continues at `SCHED_IDLE`, so anything else on the node preempts it (normal again
+//! if starved there); a tenant whose call used its whole budget is penalised onto a lane of
+//! its own (one idle thread) for 10 s. Warm
 //! instances are reused per plugin version, the load's own kept so a first call does not
 //! instantiate (dropped when idle, so an unused plugin holds no pool slot for long), each with its WASI context built once and per-call inputs (timestamp,
 //! attempt-seeded random) in a shared cell (`sandbox`); an epoch ticker sleeps while no

@@ -458,7 +458,7 @@ impl LoadedPlugin {
         // A plugin whose last call ran long starts this one at idle priority, instead of
         // competing for a core for its first millisecond.
         if self.runs_long.load(Ordering::Relaxed) {
-            super::pool::demote_long_call();
+            super::pool::demote_long_call(Instant::now() + self.budget(input_bytes) * super::pool::STARVED_AFTER);
         }
         inst.store.data_mut().begin_call(ctx, capture);
         let budget = self.budget(input_bytes);

@@ -355,17 +355,23 @@ impl CallLimits {
 /// thread; so when it expires, the call is stopped only if the thread has spent the
 /// whole budget on the CPU since the call started, and otherwise gets a new epoch
 /// deadline for the CPU time it has left (at least one tick). A spinning guest thus
-/// stops after `call_timeout` of CPU plus at most one tick (1 ms); a legal call is never
-/// cut for having been preempted, however early; a starved one is stopped after 10x
-/// `call_timeout` of wall time, or 100x once it runs at idle priority (which a
-/// saturated node may starve for a while; see `pool`). Without a thread CPU clock the
-/// wall deadline alone applies.
+/// stops after `call_timeout` of CPU plus at most one tick (1 ms), and its tenant is
+/// penalised (see `pool`); a legal call is never cut for having been preempted, however
+/// early. A long call runs at idle priority (see `pool`), which a busy machine may
+/// starve: once it has waited [`pool::STARVED_AFTER`] times its budget without having
+/// used it, it gets normal priority back (from the epoch ticker, see
+/// `pool::rescue_starved`), so that it ends at about its fair share of a core. Only a call starved for [`WALL_CAP`] times
+/// its budget of wall time (10 s for the default 10 ms) is stopped without having used
+/// its budget: the cap bounds how long a call may hold its thread, not what it may use.
+/// Without a thread CPU clock the wall deadline alone applies.
 #[derive(Default)]
 pub(super) struct Deadline {
     started: Option<Instant>,
     cpu_start: Option<Duration>,
     /// The call has used [`DEMOTE_AFTER`] of CPU.
     long: bool,
+    /// The call was starved at idle priority and got normal priority back.
+    starved: bool,
     /// This call's CPU budget when it is larger than `call_timeout` (a call with a
     /// large input gets more, see `PluginConfig::call_timeout_per_mib`).
     pub(super) budget: Duration,
@@ -374,12 +380,17 @@ pub(super) struct Deadline {
     pub(super) stopped_on_wall: Option<Duration>,
 }
 
+/// A call that has not used its budget is stopped after this many times its budget of
+/// wall time (see [`Deadline`]).
+const WALL_CAP: u32 = 1000;
+
 impl Deadline {
     pub(super) fn start(&mut self) {
         self.started = Some(Instant::now());
         self.cpu_start = thread_cpu_time();
         self.long = false;
         self.stopped_on_wall = None;
+        self.starved = false;
     }
 
     /// Whether the call (so far) has used [`DEMOTE_AFTER`] of CPU.
@@ -388,25 +399,34 @@ impl Deadline {
     }
 
     pub(super) fn on_expiry(&mut self, call_timeout: Duration) -> UpdateDeadline {
-        let call_timeout = call_timeout.max(self.budget);
+        let budget = call_timeout.max(self.budget);
         let wall = self.started.map(|s| s.elapsed()).unwrap_or(Duration::MAX);
-        if wall >= call_timeout.saturating_mul(if pool::demoted() { 100 } else { 10 }) {
+        let used = match (self.cpu_start, thread_cpu_time()) {
+            (Some(start), Some(now)) => now.saturating_sub(start),
+            // No thread CPU clock: wall time is all there is.
+            _ => wall,
+        };
+        if used >= budget {
+            pool::budget_spent();
+            return UpdateDeadline::Interrupt;
+        }
+        if wall >= budget.saturating_mul(WALL_CAP) {
             self.stopped_on_wall = Some(wall);
             return UpdateDeadline::Interrupt;
         }
-        let (Some(start), Some(now)) = (self.cpu_start, thread_cpu_time()) else {
-            return UpdateDeadline::Interrupt;
-        };
-        let used = now.saturating_sub(start);
-        let left = call_timeout.saturating_sub(used);
-        if left.is_zero() {
-            return UpdateDeadline::Interrupt;
+        if wall >= budget.saturating_mul(pool::STARVED_AFTER) && !self.starved {
+            self.starved = true;
+            pool::undemote_starved_call();
         }
+        let left = budget - used;
         // A long call gives way to everything else on the node (see `pool`); until it
         // has run that long, it is checked again when it might have.
         let next = if used >= DEMOTE_AFTER {
+            if !self.long && !self.starved {
+                let started = self.started.unwrap_or_else(Instant::now);
+                pool::demote_long_call(started + budget * pool::STARVED_AFTER);
+            }
             self.long = true;
-            pool::demote_long_call();
             left
         } else {
             left.min(DEMOTE_AFTER - used)

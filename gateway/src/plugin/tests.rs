@@ -2,6 +2,7 @@
 //! hostile ones (infinite loop, memory bomb, trap, malformed and oversized output,
 //! wrong world), each of which must be contained with a clear reason.
 
+mod budget;
 mod limits;
 
 use std::time::{Duration, Instant};

@@ -36,6 +36,8 @@ impl Ticker {
                 while let Some(engine) = weak.upgrade() {
                     engine.increment_epoch();
                     drop(engine);
+                    // A long call starved at idle priority cannot notice it by itself.
+                    super::pool::rescue_starved();
                     idle = if ticker.active.load(Ordering::SeqCst) == 0 { idle + 1 } else { 0 };
                     if idle < TICKER_IDLE {
                         std::thread::sleep(EPOCH_TICK);

@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 
+#[path = "bench/isolation.rs"]
+mod isolation;
 #[path = "bench/js.rs"]
 mod js;
 #[path = "bench/load.rs"]
@@ -154,26 +156,33 @@ enum Scenario {
         #[arg(long, default_value_t = 100)]
         tenants: usize,
     },
-    /// Plugin isolation, in one run: tenant `bench` posts at a steady `rate` to an
-    /// endpoint with the example transform plugin, first alone (baseline), then while
-    /// tenant `evil` posts `attack_rate` events/s to `evil_endpoints` endpoints whose
-    /// transform spins until its budget stops it. Reports each phase's delivery p50/p99
-    /// (202 to arrival), `/healthz` p99 (polled every 20 ms) and the node's CPU.
+    /// Plugin isolation (issue 48.16), in one run on one node: tenant `good` posts `rate`
+    /// events/s to two endpoints (one through a pass-through transform) and tenant `slow`
+    /// `slow_rate`/s through a legal transform of about `slow_ms` of CPU; first alone, then
+    /// beside tenant `evil` posting `burn_rate` events/s to each of `burners` endpoints whose
+    /// transform spins until its budget stops it, then beside those and `hostile_endpoints`
+    /// more with every hostile plugin. Reports good's 202→arrival p50/p99 per phase and its
+    /// ratios to the baseline, `/healthz` p99, the node's CPU and the slow plugin's timeouts
+    /// (see `bench/isolation.rs`). Needs `scripts/build-plugins`.
     IsolationPlugins {
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 100)]
         rate: u64,
         #[arg(long, default_value_t = 10)]
         seconds: u64,
-        #[arg(long, default_value_t = 100)]
-        attack_rate: u64,
+        #[arg(long, default_value_t = 10)]
+        slow_rate: u64,
+        #[arg(long, default_value_t = 9.0)]
+        slow_ms: f64,
         #[arg(long, default_value_t = 7)]
-        evil_endpoints: usize,
-        /// Bind the transform plugin to tenant `bench`'s endpoint (`false`: no plugin, so
-        /// only the rest of the node is shared with the spinning tenant).
-        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-        victim_plugin: bool,
-        /// Both plugins in JavaScript: the victim's is sdk-js/examples/transform-chat.js,
-        /// the spinning one `for (;;) {}` (needs scripts/build-js-runtime).
+        burners: usize,
+        #[arg(long, default_value_t = 4)]
+        burn_rate: u64,
+        #[arg(long, default_value_t = 44)]
+        hostile_endpoints: usize,
+        /// Events/s of each hostile mode (each fanned out to that mode's endpoints).
+        #[arg(long, default_value_t = 1)]
+        hostile_rate: u64,
+        /// The burners' plugin in JavaScript, `for (;;) {}` (needs scripts/build-js-runtime).
         #[arg(long, default_value_t = false)]
         js: bool,
     },
@@ -715,9 +724,29 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let patch_via = _others.last().map_or(&api, |(other, _)| &other.api);
             rate_change(&api, patch_via, &rx, events, &mut out).await?;
         }
-        Scenario::IsolationPlugins { rate, seconds, attack_rate, evil_endpoints, victim_plugin, js } => {
-            let load = Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin, js };
-            isolation_plugins(&api, &rx, node.pid(), rate, seconds, load, &mut out).await?;
+        Scenario::IsolationPlugins {
+            rate,
+            seconds,
+            slow_rate,
+            slow_ms,
+            burners,
+            burn_rate,
+            hostile_endpoints,
+            hostile_rate,
+            js,
+        } => {
+            let params = isolation::Params {
+                rate,
+                seconds,
+                slow_rate,
+                slow_ms,
+                burners,
+                burn_rate,
+                hostile_endpoints,
+                hostile_rate,
+                js,
+            };
+            isolation::run(&api, node.pid(), &params, &mut out).await?;
         }
         Scenario::PluginCalls { .. }
         | Scenario::Restart { .. }
@@ -778,103 +807,6 @@ async fn upload_plugin(api: &tests::Api, tenant: &str, name: &str, bytes: Vec<u8
     Ok(())
 }
 
-/// The spinning tenant's load in [`Scenario::IsolationPlugins`].
-struct Attack {
-    rate: u64,
-    endpoints: usize,
-    victim_plugin: bool,
-    js: bool,
-}
-
-/// See [`Scenario::IsolationPlugins`].
-async fn isolation_plugins(
-    api: &tests::Api,
-    rx: &FakeReceiver,
-    pid: u32,
-    rate: u64,
-    seconds: u64,
-    Attack { rate: attack_rate, endpoints: evil_endpoints, victim_plugin, js }: Attack,
-    out: &mut HashMap<String, f64>,
-) -> anyhow::Result<()> {
-    let mut bindings = json!({});
-    let (chat, spin) = match js {
-        true => (js::source("transform-chat")?, b"function transform(ctx, req) { for (;;) {} }".to_vec()),
-        false => (wasm("transform_chat")?, wasm("hostile")?),
-    };
-    if victim_plugin {
-        upload_plugin(api, "bench", "chat", chat).await?;
-        bindings = json!({"transform": "chat"});
-    }
-    api.endpoint(
-        "bench",
-        json!({"url": rx.url(), "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "plugins": bindings}),
-    )
-    .await?;
-    api.tenant("evil").await?;
-    upload_plugin(api, "evil", "spin", spin).await?;
-    let evil_rx = FakeReceiver::start().await?;
-    for _ in 0..evil_endpoints {
-        api.endpoint("evil", json!({"url": evil_rx.url(), "rate_per_sec": 10_000, "burst": 100, "max_in_flight": 16, "plugins": {"transform": "spin"}, "retry": {"max_attempts": 1}})).await?;
-    }
-    for phase in ["base", "attack"] {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let attack = (phase == "attack").then(|| {
-            let (api, stop) = (api.clone(), stop.clone());
-            tokio::spawn(async move {
-                let start = Instant::now();
-                let mut i = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / attack_rate as f64)).into())
-                        .await;
-                    let r = api
-                        .post("/v1/tenants/evil/events", ADMIN_TOKEN, json!({"type": "x.spin", "payload": {}}))
-                        .await?;
-                    if r.status != 202 {
-                        bail!("{} {}", r.status, r.text);
-                    }
-                    i += 1;
-                }
-                anyhow::Ok(i)
-            })
-        });
-        let health = {
-            let (api, stop) = (api.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut ms = Vec::new();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let t = Instant::now();
-                    let r = api.raw("GET", "/healthz", None, Vec::new()).await?;
-                    if r.status != 200 {
-                        bail!("healthz {}", r.status);
-                    }
-                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                anyhow::Ok(ms)
-            })
-        };
-        if attack.is_some() {
-            // Let the spinning calls queue up before measuring.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        let cpu_before = cpu_seconds(pid)?;
-        let mut latencies = steady(api, rx, phase, rate, seconds).await?;
-        out.insert(format!("{phase}_node_cpu_pct"), (cpu_seconds(pid)? - cpu_before) / seconds as f64 * 100.0);
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut health = health.await??;
-        if let Some(attack) = attack {
-            out.insert("attack_events".into(), attack.await?? as f64);
-        }
-        latencies.sort_by(f64::total_cmp);
-        health.sort_by(f64::total_cmp);
-        out.insert(format!("{phase}_p50_ms"), percentile(&latencies, 0.5));
-        out.insert(format!("{phase}_p99_ms"), percentile(&latencies, 0.99));
-        out.insert(format!("{phase}_healthz_p99_ms"), percentile(&health, 0.99));
-    }
-    out.insert("p99_ratio".into(), out["attack_p99_ms"] / out["base_p99_ms"]);
-    Ok(())
-}
-
 /// Posts `count` events of `event_type` (payload `{"n": i}`) to tenant `bench`, in batches
 /// of 1,000.
 async fn post_numbered(api: &tests::Api, event_type: &str, count: usize) -> anyhow::Result<()> {
@@ -905,41 +837,6 @@ async fn deliver_history(api: &tests::Api, events: usize) -> anyhow::Result<()> 
     api.endpoint("bench", spec).await?;
     post_numbered(api, "history", events).await?;
     rx.wait_for(events, Duration::from_secs(300)).await.map(drop)
-}
-
-/// Posts `rate` events/s of type `<phase>` for `seconds` to tenant `bench` and returns
-/// each event's time from 202 to arrival at `rx`, in ms.
-async fn steady(api: &tests::Api, rx: &FakeReceiver, phase: &str, rate: u64, seconds: u64) -> anyhow::Result<Vec<f64>> {
-    let total = (rate * seconds) as usize;
-    let acks = Arc::new(Mutex::new(HashMap::with_capacity(total)));
-    let start = Instant::now();
-    let before = rx.count();
-    let mut tasks = Vec::new();
-    for i in 0..total {
-        tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / rate as f64)).into()).await;
-        let (api, acks) = (api.clone(), acks.clone());
-        let id = format!("{phase}_{i}");
-        tasks.push(tokio::spawn(async move {
-            let r = api
-                .post("/v1/tenants/bench/events", ADMIN_TOKEN, json!({"id": id, "type": "t", "payload": {"n": i}}))
-                .await?;
-            if r.status != 202 {
-                bail!("{} {}", r.status, r.text);
-            }
-            acks.lock().unwrap().insert(id, Instant::now());
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    rx.wait_for(before + total, Duration::from_secs(60)).await?;
-    let got = arrivals(rx);
-    let acks = acks.lock().unwrap();
-    Ok(acks
-        .iter()
-        .map(|(id, ack)| got.get(id).map_or(f64::NAN, |at| at.saturating_duration_since(*ack).as_secs_f64() * 1000.0))
-        .collect())
 }
 
 /// Installs `plugins` distinct copies of the transform example (each compiled once, into

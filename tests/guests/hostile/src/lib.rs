@@ -6,6 +6,10 @@
 //! - `exit`: `std::process::exit(3)` (WASI reports any failing status as 1);
 //! - `socket`: tries a TCP connection (not granted), reports the error it got;
 //! - `spin`: loops until Herald stops it;
+//! - `burn`: legal work: `burn_iterations` (its config) turns of a loop, then behaves
+//!   (the benchmarks calibrate it to a share of the time budget);
+//! - `alloc`: allocates until the memory cap stops it;
+//! - `huge`: sends an 8 MiB body (over the output cap);
 //! - anything else: behaves (sends the request unchanged; `sign` adds `x-hostile: ok`).
 
 use std::io::Write as _;
@@ -17,8 +21,11 @@ struct Hostile;
 impl Plugin for Hostile {
     const HOOKS: Hooks = Hooks::TRANSFORM.union(Hooks::SIGN);
 
-    fn transform(ctx: &DeliveryContext, req: Request) -> Result<TransformResult, String> {
+    fn transform(ctx: &DeliveryContext, mut req: Request) -> Result<TransformResult, String> {
         misbehave(ctx)?;
+        if ctx.event_type.ends_with(".huge") {
+            req.body = vec![b'x'; 8 << 20];
+        }
         Ok(TransformResult::Send(req))
     }
 
@@ -49,6 +56,20 @@ fn misbehave(ctx: &DeliveryContext) -> Result<(), String> {
             Ok(_) => return Err("socket: connected, which must never happen".to_string()),
             Err(e) => return Err(format!("socket: {e}")),
         },
+        "burn" => {
+            let turns: u64 = plugin_sdk::config("burn_iterations").and_then(|n| n.parse().ok()).unwrap_or(0);
+            let mut n = 0u64;
+            for _ in 0..turns {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
+        "alloc" => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hoard.push(vec![1; 1 << 20]);
+                std::hint::black_box(&hoard);
+            }
+        }
         "spin" => {
             let mut n = 0u64;
             loop {

@@ -32,12 +32,6 @@ pub(crate) fn runtime() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// The source of an example plugin of `sdk-js/examples/`.
-pub(crate) fn source(name: &str) -> anyhow::Result<Vec<u8>> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../sdk-js/examples/{name}.js"));
-    std::fs::read(&path).with_context(|| format!("{}", path.display()))
-}
-
 /// A 1 KiB envelope (1,023 bytes) like the ones Herald sends (`{"id", "type", "timestamp", "data"}`).
 fn event_1kib() -> Vec<u8> {
     let lines: Vec<serde_json::Value> =

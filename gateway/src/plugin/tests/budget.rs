@@ -1,0 +1,157 @@
+//! The time budget under load (issue 48.16, 48.17): a call within its CPU budget never
+//! times out however busy the machine is, and a tenant whose calls burn their budget does
+//! not make another tenant's calls wait.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::*;
+use crate::plugin::runtime::Runtime;
+use crate::plugin::sandbox::thread_cpu_time;
+
+const SPIN: &str = "(loop $l (br $l)) (i32.const 128)";
+
+/// A classifier that counts to `turns` (legal work), then answers `delivered`.
+fn counter(turns: u64) -> Vec<u8> {
+    let body = format!(
+        "(local $n i64)
+         (loop $l
+           (local.set $n (i64.add (local.get $n) (i64.const 1)))
+           (br_if $l (i64.lt_u (local.get $n) (i64.const {turns}))))
+         {DELIVERED}"
+    );
+    Guest::classify(Box::leak(body.into_boxed_str())).wasm()
+}
+
+/// `turns` of [`counter`] for about `cpu` of CPU time: the fewest CPU time of a few calls
+/// on this thread (not the pool's), with a budget that never stops them.
+fn calibrate(cpu: Duration) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = PluginConfig::new(dir.path());
+    config.watch = false;
+    config.call_timeout = Duration::from_secs(10);
+    let runtime = Runtime::new(&config).unwrap();
+    let cost = |turns: u64| {
+        let plugin = runtime.load("acme", "count", &counter(turns), HashMap::new()).unwrap();
+        (0..5)
+            .map(|_| {
+                let start = thread_cpu_time().unwrap();
+                assert_eq!(plugin.classify(&ctx(), &outcome(409), None), Ok(Verdict::Delivered));
+                thread_cpu_time().unwrap() - start
+            })
+            .min()
+            .unwrap()
+    };
+    let probe = 5_000_000;
+    let turns = (probe as f64 * cpu.as_secs_f64() / cost(probe).as_secs_f64()) as u64;
+    let got = cost(turns);
+    assert!(got > cpu.mul_f64(0.8) && got < cpu.mul_f64(1.1), "calibrated {turns} turns to {got:?}, not {cpu:?}");
+    turns
+}
+
+/// Threads that spin at normal priority until dropped (at most 60 s): a busy machine.
+struct Hogs {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    fn start(count: usize) -> Hogs {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let until = Instant::now() + Duration::from_secs(60);
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Hogs { stop, threads }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_call_within_its_budget_never_times_out_on_a_busy_machine() {
+    // The issue's shape: a ~9 ms plugin under the default 10 ms budget. Its calls run
+    // long, so at idle priority, which a machine whose cores are all busy starves.
+    let turns = calibrate(Duration::from_micros(8_500));
+    let t = test_host(|c| c.call_threads = 2);
+    t.host.install_blocking("slow", "count", &counter(turns)).unwrap();
+    t.host.install_blocking("evil", "spin", &Guest::classify(SPIN).wasm()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let hogs = Hogs::start(4);
+    let mut took = Vec::new();
+    for i in 0..20 {
+        let started = Instant::now();
+        let verdict = rt.block_on(t.host.classify("slow", "count", &ctx(), &outcome(409)));
+        took.push(started.elapsed());
+        assert_eq!(verdict, Ok(Verdict::Delivered), "call {i} of a plugin within its budget, after {took:?}");
+    }
+    // A spinner is still stopped at its budget, busy machine or not.
+    let started = Instant::now();
+    assert_eq!(rt.block_on(t.host.classify("evil", "spin", &ctx(), &outcome(409))), Err(PluginFailure::Timeout));
+    drop(hogs);
+    eprintln!("calls took {took:?}; the spinner {:?}", started.elapsed());
+}
+
+#[test]
+fn a_tenant_burning_its_budget_never_holds_a_call_thread_another_tenant_needs() {
+    // Two call threads, long budgets, so that "before any long call ends" is unambiguous
+    // (slow's legal call takes 600 ms of CPU, evil's spins 800 ms).
+    let t = test_host(|c| {
+        c.call_threads = 2;
+        c.call_timeout = Duration::from_millis(800);
+    });
+    t.host.install_blocking("slow", "count", &counter(calibrate(Duration::from_millis(600)))).unwrap();
+    t.host.install_blocking("evil", "spin", &Guest::classify(SPIN).wasm()).unwrap();
+    t.host.install_blocking("good", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    runtime.block_on(async {
+        // evil's first call spends its budget.
+        assert_eq!(t.host.classify("evil", "spin", &ctx(), &outcome(409)).await, Err(PluginFailure::Timeout));
+        // Now slow (legal, long) and evil (spinning again) are both running or queued:
+        // slow holds one call thread, as a tenant may.
+        let done = Arc::new(AtomicUsize::new(0));
+        let long: Vec<_> = [("slow", "count"), ("evil", "spin"), ("evil", "spin")]
+            .into_iter()
+            .map(|(tenant, name)| {
+                let (host, done) = (t.host.clone(), Arc::clone(&done));
+                tokio::spawn(async move {
+                    let result = host.classify(tenant, name, &ctx(), &outcome(409)).await;
+                    done.fetch_add(1, Ordering::SeqCst);
+                    result
+                })
+            })
+            .collect();
+        let submitted = Instant::now();
+        let calls = |tenant: &str| t.host.metrics().iter().find(|m| m.tenant == tenant).map_or(0, |m| m.calls);
+        while calls("slow") < 1 || calls("evil") < 3 {
+            assert!(submitted.elapsed() < Duration::from_secs(10), "calls not submitted");
+            tokio::task::yield_now().await;
+        }
+        // good's call runs at once on the other call thread: it does not wait for evil's
+        // spins to use up their budgets (nor for slow's call). Each of those takes at least
+        // 600 ms; good's takes microseconds plus the wait for a core on a busy machine.
+        let started = Instant::now();
+        assert_eq!(t.host.classify("good", "p", &ctx(), &outcome(409)).await, Ok(Verdict::Delivered));
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_millis(300), "good waited {waited:?} for a long call");
+        assert_eq!(done.load(Ordering::SeqCst), 0, "good waited {waited:?} for a long call");
+        let results: Vec<_> = futures::future::join_all(long).await.into_iter().map(Result::unwrap).collect();
+        assert_eq!(results, [Ok(Verdict::Delivered), Err(PluginFailure::Timeout), Err(PluginFailure::Timeout)]);
+    });
+}
