@@ -92,27 +92,33 @@ fn the_scan_sees_paths_and_ignores_comments() {
     assert_eq!(mentions("crate::sqlx::x", "sqlx"), Vec::<usize>::new());
 }
 
-/// Herald's layers, lowest first (ARCHITECTURE.md, "Layers"): a module of `gateway/src`
-/// may import (`crate::x`) only modules of lower layers. Modules of one layer never import
-/// each other. `main.rs` and `lib.rs` sit above everything. Every module `lib.rs` declares
-/// has a place here: an unlisted one fails the test rather than going unchecked.
-const LAYERS: &[&[&str]] = &[
-    &["model"],
-    &["clock"],
-    &["schedule", "pace", "lease", "classify", "sign", "net", "json"],
-    &["spec"],
-    &["store", "deliver", "plugin"],
-    &["config"],
-    &["metrics", "telemetry"],
-    &["catalog"],
-    &["intake"],
-    &["ops"],
-    &["worker"],
-    &["outbox", "replay"],
-    &["api"],
-    &["app"],
-    &["cli", "scaffold"],
+/// Herald's layers, lowest first, each with its number in ARCHITECTURE.md's "Layers" (where
+/// a number holds two rows, its second comes "then"): a module of `gateway/src` may import
+/// (`crate::x`) only modules of lower rows. Modules of one row never import each other.
+/// `main.rs` and `lib.rs` sit above everything. Every module `lib.rs` declares has a place
+/// here: an unlisted one fails the test rather than going unchecked.
+const LAYERS: &[(usize, &[&str])] = &[
+    (0, &["model"]),
+    (0, &["clock"]),
+    (1, &["schedule", "pace", "lease", "classify", "sign", "net", "json"]),
+    (2, &["spec"]),
+    (3, &["store", "deliver", "plugin"]),
+    (4, &["config"]),
+    (5, &["metrics", "telemetry"]),
+    (5, &["catalog"]),
+    (6, &["intake"]),
+    (6, &["ops"]),
+    (7, &["worker"]),
+    (8, &["outbox", "replay"]),
+    (8, &["api"]),
+    (9, &["app"]),
+    (9, &["cli", "scaffold"]),
 ];
+
+/// A top-level module's row in `LAYERS`, and its layer number in ARCHITECTURE.md.
+fn layer(module: &str) -> Option<(usize, usize)> {
+    LAYERS.iter().position(|(_, row)| row.contains(&module)).map(|at| (at, LAYERS[at].0))
+}
 
 /// The same rule inside a folder, for the modules under it (`super::x`, `self::x` and
 /// `crate::folder::x`, at any depth): lowest first. Its `mod.rs` (or `folder.rs`) sits
@@ -378,7 +384,7 @@ fn upward_imports(root: &Path) -> Vec<String> {
     for item in &lib.2.items {
         if let syn::Item::Mod(m) = item {
             let name = m.ident.to_string();
-            if rank(LAYERS, &name).is_none() {
+            if layer(&name).is_none() {
                 let line = m.ident.span().start().line;
                 found.push(format!("gateway/src/lib.rs:{line}: module {name} has no place in LAYERS"));
             }
@@ -386,7 +392,7 @@ fn upward_imports(root: &Path) -> Vec<String> {
     }
     for (rel, module, ast) in &files {
         let Some(top) = module.first() else { continue };
-        let Some(mine) = rank(LAYERS, top) else {
+        let Some((mine, my_layer)) = layer(top) else {
             found.push(format!("gateway/src/{rel}: {top} has no place in LAYERS"));
             continue;
         };
@@ -404,9 +410,9 @@ fn upward_imports(root: &Path) -> Vec<String> {
                     found.push(format!("gateway/src/{rel}:{line}: {top} reaches crate::{first}, not a module"));
                     continue;
                 }
-                match rank(LAYERS, first) {
-                    Some(theirs) if theirs >= mine => found.push(format!(
-                        "gateway/src/{rel}:{line}: {top} (layer {mine}) imports {first} (layer {theirs})"
+                match layer(first) {
+                    Some((theirs, their_layer)) if theirs >= mine => found.push(format!(
+                        "gateway/src/{rel}:{line}: {top} (layer {my_layer}) imports {first} (layer {their_layer}), not below it"
                     )),
                     None => found.push(format!("gateway/src/{rel}:{line}: {top} imports {first}, which has no layer")),
                     _ => {}
@@ -434,6 +440,20 @@ fn modules_import_only_lower_layers() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
     let found = upward_imports(&root);
     assert!(found.is_empty(), "imports against the layer order (ARCHITECTURE.md, \"Layers\"):\n{}", found.join("\n"));
+}
+
+/// The tables name what is there: every module of `LAYERS` is declared by `lib.rs`, and
+/// every module of an `INNER` order is a module of its folder.
+#[test]
+fn every_module_the_layer_tables_name_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
+    let modules: BTreeSet<Vec<String>> = parsed(&root).into_iter().map(|(_, module, _)| module).collect();
+    let named = LAYERS.iter().flat_map(|(_, row)| row.iter().map(|m| vec![m.to_string()]));
+    let inner = INNER.iter().flat_map(|(folder, order)| {
+        order.iter().flat_map(move |row| row.iter().map(move |m| vec![folder.to_string(), m.to_string()]))
+    });
+    let stale: Vec<String> = named.chain(inner).filter(|m| !modules.contains(m)).map(|m| m.join("/")).collect();
+    assert!(stale.is_empty(), "tidy.rs's layer tables name modules that are gone: {stale:?}");
 }
 
 /// Writes `text` to `rel` under `root`, making the folders on the way.
@@ -489,11 +509,11 @@ fn the_layer_scan_sees_a_planted_upward_import() {
         [
             "gateway/src/extra.rs: extra has no place in LAYERS",
             "gateway/src/lib.rs:8: module extra has no place in LAYERS",
-            "gateway/src/model/egress.rs:2: model (layer 0) imports json (layer 2)",
-            "gateway/src/store/postgres.rs:2: store (layer 4) imports worker (layer 10)",
+            "gateway/src/model/egress.rs:2: model (layer 0) imports json (layer 1), not below it",
+            "gateway/src/store/postgres.rs:2: store (layer 3) imports worker (layer 7), not below it",
             "gateway/src/store/rows.rs:1: store/rows imports store/committer, not below it",
-            "gateway/src/store/sql.rs:1: store (layer 4) imports api (layer 12)",
-            "gateway/src/store/sqlite/writes.rs:1: store (layer 4) imports intake (layer 8)",
+            "gateway/src/store/sql.rs:1: store (layer 3) imports api (layer 8), not below it",
+            "gateway/src/store/sqlite/writes.rs:1: store (layer 3) imports intake (layer 6), not below it",
             "gateway/src/worker/decide.rs:1: worker/decide imports worker/attempt, not below it",
             "gateway/src/worker/known.rs:2: worker/known imports worker/attempt, not below it",
         ]
