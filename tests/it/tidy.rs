@@ -2,6 +2,7 @@
 //! imported by the one module that owns it, so a stray `use` fails here, not in review. And
 //! the docs hold together: every link of README.md, ARCHITECTURE.md and docs/ resolves.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// (crate as written in a path, where under `gateway/src` it may appear).
@@ -91,30 +92,71 @@ fn the_scan_sees_paths_and_ignores_comments() {
     assert_eq!(mentions("crate::sqlx::x", "sqlx"), Vec::<usize>::new());
 }
 
-/// Herald's layers, lowest first (ARCHITECTURE.md, "Layers"): a module of `gateway/src`
-/// may import (`crate::x`) only modules of lower layers. Modules of one layer never import
-/// each other. `main.rs` and `lib.rs` sit above everything.
-const LAYERS: &[&[&str]] = &[
-    &["model"],
-    &["clock"],
-    &["schedule", "pace", "lease", "classify", "sign", "net"],
-    &["spec"],
-    &["store", "deliver", "plugin"],
-    &["config"],
-    &["metrics", "telemetry"],
-    &["catalog"],
-    &["intake"],
-    &["ops"],
-    &["worker"],
-    &["outbox", "replay"],
-    &["api"],
-    &["app"],
-    &["cli", "scaffold"],
+/// Herald's layers, lowest first, each with its number in ARCHITECTURE.md's "Layers" (where
+/// a number holds two rows, its second comes "then"): a module of `gateway/src` may import
+/// (`crate::x`) only modules of lower rows. Modules of one row never import each other.
+/// `main.rs` and `lib.rs` sit above everything. Every module `lib.rs` declares has a place
+/// here: an unlisted one fails the test rather than going unchecked.
+const LAYERS: &[(usize, &[&str])] = &[
+    (0, &["model"]),
+    (0, &["clock"]),
+    (1, &["schedule", "pace", "lease", "classify", "sign", "net", "json"]),
+    (2, &["spec"]),
+    (3, &["store", "deliver", "plugin"]),
+    (4, &["config"]),
+    (5, &["metrics", "telemetry"]),
+    (5, &["catalog"]),
+    (6, &["intake"]),
+    (6, &["ops"]),
+    (7, &["worker"]),
+    (8, &["outbox", "replay"]),
+    (8, &["api"]),
+    (9, &["app"]),
+    (9, &["cli", "scaffold"]),
 ];
 
-/// The same rule inside a folder, for the files under it (`super::x` and
-/// `crate::folder::x`): lowest first. Its `mod.rs` (or `folder.rs`) sits above them all.
+/// A top-level module's row in `LAYERS`, and its layer number in ARCHITECTURE.md.
+fn layer(module: &str) -> Option<(usize, usize)> {
+    LAYERS.iter().position(|(_, row)| row.contains(&module)).map(|at| (at, LAYERS[at].0))
+}
+
+/// The same rule inside a folder, for the modules under it (`super::x`, `self::x` and
+/// `crate::folder::x`, at any depth): lowest first. Its `mod.rs` (or `folder.rs`) sits
+/// above them all; a file deeper down (`store/sqlite/writer.rs`) counts as its folder's
+/// child (`sqlite`). A file's `#[cfg(test)]` module may read any sibling (`store/sql.rs`'s
+/// tests prepare `portal`'s statements too).
 const INNER: &[(&str, &[&[&str]])] = &[
+    (
+        "store",
+        &[
+            // The SQL text of both backends, then the shared row decoding.
+            &["sql", "rows"],
+            // The backend-generic queries (`Queries<Dialect>`) over them.
+            &["queries"],
+            // Each caller's part: `portal` and `plugin_settings` hold their statements and
+            // row mapping next to their queries, which is why both backends reach down to
+            // `portal` (and `sqlite`/`postgres` to `reads` for its shared helpers).
+            &["portal", "event_types", "plugin_settings", "outbox", "reads", "admin", "engine"],
+            // Folds the hot-path writes of the `Engine` trait into one transaction.
+            &["committer"],
+            &["sqlite", "postgres"],
+        ],
+    ),
+    // Files of the vocabulary do not import each other, except that a destination's
+    // credentials are `egress::WriteOnly` (shown as written, never read back).
+    (
+        "model",
+        &[
+            &["bindings", "catalog", "egress", "plugin_settings", "portal", "replay", "sent", "trace"],
+            &["destination"],
+            &["tests"],
+        ],
+    ),
+    // `raw` is the TOML as written; each section's own validation sits above it.
+    ("config", &[&["raw"], &["outbox", "plugins", "portal"], &["tests"]]),
+    // `connect` opens an HTTP destination's connection (SSRF guard, proxy), `broker` what
+    // the broker clients share; above them their users.
+    ("deliver", &[&["connect", "broker"], &["oauth", "otlp", "redis", "nats", "amqp"]]),
     ("worker", &[&["known", "members"], &["decide", "signal"], &["attempt"], &["partition"]]),
     (
         "plugin",
@@ -135,7 +177,9 @@ const INNER: &[(&str, &[&[&str]])] = &[
         &[
             &["doc", "listen"],
             &["reach"],
-            &["extract", "auth", "console"],
+            // `extract` builds the auth extractors on `auth`'s checks.
+            &["auth", "console"],
+            &["extract"],
             &["bindings", "plugin_stats", "event_types"],
             &["endpoints", "events", "replays", "tenants", "test_send", "whoami", "portal"],
             &["plugins"],
@@ -148,65 +192,243 @@ fn rank(layers: &[&[&str]], module: &str) -> Option<usize> {
     layers.iter().position(|layer| layer.contains(&module))
 }
 
-/// `path` segments right after each `prefix` on the code part of `text`'s lines:
-/// (line, segment).
-fn imported(text: &str, prefix: &str) -> Vec<(usize, String)> {
-    let mut found = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        for (at, _) in code.match_indices(prefix) {
-            if at > 0 && code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
-                continue;
-            }
-            let rest = &code[at + prefix.len()..];
-            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            if !name.is_empty() {
-                found.push((n + 1, name));
-            }
-        }
+/// The module a file under `gateway/src` defines: `store/sqlite/writes.rs` is
+/// `store::sqlite::writes`, `store/mod.rs` is `store`, `lib.rs` the crate root.
+fn module_of(rel: &str) -> Vec<String> {
+    let mut path: Vec<String> = rel.trim_end_matches(".rs").split('/').map(String::from).collect();
+    if path.last().is_some_and(|last| last == "mod" || last == "lib") {
+        path.pop();
     }
-    found
+    path
 }
 
-/// Every import of a higher or same layer, as "file:line: a (layer i) imports b (layer j)".
-fn upward_imports(root: &Path) -> Vec<String> {
+/// Where the paths of one file lead: each `use` tree (grouped, wrapped, renamed, globbed),
+/// each path in code, types, attributes and macro bodies, resolved from `crate::`,
+/// `super::`, `self::` or a child module's name to the module path it reaches, with its
+/// line. Paths that start elsewhere (other crates, local items, `::x`) are not Herald's
+/// modules and are left out.
+struct Reach<'a> {
+    /// Every module of the crate, from the source files.
+    modules: &'a BTreeSet<Vec<String>>,
+    /// The module the visitor is in: the file's, plus inline `mod x { … }` around it.
+    scope: Vec<String>,
+    /// How many `#[cfg(test)]` modules are around the visitor.
+    tests: usize,
+    /// (line, module path reached, from test code).
+    found: Vec<(usize, Vec<String>, bool)>,
+}
+
+impl Reach<'_> {
+    fn resolve(&self, path: &[String]) -> Option<Vec<String>> {
+        let first = path.first()?;
+        let (base, rest) = match first.as_str() {
+            "crate" => (Vec::new(), &path[1..]),
+            "self" => (self.scope.clone(), &path[1..]),
+            "super" => {
+                let up = path.iter().take_while(|s| *s == "super").count();
+                let keep = self.scope.len().checked_sub(up)?;
+                (self.scope[..keep].to_vec(), &path[up..])
+            }
+            child => {
+                let mut under = self.scope.clone();
+                under.push(child.to_string());
+                if path.len() < 2 || !self.modules.contains(&under) {
+                    return None;
+                }
+                (self.scope.clone(), path)
+            }
+        };
+        let mut reached = base;
+        reached.extend(rest.iter().filter(|s| *s != "self").cloned());
+        Some(reached)
+    }
+
+    fn record(&mut self, line: usize, path: &[String]) {
+        if let Some(reached) = self.resolve(path) {
+            self.found.push((line, reached, self.tests > 0));
+        }
+    }
+
+    /// Every leaf of a `use` tree, as its whole path: `use crate::{a::b, c as d, e::*}` is
+    /// `crate::a::b`, `crate::c` and `crate::e`.
+    fn use_tree(&mut self, tree: &syn::UseTree, prefix: &mut Vec<String>) {
+        let (ident, line) = match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(&p.tree, prefix);
+                prefix.pop();
+                return;
+            }
+            syn::UseTree::Group(group) => {
+                for tree in &group.items {
+                    self.use_tree(tree, prefix);
+                }
+                return;
+            }
+            syn::UseTree::Name(name) => (Some(&name.ident), name.ident.span().start().line),
+            syn::UseTree::Rename(rename) => (Some(&rename.ident), rename.ident.span().start().line),
+            syn::UseTree::Glob(glob) => (None, glob.star_token.span.start().line),
+        };
+        let mut path = prefix.clone();
+        path.extend(ident.map(|i| i.to_string()));
+        self.record(line, &path);
+    }
+
+    /// Paths in a macro's tokens (`format!("{}", crate::x::y())`, `$crate::x`, an
+    /// attribute's arguments), which syn leaves unparsed: each run of `a::b::…`.
+    fn tokens(&mut self, tokens: proc_macro2::TokenStream) {
+        use proc_macro2::TokenTree;
+        let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+        let colon = |t: Option<&TokenTree>| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == ':');
+        let mut i = 0;
+        while i < tokens.len() {
+            match &tokens[i] {
+                TokenTree::Group(group) => self.tokens(group.stream()),
+                // Not the tail of a longer path (`::x`, `Other::x`), which began before.
+                TokenTree::Ident(ident) if i == 0 || !colon(tokens.get(i - 1)) => {
+                    let mut path = vec![ident.to_string()];
+                    while colon(tokens.get(i + 1)) && colon(tokens.get(i + 2)) {
+                        let Some(TokenTree::Ident(next)) = tokens.get(i + 3) else { break };
+                        path.push(next.to_string());
+                        i += 3;
+                    }
+                    self.record(ident.span().start().line, &path);
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+}
+
+impl<'ast> syn::visit::Visit<'ast> for Reach<'_> {
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        if item.leading_colon.is_none() {
+            self.use_tree(&item.tree, &mut Vec::new());
+        }
+    }
+
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        let test = item
+            .attrs
+            .iter()
+            .any(|a| a.path().is_ident("cfg") && a.parse_args::<syn::Ident>().is_ok_and(|arg| arg == "test"));
+        self.tests += usize::from(test);
+        self.scope.push(item.ident.to_string());
+        syn::visit::visit_item_mod(self, item);
+        self.scope.pop();
+        self.tests -= usize::from(test);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        if path.leading_colon.is_none() {
+            let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+            let line = path.segments.first().map_or(0, |s| s.ident.span().start().line);
+            self.record(line, &segments);
+        }
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.visit_path(&mac.path);
+        self.tokens(mac.tokens.clone());
+    }
+
+    fn visit_meta_list(&mut self, list: &'ast syn::MetaList) {
+        self.visit_path(&list.path);
+        self.tokens(list.tokens.clone());
+    }
+}
+
+/// The crate's sources under `root` (`gateway/src`, without the binary's `main.rs`): each
+/// as (path under `root`, module, parsed file).
+fn parsed(root: &Path) -> Vec<(String, Vec<String>, syn::File)> {
     let mut files = Vec::new();
     sources(root, &mut files);
     assert!(files.len() > 20, "found only {} sources under {}", files.len(), root.display());
-    let mut found = Vec::new();
+    let mut out = Vec::new();
     for file in files {
         let rel = file.strip_prefix(root).expect("under src").to_string_lossy().replace('\\', "/");
+        if rel == "main.rs" {
+            continue;
+        }
         let text = std::fs::read_to_string(&file).expect("read source");
-        let parts: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
-        let top = parts[0];
-        if let Some(mine) = rank(LAYERS, top) {
-            for (line, to) in imported(&text, "crate::") {
-                match rank(LAYERS, &to) {
-                    Some(theirs) if to != top && theirs >= mine => found
-                        .push(format!("gateway/src/{rel}:{line}: {top} (layer {mine}) imports {to} (layer {theirs})")),
-                    _ => {}
-                }
+        let ast = syn::parse_file(&text).unwrap_or_else(|e| {
+            let at = e.span().start();
+            panic!("gateway/src/{rel}:{}:{}: does not parse: {e}", at.line, at.column + 1)
+        });
+        out.push((rel.clone(), module_of(&rel), ast));
+    }
+    out
+}
+
+/// Every module a file reaches, as (line, module path from the crate root, from test code).
+fn reached(modules: &BTreeSet<Vec<String>>, module: &[String], ast: &syn::File) -> Vec<(usize, Vec<String>, bool)> {
+    let mut reach = Reach { modules, scope: module.to_vec(), tests: 0, found: Vec::new() };
+    syn::visit::Visit::visit_file(&mut reach, ast);
+    reach.found
+}
+
+fn to_child(folder: &str, child: &str) -> Vec<String> {
+    vec![folder.to_string(), child.to_string()]
+}
+
+/// Every import against the layer order, as "file:line: a (layer i) imports b (layer j)",
+/// and every module without a place in it.
+fn upward_imports(root: &Path) -> Vec<String> {
+    let files = parsed(root);
+    let modules: BTreeSet<Vec<String>> =
+        files.iter().flat_map(|(_, module, _)| (1..=module.len()).map(|n| module[..n].to_vec())).collect();
+    let mut found = Vec::new();
+    let lib = files.iter().find(|(rel, ..)| rel == "lib.rs").expect("gateway/src/lib.rs");
+    for item in &lib.2.items {
+        if let syn::Item::Mod(m) = item {
+            let name = m.ident.to_string();
+            if layer(&name).is_none() {
+                let line = m.ident.span().start().line;
+                found.push(format!("gateway/src/lib.rs:{line}: module {name} has no place in LAYERS"));
             }
         }
-        for (folder, order) in INNER {
-            if parts[0] != *folder || parts.len() < 2 || parts[1] == "mod" {
-                continue;
-            }
-            let me = parts[1];
-            let Some(mine) = rank(order, me) else {
-                found.push(format!("gateway/src/{rel}: {folder}/{me} has no place in the {folder}/ order"));
-                continue;
-            };
-            // `super::` from a file directly under the folder, `super::super::` from one below.
-            let up = "super::".repeat(parts.len() - 1);
-            let mut seen = imported(&text, &up);
-            seen.extend(imported(&text, &format!("crate::{folder}::")));
-            for (line, to) in seen {
-                match rank(order, &to) {
-                    Some(theirs) if to != me && theirs >= mine => found
-                        .push(format!("gateway/src/{rel}:{line}: {folder}/{me} imports {folder}/{to}, not below it")),
+    }
+    for (rel, module, ast) in &files {
+        let Some(top) = module.first() else { continue };
+        let Some((mine, my_layer)) = layer(top) else {
+            found.push(format!("gateway/src/{rel}: {top} has no place in LAYERS"));
+            continue;
+        };
+        let inner = INNER.iter().find(|(folder, _)| folder == top).filter(|_| module.len() > 1);
+        let me = module.get(1).map(String::as_str).unwrap_or_default();
+        if let Some((folder, order)) = inner
+            && rank(order, me).is_none()
+        {
+            found.push(format!("gateway/src/{rel}: {folder}/{me} has no place in the {folder}/ order"));
+        }
+        for (line, to, test) in reached(&modules, module, ast) {
+            let Some(first) = to.first() else { continue };
+            if first != top {
+                if !modules.contains(&to[..1]) {
+                    found.push(format!("gateway/src/{rel}:{line}: {top} reaches crate::{first}, not a module"));
+                    continue;
+                }
+                match layer(first) {
+                    Some((theirs, their_layer)) if theirs >= mine => found.push(format!(
+                        "gateway/src/{rel}:{line}: {top} (layer {my_layer}) imports {first} (layer {their_layer}), not below it"
+                    )),
+                    None => found.push(format!("gateway/src/{rel}:{line}: {top} imports {first}, which has no layer")),
                     _ => {}
                 }
+                continue;
+            }
+            let (Some((folder, order)), Some(to), false) = (inner, to.get(1), test) else { continue };
+            // An item of the folder's root (`super::Thing`) is not a child module; an
+            // unplaced child is reported as its file.
+            if to == me || !modules.contains(&to_child(top, to)) {
+                continue;
+            }
+            if let (Some(mine), Some(theirs)) = (rank(order, me), rank(order, to))
+                && theirs >= mine
+            {
+                found.push(format!("gateway/src/{rel}:{line}: {folder}/{me} imports {folder}/{to}, not below it"));
             }
         }
     }
@@ -220,6 +442,20 @@ fn modules_import_only_lower_layers() {
     assert!(found.is_empty(), "imports against the layer order (ARCHITECTURE.md, \"Layers\"):\n{}", found.join("\n"));
 }
 
+/// The tables name what is there: every module of `LAYERS` is declared by `lib.rs`, and
+/// every module of an `INNER` order is a module of its folder.
+#[test]
+fn every_module_the_layer_tables_name_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
+    let modules: BTreeSet<Vec<String>> = parsed(&root).into_iter().map(|(_, module, _)| module).collect();
+    let named = LAYERS.iter().flat_map(|(_, row)| row.iter().map(|m| vec![m.to_string()]));
+    let inner = INNER.iter().flat_map(|(folder, order)| {
+        order.iter().flat_map(move |row| row.iter().map(move |m| vec![folder.to_string(), m.to_string()]))
+    });
+    let stale: Vec<String> = named.chain(inner).filter(|m| !modules.contains(m)).map(|m| m.join("/")).collect();
+    assert!(stale.is_empty(), "tidy.rs's layer tables name modules that are gone: {stale:?}");
+}
+
 /// Writes `text` to `rel` under `root`, making the folders on the way.
 fn plant(root: &Path, rel: &str, text: &str) {
     let path = root.join(rel);
@@ -227,29 +463,91 @@ fn plant(root: &Path, rel: &str, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
-/// The scan catches a planted upward import, at the top level and inside a folder.
+/// The parse catches planted imports against the order, however they are written: grouped,
+/// wrapped over lines, inline in code or in a macro, from an inline module, into or from a
+/// module without a layer; and leaves comments, strings and test modules' reach into
+/// siblings alone.
 #[test]
 fn the_layer_scan_sees_a_planted_upward_import() {
     let dir = tempfile::tempdir().expect("temp dir");
     let write = |rel: &str, text: &str| plant(dir.path(), rel, text);
+    let mods = ["api", "clock", "intake", "json", "model", "store", "worker"];
+    let lib: String = mods.iter().map(|m| format!("pub mod {m};\n")).collect();
+    write("lib.rs", &lib);
     for i in 0..20 {
-        write(&format!("model/part{i}.rs"), "use crate::model::Millis;\n");
+        write(&format!("clock/part{i}.rs"), "use crate::model::Millis;\n");
     }
-    write("store.rs", "use crate::model::Millis;\n// crate::worker::Engine in a comment\n");
-    write("intake.rs", "use crate::store::Committer;\n");
-    write("worker/attempt.rs", "use super::decide::decide;\n");
+    for m in mods {
+        write(&format!("{m}.rs"), "");
+    }
+    write("store/committer.rs", "use super::{queries::Queries, engine::Engine};\n");
+    write(
+        "store.rs",
+        "use crate::model::Millis;\n// crate::worker::Engine in a comment\nconst S: &str = \"crate::api\";\n",
+    );
+    write("intake.rs", "use crate::{json, store::{self, Committer}};\n");
+    write("worker/attempt.rs", "use super::{decide::decide, known};\nfn f() { self::super::known::g(); }\n");
+    write(
+        "store/queries.rs",
+        "use super::{sql, rows::Row};\n#[cfg(test)]\nmod tests {\n    use super::super::committer::X;\n}\n",
+    );
     assert_eq!(upward_imports(dir.path()), Vec::<String>::new());
-    write("store/writer.rs", "fn f() { crate::intake::fan_out(); }\n");
+
+    write("store/sqlite/writes.rs", "fn f() { crate::intake::fan_out(); }\n");
+    write("store/sql.rs", "use crate::{model::Millis, api::ApiError};\n");
+    write("store/rows.rs", "use super::{committer::Committer};\n");
+    write("store/postgres.rs", "use crate::\n    worker::Engine as _;\n");
+    write("model/egress.rs", "fn f() -> String {\n    format!(\"{}\", crate::json::describe())\n}\n");
+    write("worker/known.rs", "mod inner {\n    use super::super::attempt::run;\n}\n");
     write("worker/decide.rs", "use super::attempt::run;\n");
+    write("lib.rs", &format!("{lib}pub mod extra;\n"));
+    write("extra.rs", "use crate::model::Millis;\n");
     let mut found = upward_imports(dir.path());
     found.sort();
     assert_eq!(
         found,
         [
-            "gateway/src/store/writer.rs:1: store (layer 4) imports intake (layer 8)",
+            "gateway/src/extra.rs: extra has no place in LAYERS",
+            "gateway/src/lib.rs:8: module extra has no place in LAYERS",
+            "gateway/src/model/egress.rs:2: model (layer 0) imports json (layer 1), not below it",
+            "gateway/src/store/postgres.rs:2: store (layer 3) imports worker (layer 7), not below it",
+            "gateway/src/store/rows.rs:1: store/rows imports store/committer, not below it",
+            "gateway/src/store/sql.rs:1: store (layer 3) imports api (layer 8), not below it",
+            "gateway/src/store/sqlite/writes.rs:1: store (layer 3) imports intake (layer 6), not below it",
             "gateway/src/worker/decide.rs:1: worker/decide imports worker/attempt, not below it",
+            "gateway/src/worker/known.rs:2: worker/known imports worker/attempt, not below it",
         ]
     );
+}
+
+/// The parse reads a file's reach whole: nested groups, renames, globs, `self`, turbofish
+/// and qualified types, and `$crate` in a macro.
+#[test]
+fn the_layer_parse_resolves_every_form_of_path() {
+    let modules: BTreeSet<Vec<String>> = [["a"].as_slice(), &["a", "b"], &["a", "b", "c"], &["d"], &["d", "e"]]
+        .iter()
+        .map(|m| m.iter().map(|s| s.to_string()).collect())
+        .collect();
+    let text = "use crate::{d::{self, e::*}, a as z};\n\
+                use super::c::X;\n\
+                fn f() -> <crate::d::T as self::c::U>::V { Vec::<crate::a::W>::new(); m!($crate::d::e::f); }\n\
+                use std::io;\n";
+    let ast = syn::parse_file(text).expect("parses");
+    let scope = ["a".to_string(), "b".to_string()];
+    let found: Vec<(usize, String)> =
+        reached(&modules, &scope, &ast).into_iter().map(|(line, to, _)| (line, to.join("::"))).collect();
+    let want = [
+        (1, "d"),
+        (1, "d::e"),
+        (1, "a"),
+        (2, "a::c::X"),
+        (3, "d::T"),
+        (3, "a::b::c::U::V"),
+        (3, "a::W"),
+        (3, "d::e::f"),
+    ];
+    let want: Vec<(usize, String)> = want.iter().map(|(l, p)| (*l, p.to_string())).collect();
+    assert_eq!(found, want);
 }
 
 /// Calls that would add a route to the API's router without its OpenAPI operation. Every
