@@ -34,7 +34,7 @@
 //! - `scaffold`: `herald plugin new` projects build and their tests pass
 //! - `secrets`: tokens and secrets: listing, revocation, never printed
 //! - `sent`: what each attempt sent, as the API shows it
-//! - `store`: the `Store` conformance suite, on both backends
+//! - `store`: the `Store` conformance suite, on both backends; `schemas`: both migrated schemas compared
 //! - `tidy`: the source tree's rules: I/O library owners, layers, routes; the docs' links
 //! - `timing`: the engine's timing rules in paused time (backoff, 429, disable-after, linger)
 //! - `tracing`: W3C trace context from producer to receiver, and the spans exported over OTLP

@@ -1499,3 +1499,277 @@ mod backend_specific {
         Ok(())
     }
 }
+
+/// The two schemas held together: after every migration, SQLite and Postgres have the same
+/// tables, columns (through [`schemas::TYPES`]), nullability, primary keys and indexes (name,
+/// table, columns, uniqueness, partial predicate), save the listed
+/// [`schemas::EXCEPTIONS`]. An exception that no longer applies fails too, so the list stays
+/// true.
+mod schemas {
+    use std::collections::BTreeSet;
+    use std::str::FromStr;
+
+    use sqlx::{Connection, Row};
+
+    use super::Backend;
+
+    /// Which store a fact is found in.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+    enum Side {
+        Sqlite,
+        Postgres,
+    }
+
+    /// Column types, each engine's to the one both are compared as: `(engine, its type, as)`.
+    /// A type missing here fails the test, so a new one is mapped on purpose.
+    const TYPES: [(Side, &str, &str); 9] = [
+        (Side::Sqlite, "TEXT", "text"),
+        (Side::Sqlite, "INTEGER", "integer"),
+        (Side::Sqlite, "REAL", "real"),
+        (Side::Postgres, "text", "text"),
+        // Instants, counts and numbers are BIGINT; `catalog_revision.id` is a plain INTEGER.
+        (Side::Postgres, "bigint", "integer"),
+        (Side::Postgres, "integer", "integer"),
+        // SQLite has no boolean: a flag is an INTEGER 0 or 1.
+        (Side::Postgres, "boolean", "integer"),
+        (Side::Postgres, "double precision", "real"),
+        (Side::Postgres, "timestamp with time zone", "timestamp"),
+    ];
+
+    /// A fact of one side that the other side lacks, on purpose.
+    struct Exception {
+        side: Side,
+        /// As [`facts`] writes it; `table <name>` covers every fact of that table.
+        fact: &'static str,
+        reason: &'static str,
+    }
+
+    const ORDERED: &str = "SQLite orders a key's deliveries by rowid, the implicit last column of every \
+                           index; Postgres has no rowid and numbers them from the deliveries_seq sequence";
+    const ATTEMPTS_KEY: &str = "Postgres 0015_attempts_key: the key leads with the delivery and replaces \
+                                attempts_delivery (one b-tree entry fewer per attempt); known difference, SQLite \
+                                would need to rebuild the table to change a primary key";
+
+    const EXCEPTIONS: &[Exception] = &[
+        Exception {
+            side: Side::Postgres,
+            fact: "table cluster_nodes",
+            reason: "cluster membership: SQLite is a single-node store",
+        },
+        Exception { side: Side::Postgres, fact: "column deliveries.seq integer null", reason: ORDERED },
+        Exception {
+            side: Side::Postgres,
+            fact: "index deliveries_ordered on deliveries (endpoint_id, ordering_key, seq) where ordering_key is not null and state in 'queued', 'waiting', 'delivering', 'dead'",
+            reason: ORDERED,
+        },
+        Exception {
+            side: Side::Sqlite,
+            fact: "index deliveries_ordered on deliveries (endpoint_id, ordering_key) where ordering_key is not null and state in 'queued', 'waiting', 'delivering', 'dead'",
+            reason: ORDERED,
+        },
+        Exception { side: Side::Postgres, fact: "primary key attempts (delivery_id, id)", reason: ATTEMPTS_KEY },
+        Exception { side: Side::Sqlite, fact: "primary key attempts (id)", reason: ATTEMPTS_KEY },
+        Exception {
+            side: Side::Sqlite,
+            fact: "index attempts_delivery on attempts (delivery_id, number)",
+            reason: ATTEMPTS_KEY,
+        },
+        Exception {
+            side: Side::Postgres,
+            fact: "column tokens.id text not null",
+            reason: "known difference: SQLite's ALTER TABLE cannot make the added column NOT NULL (0005_token_ids); \
+                     every insert sets it",
+        },
+        Exception {
+            side: Side::Sqlite,
+            fact: "column tokens.id text null",
+            reason: "known difference: SQLite's ALTER TABLE cannot make the added column NOT NULL (0005_token_ids); \
+                     every insert sets it",
+        },
+    ];
+
+    /// One side's schema as facts `(table, fact)`, each a line of text.
+    type Facts = BTreeSet<(String, String)>;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_schemas_match() -> anyhow::Result<()> {
+        let (lite, pg) = (Backend::sqlite().await?, Backend::postgres().await?);
+        let lite = sqlite_facts(&lite.url).await?;
+        let pg = postgres_facts(&pg.url).await?;
+        let mut wrong = Vec::new();
+        for (side, ours, theirs) in [(Side::Sqlite, &lite, &pg), (Side::Postgres, &pg, &lite)] {
+            let excepted = |(table, fact): &(String, String)| {
+                EXCEPTIONS.iter().any(|e| e.side == side && (e.fact == fact || e.fact == format!("table {table}")))
+            };
+            for f in ours.difference(theirs).filter(|f| !excepted(f)) {
+                wrong.push(format!("only in {side:?}: {}", f.1));
+            }
+        }
+        for e in EXCEPTIONS {
+            let (ours, theirs) = if e.side == Side::Sqlite { (&lite, &pg) } else { (&pg, &lite) };
+            let holds = ours.iter().any(|(t, f)| f == e.fact || e.fact == format!("table {t}"))
+                && !theirs.iter().any(|(t, f)| f == e.fact || e.fact == format!("table {t}"));
+            if !holds {
+                wrong.push(format!("exception no longer applies ({:?}: {}; {})", e.side, e.fact, e.reason));
+            }
+        }
+        assert!(wrong.is_empty(), "the SQLite and Postgres schemas differ:\n{}", wrong.join("\n"));
+        Ok(())
+    }
+
+    /// The type both sides are compared as, or an error naming the unmapped type.
+    fn mapped(side: Side, table: &str, column: &str, ty: &str) -> anyhow::Result<&'static str> {
+        TYPES.iter().find(|(s, t, _)| *s == side && t.eq_ignore_ascii_case(ty)).map(|(_, _, c)| *c).ok_or_else(|| {
+            anyhow::anyhow!("{side:?} type {ty:?} of {table}.{column} is not in TYPES: map it to the other store's")
+        })
+    }
+
+    fn column(table: &str, name: &str, ty: &str, not_null: bool) -> (String, String) {
+        let null = if not_null { "not null" } else { "null" };
+        (table.into(), format!("column {table}.{name} {ty} {null}"))
+    }
+
+    /// A named index, or (`name` None) the index of a UNIQUE constraint, whose name each
+    /// engine makes up.
+    fn index(
+        name: Option<&str>,
+        table: &str,
+        columns: &[String],
+        unique: bool,
+        predicate: Option<&str>,
+    ) -> (String, String) {
+        let mut fact = match name {
+            Some(name) => format!("index {name} on {table} ({})", columns.join(", ")),
+            None => format!("unique constraint on {table} ({})", columns.join(", ")),
+        };
+        if unique && name.is_some() {
+            fact.push_str(" unique");
+        }
+        if let Some(p) = predicate {
+            fact.push_str(&format!(" where {}", normal_predicate(p)));
+        }
+        (table.into(), fact)
+    }
+
+    /// A partial index's predicate in one spelling: Postgres's `(state = ANY (ARRAY['a'::text,
+    /// 'b'::text]))` and SQLite's `state IN ('a','b')` both read `state in 'a', 'b'`.
+    fn normal_predicate(p: &str) -> String {
+        let p = p.replace("::text", "").replace("= ANY (ARRAY[", "IN (").replace("])", ")").replace(',', ", ");
+        let p: String = p.chars().filter(|c| !matches!(c, '(' | ')')).collect();
+        p.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase()
+    }
+
+    /// Herald's tables, less the migrator's own.
+    fn ours(table: &str) -> bool {
+        table != "_sqlx_migrations"
+    }
+
+    async fn sqlite_facts(url: &str) -> anyhow::Result<Facts> {
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?.read_only(true);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+        let tables: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                .fetch_all(&mut conn)
+                .await?;
+        let mut facts = Facts::new();
+        for table in tables.iter().filter(|t| ours(t)) {
+            facts.insert((table.clone(), format!("table {table}")));
+            let columns = sqlx::query(r#"SELECT name, type, "notnull", pk FROM pragma_table_info(?1)"#)
+                .bind(table)
+                .fetch_all(&mut conn)
+                .await?;
+            let mut key = Vec::new();
+            for c in &columns {
+                let (name, ty, not_null, pk): (String, String, bool, i64) =
+                    (c.try_get(0)?, c.try_get(1)?, c.try_get(2)?, c.try_get(3)?);
+                // A key column is NOT NULL on both sides (SQLite lets a rowid table's
+                // non-integer key hold NULL, which Herald never writes).
+                facts.insert(column(table, &name, mapped(Side::Sqlite, table, &name, &ty)?, not_null || pk > 0));
+                if pk > 0 {
+                    key.push((pk, name));
+                }
+            }
+            key.sort();
+            let key: Vec<String> = key.into_iter().map(|(_, n)| n).collect();
+            if !key.is_empty() {
+                facts.insert((table.clone(), format!("primary key {table} ({})", key.join(", "))));
+            }
+            let indexes = sqlx::query(r#"SELECT name, "unique", origin FROM pragma_index_list(?1)"#)
+                .bind(table)
+                .fetch_all(&mut conn)
+                .await?;
+            for i in &indexes {
+                let (name, unique, origin): (String, bool, String) = (i.try_get(0)?, i.try_get(1)?, i.try_get(2)?);
+                if origin == "pk" {
+                    continue;
+                }
+                let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_index_info(?1) ORDER BY seqno")
+                    .bind(&name)
+                    .fetch_all(&mut conn)
+                    .await?;
+                let sql: Option<String> = sqlx::query_scalar("SELECT sql FROM sqlite_schema WHERE name = ?1")
+                    .bind(&name)
+                    .fetch_one(&mut conn)
+                    .await?;
+                let sql = sql.unwrap_or_default().split_whitespace().collect::<Vec<_>>().join(" ");
+                let predicate = sql.to_uppercase().find(" WHERE ").map(|at| &sql[at + 7..]);
+                let name = (origin == "c").then_some(name.as_str());
+                facts.insert(index(name, table, &columns, unique, predicate));
+            }
+        }
+        Ok(facts)
+    }
+
+    async fn postgres_facts(url: &str) -> anyhow::Result<Facts> {
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT table_name::text FROM information_schema.tables
+             WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'",
+        )
+        .fetch_all(&mut conn)
+        .await?;
+        let mut facts = Facts::new();
+        for table in tables.iter().filter(|t| ours(t)) {
+            facts.insert((table.clone(), format!("table {table}")));
+        }
+        let columns = sqlx::query(
+            "SELECT table_name::text, column_name::text, data_type::text, is_nullable::text
+             FROM information_schema.columns WHERE table_schema = current_schema()",
+        )
+        .fetch_all(&mut conn)
+        .await?;
+        for c in &columns {
+            let (table, name, ty, nullable): (String, String, String, String) =
+                (c.try_get(0)?, c.try_get(1)?, c.try_get(2)?, c.try_get(3)?);
+            if ours(&table) {
+                facts.insert(column(&table, &name, mapped(Side::Postgres, &table, &name, &ty)?, nullable == "NO"));
+            }
+        }
+        let indexes = sqlx::query(
+            "SELECT i.relname::text, t.relname::text, x.indisunique, x.indisprimary,
+                    EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid AND c.contype = 'u'),
+                    pg_get_expr(x.indpred, x.indrelid),
+                    ARRAY(SELECT a.attname::text FROM unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+                          JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum ORDER BY k.n)
+             FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
+             WHERE t.relnamespace = current_schema()::regnamespace",
+        )
+        .fetch_all(&mut conn)
+        .await?;
+        for i in &indexes {
+            let (name, table, unique, primary, constraint): (String, String, bool, bool, bool) =
+                (i.try_get(0)?, i.try_get(1)?, i.try_get(2)?, i.try_get(3)?, i.try_get(4)?);
+            let (predicate, columns): (Option<String>, Vec<String>) = (i.try_get(5)?, i.try_get(6)?);
+            if !ours(&table) {
+                continue;
+            }
+            if primary {
+                facts.insert((table.clone(), format!("primary key {table} ({})", columns.join(", "))));
+            } else {
+                let name = (!constraint).then_some(name.as_str());
+                facts.insert(index(name, &table, &columns, unique, predicate.as_deref()));
+            }
+        }
+        Ok(facts)
+    }
+}
