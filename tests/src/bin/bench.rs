@@ -164,28 +164,7 @@ enum Scenario {
     /// more with every hostile plugin. Reports good's 202→arrival p50/p99 per phase and its
     /// ratios to the baseline, `/healthz` p99, the node's CPU and the slow plugin's timeouts
     /// (see `bench/isolation.rs`). Needs `scripts/build-plugins`.
-    IsolationPlugins {
-        #[arg(long, default_value_t = 100)]
-        rate: u64,
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        #[arg(long, default_value_t = 10)]
-        slow_rate: u64,
-        #[arg(long, default_value_t = 9.0)]
-        slow_ms: f64,
-        #[arg(long, default_value_t = 7)]
-        burners: usize,
-        #[arg(long, default_value_t = 4)]
-        burn_rate: u64,
-        #[arg(long, default_value_t = 44)]
-        hostile_endpoints: usize,
-        /// Events/s of each hostile mode (each fanned out to that mode's endpoints).
-        #[arg(long, default_value_t = 1)]
-        hostile_rate: u64,
-        /// The burners' plugin in JavaScript, `for (;;) {}` (needs scripts/build-js-runtime).
-        #[arg(long, default_value_t = false)]
-        js: bool,
-    },
+    IsolationPlugins(isolation::Params),
     /// Restart of a node with `plugins` installed plugins (distinct, all compiled and
     /// cached): ms from spawn to `/readyz`, to every plugin serving, and to the first
     /// delivery through the plugin loaded last.
@@ -724,28 +703,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let patch_via = _others.last().map_or(&api, |(other, _)| &other.api);
             rate_change(&api, patch_via, &rx, events, &mut out).await?;
         }
-        Scenario::IsolationPlugins {
-            rate,
-            seconds,
-            slow_rate,
-            slow_ms,
-            burners,
-            burn_rate,
-            hostile_endpoints,
-            hostile_rate,
-            js,
-        } => {
-            let params = isolation::Params {
-                rate,
-                seconds,
-                slow_rate,
-                slow_ms,
-                burners,
-                burn_rate,
-                hostile_endpoints,
-                hostile_rate,
-                js,
-            };
+        Scenario::IsolationPlugins(params) => {
             isolation::run(&api, node.pid(), &params, &mut out).await?;
         }
         Scenario::PluginCalls { .. }

@@ -31,15 +31,28 @@ use super::{cpu_seconds, percentile, wasm};
 /// Every misbehaviour of the hostile guest (`tests/guests/hostile`).
 const HOSTILE_MODES: [&str; 8] = ["print", "panic", "exit", "fail", "socket", "spin", "alloc", "huge"];
 
+/// The `isolation-plugins` scenario's arguments.
+#[derive(clap::Args, Clone)]
 pub(crate) struct Params {
+    #[arg(long, default_value_t = 100)]
     pub(crate) rate: u64,
+    #[arg(long, default_value_t = 10)]
     pub(crate) seconds: u64,
+    #[arg(long, default_value_t = 10)]
     pub(crate) slow_rate: u64,
+    #[arg(long, default_value_t = 9.0)]
     pub(crate) slow_ms: f64,
+    #[arg(long, default_value_t = 7)]
     pub(crate) burners: usize,
+    #[arg(long, default_value_t = 4)]
     pub(crate) burn_rate: u64,
+    #[arg(long, default_value_t = 44)]
     pub(crate) hostile_endpoints: usize,
+    /// Events/s of each hostile mode (each fanned out to that mode's endpoints).
+    #[arg(long, default_value_t = 1)]
     pub(crate) hostile_rate: u64,
+    /// The burners' plugin in JavaScript, `for (;;) {}` (needs scripts/build-js-runtime).
+    #[arg(long, default_value_t = false)]
     pub(crate) js: bool,
 }
 
