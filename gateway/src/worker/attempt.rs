@@ -321,8 +321,7 @@ async fn record_until_stored(
     change: Option<EndpointChange>,
     result: AttemptResult,
 ) -> crate::store::Result<Recorded> {
-    let forever = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-    super::until_stored(forever, || inner.committer.record_with(change.clone(), result.clone())).await
+    super::until_stored(None, || inner.committer.record_with(change.clone(), result.clone())).await
 }
 
 /// A delivery just went to the dead-letter queue: counted, logged, announced as an

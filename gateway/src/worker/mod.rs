@@ -347,7 +347,7 @@ async fn release(inner: &Arc<Inner>, releases: Vec<Release>) {
             tokio::spawn(async move {
                 let tried = Instant::now();
                 let stored =
-                    until_stored(tried + RELEASE_RETRY_FOR, || inner.committer.release(releases.clone())).await;
+                    until_stored(Some(tried + RELEASE_RETRY_FOR), || inner.committer.release(releases.clone())).await;
                 match stored {
                     Ok(()) => tracing::info!(count, "handed claims back once the database returned"),
                     Err(e) => tracing::warn!(count, error = %e, "release failed; leases will expire instead"),
@@ -360,7 +360,7 @@ async fn release(inner: &Arc<Inner>, releases: Vec<Release>) {
 
 /// Runs `write` until the database takes it, trying again while it is out of reach (until
 /// `give_up`, when given): any other failure is returned at once, as is the last one.
-async fn until_stored<T, F, Fut>(give_up: Instant, mut write: F) -> crate::store::Result<T>
+async fn until_stored<T, F, Fut>(give_up: Option<Instant>, mut write: F) -> crate::store::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = crate::store::Result<T>>,
@@ -368,7 +368,7 @@ where
     let mut wait = STORE_RETRY_FIRST;
     loop {
         match write().await {
-            Err(e) if e.is_unavailable() && Instant::now() + wait < give_up => {
+            Err(e) if e.is_unavailable() && give_up.is_none_or(|at| Instant::now() + wait < at) => {
                 tracing::debug!(error = %e, "cannot store yet; trying again");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(STORE_RETRY_MAX);
