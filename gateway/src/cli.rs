@@ -1,4 +1,5 @@
-//! Operator commands that talk to a running Herald over its own API (`herald replay`).
+//! Operator and developer commands that talk to a running Herald over its own API
+//! (`herald replay`, `herald trigger`).
 //! Not a webhook client: `deliver` alone talks to endpoints.
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -22,6 +23,12 @@ pub enum CliError {
     NeedsAll(String),
     #[error("not confirmed: nothing replayed")]
     NotConfirmed,
+    #[error("event type {0} is not in tenant {1}'s catalog: give --data to post a payload of your own")]
+    UnknownType(String, String),
+    #[error(
+        "event type {0} has {2} example(s) in tenant {1}'s catalog, so there is no example {3}: give --data, or add one"
+    )]
+    NoExample(String, String, usize, usize),
 }
 
 /// What `herald replay` asks for.
@@ -110,6 +117,54 @@ async fn call(api: &str, method: &str, path: &str, token: &str, body: Option<Val
         return Err(CliError::Refused(status, msg));
     }
     Ok(value)
+}
+
+/// What `herald trigger` posts: one event of `event_type`, with `payload` or, without one,
+/// the catalog's example number `example` (0 is the first) of that type.
+#[derive(Debug, Clone)]
+pub struct TriggerRequest {
+    pub api: String,
+    pub token: String,
+    pub tenant: String,
+    pub event_type: String,
+    pub payload: Option<Value>,
+    pub example: usize,
+    pub id: Option<String>,
+    pub ordering_key: Option<String>,
+}
+
+/// Posts one real event of the tenant (`POST /v1/tenants/{tenant}/events`): it fans out,
+/// is signed and delivered like any other. Answers what intake answered (`id`,
+/// `deliveries`, `duplicate`).
+pub async fn trigger(req: TriggerRequest) -> Result<Value, CliError> {
+    let payload = match req.payload.clone() {
+        Some(payload) => payload,
+        None => catalog_example(&req).await?,
+    };
+    let mut body = json!({ "type": req.event_type, "payload": payload });
+    if let Some(id) = &req.id {
+        body["id"] = json!(id);
+    }
+    if let Some(key) = &req.ordering_key {
+        body["ordering_key"] = json!(key);
+    }
+    call(&req.api, "POST", &format!("/v1/tenants/{}/events", req.tenant), &req.token, Some(body)).await
+}
+
+/// The tenant's catalog's example of the type (its own type, else the operator's).
+async fn catalog_example(req: &TriggerRequest) -> Result<Value, CliError> {
+    let path = format!("/v1/tenants/{}/event-types/{}", req.tenant, req.event_type);
+    let found = match call(&req.api, "GET", &path, &req.token, None).await {
+        Err(CliError::Refused(404, _)) => {
+            return Err(CliError::UnknownType(req.event_type.clone(), req.tenant.clone()));
+        }
+        found => found?,
+    };
+    let examples = found["examples"].as_array().cloned().unwrap_or_default();
+    examples
+        .get(req.example)
+        .cloned()
+        .ok_or_else(|| CliError::NoExample(req.event_type.clone(), req.tenant.clone(), examples.len(), req.example + 1))
 }
 
 /// Starts a replay and, if asked, follows it to the end with a progress bar on stderr.

@@ -271,9 +271,9 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(30);
 /// The shortest admin token accepted: a guessable admin token is every tenant's token.
 pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
 
-/// Variables of the `herald` command-line client (`herald replay`), not configuration
-/// keys: `serve` ignores them, so one shell can run both.
-pub const CLIENT_VARS: [&str; 2] = ["HERALD_API", "HERALD_TOKEN"];
+/// Variables of the `herald` command-line client (`herald replay`, `herald trigger`), not
+/// configuration keys: `serve` ignores them, so one shell can run both.
+pub const CLIENT_VARS: [&str; 3] = ["HERALD_API", "HERALD_TOKEN", "HERALD_TENANT"];
 
 impl Config {
     /// Reads `path` (if any), applies `HERALD_*` variables from `env`, and validates. An

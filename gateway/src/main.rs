@@ -1,4 +1,4 @@
-//! The `herald` command line: `serve`, `replay`, `plugin check|run` (and the hidden `plugin compile`), `check-config`, `outbox schema`, `openapi`.
+//! The `herald` command line: `serve`, `replay`, `trigger`, `plugin check|run` (and the hidden `plugin compile`), `check-config`, `outbox schema`, `openapi`.
 
 use std::path::PathBuf;
 
@@ -34,6 +34,9 @@ enum Command {
     },
     /// Replay dead letters of a tenant through a running Herald, with a progress bar.
     Replay(ReplayArgs),
+    /// Post one real event of a tenant: the catalog's example of TYPE, or --data. It is
+    /// fanned out, signed and delivered like any other event.
+    Trigger(TriggerArgs),
     /// Work with plugin files: validate one, or run one hook on an input.
     Plugin {
         #[command(subcommand)]
@@ -90,6 +93,38 @@ struct ReplayArgs {
     /// replay is asked about on a terminal, and refused elsewhere.
     #[arg(long)]
     all: bool,
+}
+
+#[derive(clap::Args)]
+struct TriggerArgs {
+    /// The event type, e.g. `invoice.paid`.
+    #[arg(value_name = "TYPE")]
+    event_type: String,
+    /// Herald's API address.
+    #[arg(long, default_value = "http://127.0.0.1:8080", env = "HERALD_API")]
+    api: String,
+    /// A token with the `events:write` scope, and `read` to look up the catalog's example
+    /// (or the admin token).
+    #[arg(long, env = "HERALD_TOKEN")]
+    token: String,
+    #[arg(long, env = "HERALD_TENANT")]
+    tenant: String,
+    /// The payload as JSON; without it (and without --data-file), the catalog's example.
+    #[arg(long, conflicts_with = "data_file")]
+    data: Option<String>,
+    /// A file holding the payload as JSON (`-`: standard input).
+    #[arg(long)]
+    data_file: Option<PathBuf>,
+    /// Which of the type's examples (1 is the first).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    example: u16,
+    /// The event's id (`evt_…` is generated when absent); posting it again is answered as a
+    /// duplicate, not delivered twice.
+    #[arg(long)]
+    id: Option<String>,
+    /// For endpoints ordered by key.
+    #[arg(long)]
+    ordering_key: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -174,6 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()),
         Command::Replay(args) => replay(args),
+        Command::Trigger(args) => trigger(args),
         Command::Plugin { command: PluginCommand::Check { file } } => {
             println!("{}", gateway::plugin::check_file(&file, &plugin_cli_config()?)?);
             Ok(())
@@ -274,6 +310,43 @@ fn serve(config: Option<&std::path::Path>) -> anyhow::Result<()> {
         gateway::app::run(config, listener, shutdown_signal()).await?;
         anyhow::Ok(())
     })
+}
+
+fn trigger(args: TriggerArgs) -> anyhow::Result<()> {
+    let text = match (&args.data, &args.data_file) {
+        (Some(text), _) => Some(("--data".to_string(), text.clone())),
+        (None, Some(path)) if path.as_os_str() == "-" => Some((
+            "--data-file -".to_string(),
+            std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?,
+        )),
+        (None, Some(path)) => Some((
+            format!("--data-file {}", path.display()),
+            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?,
+        )),
+        (None, None) => None,
+    };
+    let payload = match text {
+        Some((from, text)) => Some(serde_json::from_str(&text).with_context(|| format!("{from}: not JSON"))?),
+        None => None,
+    };
+    let req = gateway::cli::TriggerRequest {
+        api: args.api,
+        token: args.token,
+        tenant: args.tenant,
+        event_type: args.event_type.clone(),
+        payload,
+        example: usize::from(args.example) - 1,
+        id: args.id,
+        ordering_key: args.ordering_key,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let accepted = runtime.block_on(gateway::cli::trigger(req))?;
+    let (id, deliveries) = (accepted["id"].as_str().unwrap_or_default(), &accepted["deliveries"]);
+    match accepted["duplicate"].as_bool() {
+        Some(true) => eprintln!("{id} ({}) was posted before: answered, not delivered again", args.event_type),
+        _ => eprintln!("{id} ({}) accepted: {deliveries} deliveries", args.event_type),
+    }
+    print_out(&accepted.to_string())
 }
 
 fn replay(args: ReplayArgs) -> anyhow::Result<()> {

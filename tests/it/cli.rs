@@ -128,3 +128,83 @@ fn check_config_checks_what_variables_hide_and_names_a_bad_variable() -> anyhow:
     }
     Ok(())
 }
+
+/// Runs `herald ARGS` against `gw` with the admin token; `(success, stdout, stderr)`.
+async fn herald(gw: &tests::TestGateway, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+    let (bin, api) = (herald_binary()?, gw.api.base.clone());
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(bin)
+            .args(&args)
+            .args(["--api", &api, "--token", tests::ADMIN_TOKEN, "--tenant", "acme"])
+            .stdin(std::process::Stdio::null())
+            .output()
+    });
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), run).await???;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+}
+
+/// `herald trigger TYPE` posts the catalog's example of the type as a real event of the
+/// tenant: fanned out, signed and delivered. `--data` posts a payload of one's own; a type
+/// without an example, or unknown, is a one-line error and posts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn herald_trigger_posts_the_catalog_example_as_a_real_event() -> anyhow::Result<()> {
+    use serde_json::json;
+    use tests::{ADMIN_TOKEN, FakeReceiver, TestGateway};
+    let gw = TestGateway::start().await?;
+    let rx = FakeReceiver::start().await?;
+    gw.api.tenant("acme").await?;
+    let ep = gw.api.endpoint("acme", json!({"url": rx.url(), "event_types": ["invoice.paid", "user.created"]})).await?;
+    let secret = gateway::sign::Secret::parse(ep["secret"].as_str().unwrap()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let examples = json!([{"invoice": "in_1", "amount": 4200}, {"invoice": "in_2", "amount": 1}]);
+    let schema = json!({"type": "object", "required": ["invoice"]});
+    let r = gw
+        .api
+        .post(
+            "/v1/tenants/acme/event-types",
+            ADMIN_TOKEN,
+            json!({"name": "invoice.paid", "schema": schema, "examples": examples}),
+        )
+        .await?;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = gw.api.post("/v1/tenants/acme/event-types", ADMIN_TOKEN, json!({"name": "user.created"})).await?;
+    assert_eq!(r.status, 201, "{}", r.text);
+
+    // The second example, as a real delivery, signed with the endpoint's secret.
+    let (ok, stdout, stderr) = herald(&gw, &["trigger", "invoice.paid", "--example", "2"]).await?;
+    assert!(ok, "herald trigger failed: {stderr}");
+    let accepted: serde_json::Value = serde_json::from_str(&stdout)?;
+    assert_eq!(accepted["deliveries"], 1, "{stdout}");
+    let id = accepted["id"].as_str().unwrap().to_string();
+    assert!(stderr.contains(&id) && stderr.contains("accepted: 1 deliveries"), "{stderr}");
+    let got = rx.wait_for(1, std::time::Duration::from_secs(10)).await?;
+    let body = got[0].json();
+    assert_eq!((body["id"].as_str(), &body["data"]), (Some(id.as_str()), &examples[1]), "{body}");
+    let (ts, sig) = (got[0].header("webhook-timestamp").unwrap(), got[0].header("webhook-signature").unwrap());
+    assert!(gateway::sign::verify(&secret, &id, ts.parse()?, &got[0].body, sig), "signed: {sig}");
+
+    // A payload of one's own, under a chosen id: a second trigger of that id is a duplicate.
+    let data = r#"{"user": "u_7"}"#;
+    let (ok, _, stderr) = herald(&gw, &["trigger", "user.created", "--data", data, "--id", "evt_cli_1"]).await?;
+    assert!(ok, "{stderr}");
+    let got = rx.wait_for(2, std::time::Duration::from_secs(10)).await?;
+    assert_eq!(got[1].json()["data"], json!({"user": "u_7"}));
+    let (ok, _, stderr) = herald(&gw, &["trigger", "user.created", "--data", data, "--id", "evt_cli_1"]).await?;
+    assert!(ok && stderr.contains("posted before"), "{stderr}");
+
+    // Refused, one line each, nothing posted: a type without examples, an example that does
+    // not exist, an unknown type, data that is not JSON.
+    for (args, says) in [
+        (&["trigger", "user.created"][..], "0 example(s)"),
+        (&["trigger", "invoice.paid", "--example", "3"][..], "no example 3"),
+        (&["trigger", "invoice.refunded"][..], "not in tenant acme's catalog"),
+        (&["trigger", "user.created", "--data", "{user"][..], "--data: not JSON"),
+    ] {
+        let (ok, _, stderr) = herald(&gw, args).await?;
+        assert!(!ok && stderr.starts_with("error: ") && stderr.contains(says), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr}");
+    }
+    rx.stays_at(2, std::time::Duration::from_millis(300)).await?;
+    Ok(())
+}

@@ -56,7 +56,8 @@ const LONG_TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
 #[test]
 fn client_variables_are_not_config_keys() {
-    let c = load("", &[("HERALD_TOKEN", "hrld_x"), ("HERALD_API", "http://127.0.0.1:1")]).unwrap();
+    let c = load("", &[("HERALD_TOKEN", "hrld_x"), ("HERALD_API", "http://127.0.0.1:1"), ("HERALD_TENANT", "acme")])
+        .unwrap();
     assert!(c.admin_token.is_none());
 }
 
