@@ -19,33 +19,31 @@
 //! refused to such a session, and listings narrow with the `Reach` the extractor hands over
 //! (the store's delivery filter takes the endpoints; cursors are always an item shown).
 //! `tests/it/portal_reach.rs` walks every route of `/openapi.json` with such a session.
+//!
+//! This file is only the top: the modules, what they export, the route list and the
+//! routers built from it. What every handler shares is `state` (`AppState`), `error`
+//! (`ApiError`, the one error shape) and `params` (page limits, RFC 3339 times).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-
-use crate::config::Config;
-use crate::intake::IntakeError;
-use crate::metrics::Metrics;
-use crate::model::{TenantId, TokenRecord};
-use crate::store::{Committer, DynStore, StoreError};
 
 mod auth;
 mod bindings;
 mod console;
 mod doc;
 mod endpoints;
+mod error;
 mod event_types;
 mod events;
 mod extract;
 mod insight;
 pub(crate) mod listen;
+mod params;
 mod plugin_config;
 mod plugin_stats;
 mod plugin_versions;
@@ -53,107 +51,18 @@ mod plugins;
 mod portal;
 mod reach;
 mod replays;
+mod state;
 mod tenants;
 mod test_send;
 mod whoami;
 
 pub use auth::hash_token;
 pub use console::{CONTENT_SECURITY_POLICY, asset_names as console_assets};
+pub(crate) use crate::clock::rfc3339;
 pub use doc::ErrorCode;
-
-/// Shared state of every request handler.
-pub struct AppState {
-    pub config: Arc<Config>,
-    /// The engine's clock: stored times the API writes are on the engine's time.
-    pub clock: crate::clock::Clock,
-    pub store: DynStore,
-    pub committer: Committer,
-    pub metrics: Arc<Metrics>,
-    /// The delivery engine, told of committed new work (`poke`) and of committed endpoint
-    /// changes (`changed`: this node's partitions and, through the store, the others').
-    pub engine: crate::intake::Waker,
-    pub replayer: crate::replay::Replayer,
-    pub plugins: crate::plugin::PluginHost,
-    /// The event catalog intake checks events against (refreshed after every write of it).
-    pub catalog: Arc<crate::catalog::Catalog>,
-    /// The outbox relays' status (for `/readyz`); empty without `[[outbox]]` sources.
-    pub outbox: crate::outbox::Relays,
-    /// The engine's client, for what this node knows of endpoints' OAuth2 tokens.
-    pub deliverer: Option<crate::deliver::Deliverer>,
-    /// Tenant tokens by hash, and when each one's last use was written. `None` on a shared
-    /// store: see `auth::caller`.
-    pub(crate) tokens: Option<RwLock<HashMap<String, TokenRecord>>>,
-    pub(crate) token_use: std::sync::Mutex<HashMap<String, crate::model::Millis>>,
-    pub(crate) tenants: RwLock<HashSet<TenantId>>,
-    /// Orders plugin deletes and uploads with endpoint writes that bind plugins.
-    pub(crate) plugin_locks: bindings::PluginLocks,
-    /// Intake spans, when exported.
-    pub telemetry: crate::telemetry::Telemetry,
-}
-
-impl AppState {
-    pub fn new(
-        config: Arc<Config>,
-        store: DynStore,
-        committer: Committer,
-        metrics: Arc<Metrics>,
-        engine: crate::intake::Waker,
-        replayer: crate::replay::Replayer,
-        plugins: crate::plugin::PluginHost,
-    ) -> Arc<AppState> {
-        let tokens = (!config.store_kind.is_shared()).then(RwLock::default);
-        Arc::new(AppState {
-            config,
-            clock: engine.clock(),
-            catalog: Arc::new(crate::catalog::Catalog::new(metrics.clone())),
-            store,
-            committer,
-            metrics,
-            engine,
-            replayer,
-            plugins,
-            outbox: Default::default(),
-            deliverer: None,
-            tokens,
-            token_use: Default::default(),
-            tenants: RwLock::default(),
-            plugin_locks: Default::default(),
-            telemetry: Default::default(),
-        })
-    }
-
-    /// The state with the engine's client (before it is shared).
-    pub fn with_deliverer(mut self: Arc<Self>, deliverer: crate::deliver::Deliverer) -> Arc<Self> {
-        if let Some(state) = Arc::get_mut(&mut self) {
-            state.deliverer = Some(deliverer);
-        }
-        self
-    }
-
-    /// The state with the node's span export (before it is shared).
-    pub fn with_telemetry(mut self: Arc<Self>, telemetry: crate::telemetry::Telemetry) -> Arc<Self> {
-        if let Some(state) = Arc::get_mut(&mut self) {
-            state.telemetry = telemetry;
-        }
-        self
-    }
-
-    /// The state with the node's event catalog (before it is shared).
-    pub fn with_catalog(mut self: Arc<Self>, catalog: Arc<crate::catalog::Catalog>) -> Arc<Self> {
-        if let Some(state) = Arc::get_mut(&mut self) {
-            state.catalog = catalog;
-        }
-        self
-    }
-
-    /// The state with the outbox relays' status (before it is shared).
-    pub fn with_outbox(mut self: Arc<Self>, relays: crate::outbox::Relays) -> Arc<Self> {
-        if let Some(state) = Arc::get_mut(&mut self) {
-            state.outbox = relays;
-        }
-        self
-    }
-}
+pub use error::ApiError;
+pub(crate) use params::{page_limit, parse_rfc3339, query_rfc3339};
+pub use state::AppState;
 
 /// Every route of the API, each registered together with its OpenAPI operation (the
 /// handler's `#[utoipa::path]`): the router and the document come from this one list, so
@@ -254,109 +163,4 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
     router
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route") })
         .with_state(state)
-}
-
-/// An API error: a status, a stable machine code and a human message.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: ErrorCode,
-    message: String,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into() }
-    }
-    /// `408`: the body paused longer than `server.body_read_timeout`.
-    pub fn body_timeout(timeout: &listen::BodyTimeout) -> Self {
-        Self::new(StatusCode::REQUEST_TIMEOUT, ErrorCode::RequestTimeout, timeout.to_string())
-    }
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidRequest, message)
-    }
-    pub fn unprocessable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidRequest, message)
-    }
-    pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, format!("{what} not found"))
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = doc::ErrorBody { error: doc::ErrorDetail { code: self.code, message: self.message } };
-        (self.status, axum::Json(body)).into_response()
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, m),
-            StoreError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, m),
-            StoreError::Backend(m) => {
-                tracing::error!(error = %m, "storage error");
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    ErrorCode::StorageUnavailable,
-                    "storage is unavailable; nothing was accepted",
-                )
-            }
-            // Logged once by the committer when the store became unreachable, not per request.
-            StoreError::Unreachable => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::StorageUnavailable,
-                "storage is unreachable; nothing was accepted",
-            ),
-        }
-    }
-}
-
-impl From<IntakeError> for ApiError {
-    fn from(e: IntakeError) -> Self {
-        match e {
-            IntakeError::Invalid(m) => ApiError::bad_request(m),
-            IntakeError::Schema(m) => ApiError::unprocessable(m),
-            e @ IntakeError::TooDeep { .. } => ApiError::unprocessable(e.to_string()),
-            e @ IntakeError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, e.to_string()),
-            e @ IntakeError::TooLarge { .. } => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, e.to_string())
-            }
-            IntakeError::Store(s) => s.into(),
-        }
-    }
-}
-
-impl From<crate::spec::SpecError> for ApiError {
-    fn from(e: crate::spec::SpecError) -> Self {
-        ApiError::unprocessable(e.to_string())
-    }
-}
-
-pub(crate) use crate::clock::rfc3339;
-
-/// A listing's `limit`: 1 to 1000, 100 when absent.
-pub(crate) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
-    match limit {
-        None => Ok(100),
-        Some(n @ 1..=1000) => Ok(n),
-        Some(n) => Err(extract::bad_query(format!("limit: {n} is not 1 to 1000"))),
-    }
-}
-
-/// Parses RFC 3339 into milliseconds (a body field's; see [`query_rfc3339`]).
-pub(crate) fn parse_rfc3339(field: &str, s: &str) -> Result<i64, ApiError> {
-    rfc3339_ms(s).ok_or_else(|| ApiError::bad_request(format!("{field}: {s:?} is not an RFC 3339 timestamp")))
-}
-
-/// Parses a query parameter's RFC 3339 into milliseconds; a bad one is `invalid_query`.
-pub(crate) fn query_rfc3339(param: &str, s: &str) -> Result<i64, ApiError> {
-    rfc3339_ms(s).ok_or_else(|| extract::bad_query(format!("{param}: {s:?} is not an RFC 3339 timestamp")))
-}
-
-fn rfc3339_ms(s: &str) -> Option<i64> {
-    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
-        .ok()
-        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
 }
