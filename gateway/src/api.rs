@@ -56,9 +56,9 @@ mod tenants;
 mod test_send;
 mod whoami;
 
+pub(crate) use crate::clock::rfc3339;
 pub use auth::hash_token;
 pub use console::{CONTENT_SECURITY_POLICY, asset_names as console_assets};
-pub(crate) use crate::clock::rfc3339;
 pub use doc::ErrorCode;
 pub use error::ApiError;
 pub(crate) use params::{page_limit, parse_rfc3339, query_rfc3339};

@@ -66,7 +66,10 @@ fn strays() -> Vec<String> {
         let rel = file.strip_prefix(&root).expect("under src").to_string_lossy().replace('\\', "/");
         let text = std::fs::read_to_string(&file).expect("read source");
         for (krate, owners) in OWNERS {
-            if owners.iter().any(|o| rel.starts_with(o) || o.strip_suffix('/').is_some_and(|f| rel == format!("{f}.rs"))) {
+            if owners
+                .iter()
+                .any(|o| rel.starts_with(o) || o.strip_suffix('/').is_some_and(|f| rel == format!("{f}.rs")))
+            {
                 continue;
             }
             for line in mentions(&text, krate) {
