@@ -171,23 +171,13 @@ mod restart {
     use super::{Stop, a_restarted_node_delivers_at_once};
     use tests::Backend;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_after_sigkill() -> anyhow::Result<()> {
-        a_restarted_node_delivers_at_once(Backend::Sqlite, Stop::Kill).await
+    tests::backends!(after_sigkill, after_sigterm);
+
+    async fn after_sigkill(backend: Backend) -> anyhow::Result<()> {
+        a_restarted_node_delivers_at_once(backend, Stop::Kill).await
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_after_sigterm() -> anyhow::Result<()> {
-        a_restarted_node_delivers_at_once(Backend::Sqlite, Stop::Term).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_after_sigterm() -> anyhow::Result<()> {
-        a_restarted_node_delivers_at_once(Backend::Postgres, Stop::Term).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_after_sigkill() -> anyhow::Result<()> {
-        a_restarted_node_delivers_at_once(Backend::Postgres, Stop::Kill).await
+    async fn after_sigterm(backend: Backend) -> anyhow::Result<()> {
+        a_restarted_node_delivers_at_once(backend, Stop::Term).await
     }
 }

@@ -9,13 +9,14 @@ use gateway::store::{
     self, AttemptResult, ClaimRequest, Claimed, Committer, DeliveryFilter, DynStore, EndpointChange, Notice, Release,
     ReplayTurn, StoreError, WriteOp, WriteResult,
 };
+use tests::Backend;
 use tests::pg::PgSchema;
 
 const T0: Millis = 1_700_000_000_000;
 const HOUR: Millis = 3_600_000;
 
-/// A store under test, with what keeps its storage alive.
-struct Backend {
+/// A store opened on one backend for a case, with what keeps its storage alive.
+struct Opened {
     store: DynStore,
     committer: Committer,
     url: String,
@@ -28,22 +29,23 @@ enum Storage {
     Schema(PgSchema),
 }
 
-impl Backend {
-    async fn sqlite() -> anyhow::Result<Backend> {
-        let dir = tempfile::tempdir()?;
-        let url = format!("sqlite://{}", dir.path().join("herald.db").display());
-        Backend::open(url, Storage::Dir(dir)).await
-    }
-
-    async fn postgres() -> anyhow::Result<Backend> {
-        let schema = PgSchema::create().await?;
-        Backend::open(schema.url.clone(), Storage::Schema(schema)).await
-    }
-
-    async fn open(url: String, storage: Storage) -> anyhow::Result<Backend> {
+impl Opened {
+    /// A fresh store on `backend`: an SQLite file in a temporary directory, or a schema of
+    /// its own in the test Postgres database.
+    async fn on(backend: Backend) -> anyhow::Result<Opened> {
+        let (url, storage) = match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir()?;
+                (format!("sqlite://{}", dir.path().join("herald.db").display()), Storage::Dir(dir))
+            }
+            Backend::Postgres => {
+                let schema = PgSchema::create().await?;
+                (schema.url.clone(), Storage::Schema(schema))
+            }
+        };
         let store = store::open(&url, 4).await?;
         let committer = Committer::start(store.clone(), 64);
-        Ok(Backend { store, committer, url, _storage: storage })
+        Ok(Opened { store, committer, url, _storage: storage })
     }
 
     /// A second handle on the same storage: another node.
@@ -54,29 +56,8 @@ impl Backend {
     }
 }
 
-/// Runs every case against both backends: `store::sqlite::<case>`, `store::postgres::<case>`.
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() -> anyhow::Result<()> {
-                    super::$case(super::Backend::sqlite().await?).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() -> anyhow::Result<()> {
-                    super::$case(super::Backend::postgres().await?).await
-                }
-            )*
-        }
-    };
-}
-
-conformance!(
+// Every case against both backends: `store::sqlite::<case>`, `store::postgres::<case>`.
+tests::backends!(with Opened::on =>
     tenants_tokens_and_endpoints,
     a_node_ids_leases_are_recovered_at_once,
     intake_is_idempotent_and_fans_out_by_filter,
@@ -158,7 +139,7 @@ fn event(tenant: &str, id: &str, event_type: &str, at: Millis) -> NewEvent {
 }
 
 /// Tenant `acme` with endpoints `ep_a` (everything) and, if asked, more.
-async fn setup(b: &Backend, endpoints: &[(&str, &[&str])]) -> anyhow::Result<()> {
+async fn setup(b: &Opened, endpoints: &[(&str, &[&str])]) -> anyhow::Result<()> {
     b.store.create_tenant(&tenant("acme")).await?;
     for (i, (id, types)) in endpoints.iter().enumerate() {
         b.store.insert_endpoint(&endpoint("acme", id, types, T0 + i as Millis)).await?;
@@ -210,7 +191,7 @@ fn result(
     }
 }
 
-async fn delivery_of(b: &Backend, event: &str, endpoint: &str) -> anyhow::Result<Delivery> {
+async fn delivery_of(b: &Opened, event: &str, endpoint: &str) -> anyhow::Result<Delivery> {
     let f = DeliveryFilter {
         tenant: Some(TenantId::parse("acme")?),
         event: Some(EventId::parse(event)?),
@@ -223,14 +204,14 @@ async fn delivery_of(b: &Backend, event: &str, endpoint: &str) -> anyhow::Result
     Ok(found.remove(0))
 }
 
-async fn ingest(b: &Backend, events: Vec<NewEvent>) -> anyhow::Result<()> {
+async fn ingest(b: &Opened, events: Vec<NewEvent>) -> anyhow::Result<()> {
     b.committer.ingest(events).await?;
     Ok(())
 }
 
 // ---- cases ----
 
-async fn tenants_tokens_and_endpoints(b: Backend) -> anyhow::Result<()> {
+async fn tenants_tokens_and_endpoints(b: Opened) -> anyhow::Result<()> {
     let s = &b.store;
     s.create_tenant(&tenant("acme")).await?;
     // A unique violation names the field, in Herald's words on either backend (issue 29 §10).
@@ -299,7 +280,7 @@ async fn tenants_tokens_and_endpoints(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn intake_is_idempotent_and_fans_out_by_filter(b: Backend) -> anyhow::Result<()> {
+async fn intake_is_idempotent_and_fans_out_by_filter(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_all", &[]), ("ep_inv", &["invoice.*"]), ("ep_paid", &["invoice.paid"]), ("ep_off", &[])]).await?;
     b.committer
         .change_endpoint(EndpointChange {
@@ -362,7 +343,7 @@ async fn intake_is_idempotent_and_fans_out_by_filter(b: Backend) -> anyhow::Resu
     Ok(())
 }
 
-async fn claim_takes_due_rows_in_order_under_a_fenced_lease(b: Backend) -> anyhow::Result<()> {
+async fn claim_takes_due_rows_in_order_under_a_fenced_lease(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &["other"])]).await?;
     // Posted out of order: claims follow next_attempt_at.
     let times = [4, 0, 3, 1, 2, 10];
@@ -396,7 +377,7 @@ async fn claim_takes_due_rows_in_order_under_a_fenced_lease(b: Backend) -> anyho
     Ok(())
 }
 
-async fn stale_fence_records_nothing(b: Backend) -> anyhow::Result<()> {
+async fn stale_fence_records_nothing(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     ingest(&b, vec![event("acme", "evt_1", "t", T0)]).await?;
     let c = b.committer.claim(claim_req("ep_a", T0, 1, "node-1")).await?.remove(0);
@@ -416,7 +397,7 @@ async fn stale_fence_records_nothing(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn release_hands_deliveries_back(b: Backend) -> anyhow::Result<()> {
+async fn release_hands_deliveries_back(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     ingest(&b, vec![event("acme", "evt_1", "t", T0), event("acme", "evt_2", "t", T0)]).await?;
     let got = b.committer.claim(claim_req("ep_a", T0, 2, "node-1")).await?;
@@ -450,7 +431,7 @@ fn change(endpoint: &str, state: EndpointState, paused_until: Option<Millis>, no
     }
 }
 
-async fn endpoint_changes_move_its_deliveries(b: Backend) -> anyhow::Result<()> {
+async fn endpoint_changes_move_its_deliveries(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
     ingest(&b, (0..3).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
     let leased = b.committer.claim(claim_req("ep_a", T0, 1, "node-1")).await?;
@@ -511,7 +492,7 @@ async fn endpoint_changes_move_its_deliveries(b: Backend) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn enabling_an_endpoint_lifts_its_timed_pause(b: Backend) -> anyhow::Result<()> {
+async fn enabling_an_endpoint_lifts_its_timed_pause(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     ingest(&b, (0..2).map(|i| event("acme", &format!("evt_{i}"), "t", T0)).collect()).await?;
     let got = b.committer.claim(claim_req("ep_a", T0, 2, "node-1")).await?;
@@ -537,7 +518,7 @@ async fn enabling_an_endpoint_lifts_its_timed_pause(b: Backend) -> anyhow::Resul
     Ok(())
 }
 
-async fn unfinished_results_settle_against_the_endpoint(b: Backend) -> anyhow::Result<()> {
+async fn unfinished_results_settle_against_the_endpoint(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_off", &[]), ("ep_human", &[]), ("ep_429", &[])]).await?;
     ingest(&b, (0..2).map(|i| event("acme", &format!("evt_{i}"), "t", T0)).collect()).await?;
     let off = b.committer.claim(claim_req("ep_off", T0, 2, "node-1")).await?;
@@ -590,7 +571,7 @@ async fn unfinished_results_settle_against_the_endpoint(b: Backend) -> anyhow::R
     Ok(())
 }
 
-async fn abandoned_leases_are_recovered(b: Backend) -> anyhow::Result<()> {
+async fn abandoned_leases_are_recovered(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     ingest(&b, vec![event("acme", "evt_1", "t", T0), event("acme", "evt_2", "t", T0)]).await?;
     let mut req = claim_req("ep_a", T0, 1, "node-dead");
@@ -622,7 +603,7 @@ async fn abandoned_leases_are_recovered(b: Backend) -> anyhow::Result<()> {
 
 /// A node that holds its id takes up every delivery leased under it at once, however long
 /// those leases would still run; other owners' leases are kept.
-async fn a_node_ids_leases_are_recovered_at_once(b: Backend) -> anyhow::Result<()> {
+async fn a_node_ids_leases_are_recovered_at_once(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     ingest(&b, vec![event("acme", "evt_1", "t", T0), event("acme", "evt_2", "t", T0)]).await?;
     let mut req = claim_req("ep_a", T0, 1, "node-a");
@@ -645,7 +626,7 @@ async fn a_node_ids_leases_are_recovered_at_once(b: Backend) -> anyhow::Result<(
     Ok(())
 }
 
-async fn partitions_have_one_owner_at_a_time(b: Backend) -> anyhow::Result<()> {
+async fn partitions_have_one_owner_at_a_time(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     let s = &b.store;
     let ep = EndpointId::from_stored("ep_a");
@@ -679,7 +660,7 @@ async fn partitions_have_one_owner_at_a_time(b: Backend) -> anyhow::Result<()> {
 
 /// A partition's claim takes (or renews) the lease in its own commit, or checks it: it
 /// never claims while another node holds the partition.
-async fn claims_in_a_partition_need_its_lease(b: Backend) -> anyhow::Result<()> {
+async fn claims_in_a_partition_need_its_lease(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     ingest(&b, (0..3).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
     let ep = EndpointId::from_stored("ep_a");
@@ -698,7 +679,7 @@ async fn claims_in_a_partition_need_its_lease(b: Backend) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn deliveries_list_with_filters_and_pages(b: Backend) -> anyhow::Result<()> {
+async fn deliveries_list_with_filters_and_pages(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &["invoice.*"])]).await?;
     b.store.create_tenant(&tenant("umbrella")).await?;
     b.store.insert_endpoint(&endpoint("umbrella", "ep_u", &[], T0)).await?;
@@ -760,7 +741,7 @@ async fn deliveries_list_with_filters_and_pages(b: Backend) -> anyhow::Result<()
     Ok(())
 }
 
-async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()> {
+async fn delivery_reads_back_with_its_attempts(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     ingest(&b, vec![event("acme", "evt_1", "t", T0)]).await?;
     let c = b.committer.claim(claim_req("ep_a", T0, 1, "node-1")).await?.remove(0);
@@ -810,7 +791,7 @@ async fn delivery_reads_back_with_its_attempts(b: Backend) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
+async fn due_work_is_reported(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &["b"])]).await?;
     assert!(b.store.pending_endpoints().await?.is_empty());
     assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_a"), false).await?, None);
@@ -855,7 +836,7 @@ async fn due_work_is_reported(b: Backend) -> anyhow::Result<()> {
 /// A shared store lists the nodes that said they are alive (each node's own answer holds
 /// itself), drops one that leaves, and lists which partitions are held; a store one node
 /// owns has no membership.
-async fn heartbeats_tell_the_live_nodes(b: Backend) -> anyhow::Result<()> {
+async fn heartbeats_tell_the_live_nodes(b: Opened) -> anyhow::Result<()> {
     let shared = b.url.starts_with("postgres");
     let a = b.store.heartbeat("node-a", false).await?;
     if !shared {
@@ -875,7 +856,7 @@ async fn heartbeats_tell_the_live_nodes(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn one_commit_applies_mixed_ops_in_order(b: Backend) -> anyhow::Result<()> {
+async fn one_commit_applies_mixed_ops_in_order(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
     ingest(&b, vec![event("acme", "evt_0", "t", T0)]).await?;
     let c = b.committer.claim(claim_req("ep_a", T0, 1, "node-1")).await?.remove(0);
@@ -927,7 +908,7 @@ async fn one_commit_applies_mixed_ops_in_order(b: Backend) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn concurrent_nodes_never_claim_the_same_delivery(b: Backend) -> anyhow::Result<()> {
+async fn concurrent_nodes_never_claim_the_same_delivery(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     let total = 400;
     ingest(&b, (0..total).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
@@ -957,7 +938,7 @@ async fn concurrent_nodes_never_claim_the_same_delivery(b: Backend) -> anyhow::R
     Ok(())
 }
 
-async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> {
+async fn dead_letters_replay_report_and_purge(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
     let acme = TenantId::parse("acme")?;
     ingest(&b, (0..5).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
@@ -1011,7 +992,7 @@ async fn dead_letters_replay_report_and_purge(b: Backend) -> anyhow::Result<()> 
     b.store.create_replay(&replay).await?;
     assert_eq!(b.store.running_replays().await?.len(), 1);
     let ep_a = || vec![EndpointId::from_stored("ep_a")];
-    let queued = |b: &Backend| {
+    let queued = |b: &Opened| {
         let s = b.store.clone();
         async move {
             let f = DeliveryFilter {
@@ -1107,7 +1088,7 @@ fn replay(id: &str, filter: Option<DeadLetterFilter>, batch: u32, selected: u64,
 /// it was, at once for what waits in the store, and for what a partition holds when it is
 /// handed back or its lease is recovered; what it sent stays sent. Replays list newest
 /// first.
-async fn a_cancelled_replay_returns_what_it_has_not_sent(b: Backend) -> anyhow::Result<()> {
+async fn a_cancelled_replay_returns_what_it_has_not_sent(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[])]).await?;
     let acme = TenantId::parse("acme")?;
     ingest(&b, (0..6).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
@@ -1115,7 +1096,7 @@ async fn a_cancelled_replay_returns_what_it_has_not_sent(b: Backend) -> anyhow::
     b.committer
         .record(first.iter().map(|c| result(c, c.fence, DeliveryState::Dead, None, 422, T0 + 100)).collect())
         .await?;
-    let dead = |b: &Backend| {
+    let dead = |b: &Opened| {
         let s = b.store.clone();
         async move {
             let f = DeliveryFilter { state: Some(DeliveryState::Dead), limit: 100, ..Default::default() };
@@ -1180,7 +1161,7 @@ async fn a_cancelled_replay_returns_what_it_has_not_sent(b: Backend) -> anyhow::
 /// A page's health in one read: attempts in the last hour and day and the latest ones,
 /// backlog and dead letters, each endpoint apart; one with neither attempts nor deliveries,
 /// and one not asked for, are left out.
-async fn health_of_a_page_of_endpoints(b: Backend) -> anyhow::Result<()> {
+async fn health_of_a_page_of_endpoints(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &[]), ("ep_c", &["never.sent"])]).await?;
     ingest(&b, (0..4).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
     let now = T0 + 30 * HOUR;
@@ -1228,7 +1209,7 @@ async fn health_of_a_page_of_endpoints(b: Backend) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn claims_of_many_endpoints_in_one_commit_stay_apart(b: Backend) -> anyhow::Result<()> {
+async fn claims_of_many_endpoints_in_one_commit_stay_apart(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &[]), ("ep_c", &[])]).await?;
     ingest(&b, (0..6).map(|i| event("acme", &format!("evt_{i}"), "t", T0 + i)).collect()).await?;
     let ops = vec![
@@ -1289,7 +1270,7 @@ impl store::Handoff for Told {
 /// engine as it is applied, with its place in that order: intake before it holds nothing
 /// new for the partition, and intake after it, even in the same commit, already finds the
 /// partition open. A full claim, or one whose lease another node holds, says nothing.
-async fn a_drained_claim_is_told_in_the_order_of_writes(b: Backend) -> anyhow::Result<()> {
+async fn a_drained_claim_is_told_in_the_order_of_writes(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
     let told = std::sync::Arc::new(Told::default());
     b.store.hand_off(told.clone());
@@ -1327,7 +1308,7 @@ mod backend_specific {
     /// the partition, or none does, the delivery is queued, and the other nodes are told.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_leases_at_intake_only_under_the_stored_partition_lease() -> anyhow::Result<()> {
-        let b = Backend::postgres().await?;
+        let b = Opened::on(Backend::Postgres).await?;
         setup(&b, &[("ep_a", &[]), ("ep_b", &[]), ("ep_c", &[])]).await?;
         let (other, _) = b.another_node().await?;
         let mut rx = other.subscribe().await?.expect("Postgres nodes listen for each other's work");
@@ -1370,7 +1351,7 @@ mod backend_specific {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_node_id_has_one_live_holder() -> anyhow::Result<()> {
-        let b = Backend::postgres().await?;
+        let b = Opened::on(Backend::Postgres).await?;
         let (other, _) = b.another_node().await?;
         let held = b.store.hold_node_id("node-a").await?.expect("a free id is granted");
         assert!(other.hold_node_id("node-a").await?.is_none(), "held by the first");
@@ -1383,14 +1364,14 @@ mod backend_specific {
         })
         .await?;
         // A schema is a store of its own: the same id there is another node's.
-        let elsewhere = Backend::postgres().await?;
+        let elsewhere = Opened::on(Backend::Postgres).await?;
         assert!(elsewhere.store.hold_node_id("node-b").await?.is_some());
         Ok(())
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn intake_wakes_the_other_nodes() -> anyhow::Result<()> {
-        let b = Backend::postgres().await?;
+        let b = Opened::on(Backend::Postgres).await?;
         setup(&b, &[("ep_a", &[]), ("ep_b", &["b"])]).await?;
         let (other, _) = b.another_node().await?;
         let mut rx = other.subscribe().await?.expect("Postgres nodes listen for each other's work");
@@ -1405,7 +1386,7 @@ mod backend_specific {
         assert_eq!(woken, [EndpointId::from_stored("ep_a"), EndpointId::from_stored("ep_b")]);
 
         // Another schema on the same server is not woken.
-        let c = Backend::postgres().await?;
+        let c = Opened::on(Backend::Postgres).await?;
         let mut rx_c = c.store.subscribe().await?.expect("listener");
         ingest(&b, vec![event("acme", "evt_4", "a", T0)]).await?;
         tokio::time::timeout(Duration::from_secs(5), rx.recv()).await?.expect("notification");
@@ -1415,7 +1396,7 @@ mod backend_specific {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_endpoint_change_is_announced_to_the_other_nodes() -> anyhow::Result<()> {
-        let b = Backend::postgres().await?;
+        let b = Opened::on(Backend::Postgres).await?;
         setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
         let (other, _) = b.another_node().await?;
         let mut rx = other.subscribe().await?.expect("Postgres nodes listen for each other's changes");
@@ -1430,7 +1411,7 @@ mod backend_specific {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_files_are_private() -> anyhow::Result<()> {
         use std::os::unix::fs::PermissionsExt;
-        let b = Backend::sqlite().await?;
+        let b = Opened::on(Backend::Sqlite).await?;
         setup(&b, &[("ep_a", &[])]).await?;
         ingest(&b, vec![event("acme", "evt_1", "a", T0)]).await?;
         let Storage::Dir(dir) = &b._storage else { unreachable!() };
@@ -1447,7 +1428,7 @@ mod backend_specific {
     /// readers alongside, the file must stay bounded (it grew past 100 MB without that).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_wal_stays_bounded_under_sustained_writes() -> anyhow::Result<()> {
-        let b = Backend::sqlite().await?;
+        let b = Opened::on(Backend::Sqlite).await?;
         setup(&b, &[("ep_b", &[]), ("ep_c", &[])]).await?;
         let wal = std::path::PathBuf::from(format!("{}-wal", b.url.trim_start_matches("sqlite://")));
         let pad = "x".repeat(2000);
@@ -1494,7 +1475,7 @@ mod backend_specific {
 
     #[tokio::test]
     async fn sqlite_is_a_single_node_store() -> anyhow::Result<()> {
-        let b = Backend::sqlite().await?;
+        let b = Opened::on(Backend::Sqlite).await?;
         assert!(b.store.subscribe().await?.is_none());
         Ok(())
     }
@@ -1511,34 +1492,28 @@ mod schemas {
 
     use sqlx::{Connection, Row};
 
-    use super::Backend;
-
-    /// Which store a fact is found in.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-    enum Side {
-        Sqlite,
-        Postgres,
-    }
+    use super::Opened;
+    use tests::Backend;
 
     /// Column types, each engine's to the one both are compared as: `(engine, its type, as)`.
     /// A type missing here fails the test, so a new one is mapped on purpose.
-    const TYPES: [(Side, &str, &str); 9] = [
-        (Side::Sqlite, "TEXT", "text"),
-        (Side::Sqlite, "INTEGER", "integer"),
-        (Side::Sqlite, "REAL", "real"),
-        (Side::Postgres, "text", "text"),
+    const TYPES: [(Backend, &str, &str); 9] = [
+        (Backend::Sqlite, "TEXT", "text"),
+        (Backend::Sqlite, "INTEGER", "integer"),
+        (Backend::Sqlite, "REAL", "real"),
+        (Backend::Postgres, "text", "text"),
         // Instants, counts and numbers are BIGINT; `catalog_revision.id` is a plain INTEGER.
-        (Side::Postgres, "bigint", "integer"),
-        (Side::Postgres, "integer", "integer"),
+        (Backend::Postgres, "bigint", "integer"),
+        (Backend::Postgres, "integer", "integer"),
         // SQLite has no boolean: a flag is an INTEGER 0 or 1.
-        (Side::Postgres, "boolean", "integer"),
-        (Side::Postgres, "double precision", "real"),
-        (Side::Postgres, "timestamp with time zone", "timestamp"),
+        (Backend::Postgres, "boolean", "integer"),
+        (Backend::Postgres, "double precision", "real"),
+        (Backend::Postgres, "timestamp with time zone", "timestamp"),
     ];
 
     /// A fact of one side that the other side lacks, on purpose.
     struct Exception {
-        side: Side,
+        side: Backend,
         /// As [`facts`] writes it; `table <name>` covers every fact of that table.
         fact: &'static str,
         reason: &'static str,
@@ -1552,36 +1527,36 @@ mod schemas {
 
     const EXCEPTIONS: &[Exception] = &[
         Exception {
-            side: Side::Postgres,
+            side: Backend::Postgres,
             fact: "table cluster_nodes",
             reason: "cluster membership: SQLite is a single-node store",
         },
-        Exception { side: Side::Postgres, fact: "column deliveries.seq integer null", reason: ORDERED },
+        Exception { side: Backend::Postgres, fact: "column deliveries.seq integer null", reason: ORDERED },
         Exception {
-            side: Side::Postgres,
+            side: Backend::Postgres,
             fact: "index deliveries_ordered on deliveries (endpoint_id, ordering_key, seq) where ordering_key is not null and state in 'queued', 'waiting', 'delivering', 'dead'",
             reason: ORDERED,
         },
         Exception {
-            side: Side::Sqlite,
+            side: Backend::Sqlite,
             fact: "index deliveries_ordered on deliveries (endpoint_id, ordering_key) where ordering_key is not null and state in 'queued', 'waiting', 'delivering', 'dead'",
             reason: ORDERED,
         },
-        Exception { side: Side::Postgres, fact: "primary key attempts (delivery_id, id)", reason: ATTEMPTS_KEY },
-        Exception { side: Side::Sqlite, fact: "primary key attempts (id)", reason: ATTEMPTS_KEY },
+        Exception { side: Backend::Postgres, fact: "primary key attempts (delivery_id, id)", reason: ATTEMPTS_KEY },
+        Exception { side: Backend::Sqlite, fact: "primary key attempts (id)", reason: ATTEMPTS_KEY },
         Exception {
-            side: Side::Sqlite,
+            side: Backend::Sqlite,
             fact: "index attempts_delivery on attempts (delivery_id, number)",
             reason: ATTEMPTS_KEY,
         },
         Exception {
-            side: Side::Postgres,
+            side: Backend::Postgres,
             fact: "column tokens.id text not null",
             reason: "known difference: SQLite's ALTER TABLE cannot make the added column NOT NULL (0005_token_ids); \
                      every insert sets it",
         },
         Exception {
-            side: Side::Sqlite,
+            side: Backend::Sqlite,
             fact: "column tokens.id text null",
             reason: "known difference: SQLite's ALTER TABLE cannot make the added column NOT NULL (0005_token_ids); \
                      every insert sets it",
@@ -1593,11 +1568,11 @@ mod schemas {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_schemas_match() -> anyhow::Result<()> {
-        let (lite, pg) = (Backend::sqlite().await?, Backend::postgres().await?);
+        let (lite, pg) = (Opened::on(Backend::Sqlite).await?, Opened::on(Backend::Postgres).await?);
         let lite = sqlite_facts(&lite.url).await?;
         let pg = postgres_facts(&pg.url).await?;
         let mut wrong = Vec::new();
-        for (side, ours, theirs) in [(Side::Sqlite, &lite, &pg), (Side::Postgres, &pg, &lite)] {
+        for (side, ours, theirs) in [(Backend::Sqlite, &lite, &pg), (Backend::Postgres, &pg, &lite)] {
             let excepted = |(table, fact): &(String, String)| {
                 EXCEPTIONS.iter().any(|e| e.side == side && (e.fact == fact || e.fact == format!("table {table}")))
             };
@@ -1606,7 +1581,7 @@ mod schemas {
             }
         }
         for e in EXCEPTIONS {
-            let (ours, theirs) = if e.side == Side::Sqlite { (&lite, &pg) } else { (&pg, &lite) };
+            let (ours, theirs) = if e.side == Backend::Sqlite { (&lite, &pg) } else { (&pg, &lite) };
             let holds = ours.iter().any(|(t, f)| f == e.fact || e.fact == format!("table {t}"))
                 && !theirs.iter().any(|(t, f)| f == e.fact || e.fact == format!("table {t}"));
             if !holds {
@@ -1618,7 +1593,7 @@ mod schemas {
     }
 
     /// The type both sides are compared as, or an error naming the unmapped type.
-    fn mapped(side: Side, table: &str, column: &str, ty: &str) -> anyhow::Result<&'static str> {
+    fn mapped(side: Backend, table: &str, column: &str, ty: &str) -> anyhow::Result<&'static str> {
         TYPES.iter().find(|(s, t, _)| *s == side && t.eq_ignore_ascii_case(ty)).map(|(_, _, c)| *c).ok_or_else(|| {
             anyhow::anyhow!("{side:?} type {ty:?} of {table}.{column} is not in TYPES: map it to the other store's")
         })
@@ -1684,7 +1659,7 @@ mod schemas {
                     (c.try_get(0)?, c.try_get(1)?, c.try_get(2)?, c.try_get(3)?);
                 // A key column is NOT NULL on both sides (SQLite lets a rowid table's
                 // non-integer key hold NULL, which Herald never writes).
-                facts.insert(column(table, &name, mapped(Side::Sqlite, table, &name, &ty)?, not_null || pk > 0));
+                facts.insert(column(table, &name, mapped(Backend::Sqlite, table, &name, &ty)?, not_null || pk > 0));
                 if pk > 0 {
                     key.push((pk, name));
                 }
@@ -1742,7 +1717,7 @@ mod schemas {
             let (table, name, ty, nullable): (String, String, String, String) =
                 (c.try_get(0)?, c.try_get(1)?, c.try_get(2)?, c.try_get(3)?);
             if ours(&table) {
-                facts.insert(column(&table, &name, mapped(Side::Postgres, &table, &name, &ty)?, nullable == "NO"));
+                facts.insert(column(&table, &name, mapped(Backend::Postgres, &table, &name, &ty)?, nullable == "NO"));
             }
         }
         let indexes = sqlx::query(

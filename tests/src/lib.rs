@@ -296,9 +296,10 @@ pub fn stored_bytes(dir: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 /// The settings every test node gets: a SQLite file in `dir`, a random port, the admin
-/// token, and private destinations allowed (receivers live on 127.0.0.1). Nodes start with
-/// a cleared environment; `HERALD_SERVER_WORKER_THREADS` is passed through when the caller
-/// sets it, so a benchmark can compare runtime sizes.
+/// token, private destinations allowed (receivers live on 127.0.0.1), and the compile cache
+/// all nodes share ([`shared_plugin_cache`]). Nodes start with a cleared environment;
+/// `HERALD_SERVER_WORKER_THREADS` is passed through when the caller sets it, so a benchmark
+/// can compare runtime sizes.
 pub fn base_env(dir: &Path) -> Vec<(String, String)> {
     const WORKERS: &str = "HERALD_SERVER_WORKER_THREADS";
     let workers = std::env::var(WORKERS).ok().map(|v| (WORKERS.to_string(), v));
@@ -313,6 +314,25 @@ pub fn base_env(dir: &Path) -> Vec<(String, String)> {
     ];
     env.extend(workers);
     env
+}
+
+/// The compile cache every test node shares, `plugin-cache` beside the running binary in
+/// the build's target directory (`target/debug/plugin-cache`): each plugin is compiled with
+/// cranelift once, then every node of every test maps the artifact. Safe to share: an
+/// artifact is named by the component's SHA-256 and the engine's compatibility hash,
+/// written whole and renamed into place, never changed. A test about compiling itself gives
+/// its node a cache of its own (`HERALD_PLUGINS_CACHE_DIR` in its settings).
+pub fn shared_plugin_cache() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the running binary's path");
+        let mut dir = exe.parent().expect("the binary's folder").to_path_buf();
+        if dir.ends_with("deps") {
+            dir.pop();
+        }
+        dir.join("plugin-cache")
+    })
+    .clone()
 }
 
 async fn wait_healthy(api: &Api) -> anyhow::Result<()> {
@@ -689,26 +709,45 @@ impl FakeReceiver {
     }
 }
 
-/// Runs each named `async fn(Backend) -> anyhow::Result<()>` of the calling module as two
-/// tests, `sqlite::<name>` and `postgres::<name>`.
+/// Runs each named case of the calling module once per backend, as the tests
+/// `sqlite::<case>` and `postgres::<case>`. A case is an `async fn(Backend) ->
+/// anyhow::Result<()>`; with `with open =>` in front, an `async fn(T) -> anyhow::Result<()>`
+/// given `open(backend).await?` (the store suite opens its store so). Every form expands
+/// from the one list of backends in `@each`.
 #[macro_export]
 macro_rules! backends {
+    (with $($open:ident)::+ => $($case:ident),* $(,)?) => {
+        $crate::backends!(@each [super::$($open)::+] [$($case)*]);
+    };
     ($($case:ident),* $(,)?) => {
-        mod sqlite {
+        $crate::backends!(@each [] [$($case)*]);
+    };
+    // The backends, each as (its test module, its `Backend`). A `Backend` missing here fails
+    // to compile at every use.
+    (@each $open:tt $cases:tt) => {
+        $crate::backends!(@list [sqlite Sqlite, postgres Postgres] $open $cases);
+    };
+    (@list [$($module:ident $variant:ident),*] $open:tt $cases:tt) => {
+        const _: fn($crate::Backend) = |backend| match backend {
+            $($crate::Backend::$variant)|* => {}
+        };
+        $($crate::backends!(@module $module $variant $open $cases);)*
+    };
+    (@module $module:ident $variant:ident $open:tt [$($case:ident)*]) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() -> anyhow::Result<()> {
-                    super::$case($crate::Backend::Sqlite).await
+                    super::$case($crate::backends!(@arg $open $variant)).await
                 }
             )*
         }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() -> anyhow::Result<()> {
-                    super::$case($crate::Backend::Postgres).await
-                }
-            )*
-        }
+    };
+    // What a case is given: the `Backend`, or what `open` made of it.
+    (@arg [] $variant:ident) => {
+        $crate::Backend::$variant
+    };
+    (@arg [$($open:tt)+] $variant:ident) => {
+        $($open)+($crate::Backend::$variant).await?
     };
 }

@@ -1,149 +1,8 @@
-//! Persistence: the `Store` trait, its SQLite and Postgres implementations, and the
-//! group committer that folds many concurrent writes into one durable transaction.
-//! Architecture invariant: this is the only module that speaks SQL.
-//!
-//! `Store` is the union of four traits split by caller: `Reads` (API, console, metrics,
-//! engine reads; implemented once, generic over sqlx's `Database`, in `queries`), `Admin`
-//! (tenants, tokens, endpoints, plugin settings, replays), `Engine` (group commits,
-//! partitions, claim at intake, notices; its doc is the backend contract) and `Housekeeping`
-//! (lease recovery, purge). `StoreKind` is read off the URL once, by `config`. One
-//! conformance suite, `tests/it/store.rs`, runs against both implementations.
-//!
-//! What the backends share is written once: `sql` (every statement both drivers run, the
-//! delivery and dead-letter filters, how a delivery settles against its endpoint),
-//! `queries` (every read, and on Postgres the administrative writes, generic over sqlx's
-//! `Database`) and `rows` (row decoding). What differs on purpose (`SKIP LOCKED`, `UNNEST`,
-//! `RETURNING`) stays in each writer: each backend keeps its own write path
-//! (`sqlite/writer.rs` and `sqlite/writes.rs`, `postgres/writer.rs`), lease recovery,
-//! replay re-queueing and purging; Postgres adds LISTEN/NOTIFY. The outbox relay's SQL
-//! (against the producer's database) is `outbox`, with the DDL `config/outbox.sql`; the event
-//! types and their numbered schema versions are `event_types`.
-
-use std::sync::Arc;
+//! The store's vocabulary: what the `Engine` writes (`WriteOp`) and gets back
+//! (`WriteResult`), what a claim hands a worker (`Claimed`), claim at intake (`Handoff`),
+//! and what the reads filter and report. Plain data; no SQL.
 
 use crate::model::*;
-
-mod admin;
-pub(crate) mod committer;
-mod engine;
-mod event_types;
-pub mod outbox;
-mod plugin_settings;
-mod portal;
-pub mod postgres;
-mod queries;
-mod reads;
-mod rows;
-mod sql;
-pub mod sqlite;
-
-pub use admin::Admin;
-pub use committer::{CommitHealth, CommitSink, Committer, Pending};
-use engine::next_op_seq;
-pub use engine::{Engine, Housekeeping, MEMBER_TIMEOUT, NodeIdLock};
-pub use reads::Reads;
-
-/// A storage failure. `Conflict` and `NotFound` are the caller's business; `Backend` is ours.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    #[error("{0}")]
-    Conflict(String),
-    #[error("not found: {0}")]
-    NotFound(String),
-    #[error("storage unavailable: {0}")]
-    Backend(BackendError),
-    /// Refused without trying: the last write could not reach the store, and another one
-    /// is finding out whether it is back (see `CommitHealth::admit`).
-    #[error("storage unreachable: the last write could not reach it; nothing was tried")]
-    Unreachable,
-}
-
-impl StoreError {
-    /// A backend failure Herald itself detected.
-    pub fn backend(message: impl Into<String>) -> StoreError {
-        StoreError::Backend(BackendError { message: message.into(), source: None })
-    }
-
-    /// The database could not be reached or dropped the connection (it is restarting, the
-    /// network failed, the pool found no live connection in time): the same write may
-    /// succeed once it is back. Not a statement the database refused.
-    pub fn is_unavailable(&self) -> bool {
-        let b = match self {
-            StoreError::Backend(b) => b,
-            StoreError::Unreachable => return true,
-            _ => return false,
-        };
-        let Some(e) = b.source.as_deref().and_then(|e| e.downcast_ref::<sqlx::Error>()) else { return false };
-        match e {
-            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
-            // Class 08: connection exceptions; 57P0x: the server is shutting down or starting.
-            sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P0")),
-            _ => false,
-        }
-    }
-
-    /// A failure of the database driver (sqlx, rusqlite), kept as the source.
-    fn from_driver(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
-        StoreError::Backend(BackendError { message: e.to_string(), source: Some(Arc::new(e)) })
-    }
-}
-
-/// Why the storage failed. Its text includes the driver's message, because logs print
-/// only an error's text; the driver's error itself is the `source`, for callers that
-/// inspect it. Shared (`Arc`) so that one failed group commit fails every caller in it.
-#[derive(Debug, Clone)]
-pub struct BackendError {
-    message: String,
-    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
-}
-
-impl std::fmt::Display for BackendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for BackendError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        if let sqlx::Error::Database(db) = &e
-            && db.is_unique_violation()
-        {
-            // Postgres names the table; its constraint (`tenants_pkey`) starts with it too.
-            let table = db.table().or_else(|| db.constraint().and_then(|c| c.split('_').next()));
-            return StoreError::unique_violation(table, db.message());
-        }
-        StoreError::from_driver(e)
-    }
-}
-
-impl StoreError {
-    /// A unique (or primary key) violation on `table`, as a `Conflict` whose text starts with
-    /// the field at fault and holds none of the driver's words: it reaches API clients as it
-    /// is. The driver's text goes to the debug log.
-    fn unique_violation(table: Option<&str>, driver: &str) -> StoreError {
-        tracing::debug!(table, error = driver, "unique violation");
-        let message = match table {
-            Some("tenants") => "id: a tenant with this id already exists",
-            Some("tokens") => "id: a token with this id already exists",
-            Some("endpoints") => "id: an endpoint with this id already exists",
-            Some("events") => "id: an event with this id already exists",
-            Some("deliveries") => "id: a delivery with this id already exists",
-            Some("replays") => "id: a replay with this id already exists",
-            Some("event_types" | "event") => "name: an event type with this name already exists",
-            Some("plugin_settings") => "plugin: this plugin's settings already exist",
-            _ => "id: an object with this id already exists",
-        };
-        StoreError::Conflict(message.to_string())
-    }
-}
-
-pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// What intake learned about one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,7 +27,7 @@ pub struct IngestOutcome {
 
 /// Claim at intake: partitions on this node that take a new delivery already leased to
 /// them, so it needs no claim of its own (one commit less per delivery). Asked by the
-/// store inside the intake commit, for each new delivery (see [`Engine::hand_off`]).
+/// store inside the intake commit, for each new delivery (see [`Engine::hand_off`](super::Engine::hand_off)).
 pub trait Handoff: Send + Sync {
     /// Who the leases are for (this node's lease owner).
     fn owner(&self) -> &str;
@@ -306,7 +165,7 @@ impl Claimed {
     }
 
     /// The replay that re-queued it, while it has not been sent since: if that replay is
-    /// cancelled, it must not be sent (see [`Admin::cancel_replay`]).
+    /// cancelled, it must not be sent (see [`Admin::cancel_replay`](super::Admin::cancel_replay)).
     pub fn unsent_of_replay(&self) -> Option<&str> {
         self.replay.as_deref().filter(|_| self.attempts == self.attempt_base)
     }
@@ -440,7 +299,7 @@ pub struct QueueStats {
     pub wal_bytes: Option<u64>,
 }
 
-/// What one turn of a replay did ([`Admin::replay_turn`]).
+/// What one turn of a replay did ([`Admin::replay_turn`](super::Admin::replay_turn)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayTurn {
     /// Re-queued `requeued` dead letters, on `endpoints` (each once). The next turn is due
@@ -454,7 +313,7 @@ pub enum ReplayTurn {
     Ended,
 }
 
-/// What [`Committer::record_with`] did.
+/// What [`Committer::record_with`](super::Committer::record_with) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recorded {
     /// The state the delivery settled in (see [`WriteResult::Record`]); `None`: the fence
@@ -504,90 +363,4 @@ pub struct SeriesPoint {
     /// Their summed and longest durations.
     pub total_ms: u64,
     pub max_ms: u64,
-}
-
-/// Everything Herald stores: the union of what each kind of caller uses. Implemented by
-/// every type that implements the four parts. Implementations must be safe to share
-/// between tasks.
-pub trait Store: Reads + Admin + Engine + Housekeeping {}
-
-impl<T: Reads + Admin + Engine + Housekeeping + ?Sized> Store for T {}
-
-pub type DynStore = Arc<dyn Store>;
-
-/// Which backend a store URL names: the one place that reads it off the URL. `config`
-/// parses it once and keeps it; the rest of Herald asks the kept value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreKind {
-    /// An SQLite file (`sqlite:`): one node owns it, and every lease in it.
-    Sqlite,
-    /// A Postgres database (`postgres:`, `postgresql:`), which several nodes may share.
-    Postgres,
-}
-
-/// Why a URL names no store Herald can open.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreUrlError {
-    /// The scheme only: the rest of a URL may hold a password.
-    #[error("unsupported store url scheme {0:?}")]
-    Scheme(String),
-    /// An in-memory SQLite database is not durable, and the writer's own connection would
-    /// open a different database than the readers'.
-    #[error("an in-memory SQLite database is not durable; name a file")]
-    InMemory,
-}
-
-impl StoreKind {
-    pub fn parse(url: &str) -> Result<StoreKind, StoreUrlError> {
-        let scheme = url.split(':').next().unwrap_or_default();
-        match scheme {
-            "sqlite" if url.contains(":memory:") || url.contains("mode=memory") => Err(StoreUrlError::InMemory),
-            "sqlite" if url.len() > scheme.len() => Ok(StoreKind::Sqlite),
-            "postgres" | "postgresql" if url.len() > scheme.len() => Ok(StoreKind::Postgres),
-            _ => Err(StoreUrlError::Scheme(scheme.to_string())),
-        }
-    }
-
-    /// May other nodes use the store at the same time (and change it under this one)?
-    pub fn is_shared(self) -> bool {
-        self == StoreKind::Postgres
-    }
-}
-
-impl From<StoreUrlError> for StoreError {
-    fn from(e: StoreUrlError) -> Self {
-        StoreError::backend(e.to_string())
-    }
-}
-
-/// Opens the store named by `url` and applies its migrations.
-pub async fn open(url: &str, max_connections: u32) -> Result<DynStore> {
-    Ok(match StoreKind::parse(url)? {
-        StoreKind::Sqlite => Arc::new(sqlite::SqliteStore::open(url, max_connections).await?),
-        StoreKind::Postgres => Arc::new(postgres::PostgresStore::open(url, max_connections).await?),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_store_kind_is_read_off_the_url_scheme() {
-        let cases = [
-            ("sqlite://herald.db", Ok(StoreKind::Sqlite)),
-            ("sqlite:herald.db?mode=rwc", Ok(StoreKind::Sqlite)),
-            ("postgres://u:p@127.0.0.1/db", Ok(StoreKind::Postgres)),
-            ("postgresql://127.0.0.1/db", Ok(StoreKind::Postgres)),
-            ("sqlite::memory:", Err(StoreUrlError::InMemory)),
-            ("sqlite://x.db?mode=memory", Err(StoreUrlError::InMemory)),
-            ("mysql://u:secret@host/db", Err(StoreUrlError::Scheme("mysql".into()))),
-            ("sqlite", Err(StoreUrlError::Scheme("sqlite".into()))),
-            ("", Err(StoreUrlError::Scheme("".into()))),
-        ];
-        for (url, kind) in cases {
-            assert_eq!(StoreKind::parse(url), kind, "{url}");
-        }
-        assert!(StoreKind::Postgres.is_shared() && !StoreKind::Sqlite.is_shared());
-    }
 }
