@@ -1020,5 +1020,14 @@ fn the_length_count_sees_a_planted_long_function() {
     );
     let found: Vec<String> =
         long_functions(dir.path()).iter().map(|(rel, line, name, n)| format!("{rel}:{line} {name} ({n})")).collect();
-    assert_eq!(found, ["a.rs:1 closure (63)", "a/b.rs:3 method (63)", "a/b.rs:4 nested (61)", "a/b.rs:68 default (62)", "main.rs:1 main (61)"]);
+    assert_eq!(
+        found,
+        [
+            "a.rs:1 closure (63)",
+            "a/b.rs:3 method (63)",
+            "a/b.rs:4 nested (61)",
+            "a/b.rs:68 default (62)",
+            "main.rs:1 main (61)"
+        ]
+    );
 }

@@ -237,7 +237,8 @@ async fn selection(
 
 /// The filter checked field by field; the endpoint it names must be `tenant`'s.
 async fn dead_letter_filter(state: &AppState, tenant: &TenantId, f: FilterIn) -> Result<DeadLetterFilter, ApiError> {
-    for (field, value) in [("filter.endpoint", &f.endpoint), ("filter.type", &f.event_type), ("filter.reason", &f.reason)]
+    for (field, value) in
+        [("filter.endpoint", &f.endpoint), ("filter.type", &f.event_type), ("filter.reason", &f.reason)]
     {
         check_text(field, value.as_deref().unwrap_or_default(), MAX_FILTER_TEXT)?;
     }

@@ -381,8 +381,7 @@ async fn subscribers(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Res
 /// $14, $16) joined to the events it inserted, leased to $15 where the partition lease
 /// allows; answers the (tenant, id) of each event inserted and the id of each delivery
 /// leased.
-const INSERT_EVENTS_AND_DELIVERIES: &str =
-    "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, \
+const INSERT_EVENTS_AND_DELIVERIES: &str = "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, \
      traceparent, tracestate) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], \
      $6::int8[], $7::text[], $17::text[], $18::text[]) \
      ON CONFLICT DO NOTHING RETURNING tenant_id, id), \
@@ -420,26 +419,26 @@ async fn insert(
     let firsts: Vec<&NewEvent> = events.iter().zip(first).filter(|(_, f)| **f).map(|(e, _)| *e).collect();
     let column = |f: fn(&NewEvent) -> &str| firsts.iter().map(|e| f(e)).collect::<Vec<&str>>();
     let stored = sqlx::query(INSERT_EVENTS_AND_DELIVERIES)
-    .bind(column(|e| e.tenant.as_str()))
-    .bind(column(|e| e.id.as_str()))
-    .bind(column(|e| e.event_type.as_str()))
-    .bind(column(|e| e.payload.as_str()))
-    .bind(firsts.iter().map(|e| e.created_at).collect::<Vec<_>>())
-    .bind(firsts.iter().map(|e| e.expires_at).collect::<Vec<_>>())
-    .bind(column(|e| e.fingerprint.as_str()))
-    .bind(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.event.tenant.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.event.id.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.endpoint).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.event.event_type.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.event.created_at).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.until).collect::<Vec<_>>())
-    .bind(owner)
-    .bind(rows.iter().map(|r| r.ordering_key).collect::<Vec<_>>())
-    .bind(firsts.iter().map(|e| e.trace.as_ref().map(TraceContext::traceparent)).collect::<Vec<_>>())
-    .bind(firsts.iter().map(|e| e.trace.as_ref().and_then(|t| t.state.as_deref())).collect::<Vec<_>>())
-    .fetch_all(&mut *conn)
-    .await?;
+        .bind(column(|e| e.tenant.as_str()))
+        .bind(column(|e| e.id.as_str()))
+        .bind(column(|e| e.event_type.as_str()))
+        .bind(column(|e| e.payload.as_str()))
+        .bind(firsts.iter().map(|e| e.created_at).collect::<Vec<_>>())
+        .bind(firsts.iter().map(|e| e.expires_at).collect::<Vec<_>>())
+        .bind(column(|e| e.fingerprint.as_str()))
+        .bind(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.event.tenant.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.event.id.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.endpoint).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.event.event_type.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.event.created_at).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.until).collect::<Vec<_>>())
+        .bind(owner)
+        .bind(rows.iter().map(|r| r.ordering_key).collect::<Vec<_>>())
+        .bind(firsts.iter().map(|e| e.trace.as_ref().map(TraceContext::traceparent)).collect::<Vec<_>>())
+        .bind(firsts.iter().map(|e| e.trace.as_ref().and_then(|t| t.state.as_deref())).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
     let (mut inserted, mut leased) = (HashSet::new(), HashSet::new());
     for r in &stored {
         match r.try_get::<Option<String>, _>("leased")? {
