@@ -475,11 +475,7 @@ fn duration(key: &str, text: &str) -> Result<Duration, ConfigError> {
 impl RawConfig {
     /// Checks every key and builds the typed `Config`.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let listen = self
-            .server
-            .listen
-            .parse()
-            .map_err(|e| invalid("server.listen", format!("{:?} is not host:port ({e})", self.server.listen)))?;
+        let listen = address("server.listen", &self.server.listen)?;
         let (store_url, store_kind) = self.store.url()?;
         let delivery = self.delivery.validate()?;
         let retry = self.retry.validate()?;
@@ -497,9 +493,7 @@ impl RawConfig {
         }
         let admin_listen = match self.server.admin_listen.as_str() {
             "" => None,
-            text => Some(
-                text.parse().map_err(|e| invalid("server.admin_listen", format!("{text:?} is not host:port ({e})")))?,
-            ),
+            text => Some(address("server.admin_listen", text)?),
         };
         Ok(Config {
             listen,
@@ -521,21 +515,32 @@ impl RawConfig {
             retention: self.retention.validate()?,
             outbox: outbox::validate(&self.outbox)?,
             node_id: node_id(&self.cluster.node_id)?,
-            secrets: match self.secrets.key.trim() {
-                "" if self.secrets.previous_keys.is_empty() => None,
-                "" => return Err(invalid("secrets.key", "is required when previous_keys are set")),
-                key => Some(std::sync::Arc::new(
-                    crate::sign::seal::Sealer::new(key, &self.secrets.previous_keys).map_err(|(i, e)| match i {
-                        0 => invalid("secrets.key", e),
-                        n => invalid(&format!("secrets.previous_keys[{}]", n - 1), e),
-                    })?,
-                )),
-            },
+            secrets: self.secrets.sealer()?,
             log_level: self.log.level,
             log_json: self.log.format == "json",
             tracing: self.tracing.validate()?,
             portal: self.portal.validate()?,
         })
+    }
+}
+
+/// `key`'s socket address, written `host:port`.
+fn address(key: &str, text: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|e| invalid(key, format!("{text:?} is not host:port ({e})")))
+}
+
+impl RawSecrets {
+    /// `[secrets]`: the sealer of its keys, or none when no key is set.
+    fn sealer(&self) -> Result<Option<std::sync::Arc<crate::sign::seal::Sealer>>, ConfigError> {
+        let sealer = match self.key.trim() {
+            "" if self.previous_keys.is_empty() => return Ok(None),
+            "" => return Err(invalid("secrets.key", "is required when previous_keys are set")),
+            key => crate::sign::seal::Sealer::new(key, &self.previous_keys).map_err(|(i, e)| match i {
+                0 => invalid("secrets.key", e),
+                n => invalid(&format!("secrets.previous_keys[{}]", n - 1), e),
+            })?,
+        };
+        Ok(Some(std::sync::Arc::new(sealer)))
     }
 }
 

@@ -912,3 +912,182 @@ fn ci_runs_the_test_command_the_readme_gives() {
         "README runs the tests with `{command}`; .ci/run:\n{ci}"
     );
 }
+
+/// A function over this many lines, from its `fn` to its closing brace, is long (STYLE,
+/// habit 10: small functions; only orchestrators run long).
+const LONG: usize = 60;
+
+/// Long functions allowed to stay long, as (file under `gateway/src`, name, why): the
+/// orchestrators, which read as a list of steps in the order they happen.
+const LONG_ALLOWED: &[(&str, &str, &str)] =
+    &[("app.rs", "run", "start-up: opens the store, then starts each service in order and waits for shutdown")];
+
+/// How many other functions may be long. Issue 50 asks for at most 8.
+const LONG_CAP: usize = 8;
+
+/// Collects the functions of one file (free, methods, trait defaults, nested; a closure is
+/// part of its function) as (line, name, lines), leaving out test code.
+struct Lengths {
+    found: Vec<(usize, String, usize)>,
+    /// `mod x;` declared `#[cfg(test)]`, as the module path they make.
+    test_files: Vec<Vec<String>>,
+    scope: Vec<String>,
+}
+
+/// `#[cfg(test)]`, `#[test]` or `#[tokio::test]`.
+fn is_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        let cfg_test = a.path().is_ident("cfg") && a.parse_args::<syn::Ident>().is_ok_and(|arg| arg == "test");
+        cfg_test || a.path().segments.last().is_some_and(|s| s.ident == "test")
+    })
+}
+
+impl Lengths {
+    fn function(&mut self, attrs: &[syn::Attribute], sig: &syn::Signature, body: &syn::Block) -> bool {
+        if is_test(attrs) {
+            return false;
+        }
+        let first = sig.fn_token.span.start().line;
+        let last = body.brace_token.span.close().end().line;
+        self.found.push((first, sig.ident.to_string(), last + 1 - first));
+        true
+    }
+}
+
+impl<'ast> syn::visit::Visit<'ast> for Lengths {
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        self.scope.push(item.ident.to_string());
+        if is_test(&item.attrs) {
+            if item.content.is_none() {
+                self.test_files.push(self.scope.clone());
+            }
+        } else {
+            syn::visit::visit_item_mod(self, item);
+        }
+        self.scope.pop();
+    }
+
+    fn visit_item_impl(&mut self, item: &'ast syn::ItemImpl) {
+        if !is_test(&item.attrs) {
+            syn::visit::visit_item_impl(self, item);
+        }
+    }
+
+    fn visit_item_fn(&mut self, item: &'ast syn::ItemFn) {
+        if self.function(&item.attrs, &item.sig, &item.block) {
+            syn::visit::visit_item_fn(self, item);
+        }
+    }
+
+    fn visit_impl_item_fn(&mut self, item: &'ast syn::ImplItemFn) {
+        if self.function(&item.attrs, &item.sig, &item.block) {
+            syn::visit::visit_impl_item_fn(self, item);
+        }
+    }
+
+    fn visit_trait_item_fn(&mut self, item: &'ast syn::TraitItemFn) {
+        if let Some(body) = &item.default
+            && self.function(&item.attrs, &item.sig, body)
+        {
+            syn::visit::visit_trait_item_fn(self, item);
+        }
+    }
+}
+
+/// Every function under `root` over `LONG` lines, as (file, line, name, lines), test code
+/// (`#[cfg(test)]` modules inline or in their own files, `#[test]` functions) left out.
+fn long_functions(root: &Path) -> Vec<(String, usize, String, usize)> {
+    let mut files = Vec::new();
+    sources(root, &mut files);
+    let mut test_files = Vec::new();
+    let mut all = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(root).expect("under src").to_string_lossy().replace('\\', "/");
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("gateway/src/{rel}: does not parse: {e}"));
+        let module = if rel == "main.rs" { Vec::new() } else { module_of(&rel) };
+        let mut lengths = Lengths { found: Vec::new(), test_files: Vec::new(), scope: module.clone() };
+        syn::visit::Visit::visit_file(&mut lengths, &ast);
+        test_files.extend(lengths.test_files);
+        all.push((rel, module, lengths.found));
+    }
+    let mut long: Vec<_> = all
+        .into_iter()
+        .filter(|(_, module, _)| !test_files.iter().any(|t| module.starts_with(t)))
+        .flat_map(|(rel, _, found)| found.into_iter().map(move |(line, name, n)| (rel.clone(), line, name, n)))
+        .filter(|(.., n)| *n > LONG)
+        .collect();
+    long.sort();
+    long
+}
+
+#[test]
+fn few_functions_run_long() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
+    let long = long_functions(&root);
+    let allowed = |rel: &str, name: &str| LONG_ALLOWED.iter().any(|(r, n, _)| *r == rel && *n == name);
+    let stale: Vec<_> =
+        LONG_ALLOWED.iter().filter(|(r, n, _)| !long.iter().any(|(rel, _, name, _)| rel == r && name == n)).collect();
+    assert!(stale.is_empty(), "LONG_ALLOWED names functions that are no longer long, or gone: {stale:?}");
+    let over: Vec<String> = long
+        .iter()
+        .filter(|(rel, _, name, _)| !allowed(rel, name))
+        .map(|(rel, line, name, n)| format!("gateway/src/{rel}:{line} {name} ({n})"))
+        .collect();
+    assert!(
+        over.len() <= LONG_CAP,
+        "{} functions run over {LONG} lines, where at most {LONG_CAP} may; split them into named steps:\n{}",
+        over.len(),
+        over.join("\n")
+    );
+}
+
+/// The count sees a planted long function wherever it stands, and only there: not at 60
+/// lines, not in a closure, not in test code.
+#[test]
+fn the_length_count_sees_a_planted_long_function() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |rel: &str, text: &str| plant(dir.path(), rel, text);
+    let body = |n: usize| "    let _ = 1;\n".repeat(n - 2);
+    for i in 0..20 {
+        write(&format!("short{i}.rs"), "fn f() {}\n");
+    }
+    write("lib.rs", &format!("mod a;\n#[cfg(test)]\nmod tests;\nfn sixty() {{\n{}}}\n", body(60)));
+    write("tests.rs", &format!("fn in_tests() {{\n{}}}\n", body(70)));
+    write(
+        "a.rs",
+        &format!(
+            "fn closure() {{\n    let c = || {{\n{}    }};\n}}\n\
+             #[cfg(test)]\nmod tests {{\n    fn inline() {{\n{}    }}\n}}\n\
+             #[test]\nfn a_test() {{\n{}}}\n",
+            body(56),
+            body(70),
+            body(70)
+        ),
+    );
+    assert_eq!(long_functions(dir.path()), []);
+
+    write("main.rs", &format!("fn main() {{\n{}}}\n", body(61)));
+    write("a.rs", &format!("fn closure() {{\n    let c = || {{\n{}    }};\n}}\n", body(61)));
+    write(
+        "a/b.rs",
+        &format!(
+            "struct S;\nimpl S {{\n    fn method(&self) {{\n        fn nested() {{\n{}        }}\n    }}\n}}\n\
+             trait T {{\n    fn default(&self) {{\n{}    }}\n}}\n",
+            body(61),
+            body(62)
+        ),
+    );
+    let found: Vec<String> =
+        long_functions(dir.path()).iter().map(|(rel, line, name, n)| format!("{rel}:{line} {name} ({n})")).collect();
+    assert_eq!(
+        found,
+        [
+            "a.rs:1 closure (63)",
+            "a/b.rs:3 method (63)",
+            "a/b.rs:4 nested (61)",
+            "a/b.rs:68 default (62)",
+            "main.rs:1 main (61)"
+        ]
+    );
+}

@@ -94,6 +94,18 @@ impl Reach {
         })
     }
 
+    /// Whether some delivery of `tenant`'s event `id` goes to an endpoint in reach.
+    async fn event(&self, state: &AppState, tenant: &TenantId, id: &str) -> Result<bool, ApiError> {
+        let f = DeliveryFilter {
+            tenant: Some(tenant.clone()),
+            event: Some(crate::model::EventId::from_stored(id)),
+            endpoints: self.endpoints(),
+            limit: 1,
+            ..DeliveryFilter::default()
+        };
+        Ok(!state.store.list_deliveries(&f).await?.is_empty())
+    }
+
     /// The hooks by which endpoints out of reach bind plugin `name` (none: the caller may
     /// read and change it).
     async fn plugin_bound_outside(&self, state: &AppState, tenant: &TenantId, name: &str) -> Result<String, ApiError> {
@@ -214,19 +226,10 @@ pub(super) async fn confine(
             true => Ok(()),
             false => Err(ApiError::not_found("endpoint")),
         },
-        Confine::Event => {
-            let f = DeliveryFilter {
-                tenant: Some(tenant.clone()),
-                event: Some(crate::model::EventId::from_stored(id)),
-                endpoints: reach.endpoints(),
-                limit: 1,
-                ..DeliveryFilter::default()
-            };
-            match state.store.list_deliveries(&f).await?.is_empty() {
-                true => Err(ApiError::not_found("event")),
-                false => Ok(()),
-            }
-        }
+        Confine::Event => match reach.event(state, tenant, id).await? {
+            true => Ok(()),
+            false => Err(ApiError::not_found("event")),
+        },
         Confine::Delivery => match state.store.get_delivery(tenant, &DeliveryId::from_stored(id)).await? {
             Some((d, _)) if reach.sees(&d.endpoint_id) => Ok(()),
             _ => Err(ApiError::not_found("delivery")),
@@ -248,8 +251,7 @@ pub(super) async fn confine(
         }
         Confine::EndpointQuery => {
             let named = form_urlencoded::parse(access.query.unwrap_or_default().as_bytes())
-                .find(|(k, _)| k == "endpoint")
-                .map(|(_, v)| EndpointId::from_stored(v.into_owned()));
+                .find_map(|(k, v)| (k == "endpoint").then(|| EndpointId::from_stored(v.into_owned())));
             match named {
                 Some(e) if reach.sees(&e) => Ok(()),
                 Some(_) => Err(ApiError::not_found("endpoint")),

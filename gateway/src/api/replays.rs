@@ -187,48 +187,8 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<ReplayOut>), ApiError> {
     within_limit(&state, &auth, &input).await?;
     let tenant = auth.tenant;
-    let (ids, filter) = match (input.ids, input.filter) {
-        (Some(ids), None) if !ids.is_empty() && ids.len() <= MAX_IDS => {
-            for id in &ids {
-                check_text("ids[]", id, MAX_FILTER_TEXT)?;
-            }
-            (Some(ids), None)
-        }
-        (Some(_), None) => return Err(ApiError::unprocessable(format!("ids: give 1 to {MAX_IDS} delivery ids"))),
-        (None, Some(f)) => {
-            for (field, value) in
-                [("filter.endpoint", &f.endpoint), ("filter.type", &f.event_type), ("filter.reason", &f.reason)]
-            {
-                check_text(field, value.as_deref().unwrap_or_default(), MAX_FILTER_TEXT)?;
-            }
-            if let Some(id) = &f.endpoint {
-                let found = state.store.endpoint(&EndpointId::from_stored(id.as_str())).await?;
-                if found.is_none_or(|e| e.tenant != tenant) {
-                    return Err(ApiError::not_found("endpoint"));
-                }
-            }
-            (
-                None,
-                Some(DeadLetterFilter {
-                    endpoint: f.endpoint,
-                    event_type: f.event_type,
-                    reason: f.reason,
-                    since: f.since.map(|s| parse_rfc3339("filter.since", &s)).transpose()?,
-                    until: f.until.map(|s| parse_rfc3339("filter.until", &s)).transpose()?,
-                    skipped: Vec::new(),
-                }),
-            )
-        }
-        _ => return Err(ApiError::unprocessable("give either ids or filter")),
-    };
-    let rate_per_sec = input.rate_per_sec.unwrap_or(10.0);
-    if !(rate_per_sec.is_finite() && rate_per_sec > 0.0 && rate_per_sec <= 10_000.0) {
-        return Err(ApiError::unprocessable("rate_per_sec: must be in (0, 10000]"));
-    }
-    let batch = input.batch.unwrap_or(100);
-    if !(1..=1000).contains(&batch) {
-        return Err(ApiError::unprocessable("batch: must be 1 to 1000"));
-    }
+    let (ids, filter) = selection(&state, &tenant, input.ids, input.filter).await?;
+    let (rate_per_sec, batch) = pace(input.rate_per_sec, input.batch)?;
     let (mut selected, blocked) = state.store.dead_selection(&tenant, ids.as_deref(), filter.as_ref()).await?;
     let (filter, left_out) = leave_out(filter, blocked, selected)?;
     selected -= left_out;
@@ -253,6 +213,62 @@ pub(crate) async fn create(
     state.replayer.launch(replay.id.clone());
     let progress = ReplayProgress { replay, figures: ReplayFigures::default() };
     Ok((StatusCode::ACCEPTED, Json(view(&progress))))
+}
+
+/// What a replay selects: 1 to `MAX_IDS` delivery ids, or a filter.
+async fn selection(
+    state: &AppState,
+    tenant: &TenantId,
+    ids: Option<Vec<String>>,
+    filter: Option<FilterIn>,
+) -> Result<(Option<Vec<String>>, Option<DeadLetterFilter>), ApiError> {
+    match (ids, filter) {
+        (Some(ids), None) if !ids.is_empty() && ids.len() <= MAX_IDS => {
+            for id in &ids {
+                check_text("ids[]", id, MAX_FILTER_TEXT)?;
+            }
+            Ok((Some(ids), None))
+        }
+        (Some(_), None) => Err(ApiError::unprocessable(format!("ids: give 1 to {MAX_IDS} delivery ids"))),
+        (None, Some(f)) => Ok((None, Some(dead_letter_filter(state, tenant, f).await?))),
+        _ => Err(ApiError::unprocessable("give either ids or filter")),
+    }
+}
+
+/// The filter checked field by field; the endpoint it names must be `tenant`'s.
+async fn dead_letter_filter(state: &AppState, tenant: &TenantId, f: FilterIn) -> Result<DeadLetterFilter, ApiError> {
+    for (field, value) in
+        [("filter.endpoint", &f.endpoint), ("filter.type", &f.event_type), ("filter.reason", &f.reason)]
+    {
+        check_text(field, value.as_deref().unwrap_or_default(), MAX_FILTER_TEXT)?;
+    }
+    if let Some(id) = &f.endpoint {
+        let found = state.store.endpoint(&EndpointId::from_stored(id.as_str())).await?;
+        if found.is_none_or(|e| e.tenant != *tenant) {
+            return Err(ApiError::not_found("endpoint"));
+        }
+    }
+    Ok(DeadLetterFilter {
+        endpoint: f.endpoint,
+        event_type: f.event_type,
+        reason: f.reason,
+        since: f.since.map(|s| parse_rfc3339("filter.since", &s)).transpose()?,
+        until: f.until.map(|s| parse_rfc3339("filter.until", &s)).transpose()?,
+        skipped: Vec::new(),
+    })
+}
+
+/// The pace asked for: `rate_per_sec` (default 10) and `batch` (default 100).
+fn pace(rate_per_sec: Option<f64>, batch: Option<u32>) -> Result<(f64, u32), ApiError> {
+    let rate_per_sec = rate_per_sec.unwrap_or(10.0);
+    if !(rate_per_sec.is_finite() && rate_per_sec > 0.0 && rate_per_sec <= 10_000.0) {
+        return Err(ApiError::unprocessable("rate_per_sec: must be in (0, 10000]"));
+    }
+    let batch = batch.unwrap_or(100);
+    if !(1..=1000).contains(&batch) {
+        return Err(ApiError::unprocessable("batch: must be 1 to 1000"));
+    }
+    Ok((rate_per_sec, batch))
 }
 
 /// A replay's selection without the dead letters of endpoints that are not active

@@ -17,52 +17,7 @@ pub fn openapi(title: &str, version: &str, types: &[EventType]) -> Value {
         if let Some(schema) = &t.schema {
             schemas.insert(key.clone(), rebase_refs(schema.clone(), &format!("#/components/schemas/{key}")));
         }
-        let data = match &t.schema {
-            Some(_) => json!({"$ref": format!("#/components/schemas/{key}")}),
-            None => json!({}),
-        };
-        let body = json!({
-            "type": "object",
-            "required": ["id", "type", "timestamp", "data"],
-            "properties": {
-                "id": {"type": "string", "description": "The event's id (`evt_…`), the same on every retry."},
-                "type": {"const": t.name},
-                "timestamp": {"type": "string", "format": "date-time"},
-                "data": data,
-            },
-        });
-        let examples: Map<String, Value> = t
-            .examples
-            .iter()
-            .enumerate()
-            .map(|(i, payload)| {
-                let envelope = json!({
-                    "id": "evt_2qdbm4a2v5nhcx0sfz1rrh2t6a",
-                    "type": t.name,
-                    "timestamp": "2026-01-01T00:00:00.000Z",
-                    "data": payload,
-                });
-                (format!("example{i}"), json!({"value": envelope}))
-            })
-            .collect();
-        let mut media = json!({"schema": body});
-        if !examples.is_empty() {
-            media["examples"] = Value::Object(examples);
-        }
-        let mut operation = json!({
-            "operationId": key,
-            "summary": t.name,
-            "parameters": signature_headers(),
-            "requestBody": {"required": true, "content": {"application/json": media}},
-            "responses": {"2XX": {"description": "Received: any 2xx acknowledges the delivery; anything else is retried"}},
-        });
-        if !t.description.is_empty() {
-            operation["description"] = json!(t.description);
-        }
-        if t.deprecated {
-            operation["deprecated"] = json!(true);
-        }
-        webhooks.insert(t.name.clone(), json!({"post": operation}));
+        webhooks.insert(t.name.clone(), json!({"post": operation(t, &key)}));
     }
     json!({
         "openapi": "3.1.0",
@@ -75,6 +30,65 @@ pub fn openapi(title: &str, version: &str, types: &[EventType]) -> Value {
         "webhooks": webhooks,
         "components": {"schemas": schemas},
     })
+}
+
+/// The request Herald sends for type `t` (its schema under `key`): signed, with its
+/// envelope as body and the type's examples.
+fn operation(t: &EventType, key: &str) -> Value {
+    let mut media = json!({"schema": envelope(t, key)});
+    let examples = examples(t);
+    if !examples.is_empty() {
+        media["examples"] = Value::Object(examples);
+    }
+    let mut operation = json!({
+        "operationId": key,
+        "summary": t.name,
+        "parameters": signature_headers(),
+        "requestBody": {"required": true, "content": {"application/json": media}},
+        "responses": {"2XX": {"description": "Received: any 2xx acknowledges the delivery; anything else is retried"}},
+    });
+    if !t.description.is_empty() {
+        operation["description"] = json!(t.description);
+    }
+    if t.deprecated {
+        operation["deprecated"] = json!(true);
+    }
+    operation
+}
+
+/// The default envelope's schema, with the type's schema (under `key`) as `data`.
+fn envelope(t: &EventType, key: &str) -> Value {
+    let data = match &t.schema {
+        Some(_) => json!({"$ref": format!("#/components/schemas/{key}")}),
+        None => json!({}),
+    };
+    json!({
+        "type": "object",
+        "required": ["id", "type", "timestamp", "data"],
+        "properties": {
+            "id": {"type": "string", "description": "The event's id (`evt_…`), the same on every retry."},
+            "type": {"const": t.name},
+            "timestamp": {"type": "string", "format": "date-time"},
+            "data": data,
+        },
+    })
+}
+
+/// The type's example payloads, each in an envelope, as `example0`, `example1`, ….
+fn examples(t: &EventType) -> Map<String, Value> {
+    t.examples
+        .iter()
+        .enumerate()
+        .map(|(i, payload)| {
+            let envelope = json!({
+                "id": "evt_2qdbm4a2v5nhcx0sfz1rrh2t6a",
+                "type": t.name,
+                "timestamp": "2026-01-01T00:00:00.000Z",
+                "data": payload,
+            });
+            (format!("example{i}"), json!({"value": envelope}))
+        })
+        .collect()
 }
 
 /// The Standard Webhooks headers every request carries.

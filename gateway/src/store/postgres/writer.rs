@@ -43,6 +43,25 @@ pub(super) async fn apply_all(
     handoff: Option<&dyn Handoff>,
 ) -> sqlx::Result<Vec<WriteResult>> {
     let mut slots: Vec<Option<WriteResult>> = ops.iter().map(|_| None).collect();
+    take_leases(conn, ops, &mut slots).await?;
+    let (recorded, others): (Vec<Numbered<'_>>, Vec<Numbered<'_>>) = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| !matches!(op, WriteOp::Partition(_)))
+        .partition(|(_, op)| matches!(op, WriteOp::Record(_)));
+    apply_in_order(conn, &others, channel, handoff, &mut slots).await?;
+    record_together(conn, &recorded, &mut slots).await?;
+    Ok(slots.into_iter().flatten().collect())
+}
+
+/// An op and its place in its commit.
+type Numbered<'a> = (usize, &'a WriteOp);
+
+/// A commit's answers, each in its op's place.
+type Slots = [Option<WriteResult>];
+
+/// Takes the partition leases among `ops` in endpoint order (see [`apply_all`]).
+async fn take_leases(conn: &mut PgConnection, ops: &[WriteOp], slots: &mut Slots) -> sqlx::Result<()> {
     let mut leases: Vec<(usize, &PartitionLease)> = ops
         .iter()
         .enumerate()
@@ -57,25 +76,25 @@ pub(super) async fn apply_all(
         next_op_seq();
         slots[at] = Some(WriteResult::Partition(partition(conn, lease).await?));
     }
-    let (recorded, others): (Vec<Numbered<'_>>, Vec<Numbered<'_>>) = ops
-        .iter()
-        .enumerate()
-        .filter(|(_, op)| !matches!(op, WriteOp::Partition(_)))
-        .partition(|(_, op)| matches!(op, WriteOp::Record(_)));
+    Ok(())
+}
+
+/// Applies the ops that are neither leases nor results in their order, each run of
+/// consecutive intakes as one [`ingest_run`].
+async fn apply_in_order(
+    conn: &mut PgConnection,
+    ops: &[Numbered<'_>],
+    channel: &str,
+    handoff: Option<&dyn Handoff>,
+    slots: &mut Slots,
+) -> sqlx::Result<()> {
     let mut i = 0;
-    while i < others.len() {
-        let (at, op) = others[i];
-        i += 1;
+    while i < ops.len() {
+        let (at, op) = ops[i];
         let result = match op {
             WriteOp::Ingest(_) => {
-                let run: Vec<(usize, &[NewEvent])> = others[i - 1..]
-                    .iter()
-                    .map_while(|(at, op)| match op {
-                        WriteOp::Ingest(events) => Some((*at, events.as_slice())),
-                        _ => None,
-                    })
-                    .collect();
-                i += run.len() - 1;
+                let run = intake_run(&ops[i..]);
+                i += run.len();
                 let outcomes = ingest_run(conn, &run.iter().map(|r| r.1).collect::<Vec<_>>(), channel, handoff).await?;
                 for ((at, _), outcome) in run.iter().zip(outcomes) {
                     slots[*at] = Some(outcome);
@@ -103,7 +122,24 @@ pub(super) async fn apply_all(
             WriteOp::Record(_) => unreachable!("results are applied last"),
         };
         slots[at] = Some(result);
+        i += 1;
     }
+    Ok(())
+}
+
+/// The intake ops at the start of `ops`, up to the first op of another kind.
+fn intake_run<'a>(ops: &[Numbered<'a>]) -> Vec<(usize, &'a [NewEvent])> {
+    ops.iter()
+        .map_while(|(at, op)| match op {
+            WriteOp::Ingest(events) => Some((*at, events.as_slice())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The attempt results of every `Record` op in one [`record`], answered per op, each
+/// numbered in the order of writes.
+async fn record_together(conn: &mut PgConnection, recorded: &[Numbered<'_>], slots: &mut Slots) -> sqlx::Result<()> {
     let runs: Vec<(usize, &[AttemptResult])> = recorded
         .iter()
         .filter_map(|(at, op)| match op {
@@ -117,11 +153,8 @@ pub(super) async fn apply_all(
         next_op_seq();
         slots[at] = Some(WriteResult::Record(accepted.by_ref().take(rs.len()).collect()));
     }
-    Ok(slots.into_iter().flatten().collect())
+    Ok(())
 }
-
-/// An op and its place in its commit.
-type Numbered<'a> = (usize, &'a WriteOp);
 
 /// A run of intake requests as one `ingest`, answered per request, each numbered in the
 /// order of writes.
@@ -200,20 +233,7 @@ async fn ingest(
     // repeats are duplicates of it (or conflicts).
     let mut pairs = HashSet::with_capacity(events.len());
     let first: Vec<bool> = events.iter().map(|e| pairs.insert((e.tenant.as_str(), e.id.as_str()))).collect();
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
-    let mut rows: Vec<NewDelivery<'_>> = Vec::new();
-    let mut fanned: Vec<std::ops::Range<usize>> = Vec::with_capacity(events.len());
-    for (ev, _) in events.iter().zip(&first).filter(|(_, f)| **f) {
-        let start = rows.len();
-        let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
-        for FannedOut { id, endpoint, ordering_key } in fan_out(ev, of_tenant, &mut rng) {
-            // An ordered delivery waits for its turn in the store: only a claim knows
-            // whether it heads its key.
-            let until = handoff.filter(|_| ordering_key.is_none()).and_then(|h| h.lease(endpoint, ev.created_at));
-            rows.push(NewDelivery { id, event: ev, endpoint, ordering_key, until });
-        }
-        fanned.push(start..rows.len());
-    }
+    let (rows, fanned) = fan_out_firsts(events, &first, &subscribers, handoff);
     let owner = handoff.map(|h| h.owner());
     lock_ordering_keys(conn, &rows).await?;
     let (inserted, leased) = insert(conn, events, &first, &rows, owner).await?;
@@ -222,15 +242,68 @@ async fn ingest(
         delete_fresh(conn, events, &fresh).await?;
         return Ok(Err(at));
     }
-    let mut out = Vec::with_capacity(events.len());
-    let mut duplicates: Vec<usize> = Vec::new();
-    let mut woken: Vec<&str> = Vec::new();
+    let Answered { mut out, duplicates, mut woken } = answer(events, &first, &fresh, &rows, fanned, &leased);
+    // Counted after this batch's own deliveries are in, so a duplicate within the batch
+    // reports the deliveries of its first occurrence.
+    count_duplicates(conn, events, &duplicates, &mut out).await?;
+    woken.sort_unstable();
+    woken.dedup();
+    notify_woken(conn, channel, &woken).await?;
+    Ok(Ok(out))
+}
+
+/// The deliveries of each event's first occurrence in the batch (`first`), to its tenant's
+/// subscribers, and each such event's range in them. A delivery whose endpoint's partition
+/// here takes it (`handoff`) gets a lease until; an ordered one never does: it waits for
+/// its turn in the store, and only a claim knows whether it heads its key.
+fn fan_out_firsts<'a>(
+    events: &[&'a NewEvent],
+    first: &[bool],
+    subscribers: &'a HashMap<String, Vec<Subscriber>>,
+    handoff: Option<&dyn Handoff>,
+) -> (Vec<NewDelivery<'a>>, Vec<std::ops::Range<usize>>) {
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
+    let mut rows: Vec<NewDelivery<'_>> = Vec::new();
+    let mut fanned: Vec<std::ops::Range<usize>> = Vec::with_capacity(events.len());
+    for (ev, _) in events.iter().copied().zip(first).filter(|(_, f)| **f) {
+        let start = rows.len();
+        let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
+        for FannedOut { id, endpoint, ordering_key } in fan_out(ev, of_tenant, &mut rng) {
+            let until = handoff.filter(|_| ordering_key.is_none()).and_then(|h| h.lease(endpoint, ev.created_at));
+            rows.push(NewDelivery { id, event: ev, endpoint, ordering_key, until });
+        }
+        fanned.push(start..rows.len());
+    }
+    (rows, fanned)
+}
+
+/// What an ingest answers before the duplicates are counted.
+struct Answered<'a> {
+    /// Per event: its deliveries queued and leased, or a duplicate (of 0 deliveries yet).
+    out: Vec<IngestOutcome>,
+    /// The events not inserted (`fresh` false), as indexes.
+    duplicates: Vec<usize>,
+    /// The endpoints that got a queued delivery, for a claim.
+    woken: Vec<&'a str>,
+}
+
+/// Each event's outcome: of a fresh one, its deliveries (its range of `rows`, from
+/// `fanned`) queued or `leased` to this node's partition.
+fn answer<'a>(
+    events: &[&NewEvent],
+    first: &[bool],
+    fresh: &[bool],
+    rows: &[NewDelivery<'a>],
+    fanned: Vec<std::ops::Range<usize>>,
+    leased: &HashSet<String>,
+) -> Answered<'a> {
+    let mut answered = Answered { out: Vec::with_capacity(events.len()), duplicates: Vec::new(), woken: Vec::new() };
     let mut fanned = fanned.into_iter();
     for (i, ev) in events.iter().enumerate() {
         let range = if first[i] { fanned.next().unwrap_or_default() } else { 0..0 };
         if !fresh[i] {
-            duplicates.push(i);
-            out.push(IngestOutcome::duplicate(0));
+            answered.duplicates.push(i);
+            answered.out.push(IngestOutcome::duplicate(0));
             continue;
         }
         let (mut queued, mut handed) = (Vec::new(), Vec::new());
@@ -239,20 +312,14 @@ async fn ingest(
             match leased.contains(row.id.as_str()) {
                 true => handed.push((endpoint, Claimed::new_leased(row.id.clone(), ev))),
                 false => {
-                    woken.push(row.endpoint);
+                    answered.woken.push(row.endpoint);
                     queued.push(endpoint);
                 }
             }
         }
-        out.push(IngestOutcome::stored_leased(queued, handed));
+        answered.out.push(IngestOutcome::stored_leased(queued, handed));
     }
-    // Counted after this batch's own deliveries are in, so a duplicate within the batch
-    // reports the deliveries of its first occurrence.
-    count_duplicates(conn, events, &duplicates, &mut out).await?;
-    woken.sort_unstable();
-    woken.dedup();
-    notify_woken(conn, channel, &woken).await?;
-    Ok(Ok(out))
+    answered
 }
 
 /// A delivery fanned out from an event, the key it is ordered within (`None`: unordered),
@@ -310,6 +377,30 @@ async fn subscribers(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Res
     Ok(subscribers)
 }
 
+/// [`insert`]'s statement: the events ($1 to $7, $17, $18), then their deliveries ($8 to
+/// $14, $16) joined to the events it inserted, leased to $15 where the partition lease
+/// allows; answers the (tenant, id) of each event inserted and the id of each delivery
+/// leased.
+const INSERT_EVENTS_AND_DELIVERIES: &str = "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, \
+     traceparent, tracestate) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], \
+     $6::int8[], $7::text[], $17::text[], $18::text[]) \
+     ON CONFLICT DO NOTHING RETURNING tenant_id, id), \
+     dl AS (INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+     next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at, ordering_key) \
+     SELECT v.id, v.tenant_id, v.event_id, v.endpoint_id, v.event_type, \
+     CASE WHEN p.owner IS NULL THEN 'queued' ELSE 'delivering' END, 0, v.at, p.owner, \
+     CASE WHEN p.owner IS NULL THEN NULL ELSE v.until END, CASE WHEN p.owner IS NULL THEN 0 ELSE 1 END, v.at, v.at, \
+     v.ordering_key \
+     FROM UNNEST($8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[], $14::int8[], \
+     $16::text[]) WITH ORDINALITY AS v(id, tenant_id, event_id, endpoint_id, event_type, at, until, ordering_key, n) \
+     JOIN ev ON ev.tenant_id = v.tenant_id AND ev.id = v.event_id \
+     LEFT JOIN partitions p ON v.until IS NOT NULL AND p.endpoint_id = v.endpoint_id AND p.owner = $15 \
+     AND p.lease_until >= v.at \
+     ORDER BY v.n \
+     RETURNING id, state) \
+     SELECT tenant_id AS a, id AS b, NULL AS leased FROM ev \
+     UNION ALL SELECT NULL, NULL, id FROM dl WHERE state = 'delivering'";
+
 /// Inserts the events that are new (`first`: the first occurrence of each pair in the
 /// batch) and, of the `rows`, the deliveries of those that were new, in one statement. A
 /// row with a lease is stored `delivering`, leased to `owner` with fence 1, only while the
@@ -327,47 +418,27 @@ async fn insert(
     // its statement inserted, so a repeat of a stored event gets none.
     let firsts: Vec<&NewEvent> = events.iter().zip(first).filter(|(_, f)| **f).map(|(e, _)| *e).collect();
     let column = |f: fn(&NewEvent) -> &str| firsts.iter().map(|e| f(e)).collect::<Vec<&str>>();
-    let stored = sqlx::query(
-        "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, \
-         traceparent, tracestate) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], \
-         $6::int8[], $7::text[], $17::text[], $18::text[]) \
-         ON CONFLICT DO NOTHING RETURNING tenant_id, id), \
-         dl AS (INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-         next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at, ordering_key) \
-         SELECT v.id, v.tenant_id, v.event_id, v.endpoint_id, v.event_type, \
-         CASE WHEN p.owner IS NULL THEN 'queued' ELSE 'delivering' END, 0, v.at, p.owner, \
-         CASE WHEN p.owner IS NULL THEN NULL ELSE v.until END, CASE WHEN p.owner IS NULL THEN 0 ELSE 1 END, v.at, v.at, \
-         v.ordering_key \
-         FROM UNNEST($8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[], $14::int8[], \
-         $16::text[]) WITH ORDINALITY AS v(id, tenant_id, event_id, endpoint_id, event_type, at, until, ordering_key, n) \
-         JOIN ev ON ev.tenant_id = v.tenant_id AND ev.id = v.event_id \
-         LEFT JOIN partitions p ON v.until IS NOT NULL AND p.endpoint_id = v.endpoint_id AND p.owner = $15 \
-         AND p.lease_until >= v.at \
-         ORDER BY v.n \
-         RETURNING id, state) \
-         SELECT tenant_id AS a, id AS b, NULL AS leased FROM ev \
-         UNION ALL SELECT NULL, NULL, id FROM dl WHERE state = 'delivering'",
-    )
-    .bind(column(|e| e.tenant.as_str()))
-    .bind(column(|e| e.id.as_str()))
-    .bind(column(|e| e.event_type.as_str()))
-    .bind(column(|e| e.payload.as_str()))
-    .bind(firsts.iter().map(|e| e.created_at).collect::<Vec<_>>())
-    .bind(firsts.iter().map(|e| e.expires_at).collect::<Vec<_>>())
-    .bind(column(|e| e.fingerprint.as_str()))
-    .bind(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.event.tenant.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.event.id.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.endpoint).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.event.event_type.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.event.created_at).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.until).collect::<Vec<_>>())
-    .bind(owner)
-    .bind(rows.iter().map(|r| r.ordering_key).collect::<Vec<_>>())
-    .bind(firsts.iter().map(|e| e.trace.as_ref().map(TraceContext::traceparent)).collect::<Vec<_>>())
-    .bind(firsts.iter().map(|e| e.trace.as_ref().and_then(|t| t.state.as_deref())).collect::<Vec<_>>())
-    .fetch_all(&mut *conn)
-    .await?;
+    let stored = sqlx::query(INSERT_EVENTS_AND_DELIVERIES)
+        .bind(column(|e| e.tenant.as_str()))
+        .bind(column(|e| e.id.as_str()))
+        .bind(column(|e| e.event_type.as_str()))
+        .bind(column(|e| e.payload.as_str()))
+        .bind(firsts.iter().map(|e| e.created_at).collect::<Vec<_>>())
+        .bind(firsts.iter().map(|e| e.expires_at).collect::<Vec<_>>())
+        .bind(column(|e| e.fingerprint.as_str()))
+        .bind(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.event.tenant.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.event.id.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.endpoint).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.event.event_type.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.event.created_at).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.until).collect::<Vec<_>>())
+        .bind(owner)
+        .bind(rows.iter().map(|r| r.ordering_key).collect::<Vec<_>>())
+        .bind(firsts.iter().map(|e| e.trace.as_ref().map(TraceContext::traceparent)).collect::<Vec<_>>())
+        .bind(firsts.iter().map(|e| e.trace.as_ref().and_then(|t| t.state.as_deref())).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
     let (mut inserted, mut leased) = (HashSet::new(), HashSet::new());
     for r in &stored {
         match r.try_get::<Option<String>, _>("leased")? {
@@ -502,25 +573,9 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<(Cla
     let mut claimed = Vec::with_capacity(rows.len());
     for r in &rows {
         (next_due, held) = (r.try_get("next_due")?, r.try_get("held")?);
-        let Some(id) = r.try_get::<Option<String>, _>("id")? else { continue };
-        claimed.push((
-            r.try_get::<i64, _>("next_attempt_at")?,
-            Claimed {
-                id: DeliveryId::from_stored(id),
-                tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
-                event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
-                event_type: r.try_get("event_type")?,
-                payload: r.try_get("payload")?,
-                event_created_at: r.try_get("event_created_at")?,
-                expires_at: r.try_get("expires_at")?,
-                attempts: r.try_get::<i64, _>("attempts")? as u32,
-                attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
-                deadline: r.try_get("deadline")?,
-                replay: r.try_get("replay_id")?,
-                fence: r.try_get("fence")?,
-                trace: stored_trace(r.try_get("traceparent")?, r.try_get("tracestate")?),
-            },
-        ));
+        if let Some(row) = claimed_row(r)? {
+            claimed.push(row);
+        }
     }
     // RETURNING gives no order guarantee: keep the schedule's.
     claimed.sort_by(|a, b| (a.0, a.1.id.as_str()).cmp(&(b.0, b.1.id.as_str())));
@@ -528,6 +583,28 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<(Cla
     let short = claimed.len() < req.limit as usize;
     let next_due = if short { next_due } else { None };
     Ok((ClaimBatch { claimed, next_due }, short && held))
+}
+
+/// A delivery the claim leased, with when it was due; `None` for the one row of a claim
+/// that leased nothing (it carries only the next due time and the lease check).
+fn claimed_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Option<(Millis, Claimed)>> {
+    let Some(id) = r.try_get::<Option<String>, _>("id")? else { return Ok(None) };
+    let claimed = Claimed {
+        id: DeliveryId::from_stored(id),
+        tenant: TenantId::from_stored(r.try_get::<String, _>("tenant_id")?),
+        event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
+        event_type: r.try_get("event_type")?,
+        payload: r.try_get("payload")?,
+        event_created_at: r.try_get("event_created_at")?,
+        expires_at: r.try_get("expires_at")?,
+        attempts: r.try_get::<i64, _>("attempts")? as u32,
+        attempt_base: r.try_get::<i64, _>("attempt_base")? as u32,
+        deadline: r.try_get("deadline")?,
+        replay: r.try_get("replay_id")?,
+        fence: r.try_get("fence")?,
+        trace: stored_trace(r.try_get("traceparent")?, r.try_get("tracestate")?),
+    };
+    Ok(Some((r.try_get("next_attempt_at")?, claimed)))
 }
 
 /// Records results whose fence still matches, and their attempts. A delivery appearing

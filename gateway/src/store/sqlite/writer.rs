@@ -271,31 +271,76 @@ fn ingest_op(
     rng: &mut StdRng,
     handoff: Option<&dyn Handoff>,
 ) -> Result<std::result::Result<Vec<IngestOutcome>, usize>> {
-    let mut insert_event = tx.prepare_cached(
-        "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, traceparent, \
-         tracestate) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT DO NOTHING",
-    )?;
-    let mut insert_delivery = tx.prepare_cached(
-        "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-         next_attempt_at, created_at, updated_at, ordering_key) \
-         VALUES (?1, ?2, ?3, ?4, ?5, 'queued', 0, ?6, ?6, ?6, ?7)",
-    )?;
-    let mut insert_leased = tx.prepare_cached(
-        "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
-         next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, 'delivering', 0, ?6, ?7, ?8, 1, ?6, ?6)",
-    )?;
-    let mut count = tx.prepare_cached("SELECT COUNT(*) FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2")?;
-    let mut stored = tx.prepare_cached(
-        "SELECT fingerprint, CASE WHEN fingerprint IS NULL THEN type END, \
-         CASE WHEN fingerprint IS NULL THEN payload END FROM events WHERE tenant_id = ?1 AND id = ?2",
-    )?;
+    let mut write = IngestStatements::prepare(tx)?;
     let mut out = Vec::with_capacity(events.len());
     for (i, ev) in events.iter().enumerate() {
-        let (tenant, id) = (ev.tenant.as_str(), ev.id.as_str());
-        let inserted = insert_event.execute(params![
-            tenant,
-            id,
+        if !write.event(ev)? {
+            match write.repeat(ev)? {
+                Some(duplicate) => out.push(duplicate),
+                None => return Ok(Err(i)),
+            }
+            continue;
+        }
+        let (mut queued, mut leased) = (Vec::new(), Vec::new());
+        for FannedOut { id, endpoint, ordering_key } in fan_out(ev, subscribers.of(tx, &ev.tenant)?, rng) {
+            // An ordered delivery waits for its turn in the store: only a claim knows
+            // whether it heads its key.
+            let handoff = handoff.filter(|_| ordering_key.is_none());
+            match handoff.and_then(|h| Some((h.owner(), h.lease(endpoint, ev.created_at)?))) {
+                Some((owner, until)) => {
+                    write.leased(ev, &id, endpoint, owner, until)?;
+                    leased.push((EndpointId::from_stored(endpoint), Claimed::new_leased(id, ev)));
+                }
+                None => {
+                    write.queued(ev, &id, endpoint, ordering_key)?;
+                    queued.push(EndpointId::from_stored(endpoint));
+                }
+            }
+        }
+        out.push(IngestOutcome::stored_leased(queued, leased));
+    }
+    Ok(Ok(out))
+}
+
+/// The statements of [`ingest_op`], prepared once per op (and cached across ops).
+struct IngestStatements<'tx> {
+    event: rusqlite::CachedStatement<'tx>,
+    queued: rusqlite::CachedStatement<'tx>,
+    leased: rusqlite::CachedStatement<'tx>,
+    count: rusqlite::CachedStatement<'tx>,
+    stored: rusqlite::CachedStatement<'tx>,
+}
+
+impl<'tx> IngestStatements<'tx> {
+    fn prepare(tx: &'tx Transaction<'_>) -> Result<Self> {
+        Ok(Self {
+            event: tx.prepare_cached(
+                "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, traceparent, \
+                 tracestate) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT DO NOTHING",
+            )?,
+            queued: tx.prepare_cached(
+                "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+                 next_attempt_at, created_at, updated_at, ordering_key) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', 0, ?6, ?6, ?6, ?7)",
+            )?,
+            leased: tx.prepare_cached(
+                "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
+                 next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'delivering', 0, ?6, ?7, ?8, 1, ?6, ?6)",
+            )?,
+            count: tx.prepare_cached("SELECT COUNT(*) FROM deliveries WHERE tenant_id = ?1 AND event_id = ?2")?,
+            stored: tx.prepare_cached(
+                "SELECT fingerprint, CASE WHEN fingerprint IS NULL THEN type END, \
+                 CASE WHEN fingerprint IS NULL THEN payload END FROM events WHERE tenant_id = ?1 AND id = ?2",
+            )?,
+        })
+    }
+
+    /// Inserts the event; false when its (tenant, id) is stored already.
+    fn event(&mut self, ev: &NewEvent) -> Result<bool> {
+        let inserted = self.event.execute(params![
+            ev.tenant.as_str(),
+            ev.id.as_str(),
             ev.event_type,
             ev.payload,
             ev.created_at,
@@ -304,51 +349,51 @@ fn ingest_op(
             ev.trace.as_ref().map(TraceContext::traceparent),
             ev.trace.as_ref().and_then(|t| t.state.as_deref())
         ])?;
-        if inserted == 0 {
-            let (fingerprint, event_type, payload) = stored.query_row(params![tenant, id], |r| {
-                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, Option<String>>(2)?))
-            })?;
-            if crate::store::stored_fingerprint(fingerprint, event_type, payload) != ev.fingerprint {
-                return Ok(Err(i));
-            }
-            let n: i64 = count.query_row(params![tenant, id], |r| r.get(0))?;
-            out.push(IngestOutcome::duplicate(n as u32));
-            continue;
-        }
-        let (mut queued, mut leased) = (Vec::new(), Vec::new());
-        for FannedOut { id: delivery, endpoint, ordering_key } in fan_out(ev, subscribers.of(tx, &ev.tenant)?, rng) {
-            // An ordered delivery waits for its turn in the store: only a claim knows
-            // whether it heads its key.
-            let handoff = handoff.filter(|_| ordering_key.is_none());
-            let Some((owner, until)) = handoff.and_then(|h| Some((h.owner(), h.lease(endpoint, ev.created_at)?)))
-            else {
-                insert_delivery.execute(params![
-                    delivery.as_str(),
-                    tenant,
-                    id,
-                    endpoint,
-                    ev.event_type,
-                    ev.created_at,
-                    ordering_key
-                ])?;
-                queued.push(EndpointId::from_stored(endpoint));
-                continue;
-            };
-            insert_leased.execute(params![
-                delivery.as_str(),
-                tenant,
-                id,
-                endpoint,
-                ev.event_type,
-                ev.created_at,
-                owner,
-                until
-            ])?;
-            leased.push((EndpointId::from_stored(endpoint), Claimed::new_leased(delivery, ev)));
-        }
-        out.push(IngestOutcome::stored_leased(queued, leased));
+        Ok(inserted != 0)
     }
-    Ok(Ok(out))
+
+    /// An event whose (tenant, id) is stored: a duplicate, with the deliveries the stored
+    /// one got, or `None` when its type or payload differ.
+    fn repeat(&mut self, ev: &NewEvent) -> Result<Option<IngestOutcome>> {
+        let key = params![ev.tenant.as_str(), ev.id.as_str()];
+        let (fingerprint, event_type, payload) = self.stored.query_row(key, |r| {
+            Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, Option<String>>(2)?))
+        })?;
+        if crate::store::stored_fingerprint(fingerprint, event_type, payload) != ev.fingerprint {
+            return Ok(None);
+        }
+        let n: i64 = self.count.query_row(key, |r| r.get(0))?;
+        Ok(Some(IngestOutcome::duplicate(n as u32)))
+    }
+
+    /// Stores a delivery of `ev` queued for a claim.
+    fn queued(&mut self, ev: &NewEvent, id: &DeliveryId, endpoint: &str, ordering_key: Option<&str>) -> Result<()> {
+        self.queued.execute(params![
+            id.as_str(),
+            ev.tenant.as_str(),
+            ev.id.as_str(),
+            endpoint,
+            ev.event_type,
+            ev.created_at,
+            ordering_key
+        ])?;
+        Ok(())
+    }
+
+    /// Stores a delivery of `ev` leased to `owner`'s partition of its endpoint until `until`.
+    fn leased(&mut self, ev: &NewEvent, id: &DeliveryId, endpoint: &str, owner: &str, until: Millis) -> Result<()> {
+        self.leased.execute(params![
+            id.as_str(),
+            ev.tenant.as_str(),
+            ev.id.as_str(),
+            endpoint,
+            ev.event_type,
+            ev.created_at,
+            owner,
+            until
+        ])?;
+        Ok(())
+    }
 }
 
 /// Leases up to `limit` due deliveries of one endpoint, oldest due first, bumping each
@@ -374,25 +419,7 @@ fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)>
         req.owner,
         req.dead_heads_block
     ];
-    let rows = select.query_map(args, |r| {
-        let claimed = Claimed {
-            id: DeliveryId::from_stored(r.get::<_, String>(1)?),
-            tenant: TenantId::from_stored(r.get::<_, String>(2)?),
-            event_id: EventId::from_stored(r.get::<_, String>(3)?),
-            event_type: r.get(4)?,
-            attempts: r.get::<_, i64>(5)? as u32,
-            attempt_base: r.get::<_, i64>(6)? as u32,
-            deadline: r.get(7)?,
-            fence: r.get::<_, i64>(8)? + 1,
-            payload: r.get(9)?,
-            event_created_at: r.get(10)?,
-            expires_at: r.get(11)?,
-            replay: r.get(12)?,
-            trace: stored_trace(r.get(13)?, r.get(14)?),
-        };
-        Ok((r.get::<_, i64>(0)?, claimed))
-    })?;
-    let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    let rows = select.query_map(args, claimed_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
     let mut lease = tx.prepare_cached(
         "UPDATE deliveries SET state = 'delivering', lease_owner = ?1, lease_until = ?2, fence = ?3, \
          updated_at = ?4 WHERE rowid = ?5",
@@ -409,14 +436,36 @@ fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)>
             .query_row(params![req.endpoint.as_str(), req.dead_heads_block], |r| r.get(0))?,
         false => None,
     };
-    let seen_all = short
-        && req.in_partition
-        && tx
-            .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM partitions WHERE endpoint_id = ?1 AND owner = ?2 AND lease_until >= ?3)",
-            )?
-            .query_row(params![req.endpoint.as_str(), req.owner, req.now], |r| r.get::<_, bool>(0))?;
+    let seen_all = short && req.in_partition && holds_partition(tx, req)?;
     Ok((ClaimBatch { claimed, next_due }, seen_all))
+}
+
+/// A due delivery as [`claim`] leases it (its fence bumped), with its rowid.
+fn claimed_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Claimed)> {
+    let claimed = Claimed {
+        id: DeliveryId::from_stored(r.get::<_, String>(1)?),
+        tenant: TenantId::from_stored(r.get::<_, String>(2)?),
+        event_id: EventId::from_stored(r.get::<_, String>(3)?),
+        event_type: r.get(4)?,
+        attempts: r.get::<_, i64>(5)? as u32,
+        attempt_base: r.get::<_, i64>(6)? as u32,
+        deadline: r.get(7)?,
+        fence: r.get::<_, i64>(8)? + 1,
+        payload: r.get(9)?,
+        event_created_at: r.get(10)?,
+        expires_at: r.get(11)?,
+        replay: r.get(12)?,
+        trace: stored_trace(r.get(13)?, r.get(14)?),
+    };
+    Ok((r.get::<_, i64>(0)?, claimed))
+}
+
+/// Whether the claim's owner holds the partition lease of its endpoint now.
+fn holds_partition(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<bool> {
+    let mut held = tx.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM partitions WHERE endpoint_id = ?1 AND owner = ?2 AND lease_until >= ?3)",
+    )?;
+    Ok(held.query_row(params![req.endpoint.as_str(), req.owner, req.now], |r| r.get::<_, bool>(0))?)
 }
 
 /// Records attempt results; a result applies only while its fence still matches and the
@@ -432,13 +481,7 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Optio
          last_status = ?7, last_error = ?8, lease_owner = NULL, lease_until = NULL, updated_at = ?9 \
          WHERE id = ?1 AND fence = ?2 AND state = 'delivering'"
     ))?;
-    // The endpoint is read back from the row just updated (a page in cache), not with
-    // `RETURNING`, which builds and frees a temporary table on every execution.
-    let mut insert_attempt = tx.prepare_cached(
-        "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
-         error, verdict, decided_by, endpoint_id, request_headers, request_body, request_body_size) \
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, endpoint_id, ?11, ?12, ?13 FROM deliveries WHERE id = ?2",
-    )?;
+    let mut insert = tx.prepare_cached(INSERT_ATTEMPT)?;
     // Only an unfinished result can settle otherwise than asked: read back what it became.
     let mut settled_as = tx.prepare_cached("SELECT state FROM deliveries WHERE id = ?1")?;
     let mut accepted = Vec::with_capacity(results.len());
@@ -459,21 +502,7 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Optio
             accepted.push(None);
             continue;
         }
-        insert_attempt.execute(params![
-            a.id,
-            a.delivery_id.as_str(),
-            i64::from(a.number),
-            a.started_at,
-            a.duration_ms as i64,
-            a.status.map(i64::from),
-            a.response_body,
-            a.error,
-            a.verdict,
-            a.decided_by,
-            a.request.as_ref().map(|r| r.headers_json.as_str()),
-            a.request.as_ref().and_then(|r| r.body.as_deref()),
-            a.request.as_ref().map(|r| r.body_size as i64)
-        ])?;
+        insert_attempt(&mut insert, a)?;
         let state = match r.state.is_unfinished() {
             true => super::super::rows::delivery_state(
                 &settled_as.query_row(params![r.delivery.as_str()], |row| row.get::<_, String>(0))?,
@@ -483,6 +512,33 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Optio
         accepted.push(Some(state));
     }
     Ok(accepted)
+}
+
+/// An attempt, with the endpoint read back from the delivery's row just updated (a page
+/// in cache), not with `RETURNING`, which builds and frees a temporary table on every
+/// execution.
+const INSERT_ATTEMPT: &str = "INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, \
+     response_body, error, verdict, decided_by, endpoint_id, request_headers, request_body, request_body_size) \
+     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, endpoint_id, ?11, ?12, ?13 FROM deliveries WHERE id = ?2";
+
+/// Stores the attempt of a result [`record`] accepted, with [`INSERT_ATTEMPT`].
+fn insert_attempt(insert: &mut rusqlite::CachedStatement<'_>, a: &Attempt) -> Result<()> {
+    insert.execute(params![
+        a.id,
+        a.delivery_id.as_str(),
+        i64::from(a.number),
+        a.started_at,
+        a.duration_ms as i64,
+        a.status.map(i64::from),
+        a.response_body,
+        a.error,
+        a.verdict,
+        a.decided_by,
+        a.request.as_ref().map(|r| r.headers_json.as_str()),
+        a.request.as_ref().and_then(|r| r.body.as_deref()),
+        a.request.as_ref().map(|r| r.body_size as i64)
+    ])?;
+    Ok(())
 }
 
 /// Takes, renews or gives up a partition lease; true when `owner` holds it afterwards.
