@@ -44,6 +44,7 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
             .map(|(id, types, ordering)| Subscriber {
                 endpoint: id.to_string(),
                 event_types: types.iter().map(|t| t.to_string()).collect(),
+                filter: None,
                 ordering: *ordering,
             })
             .collect()
@@ -98,6 +99,7 @@ fn the_pause_rule() {
         url: "http://127.0.0.1:1/".into(),
         description: String::new(),
         event_types: vec![],
+        filter: None,
         rate_per_sec: 1.0,
         burst: 1,
         max_in_flight: 1,

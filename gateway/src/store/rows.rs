@@ -20,6 +20,14 @@ fn corrupt(what: &str, value: impl std::fmt::Display) -> StoreError {
     StoreError::backend(format!("stored {what} is invalid: {value}"))
 }
 
+/// A subscriber's content filter as fan-out reads it from the endpoint's spec (JSON text,
+/// `None` without one), parsed into its tree.
+pub(super) fn stored_filter(endpoint: &str, text: Option<&str>) -> Result<Option<std::sync::Arc<Filter>>> {
+    let Some(text) = text else { return Ok(None) };
+    let filter = serde_json::from_str(text).map_err(|e| corrupt(&format!("filter of endpoint {endpoint}"), e))?;
+    Ok(Some(std::sync::Arc::new(filter)))
+}
+
 /// A delivery state as stored.
 pub(super) fn delivery_state(stored: &str) -> Result<DeliveryState> {
     DeliveryState::parse(stored).ok_or_else(|| corrupt("delivery state", stored))

@@ -629,6 +629,7 @@ pub(crate) async fn create(
         url: String::new(),
         description: String::new(),
         event_types: Vec::new(),
+        filter: None,
         rate_per_sec: d.rate_per_sec,
         burst: d.burst,
         max_in_flight: d.max_in_flight,
