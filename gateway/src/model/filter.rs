@@ -46,10 +46,13 @@ pub struct FilterError {
 
 /// Where an event failed a filter: the clause's place in the filter, the clause, and what
 /// the event holds there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Miss {
+    /// The clause's place in the filter (`filter.$and[1].data.amount`).
     pub at: String,
+    /// The clause (`data.amount $gt 100`).
     pub clause: String,
+    /// What the event holds there (`data.amount is 50`, `data.amount is missing`).
     pub reason: String,
 }
 
