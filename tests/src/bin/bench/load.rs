@@ -15,12 +15,20 @@ use super::pgcpu::PgCpu;
 use super::{cpu_seconds, percentile};
 
 /// How the producers post: `events` single events by `concurrency` producers, each fanned
-/// out to `endpoints` endpoints; as fast as they can, or open loop at `rate` events/s.
+/// out to `endpoints` endpoints; as fast as they can, or open loop at `rate` events/s; with
+/// [`typical_filter`] on every endpoint, or none.
 pub struct Shape {
     pub events: usize,
     pub endpoints: usize,
     pub concurrency: usize,
     pub rate: Option<f64>,
+    pub filter: bool,
+}
+
+/// A content filter of four clauses that every event posted here matches.
+fn typical_filter() -> serde_json::Value {
+    json!({"type": {"$in": ["invoice.paid", "invoice.created"]},
+           "data.amount": {"$gte": 100, "$lt": 1_000_000}, "data.n": {"$exists": true}})
 }
 
 /// Posts single events as `shape` says, every endpoint of tenant `bench` subscribed, and
@@ -32,12 +40,15 @@ pub async fn posting_while_delivering(
     rx: &FakeReceiver,
     pid: u32,
     pg: Option<&PgSchema>,
-    Shape { events, endpoints, concurrency, rate }: Shape,
+    Shape { events, endpoints, concurrency, rate, filter }: Shape,
     out: &mut HashMap<String, f64>,
 ) -> anyhow::Result<()> {
     for i in 0..endpoints {
-        let spec = json!({"url": format!("{}/{i}", rx.url()), "rate_per_sec": 100_000, "burst": 1000,
+        let mut spec = json!({"url": format!("{}/{i}", rx.url()), "rate_per_sec": 100_000, "burst": 1000,
             "max_in_flight": (256 / endpoints).max(4)});
+        if filter {
+            spec["filter"] = typical_filter();
+        }
         api.endpoint("bench", spec).await?;
     }
     let acks = Arc::new(Mutex::new(HashMap::with_capacity(events)));
