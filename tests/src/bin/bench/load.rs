@@ -12,7 +12,7 @@ use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Api, FakeReceiver};
 
 use super::pgcpu::PgCpu;
-use super::{cpu_seconds, percentile};
+use super::{WRITER_THREAD, cpu_seconds, percentile, thread_cpu_seconds};
 
 /// How the producers post: `events` single events by `concurrency` producers, each fanned
 /// out to `endpoints` endpoints; as fast as they can, or open loop at `rate` events/s; with
@@ -33,8 +33,8 @@ fn typical_filter() -> serde_json::Value {
 
 /// Posts single events as `shape` says, every endpoint of tenant `bench` subscribed, and
 /// measures 202→arrival of each (event, endpoint) pair and the
-/// deliveries/s from the first post to the last arrival; on Postgres (`pg`) also the
-/// server's CPU per delivery.
+/// deliveries/s from the first post to the last arrival, the node's CPU per delivery and
+/// its SQLite writer thread's; on Postgres (`pg`) also the server's CPU per delivery.
 pub async fn posting_while_delivering(
     api: &Api,
     rx: &FakeReceiver,
@@ -58,6 +58,7 @@ pub async fn posting_while_delivering(
         None => None,
     };
     let cpu_before = cpu_seconds(pid)?;
+    let writer_before = thread_cpu_seconds(pid, WRITER_THREAD)?;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
@@ -89,6 +90,9 @@ pub async fn posting_while_delivering(
     let got = rx.wait_for(total, Duration::from_secs(300)).await?;
     let last = got.iter().map(|r| r.at).max().unwrap_or_else(Instant::now);
     let cpu = cpu_seconds(pid)? - cpu_before;
+    // SQLite's writer thread (zero on Postgres): the intake commits, where fan-out runs,
+    // and the claims and results.
+    let writer = thread_cpu_seconds(pid, WRITER_THREAD)? - writer_before;
     if let Some(pg_cpu) = pg_cpu {
         let (backends, writers) = pg_cpu.stop().await?;
         out.insert("pg_cpu_us_per_delivery".into(), (backends + writers) * 1e6 / total as f64);
@@ -114,6 +118,7 @@ pub async fn posting_while_delivering(
     out.insert("deliveries_per_s".into(), total as f64 / secs);
     out.insert("events_per_s".into(), events as f64 / posted);
     out.insert("node_cpu_us_per_delivery".into(), cpu * 1e6 / total as f64);
+    out.insert("writer_cpu_us_per_delivery".into(), writer * 1e6 / total as f64);
     Ok(())
 }
 
