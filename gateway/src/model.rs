@@ -493,7 +493,9 @@ pub fn fan_out<'s>(event: &'s NewEvent, subscribers: &'s [Subscriber], rng: &mut
             Some(only) => only.as_str() == s.endpoint,
             None => {
                 type_filter_matches(&s.event_types, &event.event_type)
-                    && s.filter.as_ref().is_none_or(|f| f.matches(subject.get_or_insert_with(|| event.filter_subject())))
+                    && s.filter
+                        .as_ref()
+                        .is_none_or(|f| f.matches(subject.get_or_insert_with(|| event.filter_subject())))
             }
         })
         .map(|s| FannedOut {

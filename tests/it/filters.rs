@@ -54,7 +54,8 @@ async fn matching_events_arrive_and_the_others_get_no_delivery(b: Backend) -> an
         ("evt_not_an_object", json!([1, 2, 3]), false),
     ];
     for (id, payload, _) in &events {
-        let r = gw.api.event("acme", json!({"id": id, "type": "invoice.paid", "payload": payload})).await?.expect(202)?;
+        let r =
+            gw.api.event("acme", json!({"id": id, "type": "invoice.paid", "payload": payload})).await?.expect(202)?;
         let want = if events.iter().any(|(i, _, m)| i == id && *m) { 2 } else { 1 };
         assert_eq!(r.json["deliveries"], want, "{id}: deliveries at intake");
     }
@@ -111,7 +112,10 @@ async fn a_bad_filter_is_refused_naming_the_place_and_nothing_is_written(b: Back
         ),
         (json!(5), "filter: must be an object of clauses, got a number"),
         (json!({}), "filter: is an empty object; a filter needs at least one clause (null removes the filter)"),
-        (json!({"amount": 5}), "filter.amount: a path starts with data (the payload), type, id or timestamp, not \"amount\""),
+        (
+            json!({"amount": 5}),
+            "filter.amount: a path starts with data (the payload), type, id or timestamp, not \"amount\"",
+        ),
         (json!({"data.x": {"$regex": "a"}}), "filter.data.x: unknown operator $regex"),
         (json!({"data.x": {"$in": (0..300).collect::<Vec<_>>()}}), "filter: has more than 256 values"),
         ((0..12).fold(json!({"data.x": 1}), |f, _| json!({"$or": [f]})), "nests deeper than 10 levels"),
@@ -130,7 +134,8 @@ async fn a_bad_filter_is_refused_naming_the_place_and_nothing_is_written(b: Back
     let path = format!("{T}/endpoints/{}", ep["id"].as_str().unwrap());
     let before = api.get(&path, ADMIN_TOKEN).await?.expect(200)?.json;
     for (filter, want) in &cases {
-        let r = api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"filter": filter, "description": "changed"}))).await?;
+        let r =
+            api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"filter": filter, "description": "changed"}))).await?;
         assert_eq!(r.status, 422, "{filter}: {}", r.text);
         assert!(r.json["error"]["message"].as_str().unwrap_or_default().contains(want), "{}", r.text);
     }
@@ -169,7 +174,8 @@ async fn a_replay_honours_the_filter_as_it_is_now(b: Backend) -> anyhow::Result<
     let replayed: BTreeSet<String> = event_ids(&got[before..]);
     assert_eq!(replayed, BTreeSet::from(["evt_2".into(), "evt_5".into(), "evt_6".into()]));
     let dead = gw.api.get(&format!("{T}/dead-letters?limit=100"), ADMIN_TOKEN).await?.expect(200)?;
-    let mut still: Vec<&str> = dead.json["data"].as_array().unwrap().iter().filter_map(|d| d["event_id"].as_str()).collect();
+    let mut still: Vec<&str> =
+        dead.json["data"].as_array().unwrap().iter().filter_map(|d| d["event_id"].as_str()).collect();
     still.sort_unstable();
     assert_eq!(still, ["evt_1", "evt_3", "evt_4"], "what the filter left out stays among the dead letters");
     assert_eq!(rx.count(), before + 3, "nothing else was sent");
@@ -190,7 +196,10 @@ async fn the_test_filter_routes_say_where_an_event_fails(b: Backend) -> anyhow::
     };
     let good = json!({"amount": 150, "currency": "usd", "customer": {"id": "cus_1"}});
     let r = try_on(json!({"type": "invoice.paid", "payload": good})).await?;
-    assert_eq!((r["matches"].clone(), r["failed"].clone(), r["filter"].clone()), (json!(true), Value::Null, big_invoices()));
+    assert_eq!(
+        (r["matches"].clone(), r["failed"].clone(), r["filter"].clone()),
+        (json!(true), Value::Null, big_invoices())
+    );
     let r = try_on(json!({"type": "invoice.paid", "payload": {"amount": 50, "currency": "usd"}})).await?;
     assert_eq!(r["matches"], false);
     assert_eq!(

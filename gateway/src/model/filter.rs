@@ -212,14 +212,20 @@ fn clauses(v: &Value, at: &str) -> Result<Node, FilterError> {
                 if items.is_empty() {
                     return Err(refuse(&here, format!("{key} expects at least one filter")));
                 }
-                let children =
-                    items.iter().enumerate().map(|(i, f)| clauses(f, &format!("{here}[{i}]"))).collect::<Result<_, _>>()?;
+                let children = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| clauses(f, &format!("{here}[{i}]")))
+                    .collect::<Result<_, _>>()?;
                 let kind = if key == "$and" { Kind::All(children) } else { Kind::Any(children) };
                 nodes.push(Node { at: here, kind });
             }
             "$not" => nodes.push(Node { kind: Kind::Not(Box::new(clauses(x, &here)?)), at: here }),
             op if op.starts_with('$') => {
-                return Err(refuse(&here, format!("{op} is not a clause here (a filter's keys are paths, $and, $or and $not)")));
+                return Err(refuse(
+                    &here,
+                    format!("{op} is not a clause here (a filter's keys are paths, $and, $or and $not)"),
+                ));
             }
             path => {
                 let keys = segments(path, &here)?;
@@ -307,13 +313,18 @@ fn operator(keys: &[String], at: &str, op: &str, v: &Value) -> Result<Node, Filt
         "$gte" => Op::Cmp(Cmp::Gte, bound(v)?),
         "$lt" => Op::Cmp(Cmp::Lt, bound(v)?),
         "$lte" => Op::Cmp(Cmp::Lte, bound(v)?),
-        "$exists" => Op::Exists(v.as_bool().ok_or_else(|| {
-            refuse(at, format!("$exists expects true or false, got {}", kind_of(v)))
-        })?),
+        "$exists" => Op::Exists(
+            v.as_bool().ok_or_else(|| refuse(at, format!("$exists expects true or false, got {}", kind_of(v))))?,
+        ),
         "$not" => {
             let inner = match v {
                 Value::Object(m) if !m.is_empty() && m.keys().all(|k| k.starts_with('$')) => m,
-                _ => return Err(refuse(at, "$not on a path expects an object of operators, e.g. {\"$not\": {\"$gt\": 5}}")),
+                _ => {
+                    return Err(refuse(
+                        at,
+                        "$not on a path expects an object of operators, e.g. {\"$not\": {\"$gt\": 5}}",
+                    ));
+                }
             };
             let nodes = inner.iter().map(|(o, x)| operator(keys, at, o, x)).collect::<Result<Vec<_>, _>>()?;
             return Ok(Node { at: at.to_string(), kind: Kind::Not(Box::new(all(nodes, at))) });
@@ -343,8 +354,11 @@ impl Node {
         match &self.kind {
             Kind::All(nodes) => nodes.iter().try_for_each(|n| n.explain(s)),
             Kind::Any(nodes) => {
-                let misses: Vec<String> =
-                    nodes.iter().filter_map(|n| n.explain(s).err()).map(|m| format!("{}: {}", m.at, m.reason)).collect();
+                let misses: Vec<String> = nodes
+                    .iter()
+                    .filter_map(|n| n.explain(s).err())
+                    .map(|m| format!("{}: {}", m.at, m.reason))
+                    .collect();
                 if misses.len() < nodes.len() {
                     return Ok(());
                 }
@@ -453,7 +467,7 @@ impl Cmp {
 /// or any of its items does.
 fn at_path(v: &Value, keys: &[String], test: &mut dyn FnMut(&Value) -> bool) -> bool {
     let Some((key, rest)) = keys.split_first() else {
-        return test(v) || matches!(v, Value::Array(items) if items.iter().any(|x| test(x)));
+        return test(v) || matches!(v, Value::Array(items) if items.iter().any(&mut *test));
     };
     match v {
         Value::Object(m) => m.get(key).is_some_and(|x| at_path(x, rest, test)),

@@ -98,7 +98,10 @@ fn matches_as_the_table_says() {
         (json!({"$not": {"data.currency": "usd"}}), false),
         (json!({"data.amount": {"$not": {"$gt": 5000}}}), true),
         (json!({"data.amount": {"$not": {"$gt": 1000, "$lt": 2000}}}), false),
-        (json!({"$or": [{"$and": [{"type": "invoice.paid"}, {"data.amount": {"$gte": 1999}}]}, {"data.paid": false}]}), true),
+        (
+            json!({"$or": [{"$and": [{"type": "invoice.paid"}, {"data.amount": {"$gte": 1999}}]}, {"data.paid": false}]}),
+            true,
+        ),
     ];
     let e = event();
     for (f, want) in cases {
@@ -137,16 +140,25 @@ fn refusals_name_the_place_and_the_reason() {
             json!({"data.x": {"$regex": "a.*"}}),
             "filter.data.x: unknown operator $regex (one of $eq, $ne, $in, $nin, $gt, $gte, $lt, $lte, $exists, $not)",
         ),
-        (json!({"data": {"x": {"$gt": 1, "y": 2}}}), "filter.data.x: mixes operators and path segments; to match an object exactly write {\"$eq\": {…}}"),
+        (
+            json!({"data": {"x": {"$gt": 1, "y": 2}}}),
+            "filter.data.x: mixes operators and path segments; to match an object exactly write {\"$eq\": {…}}",
+        ),
         (json!({"data.x": {}}), "filter.data.x: is an empty object; to match {} write {\"$eq\": {}}"),
-        (json!({"amount": 5}), "filter.amount: a path starts with data (the payload), type, id or timestamp, not \"amount\""),
+        (
+            json!({"amount": 5}),
+            "filter.amount: a path starts with data (the payload), type, id or timestamp, not \"amount\"",
+        ),
         (json!({"data..x": 5}), "filter.data..x: \"data..x\" has an empty path segment"),
         (json!({"data": {"x.": 5}}), "filter.data.x.: \"x.\" has an empty path segment"),
         (json!({"$and": {}}), "filter.$and: $and expects an array of filters, got an object"),
         (json!({"$or": []}), "filter.$or: $or expects at least one filter"),
         (json!({"$or": [{"data.x": 1}, 5]}), "filter.$or[1]: must be an object of clauses, got a number"),
         (json!({"$not": {}}), "filter.$not: is an empty object; a filter needs at least one clause"),
-        (json!({"$nor": [{"data.x": 1}]}), "filter.$nor: $nor is not a clause here (a filter's keys are paths, $and, $or and $not)"),
+        (
+            json!({"$nor": [{"data.x": 1}]}),
+            "filter.$nor: $nor is not a clause here (a filter's keys are paths, $and, $or and $not)",
+        ),
         (
             json!({"data.x": {"$not": 5}}),
             "filter.data.x: $not on a path expects an object of operators, e.g. {\"$not\": {\"$gt\": 5}}",
@@ -190,7 +202,10 @@ fn a_miss_names_the_failing_clause() {
         ("filter.$and[1].data.amount", "data.amount $gt 5000", "data.amount is 1999")
     );
     let m = miss(json!({"data.customer.plan": "pro"}));
-    assert_eq!((m.clause.as_str(), m.reason.as_str()), ("data.customer.plan $eq \"pro\"", "data.customer.plan is missing"));
+    assert_eq!(
+        (m.clause.as_str(), m.reason.as_str()),
+        ("data.customer.plan $eq \"pro\"", "data.customer.plan is missing")
+    );
     let m = miss(json!({"$or": [{"data.currency": "eur"}, {"type": "invoice.created"}]}));
     assert_eq!(m.at, "filter.$or");
     assert_eq!(

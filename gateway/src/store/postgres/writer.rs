@@ -7,9 +7,9 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
 
+use super::super::rows::stored_filter;
 use super::super::sql;
 use super::super::*;
-use super::super::rows::stored_filter;
 use super::IDS_PER_NOTIFY;
 use crate::model::{DeliveryOrder, FannedOut, Subscriber, fan_out};
 

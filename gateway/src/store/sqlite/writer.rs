@@ -31,9 +31,9 @@ use rand::rngs::StdRng;
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
+use super::super::rows::stored_filter;
 use super::super::sql;
 use super::super::*;
-use super::super::rows::stored_filter;
 use super::checkpoint::{WAL_RESTART_FRAMES, connect, spawn_checkpointer};
 use crate::model::{DeliveryOrder, FannedOut, Subscriber, fan_out};
 use thread::{Sink, Thread, Work};
