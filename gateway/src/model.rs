@@ -26,6 +26,7 @@ pub use destination::{Destination, EndpointKind, TEMPLATE_PLACEHOLDERS, render_t
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use filter::{
     FILTER_ROOTS, Filter, FilterError, MAX_FILTER_BYTES, MAX_FILTER_DEPTH, MAX_FILTER_VALUES, Miss, filter_subject,
+    json_kind,
 };
 pub use plugin_settings::*;
 pub use portal::{Branding, PortalSession};

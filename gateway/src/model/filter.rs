@@ -159,8 +159,8 @@ fn refuse(at: &str, reason: impl Into<String>) -> FilterError {
     FilterError { at: at.to_string(), reason: reason.into() }
 }
 
-/// "an array", "a string", … for errors.
-fn kind_of(v: &Value) -> &'static str {
+/// What a JSON value is, in a user's words (`got an array`).
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -195,7 +195,7 @@ fn measure(v: &Value, at: &str, depth: usize, values: &mut usize) -> Result<(), 
 /// of which must hold.
 fn clauses(v: &Value, at: &str) -> Result<Node, FilterError> {
     let Value::Object(m) = v else {
-        return Err(refuse(at, format!("must be an object of clauses, got {}", kind_of(v))));
+        return Err(refuse(at, format!("must be an object of clauses, got {}", json_kind(v))));
     };
     if m.is_empty() {
         let hint = if at == "filter" { " (null removes the filter)" } else { "" };
@@ -207,7 +207,7 @@ fn clauses(v: &Value, at: &str) -> Result<Node, FilterError> {
         match key.as_str() {
             "$and" | "$or" => {
                 let Value::Array(items) = x else {
-                    return Err(refuse(&here, format!("{key} expects an array of filters, got {}", kind_of(x))));
+                    return Err(refuse(&here, format!("{key} expects an array of filters, got {}", json_kind(x))));
                 };
                 if items.is_empty() {
                     return Err(refuse(&here, format!("{key} expects at least one filter")));
@@ -297,12 +297,12 @@ fn test(keys: &[String], at: &str, op: Op) -> Node {
 fn operator(keys: &[String], at: &str, op: &str, v: &Value) -> Result<Node, FilterError> {
     let list = |v: &Value| match v {
         Value::Array(items) => Ok(items.clone()),
-        _ => Err(refuse(at, format!("{op} expects an array, got {}", kind_of(v)))),
+        _ => Err(refuse(at, format!("{op} expects an array, got {}", json_kind(v)))),
     };
     let bound = |v: &Value| match v {
         Value::Number(n) => Ok(Bound::Number(n.clone())),
         Value::String(s) => Ok(Bound::Text(s.clone())),
-        _ => Err(refuse(at, format!("{op} expects a number or string, got {}", kind_of(v)))),
+        _ => Err(refuse(at, format!("{op} expects a number or string, got {}", json_kind(v)))),
     };
     let parsed = match op {
         "$eq" => Op::Eq(v.clone()),
@@ -314,7 +314,7 @@ fn operator(keys: &[String], at: &str, op: &str, v: &Value) -> Result<Node, Filt
         "$lt" => Op::Cmp(Cmp::Lt, bound(v)?),
         "$lte" => Op::Cmp(Cmp::Lte, bound(v)?),
         "$exists" => Op::Exists(
-            v.as_bool().ok_or_else(|| refuse(at, format!("$exists expects true or false, got {}", kind_of(v))))?,
+            v.as_bool().ok_or_else(|| refuse(at, format!("$exists expects true or false, got {}", json_kind(v))))?,
         ),
         "$not" => {
             let inner = match v {
