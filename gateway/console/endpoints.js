@@ -165,6 +165,7 @@ export async function endpointPage(main, id, rerender) {
     h('section', {}, h('h2', {}, 'Health and pacing'), facts([
       ['URL', e.url], ['Kind', e.kind], e.kind === 'http' ? null : ['Sends to', target(e)],
       ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
+      ['Filter', e.filter ? JSON.stringify(e.filter) : 'none (every event of its types)'],
       ['Headers', headers.length ? headers.map(([k, v]) => `${k}: ${v}`).join('\n') : 'none'],
       ['State', stateText(e.state, e.state_reason, e.paused_until)],
       ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
@@ -186,13 +187,16 @@ export async function endpointPage(main, id, rerender) {
 }
 
 /** What a receiver is told about the endpoint's settings: its URL, description, event
- *  types and custom headers (`Name: value`, one a line). Only what changed is sent, so an
- *  unchanged list of types is not checked again against the catalog. */
+ *  types, content filter (JSON; empty removes it) and custom headers (`Name: value`, one a
+ *  line). Only what changed is sent, so an unchanged list of types is not checked again
+ *  against the catalog. */
 function editForm(e, path, submit, done) {
   const headerText = (hs) => Object.entries(hs).map(([k, v]) => `${k}: ${v}`).join('\n');
+  const filterText = (f) => (f ? JSON.stringify(f) : '');
   const url = h('input', { name: 'url', required: true, value: e.url, class: 'wide' });
   const description = h('input', { name: 'description', value: e.description, class: 'wide' });
   const types = h('input', { name: 'event_types', value: e.event_types.join(', '), class: 'wide', placeholder: 'comma separated; empty: every type' });
+  const filter = h('textarea', { name: 'filter', rows: '2', class: 'wide', placeholder: '{"data.amount": {"$gte": 100}}; empty: every event' }, filterText(e.filter));
   const headers = h('textarea', { name: 'headers', rows: '3', class: 'wide', placeholder: 'X-Name: value, one a line' }, headerText(e.headers));
   return h('form', { class: 'inline', 'aria-label': 'Edit endpoint', onsubmit: submit(async () => {
     const body = {};
@@ -200,12 +204,23 @@ function editForm(e, path, submit, done) {
     if (description.value !== e.description) body.description = description.value;
     const eventTypes = types.value.split(',').map((t) => t.trim()).filter(Boolean);
     if (eventTypes.join(',') !== e.event_types.join(',')) body.event_types = eventTypes;
+    if (filter.value.trim() !== filterText(e.filter)) body.filter = parseFilter(filter.value);
     if (headers.value.trim() !== headerText(e.headers)) body.headers = parseHeaders(headers.value);
     if (Object.keys(body).length === 0) throw new Error('Nothing changed.');
     await api('PATCH', path, { body });
     done('Endpoint saved.');
   }) }, field('URL', url), field('Description', description), field('Event types', types),
-  field('Headers (Name: value, one a line)', headers), h('button', { type: 'submit' }, 'Save endpoint'));
+  field('Filter (JSON)', filter), field('Headers (Name: value, one a line)', headers), h('button', { type: 'submit' }, 'Save endpoint'));
+}
+
+/** A filter as typed: JSON, or nothing (null: no filter). */
+function parseFilter(text) {
+  if (!text.trim()) return null;
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new Error(`filter: not JSON (${err.message})`);
+  }
 }
 
 /** `Name: value` lines as a header map; a line without a colon is refused, naming it. */

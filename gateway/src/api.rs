@@ -86,6 +86,8 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(endpoints::rotate_secret))
         .routes(routes!(endpoints::secret))
         .routes(routes!(test_send::test_send))
+        .routes(routes!(endpoints::test_filter::test_endpoint_filter))
+        .routes(routes!(endpoints::test_filter::test_filter))
         .routes(routes!(portal::create, portal::list))
         .routes(routes!(portal::revoke))
         .routes(routes!(portal::exchange))

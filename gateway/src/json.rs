@@ -71,17 +71,9 @@ pub fn within(parent: &str, message: &str) -> String {
     }
 }
 
-/// What a JSON value is, in a user's words (`got an array`).
-pub fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+/// What a JSON value is, in a user's words (`got an array`); the vocabulary's, which a
+/// content filter's refusals use too.
+pub use crate::model::json_kind as kind;
 
 /// A `T` read from a JSON object only. serde's derived structs also take an array of their
 /// fields in order (`["evt_1", "a.b", {}]`), which no user means: through `Object` that is

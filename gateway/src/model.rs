@@ -14,6 +14,7 @@ mod bindings;
 mod catalog;
 mod destination;
 mod egress;
+mod filter;
 mod plugin_settings;
 mod portal;
 mod replay;
@@ -23,6 +24,10 @@ pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
 pub use destination::{Destination, EndpointKind, TEMPLATE_PLACEHOLDERS, render_template};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
+pub use filter::{
+    FILTER_ROOTS, Filter, FilterError, MAX_FILTER_BYTES, MAX_FILTER_DEPTH, MAX_FILTER_VALUES, Miss, filter_subject,
+    json_kind,
+};
 pub use plugin_settings::*;
 pub use portal::{Branding, PortalSession};
 pub use replay::*;
@@ -238,6 +243,9 @@ pub struct EndpointSpec {
     pub url: String,
     pub description: String,
     pub event_types: Vec<String>,
+    /// What an event's content must match, beside `event_types` (`None`: anything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Filter>,
     pub rate_per_sec: f64,
     pub burst: u32,
     pub max_in_flight: u32,
@@ -473,16 +481,23 @@ pub fn type_filter_matches(filter: &[String], event_type: &str) -> bool {
 }
 
 /// The deliveries a new event fans out to: one per subscriber of its tenant (in the order
-/// given) whose event-type filter matches (or the one subscriber it is `only` for), each
-/// with a fresh time-ordered id. Pure; both
+/// given) whose event-type filter and content filter match (or the one subscriber it is
+/// `only` for), each with a fresh time-ordered id. The payload is parsed once, for the
+/// first content filter it meets. Pure; both
 /// stores call it inside the transaction that stores the event, so a subscription change
 /// and the fan-out never interleave.
 pub fn fan_out<'s>(event: &'s NewEvent, subscribers: &'s [Subscriber], rng: &mut impl rand::Rng) -> Vec<FannedOut<'s>> {
+    let mut subject = None;
     subscribers
         .iter()
         .filter(|s| match &event.only {
             Some(only) => only.as_str() == s.endpoint,
-            None => type_filter_matches(&s.event_types, &event.event_type),
+            None => {
+                type_filter_matches(&s.event_types, &event.event_type)
+                    && s.filter
+                        .as_ref()
+                        .is_none_or(|f| f.matches(subject.get_or_insert_with(|| event.filter_subject())))
+            }
         })
         .map(|s| FannedOut {
             id: DeliveryId::generate(event.created_at, rng),
@@ -509,6 +524,7 @@ impl EndpointSpec {
 pub struct Subscriber {
     pub endpoint: String,
     pub event_types: Vec<String>,
+    pub filter: Option<std::sync::Arc<Filter>>,
     pub ordering: DeliveryOrder,
 }
 
@@ -640,6 +656,15 @@ pub struct NewEvent {
     /// Deliver to this endpoint of the tenant alone, whatever its event-type filter (a
     /// test send); `None`: to every subscriber whose filter matches.
     pub only: Option<EndpointId>,
+}
+
+impl NewEvent {
+    /// The event as a content filter sees it ([`filter_subject`]). Its payload was checked
+    /// at intake; one that does not parse reads as `null`.
+    pub fn filter_subject(&self) -> serde_json::Value {
+        let data = serde_json::from_str(&self.payload).unwrap_or(serde_json::Value::Null);
+        filter_subject(self.id.as_str(), &self.event_type, self.created_at, data)
+    }
 }
 
 /// The sha256 hex of an event's type and payload bytes. A type never contains a newline,

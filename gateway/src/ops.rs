@@ -59,6 +59,7 @@ impl Ops {
             url: url.clone(),
             description: "operator".into(),
             event_types: Vec::new(),
+            filter: None,
             rate_per_sec: 50.0,
             burst: 50,
             max_in_flight: 4,

@@ -18,6 +18,7 @@
 //! - `durability`: a killed or stopped `herald` process: nothing acknowledged is lost, restarts resume
 //! - `endpoint_auth`: how requests authenticate and leave: OAuth2 against a local token server
 //! - `edges`: the listener: slow and idle clients, the connection cap
+//! - `filters`: content filters on endpoints: fan-out, refusals, replays, the test-filter routes
 //! - `limits`: refusals: the error shape, size limits, durations, deep payloads
 //! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
 //! - `ordering`: ordered endpoints: each key in intake order through failures, dead letters, a SIGKILL
@@ -56,6 +57,7 @@ mod destinations;
 mod durability;
 mod edges;
 mod endpoint_auth;
+mod filters;
 mod limits;
 mod metrics;
 mod ordering;

@@ -327,6 +327,16 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/test-send") => {
             each(std::slice::from_ref(theirs), "", Some(json!({"event_type": "theirs.happened"})), Refused)
         }
+        ("post", "/v1/tenants/{tenant}/endpoints/{id}/test-filter") => {
+            let body = Some(json!({"payload": {"n": 1}}));
+            let mut v = each(std::slice::from_ref(theirs), "", body.clone(), Refused);
+            v.extend(each(std::slice::from_ref(mine), "", body, Ok));
+            v
+        }
+        // A filter tried on an event of the body's: nothing of any endpoint.
+        ("post", "/v1/tenants/{tenant}/test-filter") => {
+            vec![call(at(path), Some(json!({"filter": {"data.n": 1}, "payload": {"n": 1}})), Ok)]
+        }
         // Replays: of its endpoints' dead letters only.
         ("post", "/v1/tenants/{tenant}/replays") => vec![
             call(at(path), Some(json!({"filter": {}})), Refused),

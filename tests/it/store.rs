@@ -97,6 +97,7 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
             url: format!("http://127.0.0.1:9/{id}"),
             description: String::new(),
             event_types: types.iter().map(|t| t.to_string()).collect(),
+            filter: None,
             rate_per_sec: 10.0,
             burst: 10,
             max_in_flight: 4,

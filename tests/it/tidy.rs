@@ -154,7 +154,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
     (
         "model",
         &[
-            &["bindings", "catalog", "egress", "plugin_settings", "portal", "replay", "sent", "trace"],
+            &["bindings", "catalog", "egress", "filter", "plugin_settings", "portal", "replay", "sent", "trace"],
             &["destination"],
             &["tests"],
         ],

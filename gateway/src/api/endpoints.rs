@@ -20,6 +20,7 @@ use crate::store::EndpointChange;
 use health::{HealthOut, page_health};
 
 mod health;
+pub(crate) mod test_filter;
 
 /// An endpoint as posted (create: `url` required) or patched: every field optional.
 /// Durations are written `"250ms"`, `"30s"`, `"15m"`, `"24h"`.
@@ -41,6 +42,14 @@ pub(crate) struct EndpointIn {
     description: Option<String>,
     /// Exact event types and `prefix.*` patterns; empty: every type.
     event_types: Option<Vec<String>>,
+    /// A content filter beside `event_types`: an object of clauses over the event as
+    /// delivered (`data.…` is the payload; `type`, `id`, `timestamp`) that an event must
+    /// match to be delivered here, e.g. `{"data.amount": {"$gte": 100}}`. Operators `$eq`,
+    /// `$ne`, `$in`, `$nin`, `$gt`, `$gte`, `$lt`, `$lte`, `$exists`, `$and`, `$or`,
+    /// `$not`. Applies to events taken after it is set and to replays. `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Object>, nullable)]
+    filter: Option<Option<serde_json::Value>>,
     rate_per_sec: Option<f64>,
     burst: Option<u32>,
     max_in_flight: Option<u32>,
@@ -231,6 +240,11 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
             return Err(ApiError::unprocessable(refused));
         }
         spec.event_types = types;
+    }
+    match input.filter {
+        None => {}
+        Some(None) => spec.filter = None,
+        Some(Some(f)) => spec.filter = Some(Filter::parse(&f).map_err(|e| ApiError::unprocessable(e.to_string()))?),
     }
     spec.rate_per_sec = input.rate_per_sec.unwrap_or(spec.rate_per_sec);
     spec.burst = input.burst.unwrap_or(spec.burst);
@@ -464,6 +478,9 @@ pub(crate) struct EndpointOut {
     destination: Option<DestinationOut>,
     description: String,
     event_types: Vec<String>,
+    /// The content filter as written (null: none).
+    #[schema(value_type = Option<Object>)]
+    filter: Option<serde_json::Value>,
     rate_per_sec: f64,
     burst: u32,
     max_in_flight: u32,
@@ -558,6 +575,7 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         }),
         description: s.description.clone(),
         event_types: s.event_types.clone(),
+        filter: s.filter.as_ref().map(|f| f.as_json().clone()),
         rate_per_sec: s.rate_per_sec,
         burst: s.burst,
         max_in_flight: s.max_in_flight,
@@ -629,6 +647,7 @@ pub(crate) async fn create(
         url: String::new(),
         description: String::new(),
         event_types: Vec::new(),
+        filter: None,
         rate_per_sec: d.rate_per_sec,
         burst: d.burst,
         max_in_flight: d.max_in_flight,

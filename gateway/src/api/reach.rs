@@ -133,7 +133,8 @@ impl Reach {
 /// endpoints.
 #[derive(Debug, Clone, Copy)]
 enum Confine {
-    /// Nothing of any endpoint: the event catalog, the branding.
+    /// Nothing of any endpoint: the event catalog, the branding, a filter tried on an event
+    /// given in the body.
     Shared,
     /// `{id}` is an endpoint.
     Endpoint,
@@ -176,6 +177,8 @@ const CONFINED: &[(&str, &str, Confine)] = {
         ("POST", "/v1/tenants/{tenant}/endpoints/{id}/rotate-secret", Endpoint),
         ("GET", "/v1/tenants/{tenant}/endpoints/{id}/secret", Endpoint),
         ("POST", "/v1/tenants/{tenant}/endpoints/{id}/test-send", Endpoint),
+        ("POST", "/v1/tenants/{tenant}/endpoints/{id}/test-filter", Endpoint),
+        ("POST", "/v1/tenants/{tenant}/test-filter", Shared),
         ("GET", "/v1/tenants/{tenant}/events/{id}", Event),
         ("GET", "/v1/tenants/{tenant}/events/{id}/deliveries", Event),
         ("GET", "/v1/tenants/{tenant}/deliveries", Listing),

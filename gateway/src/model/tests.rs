@@ -44,6 +44,7 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
             .map(|(id, types, ordering)| Subscriber {
                 endpoint: id.to_string(),
                 event_types: types.iter().map(|t| t.to_string()).collect(),
+                filter: None,
                 ordering: *ordering,
             })
             .collect()
@@ -83,6 +84,47 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
 }
 
 #[test]
+fn fan_out_leaves_out_subscribers_whose_content_filter_fails() {
+    let filtered = |id: &str, f: serde_json::Value| Subscriber {
+        endpoint: id.into(),
+        event_types: vec!["invoice.*".into()],
+        filter: Some(std::sync::Arc::new(Filter::parse(&f).unwrap())),
+        ordering: DeliveryOrder::None,
+    };
+    let subscribers = [
+        filtered("ep_big", serde_json::json!({"data.amount": {"$gte": 100}})),
+        filtered("ep_small", serde_json::json!({"data.amount": {"$lt": 100}})),
+        filtered("ep_paid", serde_json::json!({"type": "invoice.paid", "id": "evt_1"})),
+        Subscriber { endpoint: "ep_any".into(), event_types: vec![], filter: None, ordering: DeliveryOrder::None },
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut event = NewEvent {
+        tenant: TenantId::from_stored("acme"),
+        id: EventId::from_stored("evt_1"),
+        event_type: "invoice.paid".into(),
+        payload: r#"{"amount": 150}"#.into(),
+        fingerprint: String::new(),
+        created_at: 1_000,
+        expires_at: 2_000,
+        ordering_key: None,
+        trace: None,
+        only: None,
+    };
+    let to = |event: &NewEvent, rng: &mut rand::rngs::StdRng| -> Vec<String> {
+        fan_out(event, &subscribers, rng).iter().map(|f| f.endpoint.to_string()).collect()
+    };
+    assert_eq!(to(&event, &mut rng), ["ep_big", "ep_paid", "ep_any"]);
+    event.payload = r#"{"amount": 5}"#.into();
+    assert_eq!(to(&event, &mut rng), ["ep_small", "ep_paid", "ep_any"]);
+    // The event-type filter comes first: a content filter does not widen it.
+    event.event_type = "user.created".into();
+    assert_eq!(to(&event, &mut rng), ["ep_any"]);
+    // A test send reaches its one endpoint, whatever its content filter.
+    event.only = Some(EndpointId::from_stored("ep_big"));
+    assert_eq!(to(&event, &mut rng), ["ep_big"]);
+}
+
+#[test]
 fn ordering_keys_are_visible_ascii_of_bounded_length() {
     assert!(validate_ordering_key("cus_123:eu").is_ok());
     for bad in ["", "with space", "tab\t", "é", &"k".repeat(MAX_ORDERING_KEY + 1)] {
@@ -98,6 +140,7 @@ fn the_pause_rule() {
         url: "http://127.0.0.1:1/".into(),
         description: String::new(),
         event_types: vec![],
+        filter: None,
         rate_per_sec: 1.0,
         burst: 1,
         max_in_flight: 1,

@@ -241,7 +241,7 @@ impl Admin for PostgresStore {
             }
             TurnStep::Requeue(replay, picks) => (*replay, picks),
         };
-        let ids: Vec<&str> = picks.iter().map(|(id, _)| id.as_str()).collect();
+        let ids: Vec<&str> = picks.requeue.iter().map(|(id, _)| id.as_str()).collect();
         let (due, next_due) = replay.schedule(now, ids.len());
         sqlx::query(&format!(
             "UPDATE deliveries d SET {} FROM UNNEST($1::text[], $2::int8[]) AS v(id, due) \
@@ -259,8 +259,8 @@ impl Admin for PostgresStore {
             // Cannot happen under the row lock; said for the reader.
             return Ok(ReplayTurn::NotYet(now));
         }
-        let n = picks.len() as u32;
-        let turn = queries::requeued(picks.into_iter().map(|(_, e)| e).collect(), n, next_due);
+        let n = picks.requeue.len() as u32;
+        let turn = queries::requeued(picks.requeue.into_iter().map(|(_, e)| e).collect(), n, next_due);
         if let ReplayTurn::Requeued { endpoints, .. } = &turn {
             let ids: Vec<&str> = endpoints.iter().map(EndpointId::as_str).collect();
             writer::notify_woken(&mut tx, &self.channel, &ids).await?;

@@ -542,7 +542,7 @@ where
             TurnPlan::Requeue(n) => n,
         };
         let picks = Self::replay_picks(conn, &replay, limit).await?;
-        Ok(match (picks.is_empty(), unsettled) {
+        Ok(match (picks.cursor.is_none(), unsettled) {
             (false, _) => TurnStep::Requeue(Box::new(replay), picks),
             (true, 0) => TurnStep::Done,
             (true, _) => TurnStep::NotYet(now + SETTLE_CHECK_MS),
@@ -550,36 +550,57 @@ where
     }
     /// Up to `limit` of the replay's dead letters after its cursor, in id order: those it
     /// selected when it started (dead by then: not the ones its own sends failed since),
-    /// on endpoints not disabled. (delivery id, endpoint).
-    async fn replay_picks(conn: &mut DB::Connection, replay: &Replay, limit: u32) -> Result<Vec<(String, EndpointId)>> {
-        let mut q = Sql::<DB>::new("SELECT id, endpoint_id FROM deliveries WHERE 1 = 1");
-        let (ids, filter) = (replay.ids.as_deref(), replay.filter.as_ref());
-        sql::push_dead_selection(&mut q, &replay.tenant, ids, filter, &replay.cursor, DB::push_ids);
+    /// on endpoints not disabled. Of those, it re-queues the ones whose event matches its
+    /// endpoint's content filter as it is now; the cursor moves past them all.
+    async fn replay_picks(conn: &mut DB::Connection, replay: &Replay, limit: u32) -> Result<Picks> {
+        let filter = DB::json_text("ep.spec", &["filter"]);
+        let mut q = Sql::<DB>::new(format!(
+            "SELECT deliveries.id, deliveries.endpoint_id, {filter} AS filter, deliveries.event_id, \
+             deliveries.event_type, ev.created_at AS event_created_at, \
+             CASE WHEN {filter} IS NULL THEN NULL ELSE ev.payload END AS payload \
+             FROM deliveries LEFT JOIN endpoints ep ON ep.id = deliveries.endpoint_id \
+             LEFT JOIN events ev ON ev.tenant_id = deliveries.tenant_id AND ev.id = deliveries.event_id WHERE 1 = 1"
+        ));
+        let (ids, selection) = (replay.ids.as_deref(), replay.filter.as_ref());
+        sql::push_dead_selection(&mut q, &replay.tenant, ids, selection, &replay.cursor, DB::push_ids);
         q.push(" AND deliveries.updated_at <= ").push_bind(replay.created_at);
         q.push(
             " AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = deliveries.endpoint_id \
-             AND e.state = 'disabled') ORDER BY id LIMIT ",
+             AND e.state = 'disabled') ORDER BY deliveries.id LIMIT ",
         )
         .push_bind(i64::from(limit));
         let (text, args) = q.take()?;
-        let picked = sqlx::query_with(&text, args).fetch_all(&mut *conn).await?;
-        picked
-            .iter()
-            .map(|r| Ok((r.try_get("id")?, EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?))))
-            .collect()
+        let read = sqlx::query_with(&text, args).fetch_all(&mut *conn).await?;
+        let mut picks = Picks { requeue: Vec::with_capacity(read.len()), cursor: None };
+        for r in &read {
+            let (id, endpoint): (String, String) = (r.try_get("id")?, r.try_get("endpoint_id")?);
+            picks.cursor = Some(id.clone());
+            if let Some(f) = rows::stored_filter(&endpoint, r.try_get::<Option<String>, _>("filter")?.as_deref())? {
+                let payload: Option<String> = r.try_get("payload")?;
+                let data = payload.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or(serde_json::Value::Null);
+                let (event, event_type): (String, String) = (r.try_get("event_id")?, r.try_get("event_type")?);
+                let created_at = r.try_get::<Option<i64>, _>("event_created_at")?.unwrap_or_default();
+                if !f.matches(&filter_subject(&event, &event_type, created_at, data)) {
+                    continue;
+                }
+            }
+            picks.requeue.push((id, EndpointId::from_stored(endpoint)));
+        }
+        Ok(picks)
     }
-    /// Moves the replay's cursor past `picks` (re-queued at `now`) and its schedule to
-    /// `next_due`, if it is still running at the cursor they were picked from; false if not.
+    /// Moves the replay's cursor past `picks` (of which it re-queued `picks.requeue` at
+    /// `now`) and its schedule to `next_due`, if it is still running at the cursor they
+    /// were picked from; false if not.
     pub(super) async fn advance_replay(
         conn: &mut DB::Connection,
         replay: &Replay,
-        picks: &[(String, EndpointId)],
+        picks: &Picks,
         now: Millis,
         next_due: Millis,
     ) -> Result<bool> {
-        let cursor = picks.last().map_or(replay.cursor.as_str(), |(id, _)| id.as_str());
+        let cursor = picks.cursor.as_deref().unwrap_or(replay.cursor.as_str());
         let moved = sqlx::query(sql::ADVANCE_REPLAY)
-            .bind(picks.len() as i64)
+            .bind(picks.requeue.len() as i64)
             .bind(cursor)
             .bind(now)
             .bind(next_due)
@@ -600,8 +621,16 @@ pub(super) enum TurnStep {
     /// Nothing left to re-queue and everything re-queued has settled: mark it done
     /// ([`sql::REPLAY_DONE`], which checks the last part again as it writes).
     Done,
-    /// Re-queue these (delivery id, endpoint), spaced at the replay's rate.
-    Requeue(Box<Replay>, Vec<(String, EndpointId)>),
+    /// Re-queue these, spaced at the replay's rate.
+    Requeue(Box<Replay>, Picks),
+}
+
+/// What a replay's turn read past its cursor: the dead letters to re-queue (delivery id,
+/// endpoint), in id order, and the last one read (`None`: nothing was left), which the
+/// cursor moves to even when a content filter left it out.
+pub(super) struct Picks {
+    pub(super) requeue: Vec<(String, EndpointId)>,
+    pub(super) cursor: Option<String>,
 }
 
 /// The turn that re-queued `requeued` dead letters on `endpoints` (listed each once here).

@@ -3,6 +3,9 @@
 //! Postgres (TEXT and 64-bit integers), so each struct decodes from either; a backend
 //! only writes the SQL.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use super::{Result, StoreError};
 use crate::model::*;
 
@@ -19,6 +22,31 @@ pub(super) const ATTEMPT_ORDER: &str = "ORDER BY started_at, number";
 fn corrupt(what: &str, value: impl std::fmt::Display) -> StoreError {
     StoreError::backend(format!("stored {what} is invalid: {value}"))
 }
+
+/// A subscriber's content filter as fan-out reads it from the endpoint's spec (JSON text,
+/// `None` without one), parsed into its tree. Every commit reads its subscribers afresh (so
+/// a change applies to the next event), but a text is parsed once per process: the trees
+/// are kept by their text (a cache: emptied when it holds [`MAX_PARSED_FILTERS`]).
+pub(super) fn stored_filter(endpoint: &str, text: Option<&str>) -> Result<Option<Arc<Filter>>> {
+    let Some(text) = text else { return Ok(None) };
+    let parsed = || PARSED_FILTERS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(filter) = parsed().get(text) {
+        return Ok(Some(filter.clone()));
+    }
+    let filter: Arc<Filter> =
+        Arc::new(serde_json::from_str(text).map_err(|e| corrupt(&format!("filter of endpoint {endpoint}"), e))?);
+    let mut cache = parsed();
+    if cache.len() >= MAX_PARSED_FILTERS {
+        cache.clear();
+    }
+    cache.insert(text.to_string(), filter.clone());
+    Ok(Some(filter))
+}
+
+/// The most filter trees [`stored_filter`] keeps.
+const MAX_PARSED_FILTERS: usize = 10_000;
+
+static PARSED_FILTERS: LazyLock<Mutex<HashMap<String, Arc<Filter>>>> = LazyLock::new(Mutex::default);
 
 /// A delivery state as stored.
 pub(super) fn delivery_state(stored: &str) -> Result<DeliveryState> {

@@ -188,15 +188,19 @@ macro_rules! subscribed {
     };
 }
 
-/// Tenant `$1`'s endpoints intake fans out to: (id, event types). SQLite's writer reads
-/// them per tenant, once per commit.
-pub(super) const SUBSCRIBERS_OF_TENANT: &str =
-    concat!("SELECT id, event_types, ordering FROM endpoints WHERE tenant_id = $1 AND ", subscribed!());
+/// Tenant `$1`'s endpoints intake fans out to: (id, event types, ordering, content filter
+/// as JSON text or NULL). SQLite's writer reads them per tenant, once per commit.
+pub(super) const SUBSCRIBERS_OF_TENANT: &str = concat!(
+    "SELECT id, event_types, ordering, json_extract(spec, '$.filter') FROM endpoints WHERE tenant_id = $1 AND ",
+    subscribed!()
+);
 
 /// The endpoints intake fans out to of the tenants in array `$1`, oldest first: (tenant,
-/// id, event types). Postgres reads them per group commit, in one round trip.
+/// id, event types, ordering, content filter as JSON text or NULL). Postgres reads them per
+/// group commit, in one round trip.
 pub(super) const SUBSCRIBERS_OF_TENANTS: &str = concat!(
-    "SELECT tenant_id, id, event_types, ordering FROM endpoints WHERE tenant_id = ANY($1) AND ",
+    "SELECT tenant_id, id, event_types, ordering, spec::json ->> 'filter' AS filter FROM endpoints \
+     WHERE tenant_id = ANY($1) AND ",
     subscribed!(),
     " ORDER BY created_at, id"
 );

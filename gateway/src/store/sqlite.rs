@@ -210,8 +210,10 @@ impl Admin for SqliteStore {
             }
             TurnStep::Requeue(replay, picked) => (*replay, picked),
         };
-        let (due, next_due) = replay.schedule(now, picked.len());
-        let step = writes::ReplayStep { replay, picked, due, next_due, now, deadline: now + ttl_ms };
+        let (due, next_due) = replay.schedule(now, picked.requeue.len());
+        let cursor = picked.cursor.unwrap_or_else(|| replay.cursor.clone());
+        let picked = picked.requeue;
+        let step = writes::ReplayStep { replay, picked, cursor, due, next_due, now, deadline: now + ttl_ms };
         let (applied, step) = self.writer.run(move |tx| Ok((writes::replay_step(tx, &step)?, step))).await?;
         if !applied {
             // Cancelled, or another turn moved the cursor first: read it again.

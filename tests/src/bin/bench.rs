@@ -107,6 +107,10 @@ enum Scenario {
         /// instead of as fast as the producers can: the tail at a load the node sustains.
         #[arg(long)]
         rate: Option<f64>,
+        /// A typical content filter on every endpoint (four clauses over the payload and the
+        /// type, which every event matches, so the deliveries are the same as without).
+        #[arg(long, default_value_t = false)]
+        filter: bool,
     },
     /// `concurrent`: one endpoint taking intake and delivery at the same time (`events`
     /// posted by `concurrency` producers while the receiver takes them): deliveries/s.
@@ -674,12 +678,12 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let writer = thread_cpu_seconds(node.pid(), WRITER_THREAD)? - writer_before;
             out.insert("writer_cpu_ms_per_delivery".into(), writer * 1e3 / delivered);
         }
-        Scenario::FanoutTail { events, endpoints, concurrency, rate } => {
-            let shape = load::Shape { events, endpoints, concurrency, rate };
+        Scenario::FanoutTail { events, endpoints, concurrency, rate, filter } => {
+            let shape = load::Shape { events, endpoints, concurrency, rate, filter };
             load::posting_while_delivering(&api, &rx, node.pid(), schema.as_ref(), shape, &mut out).await?;
         }
         Scenario::Concurrent { events, concurrency } => {
-            let shape = load::Shape { events, endpoints: 1, concurrency, rate: None };
+            let shape = load::Shape { events, endpoints: 1, concurrency, rate: None, filter: false };
             load::posting_while_delivering(&api, &rx, node.pid(), schema.as_ref(), shape, &mut out).await?;
         }
         Scenario::Pacing { rate, seconds } => {

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
 
+use super::super::rows::stored_filter;
 use super::super::sql;
 use super::super::*;
 use super::IDS_PER_NOTIFY;
@@ -371,7 +372,9 @@ async fn subscribers(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Res
         let types: String = r.try_get("event_types")?;
         let event_types: Vec<String> = serde_json::from_str(&types).map_err(decode_error)?;
         let ordering = DeliveryOrder::from_stored(r.try_get::<Option<String>, _>("ordering")?.as_deref());
-        let subscriber = Subscriber { endpoint: r.try_get("id")?, event_types, ordering };
+        let id: String = r.try_get("id")?;
+        let filter = stored_filter(&id, r.try_get::<Option<&str>, _>("filter")?).map_err(decode_error)?;
+        let subscriber = Subscriber { endpoint: id, event_types, filter, ordering };
         subscribers.entry(r.try_get("tenant_id")?).or_default().push(subscriber);
     }
     Ok(subscribers)

@@ -31,6 +31,7 @@ use rand::rngs::StdRng;
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
+use super::super::rows::stored_filter;
 use super::super::sql;
 use super::super::*;
 use super::checkpoint::{WAL_RESTART_FRAMES, connect, spawn_checkpointer};
@@ -210,14 +211,20 @@ impl Subscribers {
         if !self.0.contains_key(tenant.as_str()) {
             let mut q = tx.prepare_cached(sql::SUBSCRIBERS_OF_TENANT)?;
             let rows = q.query_map([tenant.as_str()], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                ))
             })?;
             let mut eps = Vec::new();
             for row in rows {
-                let (id, types, ordering) = row?;
+                let (id, types, ordering, filter) = row?;
                 let types = serde_json::from_str(&types)
                     .map_err(|e| StoreError::backend(format!("endpoint {id}: event_types: {e}")))?;
                 eps.push(Subscriber {
+                    filter: stored_filter(&id, filter.as_deref())?,
                     endpoint: id,
                     event_types: types,
                     ordering: DeliveryOrder::from_stored(ordering.as_deref()),

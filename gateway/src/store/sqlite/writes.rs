@@ -236,8 +236,10 @@ pub(super) fn create_replay(tx: &Transaction<'_>, r: &Replay) -> Result<()> {
 /// One replay turn's picks, read from the cursor `replay.cursor`, in id order.
 pub(super) struct ReplayStep {
     pub(super) replay: Replay,
-    /// (delivery id, endpoint id), in id order.
+    /// (delivery id, endpoint id), in id order: those to re-queue.
     pub(super) picked: Vec<(String, EndpointId)>,
+    /// Where the cursor moves: the last dead letter read (re-queued or left out).
+    pub(super) cursor: String,
     /// When each picked delivery is due, and when the next turn is.
     pub(super) due: Vec<Millis>,
     pub(super) next_due: Millis,
@@ -249,10 +251,9 @@ pub(super) struct ReplayStep {
 /// picked from (so a turn applies once), and advances the cursor and the schedule. False
 /// if it was not.
 pub(super) fn replay_step(tx: &Transaction<'_>, s: &ReplayStep) -> Result<bool> {
-    let cursor = s.picked.last().map_or(s.replay.cursor.as_str(), |(id, _)| id.as_str());
     let moved = tx.prepare_cached(sql::ADVANCE_REPLAY)?.execute(params![
         s.picked.len() as i64,
-        cursor,
+        s.cursor,
         s.now,
         s.next_due,
         s.replay.id,

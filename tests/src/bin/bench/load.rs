@@ -12,32 +12,43 @@ use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Api, FakeReceiver};
 
 use super::pgcpu::PgCpu;
-use super::{cpu_seconds, percentile};
+use super::{WRITER_THREAD, cpu_seconds, percentile, thread_cpu_seconds};
 
 /// How the producers post: `events` single events by `concurrency` producers, each fanned
-/// out to `endpoints` endpoints; as fast as they can, or open loop at `rate` events/s.
+/// out to `endpoints` endpoints; as fast as they can, or open loop at `rate` events/s; with
+/// [`typical_filter`] on every endpoint, or none.
 pub struct Shape {
     pub events: usize,
     pub endpoints: usize,
     pub concurrency: usize,
     pub rate: Option<f64>,
+    pub filter: bool,
+}
+
+/// A content filter of four clauses that every event posted here matches.
+fn typical_filter() -> serde_json::Value {
+    json!({"type": {"$in": ["invoice.paid", "invoice.created"]},
+           "data.amount": {"$gte": 100, "$lt": 1_000_000}, "data.n": {"$exists": true}})
 }
 
 /// Posts single events as `shape` says, every endpoint of tenant `bench` subscribed, and
 /// measures 202→arrival of each (event, endpoint) pair and the
-/// deliveries/s from the first post to the last arrival; on Postgres (`pg`) also the
-/// server's CPU per delivery.
+/// deliveries/s from the first post to the last arrival, the node's CPU per delivery and
+/// its SQLite writer thread's; on Postgres (`pg`) also the server's CPU per delivery.
 pub async fn posting_while_delivering(
     api: &Api,
     rx: &FakeReceiver,
     pid: u32,
     pg: Option<&PgSchema>,
-    Shape { events, endpoints, concurrency, rate }: Shape,
+    Shape { events, endpoints, concurrency, rate, filter }: Shape,
     out: &mut HashMap<String, f64>,
 ) -> anyhow::Result<()> {
     for i in 0..endpoints {
-        let spec = json!({"url": format!("{}/{i}", rx.url()), "rate_per_sec": 100_000, "burst": 1000,
+        let mut spec = json!({"url": format!("{}/{i}", rx.url()), "rate_per_sec": 100_000, "burst": 1000,
             "max_in_flight": (256 / endpoints).max(4)});
+        if filter {
+            spec["filter"] = typical_filter();
+        }
         api.endpoint("bench", spec).await?;
     }
     let acks = Arc::new(Mutex::new(HashMap::with_capacity(events)));
@@ -47,6 +58,7 @@ pub async fn posting_while_delivering(
         None => None,
     };
     let cpu_before = cpu_seconds(pid)?;
+    let writer_before = thread_cpu_seconds(pid, WRITER_THREAD)?;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
@@ -78,6 +90,9 @@ pub async fn posting_while_delivering(
     let got = rx.wait_for(total, Duration::from_secs(300)).await?;
     let last = got.iter().map(|r| r.at).max().unwrap_or_else(Instant::now);
     let cpu = cpu_seconds(pid)? - cpu_before;
+    // SQLite's writer thread (zero on Postgres): the intake commits, where fan-out runs,
+    // and the claims and results.
+    let writer = thread_cpu_seconds(pid, WRITER_THREAD)? - writer_before;
     if let Some(pg_cpu) = pg_cpu {
         let (backends, writers) = pg_cpu.stop().await?;
         out.insert("pg_cpu_us_per_delivery".into(), (backends + writers) * 1e6 / total as f64);
@@ -103,6 +118,7 @@ pub async fn posting_while_delivering(
     out.insert("deliveries_per_s".into(), total as f64 / secs);
     out.insert("events_per_s".into(), events as f64 / posted);
     out.insert("node_cpu_us_per_delivery".into(), cpu * 1e6 / total as f64);
+    out.insert("writer_cpu_us_per_delivery".into(), writer * 1e6 / total as f64);
     Ok(())
 }
 
