@@ -70,6 +70,7 @@ mod quickstart;
 mod recovery;
 mod scaffold;
 mod secrets;
+mod signatures;
 mod sent;
 mod store;
 mod tidy;

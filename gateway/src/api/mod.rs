@@ -176,6 +176,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(endpoints::pause))
         .routes(routes!(endpoints::rotate_secret))
         .routes(routes!(endpoints::secret))
+        .routes(routes!(endpoints::keys::jwks))
         .routes(routes!(test_send::test_send))
         .routes(routes!(portal::create, portal::list))
         .routes(routes!(portal::revoke))
