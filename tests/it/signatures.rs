@@ -14,7 +14,10 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Backend, FakeReceiver, Received, SEAL_KEY, TestGateway};
 
-tests::backends!(v1a_deliveries_verify_independently_and_a_rotation_signs_with_both, bad_keys_are_refused_and_write_nothing);
+tests::backends!(
+    v1a_deliveries_verify_independently_and_a_rotation_signs_with_both,
+    bad_keys_are_refused_and_write_nothing
+);
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
@@ -29,7 +32,11 @@ fn supplied_key() -> (String, gateway::sign::v1a::SigningKey) {
 }
 
 /// Runs the independent verifier over `deliveries` (each with its endpoint's `whsec_`, if any).
-async fn verify_in_python(dir: &Path, jwks: &Value, deliveries: &[(&str, &Received, Option<&str>)]) -> anyhow::Result<Value> {
+async fn verify_in_python(
+    dir: &Path,
+    jwks: &Value,
+    deliveries: &[(&str, &Received, Option<&str>)],
+) -> anyhow::Result<Value> {
     let python = repo().join("target/pytools/venv/bin/python");
     ensure!(python.exists(), "{} is missing: run scripts/pytools (scripts/test does)", python.display());
     let deliveries: Vec<Value> = deliveries
@@ -93,17 +100,37 @@ async fn v1a_deliveries_verify_independently_and_a_rotation_signs_with_both(back
     let shown = api.get(&format!("/v1/tenants/acme/endpoints/{a_id}"), &reader).await?.expect(200)?;
     ensure!(shown.json["public_keys"][0]["public_key"] == a_key.as_str(), "{}", shown.text);
     let secrets = api.get(&format!("/v1/tenants/acme/endpoints/{b_id}/secret"), ADMIN_TOKEN).await?.json;
-    ensure!(secrets["secret"] == b_whsec.as_str() && secrets["secrets"].as_array().map(Vec::len) == Some(1), "{secrets}");
+    ensure!(
+        secrets["secret"] == b_whsec.as_str() && secrets["secrets"].as_array().map(Vec::len) == Some(1),
+        "{secrets}"
+    );
 
     // The JWKS: without a token, both keys; one endpoint's with `endpoint`.
     let jwks = api.raw("GET", "/v1/tenants/acme/jwks.json", None, "").await?.expect(200)?;
-    let kids: Vec<&str> = jwks.json["keys"].as_array().context("keys")?.iter().filter_map(|k| k["kid"].as_str()).collect();
-    ensure!(kids == [a_kid.as_str(), b_public.kid().as_str()] || kids == [b_public.kid().as_str(), a_kid.as_str()], "{}", jwks.text);
+    let kids: Vec<&str> =
+        jwks.json["keys"].as_array().context("keys")?.iter().filter_map(|k| k["kid"].as_str()).collect();
+    ensure!(
+        kids == [a_kid.as_str(), b_public.kid().as_str()] || kids == [b_public.kid().as_str(), a_kid.as_str()],
+        "{}",
+        jwks.text
+    );
     let b_jwk = jwks.json["keys"].as_array().unwrap().iter().find(|k| k["kid"] == b_public.kid()).context("b's jwk")?;
-    ensure!(b_jwk == &json!({"kty": "OKP", "crv": "Ed25519", "x": b_public.jwk_x(), "kid": b_public.kid(), "alg": "EdDSA", "use": "sig"}), "{b_jwk}");
-    ensure!(jwks.headers.get("cache-control").is_some_and(|v| v.to_str().unwrap_or("").starts_with("public")), "{:?}", jwks.headers);
+    ensure!(
+        b_jwk
+            == &json!({"kty": "OKP", "crv": "Ed25519", "x": b_public.jwk_x(), "kid": b_public.kid(), "alg": "EdDSA", "use": "sig"}),
+        "{b_jwk}"
+    );
+    ensure!(
+        jwks.headers.get("cache-control").is_some_and(|v| v.to_str().unwrap_or("").starts_with("public")),
+        "{:?}",
+        jwks.headers
+    );
     let only_a = api.raw("GET", &format!("/v1/tenants/acme/jwks.json?endpoint={a_id}"), None, "").await?.expect(200)?;
-    ensure!(only_a.json["keys"].as_array().map(Vec::len) == Some(1) && only_a.json["keys"][0]["kid"] == a_kid.as_str(), "{}", only_a.text);
+    ensure!(
+        only_a.json["keys"].as_array().map(Vec::len) == Some(1) && only_a.json["keys"][0]["kid"] == a_kid.as_str(),
+        "{}",
+        only_a.text
+    );
     for path in ["/v1/tenants/nobody/jwks.json".to_string(), format!("/v1/tenants/globex/jwks.json?endpoint={a_id}")] {
         let none = api.raw("GET", &path, None, "").await?.expect(200)?;
         ensure!(none.json == json!({"keys": []}), "{path}: {}", none.text);
@@ -112,15 +139,20 @@ async fn v1a_deliveries_verify_independently_and_a_rotation_signs_with_both(back
     api.event("acme", json!({"id": "evt_1", "type": "invoice.paid", "payload": {"amount": 1}})).await?.expect(202)?;
     rx.wait_for(2, Duration::from_secs(10)).await?;
     // A rotation of `a`: the new key signs, the previous one too until the grace ends.
-    let rotated =
-        api.post(&format!("/v1/tenants/acme/endpoints/{a_id}/rotate-secret"), ADMIN_TOKEN, json!({})).await?.expect(200)?;
+    let rotated = api
+        .post(&format!("/v1/tenants/acme/endpoints/{a_id}/rotate-secret"), ADMIN_TOKEN, json!({}))
+        .await?
+        .expect(200)?;
     ensure!(rotated.json.get("secret").is_none() && !rotated.text.contains("whsk_"), "{}", rotated.text);
     let new_kid = rotated.json["public_key"]["kid"].as_str().context("new kid")?.to_string();
     ensure!(new_kid != a_kid, "{}", rotated.text);
     let detail = api.get(&format!("/v1/tenants/acme/endpoints/{a_id}"), &reader).await?.json;
     let keys = detail["public_keys"].as_array().context("public_keys")?;
     ensure!(keys.len() == 2 && keys[0]["kid"] == new_kid.as_str() && keys[0]["expires_at"].is_null(), "{detail}");
-    ensure!(keys[1]["kid"] == a_kid.as_str() && keys[1]["expires_at"] == rotated.json["previous_valid_until"], "{detail}");
+    ensure!(
+        keys[1]["kid"] == a_kid.as_str() && keys[1]["expires_at"] == rotated.json["previous_valid_until"],
+        "{detail}"
+    );
     let jwks = api.raw("GET", "/v1/tenants/acme/jwks.json", None, "").await?.expect(200)?.json;
     ensure!(jwks["keys"].as_array().map(Vec::len) == Some(3), "the rotation's keys are all in the set: {jwks}");
     api.event("acme", json!({"id": "evt_2", "type": "invoice.paid", "payload": {"amount": 2}})).await?.expect(202)?;
@@ -141,12 +173,23 @@ async fn v1a_deliveries_verify_independently_and_a_rotation_signs_with_both(back
     let b_kid = b_public.kid();
     let expect = [
         (vec![a_kid.as_str()], 1, Value::Null),
-        (if new_kid < a_kid { vec![new_kid.as_str(), a_kid.as_str()] } else { vec![a_kid.as_str(), new_kid.as_str()] }, 2, Value::Null),
+        (
+            if new_kid < a_kid {
+                vec![new_kid.as_str(), a_kid.as_str()]
+            } else {
+                vec![a_kid.as_str(), new_kid.as_str()]
+            },
+            2,
+            Value::Null,
+        ),
         (vec![b_kid.as_str()], 1, json!(true)),
         (vec![b_kid.as_str()], 1, json!(true)),
     ];
     for (got, (kids, entries, v1)) in results.iter().zip(expect) {
-        ensure!(got["kids"] == json!(kids) && got["v1a_entries"] == entries && got["standardwebhooks_v1"] == v1, "{got}");
+        ensure!(
+            got["kids"] == json!(kids) && got["v1a_entries"] == entries && got["standardwebhooks_v1"] == v1,
+            "{got}"
+        );
     }
     // Herald's own check agrees with the public key the endpoint shows.
     let r = cases[3].1;

@@ -194,7 +194,8 @@ mod tests {
         // The same bytes an independent verifier checks: `id.timestamp.body`.
         let sig = STANDARD.decode(&header["v1a,".len()..]).unwrap();
         assert!(public.verify_message(b"msg_1.1614265330.{}", &sig));
-        let changed: [(&str, i64, &[u8]); 3] = [("msg_2", 1_614_265_330, b"{}"), ("msg_1", 1, b"{}"), ("msg_1", 1_614_265_330, b"{ }")];
+        let changed: [(&str, i64, &[u8]); 3] =
+            [("msg_2", 1_614_265_330, b"{}"), ("msg_1", 1, b"{}"), ("msg_1", 1_614_265_330, b"{ }")];
         for (id, ts, body) in changed {
             assert!(!verify(&public, id, ts, body, &header), "{id} {ts}");
         }

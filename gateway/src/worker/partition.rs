@@ -15,12 +15,14 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{Destination, Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, SecretEntry, Sendable, WriteOnly};
+use crate::model::{
+    Destination, Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, SecretEntry, Sendable, WriteOnly,
+};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::sign::Secret;
-use crate::sign::v1a::{SECRET_KEY_PREFIX, SigningKey};
 use crate::sign::seal::{Sealer, open_oauth2};
+use crate::sign::v1a::{SECRET_KEY_PREFIX, SigningKey};
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 mod handoff;

@@ -303,6 +303,9 @@ pub(crate) async fn jwks(
             }
         }
     }
-    let headers = [(CONTENT_TYPE, "application/json".to_string()), (CACHE_CONTROL, format!("public, max-age={JWKS_MAX_AGE_SECS}"))];
+    let headers = [
+        (CONTENT_TYPE, "application/json".to_string()),
+        (CACHE_CONTROL, format!("public, max-age={JWKS_MAX_AGE_SECS}")),
+    ];
     Ok((headers, axum::Json(Jwks { keys })))
 }
