@@ -50,25 +50,34 @@ function target(e) {
   return where ? h('div', { class: 'target muted' }, where()) : null;
 }
 
-/** The endpoint just added and its signing secret, shown once on its page. */
+/** The endpoint just added, its signing secret and its v1a public key, shown on its page. */
 let added = null;
+
+/** The Standard Webhooks signatures an endpoint may send: HMAC (`v1`), ed25519 (`v1a`). */
+const SIGNATURES = [['v1', 'v1 (HMAC, shared secret)'], ['v1a', 'v1a (ed25519, public key)'], ['v1,v1a', 'v1 and v1a']];
+
+function signatureSelect(current) {
+  return h('select', { name: 'signatures' }, SIGNATURES.map(([v, label]) => h('option', { value: v, selected: v === current }, label)));
+}
 
 /** Adds an HTTP endpoint, then opens it, where its signing secret is shown once. */
 function createForm() {
   const url = h('input', { name: 'url', type: 'url', required: true, placeholder: 'https://receiver.example/webhooks' });
   const description = h('input', { name: 'description' });
   const types = h('input', { name: 'event_types', placeholder: 'comma separated; empty: every type' });
+  const signatures = signatureSelect('v1');
   return h('section', { id: 'create' }, h('h2', {}, 'Add an endpoint'),
     h('form', { class: 'inline', 'aria-label': 'Add an endpoint', onsubmit: (ev) => {
       ev.preventDefault();
       guard(async () => {
         const event_types = types.value.split(',').map((t) => t.trim()).filter(Boolean);
-        const e = await api('POST', tenantPath('/endpoints'), { body: { url: url.value.trim(), description: description.value, event_types } });
-        added = { id: e.id, secret: e.secret };
+        const body = { url: url.value.trim(), description: description.value, event_types, signatures: signatures.value.split(',') };
+        const e = await api('POST', tenantPath('/endpoints'), { body });
+        added = { id: e.id, secret: e.secret, publicKey: e.public_keys?.[0]?.public_key };
         sayAcross(`Endpoint ${e.id} added.`);
         location.hash = `#/endpoints/${encodeURIComponent(e.id)}`;
       });
-    } }, field('URL', url), field('Description', description), field('Event types', types),
+    } }, field('URL', url), field('Description', description), field('Event types', types), field('Signatures', signatures),
     h('button', { type: 'submit' }, 'Add endpoint')));
 }
 
@@ -78,8 +87,20 @@ function addedSecret(id) {
   added = null;
   if (!fresh) return null;
   return h('section', { id: 'new-secret', class: 'notice' }, h('h2', {}, 'Signing secret'),
-    h('p', {}, 'Your receiver verifies each delivery with this secret. It is shown this once: copy it now.'),
-    copyable('new-secret-value', 'Signing secret', fresh.secret));
+    fresh.secret ? [h('p', {}, 'Your receiver verifies each delivery with this secret. It is shown this once: copy it now.'),
+      copyable('new-secret-value', 'Signing secret', fresh.secret)] : null,
+    fresh.publicKey ? [h('p', {}, 'Your receiver verifies the v1a signature with this public key (shown on the endpoint\'s page too).'),
+      copyable('new-public-key', 'Public key', fresh.publicKey)] : null);
+}
+
+/** The signatures the endpoint sends, its v1a public keys and where a receiver fetches them. */
+function signingSection(e) {
+  const jwks = `${location.origin}${tenantPath('/jwks.json')}`;
+  return h('section', { id: 'signing' }, h('h2', {}, 'Signatures'),
+    facts([['Signatures', e.signatures.join(', ')]]),
+    e.public_keys.map((k, i) => h('div', {}, copyable(`public-key-${i}`, `Public key ${k.kid}`, k.public_key),
+      h('p', { class: 'muted' }, `kid ${k.kid}`, k.expires_at ? `; signs until ${when(k.expires_at)}` : ''))),
+    e.signatures.includes('v1a') ? h('p', {}, 'The tenant\'s key set (JWKS, no token needed): ', link(jwks, jwks)) : null);
 }
 
 /** How long the page follows a test send's first attempt, and how often it looks. */
@@ -178,6 +199,7 @@ export async function endpointPage(main, id, rerender) {
       withPlugins ? ['Plugins', HOOKS.map((k) => `${k}: ${e.plugins[k] ?? '—'}`).join(', ')] : null,
     ].filter(Boolean)), h('p', {}, link(`#/deliveries?endpoint=${encodeURIComponent(e.id)}`, 'Its deliveries'), ' · ',
       link(`#/dead-letters?endpoint=${encodeURIComponent(e.id)}`, 'Its dead letters'))),
+    signingSection(e),
     e.kind === 'http' ? authSection(e) : destinationSection(e),
     h('section', {}, h('h2', {}, 'Delivery rate and latency, last hour'), rateChart(`Endpoint ${e.id}`, series)),
     manage ? actions(e, path, plugins?.data, rerender)
@@ -344,6 +366,7 @@ function actions(e, path, plugins, rerender) {
   const ordering = choose('ordering', ['none', 'endpoint', 'key'], e.ordering);
   const onDead = choose('ordering_on_dead', ['skip', 'block'], e.ordering_on_dead);
   const secretOut = h('div', { id: 'rotated', 'aria-live': 'polite' });
+  const signatures = signatureSelect(e.signatures.join(','));
   const binds = Object.fromEntries(HOOKS.map((k) => [k, bindingSelect(k, e.plugins[k], plugins || [])]));
   const submit = (f) => (ev) => { ev.preventDefault(); guard(f); };
   return h('section', { id: 'actions' }, h('h2', {}, 'Actions'),
@@ -373,10 +396,18 @@ function actions(e, path, plugins, rerender) {
     }) }, field('Transform plugin', binds.transform), field('Classify plugin', binds.classify), field('Sign plugin', binds.sign),
     h('button', { type: 'submit' }, 'Bind plugins')) : null,
     e.kind === 'http' ? oauth2Form(e, path, submit, done) : destinationForm(e, path, submit, done),
+    h('form', { class: 'inline', 'aria-label': 'Signatures', onsubmit: submit(async () => {
+      await api('PATCH', path, { body: { signatures: signatures.value.split(',') } });
+      done('Signatures saved.');
+    }) }, field('Signatures', signatures), h('button', { type: 'submit' }, 'Save signatures')),
     h('form', { class: 'inline', 'aria-label': 'Rotate secret', onsubmit: submit(async () => {
       const r = await api('POST', `${path}/rotate-secret`, { body: {} });
-      secretOut.replaceChildren(h('p', {}, `New secret (shown this once); the previous one keeps signing until ${when(r.previous_valid_until)}:`),
-        copyable('rotated-secret', 'New signing secret', r.secret));
+      const until = when(r.previous_valid_until);
+      secretOut.replaceChildren(
+        r.secret ? [h('p', {}, `New secret (shown this once); the previous one keeps signing until ${until}:`),
+          copyable('rotated-secret', 'New signing secret', r.secret)] : null,
+        r.public_key ? [h('p', {}, `New public key; the previous key keeps signing until ${until}:`),
+          copyable('rotated-public-key', 'New public key', r.public_key.public_key)] : null);
       say('Secret rotated.');
     }) }, h('button', { type: 'submit' }, 'Rotate secret')), secretOut);
 }

@@ -85,6 +85,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(endpoints::pause))
         .routes(routes!(endpoints::rotate_secret))
         .routes(routes!(endpoints::secret))
+        .routes(routes!(endpoints::keys::jwks))
         .routes(routes!(test_send::test_send))
         .routes(routes!(endpoints::test_filter::test_endpoint_filter))
         .routes(routes!(endpoints::test_filter::test_filter))

@@ -230,11 +230,28 @@ impl TokenRecord {
 }
 
 /// One signing secret; during rotation the previous one stays valid until `expires_at`.
+/// A `v1` (HMAC) secret is `whsec_…`; a `v1a` (ed25519) key has its `public_key`, and its
+/// `secret` is `whsk_…`, or sealed under `[secrets] key` when the node has one.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SecretEntry {
     pub secret: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Millis>,
+    /// A `v1a` key's `whpk_…` (kept in clear, so it is shown without opening the secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+}
+
+impl SecretEntry {
+    /// A `v1` secret (`whsec_…`) valid until replaced.
+    pub fn v1(secret: String) -> SecretEntry {
+        SecretEntry { secret, expires_at: None, public_key: None }
+    }
+
+    /// Is this a `v1a` (ed25519) key rather than a `v1` secret?
+    pub fn is_v1a(&self) -> bool {
+        self.public_key.is_some()
+    }
 }
 
 /// The configurable part of an endpoint, stored as one document.

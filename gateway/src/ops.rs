@@ -68,7 +68,7 @@ impl Ops {
             retry: RetryOverrideDoc::default(),
             plugins: PluginBindings::default(),
             headers: Default::default(),
-            secrets: vec![SecretEntry { secret: config.secret.expose().to_string(), expires_at: None }],
+            secrets: vec![SecretEntry::v1(config.secret.expose().to_string())],
             ordering: DeliveryOrder::None,
             ordering_on_dead: DeadHead::Skip,
             oauth2: None,

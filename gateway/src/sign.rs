@@ -1,6 +1,6 @@
 //! Standard Webhooks signing: `whsec_` secrets and `v1,<base64 HMAC-SHA256>` signatures over
-//! `id.timestamp.body`. Pure: it must not read the clock (the timestamp is passed in), pick
-//! which secrets are valid, or build HTTP requests.
+//! `id.timestamp.body` (and `v1a`, ed25519, in [`v1a`]). Pure: it must not read the clock
+//! (the timestamp is passed in), pick which secrets are valid, or build HTTP requests.
 
 use std::fmt;
 
@@ -13,6 +13,7 @@ use rand::{CryptoRng, Rng};
 use sha2::Sha256;
 
 pub mod seal;
+pub mod v1a;
 
 /// Header carrying the event id (stable across attempts and replays).
 pub const HEADER_ID: &str = "webhook-id";
@@ -112,10 +113,19 @@ pub fn signature(secret: &Secret, msg_id: &str, timestamp_secs: i64, body: &[u8]
     format!("v1,{}", STANDARD.encode(tag))
 }
 
-/// The `webhook-signature` header value: one signature per secret, space-separated, so a
-/// receiver holding either key verifies during rotation.
-pub fn signature_header(secrets: &[&Secret], msg_id: &str, timestamp_secs: i64, body: &[u8]) -> String {
-    secrets.iter().map(|s| signature(s, msg_id, timestamp_secs, body)).collect::<Vec<_>>().join(" ")
+/// The `webhook-signature` header value: one `v1` signature per secret, then one `v1a` per
+/// signing key, space-separated, so a receiver holding any one key verifies (during a
+/// rotation, and whichever scheme it checks).
+pub fn signature_header(
+    secrets: &[&Secret],
+    keys: &[&v1a::SigningKey],
+    msg_id: &str,
+    timestamp_secs: i64,
+    body: &[u8],
+) -> String {
+    let mut entries: Vec<String> = secrets.iter().map(|s| signature(s, msg_id, timestamp_secs, body)).collect();
+    entries.extend(v1a::signatures(keys, msg_id, timestamp_secs, body));
+    entries.join(" ")
 }
 
 /// Whether any `v1` entry of a `webhook-signature` header matches `secret`, compared in
@@ -170,15 +180,29 @@ mod tests {
     fn rotation_signs_with_every_secret() {
         let old = Secret::parse(SPEC_SECRET).unwrap();
         let new = Secret::parse(&key(32)).unwrap();
-        let header = signature_header(&[&new, &old], SPEC_ID, SPEC_TS, SPEC_BODY);
+        let header = signature_header(&[&new, &old], &[], SPEC_ID, SPEC_TS, SPEC_BODY);
         let entries: Vec<&str> = header.split(' ').collect();
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[0], signature(&new, SPEC_ID, SPEC_TS, SPEC_BODY));
         assert_eq!(entries[1], SPEC_SIG);
         assert!(verify(&old, SPEC_ID, SPEC_TS, SPEC_BODY, &header));
         assert!(verify(&new, SPEC_ID, SPEC_TS, SPEC_BODY, &header));
-        assert_eq!(signature_header(&[&old], SPEC_ID, SPEC_TS, SPEC_BODY), SPEC_SIG);
-        assert_eq!(signature_header(&[], SPEC_ID, SPEC_TS, SPEC_BODY), "");
+        assert_eq!(signature_header(&[&old], &[], SPEC_ID, SPEC_TS, SPEC_BODY), SPEC_SIG);
+        assert_eq!(signature_header(&[], &[], SPEC_ID, SPEC_TS, SPEC_BODY), "");
+    }
+
+    #[test]
+    fn both_schemes_sign_v1_first() {
+        let secret = Secret::parse(SPEC_SECRET).unwrap();
+        let key = v1a::SigningKey::generate(&mut StdRng::seed_from_u64(5));
+        let header = signature_header(&[&secret], &[&key], SPEC_ID, SPEC_TS, SPEC_BODY);
+        let (v1, rest) = header.split_once(' ').unwrap();
+        assert_eq!(v1, SPEC_SIG);
+        assert!(rest.starts_with("v1a,") && !rest.contains(' '));
+        assert!(verify(&secret, SPEC_ID, SPEC_TS, SPEC_BODY, &header), "v1 ignores the v1a entry");
+        assert!(v1a::verify(&key.public_key(), SPEC_ID, SPEC_TS, SPEC_BODY, &header));
+        let only = signature_header(&[], &[&key], SPEC_ID, SPEC_TS, SPEC_BODY);
+        assert_eq!(only, rest);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use crate::model::{Destination, EndpointKind, EndpointSpec, TEMPLATE_PLACEHOLDERS, validate_type_filter};
+use crate::model::{Destination, EndpointKind, EndpointSpec, SecretEntry, TEMPLATE_PLACEHOLDERS, validate_type_filter};
 use crate::schedule::{RetryOverride, RetryPolicy};
 
 /// Longest endpoint URL, in bytes.
@@ -182,7 +182,7 @@ impl EndpointSpec {
             check_header(name, value)?;
         }
         for s in &self.secrets {
-            crate::sign::Secret::parse(&s.secret).map_err(|e| SpecError::new("secret", e.to_string()))?;
+            check_secret(s)?;
         }
         if let Some(p) = &self.proxy
             && p != "none"
@@ -198,6 +198,23 @@ impl EndpointSpec {
         }
         Ok(())
     }
+}
+
+/// A `v1` secret parses; a `v1a` key's public key parses and, while its secret is in clear
+/// (not yet sealed), is that secret's. A sealed one is opened when it signs.
+fn check_secret(s: &SecretEntry) -> Result<(), SpecError> {
+    use crate::sign::v1a::{PublicKey, SECRET_KEY_PREFIX, SigningKey};
+    let Some(public) = &s.public_key else {
+        return crate::sign::Secret::parse(&s.secret).map(drop).map_err(|e| SpecError::new("secret", e.to_string()));
+    };
+    let public = PublicKey::parse(public).map_err(|e| SpecError::new("signing_key", format!("the public key {e}")))?;
+    if s.secret.starts_with(SECRET_KEY_PREFIX) {
+        let key = SigningKey::parse(&s.secret).map_err(|e| SpecError::new("signing_key", e.to_string()))?;
+        if key.public_key() != public {
+            return Err(SpecError::new("signing_key", "is not the key of its stored public key"));
+        }
+    }
+    Ok(())
 }
 
 /// Longest destination template or name (stream, subject, exchange, routing key), in bytes.

@@ -73,6 +73,7 @@ mod recovery;
 mod scaffold;
 mod secrets;
 mod sent;
+mod signatures;
 mod store;
 mod tidy;
 mod timing;

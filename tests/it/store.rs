@@ -106,7 +106,7 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
             retry: Default::default(),
             plugins: Default::default(),
             headers: Default::default(),
-            secrets: vec![SecretEntry { secret: "whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0".into(), expires_at: None }],
+            secrets: vec![SecretEntry::v1("whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0".into())],
             ordering: Default::default(),
             ordering_on_dead: Default::default(),
             oauth2: None,

@@ -1,4 +1,4 @@
-//! Endpoint routes: create, list, read, patch, delete, enable, rotate the secret.
+//! Endpoint routes: create, list, read, patch, delete, enable, rotate the signing keys.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,9 +18,11 @@ use crate::sign::Secret;
 use crate::spec::{SpecRules, check_text, check_url_of};
 use crate::store::EndpointChange;
 use health::{HealthOut, page_health};
+use keys::{PublicKeyOut, RotateIn, Scheme};
 
 mod health;
 pub(crate) mod test_filter;
+pub(crate) mod keys;
 
 /// An endpoint as posted (create: `url` required) or patched: every field optional.
 /// Durations are written `"250ms"`, `"30s"`, `"15m"`, `"24h"`.
@@ -53,8 +55,18 @@ pub(crate) struct EndpointIn {
     rate_per_sec: Option<f64>,
     burst: Option<u32>,
     max_in_flight: Option<u32>,
-    /// `whsec_` + base64 of 24 to 64 bytes; generated when absent.
+    /// The `v1` (HMAC-SHA256) secret: `whsec_` + base64 of 24 to 64 bytes; generated when
+    /// the endpoint signs `v1` and has none.
     secret: Option<String>,
+    /// The Standard Webhooks signatures every delivery carries: `["v1"]` (the default),
+    /// `["v1a"]` (ed25519) or both. A scheme added gets a generated key unless `secret` or
+    /// `signing_key` is written with it; a scheme left out loses its keys. Absent: as stored,
+    /// plus the scheme of a key written.
+    signatures: Option<Vec<Scheme>>,
+    /// Write-only: the `v1a` (ed25519) signing key, `whsk_` + base64 of the 32-byte seed (or
+    /// of the 64 bytes of seed and public key). Generated when absent; never shown (its
+    /// `whpk_` public key is). Sealed under the node's `[secrets] key` when it has one.
+    signing_key: Option<String>,
     timeout: Option<String>,
     connect_timeout: Option<String>,
     retry: Option<RetryIn>,
@@ -277,9 +289,7 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     }
     spec.ordering = input.ordering.unwrap_or(spec.ordering);
     spec.ordering_on_dead = input.ordering_on_dead.unwrap_or(spec.ordering_on_dead);
-    if let Some(s) = input.secret {
-        spec.secrets = vec![SecretEntry { secret: s, expires_at: None }];
-    }
+    keys::apply(spec, input.signatures, input.secret, input.signing_key)?;
     if let Some(p) = input.proxy {
         spec.proxy = (!p.is_empty()).then_some(p);
     }
@@ -417,11 +427,18 @@ fn oauth2(stored: Option<OAuth2>, input: OAuth2In) -> Result<OAuth2, ApiError> {
     })
 }
 
-/// Seals the OAuth2 client secret under `[secrets] key` when the node has one: a new one,
-/// and one stored in clear (before secrets were sealed, or by a node without a key) at
-/// the endpoint's next write, whatever it changes. Without a key it stays as written.
+/// Seals the OAuth2 client secret and the `v1a` signing keys under `[secrets] key` when the
+/// node has one: a new one, and one stored in clear (before secrets were sealed, or by a
+/// node without a key) at the endpoint's next write, whatever it changes. Without a key
+/// they stay as written.
 fn seal_secrets(state: &AppState, spec: &mut EndpointSpec) {
-    let (Some(auth), Some(sealer)) = (spec.oauth2.as_mut(), state.config.secrets.as_ref()) else { return };
+    let Some(sealer) = state.config.secrets.as_ref() else { return };
+    for entry in spec.secrets.iter_mut().filter(|s| s.is_v1a()) {
+        if entry.secret.starts_with(crate::sign::v1a::SECRET_KEY_PREFIX) {
+            entry.secret = sealer.seal(&entry.secret, &mut rand::rng());
+        }
+    }
+    let Some(auth) = spec.oauth2.as_mut() else { return };
     if !auth.client_secret_sealed {
         auth.client_secret = WriteOnly::new(sealer.seal(auth.client_secret.expose(), &mut rand::rng()));
         auth.client_secret_sealed = true;
@@ -493,6 +510,8 @@ pub(crate) struct EndpointOut {
     headers: BTreeMap<String, String>,
     ordering: DeliveryOrder,
     ordering_on_dead: DeadHead,
+    /// The signatures its deliveries carry (`v1`, `v1a`).
+    signatures: Vec<Scheme>,
     oauth2: Option<OAuth2Out>,
     /// The endpoint's own proxy (password shown as `***`) or `"none"`; null: the node's.
     proxy: Option<String>,
@@ -505,12 +524,16 @@ pub(crate) struct EndpointOut {
     updated_at: String,
 }
 
-/// A created endpoint: the view and its signing secret.
+/// A created endpoint: the view, its `v1` signing secret and its `v1a` public key (each
+/// when it signs with that scheme).
 #[derive(Serialize, ToSchema)]
 pub(crate) struct EndpointCreated {
     #[serde(flatten)]
     endpoint: EndpointOut,
-    secret: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    secret: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    public_keys: Vec<PublicKeyOut>,
 }
 
 /// One endpoint with its recent health: the pacing settings and what they produce.
@@ -521,6 +544,8 @@ pub(crate) struct EndpointDetail {
     health: HealthOut,
     /// This node's OAuth2 token for the endpoint (null without `oauth2`).
     token: Option<OAuth2TokenOut>,
+    /// The `v1a` public keys that sign now, the current one first (empty without `v1a`).
+    public_keys: Vec<PublicKeyOut>,
 }
 
 /// What this node knows of `e`'s OAuth2 token.
@@ -593,6 +618,7 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         headers: s.headers.clone(),
         ordering: s.ordering,
         ordering_on_dead: s.ordering_on_dead,
+        signatures: keys::schemes(s),
         oauth2: s.oauth2.as_ref().map(|o| OAuth2Out {
             token_url: o.token_url.clone(),
             client_id: o.client_id.clone(),
@@ -657,7 +683,7 @@ pub(crate) async fn create(
         retry: RetryOverrideDoc::default(),
         plugins: PluginBindings::default(),
         headers: BTreeMap::new(),
-        secrets: vec![SecretEntry { secret: Secret::generate(&mut rng).to_string(), expires_at: None }],
+        secrets: vec![SecretEntry::v1(Secret::generate(&mut rng).to_string())],
         ordering: DeliveryOrder::None,
         ordering_on_dead: DeadHead::Skip,
         oauth2: None,
@@ -675,8 +701,9 @@ pub(crate) async fn create(
     apply(&state, &tenant, &mut spec, input)?;
     let endpoint = Endpoint::new(EndpointId::generate(now, &mut rng), tenant, spec, now);
     state.store.insert_endpoint(&endpoint).await?;
-    let secret = endpoint.spec.secrets[0].secret.clone();
-    Ok((StatusCode::CREATED, Json(EndpointCreated { endpoint: view(&endpoint), secret })))
+    let secret = endpoint.spec.secrets.iter().find(|s| !s.is_v1a()).map(|s| s.secret.clone());
+    let public_keys = keys::public_keys(endpoint.spec.secrets.iter());
+    Ok((StatusCode::CREATED, Json(EndpointCreated { endpoint: view(&endpoint), secret, public_keys })))
 }
 
 #[utoipa::path(
@@ -693,7 +720,8 @@ pub(crate) async fn get_one(
     let endpoint = load(&state, &tenant, &id).await?;
     let health = health::health(&state, &endpoint).await?;
     let token = token_view(&state, &endpoint);
-    Ok(Json(EndpointDetail { endpoint: view(&endpoint), health, token }))
+    let public_keys = keys::public_keys(endpoint.valid_secrets(state.clock.now()));
+    Ok(Json(EndpointDetail { endpoint: view(&endpoint), health, token, public_keys }))
 }
 
 #[utoipa::path(
@@ -827,17 +855,15 @@ pub(crate) async fn pause(
     Ok(Json(view(&load(&state, &tenant, &id).await?)))
 }
 
-/// A new signing secret; generated when absent.
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RotateIn {
-    secret: Option<String>,
-}
-
-/// The new secret, and until when the previous ones still sign.
+/// The new keys, and until when the previous ones of their schemes still sign.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct RotatedOut {
-    secret: String,
+    /// The new `v1` secret, when `v1` was rotated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    secret: Option<String>,
+    /// The new `v1a` public key, when `v1a` was rotated (its secret key is never shown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    public_key: Option<PublicKeyOut>,
     previous_valid_until: String,
 }
 
@@ -854,36 +880,31 @@ pub(crate) async fn rotate_secret(
     Path(ItemPath { id, .. }): Path<ItemPath>,
     JsonBody(input): JsonBody<RotateIn>,
 ) -> Result<Json<RotatedOut>, ApiError> {
-    let secret = match input.secret {
-        Some(s) => {
-            Secret::parse(&s).map_err(|e| ApiError::unprocessable(format!("secret: {e}")))?;
-            s
-        }
-        None => Secret::generate(&mut rand::rng()).to_string(),
-    };
     let mut endpoint = load(&state, &tenant, &id).await?;
     let now = state.clock.now();
     let grace_until = now + state.config.delivery.secret_grace.as_millis() as i64;
-    let mut secrets: Vec<SecretEntry> = endpoint
-        .valid_secrets(now)
-        .map(|s| SecretEntry {
-            secret: s.secret.clone(),
-            expires_at: Some(s.expires_at.unwrap_or(grace_until).min(grace_until)),
-        })
-        .collect();
-    secrets.insert(0, SecretEntry { secret: secret.clone(), expires_at: None });
-    endpoint.spec.secrets = secrets;
+    let rotated = keys::rotate(&mut endpoint.spec, input, now, grace_until)?;
+    seal_secrets(&state, &mut endpoint.spec);
     endpoint.updated_at = now;
     state.store.update_endpoint(&endpoint).await?;
     state.engine.changed(std::slice::from_ref(&endpoint.id));
-    Ok(Json(RotatedOut { secret, previous_valid_until: rfc3339(grace_until) }))
+    Ok(Json(RotatedOut {
+        secret: rotated.secret,
+        public_key: rotated.public_key,
+        previous_valid_until: rfc3339(grace_until),
+    }))
 }
 
-/// The current signing secret and every one still valid (during a rotation's grace).
+/// The current `v1` signing secret and every one still valid (during a rotation's grace),
+/// and the `v1a` public keys (never their secret keys).
 #[derive(Serialize, ToSchema)]
 pub(crate) struct SecretsOut {
-    secret: String,
+    /// Absent when the endpoint does not sign `v1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    secret: Option<String>,
     secrets: Vec<SecretOut>,
+    /// The `v1a` public keys that sign now, the current one first.
+    public_keys: Vec<PublicKeyOut>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -906,11 +927,14 @@ pub(crate) async fn secret(
 ) -> Result<Json<SecretsOut>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
     let now = state.clock.now();
-    let secrets = endpoint
+    let secrets: Vec<SecretOut> = endpoint
         .valid_secrets(now)
+        .filter(|s| !s.is_v1a())
         .map(|s| SecretOut { secret: s.secret.clone(), expires_at: s.expires_at.map(rfc3339) })
         .collect();
-    Ok(Json(SecretsOut { secret: endpoint.spec.secrets[0].secret.clone(), secrets }))
+    let secret = endpoint.spec.secrets.iter().find(|s| !s.is_v1a()).map(|s| s.secret.clone());
+    let public_keys = keys::public_keys(endpoint.valid_secrets(now));
+    Ok(Json(SecretsOut { secret, secrets, public_keys }))
 }
 
 /// Paging of the endpoint listing.

@@ -277,6 +277,7 @@ const ROUTES_WITH_QUERY: &[&str] = &[
     "/v1/tenants/{tenant}/dead-letters",
     "/v1/tenants/{tenant}/endpoints",
     "/v1/tenants/{tenant}/events/{id}/deliveries",
+    "/v1/tenants/{tenant}/jwks.json",
     "/v1/tenants/{tenant}/replays",
     "/v1/tenants/{tenant}/series",
 ];

@@ -99,7 +99,8 @@ fn signature_headers() -> Value {
         header("webhook-timestamp", "Unix seconds when this attempt was signed."),
         header(
             "webhook-signature",
-            "`v1,<base64 HMAC-SHA256>` of `id.timestamp.body` (space-separated when several secrets are live)."
+            "`v1,<base64 HMAC-SHA256>` and/or `v1a,<base64 ed25519>` of `id.timestamp.body`, per the endpoint's \
+             `signatures` (space-separated, v1 first, when several keys are live)."
         ),
     ])
 }

@@ -624,8 +624,12 @@ async fn signed(
             }
         }
         None => {
+            let keys = match &target.signing_keys {
+                Ok(keys) => keys.iter().collect::<Vec<_>>(),
+                Err(e) => return Err(held(format!("signing_key: {e}; write it again"))),
+            };
             let secrets: Vec<&Secret> = target.secrets.iter().collect();
-            let sig = sign::signature_header(&secrets, d.event_id.as_str(), timestamp, &request.body);
+            let sig = sign::signature_header(&secrets, &keys, d.event_id.as_str(), timestamp, &request.body);
             headers.push((sign::HEADER_SIGNATURE.to_string(), sig));
         }
     }

@@ -15,11 +15,14 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{Destination, Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable, WriteOnly};
+use crate::model::{
+    Destination, Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, SecretEntry, Sendable, WriteOnly,
+};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::sign::Secret;
 use crate::sign::seal::{Sealer, open_oauth2};
+use crate::sign::v1a::{SECRET_KEY_PREFIX, SigningKey};
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 mod handoff;
@@ -574,9 +577,20 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
         .unwrap_or_else(|| inner.config.retry.clone());
     let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
     let sealer = inner.config.secrets.as_deref();
+    let signing_keys = endpoint.valid_secrets(now).filter(|s| s.is_v1a()).map(|s| signing_key(s, sealer)).collect();
     let destination = endpoint.spec.destination.as_ref().map(|d| opened(d, sealer).map(Arc::new));
     let oauth2 = endpoint.spec.oauth2.as_ref().map(|a| open_oauth2(a, sealer));
-    Target { endpoint, policy, secrets, destination, oauth2, counters }
+    Target { endpoint, policy, secrets, signing_keys, destination, oauth2, counters }
+}
+
+/// A `v1a` key, opened when it is stored sealed. `Err` says why it does not open or parse.
+fn signing_key(entry: &SecretEntry, sealer: Option<&Sealer>) -> Result<SigningKey, String> {
+    let plain = match (entry.secret.starts_with(SECRET_KEY_PREFIX), sealer) {
+        (true, _) => entry.secret.clone(),
+        (false, Some(sealer)) => sealer.open(&entry.secret).map_err(|e| format!("the signing key {e}"))?,
+        (false, None) => return Err("the signing key: no [secrets] key on this node".into()),
+    };
+    SigningKey::parse(&plain).map_err(|e| format!("the signing key {e}"))
 }
 
 /// A broker destination with its sealed password and token opened, once per claim rather

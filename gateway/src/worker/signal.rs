@@ -13,6 +13,7 @@ use crate::model::{Endpoint, Millis};
 use crate::pace::Pacer;
 use crate::schedule::RetryPolicy;
 use crate::sign::Secret;
+use crate::sign::v1a::SigningKey;
 use crate::store::Claimed;
 
 /// What a partition shares with its in-flight attempts.
@@ -132,6 +133,8 @@ pub(in crate::worker) struct Target {
     pub(in crate::worker) endpoint: Endpoint,
     pub(in crate::worker) policy: RetryPolicy,
     pub(in crate::worker) secrets: Vec<Secret>,
+    /// The `v1a` (ed25519) keys valid at the claim, opened; `Err`: a sealed one does not open.
+    pub(in crate::worker) signing_keys: Result<Vec<SigningKey>, String>,
     /// A broker endpoint's destination with its credentials opened, shared by its messages
     /// (the broker pool's key); `Err`: a sealed credential does not open.
     pub(in crate::worker) destination: Option<Result<std::sync::Arc<crate::model::Destination>, String>>,

@@ -92,6 +92,10 @@ enum Scenario {
         /// the machine's brokers (127.0.0.1, usual ports), counted there.
         #[arg(long, default_value = "http")]
         kind: String,
+        /// The signatures every endpoint sends (comma-separated): `v1` (HMAC, the default),
+        /// `v1a` (ed25519) or `v1,v1a`.
+        #[arg(long, value_delimiter = ',', default_value = "v1")]
+        signatures: Vec<String>,
     },
     /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
     /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
@@ -551,7 +555,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, .. } => {
+        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, signatures, .. } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {
@@ -574,7 +578,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             let ordering = if keys > 0 { "key" } else { "none" };
             let broker = queue::Broker::open(&kind).await?;
             for _ in 0..endpoints {
-                let mut spec = json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings, "ordering": ordering});
+                let mut spec = json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings, "ordering": ordering, "signatures": signatures});
                 if let Some(b) = &broker {
                     b.target(&mut spec);
                 }
