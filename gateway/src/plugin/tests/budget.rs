@@ -44,7 +44,9 @@ fn calibrate(cpu: Duration) -> u64 {
             .unwrap()
     };
     let probe = 5_000_000;
-    let turns = (probe as f64 * cpu.as_secs_f64() / cost(probe).as_secs_f64()) as u64;
+    let mut turns = (probe as f64 * cpu.as_secs_f64() / cost(probe).as_secs_f64()) as u64;
+    // Once more from there: the cost is not quite proportional to the turns.
+    turns = (turns as f64 * cpu.as_secs_f64() / cost(turns).as_secs_f64()) as u64;
     let got = cost(turns);
     assert!(got > cpu.mul_f64(0.8) && got < cpu.mul_f64(1.1), "calibrated {turns} turns to {got:?}, not {cpu:?}");
     turns
@@ -193,10 +195,11 @@ fn a_call_within_the_budget_tolerance_succeeds_and_one_past_it_times_out() {
         }
     }
     assert!(!over.is_empty(), "no call went over its budget: this test shows nothing");
-    // About 1.3x: stopped once it has used 1.25x, a timeout naming the budget.
-    let past = load(budget.mul_f64(1.3));
+    // About 1.35x: stopped once it has used 1.25x, a timeout naming the budget.
+    let past = load(budget.mul_f64(1.35));
     let (verdict, used) = timed(&past);
+    assert!(matches!(verdict, Err(PluginFailure::Timeout(_))), "{verdict:?} after {used:?} of CPU");
     super::assert_timeout(&verdict, "used its CPU budget of 10ms (plugins.call_timeout)");
     assert!(used >= budget.mul_f64(1.25), "stopped after {used:?} of CPU, before 1.25x its budget");
-    eprintln!("delivered over the budget after {over:?} of CPU; the 1.3x call stopped after {used:?}");
+    eprintln!("delivered over the budget after {over:?} of CPU; the 1.35x call stopped after {used:?}");
 }
