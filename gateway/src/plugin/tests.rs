@@ -40,6 +40,9 @@ impl Default for Guest {
     }
 }
 
+/// The component text `Guest::wasm` fills in (shared with the bench's probes).
+const WAT_PLUGIN: &str = include_str!("../../../tests/guests/wat-plugin.wat");
+
 impl Guest {
     fn classify(body: &'static str) -> Self {
         Guest { hooks: 2, classify: body, ..Guest::default() }
@@ -47,91 +50,18 @@ impl Guest {
 
     fn wasm(&self) -> Vec<u8> {
         let Guest { hooks, pages, data, extra, describe, transform, classify, sign } = self;
-        let text = format!(
-            r#"(component
-  (import "herald:plugin/host@0.1.0" (instance $host
-    (type $l (enum "trace" "debug" "info" "warn" "error"))
-    (export "level" (type $level (eq $l)))
-    (export "log" (func (param "level" $level) (param "message" string)))
-    (export "get-config" (func (param "key" string) (result (option string))))))
-  (type $hooks' (flags "transform" "classify" "sign"))
-  (export $hooks "hooks" (type $hooks'))
-  (type $info' (record (field "name" string) (field "version" string) (field "hooks" $hooks)
-    (field "classify-statuses" (option (list u16)))))
-  (export $info "plugin-info" (type $info'))
-  (type $header (tuple string string))
-  (type $ctx' (record (field "tenant" string) (field "endpoint-id" string) (field "event-id" string)
-    (field "event-type" string) (field "attempt" u32) (field "timestamp" u64) (field "attempt-id" string)))
-  (export $ctx "delivery-context" (type $ctx'))
-  (type $request' (record (field "headers" (list $header)) (field "body" (list u8))))
-  (export $request "request" (type $request'))
-  (type $tr' (variant (case "send" $request) (case "drop" string)))
-  (export $tr "transform-result" (type $tr'))
-  (type $response' (record (field "status" u16) (field "headers" (list $header)) (field "body" (list u8))))
-  (export $response "response" (type $response'))
-  (type $tek' (enum "timeout" "connection-refused" "connection-reset" "dns" "tls" "other"))
-  (export $tek "transport-error-kind" (type $tek'))
-  (type $te' (record (field "kind" $tek) (field "message" string)))
-  (export $te "transport-error" (type $te'))
-  (type $outcome' (variant (case "response" $response) (case "transport-error" $te)))
-  (export $outcome "outcome" (type $outcome'))
-  (type $pause' (record (field "secs" u32) (field "reason" string)))
-  (export $pause "pause" (type $pause'))
-  (type $verdict' (variant (case "delivered") (case "retry" (option u32)) (case "fail" string)
-    (case "pause-endpoint" $pause) (case "disable-endpoint" string) (case "default")))
-  (export $verdict "verdict" (type $verdict'))
-  (import "wasi:random/random@0.2.0" (instance $random (export "get-random-u64" (func (result u64)))))
-  (import "wasi:cli/exit@0.2.0" (instance $exit (export "exit" (func (param "status" (result))))))
-  (import "wasi:random/insecure-seed@0.2.0" (instance $seed (export "insecure-seed" (func (result (tuple u64 u64))))))
-
-  (core module $libc (memory (export "memory") {pages})
-    (func (export "realloc") (param i32 i32 i32 i32) (result i32) (i32.const 4096)))
-  {extra}
-  (core instance $libc (instantiate $libc))
-  (core func $log (canon lower (func $host "log") (memory (core memory $libc "memory"))))
-  (core func $get_config (canon lower (func $host "get-config") (memory (core memory $libc "memory"))
-    (realloc (core func $libc "realloc"))))
-  (core func $random (canon lower (func $random "get-random-u64")))
-  (core func $exit (canon lower (func $exit "exit")))
-  (core func $seed (canon lower (func $seed "insecure-seed") (memory (core memory $libc "memory"))))
-  (core module $m
-    (import "libc" "memory" (memory {pages}))
-    (import "host" "log" (func $log (param i32 i32 i32)))
-    (import "host" "get-config" (func $get_config (param i32 i32 i32)))
-    (import "wasi" "random" (func $random (result i64)))
-    (import "wasi" "exit" (func $exit (param i32)))
-    (import "wasi" "seed" (func $seed (param i32)))
-    (global $heap (mut i32) (i32.const 8192))
-    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
-      (local $p i32)
-      (if (i32.gt_u (i32.add (global.get $heap) (local.get 3)) (i32.const 60000))
-        (then (global.set $heap (i32.const 8192))))
-      (local.set $p (i32.and (i32.add (global.get $heap) (i32.const 7)) (i32.const -8)))
-      (global.set $heap (i32.add (local.get $p) (local.get 3)))
-      (local.get $p))
-    (data (i32.const 0) "\40\00\00\00\0a\00\00\00\50\00\00\00\05\00\00\00\{hooks:02x}")
-    (data (i32.const 64) "wat-plugin")
-    (data (i32.const 80) "0.0.1")
-    {data}
-    (func (export "describe") (result i32) {describe})
-    (func (export "transform") (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i64 i32 i32 i32 i32 i32 i32) (result i32)
-      {transform})
-    (func (export "classify") (param i32) (result i32) {classify})
-    (func (export "sign") (param i32) (result i32) {sign}))
-  (core instance $i (instantiate $m
-    (with "libc" (instance $libc))
-    (with "host" (instance (export "log" (func $log)) (export "get-config" (func $get_config))))
-    (with "wasi" (instance (export "random" (func $random)) (export "exit" (func $exit)) (export "seed" (func $seed))))))
-  (func (export "describe") (result $info)
-    (canon lift (core func $i "describe") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
-  (func (export "transform") (param "ctx" $ctx) (param "req" $request) (result (result $tr (error string)))
-    (canon lift (core func $i "transform") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
-  (func (export "classify") (param "ctx" $ctx) (param "outcome" $outcome) (result $verdict)
-    (canon lift (core func $i "classify") (memory (core memory $libc "memory")) (realloc (core func $i "realloc"))))
-  (func (export "sign") (param "ctx" $ctx) (param "secrets" (list (list u8))) (param "req" $request)
-    (result (result (list $header) (error string)))
-    (canon lift (core func $i "sign") (memory (core memory $libc "memory")) (realloc (core func $i "realloc")))))"#
-        );
+        let text = [
+            ("{hooks}", format!("{hooks:02x}")),
+            ("{pages}", pages.to_string()),
+            ("{data}", data.to_string()),
+            ("{extra}", extra.to_string()),
+            ("{describe}", describe.to_string()),
+            ("{transform}", transform.to_string()),
+            ("{classify}", classify.to_string()),
+            ("{sign}", sign.to_string()),
+        ]
+        .iter()
+        .fold(WAT_PLUGIN.to_string(), |text, (hole, value)| text.replace(hole, value));
         wat::parse_str(&text).unwrap_or_else(|e| panic!("bad test WAT: {e}"))
     }
 }

@@ -44,10 +44,10 @@ impl std::fmt::Debug for PluginValues {
 pub struct PluginConfig {
     /// Plugins live in `<dir>/<tenant>/<name>.wasm`. Created when missing.
     pub dir: PathBuf,
-    /// Time budget of one hook call (epoch deadline, checked against the thread's CPU
-    /// time so that a preempted call is not blamed: a spinning plugin is stopped after
-    /// this plus one 1 ms tick, a starved one after 10x of wall time, or 100x once it
-    /// has run 1 ms and yielded its priority). Default 10 ms.
+    /// Time budget of one hook call, as CPU time of the call's thread (so that a
+    /// preempted call is not blamed), with a measurement tolerance: a call is stopped once
+    /// it has used 1.25x its budget of CPU time (`sandbox::BUDGET_TOLERANCE`), plus at most
+    /// one 1 ms tick; a starved one after 1000x of wall time. Default 10 ms.
     pub call_timeout: Duration,
     /// Extra time budget per MiB of a call's input (the request body of `transform` and
     /// `sign`), so a large event can go through a transform. Default 100 ms.

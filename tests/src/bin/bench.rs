@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, FakeReceiver, HeraldProcess, herald_binary};
 
+#[path = "bench/firstcall.rs"]
+mod firstcall;
 #[path = "bench/isolation.rs"]
 mod isolation;
 #[path = "bench/js.rs"]
@@ -173,6 +175,14 @@ enum Scenario {
     /// ratios to the baseline, `/healthz` p99, the node's CPU and the slow plugin's timeouts
     /// (see `bench/isolation.rs`). Needs `scripts/build-plugins`.
     IsolationPlugins(isolation::Params),
+    /// The first call of a freshly uploaded plugin (issue 48.18): the issue's two probes
+    /// (100k headers aliasing one 1 KiB buffer; `get-config` with 8 MiB keys), each uploaded
+    /// `rounds` times: the first and second attempt's duration and the load time, medians
+    /// (see `bench/firstcall.rs`).
+    FirstCall {
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// Restart of a node with `plugins` installed plugins (distinct, all compiled and
     /// cached): ms from spawn to `/readyz`, to every plugin serving, and to the first
     /// delivery through the plugin loaded last.
@@ -714,6 +724,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
         Scenario::IsolationPlugins(params) => {
             isolation::run(&api, node.pid(), &params, &mut out).await?;
         }
+        Scenario::FirstCall { rounds } => firstcall::run(&api, rounds, &mut out).await?,
         Scenario::PluginCalls { .. }
         | Scenario::Restart { .. }
         | Scenario::Outbox { .. }
