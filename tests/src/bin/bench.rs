@@ -92,6 +92,9 @@ enum Scenario {
         /// the machine's brokers (127.0.0.1, usual ports), counted there.
         #[arg(long, default_value = "http")]
         kind: String,
+        /// A typical content filter on every endpoint, which every event matches.
+        #[arg(long, default_value_t = false)]
+        filter: bool,
     },
     /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
     /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
@@ -551,7 +554,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, .. } => {
+        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, filter, .. } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {
@@ -577,6 +580,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                 let mut spec = json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings, "ordering": ordering});
                 if let Some(b) = &broker {
                     b.target(&mut spec);
+                }
+                if filter {
+                    spec["filter"] = load::typical_filter();
                 }
                 api.endpoint("bench", spec).await?;
             }
