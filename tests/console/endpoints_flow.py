@@ -92,12 +92,16 @@ def edit_endpoint(c, cfg, mode, endpoint):
     set_value(c.find(f"{form} input[name=description]"), m["edited_description"])
     set_value(c.find(f"{form} input[name=event_types]"), cfg["edited_types"])
     set_value(c.find(f"{form} textarea[name=headers]"), m["header"])
+    # A content filter the event sent after the edit matches (its payload's mode).
+    set_value(c.find(f"{form} textarea[name=filter]"), '{"data.mode": "%s"}' % mode)
     c.find(f"{form} button[type=submit]").click()
     c.text_in("#status", "Endpoint saved.")
     facts = c.text_in("main dl", m["edited_url"])
-    for shown in (m["edited_description"], cfg["edited_types"]):
+    for shown in (m["edited_description"], cfg["edited_types"], '{"data.mode":"%s"}' % mode):
         assert shown in facts, (shown, facts)
     assert m["header"].lower() in facts.lower(), facts
+    _, saved = c.admin("GET", f"/v1/tenants/{cfg['tenant']}/endpoints/{endpoint}")
+    assert saved["filter"] == {"data.mode": mode}, saved
     # The form shows what is saved now.
     assert c.find(f"{form} input[name=url]").get_attribute("value") == m["edited_url"]
     c.shot(f"{mode}-endpoint-edited", form)

@@ -1,7 +1,8 @@
 //! Endpoints added, edited and deleted from the console and from the customer portal, in
 //! headless Chromium (`tests/console/endpoints_flow.py`, as `console.rs` drives the
 //! console): the new signing secret shown once and copyable, then the deliveries at the
-//! edited URL with the edited headers, signed with that secret. In the same browser: the
+//! edited URL with the edited headers (and through the edited content filter), signed with
+//! that secret. In the same browser: the
 //! pages at 420 px, queue endpoints' destinations, the test send's example, what the portal
 //! leaves out, replays with their filters in a narrow frame, dates typed as UTC, `/` and the
 //! favicon. Screenshots land in `target/artifacts/console/` and `target/artifacts/portal/`.
@@ -97,8 +98,8 @@ async fn replay(api: &tests::Api, body: Value) -> anyhow::Result<()> {
 }
 
 /// Item 9 of issue 48, in both modes: an endpoint added in the browser shows its signing
-/// secret once (and it is the one that signs); its URL, description, event types and
-/// headers are edited there, and deliveries follow the edit; it is deleted there. Issue
+/// secret once (and it is the one that signs); its URL, description, event types, content
+/// filter and headers are edited there, and deliveries follow the edit; it is deleted there. Issue
 /// 48's item 24 and the console half of item 23 are checked in the same browser.
 #[tokio::test]
 async fn endpoints_are_added_edited_and_deleted_in_the_console_and_the_portal() -> anyhow::Result<()> {

@@ -98,6 +98,9 @@ enum Scenario {
         /// `v1a` (ed25519) or `v1,v1a`.
         #[arg(long, value_delimiter = ',', default_value = "v1")]
         signatures: Vec<String>,
+        /// A typical content filter on every endpoint, which every event matches.
+        #[arg(long, default_value_t = false)]
+        filter: bool,
     },
     /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
     /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
@@ -565,7 +568,7 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, signatures, .. } => {
+        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, signatures, filter, .. } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {
@@ -591,6 +594,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                 let mut spec = json!({"url": rx.url(), "rate_per_sec": per_endpoint_rate, "burst": 1000, "max_in_flight": (256 / endpoints).max(4), "plugins": bindings, "ordering": ordering, "signatures": signatures});
                 if let Some(b) = &broker {
                     b.target(&mut spec);
+                }
+                if filter {
+                    spec["filter"] = load::typical_filter();
                 }
                 api.endpoint("bench", spec).await?;
             }

@@ -25,10 +25,11 @@ pub struct Shape {
     pub filter: bool,
 }
 
-/// A content filter of four clauses that every event posted here matches.
-fn typical_filter() -> serde_json::Value {
+/// A content filter of four clauses (the type, a range of a payload number, a path that
+/// must be missing) that every event the benchmarks post matches (`{"n": i, …}`).
+pub fn typical_filter() -> serde_json::Value {
     json!({"type": {"$in": ["invoice.paid", "invoice.created"]},
-           "data.amount": {"$gte": 100, "$lt": 1_000_000}, "data.n": {"$exists": true}})
+           "data.n": {"$gte": 0, "$lt": 1_000_000_000}, "data.test": {"$exists": false}})
 }
 
 /// Posts single events as `shape` says, every endpoint of tenant `bench` subscribed, and
