@@ -5,8 +5,8 @@
 //! commit ([`record`]).
 //!
 //! It never paces and never claims, by its types: it touches only an [`AttemptCtx`], its
-//! partition's [`PartitionLink`] and its claim's [`Target`], and none of them reaches a
-//! pacer permit, the partition's queue or a claim.
+//! partition's [`PartitionLink`] and its claim's [`Target`], and none of them can take a
+//! pacer permit, read the partition's queue or claim.
 
 mod build;
 mod endpoint;

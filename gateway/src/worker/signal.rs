@@ -171,3 +171,53 @@ pub(in crate::worker) struct Target {
     /// The tenant's outcome counters, looked up once per partition rather than per result.
     pub(in crate::worker) counters: TenantCounters,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pace::Permit;
+
+    /// A partition's shared state whose pacer lets one request fly at a time.
+    fn shared() -> Arc<Shared> {
+        Arc::new(Shared::new(Pacer::try_new(1000.0, 10, 1).expect("pacer"), None))
+    }
+
+    #[test]
+    fn an_attempt_is_settling_from_its_start_until_settled_and_leaves_the_earliest_due_time() {
+        let sh = shared();
+        let (a, b) = (sh.attempt_started(), sh.attempt_started());
+        a.settled(Some(300));
+        assert!(sh.busy(), "one attempt is still settling");
+        b.settled(Some(200));
+        assert!(!sh.busy());
+        assert_eq!(*sh.due_again.lock().expect("due again"), Some(200));
+    }
+
+    #[test]
+    fn a_request_done_frees_its_pacer_slot_and_a_halt_stops_sending_until_a_human_acts() {
+        let sh = shared();
+        let now = Instant::now();
+        assert_eq!(sh.pacer.lock().expect("pacer").poll(now), Permit::Go);
+        let link = sh.attempt_started();
+        assert_eq!(sh.pacer.lock().expect("pacer").poll(now), Permit::Full);
+        link.request_done();
+        link.halt();
+        assert!(sh.halted.load(Ordering::Acquire));
+        let permit = sh.pacer.lock().expect("pacer").poll(now);
+        assert!(matches!(permit, Permit::Paused(until) if until >= now + HUMAN_PAUSE), "{permit:?}");
+        link.settled(None);
+    }
+
+    #[test]
+    fn a_timed_pause_stops_sending_for_its_time_only() {
+        let sh = shared();
+        let link = sh.attempt_started();
+        let now = Instant::now();
+        link.pause_for(Duration::from_secs(30));
+        let permit = sh.pacer.lock().expect("pacer").poll(now);
+        assert!(matches!(permit, Permit::Paused(until) if until >= now + Duration::from_secs(30)), "{permit:?}");
+        assert_eq!(sh.pacer.lock().expect("pacer").poll(now + Duration::from_secs(31)), Permit::Go);
+        assert!(!sh.halted.load(Ordering::Acquire));
+        link.settled(None);
+    }
+}
