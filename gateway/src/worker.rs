@@ -6,7 +6,8 @@
 //!
 //! - this file: the engine's lifecycle, the scan for due work and lease recovery;
 //! - [`partition`]: one endpoint's task (lease, claim, pace, dispatch);
-//! - [`attempt`]: one attempt's I/O (envelope, plugins, headers, send, judge, record);
+//! - [`attempt`]: one attempt's I/O (envelope, plugins, headers, send, judge, record), with
+//!   only what an attempt may touch ([`attempt::AttemptCtx`]);
 //! - [`decide`]: what a verdict means for the delivery and its endpoint (pure);
 //! - [`known`]: what a partition knows of its endpoint's work, and claim at intake (pure);
 //! - [`members`]: which endpoints this node paces when nodes share a store.
@@ -43,6 +44,7 @@ use crate::ops::Ops;
 use crate::plugin::PluginHost;
 use crate::store::{Claimed, Committer, DynStore, Handoff, Notice, Release};
 use crate::telemetry::Telemetry;
+use attempt::{AttemptCtx, Recorder};
 
 /// How often the engine looks for due work it was not told about (retries coming due,
 /// work added by other nodes) and for abandoned leases.
@@ -75,7 +77,6 @@ pub struct Engine {
 struct Inner {
     store: DynStore,
     committer: Committer,
-    deliverer: Deliverer,
     config: Arc<Config>,
     metrics: Arc<Metrics>,
     owner: String,
@@ -87,14 +88,13 @@ struct Inner {
     global: Arc<Semaphore>,
     scan: Notify,
     shutdown: watch::Receiver<bool>,
-    ops: Ops,
-    plugins: PluginHost,
     /// The engine's time: every stored time it writes and every timer it sets.
     clock: Clock,
     /// Partition and attempt tasks, so shutdown can wait for them to finish.
     tasks: Arc<Tasks>,
-    /// Attempt spans, when exported.
-    telemetry: Telemetry,
+    /// What every attempt gets: the deliverer, plugins, operational events and spans are
+    /// the attempts' alone.
+    attempts: Arc<AttemptCtx>,
 }
 
 impl Engine {
@@ -115,8 +115,17 @@ impl Engine {
         shutdown: watch::Receiver<bool>,
     ) -> Engine {
         let clock = Clock::new();
-        let inner = Arc::new(Inner {
+        let attempts = Arc::new(AttemptCtx {
+            recorder: Recorder::new(committer.clone()),
             deliverer: Deliverer::new(config.delivery.allow_private_destinations),
+            config: config.clone(),
+            metrics: metrics.clone(),
+            ops,
+            plugins,
+            clock,
+            telemetry,
+        });
+        let inner = Arc::new(Inner {
             global: Arc::new(Semaphore::new(config.delivery.max_in_flight_total)),
             store,
             committer,
@@ -128,11 +137,9 @@ impl Engine {
             partitions: Mutex::default(),
             scan: Notify::new(),
             shutdown,
-            ops,
-            plugins,
             clock,
             tasks: Arc::default(),
-            telemetry,
+            attempts,
         });
         recover(&inner).await;
         match inner.store.subscribe().await {
@@ -160,7 +167,7 @@ impl Engine {
     /// The engine's clock, for the stored times others write (the API's).
     /// The engine's HTTP client (its OAuth2 tokens are the node's).
     pub fn deliverer(&self) -> Deliverer {
-        self.inner.deliverer.clone()
+        self.inner.attempts.deliverer.clone()
     }
 
     pub fn clock(&self) -> Clock {
@@ -337,17 +344,17 @@ const STORE_RETRY_MAX: Duration = Duration::from_secs(1);
 /// timeout plus the lease margin after the claim, most of a minute after the database's
 /// return). Trying again is safe: a release is fenced, so one that outlived its claim is
 /// refused, never applied to a later one.
-async fn release(inner: &Arc<Inner>, releases: Vec<Release>) {
+async fn release(committer: &Committer, releases: Vec<Release>) {
     let count = releases.len();
-    match inner.committer.release(releases.clone()).await {
+    match committer.release(releases.clone()).await {
         Ok(()) => {}
         Err(e) if e.is_unavailable() => {
             tracing::warn!(count, error = %e, "cannot hand claims back yet; trying again until the database takes them");
-            let inner = Arc::clone(inner);
+            let committer = committer.clone();
             tokio::spawn(async move {
                 let tried = Instant::now();
                 let stored =
-                    until_stored(Some(tried + RELEASE_RETRY_FOR), || inner.committer.release(releases.clone())).await;
+                    until_stored(Some(tried + RELEASE_RETRY_FOR), || committer.release(releases.clone())).await;
                 match stored {
                     Ok(()) => tracing::info!(count, "handed claims back once the database returned"),
                     Err(e) => tracing::warn!(count, error = %e, "release failed; leases will expire instead"),

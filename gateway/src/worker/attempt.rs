@@ -1,10 +1,24 @@
-//! One delivery attempt's I/O: build the request (envelope, transform and sign plugins,
-//! headers), send it through `deliver`, judge the outcome (classify plugin or the built-in
-//! table), apply what [`decide`](super::decide) says to the endpoint, and record the result
-//! and the endpoint's change in one commit. It never paces and never claims.
+//! One attempt's I/O, in named steps: build the request (envelope, transform and sign
+//! plugins, headers: [`build`]), send it through `deliver`, judge the outcome (classify
+//! plugin or the built-in table: [`judge`]), decide with [`decide`](super::decide), apply
+//! the endpoint's change ([`endpoint`]), and record the result and that change in one
+//! commit ([`record`]).
+//!
+//! It never paces and never claims, by its types: it touches only an [`AttemptCtx`], its
+//! partition's [`PartitionLink`] and its claim's [`Target`], and none of them can take a
+//! pacer permit, read the partition's queue or claim.
+
+mod build;
+mod endpoint;
+mod judge;
+mod non_empty;
+mod record;
+mod trace;
+
+pub(super) use non_empty::NonEmpty;
+pub(super) use record::Recorder;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,21 +26,39 @@ use rand::rngs::StdRng;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_effect};
-use super::signal::{Shared, Target};
-use super::{HUMAN_PAUSE, Inner};
+use super::decide::decide;
+use super::signal::{PartitionLink, Target};
 use crate::classify::{self, Outcome, Verdict};
-use crate::deliver::{ClientTls, Message, Outgoing, Route, Via};
-use crate::model::{
-    Attempt, DeliveryState, Destination, Endpoint, EndpointSpec, EndpointState, Millis, SentRequest, TRACEPARENT,
-    TRACESTATE, TraceContext, envelope, new_id, render_template, span_id,
-};
-use crate::net::headers::is_reserved;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::deliver::{ClientTls, Deliverer, Message, Outgoing, Route, Via};
+use crate::metrics::Metrics;
+use crate::model::{Attempt, Destination, EndpointSpec, Millis, SentRequest, new_id, render_template};
 use crate::net::proxy::ProxyUrl;
-use crate::plugin;
-use crate::sign::{self, Secret};
-use crate::store::{AttemptResult, Claimed, EndpointChange, Recorded, Release};
-use crate::telemetry::Span;
+use crate::ops::Ops;
+use crate::plugin::{self, PluginHost};
+use crate::store::{Claimed, Release};
+use crate::telemetry::Telemetry;
+use build::{signed, transformed};
+use endpoint::endpoint_change;
+use judge::judge_exchange;
+use record::{Settling, record};
+use trace::AttemptTrace;
+
+/// What an attempt may touch, one for the engine: no store, no partitions, no pacer, no
+/// claims (the committer only as a [`Recorder`]).
+pub(super) struct AttemptCtx {
+    pub(super) recorder: Recorder,
+    pub(super) deliverer: Deliverer,
+    pub(super) config: Arc<Config>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) ops: Ops,
+    pub(super) plugins: PluginHost,
+    /// The engine's time: every stored time it writes and every timer it sets.
+    pub(super) clock: Clock,
+    /// Attempt spans, when exported.
+    pub(super) telemetry: Telemetry,
+}
 
 /// What an attempt produced before classification.
 enum Exchange {
@@ -37,68 +69,85 @@ enum Exchange {
     Decided { verdict: Verdict, by: String, error: Option<String> },
 }
 
-/// Runs one attempt of `d` to its recorded end: send, judge, decide (delivery and
-/// endpoint), record both in one commit. The pacer slot frees once the request is judged
-/// (a pause or halt it caused is in memory by then), so the endpoint's next request does
-/// not wait for this one's commit; the global slot frees after the commit, bounding the
-/// results the writer may have waiting.
+/// Runs one attempt of the claimed deliveries to its recorded end: each is sent and judged,
+/// decided (delivery and endpoint), and recorded with its endpoint change in one commit.
+/// The pacer slot frees once the requests are judged (a pause or halt they caused is in
+/// memory by then), so the endpoint's next request does not wait for this one's commit;
+/// the global slot frees after the commits, bounding the results the writer may have
+/// waiting.
+///
+/// The seam for batching: `send_next` passes one delivery, and each delivery has a request
+/// of its own, in turn. A batch will build one request for all and judge it once; the
+/// results stay per delivery, each fenced and recorded on its own.
 pub(super) async fn run(
-    inner: Arc<Inner>,
-    shared: Arc<Shared>,
+    cx: Arc<AttemptCtx>,
+    link: PartitionLink,
     target: Arc<Target>,
-    d: Claimed,
+    claimed: NonEmpty<Claimed>,
     _slot: OwnedSemaphorePermit,
     mut rng: StdRng,
 ) {
-    let again = if wait_for_plugins(&inner, &target, &d).await {
-        shared.request_done();
-        Some(inner.clock.now() + PLUGIN_LOADING_RETRY_MS)
+    let again = if wait_for_plugins(&cx, &target, &claimed).await {
+        link.request_done();
+        Some(cx.clock.now() + PLUGIN_LOADING_RETRY_MS)
     } else {
-        inner.metrics.in_flight.inc();
-        let started = inner.clock.now();
-        let sent = Instant::now();
-        let attempt_id = new_id("att", started, &mut rng);
-        let ctx = context(&target, &d, started, attempt_id);
-        let mut trace = AttemptTrace::start(&inner, &d, &mut rng);
-        let exchange = send(&inner, &target, &d, &ctx, &trace).await;
-        let duration_ms = sent.elapsed().as_millis() as u64;
-        inner.metrics.attempt_duration.observe(sent.elapsed());
-        let judged = judge_exchange(&inner, &target, &ctx, &trace, exchange).await;
-        let now = inner.clock.now();
-        let decision = decide(
-            &judged.verdict,
-            ctx.attempt.saturating_sub(d.attempt_base),
-            now,
-            deadline(&target, &d),
-            &target.policy,
-            &mut rng,
-        );
-        let change = endpoint_change(&inner, &shared, &target.endpoint, &judged.verdict, now);
-        inner.metrics.in_flight.dec();
-        shared.request_done();
-        trace.settled(&target, &d, &ctx, &judged, &decision);
-        drop(trace);
-        let attempt = Attempt {
-            id: ctx.attempt_id,
-            delivery_id: d.id.clone(),
-            number: ctx.attempt,
-            started_at: started,
-            duration_ms,
-            status: judged.status,
-            response_body: judged.response_body,
-            error: judged.error,
-            verdict: decision.label.clone(),
-            decided_by: judged.by,
-            request: judged.request,
-        };
-        // On an ordered endpoint, what follows this delivery in its key may go once it has
-        // settled: the partition claims again rather than wait for the next due time it knew.
-        let ordered = target.endpoint.spec.is_ordered();
-        let again = decision.next_attempt_at.or_else(|| ordered.then(|| inner.clock.now()));
-        record(&inner, &target, &d, decision, attempt, change).await;
+        cx.metrics.in_flight.inc();
+        let mut settling = Vec::new();
+        for d in claimed {
+            settling.push(attempt_one(&cx, &link, &target, d, &mut rng).await);
+        }
+        cx.metrics.in_flight.dec();
+        link.request_done();
+        let again = settling.iter().filter_map(|s| s.again).min();
+        for s in settling {
+            record(&cx, &target, s).await;
+        }
         again
     };
-    shared.settled(again);
+    link.settled(again);
+}
+
+/// One delivery's attempt up to its record: sent, judged, decided, and its effect on the
+/// endpoint applied to the partition.
+async fn attempt_one(cx: &AttemptCtx, link: &PartitionLink, target: &Target, d: Claimed, rng: &mut StdRng) -> Settling {
+    let started = cx.clock.now();
+    let sent = Instant::now();
+    let ctx = context(target, &d, started, new_id("att", started, rng));
+    let mut trace = AttemptTrace::start(&cx.telemetry, &d, rng);
+    let exchange = send(cx, target, &d, &ctx, &trace).await;
+    let duration_ms = sent.elapsed().as_millis() as u64;
+    cx.metrics.attempt_duration.observe(sent.elapsed());
+    let judged = judge_exchange(cx, target, &ctx, &trace, exchange).await;
+    let now = cx.clock.now();
+    let decision = decide(
+        &judged.verdict,
+        ctx.attempt.saturating_sub(d.attempt_base),
+        now,
+        deadline(target, &d),
+        &target.policy,
+        rng,
+    );
+    let change = endpoint_change(cx, link, &target.endpoint, &judged.verdict, now);
+    trace.settled(target, &d, &ctx, &judged, &decision);
+    drop(trace);
+    let attempt = Attempt {
+        id: ctx.attempt_id,
+        delivery_id: d.id.clone(),
+        number: ctx.attempt,
+        started_at: started,
+        duration_ms,
+        status: judged.status,
+        response_body: judged.response_body,
+        error: judged.error,
+        verdict: decision.label.clone(),
+        decided_by: judged.by,
+        request: judged.request,
+    };
+    // On an ordered endpoint, what follows this delivery in its key may go once it has
+    // settled: the partition claims again rather than wait for the next due time it knew.
+    let ordered = target.endpoint.spec.is_ordered();
+    let again = decision.next_attempt_at.or_else(|| ordered.then(|| cx.clock.now()));
+    Settling { d, decision, attempt, change, again }
 }
 
 /// What a plugin may know of the attempt.
@@ -114,254 +163,31 @@ fn context(target: &Target, d: &Claimed, started: Millis, attempt_id: String) ->
     }
 }
 
-/// An attempt's part in its event's trace: the `traceparent` it sends (the event's trace
-/// id, a span id of the attempt's own: a retry gets another), and its span when spans are
-/// exported (then that span's id is the one sent). Nothing when the event has no trace.
-struct AttemptTrace {
-    header: Option<TraceContext>,
-    span: Option<Span>,
-}
-
-impl AttemptTrace {
-    fn start(inner: &Inner, d: &Claimed, rng: &mut StdRng) -> AttemptTrace {
-        let span = inner.telemetry.attempt(d.trace.as_ref());
-        let header = match &span {
-            Some(s) => Some(s.context()),
-            None => d.trace.as_ref().map(|t| t.child(span_id(rng))),
-        };
-        AttemptTrace { header, span }
-    }
-
-    /// A child span for a plugin call of the attempt.
-    fn plugin(&self, hook: plugin::Hook, name: &str) -> Option<Span> {
-        let mut span = self.span.as_ref()?.child(format!("plugin {} {name}", hook.as_str()));
-        span.set("herald.plugin", name.to_string());
-        span.set("herald.plugin.hook", hook.as_str());
-        Some(span)
-    }
-
-    /// Notes on the span what the attempt was and how it was judged.
-    fn settled(
-        &mut self,
-        target: &Target,
-        d: &Claimed,
-        ctx: &plugin::DeliveryContext,
-        j: &Judged,
-        decision: &Decision,
-    ) {
-        let Some(span) = self.span.as_mut() else { return };
-        span.set("herald.tenant", d.tenant.to_string());
-        span.set("herald.endpoint_id", target.endpoint.id.to_string());
-        span.set("herald.event_id", d.event_id.to_string());
-        span.set("herald.delivery_id", d.id.to_string());
-        span.set("herald.attempt", i64::from(ctx.attempt));
-        span.set("herald.attempt_id", ctx.attempt_id.clone());
-        span.set("herald.verdict", decision.label.clone());
-        span.set("herald.decided_by", j.by.clone());
-        if let Some(status) = j.status {
-            span.set("http.response.status_code", i64::from(status));
-        }
-        if decision.state != DeliveryState::Delivered {
-            span.fail(j.error.clone().unwrap_or_else(|| decision.label.clone()));
-        }
-    }
-}
-
 /// The event's queue TTL, tightened by the endpoint's own retry TTL; a replay sets its own.
 fn deadline(target: &Target, d: &Claimed) -> Millis {
     d.deadline
         .unwrap_or_else(|| d.expires_at.min(d.event_created_at.saturating_add(target.policy.ttl().as_millis() as i64)))
 }
 
-/// An exchange judged: the verdict, who gave it, and what the attempt record keeps.
-struct Judged {
-    verdict: Verdict,
-    by: String,
-    status: Option<u16>,
-    response_body: Option<String>,
-    error: Option<String>,
-    request: Option<SentRequest>,
-}
-
-async fn judge_exchange(
-    inner: &Inner,
-    target: &Target,
-    ctx: &plugin::DeliveryContext,
-    trace: &AttemptTrace,
-    ex: Exchange,
-) -> Judged {
-    match ex {
-        Exchange::Answered(outcome, sent) => {
-            let (verdict, by) = judge(inner, target, ctx, trace, &outcome).await;
-            let request = Some(sent);
-            match outcome {
-                Outcome::Response(r) => Judged {
-                    verdict,
-                    by,
-                    status: Some(r.status),
-                    response_body: Some(r.body_prefix),
-                    error: None,
-                    request,
-                },
-                Outcome::Transport { kind, detail } => Judged {
-                    verdict,
-                    by,
-                    status: None,
-                    response_body: None,
-                    error: Some(format!("{kind}: {detail}")),
-                    request,
-                },
-            }
-        }
-        Exchange::Decided { verdict, by, error } => {
-            Judged { verdict, by, status: None, response_body: None, error, request: None }
-        }
-    }
-}
-
-/// The endpoint effect of `verdict`, applied to the partition (under its failure-tracking
-/// lock, so concurrent attempts see each other's changes); the change to commit, if any.
-fn endpoint_change(
-    inner: &Inner,
-    shared: &Shared,
-    endpoint: &Endpoint,
-    verdict: &Verdict,
-    now: Millis,
-) -> Option<EndpointChange> {
-    let effect = {
-        let mut failing = shared.failing_since.lock().expect("failing");
-        let effect = endpoint_effect(verdict, *failing, now, inner.config.delivery.disable_after);
-        if effect.failing_since.changes() {
-            *failing = effect.failing_since.since();
-        }
-        effect
-    };
-    apply_effect(inner, shared, endpoint, &effect, now)
-}
-
-/// Commits the result with the endpoint's change (the change first, so the result settles
-/// against the endpoint's new state), then counts it and announces a dead letter.
-async fn record(
-    inner: &Inner,
-    target: &Target,
-    d: &Claimed,
-    decision: Decision,
-    attempt: Attempt,
-    change: Option<EndpointChange>,
-) {
-    let (number, duration_ms, status) = (attempt.number, attempt.duration_ms, attempt.status);
-    let result = AttemptResult {
-        delivery: d.id.clone(),
-        fence: d.fence,
-        state: decision.state,
-        next_attempt_at: decision.next_attempt_at,
-        reason: decision.reason.clone(),
-        attempt,
-        ordered: target.endpoint.spec.is_ordered(),
-    };
-    let recorded = record_until_stored(inner, change, result).await;
-    if let Ok(Recorded { dead_lettered: n @ 1.., .. }) = recorded {
-        target.counters.dead_lettered("endpoint_disabled", n);
-        tracing::warn!(
-            tenant = %d.tenant, endpoint_id = %target.endpoint.id, count = n, reason = "endpoint_disabled",
-            "dead letters: the disabled endpoint's other deliveries"
-        );
-    }
-    match recorded.map(|r| r.settled) {
-        Ok(None) => {
-            inner.metrics.fenced_results.inc();
-            tracing::warn!(
-                tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
-                attempt = number, "lease lost before the result was recorded"
-            );
-        }
-        Ok(Some(settled)) => match settled {
-            DeliveryState::Delivered => {
-                target.counters.settled(settled, None);
-                let waited = inner.clock.now().saturating_sub(d.event_created_at).max(0) as u64;
-                inner.metrics.arrival_latency.observe(Duration::from_millis(waited));
-            }
-            DeliveryState::Dead if decision.state == DeliveryState::Dead => {
-                dead_lettered(inner, target, d, &decision, number)
-            }
-            DeliveryState::Dead => {
-                // A retry whose endpoint was disabled meanwhile (by another attempt, or an
-                // operator): a dead letter like the endpoint's others, counted the same.
-                target.counters.settled(settled, Some("endpoint_disabled"));
-                tracing::warn!(
-                    tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id,
-                    event_id = %d.event_id, attempt = number, reason = "endpoint_disabled", "dead letter"
-                );
-            }
-            state => target.counters.settled(state, None),
-        },
-        Err(e) => {
-            tracing::error!(
-                tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
-                attempt = number, error = %e, "cannot record attempt; the lease will expire and it will be sent again"
-            )
-        }
-    }
-    tracing::debug!(
-        tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
-        attempt = number, status, verdict = %decision.label, duration_ms, "attempt"
-    );
-}
-
-/// Commits a result, trying again for as long as the database is out of reach (restarting,
-/// a connection lost): a result sent and then dropped would be sent again once its lease
-/// expired, long after the database came back. Trying again is safe: the fence admits one
-/// result per claim, so a retry after a commit whose answer was lost is refused (counted as
-/// fenced), never recorded twice, and a result that outlived its lease is refused too. The
-/// attempt keeps its node-wide slot meanwhile, so a node whose database is down soon stops
-/// sending (`delivery.max_in_flight_total`). A failure of another kind (the database
-/// refused the statement) is not tried again: it would fail every group commit it joined.
-async fn record_until_stored(
-    inner: &Inner,
-    change: Option<EndpointChange>,
-    result: AttemptResult,
-) -> crate::store::Result<Recorded> {
-    super::until_stored(None, || inner.committer.record_with(change.clone(), result.clone())).await
-}
-
-/// A delivery just went to the dead-letter queue: counted, logged, announced as an
-/// operational event.
-fn dead_lettered(inner: &Inner, target: &Target, d: &Claimed, decision: &Decision, number: u32) {
-    target.counters.settled(decision.state, decision.reason.as_deref());
-    tracing::warn!(
-        tenant = %d.tenant, endpoint_id = %target.endpoint.id, delivery_id = %d.id, event_id = %d.event_id,
-        event_type = %d.event_type, attempt = number, reason = decision.reason.as_deref().unwrap_or(""),
-        "dead letter"
-    );
-    let data = serde_json::json!({
-        "delivery_id": d.id, "event_id": d.event_id, "event_type": d.event_type,
-        "endpoint_id": target.endpoint.id, "reason": decision.reason, "attempts": number,
-    });
-    inner.ops.emit(&d.tenant, "delivery.dead", format!("delivery.dead.{}.{}", d.id, number), data);
-}
-
 /// How soon a delivery waiting for a loading plugin is tried again.
 const PLUGIN_LOADING_RETRY_MS: Millis = 250;
 /// How long an attempt waits in place for a loading plugin before handing back.
-const PLUGIN_LOADING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+const PLUGIN_LOADING_WAIT: Duration = Duration::from_secs(5);
 
-/// Waits, without an attempt, while a plugin bound to `d`'s endpoint is still loading
-/// (after a start or a new file): calling it now would fail `plugin:not_found`, which is
-/// not the delivery's fault. The delivery goes out as soon as the load ends; after
-/// [`PLUGIN_LOADING_WAIT`] it is handed back, due shortly, and the slot freed.
-async fn wait_for_plugins(inner: &Arc<Inner>, target: &Target, d: &Claimed) -> bool {
+/// Waits, without an attempt, while a plugin bound to the deliveries' endpoint is still
+/// loading (after a start or a new file): calling it now would fail `plugin:not_found`,
+/// which is not the deliveries' fault. They go out as soon as the load ends; after
+/// [`PLUGIN_LOADING_WAIT`] they are handed back, due shortly, and the slot freed.
+async fn wait_for_plugins(cx: &AttemptCtx, target: &Target, claimed: &NonEmpty<Claimed>) -> bool {
     let bound = &target.endpoint.spec.plugins;
-    let tenant = d.tenant.as_str();
-    let deadline = tokio::time::Instant::now() + PLUGIN_LOADING_WAIT;
+    let tenant = claimed.first().tenant.as_str();
+    let deadline = Instant::now() + PLUGIN_LOADING_WAIT;
     for name in [&bound.transform, &bound.classify, &bound.sign].into_iter().flatten() {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if !inner.plugins.until_loaded(tenant, name, left).await {
-            let release = Release {
-                delivery: d.id.clone(),
-                fence: d.fence,
-                next_attempt_at: inner.clock.now() + PLUGIN_LOADING_RETRY_MS,
-            };
-            super::release(inner, vec![release]).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !cx.plugins.until_loaded(tenant, name, left).await {
+            let next_attempt_at = cx.clock.now() + PLUGIN_LOADING_RETRY_MS;
+            let releases = claimed.iter().map(|d| Release { delivery: d.id.clone(), fence: d.fence, next_attempt_at });
+            cx.recorder.release(releases.collect()).await;
             return true;
         }
     }
@@ -370,7 +196,7 @@ async fn wait_for_plugins(inner: &Arc<Inner>, target: &Target, d: &Claimed) -> b
 
 /// Builds the request (transform and sign plugins included), notes what it is, and sends it.
 async fn send(
-    inner: &Inner,
+    inner: &AttemptCtx,
     target: &Target,
     d: &Claimed,
     ctx: &plugin::DeliveryContext,
@@ -439,7 +265,7 @@ async fn send(
 /// A broker endpoint's attempt: the same body and webhook headers, published to the
 /// destination its template names for this event, judged once the broker acknowledges it.
 async fn published(
-    inner: &Inner,
+    inner: &AttemptCtx,
     spec: &EndpointSpec,
     dest: &Arc<Destination>,
     d: &Claimed,
@@ -479,7 +305,7 @@ fn dedupe_id(d: &Claimed) -> String {
 /// How the endpoint's requests leave the node: its deadlines, and its own proxy (guarded
 /// as a destination is), none, or the node's (with `delivery.no_proxy`); its TLS material
 /// with the client key opened. `Err`: the key does not open (the operator's key is gone).
-fn route(inner: &Inner, spec: &EndpointSpec) -> Result<Route, String> {
+fn route(inner: &AttemptCtx, spec: &EndpointSpec) -> Result<Route, String> {
     let delivery = &inner.config.delivery;
     let via = match spec.proxy.as_deref() {
         Some("none") => Via::Direct,
@@ -515,7 +341,7 @@ fn route(inner: &Inner, spec: &EndpointSpec) -> Result<Route, String> {
 }
 
 fn outgoing(
-    inner: &Inner,
+    inner: &AttemptCtx,
     spec: &EndpointSpec,
     route: &Route,
     headers: Vec<(String, String)>,
@@ -533,7 +359,7 @@ fn outgoing(
 
 /// The endpoint's own material cannot be used (a TLS key or a broker credential that does
 /// not open): held until a human fixes it.
-fn held(reason: String) -> Exchange {
+pub(super) fn held(reason: String) -> Exchange {
     let verdict = Verdict::HoldForHuman { reason: reason.clone() };
     Exchange::Decided { verdict, by: "builtin".to_string(), error: Some(reason) }
 }
@@ -545,196 +371,5 @@ fn token_failed(error: String) -> Exchange {
         verdict: classify::token_failed(&error),
         by: "builtin".to_string(),
         error: Some(format!("{}: {error}", classify::AUTH_TOKEN)),
-    }
-}
-
-/// The envelope with the endpoint's custom headers, as its transform plugin (if any)
-/// leaves it, and whether the body is still the envelope; `Err`: the plugin dropped the
-/// delivery or failed.
-async fn transformed(
-    inner: &Inner,
-    spec: &EndpointSpec,
-    d: &Claimed,
-    ctx: &plugin::DeliveryContext,
-    trace: &AttemptTrace,
-) -> Result<(plugin::Request, bool), Exchange> {
-    let request = plugin::Request {
-        headers: std::iter::once(("content-type".to_string(), "application/json".to_string()))
-            .chain(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())))
-            .collect(),
-        body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
-    };
-    let Some(name) = &spec.plugins.transform else { return Ok((request, true)) };
-    let timer = inner.metrics.plugin_call(plugin::Hook::Transform);
-    let span = trace.plugin(plugin::Hook::Transform, name);
-    match timer.time(inner.plugins.transform(d.tenant.as_str(), name, ctx, &request)).await {
-        Ok(plugin::TransformResult::Send(r)) => {
-            let unchanged = r.body == request.body;
-            Ok((r, unchanged))
-        }
-        // One dead-letter reason for every drop, so `reason=dropped` finds them all; the
-        // plugin's own words are the attempt's error (and the delivery's last error).
-        Ok(plugin::TransformResult::Drop(reason)) => Err(Exchange::Decided {
-            verdict: Verdict::Fail { reason: "dropped".into() },
-            by: format!("plugin:{name}"),
-            error: Some(reason),
-        }),
-        Err(f) => Err(plugin_failed(inner, d, ctx, (name, span), plugin::Hook::Transform, f)),
-    }
-}
-
-/// The headers and body to send: the request's headers without reserved ones, Herald's
-/// own, and the signature (the sign plugin's headers, or Standard Webhooks' with the
-/// endpoint's secrets); `Err`: the sign plugin failed.
-async fn signed(
-    inner: &Inner,
-    target: &Target,
-    d: &Claimed,
-    ctx: &plugin::DeliveryContext,
-    trace: &AttemptTrace,
-    mut request: plugin::Request,
-) -> Result<(Vec<(String, String)>, Vec<u8>), Exchange> {
-    let sign_plugin = &target.endpoint.spec.plugins.sign;
-    let timestamp = ctx.timestamp as i64;
-    // A sign plugin reads the request as the transform left it; otherwise it is ours to take.
-    let mut headers = match sign_plugin {
-        Some(_) => request.headers.clone(),
-        None => std::mem::take(&mut request.headers),
-    };
-    headers.retain(|(k, _)| !is_reserved(k));
-    headers.extend([
-        ("user-agent".to_string(), concat!("herald/", env!("CARGO_PKG_VERSION")).to_string()),
-        (sign::HEADER_ID.to_string(), d.event_id.to_string()),
-        (sign::HEADER_TIMESTAMP.to_string(), timestamp.to_string()),
-        ("herald-attempt-id".to_string(), ctx.attempt_id.clone()),
-        ("herald-delivery-id".to_string(), d.id.to_string()),
-    ]);
-    if let Some(t) = &trace.header {
-        headers.push((TRACEPARENT.to_string(), t.traceparent()));
-        headers.extend(t.state.as_ref().map(|s| (TRACESTATE.to_string(), s.clone())));
-    }
-    match sign_plugin {
-        Some(name) => {
-            let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
-            let timer = inner.metrics.plugin_call(plugin::Hook::Sign);
-            let span = trace.plugin(plugin::Hook::Sign, name);
-            match timer.time(inner.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request)).await {
-                Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
-                Err(f) => return Err(plugin_failed(inner, d, ctx, (name, span), plugin::Hook::Sign, f)),
-            }
-        }
-        None => {
-            let keys = match &target.signing_keys {
-                Ok(keys) => keys.iter().collect::<Vec<_>>(),
-                Err(e) => return Err(held(format!("signing_key: {e}; write it again"))),
-            };
-            let secrets: Vec<&Secret> = target.secrets.iter().collect();
-            let sig = sign::signature_header(&secrets, &keys, d.event_id.as_str(), timestamp, &request.body);
-            headers.push((sign::HEADER_SIGNATURE.to_string(), sig));
-        }
-    }
-    Ok((headers, request.body))
-}
-
-/// A transform or sign plugin call that failed: counted, logged, and retried per policy.
-fn plugin_failed(
-    inner: &Inner,
-    d: &Claimed,
-    ctx: &plugin::DeliveryContext,
-    (name, span): (&str, Option<Span>),
-    hook: plugin::Hook,
-    f: plugin::PluginFailure,
-) -> Exchange {
-    if let Some(mut span) = span {
-        span.fail(f.reason());
-    }
-    inner.metrics.plugin_failed(d.tenant.as_str(), name, hook, &f);
-    tracing::warn!(
-        tenant = %d.tenant, endpoint_id = %ctx.endpoint_id, delivery_id = %d.id, event_id = %d.event_id,
-        attempt = ctx.attempt, plugin = name, hook = hook.as_str(), error = %f, "plugin call failed"
-    );
-    Exchange::Decided { verdict: Verdict::Retry { after: None }, by: format!("plugin:{name}"), error: Some(f.reason()) }
-}
-
-/// The verdict: the endpoint's classify plugin if it has an opinion, else the built-in table.
-async fn judge(
-    inner: &Inner,
-    target: &Target,
-    ctx: &plugin::DeliveryContext,
-    trace: &AttemptTrace,
-    outcome: &Outcome,
-) -> (Verdict, String) {
-    let builtin = || (classify::classify(outcome), "builtin".to_string());
-    let Some(name) = &target.endpoint.spec.plugins.classify else { return builtin() };
-    let timer = inner.metrics.plugin_call(plugin::Hook::Classify);
-    let mut span = trace.plugin(plugin::Hook::Classify, name);
-    match timer.time(inner.plugins.classify(ctx.tenant.as_str(), name, ctx, &outcome.into())).await {
-        Ok(v) => plugin::verdict(v, name).map(|v| (v, format!("plugin:{name}"))).unwrap_or_else(builtin),
-        Err(f) => {
-            if let Some(span) = span.as_mut() {
-                span.fail(f.reason());
-            }
-            inner.metrics.plugin_failed(&ctx.tenant, name, plugin::Hook::Classify, &f);
-            tracing::warn!(
-                tenant = %ctx.tenant, endpoint_id = %ctx.endpoint_id, event_id = %ctx.event_id, attempt = ctx.attempt,
-                plugin = %name, error = %f, "classify failed; using the built-in table"
-            );
-            (classify::classify(outcome), format!("builtin (plugin:{name} failed: {f})"))
-        }
-    }
-}
-
-/// Applies an endpoint effect to the partition (pacer, halt), metrics, logs and
-/// operational events; returns the change to commit with the attempt's result.
-fn apply_effect(
-    inner: &Inner,
-    shared: &Shared,
-    endpoint: &Endpoint,
-    effect: &EndpointEffect,
-    now: Millis,
-) -> Option<EndpointChange> {
-    let change = |state, reason, paused_until| EndpointChange {
-        endpoint: endpoint.id.clone(),
-        state,
-        reason,
-        paused_until,
-        failing_since: effect.failing_since,
-        now,
-    };
-    let halt = |kind: &str, reason: &str| {
-        shared.halted.store(true, Ordering::Release);
-        shared.pacer.lock().expect("pacer").pause_until(Instant::now() + HUMAN_PAUSE);
-        let data = serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.spec.url, "reason": reason });
-        inner.ops.emit(&endpoint.tenant, kind, format!("{kind}.{}.{now}", endpoint.id), data);
-    };
-    match &effect.action {
-        EndpointAction::None => effect.failing_since.changes().then(|| change(None, None, None)),
-        EndpointAction::PauseFor { until, after, reason } => {
-            shared.pacer.lock().expect("pacer").pause_until(Instant::now() + *after);
-            inner.metrics.endpoint_pauses.inc();
-            tracing::info!(
-                tenant = %endpoint.tenant, endpoint_id = %endpoint.id, state = "paused",
-                pause_ms = after.as_millis() as u64, reason, "endpoint state change: paused for a while"
-            );
-            Some(change(Some(EndpointState::Paused), Some(reason.clone()), Some(*until)))
-        }
-        EndpointAction::HoldForHuman { reason } => {
-            halt("endpoint.paused", reason);
-            inner.metrics.endpoint_pauses.inc();
-            tracing::warn!(
-                tenant = %endpoint.tenant, endpoint_id = %endpoint.id, state = "paused", reason,
-                "endpoint state change: paused until re-enabled"
-            );
-            Some(change(Some(EndpointState::Paused), Some(reason.clone()), None))
-        }
-        EndpointAction::Disable { reason } => {
-            halt("endpoint.disabled", reason);
-            inner.metrics.endpoint_disables.inc();
-            tracing::warn!(
-                tenant = %endpoint.tenant, endpoint_id = %endpoint.id, state = "disabled", reason,
-                "endpoint state change: disabled"
-            );
-            Some(change(Some(EndpointState::Disabled), Some(reason.clone()), None))
-        }
     }
 }

@@ -28,6 +28,7 @@ use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, R
 mod handoff;
 mod held;
 
+use super::attempt::NonEmpty;
 use super::known::{Known, Stored};
 use super::signal::{Shared, Signal, Target};
 
@@ -521,8 +522,9 @@ impl Partition {
                 let Some(delivery) = self.queue.pop_front() else { return Flow::Again };
                 let Ok(slot) = self.inner.global.clone().acquire_owned().await else { return Flow::Stop };
                 let seed = StdRng::from_rng(&mut self.rng);
-                sh.attempt_started();
-                self.inner.tasks.spawn(attempt::run(self.inner.clone(), sh, tg, delivery, slot, seed));
+                let link = sh.attempt_started();
+                let claimed = NonEmpty::one(delivery);
+                self.inner.tasks.spawn(attempt::run(self.inner.attempts.clone(), link, tg, claimed, slot, seed));
             }
             Permit::WaitUntil(at) => {
                 tokio::select! {
@@ -657,5 +659,5 @@ async fn release_all(inner: &Arc<Inner>, queue: &mut VecDeque<Claimed>, at: Mill
         return;
     }
     let releases = queue.drain(..).map(|c| Release { delivery: c.id, fence: c.fence, next_attempt_at: at }).collect();
-    super::release(inner, releases).await;
+    super::release(&inner.committer, releases).await;
 }

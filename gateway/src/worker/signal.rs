@@ -1,12 +1,15 @@
-//! What a partition shares: with its in-flight attempts (`Shared`), with whoever wakes it
-//! and with the store's writer thread (`Signal`, around [`Known`]), and with each attempt
-//! of one claim (`Target`).
+//! What a partition shares: with its in-flight attempts (`Shared`, which an attempt sees
+//! only through its [`PartitionLink`]), with whoever wakes it and with the store's writer
+//! thread (`Signal`, around [`Known`]), and with each attempt of one claim (`Target`).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
+use super::HUMAN_PAUSE;
 use super::known::Known;
 use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, Millis};
@@ -43,30 +46,11 @@ impl Shared {
         }
     }
 
-    /// An attempt took a pacer slot and starts; it ends with [`Shared::settled`].
-    pub(in crate::worker) fn attempt_started(&self) {
+    /// An attempt took a pacer slot and starts: its link back to the partition, which it
+    /// ends with [`PartitionLink::settled`].
+    pub(in crate::worker) fn attempt_started(self: &Arc<Self>) -> PartitionLink {
         self.settling.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// An attempt's request is over and judged: its pacer slot is free for the next
-    /// request while its result commits (`max_in_flight` counts requests, not commits).
-    pub(in crate::worker) fn request_done(&self) {
-        self.pacer.lock().expect("pacer").release();
-        self.freed.notify_one();
-    }
-
-    /// An attempt's result is recorded, leaving its delivery due again at `again` (a
-    /// retry, a hand back). The partition is woken to plan for it, or, if this was the
-    /// last attempt settling, to start its linger now rather than at its next scan.
-    pub(in crate::worker) fn settled(&self, again: Option<Millis>) {
-        if let Some(at) = again {
-            let mut due = self.due_again.lock().expect("due again");
-            *due = Some(due.map_or(at, |d| d.min(at)));
-        }
-        let last = self.settling.fetch_sub(1, Ordering::AcqRel) == 1;
-        if again.is_some() || last {
-            self.freed.notify_one();
-        }
+        PartitionLink(self.clone())
     }
 
     /// Is a request in flight, or a result not yet recorded? An attempt counts from its
@@ -74,6 +58,52 @@ impl Shared {
     /// slot, so this covers both.
     pub(in crate::worker) fn busy(&self) -> bool {
         self.settling.load(Ordering::Acquire) > 0
+    }
+}
+
+/// An attempt's side of [`Shared`]: what it tells its partition (its request is over, its
+/// result recorded, the endpoint paused or halted, its failing streak). It cannot take a
+/// pacer permit, read the queue or claim: an attempt never paces and never claims.
+pub(in crate::worker) struct PartitionLink(Arc<Shared>);
+
+impl PartitionLink {
+    /// The attempt's request is over and judged: its pacer slot is free for the next
+    /// request while its result commits (`max_in_flight` counts requests, not commits).
+    pub(in crate::worker) fn request_done(&self) {
+        self.0.pacer.lock().expect("pacer").release();
+        self.0.freed.notify_one();
+    }
+
+    /// The attempt's results are recorded, leaving a delivery due again at `again` (a
+    /// retry, a hand back). The partition is woken to plan for it, or, if this was the
+    /// last attempt settling, to start its linger now rather than at its next scan.
+    pub(in crate::worker) fn settled(self, again: Option<Millis>) {
+        let shared = &self.0;
+        if let Some(at) = again {
+            let mut due = shared.due_again.lock().expect("due again");
+            *due = Some(due.map_or(at, |d| d.min(at)));
+        }
+        let last = shared.settling.fetch_sub(1, Ordering::AcqRel) == 1;
+        if again.is_some() || last {
+            shared.freed.notify_one();
+        }
+    }
+
+    /// Reads and changes when the endpoint started failing, under the lock that makes
+    /// concurrent attempts see each other's changes.
+    pub(in crate::worker) fn failing_since<T>(&self, f: impl FnOnce(&mut Option<Millis>) -> T) -> T {
+        f(&mut self.0.failing_since.lock().expect("failing"))
+    }
+
+    /// Sends nothing more for `after` (a timed pause).
+    pub(in crate::worker) fn pause_for(&self, after: Duration) {
+        self.0.pacer.lock().expect("pacer").pause_until(Instant::now() + after);
+    }
+
+    /// Sends nothing more until a human acts (the endpoint was held or disabled).
+    pub(in crate::worker) fn halt(&self) {
+        self.0.halted.store(true, Ordering::Release);
+        self.pause_for(HUMAN_PAUSE);
     }
 }
 
@@ -143,4 +173,54 @@ pub(in crate::worker) struct Target {
     pub(in crate::worker) oauth2: Option<Result<crate::model::OAuth2, String>>,
     /// The tenant's outcome counters, looked up once per partition rather than per result.
     pub(in crate::worker) counters: TenantCounters,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pace::Permit;
+
+    /// A partition's shared state whose pacer lets one request fly at a time.
+    fn shared() -> Arc<Shared> {
+        Arc::new(Shared::new(Pacer::try_new(1000.0, 10, 1).expect("pacer"), None))
+    }
+
+    #[test]
+    fn an_attempt_is_settling_from_its_start_until_settled_and_leaves_the_earliest_due_time() {
+        let sh = shared();
+        let (a, b) = (sh.attempt_started(), sh.attempt_started());
+        a.settled(Some(300));
+        assert!(sh.busy(), "one attempt is still settling");
+        b.settled(Some(200));
+        assert!(!sh.busy());
+        assert_eq!(*sh.due_again.lock().expect("due again"), Some(200));
+    }
+
+    #[test]
+    fn a_request_done_frees_its_pacer_slot_and_a_halt_stops_sending_until_a_human_acts() {
+        let sh = shared();
+        let now = Instant::now();
+        assert_eq!(sh.pacer.lock().expect("pacer").poll(now), Permit::Go);
+        let link = sh.attempt_started();
+        assert_eq!(sh.pacer.lock().expect("pacer").poll(now), Permit::Full);
+        link.request_done();
+        link.halt();
+        assert!(sh.halted.load(Ordering::Acquire));
+        let permit = sh.pacer.lock().expect("pacer").poll(now);
+        assert!(matches!(permit, Permit::Paused(until) if until >= now + HUMAN_PAUSE), "{permit:?}");
+        link.settled(None);
+    }
+
+    #[test]
+    fn a_timed_pause_stops_sending_for_its_time_only() {
+        let sh = shared();
+        let link = sh.attempt_started();
+        let now = Instant::now();
+        link.pause_for(Duration::from_secs(30));
+        let permit = sh.pacer.lock().expect("pacer").poll(now);
+        assert!(matches!(permit, Permit::Paused(until) if until >= now + Duration::from_secs(30)), "{permit:?}");
+        assert_eq!(sh.pacer.lock().expect("pacer").poll(now + Duration::from_secs(31)), Permit::Go);
+        assert!(!sh.halted.load(Ordering::Acquire));
+        link.settled(None);
+    }
 }

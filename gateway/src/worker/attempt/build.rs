@@ -1,0 +1,122 @@
+//! Building an attempt's request: the envelope with the endpoint's custom headers, its
+//! transform plugin, Herald's own headers, and the signature (its sign plugin, or Standard
+//! Webhooks' with the endpoint's secrets).
+
+use super::trace::AttemptTrace;
+use super::{AttemptCtx, Exchange, held};
+use crate::classify::Verdict;
+use crate::model::{EndpointSpec, TRACEPARENT, TRACESTATE, envelope};
+use crate::net::headers::is_reserved;
+use crate::plugin;
+use crate::sign::{self, Secret};
+use crate::store::Claimed;
+use crate::telemetry::Span;
+use crate::worker::signal::Target;
+
+/// The envelope with the endpoint's custom headers, as its transform plugin (if any)
+/// leaves it, and whether the body is still the envelope; `Err`: the plugin dropped the
+/// delivery or failed.
+pub(super) async fn transformed(
+    cx: &AttemptCtx,
+    spec: &EndpointSpec,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
+) -> Result<(plugin::Request, bool), Exchange> {
+    let request = plugin::Request {
+        headers: std::iter::once(("content-type".to_string(), "application/json".to_string()))
+            .chain(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .collect(),
+        body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
+    };
+    let Some(name) = &spec.plugins.transform else { return Ok((request, true)) };
+    let timer = cx.metrics.plugin_call(plugin::Hook::Transform);
+    let span = trace.plugin(plugin::Hook::Transform, name);
+    match timer.time(cx.plugins.transform(d.tenant.as_str(), name, ctx, &request)).await {
+        Ok(plugin::TransformResult::Send(r)) => {
+            let unchanged = r.body == request.body;
+            Ok((r, unchanged))
+        }
+        // One dead-letter reason for every drop, so `reason=dropped` finds them all; the
+        // plugin's own words are the attempt's error (and the delivery's last error).
+        Ok(plugin::TransformResult::Drop(reason)) => Err(Exchange::Decided {
+            verdict: Verdict::Fail { reason: "dropped".into() },
+            by: format!("plugin:{name}"),
+            error: Some(reason),
+        }),
+        Err(f) => Err(plugin_failed(cx, d, ctx, (name, span), plugin::Hook::Transform, f)),
+    }
+}
+
+/// The headers and body to send: the request's headers without reserved ones, Herald's
+/// own, and the signature (the sign plugin's headers, or Standard Webhooks' with the
+/// endpoint's secrets); `Err`: the sign plugin failed.
+pub(super) async fn signed(
+    cx: &AttemptCtx,
+    target: &Target,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
+    mut request: plugin::Request,
+) -> Result<(Vec<(String, String)>, Vec<u8>), Exchange> {
+    let sign_plugin = &target.endpoint.spec.plugins.sign;
+    let timestamp = ctx.timestamp as i64;
+    // A sign plugin reads the request as the transform left it; otherwise it is ours to take.
+    let mut headers = match sign_plugin {
+        Some(_) => request.headers.clone(),
+        None => std::mem::take(&mut request.headers),
+    };
+    headers.retain(|(k, _)| !is_reserved(k));
+    headers.extend([
+        ("user-agent".to_string(), concat!("herald/", env!("CARGO_PKG_VERSION")).to_string()),
+        (sign::HEADER_ID.to_string(), d.event_id.to_string()),
+        (sign::HEADER_TIMESTAMP.to_string(), timestamp.to_string()),
+        ("herald-attempt-id".to_string(), ctx.attempt_id.clone()),
+        ("herald-delivery-id".to_string(), d.id.to_string()),
+    ]);
+    if let Some(t) = &trace.header {
+        headers.push((TRACEPARENT.to_string(), t.traceparent()));
+        headers.extend(t.state.as_ref().map(|s| (TRACESTATE.to_string(), s.clone())));
+    }
+    match sign_plugin {
+        Some(name) => {
+            let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
+            let timer = cx.metrics.plugin_call(plugin::Hook::Sign);
+            let span = trace.plugin(plugin::Hook::Sign, name);
+            match timer.time(cx.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request)).await {
+                Ok(extra) => headers.extend(extra.into_iter().filter(|(k, _)| !is_reserved(k))),
+                Err(f) => return Err(plugin_failed(cx, d, ctx, (name, span), plugin::Hook::Sign, f)),
+            }
+        }
+        None => {
+            let keys = match &target.signing_keys {
+                Ok(keys) => keys.iter().collect::<Vec<_>>(),
+                Err(e) => return Err(held(format!("signing_key: {e}; write it again"))),
+            };
+            let secrets: Vec<&Secret> = target.secrets.iter().collect();
+            let sig = sign::signature_header(&secrets, &keys, d.event_id.as_str(), timestamp, &request.body);
+            headers.push((sign::HEADER_SIGNATURE.to_string(), sig));
+        }
+    }
+    Ok((headers, request.body))
+}
+
+/// A transform or sign plugin call that failed: counted, logged, and retried per policy.
+fn plugin_failed(
+    cx: &AttemptCtx,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    (name, span): (&str, Option<Span>),
+    hook: plugin::Hook,
+    f: plugin::PluginFailure,
+) -> Exchange {
+    if let Some(mut span) = span {
+        span.fail(f.reason());
+    }
+    cx.metrics.plugin_failed(d.tenant.as_str(), name, hook, &f);
+    tracing::warn!(
+        tenant = %d.tenant, endpoint_id = %ctx.endpoint_id, delivery_id = %d.id, event_id = %d.event_id,
+        attempt = ctx.attempt, plugin = name, hook = hook.as_str(), error = %f, "plugin call failed"
+    );
+    Exchange::Decided { verdict: Verdict::Retry { after: None }, by: format!("plugin:{name}"), error: Some(f.reason()) }
+}
