@@ -359,7 +359,7 @@ fn outgoing(
 
 /// The endpoint's own material cannot be used (a TLS key or a broker credential that does
 /// not open): held until a human fixes it.
-pub(super) fn held(reason: String) -> Exchange {
+fn held(reason: String) -> Exchange {
     let verdict = Verdict::HoldForHuman { reason: reason.clone() };
     Exchange::Decided { verdict, by: "builtin".to_string(), error: Some(reason) }
 }
