@@ -309,7 +309,7 @@ pub fn base_env(dir: &Path) -> Vec<(String, String)> {
         ("HERALD_STORE_URL".into(), format!("sqlite://{}", dir.join("herald.db").display())),
         ("HERALD_DELIVERY_ALLOW_PRIVATE_DESTINATIONS".into(), "true".into()),
         ("HERALD_PLUGINS_DIR".into(), dir.join("plugins").display().to_string()),
-        ("HERALD_PLUGINS_CACHE_DIR".into(), dir.join("plugin-cache").display().to_string()),
+        ("HERALD_PLUGINS_CACHE_DIR".into(), shared_plugin_cache().display().to_string()),
         ("HERALD_LOG_LEVEL".into(), "warn".into()),
     ];
     env.extend(workers);

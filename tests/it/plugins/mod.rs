@@ -477,8 +477,14 @@ async fn compile_bombs_and_tenants_over_their_limits_are_refused_while_others_de
 async fn after_a_restart_every_tenant_loads_and_a_delivery_waits_for_its_plugin() -> anyhow::Result<()> {
     let bin = tests::herald_binary()?;
     let dir = tempfile::tempdir()?;
-    // Fewer instance slots than one tenant has plugins.
-    let env = [("HERALD_PLUGINS_MAX_INSTANCES", "6"), ("HERALD_PLUGINS_MAX_PLUGINS_PER_TENANT", "20")];
+    // A compile cache of its own, emptied below. Fewer instance slots than one tenant has
+    // plugins.
+    let cache = dir.path().join("plugin-cache").display().to_string();
+    let env = [
+        ("HERALD_PLUGINS_CACHE_DIR", cache.as_str()),
+        ("HERALD_PLUGINS_MAX_INSTANCES", "6"),
+        ("HERALD_PLUGINS_MAX_PLUGINS_PER_TENANT", "20"),
+    ];
     let mut node = tests::HeraldProcess::start(&bin, dir.path(), &env).await?;
     let api = node.api.clone();
     api.tenant("aaa").await?;
@@ -536,7 +542,10 @@ async fn a_compile_over_its_memory_or_time_limit_is_refused_and_the_node_serves_
         ("HERALD_PLUGINS_COMPILE_TIMEOUT", "1ms", "compiling took longer than"),
     ] {
         let dir = tempfile::tempdir()?;
-        let node = tests::HeraldProcess::start(&bin, dir.path(), &[(key, value)]).await?;
+        // A compile cache of its own: the shared one may hold this plugin compiled.
+        let cache = dir.path().join("plugin-cache").display().to_string();
+        let env = [(key, value), ("HERALD_PLUGINS_CACHE_DIR", cache.as_str())];
+        let node = tests::HeraldProcess::start(&bin, dir.path(), &env).await?;
         node.api.tenant("acme").await?;
         let path = "/v1/tenants/acme/plugins/chat";
         let r = node.api.raw("PUT", path, Some(ADMIN_TOKEN), plugin_bytes("transform_chat")).await?;
