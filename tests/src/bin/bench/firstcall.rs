@@ -21,6 +21,9 @@ use super::percentile;
 /// The hand-written plugin component of the tests, with holes for each part.
 const WAT_PLUGIN: &str = include_str!("../../../guests/wat-plugin.wat");
 
+/// Makes the probe plugin of a round.
+type Probe = fn(usize) -> anyhow::Result<Vec<u8>>;
+
 /// How long one attempt may take to settle.
 const SETTLE: Duration = Duration::from_secs(30);
 
@@ -75,7 +78,7 @@ fn keys(round: usize) -> anyhow::Result<Vec<u8>> {
 pub(crate) async fn run(api: &Api, rounds: usize, out: &mut HashMap<String, f64>) -> anyhow::Result<()> {
     api.tenant("probe").await?;
     let rx = tests::FakeReceiver::start().await?;
-    let probes: [(&str, fn(usize) -> anyhow::Result<Vec<u8>>); 2] = [("aliased", aliased), ("keys", keys)];
+    let probes: [(&str, Probe); 2] = [("aliased", aliased), ("keys", keys)];
     for (probe, make) in probes {
         let (mut first, mut second, mut load) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
