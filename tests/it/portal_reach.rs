@@ -224,6 +224,10 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
         // The operator's probes and the document: no token needed.
         ("get", "/healthz" | "/readyz" | "/metrics" | "/openapi.json") => vec![call(path, None, Public)],
         ("get", "/v1/whoami") => vec![call(path, None, Ok)],
+        // The tenant's public keys: no token needed, so a session gets what anyone gets.
+        ("get", "/v1/tenants/{tenant}/jwks.json") => {
+            vec![call(at(path), None, Public), call(format!("{}?endpoint={theirs}", at(path)), None, Public)]
+        }
         ("post", "/v1/portal-sessions/exchange") => vec![call(path, Some(json!({"code": "hpc_nope"})), Refused)],
         // The operator's routes.
         ("get", "/v1/tenants" | "/v1/overview" | "/v1/event-types") => vec![call(path, None, Refused)],

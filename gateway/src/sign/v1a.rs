@@ -227,7 +227,7 @@ mod tests {
             ("whsk_not base64!".to_string(), KeyError::Base64),
             (format!("whsk_{}", STANDARD.encode(&seed[..31])), KeyError::SecretLength(31)),
             (format!("whsk_{}", STANDARD.encode([seed.clone(), vec![0]].concat())), KeyError::SecretLength(33)),
-            (format!("whsk_{}", STANDARD.encode(&wrong)), KeyError::Mismatch),
+            (format!("whsk_{}", STANDARD.encode(wrong)), KeyError::Mismatch),
         ];
         for (input, want) in cases {
             assert_eq!(SigningKey::parse(&input).unwrap_err(), want, "{input:?}");
