@@ -48,7 +48,7 @@ pub mod otlp;
 mod redis;
 pub use broker::Message;
 pub use connect::Via;
-pub use oauth::{Token, TokenState};
+pub use oauth::{Authorized, Token, TokenState};
 
 /// How much of a response body is kept with the attempt.
 pub const BODY_PREFIX: usize = 1024;

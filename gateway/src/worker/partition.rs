@@ -15,11 +15,9 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{Destination, Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable, WriteOnly};
+use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
-use crate::sign::Secret;
-use crate::sign::seal::{Sealer, open_oauth2};
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 mod handoff;
@@ -27,6 +25,7 @@ mod held;
 
 use super::known::{Known, Stored};
 use super::signal::{Shared, Signal, Target};
+use super::target::Opened;
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
 /// engine shuts down. Each turn of the loop is a list of named steps.
@@ -245,7 +244,7 @@ impl Partition {
 
     fn counters(&mut self, endpoint: &Endpoint) -> TenantCounters {
         // Looked up again only when the endpoint's kind changed (a PATCH may change it).
-        let kind = endpoint.spec.kind;
+        let kind = endpoint.spec.target.kind();
         match &self.counters {
             Some(c) if c.kind() == kind.as_str() => c.clone(),
             _ => self.counters.insert(self.inner.metrics.tenant(endpoint.tenant.as_str(), kind)).clone(),
@@ -565,31 +564,15 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
     }
 }
 
-/// The endpoint's effective retry policy and signing secrets at `now`, and its sealed
-/// credentials opened (once per claim rather than per attempt).
+/// The endpoint's effective retry policy, and its material opened at `now` (once per claim
+/// rather than per attempt).
 fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now: Millis) -> Target {
     let policy = RetryOverride::from_doc(&endpoint.spec.retry)
         .ok()
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());
-    let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-    let sealer = inner.config.secrets.as_deref();
-    let destination = endpoint.spec.destination.as_ref().map(|d| opened(d, sealer).map(Arc::new));
-    let oauth2 = endpoint.spec.oauth2.as_ref().map(|a| open_oauth2(a, sealer));
-    Target { endpoint, policy, secrets, destination, oauth2, counters }
-}
-
-/// A broker destination with its sealed password and token opened, once per claim rather
-/// than per message. `Err` says which does not open (the operator's key is gone or changed).
-fn opened(d: &Destination, sealer: Option<&Sealer>) -> Result<Destination, String> {
-    let open = |field: &str, sealed: &Option<WriteOnly>| match (sealed, sealer) {
-        (None, _) => Ok(None),
-        (Some(v), Some(sealer)) => {
-            sealer.open(v.expose()).map(|plain| Some(WriteOnly::new(plain))).map_err(|e| format!("the {field} {e}"))
-        }
-        (Some(_), None) => Err(format!("the {field}: no [secrets] key on this node")),
-    };
-    Ok(Destination { password: open("password", &d.password)?, token: open("token", &d.token)?, ..d.clone() })
+    let opened = Opened::open(&endpoint, &inner.config.delivery, inner.config.secrets.as_deref(), now);
+    Target { endpoint, policy, opened, counters }
 }
 
 impl Partition {
