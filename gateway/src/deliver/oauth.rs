@@ -157,8 +157,15 @@ impl Deliverer {
         loop {
             let mut with_auth = headers.clone();
             with_auth.push(("authorization".to_string(), token.bearer()));
-            let (url, body, route) = (url.clone(), body.clone(), route.clone());
-            let outcome = self.send(Outgoing { url, headers: with_auth, body, route, keep_headers, now }).await;
+            let out = Outgoing {
+                url: url.clone(),
+                headers: with_auth,
+                body: body.clone(),
+                route: route.clone(),
+                keep_headers,
+                now,
+            };
+            let outcome = self.send(out).await;
             done.requests += 1;
             if done.requests > 1 || outcome.http_status() != Some(401) {
                 return Authorized { outcome: Ok(outcome), ..done };
