@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use crate::model::{
-    AmqpTarget, EndpointKind, EndpointSpec, HttpTarget, NatsTarget, RedisTarget, ShapeError, TEMPLATE_PLACEHOLDERS, Target,
-    validate_type_filter,
+    AmqpTarget, EndpointKind, EndpointSpec, HttpTarget, NatsTarget, RedisTarget, ShapeError, TEMPLATE_PLACEHOLDERS,
+    Target, validate_type_filter,
 };
 use crate::schedule::{RetryOverride, RetryPolicy};
 

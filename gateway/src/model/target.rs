@@ -132,17 +132,21 @@ impl Target {
                     let HttpSettings { oauth2, proxy, tls } = http;
                     Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls }))
                 }
-                _ => Err(ShapeError { field: "destination", reason: format!("is required for kind {}", kind.as_str()) }),
+                _ => {
+                    Err(ShapeError { field: "destination", reason: format!("is required for kind {}", kind.as_str()) })
+                }
             };
         };
-        let http_only = [("oauth2", http.oauth2.is_some()), ("tls", http.tls.is_some()), ("proxy", http.proxy.is_some())];
+        let http_only =
+            [("oauth2", http.oauth2.is_some()), ("tls", http.tls.is_some()), ("proxy", http.proxy.is_some())];
         if let (false, Some((field, _))) = (kind.is_http(), http_only.into_iter().find(|(_, set)| *set)) {
             return Err(ShapeError { field, reason: format!("is for kind http only, not {}", kind.as_str()) });
         }
         match kind {
-            EndpointKind::Http => {
-                Err(ShapeError { field: "destination", reason: "is only for the kinds redis-stream, nats and amqp".into() })
-            }
+            EndpointKind::Http => Err(ShapeError {
+                field: "destination",
+                reason: "is only for the kinds redis-stream, nats and amqp".into(),
+            }),
             EndpointKind::RedisStream => RedisTarget::from_flat(url, d).map(Target::RedisStream),
             EndpointKind::Nats => NatsTarget::from_flat(url, d).map(Target::Nats),
             EndpointKind::Amqp => AmqpTarget::from_flat(url, d).map(Target::Amqp),
@@ -153,7 +157,9 @@ impl Target {
     pub fn into_flat(self) -> (EndpointKind, String, Option<Destination>, HttpSettings) {
         let kind = self.kind();
         match self {
-            Target::Http(HttpTarget { url, oauth2, proxy, tls }) => (kind, url, None, HttpSettings { oauth2, proxy, tls }),
+            Target::Http(HttpTarget { url, oauth2, proxy, tls }) => {
+                (kind, url, None, HttpSettings { oauth2, proxy, tls })
+            }
             Target::RedisStream(RedisTarget { url, stream, maxlen, username, password }) => {
                 let d = Destination { stream: Some(stream), maxlen, username, password, ..Destination::default() };
                 (kind, url, Some(d), HttpSettings::default())
@@ -248,7 +254,10 @@ mod tests {
         let s = |v: &str| Some(v.to_string());
         let cases = [
             (EndpointKind::RedisStream, Destination { stream: s("s"), maxlen: Some(9), ..Default::default() }),
-            (EndpointKind::Nats, Destination { subject: s("a.b"), token: Some(WriteOnly::new("t")), ..Default::default() }),
+            (
+                EndpointKind::Nats,
+                Destination { subject: s("a.b"), token: Some(WriteOnly::new("t")), ..Default::default() },
+            ),
             (EndpointKind::Amqp, Destination { exchange: s(""), routing_key: s("k"), ..Default::default() }),
         ];
         for (kind, d) in cases {
@@ -262,9 +271,21 @@ mod tests {
     fn a_setting_of_another_kind_is_refused_by_name() {
         let s = |v: &str| Some(v.to_string());
         let cases = [
-            (EndpointKind::Nats, Destination { subject: s("a"), stream: s("s"), ..Default::default() }, "destination.stream"),
-            (EndpointKind::RedisStream, Destination { stream: s("s"), token: Some(WriteOnly::new("t")), ..Default::default() }, "destination.token"),
-            (EndpointKind::Amqp, Destination { routing_key: s("k"), maxlen: Some(1), ..Default::default() }, "destination.maxlen"),
+            (
+                EndpointKind::Nats,
+                Destination { subject: s("a"), stream: s("s"), ..Default::default() },
+                "destination.stream",
+            ),
+            (
+                EndpointKind::RedisStream,
+                Destination { stream: s("s"), token: Some(WriteOnly::new("t")), ..Default::default() },
+                "destination.token",
+            ),
+            (
+                EndpointKind::Amqp,
+                Destination { routing_key: s("k"), maxlen: Some(1), ..Default::default() },
+                "destination.maxlen",
+            ),
             (EndpointKind::Amqp, Destination::default(), "destination.routing_key"),
         ];
         for (kind, d, field) in cases {

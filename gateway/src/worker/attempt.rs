@@ -563,7 +563,8 @@ fn apply_effect(
     let halt = |kind: &str, reason: &str| {
         shared.halted.store(true, Ordering::Release);
         shared.pacer.lock().expect("pacer").pause_until(Instant::now() + HUMAN_PAUSE);
-        let data = serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.spec.target.url(), "reason": reason });
+        let data =
+            serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.spec.target.url(), "reason": reason });
         inner.ops.emit(&endpoint.tenant, kind, format!("{kind}.{}.{now}", endpoint.id), data);
     };
     match &effect.action {

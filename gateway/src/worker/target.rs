@@ -270,7 +270,10 @@ mod tests {
     fn hold_reasons_name_what_does_not_open() {
         let wrong = |field| OpenError::WrongKey { field, why: "sealed under key k2".into() };
         let cases = [
-            (OpenError::NoKey(Sealed::Password), "broker:auth: the password: no [secrets] key on this node; write it again"),
+            (
+                OpenError::NoKey(Sealed::Password),
+                "broker:auth: the password: no [secrets] key on this node; write it again",
+            ),
             (wrong(Sealed::Token), "broker:auth: the token sealed under key k2; write it again"),
             (wrong(Sealed::ClientSecret), "oauth2: the client secret sealed under key k2; write it again"),
             (OpenError::NoKey(Sealed::ClientKey), "tls: the client key: no [secrets] key on this node"),
