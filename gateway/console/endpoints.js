@@ -186,14 +186,17 @@ export async function endpointPage(main, id, rerender) {
 }
 
 /** What a receiver is told about the endpoint's settings: its URL, description, event
- *  types and custom headers (`Name: value`, one a line). Only what changed is sent, so an
- *  unchanged list of types is not checked again against the catalog. */
+ *  types, custom headers (`Name: value`, one a line) and, for HTTP, its `User-Agent`. Only
+ *  what changed is sent, so an unchanged list of types is not checked again against the
+ *  catalog. */
 function editForm(e, path, submit, done) {
   const headerText = (hs) => Object.entries(hs).map(([k, v]) => `${k}: ${v}`).join('\n');
   const url = h('input', { name: 'url', required: true, value: e.url, class: 'wide' });
   const description = h('input', { name: 'description', value: e.description, class: 'wide' });
   const types = h('input', { name: 'event_types', value: e.event_types.join(', '), class: 'wide', placeholder: 'comma separated; empty: every type' });
   const headers = h('textarea', { name: 'headers', rows: '3', class: 'wide', placeholder: 'X-Name: value, one a line' }, headerText(e.headers));
+  const http = e.kind === 'http';
+  const userAgent = h('input', { name: 'user_agent', value: e.user_agent || '', class: 'wide', placeholder: "empty: Herald's (herald/<version>)" });
   return h('form', { class: 'inline', 'aria-label': 'Edit endpoint', onsubmit: submit(async () => {
     const body = {};
     if (url.value.trim() !== e.url) body.url = url.value.trim();
@@ -201,11 +204,13 @@ function editForm(e, path, submit, done) {
     const eventTypes = types.value.split(',').map((t) => t.trim()).filter(Boolean);
     if (eventTypes.join(',') !== e.event_types.join(',')) body.event_types = eventTypes;
     if (headers.value.trim() !== headerText(e.headers)) body.headers = parseHeaders(headers.value);
+    if (http && userAgent.value.trim() !== (e.user_agent || '')) body.user_agent = userAgent.value.trim();
     if (Object.keys(body).length === 0) throw new Error('Nothing changed.');
     await api('PATCH', path, { body });
     done('Endpoint saved.');
   }) }, field('URL', url), field('Description', description), field('Event types', types),
-  field('Headers (Name: value, one a line)', headers), h('button', { type: 'submit' }, 'Save endpoint'));
+  field('Headers (Name: value, one a line)', headers), http ? field('User-Agent', userAgent) : null,
+  h('button', { type: 'submit' }, 'Save endpoint'));
 }
 
 /** `Name: value` lines as a header map; a line without a colon is refused, naming it. */

@@ -20,6 +20,8 @@ pub const MAX_DESCRIPTION: usize = 1024;
 pub const MAX_EVENT_TYPES: usize = 100;
 /// Most custom headers on an endpoint.
 pub const MAX_HEADERS: usize = 20;
+/// Longest endpoint `user_agent`, in bytes.
+pub const MAX_USER_AGENT: usize = 256;
 /// Longest custom header name, in bytes.
 pub const MAX_HEADER_NAME: usize = 128;
 /// Longest custom header value, in bytes (sent on every attempt).
@@ -206,13 +208,16 @@ impl From<ShapeError> for SpecError {
     }
 }
 
-/// An HTTP target's own settings: its proxy, and its OAuth2 credentials (which own the
-/// `authorization` header).
+/// An HTTP target's own settings: its `User-Agent`, its proxy, and its OAuth2 credentials
+/// (which own the `authorization` header).
 fn check_http(
     t: &HttpTarget,
     headers: &std::collections::BTreeMap<String, String>,
     allow_private: bool,
 ) -> Result<(), SpecError> {
+    if let Some(ua) = &t.user_agent {
+        check_user_agent(ua)?;
+    }
     if let Some(p) = &t.proxy
         && p != "none"
     {
@@ -230,6 +235,18 @@ fn check_http(
 
 /// Longest destination template or name (stream, subject, exchange, routing key), in bytes.
 pub const MAX_DESTINATION_TEXT: usize = 256;
+
+/// An endpoint's `User-Agent`: 1 to [`MAX_USER_AGENT`] bytes of printable ASCII (what every
+/// receiver and proxy reads the same way).
+pub fn check_user_agent(ua: &str) -> Result<(), SpecError> {
+    if ua.is_empty() || ua.len() > MAX_USER_AGENT {
+        return Err(SpecError::new("user_agent", format!("must be 1-{MAX_USER_AGENT} bytes, not {}", ua.len())));
+    }
+    if !ua.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(SpecError::new("user_agent", "must be printable ASCII (no tab, control or non-ASCII character)"));
+    }
+    Ok(())
+}
 
 /// A Redis target's own settings: its stream template, a positive `maxlen`. The password
 /// is checked in clear when written, then sealed.
@@ -454,6 +471,16 @@ mod tests {
             assert!(err.to_string().contains("visible ASCII or spaces"), "{bad:?}: {err}");
         }
         assert!(check_header(&"x".repeat(MAX_HEADER_NAME + 1), "v").is_err());
+    }
+
+    #[test]
+    fn user_agents_are_printable_ascii_of_bounded_length() {
+        assert!(check_user_agent("acme-hooks/2.0 (+https://acme.example)").is_ok());
+        assert!(check_user_agent(&"u".repeat(MAX_USER_AGENT)).is_ok());
+        for bad in ["", "caf\u{e9}", "a\tb", "a\r\nx-evil: 1", &"u".repeat(MAX_USER_AGENT + 1)] {
+            let e = check_user_agent(bad).unwrap_err();
+            assert!(e.to_string().starts_with("user_agent: "), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub(super) struct SpecDoc {
     proxy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tls: Option<EndpointTls>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    user_agent: Option<String>,
     #[serde(default, skip_serializing_if = "EndpointKind::is_http")]
     kind: EndpointKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,7 +51,7 @@ impl TryFrom<SpecDoc> for EndpointSpec {
     type Error = ShapeError;
 
     fn try_from(d: SpecDoc) -> Result<EndpointSpec, ShapeError> {
-        let http = HttpSettings { oauth2: d.oauth2, proxy: d.proxy, tls: d.tls };
+        let http = HttpSettings { oauth2: d.oauth2, proxy: d.proxy, tls: d.tls, user_agent: d.user_agent };
         Ok(EndpointSpec {
             target: Target::from_flat(d.kind, d.url, d.destination, http)?,
             description: d.description,
@@ -71,7 +73,7 @@ impl TryFrom<SpecDoc> for EndpointSpec {
 
 impl From<EndpointSpec> for SpecDoc {
     fn from(s: EndpointSpec) -> SpecDoc {
-        let (kind, url, destination, HttpSettings { oauth2, proxy, tls }) = s.target.into_flat();
+        let (kind, url, destination, HttpSettings { oauth2, proxy, tls, user_agent }) = s.target.into_flat();
         SpecDoc {
             url,
             description: s.description,
@@ -90,6 +92,7 @@ impl From<EndpointSpec> for SpecDoc {
             oauth2,
             proxy,
             tls,
+            user_agent,
             kind,
             destination,
         }

@@ -28,6 +28,8 @@ pub struct HttpTarget {
     pub proxy: Option<String>,
     /// TLS client certificate and private CA.
     pub tls: Option<EndpointTls>,
+    /// The `User-Agent` its requests carry; `None`: Herald's (`herald/<version>`).
+    pub user_agent: Option<String>,
 }
 
 /// `XADD` to a Redis stream (`redis://host:port[/db]`).
@@ -83,12 +85,13 @@ pub struct HttpSettings {
     pub oauth2: Option<OAuth2>,
     pub proxy: Option<String>,
     pub tls: Option<EndpointTls>,
+    pub user_agent: Option<String>,
 }
 
 impl Target {
     /// An HTTP target at `url` with none of its own settings.
     pub fn http(url: impl Into<String>) -> Target {
-        Target::Http(HttpTarget { url: url.into(), oauth2: None, proxy: None, tls: None })
+        Target::Http(HttpTarget { url: url.into(), oauth2: None, proxy: None, tls: None, user_agent: None })
     }
 
     pub fn kind(&self) -> EndpointKind {
@@ -129,16 +132,20 @@ impl Target {
         let Some(d) = destination else {
             return match kind {
                 EndpointKind::Http => {
-                    let HttpSettings { oauth2, proxy, tls } = http;
-                    Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls }))
+                    let HttpSettings { oauth2, proxy, tls, user_agent } = http;
+                    Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent }))
                 }
                 _ => {
                     Err(ShapeError { field: "destination", reason: format!("is required for kind {}", kind.as_str()) })
                 }
             };
         };
-        let http_only =
-            [("oauth2", http.oauth2.is_some()), ("tls", http.tls.is_some()), ("proxy", http.proxy.is_some())];
+        let http_only = [
+            ("oauth2", http.oauth2.is_some()),
+            ("tls", http.tls.is_some()),
+            ("proxy", http.proxy.is_some()),
+            ("user_agent", http.user_agent.is_some()),
+        ];
         if let (false, Some((field, _))) = (kind.is_http(), http_only.into_iter().find(|(_, set)| *set)) {
             return Err(ShapeError { field, reason: format!("is for kind http only, not {}", kind.as_str()) });
         }
@@ -157,8 +164,8 @@ impl Target {
     pub fn into_flat(self) -> (EndpointKind, String, Option<Destination>, HttpSettings) {
         let kind = self.kind();
         match self {
-            Target::Http(HttpTarget { url, oauth2, proxy, tls }) => {
-                (kind, url, None, HttpSettings { oauth2, proxy, tls })
+            Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent }) => {
+                (kind, url, None, HttpSettings { oauth2, proxy, tls, user_agent })
             }
             Target::RedisStream(RedisTarget { url, stream, maxlen, username, password }) => {
                 let d = Destination { stream: Some(stream), maxlen, username, password, ..Destination::default() };

@@ -33,8 +33,9 @@ pub(in crate::worker) struct Opened {
 /// How an endpoint's requests leave the node, built once per claim.
 pub(in crate::worker) enum Transport {
     /// An HTTP `POST` along `route`, with the node's token for `auth` when it has OAuth2
-    /// credentials (opened). `keep_headers`: a classify plugin reads the answer's headers.
-    Http { url: String, route: Route, auth: Option<OAuth2>, keep_headers: bool },
+    /// credentials (opened), as `user_agent` if it has its own. `keep_headers`: a classify
+    /// plugin reads the answer's headers.
+    Http { url: String, route: Route, auth: Option<OAuth2>, user_agent: Option<String>, keep_headers: bool },
     /// A publish to a broker, its credentials opened (the broker pool's key), to where
     /// `template` names for each event.
     Broker {
@@ -173,7 +174,8 @@ fn http(
         other => other.clone(),
     };
     let route = Route { via, tls, ..deadlines(spec) };
-    Ok(Transport::Http { url: t.url.clone(), route, auth, keep_headers: spec.plugins.classify.is_some() })
+    let (url, user_agent, keep_headers) = (t.url.clone(), t.user_agent.clone(), spec.plugins.classify.is_some());
+    Ok(Transport::Http { url, route, auth, user_agent, keep_headers })
 }
 
 /// An endpoint's TLS material, its key opened, parsed into a client configuration.
@@ -202,7 +204,7 @@ pub(in crate::worker) enum Sent {
 impl Transport {
     /// Sends `request` for `d` and waits for what comes back.
     pub(in crate::worker) async fn send(&self, inner: &Inner, d: &Claimed, request: Request) -> Sent {
-        let Request { headers, body, is_envelope } = request;
+        let Request { mut headers, body, is_envelope } = request;
         match self {
             Transport::Broker { kind, url, destination, template, connect_timeout, timeout } => {
                 let sent = SentRequest::new(&headers, &body, is_envelope);
@@ -222,7 +224,12 @@ impl Transport {
                 inner.metrics.attempts.inc();
                 Sent::Answered(outcome, sent)
             }
-            Transport::Http { url, route, auth, keep_headers } => {
+            Transport::Http { url, route, auth, user_agent, keep_headers } => {
+                if let Some(ua) = user_agent {
+                    for (_, v) in headers.iter_mut().filter(|(k, _)| k.eq_ignore_ascii_case("user-agent")) {
+                        v.clone_from(ua);
+                    }
+                }
                 let out = |headers, body| Outgoing {
                     url: url.clone(),
                     headers,

@@ -75,6 +75,9 @@ pub(crate) struct EndpointIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<TlsIn>, nullable)]
     tls: Option<Option<TlsIn>>,
+    /// The `User-Agent` of the endpoint's requests (kind `http`): 1-256 bytes of printable
+    /// ASCII; `""` (the default) sends Herald's, `herald/<version>`.
+    user_agent: Option<String>,
 }
 
 /// A broker destination as written. Templates take `{type}` (the event type) and
@@ -301,12 +304,13 @@ fn retry(r: RetryIn, stored: RetryOverrideDoc) -> Result<RetryOverrideDoc, ApiEr
     })
 }
 
-/// HTTP's own settings (proxy, TLS, OAuth2), patched in their flat form.
+/// HTTP's own settings (proxy, TLS, OAuth2, `User-Agent`), patched in their flat form.
 fn http_settings(state: &AppState, stored: HttpSettings, input: EndpointIn) -> Result<HttpSettings, ApiError> {
-    let HttpSettings { mut proxy, tls: mut tls_now, oauth2: mut oauth2_now } = stored;
+    let HttpSettings { mut proxy, tls: mut tls_now, oauth2: mut oauth2_now, user_agent } = stored;
     if let Some(p) = input.proxy {
         proxy = (!p.is_empty()).then_some(p);
     }
+    let user_agent = patched(input.user_agent, user_agent);
     match input.tls {
         None => {}
         Some(None) => tls_now = None,
@@ -317,7 +321,7 @@ fn http_settings(state: &AppState, stored: HttpSettings, input: EndpointIn) -> R
         Some(None) => oauth2_now = None,
         Some(Some(o)) => oauth2_now = Some(oauth2(oauth2_now.take(), o)?),
     }
-    Ok(HttpSettings { oauth2: oauth2_now, proxy, tls: tls_now })
+    Ok(HttpSettings { oauth2: oauth2_now, proxy, tls: tls_now, user_agent })
 }
 
 /// A text field patched: a new value replaces the stored one, `""` removes it, and an
@@ -512,6 +516,8 @@ pub(crate) struct EndpointOut {
     /// The endpoint's own proxy (password shown as `***`) or `"none"`; null: the node's.
     proxy: Option<String>,
     tls: Option<TlsOut>,
+    /// The endpoint's own `User-Agent`; null: Herald's.
+    user_agent: Option<String>,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -609,6 +615,7 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
             client_key_set: t.client_key.is_some(),
             ca_bundle: t.ca_bundle,
         }),
+        user_agent: http.user_agent,
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
