@@ -209,9 +209,9 @@ export async function endpointPage(main, id, rerender) {
 }
 
 /** What a receiver is told about the endpoint's settings: its URL, description, event
- *  types, content filter (JSON; empty removes it) and custom headers (`Name: value`, one a
- *  line). Only what changed is sent, so an unchanged list of types is not checked again
- *  against the catalog. */
+ *  types, content filter (JSON; empty removes it), custom headers (`Name: value`, one a
+ *  line) and, for HTTP, its `User-Agent`. Only what changed is sent, so an unchanged list of
+ *  types is not checked again against the catalog. */
 function editForm(e, path, submit, done) {
   const headerText = (hs) => Object.entries(hs).map(([k, v]) => `${k}: ${v}`).join('\n');
   const filterText = (f) => (f ? JSON.stringify(f) : '');
@@ -220,6 +220,8 @@ function editForm(e, path, submit, done) {
   const types = h('input', { name: 'event_types', value: e.event_types.join(', '), class: 'wide', placeholder: 'comma separated; empty: every type' });
   const filter = h('textarea', { name: 'filter', rows: '2', class: 'wide', placeholder: '{"data.amount": {"$gte": 100}}; empty: every event' }, filterText(e.filter));
   const headers = h('textarea', { name: 'headers', rows: '3', class: 'wide', placeholder: 'X-Name: value, one a line' }, headerText(e.headers));
+  const http = e.kind === 'http';
+  const userAgent = h('input', { name: 'user_agent', value: e.user_agent || '', class: 'wide', placeholder: "empty: Herald's (herald/<version>)" });
   return h('form', { class: 'inline', 'aria-label': 'Edit endpoint', onsubmit: submit(async () => {
     const body = {};
     if (url.value.trim() !== e.url) body.url = url.value.trim();
@@ -228,11 +230,13 @@ function editForm(e, path, submit, done) {
     if (eventTypes.join(',') !== e.event_types.join(',')) body.event_types = eventTypes;
     if (filter.value.trim() !== filterText(e.filter)) body.filter = parseFilter(filter.value);
     if (headers.value.trim() !== headerText(e.headers)) body.headers = parseHeaders(headers.value);
+    if (http && userAgent.value.trim() !== (e.user_agent || '')) body.user_agent = userAgent.value.trim();
     if (Object.keys(body).length === 0) throw new Error('Nothing changed.');
     await api('PATCH', path, { body });
     done('Endpoint saved.');
   }) }, field('URL', url), field('Description', description), field('Event types', types),
-  field('Filter (JSON)', filter), field('Headers (Name: value, one a line)', headers), h('button', { type: 'submit' }, 'Save endpoint'));
+  field('Filter (JSON)', filter), field('Headers (Name: value, one a line)', headers),
+  http ? field('User-Agent', userAgent) : null, h('button', { type: 'submit' }, 'Save endpoint'));
 }
 
 /** A filter as typed: JSON, or nothing (null: no filter). */

@@ -12,16 +12,17 @@
 //!   certificate, opened key and CA bundle) gets a pool of its own, keyed by the material's
 //!   digest; `spec::check_tls` validates it when written, and `sign/seal.rs` seals the key
 //!   under `[secrets] key` (AES-256-GCM, ring), and the OAuth2 client secret too
-//!   (`seal::open_oauth2` opens it once per claim for the worker, and for the API's token
-//!   view: tokens are cached by the credentials in clear).
+//!   (`worker/target.rs` opens them once per claim; `seal::open_oauth2` opens the secret for
+//!   the API's token view: tokens are cached by the credentials in clear).
 //! - `deliver/oauth.rs`: the node's OAuth2 token cache and the token request, through the
-//!   same guarded client; `worker/attempt.rs` sends with the token, refreshes once on a 401,
-//!   and turns a failed token request into `auth:token` (`classify::token_failed`).
+//!   same guarded client; `Deliverer::send_authorized` sends with the token and refreshes
+//!   once on a 401; the worker turns a failed token request into `auth:token`
+//!   (`classify::token_failed`).
 //! - Broker destinations (`Deliverer::publish`): `deliver/broker.rs` and one submodule per
 //!   client crate, which only it links (`tidy.rs`): `deliver/redis.rs` (XADD),
 //!   `deliver/nats.rs` (JetStream publish, `Nats-Msg-Id`), `deliver/amqp.rs` (publisher
-//!   confirms); `worker/attempt.rs::published` sends a broker endpoint's attempt through it,
-//!   its password or token opened from `[secrets]` once per claim (`worker/partition.rs`).
+//!   confirms); the worker's `Transport::Broker` sends a broker endpoint's attempt through it,
+//!   its password or token opened from `[secrets]` once per claim (`worker/target.rs`).
 //! - `deliver/otlp.rs`: the span exporter's HTTP client (`telemetry`), Herald's hyper.
 
 use std::collections::HashMap;
@@ -48,7 +49,7 @@ pub mod otlp;
 mod redis;
 pub use broker::Message;
 pub use connect::Via;
-pub use oauth::{Token, TokenState};
+pub use oauth::{Authorized, Token, TokenState};
 
 /// How much of a response body is kept with the attempt.
 pub const BODY_PREFIX: usize = 1024;

@@ -19,6 +19,8 @@ mod plugin_settings;
 mod portal;
 mod replay;
 mod sent;
+mod stored;
+mod target;
 mod trace;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
@@ -32,6 +34,7 @@ pub use plugin_settings::*;
 pub use portal::{Branding, PortalSession};
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
+pub use target::{AmqpTarget, HttpSettings, HttpTarget, NatsTarget, RedisTarget, ShapeError, Target};
 pub use trace::{TRACEPARENT, TRACESTATE, TraceContext, span_id};
 
 /// Milliseconds since the Unix epoch: how every instant is stored.
@@ -254,10 +257,12 @@ impl SecretEntry {
     }
 }
 
-/// The configurable part of an endpoint, stored as one document.
+/// The configurable part of an endpoint: the delivery settings every kind shares, and
+/// where deliveries go ([`Target`]). Stored as one flat document (`stored::SpecDoc`, the
+/// form the API shows too), so documents written before the target was a type still read.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(try_from = "stored::SpecDoc", into = "stored::SpecDoc")]
 pub struct EndpointSpec {
-    pub url: String,
     pub description: String,
     pub event_types: Vec<String>,
     /// What an event's content must match, beside `event_types` (`None`: anything).
@@ -268,35 +273,65 @@ pub struct EndpointSpec {
     pub max_in_flight: u32,
     pub timeout_ms: u64,
     pub connect_timeout_ms: u64,
-    #[serde(default)]
     pub retry: RetryOverrideDoc,
-    #[serde(default)]
     pub plugins: PluginBindings,
-    #[serde(default)]
+    /// Sent with every delivery (HTTP headers, or a broker message's).
     pub headers: BTreeMap<String, String>,
     pub secrets: Vec<SecretEntry>,
     /// Deliveries go out one at a time, in intake order, per endpoint or per event key.
-    #[serde(default, skip_serializing_if = "DeliveryOrder::is_none")]
     pub ordering: DeliveryOrder,
     /// With `ordering`: whether a dead-lettered head holds its key.
-    #[serde(default, skip_serializing_if = "DeadHead::is_skip")]
     pub ordering_on_dead: DeadHead,
-    /// OAuth2 client credentials for the endpoint's requests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub oauth2: Option<OAuth2>,
-    /// The egress proxy for this endpoint: an `http://` CONNECT proxy URL, or `"none"`;
-    /// absent: the node's `delivery.proxy`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proxy: Option<String>,
-    /// TLS client certificate and private CA.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<EndpointTls>,
-    /// Where deliveries go: an HTTP `POST` (the default) or a broker at `url`.
-    #[serde(default, skip_serializing_if = "EndpointKind::is_http")]
-    pub kind: EndpointKind,
-    /// A broker destination's settings (`kind` other than `http`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub destination: Option<Destination>,
+    /// Where deliveries go, with the settings of that kind alone.
+    pub target: Target,
+}
+
+/// The pacing and deadlines of a new endpoint.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub rate_per_sec: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+    pub timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+}
+
+impl EndpointSpec {
+    /// A spec that sends to `target`, signed with `secret`, at `limits`: every type, no
+    /// description, plugins, headers, ordering or retry override.
+    pub fn new(target: Target, secret: String, limits: Limits) -> EndpointSpec {
+        let Limits { rate_per_sec, burst, max_in_flight, timeout_ms, connect_timeout_ms } = limits;
+        EndpointSpec {
+            description: String::new(),
+            event_types: Vec::new(),
+            rate_per_sec,
+            burst,
+            max_in_flight,
+            timeout_ms,
+            connect_timeout_ms,
+            retry: RetryOverrideDoc::default(),
+            plugins: PluginBindings::default(),
+            headers: BTreeMap::new(),
+            secrets: vec![SecretEntry { secret, expires_at: None }],
+            ordering: DeliveryOrder::None,
+            ordering_on_dead: DeadHead::Skip,
+            target,
+        }
+    }
+
+    /// The operator's endpoint (`ops`): operational events to `url`, signed with `secret`.
+    pub fn operator(url: String, secret: String) -> EndpointSpec {
+        let limits =
+            Limits { rate_per_sec: 50.0, burst: 50, max_in_flight: 4, timeout_ms: 10_000, connect_timeout_ms: 3_000 };
+        EndpointSpec { description: "operator".into(), ..EndpointSpec::new(Target::http(url), secret, limits) }
+    }
+
+    /// A test's HTTP endpoint at `url`: 10 per second, 4 in flight, a fixed secret.
+    pub fn for_test(url: impl Into<String>) -> EndpointSpec {
+        let limits =
+            Limits { rate_per_sec: 10.0, burst: 10, max_in_flight: 4, timeout_ms: 10_000, connect_timeout_ms: 3_000 };
+        EndpointSpec::new(Target::http(url), "whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0".into(), limits)
+    }
 }
 
 /// The stored form of a per-endpoint retry override (durations in milliseconds).

@@ -55,28 +55,7 @@ impl Ops {
                 Err(e) => return Err(e),
             }
         }
-        let spec = EndpointSpec {
-            url: url.clone(),
-            description: "operator".into(),
-            event_types: Vec::new(),
-            filter: None,
-            rate_per_sec: 50.0,
-            burst: 50,
-            max_in_flight: 4,
-            timeout_ms: 10_000,
-            connect_timeout_ms: 3_000,
-            retry: RetryOverrideDoc::default(),
-            plugins: PluginBindings::default(),
-            headers: Default::default(),
-            secrets: vec![SecretEntry::v1(config.secret.expose().to_string())],
-            ordering: DeliveryOrder::None,
-            ordering_on_dead: DeadHead::Skip,
-            oauth2: None,
-            proxy: None,
-            tls: None,
-            kind: EndpointKind::Http,
-            destination: None,
-        };
+        let spec = EndpointSpec::operator(url.clone(), config.secret.expose().to_string());
         let id = EndpointId::from_stored(OPS_ENDPOINT);
         match store.endpoint(&id).await? {
             Some(mut e) if e.spec != spec => {

@@ -6,7 +6,10 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use crate::model::{Destination, EndpointKind, EndpointSpec, SecretEntry, TEMPLATE_PLACEHOLDERS, validate_type_filter};
+use crate::model::{
+    AmqpTarget, EndpointKind, EndpointSpec, HttpTarget, NatsTarget, RedisTarget, SecretEntry, ShapeError,
+    TEMPLATE_PLACEHOLDERS, Target, validate_type_filter,
+};
 use crate::schedule::{RetryOverride, RetryPolicy};
 
 /// Longest endpoint URL, in bytes.
@@ -17,6 +20,8 @@ pub const MAX_DESCRIPTION: usize = 1024;
 pub const MAX_EVENT_TYPES: usize = 100;
 /// Most custom headers on an endpoint.
 pub const MAX_HEADERS: usize = 20;
+/// Longest endpoint `user_agent`, in bytes.
+pub const MAX_USER_AGENT: usize = 256;
 /// Longest custom header name, in bytes.
 pub const MAX_HEADER_NAME: usize = 128;
 /// Longest custom header value, in bytes (sent on every attempt).
@@ -157,8 +162,14 @@ impl EndpointSpec {
     /// custom headers and secrets. Plugin bindings are resolved by the caller, which knows
     /// the tenant's plugins.
     pub fn validate(&self, rules: &SpecRules<'_>) -> Result<(), SpecError> {
-        check_url_of("url", &self.url, rules.allow_private_destinations, self.kind)?;
-        check_destination(self)?;
+        let allow_private = rules.allow_private_destinations;
+        check_url_of("url", self.target.url(), allow_private, self.target.kind())?;
+        match &self.target {
+            Target::Http(_) => {}
+            Target::RedisStream(t) => check_redis(t)?,
+            Target::Nats(t) => check_nats(t)?,
+            Target::Amqp(t) => check_amqp(t)?,
+        }
         check_text("description", &self.description, MAX_DESCRIPTION)?;
         if self.event_types.len() > MAX_EVENT_TYPES {
             return Err(SpecError::new("event_types", format!("at most {MAX_EVENT_TYPES} entries")));
@@ -184,19 +195,10 @@ impl EndpointSpec {
         for s in &self.secrets {
             check_secret(s)?;
         }
-        if let Some(p) = &self.proxy
-            && p != "none"
-        {
-            check_text("proxy", p, MAX_URL)?;
-            crate::net::proxy::ProxyUrl::parse(p).map_err(|e| SpecError::new("proxy", format!("{e} (or \"none\")")))?;
+        match &self.target {
+            Target::Http(t) => check_http(t, &self.headers, allow_private),
+            _ => Ok(()),
         }
-        if let Some(auth) = &self.oauth2 {
-            check_oauth2(auth, rules.allow_private_destinations)?;
-            if self.headers.keys().any(|k| k.eq_ignore_ascii_case("authorization")) {
-                return Err(SpecError::new("headers.authorization", "is the OAuth2 token's; remove it or oauth2"));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -217,66 +219,96 @@ fn check_secret(s: &SecretEntry) -> Result<(), SpecError> {
     Ok(())
 }
 
+impl From<ShapeError> for SpecError {
+    fn from(e: ShapeError) -> SpecError {
+        SpecError::new(e.field, e.reason)
+    }
+}
+
+/// An HTTP target's own settings: its `User-Agent`, its proxy, and its OAuth2 credentials
+/// (which own the `authorization` header).
+fn check_http(
+    t: &HttpTarget,
+    headers: &std::collections::BTreeMap<String, String>,
+    allow_private: bool,
+) -> Result<(), SpecError> {
+    if let Some(ua) = &t.user_agent {
+        check_user_agent(ua)?;
+    }
+    if let Some(p) = &t.proxy
+        && p != "none"
+    {
+        check_text("proxy", p, MAX_URL)?;
+        crate::net::proxy::ProxyUrl::parse(p).map_err(|e| SpecError::new("proxy", format!("{e} (or \"none\")")))?;
+    }
+    if let Some(auth) = &t.oauth2 {
+        check_oauth2(auth, allow_private)?;
+        if headers.keys().any(|k| k.eq_ignore_ascii_case("authorization")) {
+            return Err(SpecError::new("headers.authorization", "is the OAuth2 token's; remove it or oauth2"));
+        }
+    }
+    Ok(())
+}
+
 /// Longest destination template or name (stream, subject, exchange, routing key), in bytes.
 pub const MAX_DESTINATION_TEXT: usize = 256;
 
-/// A broker endpoint's settings: the template its kind needs (and no other kind's), known
-/// placeholders only, credentials its kind takes; no HTTP-only setting (`oauth2`, `tls`,
-/// `proxy`). An HTTP endpoint has no `destination`.
-fn check_destination(spec: &EndpointSpec) -> Result<(), SpecError> {
-    let kind = spec.kind;
-    let Some(dest) = &spec.destination else {
-        return match kind {
-            EndpointKind::Http => Ok(()),
-            _ => Err(SpecError::new("destination", format!("is required for kind {}", kind.as_str()))),
-        };
-    };
-    if kind.is_http() {
-        return Err(SpecError::new("destination", "is only for the kinds redis-stream, nats and amqp"));
+/// An endpoint's `User-Agent`: 1 to [`MAX_USER_AGENT`] bytes of printable ASCII (what every
+/// receiver and proxy reads the same way).
+pub fn check_user_agent(ua: &str) -> Result<(), SpecError> {
+    if ua.is_empty() || ua.len() > MAX_USER_AGENT {
+        return Err(SpecError::new("user_agent", format!("must be 1-{MAX_USER_AGENT} bytes, not {}", ua.len())));
     }
-    for (field, set) in
-        [("oauth2", spec.oauth2.is_some()), ("tls", spec.tls.is_some()), ("proxy", spec.proxy.is_some())]
-    {
-        if set {
-            return Err(SpecError::new(field, format!("is for kind http only, not {}", kind.as_str())));
-        }
-    }
-    let Destination { stream, maxlen, subject, exchange, routing_key, username, password, token } = dest;
-    let (name, needed) = match kind {
-        EndpointKind::RedisStream => ("destination.stream", stream),
-        EndpointKind::Nats => ("destination.subject", subject),
-        _ => ("destination.routing_key", routing_key),
-    };
-    let template = needed.as_deref().ok_or_else(|| SpecError::new(name, "required"))?;
-    check_template(name, template, kind)?;
-    let foreign = [
-        ("destination.stream", stream.is_some() && kind != EndpointKind::RedisStream),
-        ("destination.maxlen", maxlen.is_some() && kind != EndpointKind::RedisStream),
-        ("destination.subject", subject.is_some() && kind != EndpointKind::Nats),
-        ("destination.exchange", exchange.is_some() && kind != EndpointKind::Amqp),
-        ("destination.routing_key", routing_key.is_some() && kind != EndpointKind::Amqp),
-        ("destination.token", token.is_some() && kind != EndpointKind::Nats),
-    ];
-    if let Some((field, _)) = foreign.iter().find(|(_, bad)| *bad) {
-        return Err(SpecError::new(*field, format!("is not a setting of kind {}", kind.as_str())));
-    }
-    if *maxlen == Some(0) {
-        return Err(SpecError::new("destination.maxlen", "must be positive"));
-    }
-    if let Some(x) = exchange {
-        check_text("destination.exchange", x, MAX_DESTINATION_TEXT)?;
-    }
-    if let Some(u) = username {
-        check_text("destination.username", u, MAX_DESTINATION_TEXT)?;
-    }
-    // The password and token are checked in clear when written, then sealed.
-    if token.is_some() && (username.is_some() || password.is_some()) {
-        return Err(SpecError::new("destination.token", "is instead of username and password, not with them"));
-    }
-    if password.is_some() && username.is_none() && kind != EndpointKind::RedisStream {
-        return Err(SpecError::new("destination.username", "is required with destination.password"));
+    if !ua.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(SpecError::new("user_agent", "must be printable ASCII (no tab, control or non-ASCII character)"));
     }
     Ok(())
+}
+
+/// A Redis target's own settings: its stream template, a positive `maxlen`. The password
+/// is checked in clear when written, then sealed.
+fn check_redis(t: &RedisTarget) -> Result<(), SpecError> {
+    check_template("destination.stream", &t.stream, EndpointKind::RedisStream)?;
+    if t.maxlen == Some(0) {
+        return Err(SpecError::new("destination.maxlen", "must be positive"));
+    }
+    check_username(t.username.as_deref())
+}
+
+/// A NATS target's own settings: its subject template, and a token or a username with its
+/// password, not both.
+fn check_nats(t: &NatsTarget) -> Result<(), SpecError> {
+    check_template("destination.subject", &t.subject, EndpointKind::Nats)?;
+    check_username(t.username.as_deref())?;
+    if t.token.is_some() && (t.username.is_some() || t.password.is_some()) {
+        return Err(SpecError::new("destination.token", "is instead of username and password, not with them"));
+    }
+    check_password_user(t.password.is_some(), t.username.as_deref())
+}
+
+/// An AMQP target's own settings: its routing key template, exchange and credentials.
+fn check_amqp(t: &AmqpTarget) -> Result<(), SpecError> {
+    check_template("destination.routing_key", &t.routing_key, EndpointKind::Amqp)?;
+    if let Some(x) = &t.exchange {
+        check_text("destination.exchange", x, MAX_DESTINATION_TEXT)?;
+    }
+    check_username(t.username.as_deref())?;
+    check_password_user(t.password.is_some(), t.username.as_deref())
+}
+
+fn check_username(username: Option<&str>) -> Result<(), SpecError> {
+    match username {
+        Some(u) => check_text("destination.username", u, MAX_DESTINATION_TEXT),
+        None => Ok(()),
+    }
+}
+
+/// A password needs its username (Redis alone takes a password by itself).
+fn check_password_user(password: bool, username: Option<&str>) -> Result<(), SpecError> {
+    match password && username.is_none() {
+        true => Err(SpecError::new("destination.username", "is required with destination.password")),
+        false => Ok(()),
+    }
 }
 
 /// A destination template: not empty, visible ASCII, only the known `{…}` placeholders; a
@@ -456,6 +488,16 @@ mod tests {
             assert!(err.to_string().contains("visible ASCII or spaces"), "{bad:?}: {err}");
         }
         assert!(check_header(&"x".repeat(MAX_HEADER_NAME + 1), "v").is_err());
+    }
+
+    #[test]
+    fn user_agents_are_printable_ascii_of_bounded_length() {
+        assert!(check_user_agent("acme-hooks/2.0 (+https://acme.example)").is_ok());
+        assert!(check_user_agent(&"u".repeat(MAX_USER_AGENT)).is_ok());
+        for bad in ["", "caf\u{e9}", "a\tb", "a\r\nx-evil: 1", &"u".repeat(MAX_USER_AGENT + 1)] {
+            let e = check_user_agent(bad).unwrap_err();
+            assert!(e.to_string().starts_with("user_agent: "), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod known;
 mod members;
 mod partition;
 mod signal;
+mod target;
 
 pub use decide::{Decision, EndpointAction, EndpointEffect, decide, endpoint_effect};
 

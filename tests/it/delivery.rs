@@ -19,6 +19,7 @@ tests::backends!(
     redirects_are_not_followed_and_transport_failures_are_retried,
     events_past_their_ttl_become_dead_letters,
     requests_carry_a_verifiable_standard_webhooks_signature,
+    an_endpoints_own_user_agent_is_what_the_receiver_gets,
 );
 
 const FAST_RETRY: &str = r#"{"base": "100ms", "factor": 2, "cap": "1s", "jitter": "none", "max_attempts": 5}"#;
@@ -446,5 +447,45 @@ async fn producers_posting_at_once_settle_into_claim_at_intake() -> anyhow::Resu
     let got = rx.received();
     let ids: std::collections::HashSet<&str> = got.iter().filter_map(|r| r.header("webhook-id")).collect();
     assert_eq!(ids.len(), PRODUCERS * EACH, "each event arrives");
+    Ok(())
+}
+
+/// An endpoint's `user_agent` is the `User-Agent` its receiver gets (and what the attempt
+/// records as sent); a bad one is refused naming the field and changes nothing; `""` returns
+/// to Herald's; a broker kind takes none.
+async fn an_endpoints_own_user_agent_is_what_the_receiver_gets(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    let ua = "acme-hooks/2.0 (+https://acme.example/hooks)";
+    let ep = setup(&gw, &rx, json!({"user_agent": ua})).await?;
+    assert_eq!(ep["user_agent"], ua, "{ep}");
+    let path = format!("/v1/tenants/acme/endpoints/{}", ep["id"].as_str().unwrap());
+    gw.api.event("acme", json!({"id": "evt_ua", "type": "t", "payload": {}})).await?.expect(202)?;
+    let got = rx.wait_for(1, Duration::from_secs(5)).await?;
+    assert_eq!(got[0].header("user-agent"), Some(ua));
+    let d = wait_state(&gw, "evt_ua", "delivered", Duration::from_secs(5)).await?;
+    let sent = &d["attempt_history"][0]["request"]["headers"];
+    assert!(sent.as_array().unwrap().iter().any(|h| h[0] == "user-agent" && h[1] == ua), "{sent}");
+
+    for bad in ["caf\u{e9}".to_string(), "a\tb".into(), "a\r\nx-evil: 1".into(), "u".repeat(257)] {
+        let body = json!({"user_agent": bad});
+        let r = gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(body.clone())).await?;
+        assert_eq!(r.status, 422, "{body}: {}", r.text);
+        assert!(r.text.contains("user_agent: "), "{body}: {}", r.text);
+    }
+    assert_eq!(gw.api.get(&path, ADMIN_TOKEN).await?.json["user_agent"], ua, "a refused patch changes nothing");
+
+    let r = gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"user_agent": ""}))).await?;
+    assert_eq!((r.status, &r.json["user_agent"]), (200, &Value::Null), "{}", r.text);
+    gw.api.event("acme", json!({"id": "evt_default_ua", "type": "t", "payload": {}})).await?.expect(202)?;
+    let got = rx.wait_for(2, Duration::from_secs(5)).await?;
+    assert!(got[1].header("user-agent").is_some_and(|v| v.starts_with("herald/")), "{:?}", got[1].header("user-agent"));
+
+    let broker = json!({
+        "kind": "redis-stream", "url": "redis://127.0.0.1:6379", "destination": {"stream": "s"}, "user_agent": ua,
+    });
+    let r = gw.api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, broker).await?;
+    assert_eq!(r.status, 422, "{}", r.text);
+    assert!(r.text.contains("user_agent: is for kind http only"), "{}", r.text);
     Ok(())
 }

@@ -150,12 +150,15 @@ const INNER: &[(&str, &[&[&str]])] = &[
         ],
     ),
     // Files of the vocabulary do not import each other, except that a destination's
-    // credentials are `egress::WriteOnly` (shown as written, never read back).
+    // credentials are `egress::WriteOnly` (shown as written, never read back), a target is
+    // built of both, and the stored form maps onto the target.
     (
         "model",
         &[
             &["bindings", "catalog", "egress", "filter", "plugin_settings", "portal", "replay", "sent", "trace"],
             &["destination"],
+            &["target"],
+            &["stored"],
             &["tests"],
         ],
     ),
@@ -164,7 +167,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
     // `connect` opens an HTTP destination's connection (SSRF guard, proxy), `broker` what
     // the broker clients share; above them their users.
     ("deliver", &[&["connect", "broker"], &["oauth", "otlp", "redis", "nats", "amqp"]]),
-    ("worker", &[&["known", "members"], &["decide", "signal"], &["attempt"], &["partition"]]),
+    ("worker", &[&["known", "members", "target"], &["decide", "signal"], &["attempt"], &["partition"]]),
     (
         "plugin",
         &[

@@ -96,6 +96,9 @@ pub(crate) struct EndpointIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<TlsIn>, nullable)]
     tls: Option<Option<TlsIn>>,
+    /// The `User-Agent` of the endpoint's requests (kind `http`): 1-256 bytes of printable
+    /// ASCII; `""` (the default) sends Herald's, `herald/<version>`.
+    user_agent: Option<String>,
 }
 
 /// A broker destination as written. Templates take `{type}` (the event type) and
@@ -231,21 +234,48 @@ fn duration_ms(field: &str, text: &str) -> Result<u64, ApiError> {
 
 /// Maps `input` onto `spec`, checks the plugin bindings against the tenant's plugins, and
 /// validates the result as a whole (`EndpointSpec::validate`, shared with config and ops).
-fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: EndpointIn) -> Result<(), ApiError> {
-    spec.kind = input.kind.unwrap_or(spec.kind);
-    if let Some(url) = input.url {
+/// The target is patched in its flat form (the API's), so a setting the new kind does not
+/// take is refused by name, not dropped.
+fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, mut input: EndpointIn) -> Result<(), ApiError> {
+    let allow_private = state.config.delivery.allow_private_destinations;
+    let (kind, url, destination, http) = spec.target.clone().into_flat();
+    let kind = input.kind.unwrap_or(kind);
+    let url = match input.url.take() {
         // Normalised (and checked again below with the rest).
-        spec.url = check_url_of("url", &url, state.config.delivery.allow_private_destinations, spec.kind)?;
-    }
-    match input.destination {
-        None => {}
-        Some(None) => spec.destination = None,
-        Some(Some(d)) => spec.destination = Some(destination(state, spec.destination.take(), d)?),
-    }
-    if let Some(d) = input.description {
+        Some(url) => check_url_of("url", &url, allow_private, kind)?,
+        None => url,
+    };
+    let destination = match input.destination.take() {
+        None => destination,
+        Some(None) => None,
+        Some(Some(d)) => Some(self::destination(state, destination, d)?),
+    };
+    apply_delivery(state, tenant, spec, &mut input)?;
+    let http = http_settings(state, http, input)?;
+    // The URL first, as the whole spec's check does: a kind changed without its URL says so.
+    check_url_of("url", &url, allow_private, kind)?;
+    spec.target = Target::from_flat(kind, url, destination, http).map_err(crate::spec::SpecError::from)?;
+    let rules = SpecRules {
+        retry: &state.config.retry,
+        max_timeout: crate::config::MAX_TIMEOUT,
+        allow_private_destinations: allow_private,
+    };
+    spec.validate(&rules)?;
+    seal_secrets(state, spec);
+    Ok(())
+}
+
+/// The settings every kind shares, patched.
+fn apply_delivery(
+    state: &AppState,
+    tenant: &TenantId,
+    spec: &mut EndpointSpec,
+    input: &mut EndpointIn,
+) -> Result<(), ApiError> {
+    if let Some(d) = input.description.take() {
         spec.description = d;
     }
-    if let Some(types) = input.event_types {
+    if let Some(types) = input.event_types.take() {
         // Against the catalog the tenant enforces, by the rule intake applies to events:
         // a type it would refuse to take, no endpoint can wait for.
         if let Some(refused) = state.catalog.refused_filter(tenant, &types) {
@@ -253,7 +283,7 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
         }
         spec.event_types = types;
     }
-    match input.filter {
+    match input.filter.take() {
         None => {}
         Some(None) => spec.filter = None,
         Some(Some(f)) => spec.filter = Some(Filter::parse(&f).map_err(|e| ApiError::unprocessable(e.to_string()))?),
@@ -261,56 +291,61 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, input: En
     spec.rate_per_sec = input.rate_per_sec.unwrap_or(spec.rate_per_sec);
     spec.burst = input.burst.unwrap_or(spec.burst);
     spec.max_in_flight = input.max_in_flight.unwrap_or(spec.max_in_flight);
-    if let Some(t) = input.timeout {
+    if let Some(t) = input.timeout.take() {
         spec.timeout_ms = duration_ms("timeout", &t)?;
     }
-    match input.connect_timeout {
+    match input.connect_timeout.take() {
         Some(t) => spec.connect_timeout_ms = duration_ms("connect_timeout", &t)?,
         // Unset, the connect deadline never outlasts the total one: `{"timeout": "2s"}`
         // connects within 2s rather than being refused for the 3s default.
         None => spec.connect_timeout_ms = spec.connect_timeout_ms.min(spec.timeout_ms),
     }
-    if let Some(r) = input.retry {
-        spec.retry = RetryOverrideDoc {
-            base_ms: r.base.map(|v| duration_ms("retry.base", &v)).transpose()?.or(spec.retry.base_ms),
-            factor: r.factor.or(spec.retry.factor),
-            cap_ms: r.cap.map(|v| duration_ms("retry.cap", &v)).transpose()?.or(spec.retry.cap_ms),
-            jitter: r.jitter.or(spec.retry.jitter.take()),
-            max_attempts: r.max_attempts.or(spec.retry.max_attempts),
-            ttl_ms: r.ttl.map(|v| duration_ms("retry.ttl", &v)).transpose()?.or(spec.retry.ttl_ms),
-        };
+    if let Some(r) = input.retry.take() {
+        spec.retry = retry(r, std::mem::take(&mut spec.retry))?;
     }
-    if let Some(p) = input.plugins {
+    if let Some(p) = input.plugins.take() {
         check_bindings(state, tenant, &p)?;
         spec.plugins = p;
     }
-    if let Some(h) = input.headers {
+    if let Some(h) = input.headers.take() {
         spec.headers = h;
     }
     spec.ordering = input.ordering.unwrap_or(spec.ordering);
     spec.ordering_on_dead = input.ordering_on_dead.unwrap_or(spec.ordering_on_dead);
-    keys::apply(spec, input.signatures, input.secret, input.signing_key)?;
+    keys::apply(spec, input.signatures.take(), input.secret.take(), input.signing_key.take())?;
+    Ok(())
+}
+
+/// A retry override patched onto the stored one: each field written replaces its own.
+fn retry(r: RetryIn, stored: RetryOverrideDoc) -> Result<RetryOverrideDoc, ApiError> {
+    Ok(RetryOverrideDoc {
+        base_ms: r.base.map(|v| duration_ms("retry.base", &v)).transpose()?.or(stored.base_ms),
+        factor: r.factor.or(stored.factor),
+        cap_ms: r.cap.map(|v| duration_ms("retry.cap", &v)).transpose()?.or(stored.cap_ms),
+        jitter: r.jitter.or(stored.jitter),
+        max_attempts: r.max_attempts.or(stored.max_attempts),
+        ttl_ms: r.ttl.map(|v| duration_ms("retry.ttl", &v)).transpose()?.or(stored.ttl_ms),
+    })
+}
+
+/// HTTP's own settings (proxy, TLS, OAuth2, `User-Agent`), patched in their flat form.
+fn http_settings(state: &AppState, stored: HttpSettings, input: EndpointIn) -> Result<HttpSettings, ApiError> {
+    let HttpSettings { mut proxy, tls: mut tls_now, oauth2: mut oauth2_now, user_agent } = stored;
     if let Some(p) = input.proxy {
-        spec.proxy = (!p.is_empty()).then_some(p);
+        proxy = (!p.is_empty()).then_some(p);
     }
+    let user_agent = patched(input.user_agent, user_agent);
     match input.tls {
         None => {}
-        Some(None) => spec.tls = None,
-        Some(Some(t)) => spec.tls = tls(state, spec.tls.take(), t)?,
+        Some(None) => tls_now = None,
+        Some(Some(t)) => tls_now = tls(state, tls_now.take(), t)?,
     }
     match input.oauth2 {
         None => {}
-        Some(None) => spec.oauth2 = None,
-        Some(Some(o)) => spec.oauth2 = Some(oauth2(spec.oauth2.take(), o)?),
+        Some(None) => oauth2_now = None,
+        Some(Some(o)) => oauth2_now = Some(oauth2(oauth2_now.take(), o)?),
     }
-    let rules = SpecRules {
-        retry: &state.config.retry,
-        max_timeout: crate::config::MAX_TIMEOUT,
-        allow_private_destinations: state.config.delivery.allow_private_destinations,
-    };
-    spec.validate(&rules)?;
-    seal_secrets(state, spec);
-    Ok(())
+    Ok(HttpSettings { oauth2: oauth2_now, proxy, tls: tls_now, user_agent })
 }
 
 /// A text field patched: a new value replaces the stored one, `""` removes it, and an
@@ -438,7 +473,7 @@ fn seal_secrets(state: &AppState, spec: &mut EndpointSpec) {
             entry.secret = sealer.seal(&entry.secret, &mut rand::rng());
         }
     }
-    let Some(auth) = spec.oauth2.as_mut() else { return };
+    let Target::Http(HttpTarget { oauth2: Some(auth), .. }) = &mut spec.target else { return };
     if !auth.client_secret_sealed {
         auth.client_secret = WriteOnly::new(sealer.seal(auth.client_secret.expose(), &mut rand::rng()));
         auth.client_secret_sealed = true;
@@ -516,6 +551,8 @@ pub(crate) struct EndpointOut {
     /// The endpoint's own proxy (password shown as `***`) or `"none"`; null: the node's.
     proxy: Option<String>,
     tls: Option<TlsOut>,
+    /// The endpoint's own `User-Agent`; null: Herald's.
+    user_agent: Option<String>,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -550,7 +587,7 @@ pub(crate) struct EndpointDetail {
 
 /// What this node knows of `e`'s OAuth2 token.
 fn token_view(state: &AppState, e: &Endpoint) -> Option<OAuth2TokenOut> {
-    let auth = e.spec.oauth2.as_ref()?;
+    let auth = e.spec.target.as_http()?.oauth2.as_ref()?;
     let deliverer = state.deliverer.as_ref()?;
     // The tokens are cached by the credentials in clear, as the worker uses them.
     let auth = match crate::sign::seal::open_oauth2(auth, state.config.secrets.as_deref()) {
@@ -583,21 +620,13 @@ fn duration_text(ms: u64) -> String {
 pub(crate) fn view(e: &Endpoint) -> EndpointOut {
     let s = &e.spec;
     let ms = |v: Option<u64>| v.map(duration_text);
+    let (kind, url, destination, http) = s.target.clone().into_flat();
     EndpointOut {
         id: e.id.to_string(),
         tenant: e.tenant.to_string(),
-        url: s.url.clone(),
-        kind: s.kind,
-        destination: s.destination.as_ref().map(|d| DestinationOut {
-            stream: d.stream.clone(),
-            maxlen: d.maxlen,
-            subject: d.subject.clone(),
-            exchange: d.exchange.clone(),
-            routing_key: d.routing_key.clone(),
-            username: d.username.clone(),
-            password_set: d.password.is_some(),
-            token_set: d.token.is_some(),
-        }),
+        url,
+        kind,
+        destination: destination.map(destination_view),
         description: s.description.clone(),
         event_types: s.event_types.clone(),
         filter: s.filter.as_ref().map(|f| f.as_json().clone()),
@@ -619,29 +648,49 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         ordering: s.ordering,
         ordering_on_dead: s.ordering_on_dead,
         signatures: keys::schemes(s),
-        oauth2: s.oauth2.as_ref().map(|o| OAuth2Out {
-            token_url: o.token_url.clone(),
-            client_id: o.client_id.clone(),
-            client_secret_set: !o.client_secret.expose().is_empty(),
-            scopes: o.scopes.clone(),
-            audience: o.audience.clone(),
-            client_auth: o.client_auth,
-        }),
-        proxy: s.proxy.as_ref().map(|p| match crate::net::proxy::ProxyUrl::parse(p) {
+        oauth2: http.oauth2.map(oauth2_view),
+        proxy: http.proxy.map(|p| match crate::net::proxy::ProxyUrl::parse(&p) {
             Ok(url) => url.to_string(),
             Err(_) => "none".to_string(),
         }),
-        tls: s.tls.as_ref().map(|t| TlsOut {
-            client_cert: t.client_cert.clone(),
+        tls: http.tls.map(|t| TlsOut {
+            client_cert: t.client_cert,
             client_key_set: t.client_key.is_some(),
-            ca_bundle: t.ca_bundle.clone(),
+            ca_bundle: t.ca_bundle,
         }),
+        user_agent: http.user_agent,
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
         failing_since: e.failing_since.map(rfc3339),
         created_at: rfc3339(e.created_at),
         updated_at: rfc3339(e.updated_at),
+    }
+}
+
+/// A broker destination as shown: the password and token only as set or not.
+fn destination_view(d: Destination) -> DestinationOut {
+    DestinationOut {
+        stream: d.stream,
+        maxlen: d.maxlen,
+        subject: d.subject,
+        exchange: d.exchange,
+        routing_key: d.routing_key,
+        username: d.username,
+        password_set: d.password.is_some(),
+        token_set: d.token.is_some(),
+    }
+}
+
+/// OAuth2 settings as shown: the secret only as set or not.
+fn oauth2_view(o: OAuth2) -> OAuth2Out {
+    OAuth2Out {
+        token_url: o.token_url,
+        client_id: o.client_id,
+        client_secret_set: !o.client_secret.expose().is_empty(),
+        scopes: o.scopes,
+        audience: o.audience,
+        client_auth: o.client_auth,
     }
 }
 
@@ -669,29 +718,15 @@ pub(crate) async fn create(
     let now = state.clock.now();
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_rng(&mut rand::rng());
     let d = state.config.endpoint_defaults;
-    let mut spec = EndpointSpec {
-        url: String::new(),
-        description: String::new(),
-        event_types: Vec::new(),
-        filter: None,
+    let limits = Limits {
         rate_per_sec: d.rate_per_sec,
         burst: d.burst,
         max_in_flight: d.max_in_flight,
         // Both bounded by the config's checks (at most 30s).
         timeout_ms: state.config.delivery.timeout.as_millis() as u64,
         connect_timeout_ms: state.config.delivery.connect_timeout.as_millis() as u64,
-        retry: RetryOverrideDoc::default(),
-        plugins: PluginBindings::default(),
-        headers: BTreeMap::new(),
-        secrets: vec![SecretEntry::v1(Secret::generate(&mut rng).to_string())],
-        ordering: DeliveryOrder::None,
-        ordering_on_dead: DeadHead::Skip,
-        oauth2: None,
-        proxy: None,
-        tls: None,
-        kind: EndpointKind::Http,
-        destination: None,
     };
+    let mut spec = EndpointSpec::new(Target::http(""), Secret::generate(&mut rng).to_string(), limits);
     // A binding is checked and written under the tenant's plugin lock (see `PluginLocks`).
     let _bindings = match input.plugins.is_some() {
         true => Some(state.plugin_locks.lock(&tenant).await),

@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use super::{Deliverer, Route, error_chain, kind_of};
+use super::{Deliverer, Outgoing, Route, error_chain, kind_of};
 use crate::model::{ClientAuth, OAuth2};
 
 /// A token response larger than this is refused.
@@ -49,6 +49,18 @@ impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Token(#{} [redacted])", self.generation)
     }
+}
+
+/// A request sent with a token ([`Deliverer::send_authorized`]).
+#[derive(Debug)]
+pub struct Authorized {
+    /// What the last request got; `Err`: the token endpoint gave no token (why, fit for
+    /// the attempt record: `auth:token`), and nothing more was sent.
+    pub outcome: Result<crate::classify::Outcome, String>,
+    /// The headers as sent, the token redacted.
+    pub shown: Vec<(String, String)>,
+    /// Requests sent: 0 to 2.
+    pub requests: u32,
 }
 
 /// What this node knows of one set of credentials, for the API and the console.
@@ -124,6 +136,45 @@ impl Deliverer {
                 slot.last_error = Some(e.clone());
                 Err(e)
             }
+        }
+    }
+
+    /// Sends `out` with the node's token for `auth` as its only `authorization` (a
+    /// plugin's own goes). A `401` drops the token, fetches another and sends once more;
+    /// what that second request gets is the outcome (a second `401`: the 401 rule).
+    pub async fn send_authorized(&self, out: Outgoing, auth: &OAuth2) -> Authorized {
+        let Outgoing { url, mut headers, body, route, keep_headers, now } = out;
+        headers.retain(|(k, _)| !k.eq_ignore_ascii_case("authorization"));
+        // What was sent, the token redacted.
+        let mut shown = headers.clone();
+        shown.push(("authorization".to_string(), "Bearer [redacted]".to_string()));
+        let mut done = Authorized { outcome: Err(String::new()), shown, requests: 0 };
+
+        let mut token = match self.token(auth, &route).await {
+            Ok(t) => t,
+            Err(e) => return Authorized { outcome: Err(e), ..done },
+        };
+        loop {
+            let mut with_auth = headers.clone();
+            with_auth.push(("authorization".to_string(), token.bearer()));
+            let out = Outgoing {
+                url: url.clone(),
+                headers: with_auth,
+                body: body.clone(),
+                route: route.clone(),
+                keep_headers,
+                now,
+            };
+            let outcome = self.send(out).await;
+            done.requests += 1;
+            if done.requests > 1 || outcome.http_status() != Some(401) {
+                return Authorized { outcome: Ok(outcome), ..done };
+            }
+            self.token_refused(auth, &token).await;
+            token = match self.token(auth, &route).await {
+                Ok(t) => t,
+                Err(e) => return Authorized { outcome: Err(e), ..done },
+            };
         }
     }
 

@@ -136,28 +136,7 @@ fn ordering_keys_are_visible_ascii_of_bounded_length() {
 #[test]
 #[rustfmt::skip]
 fn the_pause_rule() {
-    let spec = EndpointSpec {
-        url: "http://127.0.0.1:1/".into(),
-        description: String::new(),
-        event_types: vec![],
-        filter: None,
-        rate_per_sec: 1.0,
-        burst: 1,
-        max_in_flight: 1,
-        timeout_ms: 1_000,
-        connect_timeout_ms: 1_000,
-        retry: RetryOverrideDoc::default(),
-        plugins: PluginBindings::default(),
-        headers: BTreeMap::new(),
-        secrets: vec![],
-        ordering: DeliveryOrder::None,
-        ordering_on_dead: DeadHead::Skip,
-        oauth2: None,
-        proxy: None,
-        tls: None,
-        kind: EndpointKind::Http,
-        destination: None,
-    };
+    let spec = EndpointSpec::for_test("http://127.0.0.1:1/");
     const NOW: Millis = 1_000_000;
     //  state                     paused_until        → sendable at NOW
     let cases = [

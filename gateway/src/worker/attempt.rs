@@ -21,7 +21,6 @@ pub(super) use record::Recorder;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use rand::rngs::StdRng;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
@@ -59,6 +58,7 @@ pub(super) struct AttemptCtx {
     /// Attempt spans, when exported.
     pub(super) telemetry: Telemetry,
 }
+use super::target::{Request, Sent, Through};
 
 /// What an attempt produced before classification.
 enum Exchange {
@@ -194,7 +194,8 @@ async fn wait_for_plugins(cx: &AttemptCtx, target: &Target, claimed: &NonEmpty<C
     false
 }
 
-/// Builds the request (transform and sign plugins included), notes what it is, and sends it.
+/// Builds the request (transform and sign plugins included), notes what it is, and sends it
+/// the way the claim opened ([`Transport`]).
 async fn send(
     inner: &AttemptCtx,
     target: &Target,
@@ -211,149 +212,14 @@ async fn send(
         Ok(signed) => signed,
         Err(decided) => return decided,
     };
-    match (spec.kind.is_http(), &target.destination) {
-        (false, Some(Ok(dest))) => return published(inner, spec, dest, d, headers, body, is_envelope).await,
-        (false, Some(Err(e))) => return held(format!("broker:auth: {e}; write it again")),
-        _ => {}
-    }
-    let route = match route(inner, spec) {
-        Ok(route) => route,
-        Err(e) => return held(format!("tls: {e}")),
+    let transport = match &target.opened {
+        Ok(opened) => &opened.transport,
+        Err(e) => return held(e.hold_reason()),
     };
-    let auth = match &target.oauth2 {
-        Some(Ok(auth)) => auth,
-        Some(Err(e)) => return held(format!("oauth2: {e}; write it again")),
-        None => {
-            // Headers encoded once; the body copied only when a transform changed it.
-            let sent = SentRequest::new(&headers, &body, is_envelope);
-            let outcome = inner.deliverer.send(outgoing(inner, spec, &route, headers, Bytes::from(body))).await;
-            inner.metrics.attempts.inc();
-            return Exchange::Answered(outcome, sent);
-        }
-    };
-    // OAuth2: the node's token for these credentials; a 401 refreshes it once and sends
-    // again, and what that second request gets is judged (a second 401: the 401 rule).
-    let body = Bytes::from(body);
-    let mut headers = headers;
-    // The token is the one credential: a plugin's own `authorization` goes.
-    headers.retain(|(k, _)| !k.eq_ignore_ascii_case("authorization"));
-    let mut token = match inner.deliverer.token(auth, &route).await {
-        Ok(t) => t,
-        Err(e) => return token_failed(e),
-    };
-    let mut refreshed = false;
-    loop {
-        let mut with_auth = headers.clone();
-        with_auth.push(("authorization".to_string(), token.bearer()));
-        let outcome = inner.deliverer.send(outgoing(inner, spec, &route, with_auth, body.clone())).await;
-        inner.metrics.attempts.inc();
-        if refreshed || outcome.http_status() != Some(401) {
-            // What was sent, the token redacted.
-            let mut shown = headers;
-            shown.push(("authorization".to_string(), "Bearer [redacted]".to_string()));
-            return Exchange::Answered(outcome, SentRequest::new(&shown, &body, is_envelope));
-        }
-        inner.deliverer.token_refused(auth, &token).await;
-        token = match inner.deliverer.token(auth, &route).await {
-            Ok(t) => t,
-            Err(e) => return token_failed(e),
-        };
-        refreshed = true;
-    }
-}
-
-/// A broker endpoint's attempt: the same body and webhook headers, published to the
-/// destination its template names for this event, judged once the broker acknowledges it.
-async fn published(
-    inner: &AttemptCtx,
-    spec: &EndpointSpec,
-    dest: &Arc<Destination>,
-    d: &Claimed,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    is_envelope: bool,
-) -> Exchange {
-    let sent = SentRequest::new(&headers, &body, is_envelope);
-    let template = dest.template(spec.kind).unwrap_or_default();
-    let message = Message {
-        kind: spec.kind,
-        url: spec.url.clone(),
-        destination: dest.clone(),
-        target: render_template(template, &d.event_type, d.tenant.as_str()),
-        dedupe_id: dedupe_id(d),
-        first_attempt: d.attempts == d.attempt_base,
-        headers,
-        body: Bytes::from(body),
-        connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
-        timeout: Duration::from_millis(spec.timeout_ms),
-    };
-    let outcome = inner.deliverer.publish(message).await;
-    inner.metrics.attempts.inc();
-    Exchange::Answered(outcome, sent)
-}
-
-/// A delivery's id at a broker that dedupes on it: the delivery's own (one per tenant,
-/// endpoint and event), and the replay's after a replay (a replay sends again on purpose),
-/// so the same across the retries of one send and never shared by two deliveries.
-fn dedupe_id(d: &Claimed) -> String {
-    match &d.replay {
-        Some(replay) => format!("{}:{replay}", d.id),
-        None => d.id.to_string(),
-    }
-}
-
-/// How the endpoint's requests leave the node: its deadlines, and its own proxy (guarded
-/// as a destination is), none, or the node's (with `delivery.no_proxy`); its TLS material
-/// with the client key opened. `Err`: the key does not open (the operator's key is gone).
-fn route(inner: &AttemptCtx, spec: &EndpointSpec) -> Result<Route, String> {
-    let delivery = &inner.config.delivery;
-    let via = match spec.proxy.as_deref() {
-        Some("none") => Via::Direct,
-        // Validated when written; one that no longer parses is not used.
-        Some(url) => match ProxyUrl::parse(url) {
-            Ok(p) => Via::Proxy { proxy: Arc::new(p), no_proxy: None, guarded: !delivery.allow_private_destinations },
-            Err(_) => Via::Direct,
-        },
-        None => match &delivery.proxy {
-            Some(p) => Via::Proxy { proxy: p.clone(), no_proxy: Some(delivery.no_proxy.clone()), guarded: false },
-            None => Via::Direct,
-        },
-    };
-    let tls = match &spec.tls {
-        None => None,
-        Some(t) => {
-            let key = match (&t.client_key, &inner.config.secrets) {
-                (Some(sealed), Some(sealer)) => {
-                    Some(sealer.open(sealed.expose()).map_err(|e| format!("the client key: {e}"))?)
-                }
-                (Some(_), None) => return Err("the client key: no [secrets] key on this node".into()),
-                (None, _) => None,
-            };
-            Some(Arc::new(ClientTls::from_pem(t.client_cert.as_deref(), key.as_deref(), t.ca_bundle.as_deref())?))
-        }
-    };
-    Ok(Route {
-        connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
-        timeout: Duration::from_millis(spec.timeout_ms),
-        via,
-        tls,
-    })
-}
-
-fn outgoing(
-    inner: &AttemptCtx,
-    spec: &EndpointSpec,
-    route: &Route,
-    headers: Vec<(String, String)>,
-    body: Bytes,
-) -> Outgoing {
-    Outgoing {
-        url: spec.url.clone(),
-        headers,
-        body,
-        route: route.clone(),
-        keep_headers: spec.plugins.classify.is_some(),
-        now: inner.clock.now(),
+    let via = Through { deliverer: &inner.deliverer, metrics: &inner.metrics, clock: &inner.clock };
+    match transport.send(via, d, Request { headers, body, is_envelope }).await {
+        Sent::Answered(outcome, sent) => Exchange::Answered(outcome, sent),
+        Sent::TokenFailed(e) => token_failed(e),
     }
 }
 

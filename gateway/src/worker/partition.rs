@@ -15,14 +15,9 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{
-    Destination, Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, SecretEntry, Sendable, WriteOnly,
-};
+use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
-use crate::sign::Secret;
-use crate::sign::seal::{Sealer, open_oauth2};
-use crate::sign::v1a::{SECRET_KEY_PREFIX, SigningKey};
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 mod handoff;
@@ -31,6 +26,7 @@ mod held;
 use super::attempt::NonEmpty;
 use super::known::{Known, Stored};
 use super::signal::{Shared, Signal, Target};
+use super::target::Opened;
 
 /// Runs one endpoint's partition until it retires (idle, lease lost, endpoint gone) or the
 /// engine shuts down. Each turn of the loop is a list of named steps.
@@ -249,7 +245,7 @@ impl Partition {
 
     fn counters(&mut self, endpoint: &Endpoint) -> TenantCounters {
         // Looked up again only when the endpoint's kind changed (a PATCH may change it).
-        let kind = endpoint.spec.kind;
+        let kind = endpoint.spec.target.kind();
         match &self.counters {
             Some(c) if c.kind() == kind.as_str() => c.clone(),
             _ => self.counters.insert(self.inner.metrics.tenant(endpoint.tenant.as_str(), kind)).clone(),
@@ -570,42 +566,15 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
     }
 }
 
-/// The endpoint's effective retry policy and signing secrets at `now`, and its sealed
-/// credentials opened (once per claim rather than per attempt).
+/// The endpoint's effective retry policy, and its material opened at `now` (once per claim
+/// rather than per attempt).
 fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now: Millis) -> Target {
     let policy = RetryOverride::from_doc(&endpoint.spec.retry)
         .ok()
         .and_then(|o| inner.config.retry.with_override(&o).ok())
         .unwrap_or_else(|| inner.config.retry.clone());
-    let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-    let sealer = inner.config.secrets.as_deref();
-    let signing_keys = endpoint.valid_secrets(now).filter(|s| s.is_v1a()).map(|s| signing_key(s, sealer)).collect();
-    let destination = endpoint.spec.destination.as_ref().map(|d| opened(d, sealer).map(Arc::new));
-    let oauth2 = endpoint.spec.oauth2.as_ref().map(|a| open_oauth2(a, sealer));
-    Target { endpoint, policy, secrets, signing_keys, destination, oauth2, counters }
-}
-
-/// A `v1a` key, opened when it is stored sealed. `Err` says why it does not open or parse.
-fn signing_key(entry: &SecretEntry, sealer: Option<&Sealer>) -> Result<SigningKey, String> {
-    let plain = match (entry.secret.starts_with(SECRET_KEY_PREFIX), sealer) {
-        (true, _) => entry.secret.clone(),
-        (false, Some(sealer)) => sealer.open(&entry.secret).map_err(|e| format!("the signing key {e}"))?,
-        (false, None) => return Err("the signing key: no [secrets] key on this node".into()),
-    };
-    SigningKey::parse(&plain).map_err(|e| format!("the signing key {e}"))
-}
-
-/// A broker destination with its sealed password and token opened, once per claim rather
-/// than per message. `Err` says which does not open (the operator's key is gone or changed).
-fn opened(d: &Destination, sealer: Option<&Sealer>) -> Result<Destination, String> {
-    let open = |field: &str, sealed: &Option<WriteOnly>| match (sealed, sealer) {
-        (None, _) => Ok(None),
-        (Some(v), Some(sealer)) => {
-            sealer.open(v.expose()).map(|plain| Some(WriteOnly::new(plain))).map_err(|e| format!("the {field} {e}"))
-        }
-        (Some(_), None) => Err(format!("the {field}: no [secrets] key on this node")),
-    };
-    Ok(Destination { password: open("password", &d.password)?, token: open("token", &d.token)?, ..d.clone() })
+    let opened = Opened::open(&endpoint, &inner.config.delivery, inner.config.secrets.as_deref(), now);
+    Target { endpoint, policy, opened, counters }
 }
 
 impl Partition {

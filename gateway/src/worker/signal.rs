@@ -1,6 +1,7 @@
 //! What a partition shares: with its in-flight attempts (`Shared`, which an attempt sees
 //! only through its [`PartitionLink`]), with whoever wakes it and with the store's writer
-//! thread (`Signal`, around [`Known`]), and with each attempt of one claim (`Target`).
+//! thread (`Signal`, around [`Known`]), and with each attempt of one claim (`Target`, its
+//! material opened in [`super::target`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,7 @@ use tokio::time::Instant;
 
 use super::HUMAN_PAUSE;
 use super::known::Known;
+use super::target::{OpenError, Opened};
 use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, Millis};
 use crate::pace::Pacer;
@@ -162,17 +164,24 @@ impl Signal {
 pub(in crate::worker) struct Target {
     pub(in crate::worker) endpoint: Endpoint,
     pub(in crate::worker) policy: RetryPolicy,
-    pub(in crate::worker) secrets: Vec<Secret>,
-    /// The `v1a` (ed25519) keys valid at the claim, opened; `Err`: a sealed one does not open.
-    pub(in crate::worker) signing_keys: Result<Vec<SigningKey>, String>,
-    /// A broker endpoint's destination with its credentials opened, shared by its messages
-    /// (the broker pool's key); `Err`: a sealed credential does not open.
-    pub(in crate::worker) destination: Option<Result<std::sync::Arc<crate::model::Destination>, String>>,
-    /// An HTTP endpoint's OAuth2 credentials with the client secret opened; `Err`: a sealed
-    /// secret does not open.
-    pub(in crate::worker) oauth2: Option<Result<crate::model::OAuth2, String>>,
+    /// Its secrets and sealed material, opened for the claim, and how its requests leave;
+    /// `Err`: what does not open (its attempts hold the endpoint).
+    pub(in crate::worker) opened: Result<Opened, OpenError>,
     /// The tenant's outcome counters, looked up once per partition rather than per result.
     pub(in crate::worker) counters: TenantCounters,
+}
+
+impl Target {
+    /// The secrets that sign (none when the endpoint's material does not open: nothing
+    /// is sent then).
+    pub(in crate::worker) fn secrets(&self) -> &[Secret] {
+        self.opened.as_ref().map_or(&[], |o| &o.secrets)
+    }
+
+    /// The `v1a` keys that sign (none when the endpoint's material does not open).
+    pub(in crate::worker) fn signing_keys(&self) -> &[SigningKey] {
+        self.opened.as_ref().map_or(&[], |o| &o.signing_keys)
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! Webhooks' with the endpoint's secrets).
 
 use super::trace::AttemptTrace;
-use super::{AttemptCtx, Exchange, held};
+use super::{AttemptCtx, Exchange};
 use crate::classify::Verdict;
 use crate::model::{EndpointSpec, TRACEPARENT, TRACESTATE, envelope};
 use crate::net::headers::is_reserved;
@@ -80,7 +80,7 @@ pub(super) async fn signed(
     }
     match sign_plugin {
         Some(name) => {
-            let keys: Vec<Vec<u8>> = target.secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
+            let keys: Vec<Vec<u8>> = target.secrets().iter().map(|s| s.as_bytes().to_vec()).collect();
             let timer = cx.metrics.plugin_call(plugin::Hook::Sign);
             let span = trace.plugin(plugin::Hook::Sign, name);
             match timer.time(cx.plugins.sign(d.tenant.as_str(), name, ctx, &keys, &request)).await {
@@ -89,11 +89,8 @@ pub(super) async fn signed(
             }
         }
         None => {
-            let keys = match &target.signing_keys {
-                Ok(keys) => keys.iter().collect::<Vec<_>>(),
-                Err(e) => return Err(held(format!("signing_key: {e}; write it again"))),
-            };
-            let secrets: Vec<&Secret> = target.secrets.iter().collect();
+            let keys: Vec<_> = target.signing_keys().iter().collect();
+            let secrets: Vec<&Secret> = target.secrets().iter().collect();
             let sig = sign::signature_header(&secrets, &keys, d.event_id.as_str(), timestamp, &request.body);
             headers.push((sign::HEADER_SIGNATURE.to_string(), sig));
         }
