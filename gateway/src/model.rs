@@ -266,7 +266,6 @@ pub struct EndpointSpec {
     pub description: String,
     pub event_types: Vec<String>,
     /// What an event's content must match, beside `event_types` (`None`: anything).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<Filter>,
     pub rate_per_sec: f64,
     pub burst: u32,
@@ -304,6 +303,7 @@ impl EndpointSpec {
         EndpointSpec {
             description: String::new(),
             event_types: Vec::new(),
+            filter: None,
             rate_per_sec,
             burst,
             max_in_flight,
@@ -312,7 +312,7 @@ impl EndpointSpec {
             retry: RetryOverrideDoc::default(),
             plugins: PluginBindings::default(),
             headers: BTreeMap::new(),
-            secrets: vec![SecretEntry { secret, expires_at: None }],
+            secrets: vec![SecretEntry::v1(secret)],
             ordering: DeliveryOrder::None,
             ordering_on_dead: DeadHead::Skip,
             target,

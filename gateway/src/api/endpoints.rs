@@ -21,8 +21,8 @@ use health::{HealthOut, page_health};
 use keys::{PublicKeyOut, RotateIn, Scheme};
 
 mod health;
-pub(crate) mod test_filter;
 pub(crate) mod keys;
+pub(crate) mod test_filter;
 
 /// An endpoint as posted (create: `url` required) or patched: every field optional.
 /// Durations are written `"250ms"`, `"30s"`, `"15m"`, `"24h"`.

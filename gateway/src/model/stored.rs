@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    DeadHead, DeliveryOrder, Destination, EndpointKind, EndpointSpec, EndpointTls, HttpSettings, OAuth2,
+    DeadHead, DeliveryOrder, Destination, EndpointKind, EndpointSpec, EndpointTls, Filter, HttpSettings, OAuth2,
     PluginBindings, RetryOverrideDoc, SecretEntry, ShapeError, Target,
 };
 
@@ -17,6 +17,8 @@ pub(super) struct SpecDoc {
     url: String,
     description: String,
     event_types: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    filter: Option<Filter>,
     rate_per_sec: f64,
     burst: u32,
     max_in_flight: u32,
@@ -56,6 +58,7 @@ impl TryFrom<SpecDoc> for EndpointSpec {
             target: Target::from_flat(d.kind, d.url, d.destination, http)?,
             description: d.description,
             event_types: d.event_types,
+            filter: d.filter,
             rate_per_sec: d.rate_per_sec,
             burst: d.burst,
             max_in_flight: d.max_in_flight,
@@ -78,6 +81,7 @@ impl From<EndpointSpec> for SpecDoc {
             url,
             description: s.description,
             event_types: s.event_types,
+            filter: s.filter,
             rate_per_sec: s.rate_per_sec,
             burst: s.burst,
             max_in_flight: s.max_in_flight,

@@ -14,13 +14,13 @@ use crate::classify::Outcome;
 use crate::config::DeliveryConfig;
 use crate::deliver::{ClientTls, Message, Outgoing, Route, Via};
 use crate::model::{
-    Destination, Endpoint, EndpointKind, EndpointSpec, EndpointTls, HttpTarget, Millis, OAuth2, SecretEntry, SentRequest,
-    Target, WriteOnly, render_template,
+    Destination, Endpoint, EndpointKind, EndpointSpec, EndpointTls, HttpTarget, Millis, OAuth2, SecretEntry,
+    SentRequest, Target, WriteOnly, render_template,
 };
 use crate::net::proxy::ProxyUrl;
 use crate::sign::Secret;
-use crate::sign::v1a::{SECRET_KEY_PREFIX, SigningKey};
 use crate::sign::seal::Sealer;
+use crate::sign::v1a::{SECRET_KEY_PREFIX, SigningKey};
 use crate::store::Claimed;
 
 /// What a transport sends through: the node's client, its metrics and its clock.
@@ -115,8 +115,11 @@ impl Opened {
         now: Millis,
     ) -> Result<Opened, OpenError> {
         let secrets = endpoint.valid_secrets(now).filter_map(|s| Secret::parse(&s.secret).ok()).collect();
-        let signing_keys =
-            endpoint.valid_secrets(now).filter(|s| s.is_v1a()).map(|s| signing_key(s, sealer)).collect::<Result<_, _>>()?;
+        let signing_keys = endpoint
+            .valid_secrets(now)
+            .filter(|s| s.is_v1a())
+            .map(|s| signing_key(s, sealer))
+            .collect::<Result<_, _>>()?;
         let spec = &endpoint.spec;
         let transport = match &spec.target {
             Target::Http(t) => http(spec, t, delivery, sealer)?,

@@ -48,7 +48,8 @@ fn apply_effect(
     };
     let halt = |kind: &str, reason: &str| {
         link.halt();
-        let data = serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.spec.target.url(), "reason": reason });
+        let data =
+            serde_json::json!({ "endpoint_id": endpoint.id, "url": endpoint.spec.target.url(), "reason": reason });
         cx.ops.emit(&endpoint.tenant, kind, format!("{kind}.{}.{now}", endpoint.id), data);
     };
     match &effect.action {
