@@ -925,8 +925,9 @@ const LONG: usize = 60;
 const LONG_ALLOWED: &[(&str, &str, &str)] =
     &[("app.rs", "run", "start-up: opens the store, then starts each service in order and waits for shutdown")];
 
-/// How many other functions may be long. Issue 50 asks for at most 8.
-const LONG_CAP: usize = 8;
+/// How many other functions may be long. Issue 50 asks for at most 8; the tree has 4 (main.rs `run`,
+/// the plugin registry's `reload` and `plan_storage`, the partition's `refill`): the cap holds that.
+const LONG_CAP: usize = 4;
 
 /// Collects the functions of one file (free, methods, trait defaults, nested; a closure is
 /// part of its function) as (line, name, lines), leaving out test code.
