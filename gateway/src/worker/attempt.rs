@@ -27,6 +27,7 @@ use tokio::time::Instant;
 
 use super::decide::decide;
 use super::signal::{PartitionLink, Target};
+use super::target::{Request, Sent, Through};
 use crate::classify::{self, Outcome, Verdict};
 use crate::clock::Clock;
 use crate::config::Config;
@@ -57,7 +58,6 @@ pub(super) struct AttemptCtx {
     /// Attempt spans, when exported.
     pub(super) telemetry: Telemetry,
 }
-use super::target::{Request, Sent, Through};
 
 /// What an attempt produced before classification.
 enum Exchange {
