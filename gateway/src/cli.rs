@@ -1,6 +1,11 @@
 //! Operator and developer commands that talk to a running Herald over its own API
-//! (`herald replay`, `herald trigger`).
+//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`).
 //! Not a webhook client: `deliver` alone talks to endpoints.
+
+pub mod apply;
+pub mod document;
+pub mod dump;
+mod node;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
@@ -29,6 +34,14 @@ pub enum CliError {
         "event type {0} has {2} example(s) in tenant {1}'s catalog, so there is no example {3}: give --data, or add one"
     )]
     NoExample(String, String, usize, usize),
+    /// A document that `herald apply` cannot take, or a node `herald dump` cannot write as one.
+    #[error(transparent)]
+    Document(#[from] document::DocError),
+    #[error("cannot read {0}: {1}")]
+    Unreadable(String, String),
+    /// A call of `herald apply`'s plan failed: the calls before it were made.
+    #[error("{0}: {1} (the changes printed before it were made)")]
+    Step(String, String),
 }
 
 /// What `herald replay` asks for.

@@ -1,4 +1,4 @@
-//! The `herald` command line: `serve`, `replay`, `trigger`, `plugin check|run` (and the hidden `plugin compile`), `check-config`, `outbox schema`, `openapi`.
+//! The `herald` command line: `serve`, `replay`, `trigger`, `apply`, `dump`, `plugin check|run` (and the hidden `plugin compile`), `check-config`, `outbox schema`, `openapi`.
 
 use std::path::PathBuf;
 
@@ -37,6 +37,12 @@ enum Command {
     /// Post one real event of a tenant: the catalog's example of TYPE, or --data. It is
     /// fanned out, signed and delivered like any other event.
     Trigger(TriggerArgs),
+    /// Make a node's tenants, event types, plugin settings and endpoints what a YAML or TOML
+    /// document says (docs/features/config-as-code.md). Prints what it changes, or "no changes".
+    Apply(ApplyArgs),
+    /// Print a node's tenants, event types, plugin settings and endpoints as the document
+    /// `herald apply` takes, secrets as references.
+    Dump(DumpArgs),
     /// Work with plugin files: validate one, or run one hook on an input.
     Plugin {
         #[command(subcommand)]
@@ -127,6 +133,38 @@ struct TriggerArgs {
     ordering_key: Option<String>,
 }
 
+#[derive(clap::Args)]
+struct ApplyArgs {
+    /// The document: `.toml` is TOML, anything else YAML; `-` reads YAML from standard input.
+    #[arg(long, short = 'f', value_name = "FILE")]
+    file: PathBuf,
+    /// Print the diff (+ created, ~ changed fields, - removed) and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Also remove the event types, plugin settings and endpoints of the document's tenants
+    /// that it does not name.
+    #[arg(long)]
+    prune: bool,
+    /// Herald's API address.
+    #[arg(long, default_value = "http://127.0.0.1:8080", env = "HERALD_API")]
+    api: String,
+    /// The admin token.
+    #[arg(long, env = "HERALD_TOKEN")]
+    token: String,
+}
+
+#[derive(clap::Args)]
+struct DumpArgs {
+    #[arg(long, default_value = "yaml", value_parser = ["yaml", "toml"])]
+    format: String,
+    /// Herald's API address.
+    #[arg(long, default_value = "http://127.0.0.1:8080", env = "HERALD_API")]
+    api: String,
+    /// The admin token.
+    #[arg(long, env = "HERALD_TOKEN")]
+    token: String,
+}
+
 #[derive(Subcommand)]
 enum OutboxCommand {
     /// Print the outbox table, its indexes and its NOTIFY trigger (`config/outbox.sql`).
@@ -210,6 +248,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve { config } => serve(config.as_deref()),
         Command::Replay(args) => replay(args),
         Command::Trigger(args) => trigger(args),
+        Command::Apply(args) => apply(args),
+        Command::Dump(args) => {
+            let format = match args.format.as_str() {
+                "toml" => gateway::cli::document::Format::Toml,
+                _ => gateway::cli::document::Format::Yaml,
+            };
+            let req = gateway::cli::dump::DumpRequest { api: args.api, token: args.token, format };
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            print_out(runtime.block_on(gateway::cli::dump::dump(req))?.trim_end())
+        }
         Command::Plugin { command: PluginCommand::Check { file } } => {
             println!("{}", gateway::plugin::check_file(&file, &plugin_cli_config()?)?);
             Ok(())
@@ -347,6 +395,24 @@ fn trigger(args: TriggerArgs) -> anyhow::Result<()> {
         _ => eprintln!("{id} ({}) accepted: {deliveries} deliveries", args.event_type),
     }
     print_out(&accepted.to_string())
+}
+
+fn apply(args: ApplyArgs) -> anyhow::Result<()> {
+    let req = gateway::cli::apply::ApplyRequest {
+        api: args.api,
+        token: args.token,
+        file: args.file,
+        dry_run: args.dry_run,
+        prune: args.prune,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let plan = runtime.block_on(gateway::cli::apply::apply(&req))?;
+    match (plan.steps.is_empty(), req.dry_run) {
+        (true, _) => println!("no changes"),
+        (false, true) => print!("{}(dry run: nothing written)\n", plan.diff()),
+        (false, false) => println!("{} change(s) applied", plan.steps.len()),
+    }
+    Ok(())
 }
 
 fn replay(args: ReplayArgs) -> anyhow::Result<()> {

@@ -5,6 +5,7 @@
 //!
 //! Where a new test goes, one line per module:
 //!
+//! - `apply`: `herald apply` and `herald dump`: the round trip to a fresh node, dry runs, prune, secret references, bad documents
 //! - `api`: the HTTP API: round trips, idempotency, fan-out, bad input, tenant isolation
 //! - `catalog`: the event catalog: types and schema versions, `schema_validation` at intake, test sends, the export
 //! - `changes`: how soon a change to an endpoint applies to its partition (within a second)
@@ -44,6 +45,7 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
 mod api;
+mod apply;
 mod catalog;
 mod changes;
 mod cli;
