@@ -409,7 +409,7 @@ fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     let plan = runtime.block_on(gateway::cli::apply::apply(&req))?;
     match (plan.steps.is_empty(), req.dry_run) {
         (true, _) => println!("no changes"),
-        (false, true) => print!("{}(dry run: nothing written)\n", plan.diff()),
+        (false, true) => println!("{}(dry run: nothing written)", plan.diff()),
         (false, false) => println!("{} change(s) applied", plan.steps.len()),
     }
     Ok(())

@@ -314,7 +314,9 @@ async fn endpoint_step(
                 fields.push(format!("{section}.{field}: set"));
                 body.insert(section.into(), json!({}));
             }
-            body[section].as_object_mut().map(|s| s.insert(field.into(), v));
+            if let Some(s) = body.get_mut(section).and_then(Value::as_object_mut) {
+                s.insert(field.into(), v);
+            }
         }
     }
     let path = format!("{base}/{}", have["id"].as_str().unwrap_or_default());

@@ -249,7 +249,7 @@ impl Serialize for SecretRef {
 impl<'de> Deserialize<'de> for SecretRef {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SecretRef, D::Error> {
         let refused = || {
-            serde::de::Error::custom(
+            <D::Error as serde::de::Error>::custom(
                 "a secret is a reference, {env: NAME} or {file: PATH}, never the secret itself",
             )
         };

@@ -73,13 +73,13 @@ fn plugin_settings(tenant: &str, plugin: &str, config: &Value) -> Option<PluginD
 /// An endpoint of the API as the document writes it, its secrets as references.
 fn endpoint(tenant: &str, out: &Value) -> Result<EndpointDoc, DocError> {
     let mut view = endpoint_view(out);
-    let name = view["name"].as_str().unwrap_or_default().to_string();
+    let name = out["description"].as_str().unwrap_or_default().to_string();
     if name.is_empty() {
         return Err(unnamed(tenant, out, "has no description"));
     }
     view.insert("tenant".into(), json!(tenant));
-    let var = |what: &str| json!({ "env": env_name(&[tenant, &name, what]) });
-    if view["signatures"].as_array().is_some_and(|s| s.iter().any(|s| s == "v1")) {
+    let var = |what: &str| json!({ "env": env_name(&[tenant, name.as_str(), what]) });
+    if view.get("signatures").and_then(Value::as_array).is_some_and(|s| s.iter().any(|s| s == "v1")) {
         view.insert("secret".into(), var(""));
     }
     for (section, field, what) in [
