@@ -54,7 +54,11 @@ async fn write_marks(gw: &TestGateway, tenant: &str) -> anyhow::Result<Vec<Strin
     let mut marks = Vec::new();
     for list in ["endpoints", "event-types"] {
         for row in get(gw, &format!("{base}/{list}")).await?["data"].as_array().into_iter().flatten() {
-            marks.push(format!("{list} {} {}", row["name"].as_str().or(row["id"].as_str()).unwrap_or(""), row["updated_at"]));
+            marks.push(format!(
+                "{list} {} {}",
+                row["name"].as_str().or(row["id"].as_str()).unwrap_or(""),
+                row["updated_at"]
+            ));
         }
     }
     for row in get(gw, &format!("{base}/plugins")).await?["data"].as_array().into_iter().flatten() {
@@ -91,9 +95,7 @@ async fn populate(gw: &TestGateway, rx: &FakeReceiver) -> anyhow::Result<()> {
                 "plugins": {"transform": "chat"}}),
         )
         .await?;
-    gw.api
-        .endpoint("acme", json!({"url": rx.url(), "description": "audit log", "signatures": ["v1", "v1a"]}))
-        .await?;
+    gw.api.endpoint("acme", json!({"url": rx.url(), "description": "audit log", "signatures": ["v1", "v1a"]})).await?;
     Ok(())
 }
 
@@ -174,7 +176,9 @@ async fn dry_run_writes_nothing_and_prune_removes_what_the_document_no_longer_na
     assert!(herald(&gw, dir.path(), &["apply", "-f", "herald.yaml"], &[]).await?.ok);
 
     // The next version: a faster `orders`, no `shipping`, no `order.shipped`.
-    let next = BASE.replace("rate_per_sec: 10", "rate_per_sec: 50").replace("  - {tenant: acme, name: shipping, url: 'URL'}\n", "");
+    let next = BASE
+        .replace("rate_per_sec: 10", "rate_per_sec: 50")
+        .replace("  - {tenant: acme, name: shipping, url: 'URL'}\n", "");
     std::fs::write(&file, next.replace("  - {tenant: acme, name: order.shipped}\n", "").replace("URL", &rx.url()))?;
     let marks = write_marks(&gw, "acme").await?;
     for args in [&["--dry-run"][..], &["--dry-run", "--prune"]] {
@@ -208,7 +212,8 @@ async fn dry_run_writes_nothing_and_prune_removes_what_the_document_no_longer_na
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secret_references_resolve_from_the_environment_and_from_files() -> anyhow::Result<()> {
     let (gw, dir) = (TestGateway::start().await?, tempfile::tempdir()?);
-    let (from_env, from_file) = ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_dGVzdHNlY3JldHRlc3RzZWNyZXR0ZXN0c2Vj");
+    let (from_env, from_file) =
+        ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_dGVzdHNlY3JldHRlc3RzZWNyZXR0ZXN0c2Vj");
     std::fs::create_dir(dir.path().join("conf"))?;
     std::fs::write(dir.path().join("conf/hooks.secret"), format!("{from_file}\n"))?;
     let doc = "tenants: [{id: acme}]
@@ -248,13 +253,33 @@ async fn a_bad_document_is_one_error_naming_its_path_and_writes_nothing() -> any
     let cases = [
         ("bad.yaml", format!("{ok}, colour: red}}"), "error: endpoints[0]: unknown field `colour`"),
         ("bad.yaml", format!("{ok}, burst: many}}"), "error: endpoints[0].burst: invalid type"),
-        ("bad.yaml", format!("{ok}}}\n  - {{tenant: acne, name: b, url: 'https://b.example.com/'}}"), "error: endpoints[1].tenant: no tenant \"acne\""),
-        ("bad.yaml", format!("{ok}, secret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw}}"), "error: endpoints[0].secret: a secret is a reference"),
-        ("bad.yaml", format!("{ok}, secret: {{env: HOOK_UNSET_9}}}}"), "error: endpoints[0].secret: environment variable HOOK_UNSET_9 is not set"),
+        (
+            "bad.yaml",
+            format!("{ok}}}\n  - {{tenant: acne, name: b, url: 'https://b.example.com/'}}"),
+            "error: endpoints[1].tenant: no tenant \"acne\"",
+        ),
+        (
+            "bad.yaml",
+            format!("{ok}, secret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw}}"),
+            "error: endpoints[0].secret: a secret is a reference",
+        ),
+        (
+            "bad.yaml",
+            format!("{ok}, secret: {{env: HOOK_UNSET_9}}}}"),
+            "error: endpoints[0].secret: environment variable HOOK_UNSET_9 is not set",
+        ),
         ("bad.yaml", format!("{ok}, secret: {{file: missing.secret}}}}"), "error: endpoints[0].secret: cannot read"),
-        ("bad.yaml", format!("{ok}, plugins: {{transform: chat}}}}"), "error: endpoints[0].plugins.transform: no plugin \"chat\""),
+        (
+            "bad.yaml",
+            format!("{ok}, plugins: {{transform: chat}}}}"),
+            "error: endpoints[0].plugins.transform: no plugin \"chat\"",
+        ),
         ("bad.toml", "[[tenants]]\nid = \"acme\"\nname = 7\n".into(), "error: tenants[0].name: invalid type"),
-        ("bad.toml", "[[tenants]]\nid = \"acme\"\n[[plugins]]\ntenant = \"acme\"\nname = \"chat\"\n".into(), "error: plugins[0].name: no plugin \"chat\""),
+        (
+            "bad.toml",
+            "[[tenants]]\nid = \"acme\"\n[[plugins]]\ntenant = \"acme\"\nname = \"chat\"\n".into(),
+            "error: plugins[0].name: no plugin \"chat\"",
+        ),
     ];
     for (file, text, says) in cases {
         std::fs::write(dir.path().join(file), &text)?;

@@ -93,10 +93,12 @@ pub async fn apply(req: &ApplyRequest) -> Result<Plan, CliError> {
 
 fn read(file: &Path) -> Result<(String, PathBuf, Format), CliError> {
     if file.as_os_str() == "-" {
-        let text = std::io::read_to_string(std::io::stdin()).map_err(|e| CliError::Unreadable("-".into(), e.to_string()))?;
+        let text =
+            std::io::read_to_string(std::io::stdin()).map_err(|e| CliError::Unreadable("-".into(), e.to_string()))?;
         return Ok((text, PathBuf::from("."), Format::Yaml));
     }
-    let text = std::fs::read_to_string(file).map_err(|e| CliError::Unreadable(file.display().to_string(), e.to_string()))?;
+    let text =
+        std::fs::read_to_string(file).map_err(|e| CliError::Unreadable(file.display().to_string(), e.to_string()))?;
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
     Ok((text, base, Format::of(file)))
 }
@@ -266,12 +268,8 @@ fn plugin_step(
 
 /// The write-only secrets of an endpoint: where each goes in a body, and the `…_set` flag
 /// that says the node holds one.
-const WRITE_ONLY: [(&str, &str); 4] = [
-    ("destination", "password"),
-    ("destination", "token"),
-    ("oauth2", "client_secret"),
-    ("tls", "client_key"),
-];
+const WRITE_ONLY: [(&str, &str); 4] =
+    [("destination", "password"), ("destination", "token"), ("oauth2", "client_secret"), ("tls", "client_key")];
 
 async fn endpoint_step(
     node: &Node,
@@ -362,7 +360,12 @@ fn prune_steps(doc: &Document, tenant: &str, state: &TenantState) -> Vec<Step> {
         let name = out["description"].as_str().unwrap_or_default();
         if !endpoints.contains(name) {
             let id = out["id"].as_str().unwrap_or_default();
-            steps.push(step(format!("- endpoint {tenant}/{name} ({id})"), "DELETE", format!("{base}/endpoints/{id}"), None));
+            steps.push(step(
+                format!("- endpoint {tenant}/{name} ({id})"),
+                "DELETE",
+                format!("{base}/endpoints/{id}"),
+                None,
+            ));
         }
     }
     steps

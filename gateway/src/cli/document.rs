@@ -296,12 +296,10 @@ impl SecretRef {
 /// its references (tenants the document names, names given twice).
 pub fn parse(text: &str, format: Format) -> Result<Document, DocError> {
     let doc: Document = match format {
-        Format::Yaml => {
-            serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(|e| {
-                let inner = e.inner().to_string();
-                DocError::new(display_path(e.path()), inner)
-            })?
-        }
+        Format::Yaml => serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(|e| {
+            let inner = e.inner().to_string();
+            DocError::new(display_path(e.path()), inner)
+        })?,
         Format::Toml => serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
             let line = e.inner().span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
             let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();

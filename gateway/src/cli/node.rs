@@ -105,8 +105,11 @@ pub(super) fn endpoint_view(out: &Value) -> Map<String, Value> {
     }
     for key in ["retry", "plugins", "destination", "oauth2", "tls"] {
         let Some(section) = out[key].as_object() else { continue };
-        let kept: Map<String, Value> =
-            section.iter().filter(|(k, v)| !v.is_null() && !k.ends_with("_set")).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let kept: Map<String, Value> = section
+            .iter()
+            .filter(|(k, v)| !v.is_null() && !k.ends_with("_set"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         if !kept.is_empty() || key == "oauth2" {
             view.insert(key.into(), Value::Object(kept));
         }
