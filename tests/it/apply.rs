@@ -251,7 +251,7 @@ async fn a_bad_document_is_one_error_naming_its_path_and_writes_nothing() -> any
     let (gw, dir) = (TestGateway::start().await?, tempfile::tempdir()?);
     let ok = "tenants: [{id: acme}]\nendpoints:\n  - {tenant: acme, name: a, url: 'https://a.example.com/'";
     let cases = [
-        ("bad.yaml", format!("{ok}, colour: red}}"), "error: endpoints[0]: unknown field `colour`"),
+        ("bad.yaml", format!("{ok}, colour: red}}"), "error: endpoints[0].colour: unknown field `colour`"),
         ("bad.yaml", format!("{ok}, burst: many}}"), "error: endpoints[0].burst: invalid type"),
         (
             "bad.yaml",

@@ -297,8 +297,14 @@ impl SecretRef {
 pub fn parse(text: &str, format: Format) -> Result<Document, DocError> {
     let doc: Document = match format {
         Format::Yaml => serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(|e| {
+            let path = display_path(e.path());
+            // serde_yaml starts its message with a path of its own, less exact.
             let inner = e.inner().to_string();
-            DocError::new(display_path(e.path()), inner)
+            let message = match inner.split_once(": ") {
+                Some((own, rest)) if !own.contains(' ') && path.starts_with(own) => rest.to_string(),
+                _ => inner,
+            };
+            DocError::new(path, message)
         })?,
         Format::Toml => serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
             let line = e.inner().span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
@@ -375,7 +381,7 @@ mod tests {
     #[test]
     fn bad_documents_name_the_path() {
         let cases = [
-            ("tenants: [{id: acme, colour: red}]", "tenants[0]: unknown field `colour`"),
+            ("tenants: [{id: acme, colour: red}]", "tenants[0].colour: unknown field `colour`"),
             ("tenants: [{id: acme}]\nendpoints: [{tenant: acme, name: a, url: u, burst: many}]", "endpoints[0].burst"),
             ("tenants: [{id: acme}]\nendpoints: [{tenant: nope, name: a, url: u}]", "endpoints[0].tenant: no tenant"),
             (
