@@ -25,7 +25,7 @@ mod target;
 mod trace;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
-pub use cloudevents::{CeAttributes, CeMode, CloudEvents, encode as encode_cloudevent};
+pub use cloudevents::{CeAttributes, CeHeaders, CeMode, CloudEvents, encode as encode_cloudevent};
 pub use destination::{Destination, EndpointKind, TEMPLATE_PLACEHOLDERS, render_template};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use filter::{

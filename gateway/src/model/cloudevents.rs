@@ -55,12 +55,26 @@ impl CloudEvents {
     }
 }
 
+/// How a request's headers travel: an HTTP request's (values percent-encoded as the HTTP
+/// binding says), or a broker message's (values as they are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CeHeaders {
+    Http,
+    Broker,
+}
+
 /// Encodes a request (its headers and body: the event's data, as a transform left it) as
 /// a CloudEvent in `mode`. `datacontenttype` is the request's `content-type`
 /// (`application/json` when it has none). Binary: the `ce-*` attributes replace any of the
 /// same name the request had. Structured: the body becomes the event, the data inline when
 /// it is JSON (`data`), else base64 (`data_base64`).
-pub fn encode(mode: CeMode, a: &CeAttributes, headers: &mut Vec<(String, String)>, body: Vec<u8>) -> Vec<u8> {
+pub fn encode(
+    mode: CeMode,
+    a: &CeAttributes,
+    via: CeHeaders,
+    headers: &mut Vec<(String, String)>,
+    body: Vec<u8>,
+) -> Vec<u8> {
     let content_type = headers
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
@@ -68,8 +82,14 @@ pub fn encode(mode: CeMode, a: &CeAttributes, headers: &mut Vec<(String, String)
     match mode {
         CeMode::Binary => {
             let ours = attributes(a);
-            headers.retain(|(k, _)| !ours.iter().any(|(name, _)| k.eq_ignore_ascii_case(&format!("ce-{name}"))));
-            headers.extend(ours.into_iter().map(|(name, v)| (format!("ce-{name}"), header_value(&v))));
+            headers.retain(|(k, _)| match (k.get(..3), k.get(3..)) {
+                (Some(p), Some(name)) if p.eq_ignore_ascii_case("ce-") => {
+                    !ours.iter().any(|(n, _)| name.eq_ignore_ascii_case(n))
+                }
+                _ => true,
+            });
+            let value = |v: String| if via == CeHeaders::Http { header_value(&v) } else { v };
+            headers.extend(ours.into_iter().map(|(name, v)| (format!("ce-{name}"), value(v))));
             if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
                 headers.push(("content-type".into(), content_type));
             }
@@ -156,7 +176,7 @@ mod tests {
     #[test]
     fn binary_mode_sets_the_attributes_as_headers_and_keeps_the_data() {
         let mut headers = json_headers();
-        let body = encode(CeMode::Binary, &attrs(Some("urn:x")), &mut headers, b"{\"a\":1}".to_vec());
+        let body = encode(CeMode::Binary, &attrs(Some("urn:x")), CeHeaders::Http, &mut headers, b"{\"a\":1}".to_vec());
         assert_eq!(body, b"{\"a\":1}");
         let get = |n: &str| headers.iter().filter(|(k, _)| k == n).map(|(_, v)| v.as_str()).collect::<Vec<_>>();
         assert_eq!(get("ce-id"), ["evt_1"]);
@@ -169,7 +189,7 @@ mod tests {
     #[test]
     fn structured_mode_is_one_json_event_with_the_data_inline_or_in_base64() {
         let mut headers = json_headers();
-        let body = encode(CeMode::Structured, &attrs(None), &mut headers, b"{\"a\":1}".to_vec());
+        let body = encode(CeMode::Structured, &attrs(None), CeHeaders::Http, &mut headers, b"{\"a\":1}".to_vec());
         let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(event["specversion"], "1.0");
         assert_eq!(event["id"], "evt_1");
@@ -178,7 +198,7 @@ mod tests {
         assert!(event.get("dataschema").is_none());
         assert!(headers.contains(&("content-type".into(), STRUCTURED_CONTENT_TYPE.into())));
         let mut text = vec![("content-type".to_string(), "text/plain".to_string())];
-        let body = encode(CeMode::Structured, &attrs(None), &mut text, b"hi".to_vec());
+        let body = encode(CeMode::Structured, &attrs(None), CeHeaders::Broker, &mut text, b"hi".to_vec());
         let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(event["data_base64"], "aGk=");
     }
@@ -186,6 +206,12 @@ mod tests {
     #[test]
     fn header_values_are_percent_encoded_where_the_binding_says() {
         assert_eq!(header_value("a b\"%\u{e9}"), "a%20b%22%25%C3%A9");
+        let spaced = CeAttributes { id: "evt 1".into(), ..attrs(None) };
+        for (via, want) in [(CeHeaders::Http, "evt%201"), (CeHeaders::Broker, "evt 1")] {
+            let mut headers = Vec::new();
+            encode(CeMode::Binary, &spaced, via, &mut headers, Vec::new());
+            assert!(headers.contains(&("ce-id".into(), want.into())), "{via:?}: {headers:?}");
+        }
         assert_eq!(header_value("/herald/tenants/acme"), "/herald/tenants/acme");
         let ce = CloudEvents { mode: CeMode::Binary, source: Some("https://acme.example/{tenant}".into()) };
         assert_eq!(ce.source_for("t1"), "https://acme.example/t1");

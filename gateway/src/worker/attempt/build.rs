@@ -6,7 +6,7 @@
 use super::trace::AttemptTrace;
 use super::{AttemptCtx, Exchange};
 use crate::classify::Verdict;
-use crate::model::{CeAttributes, EndpointSpec, TRACEPARENT, TRACESTATE, encode_cloudevent, envelope, rfc3339};
+use crate::model::{CeAttributes, CeHeaders, EndpointSpec, TRACEPARENT, TRACESTATE, encode_cloudevent, envelope, rfc3339};
 use crate::net::headers::is_reserved;
 use crate::plugin;
 use crate::sign::{self, Secret};
@@ -66,7 +66,8 @@ pub(super) fn encoded(cx: &AttemptCtx, spec: &EndpointSpec, d: &Claimed, request
         time: rfc3339(d.event_created_at),
         dataschema: cx.catalog.dataschema(&d.tenant, &d.event_type),
     };
-    let body = encode_cloudevent(ce.mode, &attributes, &mut headers, body);
+    let via = if spec.target.kind().is_http() { CeHeaders::Http } else { CeHeaders::Broker };
+    let body = encode_cloudevent(ce.mode, &attributes, via, &mut headers, body);
     plugin::Request { headers, body }
 }
 
