@@ -307,3 +307,46 @@ async fn amqp_queue(exchange: &str) -> anyhow::Result<lapin::Channel> {
         .await?;
     Ok(ch)
 }
+
+/// The transform plugin runs before the encoding: it gets the payload (not the envelope) and
+/// what it returns is the structured event's `data`; a sign plugin still replaces Herald's
+/// signature, and signs the encoded bytes that arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transform_runs_before_the_encoding_and_a_sign_plugin_signs_what_is_sent() -> anyhow::Result<()> {
+    use hmac::Mac;
+    let gw = TestGateway::start().await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    for (name, file) in [("chat", "transform_chat"), ("hexsig", "sign_hmac_hex")] {
+        let r = api
+            .raw("PUT", &format!("/v1/tenants/acme/plugins/{name}"), Some(ADMIN_TOKEN), crate::plugins::plugin_bytes(file))
+            .await?;
+        ensure!(r.status == 200, "{name}: {}", r.text);
+    }
+    let rx = FakeReceiver::start().await?;
+    let e = api
+        .endpoint(
+            "acme",
+            json!({"url": rx.url(), "cloudevents": {"mode": "structured"},
+                   "plugins": {"transform": "chat", "sign": "hexsig"}}),
+        )
+        .await?;
+    api.event("acme", json!({"id": "evt_t", "type": "order.paid", "payload": {"n": 1}})).await?.expect(202)?;
+    let got = rx.wait_for(1, Duration::from_secs(20)).await?.remove(0);
+    ensure!(got.header("content-type") == Some("application/cloudevents+json"), "{:?}", got.headers);
+    let event = got.json();
+    ensure!(event["id"] == "evt_t" && event["type"] == "order.paid", "{event}");
+    // transform-chat reads an envelope's `data`: given the payload, it finds none (null).
+    let text = event["data"]["text"].as_str().context("the transform's body is the data")?;
+    ensure!(text.contains("evt_t") && text.ends_with("null```"), "the transform got the payload: {text:?}");
+    ensure!(got.header("webhook-signature").is_none(), "the sign plugin replaces Herald's signature");
+    let signed = got.header("x-herald-signature").context("the sign plugin's header")?;
+    let (t, hex_mac) = signed.split_once(",v1=").context("t=…,v1=…")?;
+    let whsec = e["secret"].as_str().context("the endpoint's secret")?;
+    let key = STANDARD.decode(whsec.trim_start_matches("whsec_"))?;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key)?;
+    mac.update(format!("{}.", t.trim_start_matches("t=")).as_bytes());
+    mac.update(&got.body);
+    ensure!(hex::encode(mac.finalize().into_bytes()) == hex_mac, "the sign plugin signed the bytes that arrived");
+    Ok(())
+}
