@@ -145,7 +145,8 @@ async fn bad_settings_are_refused_by_name(backend: Backend) -> anyhow::Result<()
         (json!("binary"), "cloudevents"),
     ];
     for (setting, field) in &cases {
-        let r = api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({"url": url, "cloudevents": setting})).await?;
+        let r =
+            api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({"url": url, "cloudevents": setting})).await?;
         ensure!(r.status == 422, "{setting}: {} {}", r.status, r.text);
         let message = r.json["error"]["message"].as_str().unwrap_or_default();
         ensure!(message.starts_with(field), "{setting}: names {field}: {message}");
@@ -155,7 +156,8 @@ async fn bad_settings_are_refused_by_name(backend: Backend) -> anyhow::Result<()
     // A patch refused leaves the stored setting; `null` removes it.
     let e = api.endpoint("acme", json!({"url": url, "cloudevents": {"mode": "structured"}})).await?;
     let path = format!("/v1/tenants/acme/endpoints/{}", e["id"].as_str().context("id")?);
-    let r = api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"cloudevents": {"mode": "binary", "source": ""}}))).await?;
+    let r =
+        api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"cloudevents": {"mode": "binary", "source": ""}}))).await?;
     ensure!(r.status == 422 && r.text.contains("cloudevents.source"), "{} {}", r.status, r.text);
     let shown = api.get(&path, ADMIN_TOKEN).await?.expect(200)?;
     ensure!(shown.json["cloudevents"] == json!({"mode": "structured"}), "{}", shown.text);
@@ -222,7 +224,12 @@ async fn brokers_carry_their_bindings_attributes() -> anyhow::Result<()> {
     .await?;
     let headers = m.headers.iter().flat_map(|(k, vs)| vs.iter().map(move |v| (k.to_string(), v.to_string())));
     let whsec = |e: &Value| e["secret"].as_str().map(String::from);
-    messages.push(Arrived { name: "nats".into(), headers: headers.collect(), body: m.payload.to_vec(), whsec: whsec(&nats) });
+    messages.push(Arrived {
+        name: "nats".into(),
+        headers: headers.collect(),
+        body: m.payload.to_vec(),
+        whsec: whsec(&nats),
+    });
     stream.purge().await?;
     // Redis: the entry's fields, its body in `body`.
     let mut conn = redis::Client::open(SHARED_REDIS)?.get_multiplexed_async_connection().await?;
@@ -319,7 +326,12 @@ async fn a_transform_runs_before_the_encoding_and_a_sign_plugin_signs_what_is_se
     api.tenant("acme").await?;
     for (name, file) in [("chat", "transform_chat"), ("hexsig", "sign_hmac_hex")] {
         let r = api
-            .raw("PUT", &format!("/v1/tenants/acme/plugins/{name}"), Some(ADMIN_TOKEN), crate::plugins::plugin_bytes(file))
+            .raw(
+                "PUT",
+                &format!("/v1/tenants/acme/plugins/{name}"),
+                Some(ADMIN_TOKEN),
+                crate::plugins::plugin_bytes(file),
+            )
             .await?;
         ensure!(r.status == 200, "{name}: {}", r.text);
     }

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    CloudEvents, DeadHead, DeliveryOrder, Destination, EndpointKind, EndpointSpec, EndpointTls, Filter, HttpSettings, OAuth2,
-    PluginBindings, RetryOverrideDoc, SecretEntry, ShapeError, Target,
+    CloudEvents, DeadHead, DeliveryOrder, Destination, EndpointKind, EndpointSpec, EndpointTls, Filter, HttpSettings,
+    OAuth2, PluginBindings, RetryOverrideDoc, SecretEntry, ShapeError, Target,
 };
 
 /// The flat document: the shared settings, and the target's as `kind`, `url`,

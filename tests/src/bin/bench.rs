@@ -572,7 +572,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, signatures, filter, cloudevents, .. } => {
+        Scenario::Deliver {
+            events, endpoints, plugins, hooks, keys, kind, signatures, filter, cloudevents, ..
+        } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {

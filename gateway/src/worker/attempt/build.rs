@@ -6,7 +6,9 @@
 use super::trace::AttemptTrace;
 use super::{AttemptCtx, Exchange};
 use crate::classify::Verdict;
-use crate::model::{CeAttributes, CeHeaders, EndpointSpec, TRACEPARENT, TRACESTATE, encode_cloudevent, envelope, rfc3339};
+use crate::model::{
+    CeAttributes, CeHeaders, EndpointSpec, TRACEPARENT, TRACESTATE, encode_cloudevent, envelope, rfc3339,
+};
 use crate::net::headers::is_reserved;
 use crate::plugin;
 use crate::sign::{self, Secret};
