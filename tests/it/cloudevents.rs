@@ -67,6 +67,13 @@ async fn parse_in_python(dir: &Path, messages: &[Arrived]) -> anyhow::Result<Val
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
+/// The one request of `event` at the receiver path ending in `path`.
+fn at<'a>(got: &'a [Received], path: &str, event: &str) -> anyhow::Result<&'a Received> {
+    got.iter()
+        .find(|r| r.path.ends_with(path) && r.header("webhook-id") == Some(event))
+        .with_context(|| format!("{event} at {path}"))
+}
+
 /// The schema of `invoice.paid` in acme's catalog, with the `$id` a `dataschema` names.
 const SCHEMA_ID: &str = "https://schemas.acme.example/invoice.paid.json";
 
@@ -96,24 +103,27 @@ async fn http_modes_parse_with_the_sdk_and_verify_over_the_bytes_sent(backend: B
             .expect(202)?;
     }
     let got = rx.wait_for(6, Duration::from_secs(20)).await?;
-    let at = |path: &str, event: &str| -> anyhow::Result<&Received> {
-        got.iter()
-            .find(|r| r.path.ends_with(path) && r.header("webhook-id") == Some(event))
-            .with_context(|| format!("{event} at {path}"))
-    };
     // The plain endpoint still gets Standard Webhooks' envelope.
-    ensure!(at("/plain", "evt_known")?.json()["data"]["amount"] == 7, "the envelope is unchanged");
-    ensure!(at("/plain", "evt_known")?.header("ce-id").is_none(), "no CloudEvents on a plain endpoint");
+    ensure!(at(&got, "/plain", "evt_known")?.json()["data"]["amount"] == 7, "the envelope is unchanged");
+    ensure!(at(&got, "/plain", "evt_known")?.header("ce-id").is_none(), "no CloudEvents on a plain endpoint");
     let secret = |e: &Value| e["secret"].as_str().map(String::from);
     let mut messages = Vec::new();
     for event in ["evt_known", "evt_other"] {
-        messages.push(Arrived::http(&format!("binary {event}"), at("/binary", event)?, secret(&binary).as_deref()));
-        messages.push(Arrived::http(&format!("structured {event}"), at("/structured", event)?, secret(&s).as_deref()));
+        messages.push(Arrived::http(
+            &format!("binary {event}"),
+            at(&got, "/binary", event)?,
+            secret(&binary).as_deref(),
+        ));
+        messages.push(Arrived::http(
+            &format!("structured {event}"),
+            at(&got, "/structured", event)?,
+            secret(&s).as_deref(),
+        ));
     }
-    let known = at("/binary", "evt_known")?;
+    let known = at(&got, "/binary", "evt_known")?;
     ensure!(known.header("content-type") == Some("application/json"), "{:?}", known.headers);
     ensure!(known.json() == json!({"amount": 7, "note": "a \"quoted\" é"}), "binary: the data is the body");
-    let whole = at("/structured", "evt_known")?;
+    let whole = at(&got, "/structured", "evt_known")?;
     ensure!(whole.header("content-type") == Some("application/cloudevents+json"), "{:?}", whole.headers);
     let parsed = parse_in_python(gw.dir.path(), &messages).await?;
     for (name, source) in [("binary", "/herald/tenants/acme"), ("structured", "https://acme.example/acme/hooks")] {
@@ -243,14 +253,10 @@ async fn brokers_carry_their_bindings_attributes() -> anyhow::Result<()> {
         }
     })
     .await?;
+    let body: Vec<u8> = entry.get("body").context("the entry's body")?;
     let mut fields = Vec::new();
-    let mut body = Vec::new();
-    for (k, v) in &entry.map {
-        let v: Vec<u8> = redis::from_redis_value(v)?;
-        match k.as_str() {
-            "body" => body = v,
-            _ => fields.push((k.clone(), String::from_utf8(v)?)),
-        }
+    for k in entry.map.keys().filter(|k| k.as_str() != "body") {
+        fields.push((k.clone(), entry.get::<String>(k).context("a text field")?));
     }
     let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
     messages.push(Arrived { name: "redis".into(), headers: fields, body, whsec: whsec(&redis) });
@@ -356,7 +362,7 @@ async fn a_transform_runs_before_the_encoding_and_a_sign_plugin_signs_what_is_se
     let (t, hex_mac) = signed.split_once(",v1=").context("t=…,v1=…")?;
     let whsec = e["secret"].as_str().context("the endpoint's secret")?;
     let key = STANDARD.decode(whsec.trim_start_matches("whsec_"))?;
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key)?;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).map_err(|e| anyhow::anyhow!("the key: {e}"))?;
     mac.update(format!("{}.", t.trim_start_matches("t=")).as_bytes());
     mac.update(&got.body);
     ensure!(hex::encode(mac.finalize().into_bytes()) == hex_mac, "the sign plugin signed the bytes that arrived");
