@@ -191,6 +191,7 @@ export async function endpointPage(main, id, rerender) {
       ['State', stateText(e.state, e.state_reason, e.paused_until)],
       ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
       ['Ordering', e.ordering === 'none' ? 'none (in parallel)' : `${e.ordering}; a dead letter: ${e.ordering_on_dead}`],
+      ['Output', e.cloudevents ? `CloudEvents ${e.cloudevents.mode}; source ${e.cloudevents.source || '/herald/tenants/{tenant}'}` : 'Standard Webhooks envelope'],
       ['Success rate 1 h', `${percent(hl.success_rate_1h)} of ${hl.attempts_1h}`],
       ['Success rate 24 h', `${percent(hl.success_rate_24h)} of ${hl.attempts_24h}`],
       ['Backlog', String(hl.backlog)], ['Dead letters', String(hl.dead_letters)],
@@ -210,8 +211,9 @@ export async function endpointPage(main, id, rerender) {
 
 /** What a receiver is told about the endpoint's settings: its URL, description, event
  *  types, content filter (JSON; empty removes it), custom headers (`Name: value`, one a
- *  line) and, for HTTP, its `User-Agent`. Only what changed is sent, so an unchanged list of
- *  types is not checked again against the catalog. */
+ *  line), its output (Standard Webhooks' envelope or CloudEvents, binary or structured, its
+ *  `source` kept) and, for HTTP, its `User-Agent`. Only what changed is sent, so an unchanged
+ *  list of types is not checked again against the catalog. */
 function editForm(e, path, submit, done) {
   const headerText = (hs) => Object.entries(hs).map(([k, v]) => `${k}: ${v}`).join('\n');
   const filterText = (f) => (f ? JSON.stringify(f) : '');
@@ -222,6 +224,9 @@ function editForm(e, path, submit, done) {
   const headers = h('textarea', { name: 'headers', rows: '3', class: 'wide', placeholder: 'X-Name: value, one a line' }, headerText(e.headers));
   const http = e.kind === 'http';
   const userAgent = h('input', { name: 'user_agent', value: e.user_agent || '', class: 'wide', placeholder: "empty: Herald's (herald/<version>)" });
+  const mode = e.cloudevents ? e.cloudevents.mode : '';
+  const output = h('select', { name: 'cloudevents' }, [['', 'Standard Webhooks envelope'], ['binary', 'CloudEvents, binary'],
+    ['structured', 'CloudEvents, structured']].map(([v, label]) => h('option', { value: v, selected: v === mode }, label)));
   return h('form', { class: 'inline', 'aria-label': 'Edit endpoint', onsubmit: submit(async () => {
     const body = {};
     if (url.value.trim() !== e.url) body.url = url.value.trim();
@@ -231,11 +236,15 @@ function editForm(e, path, submit, done) {
     if (filter.value.trim() !== filterText(e.filter)) body.filter = parseFilter(filter.value);
     if (headers.value.trim() !== headerText(e.headers)) body.headers = parseHeaders(headers.value);
     if (http && userAgent.value.trim() !== (e.user_agent || '')) body.user_agent = userAgent.value.trim();
+    if (output.value !== mode) {
+      const source = e.cloudevents && e.cloudevents.source ? { source: e.cloudevents.source } : {};
+      body.cloudevents = output.value ? { mode: output.value, ...source } : null;
+    }
     if (Object.keys(body).length === 0) throw new Error('Nothing changed.');
     await api('PATCH', path, { body });
     done('Endpoint saved.');
   }) }, field('URL', url), field('Description', description), field('Event types', types),
-  field('Filter (JSON)', filter), field('Headers (Name: value, one a line)', headers),
+  field('Filter (JSON)', filter), field('Headers (Name: value, one a line)', headers), field('Output', output),
   http ? field('User-Agent', userAgent) : null, h('button', { type: 'submit' }, 'Save endpoint'));
 }
 

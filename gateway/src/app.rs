@@ -115,6 +115,7 @@ pub async fn run(
         ops.clone(),
         plugins.clone(),
         telemetry.clone(),
+        catalog.clone(),
         stopped.clone(),
     )
     .await;

@@ -95,6 +95,9 @@ struct Snapshot {
 struct Compiled {
     version: i64,
     validator: Option<Validator>,
+    /// What a CloudEvent's `dataschema` names: the schema's own absolute `$id`, else
+    /// `urn:herald:event-type:{name}:v{version}`; `None` while the type has no schema.
+    dataschema: Option<String>,
 }
 
 /// What an event's check found.
@@ -175,6 +178,15 @@ impl Catalog {
         let unknown = snapshot.unknown_filter(tenant, filters)?;
         Some(format!("event_types: {unknown:?} names no type of the event catalog ({OUTSIDE_RULE})"))
     }
+
+    /// The `dataschema` of the tenant's events of `event_type` (its own type, else the
+    /// operator's), when the catalog holds a schema for it.
+    pub fn dataschema(&self, tenant: &TenantId, event_type: &str) -> Option<String> {
+        let snapshot = self.snapshot();
+        let own = snapshot.owned(tenant.as_str()).and_then(|m| m.get(event_type));
+        let found = own.or_else(|| snapshot.owned("").and_then(|m| m.get(event_type)))?;
+        found.dataschema.clone()
+    }
 }
 
 /// The one rule for event types outside a tenant's catalog, for posting and subscribing
@@ -250,7 +262,11 @@ impl Compiled {
                 None
             }
         });
-        Compiled { version: t.version, validator }
+        let dataschema = t.schema.as_ref().map(|s| match s.get("$id").and_then(|id| id.as_str()) {
+            Some(id) if url::Url::parse(id).is_ok() => id.to_string(),
+            _ => format!("urn:herald:event-type:{}:v{}", t.name, t.version),
+        });
+        Compiled { version: t.version, validator, dataschema }
     }
 }
 

@@ -12,6 +12,7 @@ pub const OPS_TENANT: &str = "herald-ops";
 
 mod bindings;
 mod catalog;
+mod cloudevents;
 mod destination;
 mod egress;
 mod filter;
@@ -24,6 +25,7 @@ mod target;
 mod trace;
 pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
+pub use cloudevents::{CeAttributes, CeHeaders, CeMode, CloudEvents, encode as encode_cloudevent};
 pub use destination::{Destination, EndpointKind, TEMPLATE_PLACEHOLDERS, render_template};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
 pub use filter::{
@@ -281,6 +283,8 @@ pub struct EndpointSpec {
     pub ordering: DeliveryOrder,
     /// With `ordering`: whether a dead-lettered head holds its key.
     pub ordering_on_dead: DeadHead,
+    /// CloudEvents 1.0 output instead of the Standard Webhooks envelope (`None`: the envelope).
+    pub cloudevents: Option<CloudEvents>,
     /// Where deliveries go, with the settings of that kind alone.
     pub target: Target,
 }
@@ -315,6 +319,7 @@ impl EndpointSpec {
             secrets: vec![SecretEntry::v1(secret)],
             ordering: DeliveryOrder::None,
             ordering_on_dead: DeadHead::Skip,
+            cloudevents: None,
             target,
         }
     }

@@ -195,6 +195,9 @@ impl EndpointSpec {
         for s in &self.secrets {
             check_secret(s)?;
         }
+        if let Some(source) = self.cloudevents.as_ref().and_then(|c| c.source.as_deref()) {
+            check_ce_source(source)?;
+        }
         match &self.target {
             Target::Http(t) => check_http(t, &self.headers, allow_private),
             _ => Ok(()),
@@ -246,6 +249,20 @@ fn check_http(
         if headers.keys().any(|k| k.eq_ignore_ascii_case("authorization")) {
             return Err(SpecError::new("headers.authorization", "is the OAuth2 token's; remove it or oauth2"));
         }
+    }
+    Ok(())
+}
+
+/// An endpoint's CloudEvents `source`: a URI reference of 1 to [`MAX_DESTINATION_TEXT`]
+/// bytes of visible ASCII, whose only placeholder is `{tenant}`.
+pub fn check_ce_source(source: &str) -> Result<(), SpecError> {
+    let field = "cloudevents.source";
+    check_text(field, source, MAX_DESTINATION_TEXT)?;
+    if source.is_empty() || !source.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err(SpecError::new(field, "must be a URI reference: visible ASCII without spaces, not empty"));
+    }
+    if source.replace("{tenant}", "x").contains(['{', '}']) {
+        return Err(SpecError::new(field, "knows only the placeholder {tenant}"));
     }
     Ok(())
 }
@@ -497,6 +514,17 @@ mod tests {
         for bad in ["", "caf\u{e9}", "a\tb", "a\r\nx-evil: 1", &"u".repeat(MAX_USER_AGENT + 1)] {
             let e = check_user_agent(bad).unwrap_err();
             assert!(e.to_string().starts_with("user_agent: "), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn cloudevents_sources_are_uri_references_with_only_the_tenant_placeholder() {
+        for good in ["/herald/tenants/{tenant}", "https://acme.example/hooks", "urn:acme:{tenant}"] {
+            assert!(check_ce_source(good).is_ok(), "{good}");
+        }
+        for bad in ["", "a b", "/t/{type}", "caf\u{e9}", &"s".repeat(MAX_DESTINATION_TEXT + 1)] {
+            let e = check_ce_source(bad).unwrap_err();
+            assert_eq!(e.field, "cloudevents.source", "{bad:?}");
         }
     }
 

@@ -113,6 +113,7 @@ impl Engine {
         ops: Ops,
         plugins: PluginHost,
         telemetry: Telemetry,
+        catalog: Arc<crate::catalog::Catalog>,
         shutdown: watch::Receiver<bool>,
     ) -> Engine {
         let clock = Clock::new();
@@ -125,6 +126,7 @@ impl Engine {
             plugins,
             clock,
             telemetry,
+            catalog,
         });
         let inner = Arc::new(Inner {
             global: Arc::new(Semaphore::new(config.delivery.max_in_flight_total)),

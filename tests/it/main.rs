@@ -9,6 +9,7 @@
 //! - `api`: the HTTP API: round trips, idempotency, fan-out, bad input, tenant isolation
 //! - `catalog`: the event catalog: types and schema versions, `schema_validation` at intake, test sends, the export
 //! - `changes`: how soon a change to an endpoint applies to its partition (within a second)
+//! - `cloudevents`: CloudEvents output per endpoint: HTTP modes read by the official SDK, the brokers' bindings, refusals
 //! - `cluster`: several `herald` processes on one Postgres: no double sends, the pace across nodes
 //! - `console`: the console in headless Chromium: pages, scopes, XSS safety, screenshots
 //! - `console_endpoints`: endpoints added, edited and deleted in the console and the portal (Chromium), `/`, `herald-ops` unlisted
@@ -49,6 +50,7 @@ mod apply;
 mod catalog;
 mod changes;
 mod cli;
+mod cloudevents;
 mod cluster;
 mod console;
 mod console_endpoints;

@@ -155,7 +155,18 @@ const INNER: &[(&str, &[&[&str]])] = &[
     (
         "model",
         &[
-            &["bindings", "catalog", "egress", "filter", "plugin_settings", "portal", "replay", "sent", "trace"],
+            &[
+                "bindings",
+                "catalog",
+                "cloudevents",
+                "egress",
+                "filter",
+                "plugin_settings",
+                "portal",
+                "replay",
+                "sent",
+                "trace",
+            ],
             &["destination"],
             &["target"],
             &["stored"],

@@ -99,6 +99,13 @@ pub(crate) struct EndpointIn {
     /// The `User-Agent` of the endpoint's requests (kind `http`): 1-256 bytes of printable
     /// ASCII; `""` (the default) sends Herald's, `herald/<version>`.
     user_agent: Option<String>,
+    /// CloudEvents 1.0 output instead of the Standard Webhooks envelope, any kind:
+    /// `{"mode": "binary"}` (`ce-*` headers or the broker's binding, the payload as the
+    /// body) or `{"mode": "structured"}` (`application/cloudevents+json`); `source`
+    /// defaults to `/herald/tenants/{tenant}`. Replaced whole; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<CloudEvents>, nullable)]
+    cloudevents: Option<Option<CloudEvents>>,
 }
 
 /// A broker destination as written. Templates take `{type}` (the event type) and
@@ -312,6 +319,9 @@ fn apply_delivery(
     }
     spec.ordering = input.ordering.unwrap_or(spec.ordering);
     spec.ordering_on_dead = input.ordering_on_dead.unwrap_or(spec.ordering_on_dead);
+    if let Some(ce) = input.cloudevents.take() {
+        spec.cloudevents = ce;
+    }
     keys::apply(spec, input.signatures.take(), input.secret.take(), input.signing_key.take())?;
     Ok(())
 }
@@ -553,6 +563,8 @@ pub(crate) struct EndpointOut {
     tls: Option<TlsOut>,
     /// The endpoint's own `User-Agent`; null: Herald's.
     user_agent: Option<String>,
+    /// Its CloudEvents output (null: the Standard Webhooks envelope).
+    cloudevents: Option<CloudEvents>,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -659,6 +671,7 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
             ca_bundle: t.ca_bundle,
         }),
         user_agent: http.user_agent,
+        cloudevents: s.cloudevents.clone(),
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),

@@ -4,7 +4,9 @@
 //! the broker confirms it (publisher confirms on). A nack is retried; a message the broker
 //! returns unroutable, a missing exchange (`NOT_FOUND`) are `broker_missing`; refused
 //! credentials (`ACCESS_REFUSED`) are `broker_auth`. One connection and confirming channel
-//! per destination, opened anew after any error that closes either.
+//! per destination, opened anew after any error that closes either. A CloudEvent's `ce-*`
+//! attributes go as the AMQP binding's `cloudEvents:*` properties, its content type as the
+//! message's.
 
 use std::sync::Arc;
 
@@ -41,11 +43,15 @@ impl Amqp {
             return failed(TransportErrorKind::ConnectionReset, "the AMQP channel closed; reconnecting");
         }
         let mut headers = FieldTable::default();
+        let mut content_type = "application/json";
         for (k, v) in message_headers(m) {
-            headers.insert(ShortString::from(k), AMQPValue::LongString(LongString::from(v)));
+            if k.eq_ignore_ascii_case("content-type") {
+                content_type = v;
+            }
+            headers.insert(property_name(k), AMQPValue::LongString(LongString::from(v)));
         }
         let properties = BasicProperties::default()
-            .with_content_type(ShortString::from("application/json"))
+            .with_content_type(ShortString::from(content_type))
             .with_message_id(ShortString::from(m.dedupe_id.as_str()))
             .with_delivery_mode(2)
             .with_headers(headers);
@@ -77,6 +83,15 @@ impl Amqp {
         // confirm leaves the channel's count unsure: open both anew.
         self.pool.forget(&key).await;
         outcome
+    }
+}
+
+/// A header's name as a message property: a CloudEvents attribute (`ce-id`) as the AMQP
+/// binding names it (`cloudEvents:id`), any other as it is.
+fn property_name(header: &str) -> ShortString {
+    match header.get(..3) {
+        Some(p) if p.eq_ignore_ascii_case("ce-") => ShortString::from(format!("cloudEvents:{}", &header[3..])),
+        _ => ShortString::from(header),
     }
 }
 

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    DeadHead, DeliveryOrder, Destination, EndpointKind, EndpointSpec, EndpointTls, Filter, HttpSettings, OAuth2,
-    PluginBindings, RetryOverrideDoc, SecretEntry, ShapeError, Target,
+    CloudEvents, DeadHead, DeliveryOrder, Destination, EndpointKind, EndpointSpec, EndpointTls, Filter, HttpSettings,
+    OAuth2, PluginBindings, RetryOverrideDoc, SecretEntry, ShapeError, Target,
 };
 
 /// The flat document: the shared settings, and the target's as `kind`, `url`,
@@ -35,6 +35,8 @@ pub(super) struct SpecDoc {
     ordering: DeliveryOrder,
     #[serde(default, skip_serializing_if = "DeadHead::is_skip")]
     ordering_on_dead: DeadHead,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cloudevents: Option<CloudEvents>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     oauth2: Option<OAuth2>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,6 +72,7 @@ impl TryFrom<SpecDoc> for EndpointSpec {
             secrets: d.secrets,
             ordering: d.ordering,
             ordering_on_dead: d.ordering_on_dead,
+            cloudevents: d.cloudevents,
         })
     }
 }
@@ -93,6 +96,7 @@ impl From<EndpointSpec> for SpecDoc {
             secrets: s.secrets,
             ordering: s.ordering,
             ordering_on_dead: s.ordering_on_dead,
+            cloudevents: s.cloudevents,
             oauth2,
             proxy,
             tls,

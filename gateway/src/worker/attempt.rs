@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use super::decide::decide;
 use super::signal::{PartitionLink, Target};
 use super::target::{Request, Sent, Through};
+use crate::catalog::Catalog;
 use crate::classify::{self, Outcome, Verdict};
 use crate::clock::Clock;
 use crate::config::Config;
@@ -38,7 +39,7 @@ use crate::ops::Ops;
 use crate::plugin::{self, PluginHost};
 use crate::store::{Claimed, Release};
 use crate::telemetry::Telemetry;
-use build::{signed, transformed};
+use build::{encoded, signed, transformed};
 use endpoint::endpoint_change;
 use judge::judge_exchange;
 use record::{Settling, record};
@@ -57,6 +58,8 @@ pub(super) struct AttemptCtx {
     pub(super) clock: Clock,
     /// Attempt spans, when exported.
     pub(super) telemetry: Telemetry,
+    /// The event catalog: a CloudEvent's `dataschema`.
+    pub(super) catalog: Arc<Catalog>,
 }
 
 /// What an attempt produced before classification.
@@ -193,7 +196,7 @@ async fn wait_for_plugins(cx: &AttemptCtx, target: &Target, claimed: &NonEmpty<C
     false
 }
 
-/// Builds the request (transform and sign plugins included), notes what it is, and sends it
+/// Builds the request (transform plugin, CloudEvents encoding, sign plugin), notes what it is, and sends it
 /// the way the claim opened ([`Transport`]).
 async fn send(
     inner: &AttemptCtx,
@@ -207,6 +210,7 @@ async fn send(
         Ok(transformed) => transformed,
         Err(decided) => return decided,
     };
+    let request = encoded(inner, spec, d, request);
     let (headers, body) = match signed(inner, target, d, ctx, trace, request).await {
         Ok(signed) => signed,
         Err(decided) => return decided,

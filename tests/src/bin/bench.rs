@@ -101,6 +101,10 @@ enum Scenario {
         /// A typical content filter on every endpoint, which every event matches.
         #[arg(long, default_value_t = false)]
         filter: bool,
+        /// CloudEvents output on every endpoint, in this mode (`binary` or `structured`);
+        /// unset: the Standard Webhooks envelope.
+        #[arg(long)]
+        cloudevents: Option<String>,
     },
     /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
     /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
@@ -568,7 +572,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
         }
-        Scenario::Deliver { events, endpoints, plugins, hooks, keys, kind, signatures, filter, .. } => {
+        Scenario::Deliver {
+            events, endpoints, plugins, hooks, keys, kind, signatures, filter, cloudevents, ..
+        } => {
             let per_endpoint_rate = 100_000;
             let mut bindings = json!({});
             if plugins {
@@ -597,6 +603,9 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
                 }
                 if filter {
                     spec["filter"] = load::typical_filter();
+                }
+                if let Some(mode) = &cloudevents {
+                    spec["cloudevents"] = json!({"mode": mode});
                 }
                 api.endpoint("bench", spec).await?;
             }

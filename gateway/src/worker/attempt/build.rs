@@ -1,11 +1,14 @@
-//! Building an attempt's request: the envelope with the endpoint's custom headers, its
-//! transform plugin, Herald's own headers, and the signature (its sign plugin, or Standard
-//! Webhooks' with the endpoint's secrets).
+//! Building an attempt's request: the envelope (or, for CloudEvents, the event's data)
+//! with the endpoint's custom headers, its transform plugin, the CloudEvents encoding,
+//! Herald's own headers, and the signature (its sign plugin, or Standard Webhooks' with the
+//! endpoint's secrets) over the bytes encoded.
 
 use super::trace::AttemptTrace;
 use super::{AttemptCtx, Exchange};
 use crate::classify::Verdict;
-use crate::model::{EndpointSpec, TRACEPARENT, TRACESTATE, envelope};
+use crate::model::{
+    CeAttributes, CeHeaders, EndpointSpec, TRACEPARENT, TRACESTATE, encode_cloudevent, envelope, rfc3339,
+};
 use crate::net::headers::is_reserved;
 use crate::plugin;
 use crate::sign::{self, Secret};
@@ -15,7 +18,8 @@ use crate::worker::signal::Target;
 
 /// The envelope with the endpoint's custom headers, as its transform plugin (if any)
 /// leaves it, and whether the body is still the envelope; `Err`: the plugin dropped the
-/// delivery or failed.
+/// delivery or failed. With CloudEvents output the body is the event's data instead (never
+/// the envelope): the transform shapes the data, the encoding comes after it.
 pub(super) async fn transformed(
     cx: &AttemptCtx,
     spec: &EndpointSpec,
@@ -27,15 +31,19 @@ pub(super) async fn transformed(
         headers: std::iter::once(("content-type".to_string(), "application/json".to_string()))
             .chain(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())))
             .collect(),
-        body: envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
+        body: match spec.cloudevents {
+            Some(_) => d.payload.clone().into_bytes(),
+            None => envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
+        },
     };
-    let Some(name) = &spec.plugins.transform else { return Ok((request, true)) };
+    let is_envelope = spec.cloudevents.is_none();
+    let Some(name) = &spec.plugins.transform else { return Ok((request, is_envelope)) };
     let timer = cx.metrics.plugin_call(plugin::Hook::Transform);
     let span = trace.plugin(plugin::Hook::Transform, name);
     match timer.time(cx.plugins.transform(d.tenant.as_str(), name, ctx, &request)).await {
         Ok(plugin::TransformResult::Send(r)) => {
             let unchanged = r.body == request.body;
-            Ok((r, unchanged))
+            Ok((r, is_envelope && unchanged))
         }
         // One dead-letter reason for every drop, so `reason=dropped` finds them all; the
         // plugin's own words are the attempt's error (and the delivery's last error).
@@ -46,6 +54,23 @@ pub(super) async fn transformed(
         }),
         Err(f) => Err(plugin_failed(cx, d, ctx, (name, span), plugin::Hook::Transform, f)),
     }
+}
+
+/// The request as a CloudEvent when the endpoint asks for one: after its transform, before
+/// its signature (which covers the bytes encoded here). `dataschema` comes from the catalog.
+pub(super) fn encoded(cx: &AttemptCtx, spec: &EndpointSpec, d: &Claimed, request: plugin::Request) -> plugin::Request {
+    let Some(ce) = &spec.cloudevents else { return request };
+    let plugin::Request { mut headers, body } = request;
+    let attributes = CeAttributes {
+        id: d.event_id.to_string(),
+        source: ce.source_for(d.tenant.as_str()),
+        event_type: d.event_type.clone(),
+        time: rfc3339(d.event_created_at),
+        dataschema: cx.catalog.dataschema(&d.tenant, &d.event_type),
+    };
+    let via = if spec.target.kind().is_http() { CeHeaders::Http } else { CeHeaders::Broker };
+    let body = encode_cloudevent(ce.mode, &attributes, via, &mut headers, body);
+    plugin::Request { headers, body }
 }
 
 /// The headers and body to send: the request's headers without reserved ones, Herald's
