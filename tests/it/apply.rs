@@ -44,7 +44,7 @@ async fn herald(gw: &TestGateway, dir: &Path, args: &[&str], env: &[(&str, &str)
 }
 
 async fn get(gw: &TestGateway, path: &str) -> anyhow::Result<Value> {
-    Ok(gw.api.get(path, ADMIN_TOKEN).await?.expect(200)?.json())
+    Ok(gw.api.get(path, ADMIN_TOKEN).await?.expect(200)?.json)
 }
 
 /// Every `updated_at` of the tenant's endpoints, own event types and plugin settings:

