@@ -249,55 +249,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => replay(args),
         Command::Trigger(args) => trigger(args),
         Command::Apply(args) => apply(args),
-        Command::Dump(args) => {
-            let format = match args.format.as_str() {
-                "toml" => gateway::cli::document::Format::Toml,
-                _ => gateway::cli::document::Format::Yaml,
-            };
-            let req = gateway::cli::dump::DumpRequest { api: args.api, token: args.token, format };
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            print_out(runtime.block_on(gateway::cli::dump::dump(req))?.trim_end())
-        }
-        Command::Plugin { command: PluginCommand::Check { file } } => {
-            println!("{}", gateway::plugin::check_file(&file, &plugin_cli_config()?)?);
-            Ok(())
-        }
-        Command::Plugin { command: PluginCommand::Run { file, hook, input } } => {
-            let input = std::fs::read_to_string(&input).with_context(|| format!("cannot read {}", input.display()))?;
-            let run = gateway::plugin::run_hook_file(&file, &plugin_cli_config()?, &hook, &input);
-            // A failed call prints its report too: what the plugin logged before it failed.
-            if let Err(gateway::plugin::PluginError::Call { report, .. }) = &run {
-                println!("{report}");
-            }
-            println!("{}", run?);
-            Ok(())
-        }
-        Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk: _ } } if lang == "js" => {
-            for file in gateway::scaffold::new_js_plugin(&dir, &name)? {
-                println!("created {}", file.display());
-            }
-            println!("test it with `npm test` in {}", dir.join(&name).display());
-            Ok(())
-        }
-        Command::Plugin { command: PluginCommand::Compile { max_memory, max_cpu_secs, input, output } } => {
-            match gateway::plugin::compile_child(&input, &output, max_memory, max_cpu_secs) {
-                Ok(()) => Ok(()),
-                Err(e @ gateway::plugin::PluginError::Invalid(_)) => {
-                    eprintln!("{e}");
-                    std::process::exit(gateway::plugin::EXIT_INVALID)
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-        Command::Plugin { command: PluginCommand::New { name, lang, dir, sdk } } => {
-            let sdk = sdk.unwrap_or_else(gateway::scaffold::default_sdk);
-            let root = gateway::scaffold::new_plugin(&lang, &name, &dir, &sdk)?;
-            let wasm = format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_"));
-            println!("created {}; `cargo test` runs its test, then", root.display());
-            println!("  cargo build --release --target wasm32-wasip2 && herald plugin check {wasm}");
-            println!("  herald plugin run {wasm} --hook transform --input input.json");
-            Ok(())
-        }
+        Command::Dump(args) => dump(args),
+        Command::Plugin { command } => plugin(command),
         Command::CheckConfig { config } => {
             let raw = gateway::config::RawConfig::check(config.as_deref(), std::env::vars())
                 .context("invalid configuration")?;
@@ -312,6 +265,63 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Openapi => print_out(gateway::api::openapi_json()),
+    }
+}
+
+/// `herald dump`: the node's state as a document, on standard output.
+fn dump(args: DumpArgs) -> anyhow::Result<()> {
+    let format = match args.format.as_str() {
+        "toml" => gateway::cli::document::Format::Toml,
+        _ => gateway::cli::document::Format::Yaml,
+    };
+    let req = gateway::cli::dump::DumpRequest { api: args.api, token: args.token, format };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    print_out(runtime.block_on(gateway::cli::dump::dump(req))?.trim_end())
+}
+
+/// `herald plugin …`: check, run, scaffold and compile plugins, without a node.
+fn plugin(command: PluginCommand) -> anyhow::Result<()> {
+    match command {
+        PluginCommand::Check { file } => {
+            println!("{}", gateway::plugin::check_file(&file, &plugin_cli_config()?)?);
+            Ok(())
+        }
+        PluginCommand::Run { file, hook, input } => {
+            let input = std::fs::read_to_string(&input).with_context(|| format!("cannot read {}", input.display()))?;
+            let run = gateway::plugin::run_hook_file(&file, &plugin_cli_config()?, &hook, &input);
+            // A failed call prints its report too: what the plugin logged before it failed.
+            if let Err(gateway::plugin::PluginError::Call { report, .. }) = &run {
+                println!("{report}");
+            }
+            println!("{}", run?);
+            Ok(())
+        }
+        PluginCommand::New { name, lang, dir, sdk: _ } if lang == "js" => {
+            for file in gateway::scaffold::new_js_plugin(&dir, &name)? {
+                println!("created {}", file.display());
+            }
+            println!("test it with `npm test` in {}", dir.join(&name).display());
+            Ok(())
+        }
+        PluginCommand::Compile { max_memory, max_cpu_secs, input, output } => {
+            match gateway::plugin::compile_child(&input, &output, max_memory, max_cpu_secs) {
+                Ok(()) => Ok(()),
+                Err(e @ gateway::plugin::PluginError::Invalid(_)) => {
+                    eprintln!("{e}");
+                    std::process::exit(gateway::plugin::EXIT_INVALID)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        PluginCommand::New { name, lang, dir, sdk } => {
+            let sdk = sdk.unwrap_or_else(gateway::scaffold::default_sdk);
+            let root = gateway::scaffold::new_plugin(&lang, &name, &dir, &sdk)?;
+            let wasm = format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_"));
+            println!("created {}; `cargo test` runs its test, then", root.display());
+            println!("  cargo build --release --target wasm32-wasip2 && herald plugin check {wasm}");
+            println!("  herald plugin run {wasm} --hook transform --input input.json");
+            Ok(())
+        }
     }
 }
 

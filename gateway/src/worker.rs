@@ -47,6 +47,27 @@ use crate::store::{Claimed, Committer, DynStore, Handoff, Notice, Release};
 use crate::telemetry::Telemetry;
 use attempt::{AttemptCtx, Recorder};
 
+/// Follows the store's notices (where it has them: Postgres), so other nodes' work and
+/// endpoint changes reach this node's partitions without waiting for a scan.
+async fn listen(inner: &Arc<Inner>) {
+    match inner.store.subscribe().await {
+        Ok(Some(mut rx)) => {
+            let listener = inner.clone();
+            tokio::spawn(async move {
+                while let Some(notice) = rx.recv().await {
+                    match notice {
+                        Notice::Work(ids) => ids.iter().for_each(|id| ensure_partition(&listener, id)),
+                        Notice::Changed(ids) => signal_changed(&listener, &ids),
+                        Notice::Missed => missed(&listener),
+                    }
+                }
+            });
+        }
+        Ok(None) => {}
+        Err(e) => tracing::error!(error = %e, "cannot listen for other nodes' work; scanning only"),
+    }
+}
+
 /// How often the engine looks for due work it was not told about (retries coming due,
 /// work added by other nodes) and for abandoned leases.
 const SCAN_EVERY: Duration = Duration::from_secs(1);
@@ -145,22 +166,7 @@ impl Engine {
             attempts,
         });
         recover(&inner).await;
-        match inner.store.subscribe().await {
-            Ok(Some(mut rx)) => {
-                let listener = inner.clone();
-                tokio::spawn(async move {
-                    while let Some(notice) = rx.recv().await {
-                        match notice {
-                            Notice::Work(ids) => ids.iter().for_each(|id| ensure_partition(&listener, id)),
-                            Notice::Changed(ids) => signal_changed(&listener, &ids),
-                            Notice::Missed => missed(&listener),
-                        }
-                    }
-                });
-            }
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = %e, "cannot listen for other nodes' work; scanning only"),
-        }
+        listen(&inner).await;
         inner.store.hand_off(Arc::new(Handoffs { inner: Arc::downgrade(&inner), owner: inner.owner.clone() }));
         tokio::spawn(heartbeats(inner.clone()));
         tokio::spawn(dispatch(inner.clone()));
