@@ -147,6 +147,9 @@ pub struct EndpointDoc {
     pub tls: Option<TlsDoc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_agent: Option<String>,
+    /// CloudEvents output (`{"mode": …, "source": …}`), as the API takes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cloudevents: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

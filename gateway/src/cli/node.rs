@@ -81,7 +81,7 @@ fn rows(list: &Value) -> impl Iterator<Item = &Value> {
 pub(super) fn endpoint_view(out: &Value) -> Map<String, Value> {
     let mut view = Map::new();
     view.insert("name".into(), out["description"].clone());
-    const PLAIN: [&str; 15] = [
+    const PLAIN: [&str; 16] = [
         "url",
         "kind",
         "event_types",
@@ -97,6 +97,7 @@ pub(super) fn endpoint_view(out: &Value) -> Map<String, Value> {
         "signatures",
         "proxy",
         "user_agent",
+        "cloudevents",
     ];
     for key in PLAIN {
         if !out[key].is_null() {
