@@ -333,15 +333,9 @@ async fn a_transform_runs_before_the_encoding_and_a_sign_plugin_signs_what_is_se
     let api = &gw.api;
     api.tenant("acme").await?;
     for (name, file) in [("chat", "transform_chat"), ("hexsig", "sign_hmac_hex")] {
-        let r = api
-            .raw(
-                "PUT",
-                &format!("/v1/tenants/acme/plugins/{name}"),
-                Some(ADMIN_TOKEN),
-                crate::plugins::plugin_bytes(file),
-            )
-            .await?;
-        ensure!(r.status == 200, "{name}: {}", r.text);
+        crate::plugins::upload(&gw, "acme", name, crate::plugins::plugin_bytes(file), ADMIN_TOKEN)
+            .await?
+            .expect(200)?;
     }
     let rx = FakeReceiver::start().await?;
     let e = api
