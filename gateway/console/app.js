@@ -2,6 +2,7 @@
 // customer portal (`/console/portal`), it signs in from the link's one-time code instead,
 // shows the tenant's branding and none of the operator's pages.
 import { ApiError, api, clearSession, inPortal, saveSession, session } from './api.js';
+import { auditPage } from './audit.js';
 import { catalogPage } from './catalog.js';
 import { deadLettersPage } from './deadletters.js';
 import { deliveriesPage, deliveryPage } from './deliveries.js';
@@ -17,12 +18,15 @@ const PAGES = [
   { id: 'deliveries', label: 'Deliveries' },
   { id: 'dead-letters', label: 'Dead letters' },
   { id: 'plugins', label: 'Plugins', plugins: true },
+  { id: 'audit', label: 'Audit log', operator: true },
 ];
 
 /** Whether session `s` shows `page`: the overview to the admin only; plugins not in the
  *  portal unless the operator allows them. */
 function shows(s, page) {
   if (page.admin && !s.admin) return false;
+  // The audit log names every object and token of the tenant: not the customer's.
+  if (page.operator && s.portal) return false;
   return !(page.plugins && s.portal && !s.portal.plugins);
 }
 
@@ -177,6 +181,7 @@ async function render() {
     catalog: () => catalogPage(content, id),
     'dead-letters': () => deadLettersPage(content, params),
     plugins: () => pluginsPage(content, rerender, id, params),
+    audit: () => auditPage(content, params),
   };
   m.setAttribute('aria-busy', 'true');
   try {

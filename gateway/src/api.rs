@@ -32,6 +32,7 @@ use axum::http::StatusCode;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+mod audit;
 mod auth;
 mod bindings;
 mod console;
@@ -117,6 +118,8 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(event_types::create_operator, event_types::list_operator))
         .routes(routes!(event_types::get_operator, event_types::patch_operator, event_types::delete_operator))
         .routes(routes!(event_types::versions_operator))
+        .routes(routes!(audit::list_all))
+        .routes(routes!(audit::list_tenant))
 }
 
 /// The OpenAPI 3.1 document of [`router`]'s routes.
@@ -140,7 +143,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     let body_limit = body_limit(&state.config);
     let (router, _) = routes().split_for_parts();
     console::mount(router)
-        // Runs on matched routes only, before their extractors.
+        // Runs on matched routes only, before their extractors (the audit entry's inside).
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), audit::track))
         .route_layer(axum::middleware::from_fn(extract::check_uri))
         // Axum adds the `Allow` header to this body.
         .method_not_allowed_fallback(|| async {

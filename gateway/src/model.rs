@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The reserved tenant that owns operational events: no API client may create or post to it.
 pub const OPS_TENANT: &str = "herald-ops";
 
+mod audit;
 mod bindings;
 mod catalog;
 mod cloudevents;
@@ -23,6 +24,7 @@ mod sent;
 mod stored;
 mod target;
 mod trace;
+pub use audit::{AuditEntry, AuditFilter};
 pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
 pub use cloudevents::{CeAttributes, CeHeaders, CeMode, CloudEvents, encode as encode_cloudevent};

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use crate::model::*;
 
 mod admin;
+pub mod audit;
 pub(crate) mod committer;
 mod engine;
 mod error;

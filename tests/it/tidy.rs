@@ -143,7 +143,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
             // Each caller's part: `portal` and `plugin_settings` hold their statements and
             // row mapping next to their queries, which is why both backends reach down to
             // `portal` (and `sqlite`/`postgres` to `reads` for its shared helpers).
-            &["portal", "event_types", "plugin_settings", "outbox", "reads", "admin", "engine"],
+            &["portal", "event_types", "plugin_settings", "outbox", "reads", "admin", "engine", "audit"],
             // Folds the hot-path writes of the `Engine` trait into one transaction.
             &["committer"],
             &["sqlite", "postgres"],
@@ -167,6 +167,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
                 "sent",
                 "trace",
             ],
+            &["audit"],
             &["destination"],
             &["target"],
             &["stored"],
@@ -207,7 +208,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
             &["bindings", "plugin_stats", "event_types", "params"],
             // `AppState` holds `bindings`' plugin locks.
             &["state"],
-            &["endpoints", "events", "replays", "tenants", "test_send", "whoami", "portal"],
+            &["endpoints", "events", "replays", "tenants", "test_send", "whoami", "portal", "audit"],
             &["plugins"],
             &["plugin_versions", "plugin_config", "insight"],
         ],

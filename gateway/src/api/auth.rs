@@ -10,6 +10,7 @@ use super::doc::ErrorCode;
 use super::reach::{self, Reach, RouteAccess};
 use super::{ApiError, AppState};
 use crate::model::{Millis, PortalSession, Scope, TenantId, TokenRecord};
+use crate::store::audit;
 
 /// Who is calling.
 #[derive(Debug, Clone)]
@@ -77,11 +78,13 @@ pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Identity, A
     if let Some(admin) = &state.config.admin_token
         && same_token(admin.expose(), token)
     {
+        audit::note_actor("admin");
         return Ok(Identity { caller: Caller::Admin, scopes: Scope::ALL.to_vec(), portal: None });
     }
     if token.starts_with(PORTAL_TOKEN_PREFIX) {
         let session = portal_session(state, &hash_token(token)).await?;
         let scopes = session.scopes.clone();
+        audit::note_actor(format!("portal:{}", session.id));
         return Ok(Identity {
             caller: Caller::Tenant(session.tenant.clone()),
             scopes,
@@ -90,6 +93,7 @@ pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Identity, A
     }
     let record = tenant_token(state, hash_token(token)).await?;
     note_use(state, &record.hash);
+    audit::note_actor(format!("token:{}", record.id));
     Ok(Identity { caller: Caller::Tenant(record.tenant), scopes: record.scopes, portal: None })
 }
 

@@ -39,6 +39,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("deadletters.js", "text/javascript; charset=utf-8", include_str!("../../console/deadletters.js")),
     ("plugins.js", "text/javascript; charset=utf-8", include_str!("../../console/plugins.js")),
     ("catalog.js", "text/javascript; charset=utf-8", include_str!("../../console/catalog.js")),
+    ("audit.js", "text/javascript; charset=utf-8", include_str!("../../console/audit.js")),
     ("favicon.svg", "image/svg+xml", include_str!("../../console/favicon.svg")),
 ];
 

@@ -748,6 +748,7 @@ pub(crate) async fn create(
     load_pinned(&state, &tenant, &input).await;
     apply(&state, &tenant, &mut spec, input)?;
     let endpoint = Endpoint::new(EndpointId::generate(now, &mut rng), tenant, spec, now);
+    crate::store::audit::note_resource(endpoint.id.as_str());
     state.store.insert_endpoint(&endpoint).await?;
     let secret = endpoint.spec.secrets.iter().find(|s| !s.is_v1a()).map(|s| s.secret.clone());
     let public_keys = keys::public_keys(endpoint.spec.secrets.iter());

@@ -426,6 +426,7 @@ async fn insert(state: &AppState, owner: CatalogOwner, input: EventTypeIn) -> Re
         created_at: now,
         updated_at: now,
     };
+    crate::store::audit::note_resource(&t.name);
     state.store.insert_event_type(&t).await?;
     state.catalog.refresh(&state.store).await?;
     Ok(t)

@@ -272,7 +272,9 @@ pub(crate) fn bad_query(message: impl Into<String>) -> ApiError {
 
 /// Routes that read query parameters (through [`Query`]); every other route refuses one.
 const ROUTES_WITH_QUERY: &[&str] = &[
+    "/v1/audit",
     "/v1/overview",
+    "/v1/tenants/{tenant}/audit",
     "/v1/tenants/{tenant}/deliveries",
     "/v1/tenants/{tenant}/dead-letters",
     "/v1/tenants/{tenant}/endpoints",

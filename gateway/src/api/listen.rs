@@ -50,9 +50,9 @@ pub async fn serve(
     let (closing, closed) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: the condition passes, the
                     // listener stays. Back off a little rather than spin.
@@ -71,7 +71,7 @@ pub async fn serve(
             },
         };
         let entry = open.add();
-        tokio::spawn(connection(stream, app.clone(), limits, (permit, entry), closed.clone()));
+        tokio::spawn(connection((stream, peer), app.clone(), limits, (permit, entry), closed.clone()));
     }
     drop(listener);
     let _ = closing.send(true);
@@ -185,7 +185,7 @@ impl Drop for Registered {
 /// Serves one connection until it ends, times out, is asked to make room, or the node
 /// shuts down.
 async fn connection(
-    stream: TcpStream,
+    (stream, peer): (TcpStream, std::net::SocketAddr),
     app: Router,
     limits: ServerLimits,
     (_slot, registered): (OwnedSemaphorePermit, Registered),
@@ -199,7 +199,9 @@ async fn connection(
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let busy = Busy::start(requests.clone());
         let mut app = app.clone();
-        let req = req.map(|body| TimedBody::new(body, limits.body_read_timeout));
+        let mut req = req.map(|body| TimedBody::new(body, limits.body_read_timeout));
+        // The client's address, for the audit log (`api/audit.rs`).
+        req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
         async move {
             let response = app.call(req).await;
             drop(busy);

@@ -155,6 +155,7 @@ pub(crate) async fn create(
             revoked_at: None,
         },
     );
+    crate::store::audit::note_resource(&session.id);
     state.store.insert_portal_session(&session, &auth::hash_token(&code)).await?;
     let base = state.config.portal.public_url.as_deref().unwrap_or("");
     let url = format!("{base}/console/portal#code={code}");

@@ -209,6 +209,7 @@ pub(crate) async fn create(
         created_at: now,
         updated_at: now,
     };
+    crate::store::audit::note_resource(&replay.id);
     state.store.create_replay(&replay).await?;
     state.replayer.launch(replay.id.clone());
     let progress = ReplayProgress { replay, figures: ReplayFigures::default() };

@@ -57,6 +57,7 @@ pub(crate) async fn create(
     let name = input.name.unwrap_or_else(|| id.to_string());
     check_text("name", &name, MAX_TENANT_NAME)?;
     let tenant = Tenant { name, id, created_at: state.clock.now() };
+    crate::store::audit::note_resource(tenant.id.as_str());
     state.store.create_tenant(&tenant).await?;
     Ok((StatusCode::CREATED, Json(tenant.into())))
 }
@@ -111,6 +112,7 @@ pub(crate) async fn create_token(
     let scopes = auth::scopes(input.scopes)?;
     let token = auth::secret_token("hrld_");
     let record = TokenRecord::new(auth::hash_token(&token), tenant, scopes, state.clock.now());
+    crate::store::audit::note_resource(&record.id);
     state.store.insert_token(&record).await?;
     let out = NewTokenOut { info: token_view(&record), token, tenant: record.tenant.to_string() };
     Ok((StatusCode::CREATED, Json(out)))

@@ -43,6 +43,9 @@ pub trait Admin: Send + Sync + 'static {
     /// Sets the tenant's portal branding.
     async fn put_branding(&self, tenant: &TenantId, branding: &Branding, at: Millis) -> Result<()>;
     async fn create_replay(&self, replay: &Replay) -> Result<()>;
+    /// Stores an audit entry in a transaction of its own: for a write that changed no row
+    /// (plugin files); every other write's entry rides its own transaction (`audit`).
+    async fn record_audit(&self, entry: &AuditEntry) -> Result<()>;
     /// One turn of a running replay, if its schedule (`next_due_at`) has come by `now`:
     /// re-queues what [`Replay::plan`] allows of the dead letters after its cursor (those
     /// it selected when it started, on endpoints not disabled), spaced at its rate from

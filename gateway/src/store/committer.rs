@@ -150,7 +150,23 @@ impl Committer {
     }
 
     /// Submits writes that commit in the same transaction, in order, and waits for them.
-    pub async fn submit_all(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
+    /// An API request's intake or endpoint change carries the request's audit entry along
+    /// (see [`audit`](super::audit)), answered apart.
+    pub async fn submit_all(&self, mut ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
+        let audited = match ops.iter().any(|op| matches!(op, WriteOp::Ingest(_) | WriteOp::Endpoint(_))) {
+            true => audit::pending(),
+            false => None,
+        };
+        let Some(entry) = audited else { return self.submit_ops(ops).await };
+        ops.push(WriteOp::Audit(Box::new(entry)));
+        let mut results = self.submit_ops(ops).await?;
+        if let Some(WriteResult::Audit(true)) = results.pop() {
+            audit::written();
+        }
+        Ok(results)
+    }
+
+    async fn submit_ops(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteResult>> {
         let stopped = || StoreError::backend("committer stopped");
         let (reply, rx) = oneshot::channel();
         match &self.queue {

@@ -18,19 +18,20 @@ impl<DB> Queries<DB>
 where
     DB: Dialect,
     for<'c> &'c sqlx::Pool<DB>: Executor<'c, Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> String: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'c> &'c str: ColumnIndex<DB::Row>,
 {
-    pub(super) async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()> {
+    pub(super) async fn put_plugin_settings(&self, conn: &mut DB::Connection, s: &StoredPluginSettings) -> Result<()> {
         sqlx::query(super::sql::UPSERT_PLUGIN_SETTINGS)
             .bind(s.tenant.as_str())
             .bind(s.plugin.as_str())
             .bind(super::queries::json(&s.settings))
             .bind(s.updated_at)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }

@@ -67,6 +67,14 @@ impl PostgresStore {
     }
 }
 
+impl PostgresStore {
+    /// A transaction for an administrative write, with the request's pending audit entry,
+    /// which [`audit::finish`] inserts before the commit (see `audit`).
+    async fn begin(&self) -> Result<(sqlx::Transaction<'static, Postgres>, Option<AuditEntry>)> {
+        Ok((self.q.pool.begin().await?, audit::pending()))
+    }
+}
+
 impl HasReads for PostgresStore {
     fn reads(&self) -> &dyn Reads {
         &self.q
@@ -76,15 +84,21 @@ impl HasReads for PostgresStore {
 #[async_trait]
 impl Admin for PostgresStore {
     async fn create_tenant(&self, t: &Tenant) -> Result<()> {
-        self.q.create_tenant(t).await
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.create_tenant(&mut tx, t).await?;
+        audit::finish(tx, entry, out).await
     }
 
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
-        self.q.insert_token(t).await
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.insert_token(&mut tx, t).await?;
+        audit::finish(tx, entry, out).await
     }
 
     async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
-        self.q.revoke_token(tenant, id).await
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.revoke_token(&mut tx, tenant, id).await?;
+        audit::finish(tx, entry, out).await
     }
 
     async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
@@ -93,23 +107,31 @@ impl Admin for PostgresStore {
     }
 
     async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
-        self.q.insert_endpoint(e).await
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.insert_endpoint(&mut tx, e).await?;
+        audit::finish(tx, entry, out).await
     }
 
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
-        self.q.update_endpoint(e).await
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.update_endpoint(&mut tx, e).await?;
+        audit::finish(tx, entry, out).await
     }
 
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
-        self.q.delete_endpoint(tenant, id, now).await
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.delete_endpoint(&mut tx, tenant, id, now).await?;
+        audit::finish(tx, entry, out).await
     }
 
     async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()> {
-        self.q.put_plugin_settings(s).await
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.put_plugin_settings(&mut tx, s).await?;
+        audit::finish(tx, entry, out).await
     }
 
     async fn insert_event_type(&self, t: &EventType) -> Result<()> {
-        let mut tx = self.q.pool.begin().await?;
+        let (mut tx, entry) = self.begin().await?;
         let owner = t.owner.stored();
         sqlx::query(sql::INSERT_EVENT_TYPE)
             .bind(owner)
@@ -125,11 +147,11 @@ impl Admin for PostgresStore {
             insert_schema_version(&mut tx, t, schema).await?;
         }
         sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
-        Ok(tx.commit().await?)
+        audit::finish(tx, entry, ()).await
     }
 
     async fn update_event_type(&self, t: &EventType, prior_version: i64) -> Result<bool> {
-        let mut tx = self.q.pool.begin().await?;
+        let (mut tx, entry) = self.begin().await?;
         let done = sqlx::query(sql::UPDATE_EVENT_TYPE)
             .bind(&t.description)
             .bind(t.deprecated)
@@ -148,21 +170,19 @@ impl Admin for PostgresStore {
             insert_schema_version(&mut tx, t, schema).await?;
         }
         sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(true)
+        audit::finish(tx, entry, true).await
     }
 
     async fn delete_event_type(&self, owner: &CatalogOwner, name: &str) -> Result<bool> {
-        let mut tx = self.q.pool.begin().await?;
+        let (mut tx, entry) = self.begin().await?;
         let done = sqlx::query(sql::DELETE_EVENT_TYPE).bind(owner.stored()).bind(name).execute(&mut *tx).await?;
         sqlx::query(sql::DELETE_SCHEMA_VERSIONS).bind(owner.stored()).bind(name).execute(&mut *tx).await?;
         sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() == 1)
+        audit::finish(tx, entry, done.rows_affected() == 1).await
     }
 
     async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()> {
-        let mut tx = self.q.pool.begin().await?;
+        let (mut tx, entry) = self.begin().await?;
         sqlx::query(sql::UPSERT_SCHEMA_VALIDATION)
             .bind(tenant.as_str())
             .bind(mode.as_str())
@@ -170,10 +190,11 @@ impl Admin for PostgresStore {
             .execute(&mut *tx)
             .await?;
         sqlx::query(sql::BUMP_CATALOG_REVISION).execute(&mut *tx).await?;
-        Ok(tx.commit().await?)
+        audit::finish(tx, entry, ()).await
     }
 
     async fn insert_portal_session(&self, s: &PortalSession, code_hash: &str) -> Result<()> {
+        let (mut tx, entry) = self.begin().await?;
         sqlx::query(portal::INSERT_PORTAL_SESSION)
             .bind(&s.id)
             .bind(s.tenant.as_str())
@@ -183,45 +204,50 @@ impl Admin for PostgresStore {
             .bind(portal::endpoints_json(s))
             .bind(s.created_at)
             .bind(s.expires_at)
-            .execute(&self.q.pool)
+            .execute(&mut *tx)
             .await?;
-        Ok(())
+        audit::finish(tx, entry, ()).await
     }
 
     async fn exchange_portal_code(&self, code_hash: &str, token_hash: &str, now: Millis) -> Result<bool> {
+        let (mut tx, entry) = self.begin().await?;
         let done = sqlx::query(portal::EXCHANGE_PORTAL_CODE)
             .bind(token_hash)
             .bind(now)
             .bind(code_hash)
-            .execute(&self.q.pool)
+            .execute(&mut *tx)
             .await?;
-        Ok(done.rows_affected() == 1)
+        audit::finish(tx, entry, done.rows_affected() == 1).await
     }
 
     async fn revoke_portal_session(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<bool> {
+        let (mut tx, entry) = self.begin().await?;
         let done = sqlx::query(portal::REVOKE_PORTAL_SESSION)
             .bind(now)
             .bind(tenant.as_str())
             .bind(id)
-            .execute(&self.q.pool)
+            .execute(&mut *tx)
             .await?;
-        Ok(done.rows_affected() == 1)
+        audit::finish(tx, entry, done.rows_affected() == 1).await
     }
 
     async fn put_branding(&self, tenant: &TenantId, b: &Branding, at: Millis) -> Result<()> {
+        let (mut tx, entry) = self.begin().await?;
         sqlx::query(portal::UPSERT_BRANDING)
             .bind(tenant.as_str())
             .bind(&b.name)
             .bind(&b.logo)
             .bind(&b.accent)
             .bind(at)
-            .execute(&self.q.pool)
+            .execute(&mut *tx)
             .await?;
-        Ok(())
+        audit::finish(tx, entry, ()).await
     }
 
     async fn create_replay(&self, r: &Replay) -> Result<()> {
-        self.q.create_replay(r).await
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.create_replay(&mut tx, r).await?;
+        audit::finish(tx, entry, out).await
     }
 
     async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
@@ -270,7 +296,7 @@ impl Admin for PostgresStore {
     }
 
     async fn cancel_replay(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<Option<Vec<EndpointId>>> {
-        let mut tx = self.q.pool.begin().await?;
+        let (mut tx, entry) = self.begin().await?;
         let cancelled =
             sqlx::query(sql::CANCEL_REPLAY).bind(now).bind(id).bind(tenant.as_str()).execute(&mut *tx).await?;
         if cancelled.rows_affected() == 0 {
@@ -278,8 +304,12 @@ impl Admin for PostgresStore {
         }
         sqlx::query(&sql::return_unsent("replay_id = $2")).bind(now).bind(id).execute(&mut *tx).await?;
         let claimed: Vec<String> = sqlx::query_scalar(sql::REPLAY_CLAIMED_UNSENT).bind(id).fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(Some(claimed.into_iter().map(EndpointId::from_stored).collect()))
+        audit::finish(tx, entry, Some(claimed.into_iter().map(EndpointId::from_stored).collect())).await
+    }
+
+    async fn record_audit(&self, entry: &AuditEntry) -> Result<()> {
+        let mut conn = self.q.pool.acquire().await?;
+        Ok(audit::insert_pg(&mut conn, entry).await?)
     }
 }
 
@@ -451,8 +481,11 @@ impl Housekeeping for PostgresStore {
             .execute(&mut *tx)
             .await?;
         }
+        // The audit log is kept as long as delivered work.
+        let entries =
+            sqlx::query(audit::PURGE_AUDIT).bind(delivered_before).bind(i64::from(limit)).execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(ids.len() as u64)
+        Ok(ids.len() as u64 + entries.rows_affected())
     }
 }
 

@@ -371,6 +371,10 @@ where
     async fn branding(&self, tenant: &TenantId) -> Result<Option<Branding>> {
         Queries::branding(self, tenant).await
     }
+    // The audit log (`audit.rs`).
+    async fn audit_page(&self, filter: &AuditFilter, limit: u32) -> Result<Vec<AuditEntry>> {
+        Queries::audit_page(self, filter, limit).await
+    }
 }
 
 // The writes Postgres runs on its pool (SQLite runs them on its writer thread), and the
@@ -398,16 +402,16 @@ where
     for<'r> AttemptRow: FromRow<'r, DB::Row>,
     for<'r> ReplayRow: FromRow<'r, DB::Row>,
 {
-    pub(super) async fn create_tenant(&self, t: &Tenant) -> Result<()> {
+    pub(super) async fn create_tenant(&self, conn: &mut DB::Connection, t: &Tenant) -> Result<()> {
         sqlx::query(sql::INSERT_TENANT)
             .bind(t.id.as_str())
             .bind(&t.name)
             .bind(t.created_at)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }
-    pub(super) async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
+    pub(super) async fn insert_token(&self, conn: &mut DB::Connection, t: &TokenRecord) -> Result<()> {
         let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
         sqlx::query(sql::INSERT_TOKEN)
             .bind(&t.id)
@@ -415,15 +419,15 @@ where
             .bind(t.tenant.as_str())
             .bind(scopes.join(" "))
             .bind(t.created_at)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }
-    pub(super) async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
-        let done = sqlx::query(sql::REVOKE_TOKEN).bind(tenant.as_str()).bind(id).execute(&self.pool).await?;
+    pub(super) async fn revoke_token(&self, conn: &mut DB::Connection, tenant: &TenantId, id: &str) -> Result<bool> {
+        let done = sqlx::query(sql::REVOKE_TOKEN).bind(tenant.as_str()).bind(id).execute(&mut *conn).await?;
         Ok(DB::rows_affected(&done) > 0)
     }
-    pub(super) async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
+    pub(super) async fn insert_endpoint(&self, conn: &mut DB::Connection, e: &Endpoint) -> Result<()> {
         sqlx::query(sql::INSERT_ENDPOINT)
             .bind(e.id.as_str())
             .bind(e.tenant.as_str())
@@ -436,11 +440,11 @@ where
             .bind(e.created_at)
             .bind(e.updated_at)
             .bind(e.spec.ordering.stored().map(str::to_string))
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }
-    pub(super) async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
+    pub(super) async fn update_endpoint(&self, conn: &mut DB::Connection, e: &Endpoint) -> Result<bool> {
         let done = sqlx::query(sql::UPDATE_ENDPOINT)
             .bind(json(&e.spec))
             .bind(json(&e.spec.event_types))
@@ -448,18 +452,23 @@ where
             .bind(e.spec.ordering.stored().map(str::to_string))
             .bind(e.id.as_str())
             .bind(e.tenant.as_str())
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(DB::rows_affected(&done) == 1)
     }
-    pub(super) async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let done = sqlx::query(sql::DELETE_ENDPOINT).bind(id.as_str()).bind(tenant.as_str()).execute(&mut *tx).await?;
-        sqlx::query(sql::DEAD_ON_DELETED_ENDPOINT).bind(now).bind(id.as_str()).execute(&mut *tx).await?;
-        tx.commit().await?;
+    pub(super) async fn delete_endpoint(
+        &self,
+        conn: &mut DB::Connection,
+        tenant: &TenantId,
+        id: &EndpointId,
+        now: Millis,
+    ) -> Result<bool> {
+        let done =
+            sqlx::query(sql::DELETE_ENDPOINT).bind(id.as_str()).bind(tenant.as_str()).execute(&mut *conn).await?;
+        sqlx::query(sql::DEAD_ON_DELETED_ENDPOINT).bind(now).bind(id.as_str()).execute(&mut *conn).await?;
         Ok(DB::rows_affected(&done) == 1)
     }
-    pub(super) async fn create_replay(&self, r: &Replay) -> Result<()> {
+    pub(super) async fn create_replay(&self, conn: &mut DB::Connection, r: &Replay) -> Result<()> {
         sqlx::query(sql::INSERT_REPLAY)
             .bind(&r.id)
             .bind(r.tenant.as_str())
@@ -474,7 +483,7 @@ where
             .bind(r.created_at)
             .bind(r.updated_at)
             .bind(r.next_due_at)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }

@@ -55,6 +55,8 @@ pub trait Reads: Send + Sync + 'static {
     async fn list_portal_sessions(&self, tenant: &TenantId) -> Result<Vec<PortalSession>>;
     /// A tenant's portal branding, if it was ever set.
     async fn branding(&self, tenant: &TenantId) -> Result<Option<Branding>>;
+    /// Up to `limit` audit log entries matching `filter`, newest first.
+    async fn audit_page(&self, filter: &AuditFilter, limit: u32) -> Result<Vec<AuditEntry>>;
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>>;
     async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<Delivery>>;
     async fn get_delivery(&self, tenant: &TenantId, id: &DeliveryId) -> Result<Option<(Delivery, Vec<Attempt>)>>;
@@ -170,6 +172,9 @@ impl<T: HasReads> Reads for T {
     }
     async fn branding(&self, tenant: &TenantId) -> Result<Option<Branding>> {
         self.reads().branding(tenant).await
+    }
+    async fn audit_page(&self, filter: &AuditFilter, limit: u32) -> Result<Vec<AuditEntry>> {
+        self.reads().audit_page(filter, limit).await
     }
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
         self.reads().get_event(tenant, id).await

@@ -109,17 +109,17 @@ impl HasReads for SqliteStore {
 impl Admin for SqliteStore {
     async fn create_tenant(&self, t: &Tenant) -> Result<()> {
         let t = t.clone();
-        self.writer.run(move |tx| writes::create_tenant(tx, &t)).await
+        self.writer.audited(move |tx| writes::create_tenant(tx, &t)).await
     }
 
     async fn insert_token(&self, t: &TokenRecord) -> Result<()> {
         let t = t.clone();
-        self.writer.run(move |tx| writes::insert_token(tx, &t)).await
+        self.writer.audited(move |tx| writes::insert_token(tx, &t)).await
     }
 
     async fn revoke_token(&self, tenant: &TenantId, id: &str) -> Result<bool> {
         let (tenant, id) = (tenant.clone(), id.to_string());
-        self.writer.run(move |tx| writes::revoke_token(tx, &tenant, &id)).await
+        self.writer.audited(move |tx| writes::revoke_token(tx, &tenant, &id)).await
     }
 
     async fn touch_token(&self, hash: &str, at: Millis) -> Result<()> {
@@ -129,67 +129,72 @@ impl Admin for SqliteStore {
 
     async fn insert_endpoint(&self, e: &Endpoint) -> Result<()> {
         let e = e.clone();
-        self.writer.run(move |tx| writes::insert_endpoint(tx, &e)).await
+        self.writer.audited(move |tx| writes::insert_endpoint(tx, &e)).await
     }
 
     async fn update_endpoint(&self, e: &Endpoint) -> Result<bool> {
         let e = e.clone();
-        self.writer.run(move |tx| writes::update_endpoint(tx, &e)).await
+        self.writer.audited(move |tx| writes::update_endpoint(tx, &e)).await
     }
 
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         let (tenant, id) = (tenant.clone(), id.clone());
-        self.writer.run(move |tx| writes::delete_endpoint(tx, &tenant, &id, now)).await
+        self.writer.audited(move |tx| writes::delete_endpoint(tx, &tenant, &id, now)).await
     }
 
     async fn put_plugin_settings(&self, s: &StoredPluginSettings) -> Result<()> {
         let s = s.clone();
-        self.writer.run(move |tx| writes::put_plugin_settings(tx, &s)).await
+        self.writer.audited(move |tx| writes::put_plugin_settings(tx, &s)).await
     }
 
     async fn insert_event_type(&self, t: &EventType) -> Result<()> {
         let t = t.clone();
-        self.writer.run(move |tx| writes::insert_event_type(tx, &t)).await
+        self.writer.audited(move |tx| writes::insert_event_type(tx, &t)).await
     }
 
     async fn update_event_type(&self, t: &EventType, prior_version: i64) -> Result<bool> {
         let t = t.clone();
-        self.writer.run(move |tx| writes::update_event_type(tx, &t, prior_version)).await
+        self.writer.audited(move |tx| writes::update_event_type(tx, &t, prior_version)).await
     }
 
     async fn delete_event_type(&self, owner: &CatalogOwner, name: &str) -> Result<bool> {
         let (owner, name) = (owner.clone(), name.to_string());
-        self.writer.run(move |tx| writes::delete_event_type(tx, &owner, &name)).await
+        self.writer.audited(move |tx| writes::delete_event_type(tx, &owner, &name)).await
     }
 
     async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()> {
         let tenant = tenant.clone();
-        self.writer.run(move |tx| writes::put_schema_validation(tx, &tenant, mode, at)).await
+        self.writer.audited(move |tx| writes::put_schema_validation(tx, &tenant, mode, at)).await
     }
 
     async fn insert_portal_session(&self, session: &PortalSession, code_hash: &str) -> Result<()> {
         let (session, code_hash) = (session.clone(), code_hash.to_string());
-        self.writer.run(move |tx| writes::insert_portal_session(tx, &session, &code_hash)).await
+        self.writer.audited(move |tx| writes::insert_portal_session(tx, &session, &code_hash)).await
     }
 
     async fn exchange_portal_code(&self, code_hash: &str, token_hash: &str, now: Millis) -> Result<bool> {
         let (code_hash, token_hash) = (code_hash.to_string(), token_hash.to_string());
-        self.writer.run(move |tx| writes::exchange_portal_code(tx, &code_hash, &token_hash, now)).await
+        self.writer.audited(move |tx| writes::exchange_portal_code(tx, &code_hash, &token_hash, now)).await
     }
 
     async fn revoke_portal_session(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<bool> {
         let (tenant, id) = (tenant.clone(), id.to_string());
-        self.writer.run(move |tx| writes::revoke_portal_session(tx, &tenant, &id, now)).await
+        self.writer.audited(move |tx| writes::revoke_portal_session(tx, &tenant, &id, now)).await
     }
 
     async fn put_branding(&self, tenant: &TenantId, branding: &Branding, at: Millis) -> Result<()> {
         let (tenant, branding) = (tenant.clone(), branding.clone());
-        self.writer.run(move |tx| writes::put_branding(tx, &tenant, &branding, at)).await
+        self.writer.audited(move |tx| writes::put_branding(tx, &tenant, &branding, at)).await
     }
 
     async fn create_replay(&self, r: &Replay) -> Result<()> {
         let r = r.clone();
-        self.writer.run(move |tx| writes::create_replay(tx, &r)).await
+        self.writer.audited(move |tx| writes::create_replay(tx, &r)).await
+    }
+
+    async fn record_audit(&self, entry: &AuditEntry) -> Result<()> {
+        let entry = entry.clone();
+        self.writer.run(move |tx| audit::insert_sqlite(tx, &entry)).await
     }
 
     async fn replay_turn(&self, replay_id: &str, now: Millis, ttl_ms: i64) -> Result<ReplayTurn> {
@@ -225,7 +230,7 @@ impl Admin for SqliteStore {
 
     async fn cancel_replay(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<Option<Vec<EndpointId>>> {
         let (tenant, id) = (tenant.clone(), id.to_string());
-        self.writer.run(move |tx| writes::cancel_replay(tx, &tenant, &id, now)).await
+        self.writer.audited(move |tx| writes::cancel_replay(tx, &tenant, &id, now)).await
     }
 }
 

@@ -244,6 +244,10 @@ pub enum WriteOp {
     Release(Vec<Release>),
     Endpoint(EndpointChange),
     Partition(PartitionLease),
+    /// The audit entry of the API request whose ops come just before it in its commit
+    /// (appended by the `Committer`): stored only when that op changed something
+    /// ([`WriteResult::changed`]).
+    Audit(Box<AuditEntry>),
 }
 
 impl WriteOp {
@@ -253,7 +257,7 @@ impl WriteOp {
     /// disk: the next acknowledged commit or checkpoint syncs it, and a power cut that
     /// takes it back only makes a delivery go out again (at least once), never loses one.
     pub fn acknowledged(&self) -> bool {
-        matches!(self, WriteOp::Ingest(_) | WriteOp::Endpoint(_))
+        matches!(self, WriteOp::Ingest(_) | WriteOp::Endpoint(_) | WriteOp::Audit(_))
     }
 
     /// May this write wait a few milliseconds for others to commit with it? An attempt's
@@ -279,6 +283,20 @@ pub enum WriteResult {
     Endpoint(u64),
     /// Does the owner hold the partition now (always false after giving it up)?
     Partition(bool),
+    /// Was the audit entry stored (the op before it changed something)?
+    Audit(bool),
+}
+
+impl WriteResult {
+    /// Whether the op that answered this changed anything an audit entry would describe:
+    /// an intake that stored no new event (duplicates, a conflict) did not.
+    pub fn changed(&self) -> bool {
+        match self {
+            WriteResult::Ingest(outcomes) => outcomes.iter().any(|o| !o.duplicate && !o.conflict),
+            WriteResult::Audit(_) => false,
+            _ => true,
+        }
+    }
 }
 
 /// What the metrics read from the store at scrape time. Every query behind it is an

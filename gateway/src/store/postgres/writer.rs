@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
 
+use super::super::audit;
 use super::super::rows::stored_filter;
 use super::super::sql;
 use super::super::*;
@@ -48,11 +49,26 @@ pub(super) async fn apply_all(
     let (recorded, others): (Vec<Numbered<'_>>, Vec<Numbered<'_>>) = ops
         .iter()
         .enumerate()
-        .filter(|(_, op)| !matches!(op, WriteOp::Partition(_)))
+        .filter(|(_, op)| !matches!(op, WriteOp::Partition(_) | WriteOp::Audit(_)))
         .partition(|(_, op)| matches!(op, WriteOp::Record(_)));
     apply_in_order(conn, &others, channel, handoff, &mut slots).await?;
     record_together(conn, &recorded, &mut slots).await?;
+    audit_after(conn, ops, &mut slots).await?;
     Ok(slots.into_iter().flatten().collect())
+}
+
+/// Stores the audit entries among `ops`, last (they would cut runs of intakes), each only
+/// when the op just before it changed something (see [`WriteOp::Audit`]).
+async fn audit_after(conn: &mut PgConnection, ops: &[WriteOp], slots: &mut Slots) -> sqlx::Result<()> {
+    for (at, op) in ops.iter().enumerate() {
+        let WriteOp::Audit(entry) = op else { continue };
+        let changed = at.checked_sub(1).and_then(|before| slots[before].as_ref()).is_some_and(WriteResult::changed);
+        if changed {
+            audit::insert_pg(conn, entry).await?;
+        }
+        slots[at] = Some(WriteResult::Audit(changed));
+    }
+    Ok(())
 }
 
 /// An op and its place in its commit.
@@ -121,6 +137,7 @@ async fn apply_in_order(
             }
             WriteOp::Partition(_) => unreachable!("partition leases are taken first"),
             WriteOp::Record(_) => unreachable!("results are applied last"),
+            WriteOp::Audit(_) => unreachable!("audit entries are stored last"),
         };
         slots[at] = Some(result);
         i += 1;

@@ -31,6 +31,7 @@ use rand::rngs::StdRng;
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
+use super::super::audit::{self, Changed};
 use super::super::rows::stored_filter;
 use super::super::sql;
 use super::super::*;
@@ -114,6 +115,30 @@ impl Writer {
         .await
     }
 
+    /// [`Writer::run`] for a write through the API: the request's pending audit entry
+    /// (see [`audit`](super::super::audit)) is inserted before the `COMMIT` when the write
+    /// changed something, and marked written once committed.
+    pub(super) async fn audited<T: Changed + Send + 'static>(
+        &self,
+        write: impl FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let entry = audit::pending();
+        let (out, logged) = self
+            .run(move |tx| {
+                let out = write(tx)?;
+                let entry = entry.filter(|_| out.changed());
+                if let Some(e) = &entry {
+                    audit::insert_sqlite(tx, e)?;
+                }
+                Ok((out, entry.is_some()))
+            })
+            .await?;
+        if logged {
+            audit::written();
+        }
+        Ok(out)
+    }
+
     async fn job<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut Connection, &mut StdRng) -> Result<T> + Send + 'static,
@@ -189,6 +214,14 @@ fn transaction(
                 WriteResult::Endpoint(change_endpoint(&tx, change)?)
             }
             WriteOp::Partition(lease) => WriteResult::Partition(partition(&tx, lease)?),
+            WriteOp::Audit(entry) => {
+                // The request's own op comes just before its entry (see `WriteOp::Audit`).
+                let changed = results.last().is_some_and(WriteResult::changed);
+                if changed {
+                    audit::insert_sqlite(&tx, &entry)?;
+                }
+                WriteResult::Audit(changed)
+            }
         });
     }
     let applied = started.elapsed();

@@ -6,7 +6,7 @@
 use rusqlite::{Transaction, params};
 
 use super::super::*;
-use super::super::{portal, sql};
+use super::super::{audit, portal, sql};
 use crate::store::queries::json;
 
 pub(super) fn create_tenant(tx: &Transaction<'_>, t: &Tenant) -> Result<()> {
@@ -316,7 +316,9 @@ pub(super) fn purge(tx: &Transaction<'_>, delivered_before: Millis, dead_before:
     for (_, tenant, event) in &ids {
         events.execute([tenant, event])?;
     }
-    Ok(ids.len() as u64)
+    // The audit log is kept as long as delivered work.
+    let entries = tx.prepare_cached(audit::PURGE_AUDIT)?.execute(params![delivered_before, i64::from(limit)])?;
+    Ok((ids.len() + entries) as u64)
 }
 
 #[cfg(test)]
