@@ -1,13 +1,15 @@
 // The audit log: who changed what of the tenant through the API, newest first, filtered by
-// actor, kind, resource and time. Field names only: the log never holds a value.
-import { api, tenantPath } from './api.js';
+// actor, kind, resource and time. Field names only: the log never holds a value. In the
+// portal, the API answers with the session's endpoints' entries only (no kind to choose).
+import { api, inPortal, tenantPath } from './api.js';
 import { utc } from './deliveries.js';
 import { field, h, link, put, table, when } from './dom.js';
 
-const FILTERS = [['actor', 'Actor', 'token:tok_…'], ['kind', 'Kind', 'endpoint'], ['resource', 'Resource id', 'ep_…'],
+const ALL_FILTERS = [['actor', 'Actor', 'token:tok_…'], ['kind', 'Kind', 'endpoint'], ['resource', 'Resource id', 'ep_…'],
   ['since', 'Since (UTC)', 'YYYY-MM-DD hh:mm'], ['until', 'Until (UTC)', 'YYYY-MM-DD hh:mm']];
 
 export async function auditPage(main, params) {
+  const FILTERS = ALL_FILTERS.filter(([n]) => !(n === 'kind' && inPortal()));
   const q = Object.fromEntries(FILTERS.map(([n]) => [n, params.get(n)]));
   const page = await api('GET', tenantPath('/audit'),
     { query: { ...q, since: utc(q.since), until: utc(q.until), after: params.get('after'), limit: 50 } });

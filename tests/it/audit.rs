@@ -13,9 +13,13 @@ use serde_json::{Value, json};
 use tests::{ADMIN_TOKEN, Answer, Api, Backend, FakeReceiver, TestGateway, with_custom_section};
 
 use crate::plugins::plugin_bytes;
-use crate::portal::mint;
+use crate::portal::{mint, open};
 
-tests::backends!(every_write_route_leaves_an_entry_and_a_refused_write_none, the_audit_listings_filter_and_page);
+tests::backends!(
+    every_write_route_leaves_an_entry_and_a_refused_write_none,
+    the_audit_listings_filter_and_page,
+    a_portal_session_sees_its_endpoints_entries_only
+);
 
 const WAIT: Duration = Duration::from_secs(30);
 const T: &str = "/v1/tenants/acme";
@@ -125,18 +129,30 @@ fn json_call(path: impl Into<String>, body: Value) -> Call {
 }
 
 /// How the walk calls a write operation: refused, then accepted. `None`: unknown to the
-/// walk, which fails it. The trials of a filter are posted but write nothing: both calls
-/// are accepted and neither leaves an entry (`Step::reads`).
+/// walk, which fails it.
 struct Step {
     refused: Call,
     accepted: Call,
-    reads: bool,
+    audited: Audited,
+}
+
+/// What a route leaves in the log.
+#[derive(Clone, Copy, PartialEq)]
+enum Audited {
+    /// One entry per accepted call, none for a refused one.
+    Yes,
+    /// The trials of a filter are posted but write nothing: both calls are accepted and
+    /// neither leaves an entry.
+    Reads,
+    /// Posted events are data, not configuration: refused or accepted, no entry.
+    Data,
 }
 
 fn step(w: &World, method: &str, path: &str) -> Option<Step> {
     let at = |p: &str| p.replace("{tenant}", "acme");
     let id = |v: &str| at(path).replace("{id}", v).replace("{name}", v);
-    let write = |refused: Call, accepted: Call| Some(Step { refused, accepted, reads: false });
+    let write = |refused: Call, accepted: Call| Some(Step { refused, accepted, audited: Audited::Yes });
+    let data = |refused: Call, accepted: Call| Some(Step { refused, accepted, audited: Audited::Data });
     match (method, path) {
         ("post", "/v1/tenants") => {
             write(json_call(path, json!({"id": "acme"})), json_call(path, json!({"id": "acme2"})))
@@ -171,11 +187,12 @@ fn step(w: &World, method: &str, path: &str) -> Option<Step> {
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/test-filter") => Some(Step {
             refused: json_call(id(&w.endpoint), json!({"payload": {"n": 1}})),
             accepted: json_call(id(&w.endpoint), json!({"payload": {"n": 2}})),
-            reads: true,
+            audited: Audited::Reads,
         }),
         ("post", "/v1/tenants/{tenant}/test-filter") => {
             let body = json!({"filter": {"data.n": 1}, "payload": {"n": 1}});
-            Some(Step { refused: json_call(at(path), body.clone()), accepted: json_call(at(path), body), reads: true })
+            let (refused, accepted) = (json_call(at(path), body.clone()), json_call(at(path), body));
+            Some(Step { refused, accepted, audited: Audited::Reads })
         }
         ("post", "/v1/tenants/{tenant}/portal-sessions") => {
             write(json_call(at(path), json!({"endpoints": ["ep_nope"]})), json_call(at(path), json!({})))
@@ -210,11 +227,11 @@ fn step(w: &World, method: &str, path: &str) -> Option<Step> {
         ("delete", "/v1/event-types/{name}") => {
             write(json_call(id("op.nope"), json!({})), json_call(id("op.doomed"), json!({})))
         }
-        ("post", "/v1/tenants/{tenant}/events") => write(
+        ("post", "/v1/tenants/{tenant}/events") => data(
             json_call(at(path), json!({"payload": {"n": 1}})),
             json_call(at(path), json!({"type": "order.created", "payload": {"n": 1}})),
         ),
-        ("post", "/v1/tenants/{tenant}/events/batch") => write(
+        ("post", "/v1/tenants/{tenant}/events/batch") => data(
             json_call(at(path), json!({"events": [{"payload": {"n": 2}}]})),
             json_call(at(path), json!({"events": [{"type": "order.created", "payload": {"n": 2}}]})),
         ),
@@ -266,11 +283,11 @@ async fn walk_one(
     let before = entries(api, &route).await?.len();
     let refused = api.raw(&method, &step.refused.0, Some(ADMIN_TOKEN), step.refused.1).await?;
     let after_refused = entries(api, &route).await?;
-    match step.reads {
-        true if !(200..300).contains(&refused.status) => {
+    match step.audited {
+        Audited::Reads if !(200..300).contains(&refused.status) => {
             failures.push(format!("{route}: {} {}", refused.status, refused.text))
         }
-        false if !(400..500).contains(&refused.status) => {
+        Audited::Yes | Audited::Data if !(400..500).contains(&refused.status) => {
             failures.push(format!("{route}: the refused call got {} {}", refused.status, refused.text))
         }
         _ => {}
@@ -284,12 +301,12 @@ async fn walk_one(
         return Ok(Value::Null);
     }
     let after = entries(api, &route).await?;
-    let want = before + usize::from(!step.reads);
+    let want = before + usize::from(step.audited == Audited::Yes);
     if after.len() != want {
         failures.push(format!("{route}: {} entries after an accepted write, want {want}: {after:?}", after.len()));
         return Ok(Value::Null);
     }
-    if let Some(e) = after.first().filter(|_| !step.reads) {
+    if let Some(e) = after.first().filter(|_| step.audited == Audited::Yes) {
         // A portal link's exchange is authenticated by its code alone.
         let actor = if route.ends_with("/exchange") { "anonymous" } else { "admin" };
         let ok = e["route"] == route.as_str() && e["actor"] == actor && e["client"] == "127.0.0.1";
@@ -327,6 +344,14 @@ async fn every_write_route_leaves_an_entry_and_a_refused_write_none(backend: Bac
     }
     ensure!(uncovered.is_empty(), "write operations the walk does not know: {uncovered:?}");
     ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    // Events are data: no entry names one, though the world and the walk posted some.
+    let events = api.get("/v1/audit?kind=event", ADMIN_TOKEN).await?.expect(200)?;
+    ensure!(events.json["data"] == json!([]), "{}", events.text);
+    // A repeat that changes nothing leaves nothing: the walk cancelled the replay already.
+    let cancel = "POST /v1/tenants/{tenant}/replays/{id}/cancel";
+    let before = entries(api, cancel).await?.len();
+    api.post(&format!("{T}/replays/{}/cancel", w.replay), ADMIN_TOKEN, json!({})).await?.expect(200)?;
+    ensure!(entries(api, cancel).await?.len() == before, "a cancel that changed nothing left an entry");
     // What the accepted writes answered with that is secret: new tokens and signing secrets.
     let log = api.get("/v1/audit?limit=1000", ADMIN_TOKEN).await?.expect(200)?;
     w.secrets.push("plugin-config-secret".into());
@@ -363,20 +388,15 @@ async fn the_audit_listings_filter_and_page(backend: Backend) -> anyhow::Result<
             .await?
             .expect(200)?;
     }
-    // A repeat of a stored event changes nothing: one entry for two posts.
-    let event = json!({"id": "ev-1", "type": "a.b", "payload": {}});
-    for _ in 0..2 {
-        let r = api.post(&format!("{T}/events"), &manager, event.clone()).await?;
-        ensure!(r.status < 300, "{}", r.text);
-    }
-    let events = api.get("/v1/audit?kind=event&resource=ev-1", ADMIN_TOKEN).await?.expect(200)?;
-    ensure!(events.json["data"].as_array().map(Vec::len) == Some(1), "{}", events.text);
+    // Events are data, not configuration: posting one leaves no entry.
+    let r = api.post(&format!("{T}/events"), &manager, json!({"id": "ev-1", "type": "a.b", "payload": {}})).await?;
+    ensure!(r.status < 300, "{}", r.text);
     // By actor, by resource, by route.
     let by_actor = api
         .get(&format!("/v1/audit?actor={}", encode(&format!("token:{manager_id}"))), ADMIN_TOKEN)
         .await?
         .expect(200)?;
-    ensure!(by_actor.json["data"].as_array().map(Vec::len) == Some(5), "{}", by_actor.text);
+    ensure!(by_actor.json["data"].as_array().map(Vec::len) == Some(4), "{}", by_actor.text);
     let by_resource = api.get(&format!("/v1/audit?kind=endpoint&resource={ep}"), ADMIN_TOKEN).await?.expect(200)?;
     let data = by_resource.json["data"].as_array().cloned().unwrap_or_default();
     ensure!(data.len() == 4, "{}", by_resource.text);
@@ -385,10 +405,10 @@ async fn the_audit_listings_filter_and_page(backend: Backend) -> anyhow::Result<
     api.post("/v1/tenants/other/tokens", ADMIN_TOKEN, json!({"scopes": ["read"]})).await?.expect(201)?;
     let own = api.get(&format!("{T}/audit?limit=1000"), &manager).await?.expect(200)?;
     let own = own.json["data"].as_array().cloned().unwrap_or_default();
-    ensure!(own.len() == 6 && own.iter().all(|e| e["tenant"] == "acme"), "{own:?}");
+    ensure!(own.len() == 5 && own.iter().all(|e| e["tenant"] == "acme"), "{own:?}");
     let all = api.get("/v1/audit?limit=1000", ADMIN_TOKEN).await?.expect(200)?;
     let all = all.json["data"].as_array().cloned().unwrap_or_default();
-    ensure!(all.len() == 9, "{all:?}");
+    ensure!(all.len() == 8, "{all:?}");
     // Pages of 3 walk every entry once, newest first.
     let (mut paged, mut after) = (Vec::new(), None::<String>);
     loop {
@@ -409,8 +429,60 @@ async fn the_audit_listings_filter_and_page(backend: Backend) -> anyhow::Result<
     let from = api.get(&format!("/v1/audit?limit=1000&since={}", encode(&first)), ADMIN_TOKEN).await?.expect(200)?;
     ensure!(from.json["data"].as_array().map(Vec::len) == Some(all.len()), "{}", from.text);
     // Bad filters name themselves; a tenant's token cannot read the operator's log.
-    let bad = api.get("/v1/audit?since=yesterday", ADMIN_TOKEN).await?.expect(400)?;
-    ensure!(bad.text.contains("since"), "{}", bad.text);
+    let later = "2030-01-01T00:00:00Z";
+    for (query, named) in [
+        ("/v1/audit?since=yesterday", "since"),
+        (&format!("/v1/audit?since={later}&until={}", encode(&first)), "until"),
+        ("/v1/audit?limit=0", "limit"),
+        ("/v1/audit?after=ep_123", "after"),
+        ("/v1/audit?tenant=Not%20A%20Tenant", "tenant"),
+        ("/v1/audit?colour=red", "colour"),
+        ("/v1/tenants/acme/audit?tenant=other", "tenant"),
+    ] {
+        let bad = api.get(query, ADMIN_TOKEN).await?.expect(400)?;
+        ensure!(bad.json["error"]["message"].as_str().is_some_and(|m| m.contains(named)), "{query}: {}", bad.text);
+    }
     api.get("/v1/audit", &manager).await?.expect(403)?;
+    Ok(())
+}
+
+/// The `data` of a listing answered 200.
+async fn listed(api: &Api, path: &str, token: &str) -> anyhow::Result<Vec<Value>> {
+    let r = api.get(path, token).await?.expect(200)?;
+    Ok(r.json["data"].as_array().cloned().unwrap_or_default())
+}
+
+async fn a_portal_session_sees_its_endpoints_entries_only(backend: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(backend, &[]).await?;
+    let api = &gw.api;
+    api.tenant("acme").await?;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let e = api.endpoint("acme", json!({"url": "http://127.0.0.1:9/x"})).await?;
+        ids.push(e["id"].as_str().context("id")?.to_string());
+    }
+    let (mine, theirs) = (&ids[0], &ids[1]);
+    api.post(&format!("{T}/tokens"), ADMIN_TOKEN, json!({"scopes": ["read"]})).await?.expect(201)?;
+    let limited_session = mint(api, "acme", json!({"endpoints": [mine]})).await?;
+    let limited = open(api, &limited_session).await?;
+    let whole = open(api, &mint(api, "acme", json!({})).await?).await?;
+    // The limited session changes its endpoint: the entry names the session.
+    let patch = json!({"description": "the customer's"});
+    api.call("PATCH", &format!("{T}/endpoints/{mine}"), &limited, Some(patch)).await?.expect(200)?;
+    let seen = listed(api, &format!("{T}/audit"), &limited).await?;
+    ensure!(seen.len() == 2 && seen.iter().all(|e| e["kind"] == "endpoint" && e["resource"] == mine.as_str()), "{seen:?}");
+    let actor = format!("portal:{}", limited_session["id"].as_str().context("session id")?);
+    ensure!(seen[0]["actor"] == actor.as_str() && seen[0]["fields"] == json!(["description"]), "{seen:?}");
+    let other = listed(api, &format!("{T}/audit?resource={theirs}"), &limited).await?;
+    ensure!(other.is_empty(), "{other:?}");
+    // A session over every endpoint sees every endpoint's entries, and nothing else (no
+    // token, no portal session).
+    let seen = listed(api, &format!("{T}/audit?limit=1000"), &whole).await?;
+    ensure!(seen.len() == 3 && seen.iter().all(|e| e["kind"] == "endpoint"), "{seen:?}");
+    let bad = api.get(&format!("{T}/audit?kind=token"), &whole).await?.expect(400)?;
+    ensure!(bad.text.contains("kind"), "{}", bad.text);
+    // The operator sees them all.
+    let all = listed(api, &format!("{T}/audit?limit=1000"), ADMIN_TOKEN).await?;
+    ensure!(all.iter().any(|e| e["kind"] == "token") && all.iter().any(|e| e["kind"] == "portal-session"), "{all:?}");
     Ok(())
 }

@@ -231,8 +231,13 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
         ("post", "/v1/portal-sessions/exchange") => vec![call(path, Some(json!({"code": "hpc_nope"})), Refused)],
         // The operator's routes.
         ("get", "/v1/tenants" | "/v1/overview" | "/v1/event-types" | "/v1/audit") => vec![call(path, None, Refused)],
-        // The audit log names every object of the tenant: not for a portal session.
-        ("get", "/v1/tenants/{tenant}/audit") => vec![call(at(path), None, Refused)],
+        // The audit log: its endpoints' entries only.
+        ("get", "/v1/tenants/{tenant}/audit") => vec![
+            call(at(path), None, Ok),
+            call(at(path) + "?limit=1", None, Ok),
+            call(at(path) + &format!("?resource={theirs}"), None, Ok),
+            call(at(path) + "?kind=plugin", None, Refused),
+        ],
         ("post", "/v1/tenants") => vec![call(path, Some(json!({"id": "evil"})), Refused)],
         ("post", "/v1/event-types") => vec![call(path, Some(json!({"name": "x.y"})), Refused)],
         ("get" | "patch" | "delete", "/v1/event-types/{name}") | ("get", "/v1/event-types/{name}/versions") => {

@@ -81,6 +81,7 @@ tests::backends!(with Opened::on =>
     health_of_a_page_of_endpoints,
     a_drained_claim_is_told_in_the_order_of_writes,
     heartbeats_tell_the_live_nodes,
+    an_audit_entry_commits_with_its_change_only,
 );
 
 // ---- fixtures ----
@@ -1730,4 +1731,69 @@ mod schemas {
         }
         Ok(facts)
     }
+}
+
+fn audit_entry(id: &str) -> AuditEntry {
+    AuditEntry {
+        id: id.into(),
+        at: T0,
+        actor: "token:tok_1".into(),
+        tenant: Some(TenantId::parse("acme").unwrap()),
+        route: "PATCH /v1/tenants/{tenant}/endpoints/{id}".into(),
+        kind: "endpoint".into(),
+        resource: Some("ep_a".into()),
+        fields: vec!["url".into()],
+        client: Some("127.0.0.1".into()),
+    }
+}
+
+/// The ids of every stored audit entry, newest first.
+async fn audit_ids(b: &Opened) -> anyhow::Result<Vec<String>> {
+    Ok(b.store.audit_page(&AuditFilter::default(), 100).await?.into_iter().map(|e| e.id).collect())
+}
+
+async fn an_audit_entry_commits_with_its_change_only(b: Opened) -> anyhow::Result<()> {
+    use store::audit::scope;
+    setup(&b, &[("ep_a", &[])]).await?;
+    assert!(audit_ids(&b).await?.is_empty(), "writes outside a request's scope leave no entry");
+    let mut ep = endpoint("acme", "ep_a", &["x"], T0);
+    // An administrative write that changes a row: its entry, in its transaction.
+    let (changed, left) = scope(audit_entry("au_1"), b.store.update_endpoint(&ep)).await;
+    assert!(changed? && left.is_none());
+    let stored = b.store.audit_page(&AuditFilter::default(), 10).await?;
+    assert_eq!(stored, vec![audit_entry("au_1")], "read back as written");
+    // One that finds nothing to change, and one that fails: no entry, handed back.
+    let ghost = endpoint("acme", "ep_ghost", &[], T0);
+    let (changed, left) = scope(audit_entry("au_2"), b.store.update_endpoint(&ghost)).await;
+    assert!(!changed? && left.is_some());
+    let (failed, left) = scope(audit_entry("au_3"), b.store.create_tenant(&tenant("acme"))).await;
+    assert!(failed.is_err() && left.is_some(), "a tenant twice is refused");
+    // A group commit carries the entry beside the endpoint change.
+    let paused = change("ep_a", EndpointState::Paused, None, T0 + 1);
+    let (done, left) = scope(audit_entry("au_4"), b.committer.change_endpoint(paused)).await;
+    done?;
+    assert!(left.is_none());
+    // A request that writes twice is logged once.
+    ep.updated_at = T0 + 2;
+    let twice = async {
+        b.store.update_endpoint(&ep).await?;
+        b.store.update_endpoint(&ep).await
+    };
+    let (done, left) = scope(audit_entry("au_5"), twice).await;
+    assert!(done? && left.is_none());
+    assert_eq!(audit_ids(&b).await?, ["au_5", "au_4", "au_1"]);
+    // Filters and the cursor.
+    let store = &b.store;
+    let only = |f: AuditFilter| async move { store.audit_page(&f, 10).await.map(|p| p.len()) };
+    let resources = Some(vec!["ep_a".to_string(), "ep_b".to_string()]);
+    assert_eq!(only(AuditFilter { resources, ..AuditFilter::default() }).await?, 3);
+    assert_eq!(only(AuditFilter { resources: Some(vec![]), ..AuditFilter::default() }).await?, 0);
+    assert_eq!(only(AuditFilter { before: Some("au_4".into()), ..AuditFilter::default() }).await?, 1);
+    assert_eq!(only(AuditFilter { actor: Some("admin".into()), ..AuditFilter::default() }).await?, 0);
+    // Retention: entries older than delivered work's horizon go, a batch at a time.
+    assert_eq!(b.store.purge(T0, T0, 100).await?, 0, "none older than T0");
+    assert_eq!(b.store.purge(T0 + 1, T0, 2).await?, 2, "a full batch");
+    assert_eq!(b.store.purge(T0 + 1, T0, 2).await?, 1);
+    assert!(audit_ids(&b).await?.is_empty());
+    Ok(())
 }

@@ -156,6 +156,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
         "model",
         &[
             &[
+                "audit",
                 "bindings",
                 "catalog",
                 "cloudevents",
@@ -167,7 +168,6 @@ const INNER: &[(&str, &[&[&str]])] = &[
                 "sent",
                 "trace",
             ],
-            &["audit"],
             &["destination"],
             &["target"],
             &["stored"],

@@ -3,61 +3,60 @@
 //! `GET /v1/audit` (admin) and `GET /v1/tenants/{tenant}/audit` (`read`).
 //!
 //! The middleware runs on matched routes before their extractors. A write (any method but
-//! `GET`, `HEAD`, `OPTIONS`; the filter trials, which write nothing, aside) gets an entry:
-//! the route's method and path template, the resource its path names (the first segment
-//! after `/v1` or the tenant, singular, and the parameter after it; a create's new id is
-//! named by its handler, `store::audit::note_resource`), the top-level keys of its JSON
-//! body (never their values: secrets are values), the client's address, and the actor,
-//! which authentication names (`auth::caller`). Plugin uploads, rollbacks and deletions
-//! write files, not rows: their entries are stored after they succeed.
+//! `GET`, `HEAD`, `OPTIONS`) gets an entry: the route's method and path template, the
+//! resource its path names (the first segment after `/v1` or the tenant, singular, and the
+//! parameter after it; a create's new id is named by its handler,
+//! `store::audit::note_resource`), the client's address, the actor, which authentication
+//! names (`auth::caller`), and the top-level keys of its JSON body, which `JsonBody` names
+//! as it parses it (never their values: secrets are values). Not audited ([`NOT_AUDITED`]):
+//! the filter trials, which write nothing, and event intake, which is data, not
+//! configuration. Plugin uploads, rollbacks and deletions write files, not rows: their
+//! entries are stored after they succeed.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
-use axum::extract::rejection::RawPathParamsRejection;
-use axum::extract::{ConnectInfo, MatchedPath, RawPathParams, Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use serde::de::IgnoredAny;
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::doc::ErrorCode;
-use super::extract::{Admin, Query, Read, TenantAuth, TenantPath};
+use super::extract::{Admin, Query, Read, TenantAuth, TenantPath, bad_query};
 use super::{ApiError, AppState, page_limit, query_rfc3339, rfc3339};
 use crate::model::{AuditEntry, AuditFilter, TenantId, new_id};
 use crate::store::audit;
 
-/// Routes that are posted but write nothing: no entry.
-const READS_BY_POST: [&str; 2] =
-    ["/v1/tenants/{tenant}/endpoints/{id}/test-filter", "/v1/tenants/{tenant}/test-filter"];
+/// Write routes that leave no entry: the filter trials, which are posted but write
+/// nothing, and event intake, which is data rather than configuration (and the hot path:
+/// it gets no entry to carry, so its commits hold no audit row).
+const NOT_AUDITED: [&str; 4] = [
+    "/v1/tenants/{tenant}/endpoints/{id}/test-filter",
+    "/v1/tenants/{tenant}/test-filter",
+    "/v1/tenants/{tenant}/events",
+    "/v1/tenants/{tenant}/events/batch",
+];
 
-/// Opens the audit entry of a write request around the rest of its handling.
+/// Opens the audit entry of a write request around the rest of its handling. The body
+/// is not read here: `extract::JsonBody` names its fields as it parses it.
 pub(crate) async fn track(
     State(state): State<Arc<AppState>>,
     matched: MatchedPath,
-    params: Result<RawPathParams, RawPathParamsRejection>,
     req: Request,
     next: Next,
 ) -> Response {
     let read = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-    // A path the handler's own extractor refuses (it writes nothing) is not read here.
-    let params = match params {
-        Ok(params) if !read && !READS_BY_POST.contains(&matched.as_str()) => params,
-        _ => return next.run(req).await,
-    };
+    if read || NOT_AUDITED.contains(&matched.as_str()) {
+        return next.run(req).await;
+    }
+    let (mut parts, body) = req.into_parts();
+    let params = RawPathParams::from_request_parts(&mut parts, &state).await;
+    let req = Request::from_parts(parts, body);
+    // A path the handler's own extractor refuses (it writes nothing) is not audited.
+    let Ok(params) = params else { return next.run(req).await };
     let client = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
-    let route = format!("{} {}", req.method(), matched.as_str());
-    // A plugin's upload is its binary, whatever its content type says, under its own limit.
-    let binary = matched.as_str().ends_with("/plugins/{name}");
-    let (req, fields) = match body_fields(req, binary, super::body_limit(&state.config)).await {
-        Ok(read) => read,
-        Err(refused) => return refused.into_response(),
-    };
     let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
     let (kind, resource) = resource_of(matched.as_str(), &param);
     let now = state.clock.now();
@@ -66,10 +65,10 @@ pub(crate) async fn track(
         at: now,
         actor: "anonymous".into(),
         tenant: param("tenant").map(TenantId::from_stored),
-        route,
+        route: format!("{} {}", req.method(), matched.as_str()),
         kind,
         resource,
-        fields,
+        fields: Vec::new(),
         client,
     };
     let (response, unwritten) = audit::scope(entry, next.run(req)).await;
@@ -94,25 +93,6 @@ fn resource_of(template: &str, param: &dyn Fn(&str) -> Option<String>) -> (Strin
     (kind, id)
 }
 
-/// The request again, with the top-level keys of its JSON body. A body that is not JSON
-/// (a plugin's binary) is not read; one that cannot be read is refused as the handler's
-/// extractor would refuse it.
-async fn body_fields(req: Request, binary: bool, limit: usize) -> Result<(Request, Vec<String>), ApiError> {
-    let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("json");
-    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    if binary || !content_type.contains("json") || declared.is_some_and(|n| n > limit) {
-        return Ok((req, Vec::new()));
-    }
-    let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, format!("body: {e}")))?;
-    // The keys only, in order: the values are skipped unread (an event's payload too).
-    let keys = serde_json::from_slice::<BTreeMap<String, IgnoredAny>>(&bytes);
-    let fields = keys.map(|map| map.into_keys().collect()).unwrap_or_default();
-    Ok((Request::from_parts(parts, Body::from(bytes)), fields))
-}
-
 /// One audit log entry.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct AuditOut {
@@ -124,7 +104,7 @@ pub(crate) struct AuditOut {
     tenant: Option<String>,
     /// Method and path template.
     route: String,
-    /// The kind of resource: `endpoint`, `token`, `event`, `event-type`, `plugin`…
+    /// The kind of resource: `endpoint`, `token`, `event-type`, `plugin`, `replay`…
     kind: String,
     /// The resource's id, when it has one.
     resource: Option<String>,
@@ -192,45 +172,78 @@ pub(crate) struct AuditPage {
 pub(crate) async fn list_all(
     State(state): State<Arc<AppState>>,
     _: Admin,
-    Query(q): Query<AuditQuery>,
+    Query(mut q): Query<AuditQuery>,
 ) -> Result<Json<AuditPage>, ApiError> {
-    let tenant = q.tenant.as_deref().map(TenantId::parse).transpose();
-    let tenant = tenant.map_err(|e| super::extract::bad_query(format!("tenant: {}", e.0)))?;
-    page(&state, q, tenant).await.map(Json)
+    let tenant = q.tenant.take().as_deref().map(TenantId::parse).transpose();
+    let tenant = tenant.map_err(|e| bad_query(format!("tenant: {}", e.0)))?;
+    let (filter, limit) = filter(q, tenant)?;
+    page(&state, &filter, limit).await.map(Json)
 }
 
 #[utoipa::path(
     get, path = "/v1/tenants/{tenant}/audit", tag = "audit", operation_id = "list_tenant_audit",
     params(TenantPath, AuditQuery),
-    responses((status = 200, description = "A page of the tenant's audit log, newest first", body = AuditPage)),
+    responses((
+        status = 200,
+        description = "A page of the tenant's audit log, newest first; a portal session sees only its endpoints' \
+            entries",
+        body = AuditPage,
+    )),
     security(("tenant_token" = ["read"]), ("admin_token" = [])),
 )]
 pub(crate) async fn list_tenant(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    TenantAuth { tenant, reach, .. }: TenantAuth<Read>,
     Query(q): Query<AuditQuery>,
 ) -> Result<Json<AuditPage>, ApiError> {
     if q.tenant.is_some() {
-        return Err(super::extract::bad_query("tenant: the tenant is the path's"));
+        return Err(bad_query("tenant: not a filter of this listing: the tenant is the path's"));
     }
-    page(&state, q, Some(tenant)).await.map(Json)
+    let (mut filter, limit) = filter(q, Some(tenant))?;
+    if reach.portal() {
+        // The customer sees what was done to its endpoints, nothing else of the tenant's.
+        if filter.kind.as_deref().is_some_and(|k| k != ENDPOINT) {
+            return Err(bad_query("kind: a portal session sees its endpoints' entries only (kind=endpoint)"));
+        }
+        filter.kind = Some(ENDPOINT.into());
+        filter.resources = reach.endpoints().map(|only| only.iter().map(|e| e.as_str().to_string()).collect());
+    }
+    page(&state, &filter, limit).await.map(Json)
 }
 
-async fn page(state: &AppState, q: AuditQuery, tenant: Option<TenantId>) -> Result<AuditPage, ApiError> {
+/// The kind of an endpoint's entries.
+const ENDPOINT: &str = "endpoint";
+
+/// The store's filter and the page size of a listing's query; a bad parameter is refused,
+/// named.
+fn filter(q: AuditQuery, tenant: Option<TenantId>) -> Result<(AuditFilter, u32), ApiError> {
     let limit = page_limit(q.limit)?;
     let since = q.since.as_deref().map(|s| query_rfc3339("since", s)).transpose()?;
     let until = q.until.as_deref().map(|s| query_rfc3339("until", s)).transpose()?;
+    if let (Some(since), Some(until)) = (since, until)
+        && until <= since
+    {
+        return Err(bad_query("until: must be later than since"));
+    }
+    if let Some(after) = q.after.as_deref().filter(|a| !a.starts_with("au_")) {
+        return Err(bad_query(format!("after: {after:?} is not an entry's id (au_…, a page's next_after)")));
+    }
     let filter = AuditFilter {
         tenant,
         actor: q.actor,
         kind: q.kind,
         resource: q.resource,
+        resources: None,
         route: q.route,
         since,
         until,
         before: q.after,
     };
-    let found = state.store.audit_page(&filter, limit).await?;
+    Ok((filter, limit))
+}
+
+async fn page(state: &AppState, filter: &AuditFilter, limit: u32) -> Result<AuditPage, ApiError> {
+    let found = state.store.audit_page(filter, limit).await?;
     let next_after = (found.len() == limit as usize).then(|| found.last().map(|e| e.id.clone())).flatten();
     Ok(AuditPage { data: found.into_iter().map(AuditOut::from).collect(), next_after })
 }

@@ -217,9 +217,9 @@ pub async fn tenant(
 }
 
 /// The tenant routes a portal session may use: the customer's own (endpoints, deliveries,
-/// dead letters, replays, the catalog to read, the series; plugins only when
-/// `portal.plugins` allows), never the operator's (tokens, catalog writes, settings,
-/// portal sessions). A read-only session may only read; what one limited to some
+/// dead letters, replays, the catalog to read, the series, its endpoints' audit entries;
+/// plugins only when `portal.plugins` allows), never the operator's (tokens, catalog
+/// writes, settings, portal sessions). A read-only session may only read; what one limited to some
 /// endpoints reaches is [`reach::confine`]'s.
 fn portal_allows(session: &PortalSession, plugins: bool, access: &RouteAccess<'_>) -> Result<(), ApiError> {
     let forbidden = |m: &str| ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, m);
@@ -229,6 +229,8 @@ fn portal_allows(session: &PortalSession, plugins: bool, access: &RouteAccess<'_
     let allowed = match rest.split('/').nth(1).unwrap_or("") {
         "endpoints" | "deliveries" | "dead-letters" | "replays" | "series" | "test-filter" => true,
         "events" => read,
+        // Its endpoints' entries only (`audit::list_tenant`).
+        "audit" => read,
         "event-types" | "branding" => read && !rest.ends_with("/settings"),
         "plugins" => plugins,
         _ => false,

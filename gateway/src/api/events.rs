@@ -69,7 +69,6 @@ pub(crate) async fn create(
         let checks = Checks { limits: &limits, catalog: &state.catalog };
         let mut event = intake::prepare(&tenant, &input, checks, state.clock.now(), &mut rand::rng())?;
         event.trace = events_trace(span.as_ref(), trace);
-        crate::store::audit::note_resource(event.id.as_str());
         let outcomes = accept(&state, vec![event], span.as_ref()).await?;
         let (id, outcome) = &outcomes[0];
         Ok((StatusCode::ACCEPTED, Json(accepted(id, outcome))))

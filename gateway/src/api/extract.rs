@@ -147,6 +147,10 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
         if !value.is_object() {
             return Err(ApiError::bad_request(format!("body: expected a JSON object, got {}", json::kind(&value))));
         }
+        if let Value::Object(fields) = &value {
+            // The audit log names the fields a write sets, never their values.
+            crate::store::audit::note_fields(fields.keys());
+        }
         if let Some(at) = find_nul(&value, String::new()) {
             return Err(ApiError::unprocessable(format!("{at}: must not contain a NUL character")));
         }

@@ -56,12 +56,20 @@ pub(super) async fn binding(state: &AppState, tenant: &TenantId, name: &str) -> 
 #[derive(Debug, Clone, Default)]
 pub struct Reach {
     only: Option<Arc<[EndpointId]>>,
+    /// The caller is a portal session (limited or not).
+    portal: bool,
 }
 
 impl Reach {
     /// A portal session's reach (everything for any other caller).
     pub(super) fn of(session: Option<&PortalSession>) -> Reach {
-        Reach { only: session.and_then(|s| s.endpoints.as_deref()).map(Arc::from) }
+        Reach { only: session.and_then(|s| s.endpoints.as_deref()).map(Arc::from), portal: session.is_some() }
+    }
+
+    /// Whether the caller is a portal session: the customer, who sees of the tenant's
+    /// audit log only its endpoints' entries.
+    pub fn portal(&self) -> bool {
+        self.portal
     }
 
     /// Whether the caller reaches endpoint `id`.
@@ -202,6 +210,7 @@ const CONFINED: &[(&str, &str, Confine)] = {
         ("GET", "/v1/tenants/{tenant}/event-types/{name}", Shared),
         ("GET", "/v1/tenants/{tenant}/event-types/{name}/versions", Shared),
         ("GET", "/v1/tenants/{tenant}/branding", Shared),
+        ("GET", "/v1/tenants/{tenant}/audit", Listing),
     ]
 };
 

@@ -37,6 +37,9 @@ pub struct AuditFilter {
     pub actor: Option<String>,
     pub kind: Option<String>,
     pub resource: Option<String>,
+    /// Only entries about one of these resources (an empty list: none); a portal session
+    /// sees its endpoints' entries only.
+    pub resources: Option<Vec<String>>,
     pub route: Option<String>,
     pub since: Option<Millis>,
     pub until: Option<Millis>,

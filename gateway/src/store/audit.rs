@@ -3,9 +3,9 @@
 //! entry without a change.
 //!
 //! How, without a new argument on every store method: the API's middleware opens a
-//! [`scope`] around each write request with the entry it will be (actor, route, resource,
-//! the names of the fields it sets, client address); the request's task carries it
-//! (a tokio task-local). The store's write paths look for it as they write:
+//! [`scope`] around each write request with the entry it will be (route, resource, client
+//! address; authentication notes the actor, the body's parser the names of the fields it
+//! sets); the request's task carries it (a tokio task-local). The store's write paths look for it as they write:
 //! - SQLite's writer runs each administrative write as a job on its thread
 //!   (`Writer::audited`): the job inserts the pending entry before its `COMMIT` when the
 //!   write changed something ([`Changed`]: a `false` or `None` answer is "nothing to
@@ -66,6 +66,14 @@ pub fn note_resource(id: impl Into<String>) {
     with_draft(|d| d.entry.resource = Some(id.into()));
 }
 
+/// Names the fields a request's body sets (their names only, sorted; never a value).
+pub fn note_fields<'a>(names: impl Iterator<Item = &'a String>) {
+    with_draft(|d| {
+        d.entry.fields = names.cloned().collect();
+        d.entry.fields.sort();
+    });
+}
+
 /// The entry of the request this task serves, if it is not written yet.
 pub(super) fn pending() -> Option<AuditEntry> {
     with_draft(|d| (!d.written).then(|| d.entry.clone())).flatten()
@@ -104,9 +112,13 @@ impl<T> Changed for Option<T> {
 pub(super) const INSERT_AUDIT: &str = "INSERT INTO audit_log (id, at, actor, tenant_id, route, kind, resource_id, \
      fields, client) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
-/// Deletes up to `$2` entries older than `$1` (retention; SQLite and Postgres alike).
+/// Deletes up to `$2` entries older than `$1` (retention, SQLite).
 pub(super) const PURGE_AUDIT: &str =
     "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log WHERE at < $1 ORDER BY at LIMIT $2)";
+
+/// [`PURGE_AUDIT`] on Postgres: nodes purging at the same time take different rows.
+pub(super) const PURGE_AUDIT_PG: &str = "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log WHERE at < $1 \
+     ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
 /// The stored form of an entry's field names.
 pub(super) fn fields_json(e: &AuditEntry) -> String {
@@ -191,6 +203,19 @@ where
         for (condition, value) in text {
             if let Some(v) = value {
                 q.push(condition).push_bind(v);
+            }
+        }
+        match f.resources.as_deref() {
+            None => {}
+            Some([]) => {
+                q.push(" AND 1 = 0");
+            }
+            Some([first, rest @ ..]) => {
+                q.push(" AND resource_id IN (").push_bind(first.as_str());
+                for r in rest {
+                    q.push(", ").push_bind(r.as_str());
+                }
+                q.push(")");
             }
         }
         if let Some(since) = f.since {

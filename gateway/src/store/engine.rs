@@ -167,6 +167,8 @@ pub trait Housekeeping: Send + Sync + 'static {
     /// [`EndpointState`]: crate::model::EndpointState
     async fn end_timed_pauses(&self, now: Millis) -> Result<Vec<(TenantId, EndpointId)>>;
     /// Deletes up to `limit` finished deliveries (delivered before `delivered_before`, dead
-    /// before `dead_before`) with their attempts, then events left without deliveries.
+    /// before `dead_before`) with their attempts, then events left without deliveries, and
+    /// up to `limit` audit log entries older than `delivered_before`. Returns the larger of
+    /// the two counts: `limit` means there may be more of either.
     async fn purge(&self, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64>;
 }

@@ -483,9 +483,10 @@ impl Housekeeping for PostgresStore {
         }
         // The audit log is kept as long as delivered work.
         let entries =
-            sqlx::query(audit::PURGE_AUDIT).bind(delivered_before).bind(i64::from(limit)).execute(&mut *tx).await?;
+            sqlx::query(audit::PURGE_AUDIT_PG).bind(delivered_before).bind(i64::from(limit)).execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(ids.len() as u64 + entries.rows_affected())
+        // A full batch of either means there may be more.
+        Ok((ids.len() as u64).max(entries.rows_affected()))
     }
 }
 

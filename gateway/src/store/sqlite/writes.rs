@@ -318,7 +318,8 @@ pub(super) fn purge(tx: &Transaction<'_>, delivered_before: Millis, dead_before:
     }
     // The audit log is kept as long as delivered work.
     let entries = tx.prepare_cached(audit::PURGE_AUDIT)?.execute(params![delivered_before, i64::from(limit)])?;
-    Ok((ids.len() + entries) as u64)
+    // A full batch of either means there may be more.
+    Ok(ids.len().max(entries) as u64)
 }
 
 #[cfg(test)]
