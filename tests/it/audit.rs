@@ -470,7 +470,10 @@ async fn a_portal_session_sees_its_endpoints_entries_only(backend: Backend) -> a
     let patch = json!({"description": "the customer's"});
     api.call("PATCH", &format!("{T}/endpoints/{mine}"), &limited, Some(patch)).await?.expect(200)?;
     let seen = listed(api, &format!("{T}/audit"), &limited).await?;
-    ensure!(seen.len() == 2 && seen.iter().all(|e| e["kind"] == "endpoint" && e["resource"] == mine.as_str()), "{seen:?}");
+    ensure!(
+        seen.len() == 2 && seen.iter().all(|e| e["kind"] == "endpoint" && e["resource"] == mine.as_str()),
+        "{seen:?}"
+    );
     let actor = format!("portal:{}", limited_session["id"].as_str().context("session id")?);
     ensure!(seen[0]["actor"] == actor.as_str() && seen[0]["fields"] == json!(["description"]), "{seen:?}");
     let other = listed(api, &format!("{T}/audit?resource={theirs}"), &limited).await?;
