@@ -157,6 +157,23 @@ def admin_pages(c, cfg, times):
     c.shot("endpoint")
 
 
+def audit_log(c, times):
+    """The tenant's audit log: the seeding's endpoint creations, by the admin; the kind filter."""
+    times["audit"] = c.go("#/audit", "#page-audit")
+    row = row_of(c, "POST /v1/tenants/{tenant}/endpoints")
+    cols = headers(c)
+    assert row[cols.index("Actor")] == "admin" and row[cols.index("Resource")].startswith("endpoint ep_"), row
+    assert "url" in row[cols.index("Fields set")].split(", "), row
+    kind = c.find("main form input[name=kind]")
+    kind.send_keys("token")
+    c.d.find_element(By.CSS_SELECTOR, "main form[role=search] button[type=submit]").click()
+    c.wait.until(lambda d: "kind=token" in d.execute_script("return location.hash"))
+    c.arrived("#page-audit")
+    assert not any("/endpoints" in tr.text for tr in c.d.find_elements(By.CSS_SELECTOR, "main tbody tr"))
+    c.no_script_ran()
+    c.shot("audit")
+
+
 def header_drawn_once(c):
     """Issue 29 #14: the header is drawn once after an admin sign-in (it was drawn twice)."""
     c.arrived("#page-overview")
@@ -405,6 +422,7 @@ def flow(cfg):
     def steps():
         admin_pages(c, cfg, times)
         find_delivery(c, cfg, times)
+        audit_log(c, times)
         c.item("15-unknown-ids-inline", unknown_ids_inline)
         c.item("17-reason-counts-without-bullets", reason_counts_without_bullets)
         replay_dead_letters(c, cfg, times)

@@ -1,10 +1,10 @@
 """Drives the customer portal (`/console/portal`) in headless Chromium against a live
 `herald serve` that tests/it/portal_browser.rs seeded: a minted link opened, its code gone
 from the URL and the history, the tenant's branding, an endpoint created, a test send and
-its attempt, the catalog, deliveries, nothing of another tenant, refusal after revocation
-and after expiry, and the portal framed by an allowed origin but refused (by CSP) in a
-frame of another. Links are minted here, with the admin token, as the platform's backend
-would, just before each is opened. Prints a JSON summary (page load times in ms) on stdout;
+its attempt, the catalog, its endpoints' audit log, deliveries, nothing of another tenant,
+refusal after revocation and after expiry, and the portal framed by an allowed origin but
+refused (by CSP) in a frame of another. Links are minted here, with the admin token, as the
+platform's backend would, just before each is opened. Prints a JSON summary (page load times in ms) on stdout;
 saves a PNG of each page under the screenshot directory.
 
 Usage: portal_flow.py CONFIG.json   (written by tests/it/portal_browser.rs)
@@ -97,7 +97,7 @@ def branded_and_nothing_of_the_operator(p):
     accent = p.d.execute_script("return getComputedStyle(document.documentElement).getPropertyValue('--accent').trim()")
     assert accent == p.cfg["brand_accent"], accent
     nav = [a.text for a in p.d.find_elements(By.CSS_SELECTOR, "#nav a")]
-    assert nav == ["Endpoints", "Event catalog", "Deliveries", "Dead letters"], nav
+    assert nav == ["Endpoints", "Event catalog", "Deliveries", "Dead letters", "Audit log"], nav
     p.absent("#tenant-picker")
     assert "Sign in" not in p.d.find_element(By.TAG_NAME, "body").text
 
@@ -125,6 +125,16 @@ def catalog(p, times):
     assert p.cfg["example_marker"] in p.text_in("#examples", p.cfg["example_marker"])
     assert '"$schema"' in p.find("#schemas pre").text
     p.shot("portal-catalog-type")
+
+
+def audit_log_of_its_endpoints(p, times):
+    """The session's own changes, named by it; nothing of the operator's (tokens, sessions)."""
+    times["audit"] = p.go("#/audit", "#page-audit")
+    rows = p.text_in("main table", "/test-send")
+    assert "portal:ps_" in rows and "/endpoints" in rows, rows
+    assert "portal-sessions" not in rows and "tokens" not in rows, rows
+    assert not p.d.find_elements(By.CSS_SELECTOR, "main form input[name=kind]")
+    p.shot("portal-audit")
 
 
 def deliveries_and_no_other_tenant(p, times):
@@ -203,6 +213,7 @@ def flow(cfg):
         p.item("branded-and-nothing-of-the-operator", branded_and_nothing_of_the_operator)
         create_and_test_send(p, times)
         p.item("catalog", catalog, times)
+        p.item("audit-log-of-its-endpoints", audit_log_of_its_endpoints, times)
         p.item("deliveries-and-no-other-tenant", deliveries_and_no_other_tenant, times)
         p.no_script_ran()
         revoked(p, s)
