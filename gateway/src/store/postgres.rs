@@ -100,6 +100,10 @@ impl Admin for PostgresStore {
         self.q.update_endpoint(e).await
     }
 
+    async fn put_verification(&self, id: &EndpointId, v: &Verification) -> Result<bool> {
+        self.q.put_verification(id, v).await
+    }
+
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         self.q.delete_endpoint(tenant, id, now).await
     }

@@ -452,6 +452,10 @@ where
             .await?;
         Ok(DB::rows_affected(&done) == 1)
     }
+    pub(super) async fn put_verification(&self, id: &EndpointId, v: &Verification) -> Result<bool> {
+        let done = sqlx::query(sql::PUT_VERIFICATION).bind(json(v)).bind(id.as_str()).execute(&self.pool).await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
     pub(super) async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         let mut tx = self.pool.begin().await?;
         let done = sqlx::query(sql::DELETE_ENDPOINT).bind(id.as_str()).bind(tenant.as_str()).execute(&mut *tx).await?;
