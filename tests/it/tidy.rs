@@ -166,6 +166,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
                 "replay",
                 "sent",
                 "trace",
+                "verification",
             ],
             &["destination"],
             &["target"],

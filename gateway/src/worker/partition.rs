@@ -271,9 +271,13 @@ impl Partition {
                 self.target = Some(Arc::new(make_target(&self.inner, e, counters, self.inner.clock.now())));
                 true
             }
-            Ok(_) => {
+            Ok(read) => {
                 // Disabled, paused, gone or to be verified (again): hand the queue back; the
-                // refill decides.
+                // refill decides. One to be verified sends nothing more on the settings of
+                // before (a new URL), nor takes deliveries at intake, until its refill.
+                if read.is_some_and(|e| e.verify_gate(0) != Gate::Open) {
+                    self.target = None;
+                }
                 self.release_queue(self.inner.clock.now()).await;
                 false
             }
