@@ -16,6 +16,7 @@ tests::backends!(
     deliveries_wait_for_a_receiver_that_does_not_echo_until_verify_now,
     a_url_change_is_verified_again_before_anything_goes_there,
     endpoints_without_verify_are_unaffected,
+    turning_verify_off_lets_the_waiting_deliveries_go,
     bad_verify_input_is_refused_naming_the_field_and_writes_nothing,
 );
 
@@ -222,5 +223,32 @@ async fn bad_verify_input_is_refused_naming_the_field_and_writes_nothing(b: Back
     assert_eq!(gw.api.get(&path, ADMIN_TOKEN).await?.json["verify"], false, "a refused patch changes nothing");
     let r = gw.api.post("/v1/tenants/acme/endpoints/ep_missing/verify", ADMIN_TOKEN, json!({})).await?;
     assert_eq!(r.status, 404, "{}", r.text);
+    Ok(())
+}
+
+/// A receiver that never echoes keeps its deliveries waiting until `verify` is turned off:
+/// then they go, with no handshake more, and the endpoint shows no `verification`.
+async fn turning_verify_off_lets_the_waiting_deliveries_go(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    let ep = endpoint(&gw, &rx.url(), json!({"verify": true})).await?;
+    let id = ep["id"].as_str().unwrap();
+    post_event(&gw, "evt_off").await?;
+    verification(&gw, id, "failed").await?;
+    assert_eq!(delivery_of(&gw, "evt_off").await?["attempts"], 0, "waiting, not attempted");
+
+    let path = format!("/v1/tenants/acme/endpoints/{id}");
+    let r = gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"verify": false}))).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["verify"], false, "{}", r.text);
+    assert!(r.json.get("verification").is_none(), "{}", r.text);
+    tests::eventually("the waiting delivery delivered", WAIT, || async {
+        let d = delivery_of(&gw, "evt_off").await?;
+        Ok(if d["state"] == "delivered" { Ok(()) } else { Err(d.to_string()) })
+    })
+    .await?;
+    let got = rx.received();
+    let event = got.iter().position(|r| r.header("webhook-id") == Some("evt_off")).expect("the event");
+    assert!(got[event..].iter().all(|r| challenge_of(&r.body).is_none()), "no handshake after it");
     Ok(())
 }

@@ -254,10 +254,11 @@ impl Partition {
     }
 
     /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`], and at once
-    /// after a change. False when the endpoint stopped being sendable and the queue was
-    /// handed back.
+    /// after a change or when it has no target to send on (dropped for a verification).
+    /// False when the endpoint stopped being sendable and the queue was handed back.
     async fn refresh_if_stale(&mut self) -> bool {
-        if !self.signal.known(|k| k.stale()) && self.refreshed.elapsed() < REFRESH_EVERY {
+        let fresh = !self.signal.known(|k| k.stale()) && self.refreshed.elapsed() < REFRESH_EVERY;
+        if fresh && self.target.is_some() {
             return true;
         }
         let read = self.inner.store.endpoint(&self.id).await;

@@ -22,7 +22,8 @@ use crate::sign::{self, Secret};
 impl Partition {
     /// The gate before a claim of `endpoint` at `now`: `None` when it is open (sending a
     /// handshake first if one is due); otherwise when to look again. A closed gate hands
-    /// back whatever was taken at intake and closes the partition to intake.
+    /// back whatever was taken at intake, due now (so turning `verify` off or a
+    /// verification lets it go at once), and closes the partition to intake.
     pub(super) async fn unverified(&mut self, endpoint: &mut Endpoint, now: Millis) -> Option<Millis> {
         let at = match endpoint.verify_gate(now) {
             Gate::Open => return None,
@@ -36,7 +37,7 @@ impl Partition {
         // Nothing goes out on the settings of before (a URL changed since).
         self.target = None;
         self.queue.extend(self.signal.known(Known::take_inbox));
-        self.release_queue(at).await;
+        self.release_queue(now).await;
         Some(at)
     }
 
