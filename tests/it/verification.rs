@@ -63,6 +63,31 @@ async fn delivery_of(gw: &TestGateway, event: &str) -> anyhow::Result<Value> {
     Ok(gw.api.get(&format!("/v1/tenants/acme/deliveries/{id}"), ADMIN_TOKEN).await?.json)
 }
 
+/// A gateway with an endpoint that asks for verification at a receiver that answers 200
+/// without the challenge, and `event` posted to it: once its verification has `failed`,
+/// the gateway, the receiver, the endpoint's id and the endpoint.
+async fn waiting_for_a_receiver_that_does_not_echo(
+    b: Backend,
+    event: &str,
+) -> anyhow::Result<(TestGateway, FakeReceiver, String, Value)> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    let ep = endpoint(&gw, &rx.url(), json!({"verify": true})).await?;
+    let id = ep["id"].as_str().unwrap().to_string();
+    post_event(&gw, event).await?;
+    let e = verification(&gw, &id, "failed").await?;
+    Ok((gw, rx, id, e))
+}
+
+/// Waits until `event`'s delivery is delivered.
+async fn delivered(gw: &TestGateway, event: &str, wait: Duration) -> anyhow::Result<()> {
+    tests::eventually(&format!("{event} delivered"), wait, || async {
+        let d = delivery_of(gw, event).await?;
+        Ok(if d["state"] == "delivered" { Ok(()) } else { Err(d.to_string()) })
+    })
+    .await
+}
+
 /// Waits until the endpoint's `verification.state` is `state`; returns the endpoint.
 async fn verification(gw: &TestGateway, id: &str, state: &str) -> anyhow::Result<Value> {
     tests::eventually(&format!("verification {state}"), WAIT, || async {
@@ -121,12 +146,8 @@ async fn an_echoing_receiver_gets_deliveries_only_after_a_signed_handshake(b: Ba
 /// nor dead, the endpoint shows `failed` with the reason; fixed and verified now, the
 /// waiting delivery goes out.
 async fn deliveries_wait_for_a_receiver_that_does_not_echo_until_verify_now(b: Backend) -> anyhow::Result<()> {
-    let gw = TestGateway::start_on(b, &[]).await?;
-    let rx = FakeReceiver::start().await?;
-    let ep = endpoint(&gw, &rx.url(), json!({"verify": true})).await?;
-    let id = ep["id"].as_str().unwrap();
-    post_event(&gw, "evt_waits").await?;
-    let e = verification(&gw, id, "failed").await?;
+    let (gw, rx, id, e) = waiting_for_a_receiver_that_does_not_echo(b, "evt_waits").await?;
+    let id = id.as_str();
     let v = &e["verification"];
     assert!(v["reason"].as_str().unwrap().contains("without {\"challenge\""), "{v}");
     assert!(v["next_try_at"].is_string() && v["last_tried_at"].is_string(), "{v}");
@@ -145,11 +166,7 @@ async fn deliveries_wait_for_a_receiver_that_does_not_echo_until_verify_now(b: B
     assert_eq!(r.status, 202, "{}", r.text);
     assert_eq!(r.json["verification"]["state"], "pending", "{}", r.text);
     // A try already under way when "verify now" came may fail once more (5 s, then 10 s).
-    tests::eventually("the waiting delivery delivered", 2 * WAIT, || async {
-        let d = delivery_of(&gw, "evt_waits").await?;
-        Ok(if d["state"] == "delivered" { Ok(()) } else { Err(d.to_string()) })
-    })
-    .await?;
+    delivered(&gw, "evt_waits", 2 * WAIT).await?;
     verification(&gw, id, "verified").await?;
     let got = rx.received();
     let first_event = got.iter().position(|r| r.header("webhook-id") == Some("evt_waits")).unwrap();
@@ -229,12 +246,7 @@ async fn bad_verify_input_is_refused_naming_the_field_and_writes_nothing(b: Back
 /// A receiver that never echoes keeps its deliveries waiting until `verify` is turned off:
 /// then they go, with no handshake more, and the endpoint shows no `verification`.
 async fn turning_verify_off_lets_the_waiting_deliveries_go(b: Backend) -> anyhow::Result<()> {
-    let gw = TestGateway::start_on(b, &[]).await?;
-    let rx = FakeReceiver::start().await?;
-    let ep = endpoint(&gw, &rx.url(), json!({"verify": true})).await?;
-    let id = ep["id"].as_str().unwrap();
-    post_event(&gw, "evt_off").await?;
-    verification(&gw, id, "failed").await?;
+    let (gw, rx, id, _) = waiting_for_a_receiver_that_does_not_echo(b, "evt_off").await?;
     assert_eq!(delivery_of(&gw, "evt_off").await?["attempts"], 0, "waiting, not attempted");
 
     let path = format!("/v1/tenants/acme/endpoints/{id}");
@@ -242,11 +254,7 @@ async fn turning_verify_off_lets_the_waiting_deliveries_go(b: Backend) -> anyhow
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["verify"], false, "{}", r.text);
     assert!(r.json.get("verification").is_none(), "{}", r.text);
-    tests::eventually("the waiting delivery delivered", WAIT, || async {
-        let d = delivery_of(&gw, "evt_off").await?;
-        Ok(if d["state"] == "delivered" { Ok(()) } else { Err(d.to_string()) })
-    })
-    .await?;
+    delivered(&gw, "evt_off", WAIT).await?;
     let got = rx.received();
     let event = got.iter().position(|r| r.header("webhook-id") == Some("evt_off")).expect("the event");
     assert!(got[event..].iter().all(|r| challenge_of(&r.body).is_none()), "no handshake after it");
