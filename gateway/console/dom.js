@@ -37,9 +37,9 @@ export function field(label, control) {
   return h('label', {}, label, control);
 }
 
-/** `<dl>` of [term, value] pairs. */
+/** `<dl>` of [term, value] pairs; a null in place of a pair is left out. */
 export function facts(pairs) {
-  return h('dl', { class: 'grid' }, pairs.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v ?? '—')]));
+  return h('dl', { class: 'grid' }, pairs.filter(Boolean).map(([k, v]) => [h('dt', {}, k), h('dd', {}, v ?? '—')]));
 }
 
 export function when(iso) {

@@ -189,6 +189,7 @@ export async function endpointPage(main, id, rerender) {
       ['Filter', e.filter ? JSON.stringify(e.filter) : 'none (every event of its types)'],
       ['Headers', headers.length ? headers.map(([k, v]) => `${k}: ${v}`).join('\n') : 'none'],
       ['State', stateText(e.state, e.state_reason, e.paused_until)],
+      e.verification ? ['Verification', verificationText(e.verification)] : null,
       ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
       ['Ordering', e.ordering === 'none' ? 'none (in parallel)' : `${e.ordering}; a dead letter: ${e.ordering_on_dead}`],
       ['Output', e.cloudevents ? `CloudEvents ${e.cloudevents.mode}; source ${e.cloudevents.source || '/herald/tenants/{tenant}'}` : 'Standard Webhooks envelope'],
@@ -209,11 +210,19 @@ export async function endpointPage(main, id, rerender) {
     manage ? deleteSection(e, path) : null);
 }
 
+/** Where an endpoint's verification stands: its state, and why and until when it waits. */
+function verificationText(v) {
+  if (v.state === 'verified') return `verified ${when(v.last_tried_at)}`;
+  const why = v.reason ? `: ${v.reason}` : '';
+  return `${v.state}${why}; deliveries wait (next try ${when(v.next_try_at)})`;
+}
+
 /** What a receiver is told about the endpoint's settings: its URL, description, event
  *  types, content filter (JSON; empty removes it), custom headers (`Name: value`, one a
  *  line), its output (Standard Webhooks' envelope or CloudEvents, binary or structured, its
- *  `source` kept) and, for HTTP, its `User-Agent`. Only what changed is sent, so an unchanged
- *  list of types is not checked again against the catalog. */
+ *  `source` kept) and, for HTTP, its `User-Agent` and whether it must verify its URL. Only
+ *  what changed is sent, so an unchanged list of types is not checked again against the
+ *  catalog. */
 function editForm(e, path, submit, done) {
   const headerText = (hs) => Object.entries(hs).map(([k, v]) => `${k}: ${v}`).join('\n');
   const filterText = (f) => (f ? JSON.stringify(f) : '');
@@ -227,6 +236,7 @@ function editForm(e, path, submit, done) {
   const mode = e.cloudevents ? e.cloudevents.mode : '';
   const output = h('select', { name: 'cloudevents' }, [['', 'Standard Webhooks envelope'], ['binary', 'CloudEvents, binary'],
     ['structured', 'CloudEvents, structured']].map(([v, label]) => h('option', { value: v, selected: v === mode }, label)));
+  const verify = h('input', { name: 'verify', type: 'checkbox', checked: e.verify });
   return h('form', { class: 'inline', 'aria-label': 'Edit endpoint', onsubmit: submit(async () => {
     const body = {};
     if (url.value.trim() !== e.url) body.url = url.value.trim();
@@ -240,12 +250,15 @@ function editForm(e, path, submit, done) {
       const source = e.cloudevents && e.cloudevents.source ? { source: e.cloudevents.source } : {};
       body.cloudevents = output.value ? { mode: output.value, ...source } : null;
     }
+    if (http && verify.checked !== e.verify) body.verify = verify.checked;
     if (Object.keys(body).length === 0) throw new Error('Nothing changed.');
     await api('PATCH', path, { body });
     done('Endpoint saved.');
   }) }, field('URL', url), field('Description', description), field('Event types', types),
   field('Filter (JSON)', filter), field('Headers (Name: value, one a line)', headers), field('Output', output),
-  http ? field('User-Agent', userAgent) : null, h('button', { type: 'submit' }, 'Save endpoint'));
+  http ? field('User-Agent', userAgent) : null,
+  http ? field('Verify the URL (a signed challenge it must echo) before delivering', verify) : null,
+  h('button', { type: 'submit' }, 'Save endpoint'));
 }
 
 /** A filter as typed: JSON, or nothing (null: no filter). */
@@ -393,6 +406,10 @@ function actions(e, path, plugins, rerender) {
       await api('POST', `${path}/enable`);
       done('Endpoint enabled.');
     }) }, h('button', { type: 'submit' }, 'Enable')),
+    e.verify ? h('form', { class: 'inline', 'aria-label': 'Verify now', onsubmit: submit(async () => {
+      await api('POST', `${path}/verify`);
+      done('Verification asked for: the handshake goes out now.');
+    }) }, h('button', { type: 'submit' }, 'Verify now')) : null,
     h('form', { class: 'inline', 'aria-label': 'Pacing', onsubmit: submit(async () => {
       await api('PATCH', path, { body: { rate_per_sec: Number(rate.value), burst: Number(burst.value), max_in_flight: Number(inflight.value) } });
       done('Pacing saved.');

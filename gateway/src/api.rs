@@ -90,6 +90,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(test_send::test_send))
         .routes(routes!(endpoints::test_filter::test_endpoint_filter))
         .routes(routes!(endpoints::test_filter::test_filter))
+        .routes(routes!(endpoints::verify::verify_now))
         .routes(routes!(portal::create, portal::list))
         .routes(routes!(portal::revoke))
         .routes(routes!(portal::exchange))

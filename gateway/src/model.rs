@@ -24,6 +24,7 @@ mod sent;
 mod stored;
 mod target;
 mod trace;
+mod verification;
 pub use audit::{AuditEntry, AuditFilter};
 pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
@@ -40,6 +41,9 @@ pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
 pub use target::{AmqpTarget, HttpSettings, HttpTarget, NatsTarget, RedisTarget, ShapeError, Target};
 pub use trace::{TRACEPARENT, TRACESTATE, TraceContext, span_id};
+pub use verification::{
+    Gate, VERIFICATION_TYPE, VERIFY_RETRY_CAP_MS, VERIFY_RETRY_FIRST_MS, Verification, VerifyState, judge_answer,
+};
 
 /// Milliseconds since the Unix epoch: how every instant is stored.
 pub type Millis = i64;
@@ -401,6 +405,8 @@ pub struct Endpoint {
     /// While paused: when delivery may resume on its own (`None`: needs a human).
     pub paused_until: Option<Millis>,
     pub failing_since: Option<Millis>,
+    /// Where its verification stands (`None`: never tried), when it asks for one.
+    pub verification: Option<Verification>,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -511,9 +517,29 @@ impl Endpoint {
             state_reason: None,
             paused_until: None,
             failing_since: None,
+            verification: None,
             created_at: now,
             updated_at: now,
         }
+    }
+
+    /// The verification gate at `now`: open unless it is an HTTP endpoint that asks for
+    /// verification (`verify`) and is not verified at its current URL.
+    pub fn verify_gate(&self, now: Millis) -> Gate {
+        match self.spec.target.as_http() {
+            Some(t) if t.verify => verification::gate(self.verification.as_ref(), &t.url, now),
+            _ => Gate::Open,
+        }
+    }
+
+    /// Its verification as shown: the stored one at its current URL, or pending (a new
+    /// endpoint, a changed URL); `None` when it does not ask for verification.
+    pub fn verification_now(&self) -> Option<Verification> {
+        let t = self.spec.target.as_http().filter(|t| t.verify)?;
+        Some(match &self.verification {
+            Some(v) if v.url == t.url => v.clone(),
+            _ => Verification::pending(&t.url),
+        })
     }
 }
 

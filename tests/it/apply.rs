@@ -99,7 +99,7 @@ async fn populate(gw: &TestGateway, rx: &FakeReceiver) -> anyhow::Result<()> {
         .endpoint(
             "acme",
             json!({"url": rx.url(), "description": "audit log", "signatures": ["v1", "v1a"],
-        "cloudevents": {"mode": "binary", "source": "/acme/{tenant}"}}),
+        "cloudevents": {"mode": "binary", "source": "/acme/{tenant}"}, "verify": true}),
         )
         .await?;
     Ok(())
@@ -124,9 +124,15 @@ async fn a_dump_applied_to_a_fresh_node_recreates_it_and_a_second_apply_changes_
     let dumped = herald(&old, dir.path(), &["dump"], &[]).await?;
     assert!(dumped.ok, "{}", dumped.stderr);
     let text = &dumped.stdout;
-    for says in
-        ["name: Acme Corp", "name: billing", "transform: chat", "mode: binary", "$gte", "HERALD_SECRET_ACME_BILLING"]
-    {
+    for says in [
+        "name: Acme Corp",
+        "name: billing",
+        "transform: chat",
+        "mode: binary",
+        "verify: true",
+        "$gte",
+        "HERALD_SECRET_ACME_BILLING",
+    ] {
         assert!(text.contains(says), "no {says:?} in the dump:\n{text}");
     }
     assert!(!text.contains("whsec_") && !text.contains("k-31415"), "no secret in a dump:\n{text}");

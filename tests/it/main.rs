@@ -42,6 +42,7 @@
 //! - `tidy`: the source tree's rules: I/O library owners, layers, routes; the docs' links
 //! - `timing`: the engine's timing rules in paused time (backoff, 429, disable-after, linger)
 //! - `tracing`: W3C trace context from producer to receiver, and the spans exported over OTLP
+//! - `verification`: verified endpoints: the signed handshake before deliveries, waiting, verify now, URL changes
 
 // Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
@@ -84,3 +85,4 @@ mod store;
 mod tidy;
 mod timing;
 mod tracing;
+mod verification;

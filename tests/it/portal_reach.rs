@@ -332,9 +332,10 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/enable" | "/v1/tenants/{tenant}/endpoints/{id}/pause") => {
             each(std::slice::from_ref(theirs), "", Some(json!({})), Refused)
         }
-        ("post", "/v1/tenants/{tenant}/endpoints/{id}/rotate-secret") => {
-            each(std::slice::from_ref(theirs), "", Some(json!({})), Refused)
-        }
+        (
+            "post",
+            "/v1/tenants/{tenant}/endpoints/{id}/rotate-secret" | "/v1/tenants/{tenant}/endpoints/{id}/verify",
+        ) => each(std::slice::from_ref(theirs), "", Some(json!({})), Refused),
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/test-send") => {
             each(std::slice::from_ref(theirs), "", Some(json!({"event_type": "theirs.happened"})), Refused)
         }

@@ -82,6 +82,7 @@ tests::backends!(with Opened::on =>
     a_drained_claim_is_told_in_the_order_of_writes,
     heartbeats_tell_the_live_nodes,
     an_audit_entry_commits_with_its_change_only,
+    an_endpoints_verification_is_stored_apart_from_its_settings,
 );
 
 // ---- fixtures ----
@@ -102,6 +103,7 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
         state_reason: None,
         paused_until: None,
         failing_since: None,
+        verification: None,
         created_at,
         updated_at: created_at,
     }
@@ -1795,5 +1797,25 @@ async fn an_audit_entry_commits_with_its_change_only(b: Opened) -> anyhow::Resul
     assert_eq!(b.store.purge(T0 + 1, T0, 2).await?, 2, "a full batch");
     assert_eq!(b.store.purge(T0 + 1, T0, 2).await?, 1);
     assert!(audit_ids(&b).await?.is_empty());
+/// A verified endpoint's state (migration 0017) reads back as written, survives a change of
+/// the endpoint's settings (which never writes it), and is stored for an existing endpoint only.
+async fn an_endpoints_verification_is_stored_apart_from_its_settings(b: Opened) -> anyhow::Result<()> {
+    setup(&b, &[("ep_v", &[])]).await?;
+    let id = EndpointId::from_stored("ep_v");
+    assert_eq!(b.store.endpoint(&id).await?.expect("endpoint").verification, None, "never tried");
+    let url = "http://127.0.0.1:9/ep_v";
+    let failed = Verification::failed(None, url, "answered 404, not 2xx with the challenge".into(), T0);
+    assert!(b.store.put_verification(&id, &failed).await?);
+    let mut e = b.store.endpoint(&id).await?.expect("endpoint");
+    assert_eq!(e.verification.as_ref(), Some(&failed));
+    e.spec.description = "changed".into();
+    e.updated_at = T0 + 1;
+    assert!(b.store.update_endpoint(&e).await?);
+    assert_eq!(b.store.endpoint(&id).await?.expect("endpoint").verification, Some(failed), "kept");
+    let verified = Verification::verified(url, T0 + 2);
+    assert!(b.store.put_verification(&id, &verified).await?);
+    let listed = b.store.list_endpoints(&TenantId::parse("acme")?).await?;
+    assert_eq!(listed[0].verification.as_ref(), Some(&verified));
+    assert!(!b.store.put_verification(&EndpointId::from_stored("ep_none"), &verified).await?);
     Ok(())
 }

@@ -167,6 +167,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
                 "replay",
                 "sent",
                 "trace",
+                "verification",
             ],
             &["destination"],
             &["target"],

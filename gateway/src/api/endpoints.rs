@@ -23,6 +23,7 @@ use keys::{PublicKeyOut, RotateIn, Scheme};
 mod health;
 pub(crate) mod keys;
 pub(crate) mod test_filter;
+pub(crate) mod verify;
 
 /// An endpoint as posted (create: `url` required) or patched: every field optional.
 /// Durations are written `"250ms"`, `"30s"`, `"15m"`, `"24h"`.
@@ -106,6 +107,10 @@ pub(crate) struct EndpointIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<CloudEvents>, nullable)]
     cloudevents: Option<Option<CloudEvents>>,
+    /// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
+    /// signed challenge, sent before the first delivery and again after a URL change (see
+    /// `verification` and `POST …/verify`). Default `false`.
+    verify: Option<bool>,
 }
 
 /// A broker destination as written. Templates take `{type}` (the event type) and
@@ -340,7 +345,7 @@ fn retry(r: RetryIn, stored: RetryOverrideDoc) -> Result<RetryOverrideDoc, ApiEr
 
 /// HTTP's own settings (proxy, TLS, OAuth2, `User-Agent`), patched in their flat form.
 fn http_settings(state: &AppState, stored: HttpSettings, input: EndpointIn) -> Result<HttpSettings, ApiError> {
-    let HttpSettings { mut proxy, tls: mut tls_now, oauth2: mut oauth2_now, user_agent } = stored;
+    let HttpSettings { mut proxy, tls: mut tls_now, oauth2: mut oauth2_now, user_agent, verify } = stored;
     if let Some(p) = input.proxy {
         proxy = (!p.is_empty()).then_some(p);
     }
@@ -355,7 +360,8 @@ fn http_settings(state: &AppState, stored: HttpSettings, input: EndpointIn) -> R
         Some(None) => oauth2_now = None,
         Some(Some(o)) => oauth2_now = Some(oauth2(oauth2_now.take(), o)?),
     }
-    Ok(HttpSettings { oauth2: oauth2_now, proxy, tls: tls_now, user_agent })
+    let verify = input.verify.unwrap_or(verify);
+    Ok(HttpSettings { oauth2: oauth2_now, proxy, tls: tls_now, user_agent, verify })
 }
 
 /// A text field patched: a new value replaces the stored one, `""` removes it, and an
@@ -565,6 +571,11 @@ pub(crate) struct EndpointOut {
     user_agent: Option<String>,
     /// Its CloudEvents output (null: the Standard Webhooks envelope).
     cloudevents: Option<CloudEvents>,
+    /// Whether deliveries wait for the URL to echo a signed challenge.
+    verify: bool,
+    /// Where that verification stands; absent when `verify` is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verification: Option<verify::VerificationOut>,
     state: EndpointState,
     state_reason: Option<String>,
     paused_until: Option<String>,
@@ -672,6 +683,8 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         }),
         user_agent: http.user_agent,
         cloudevents: s.cloudevents.clone(),
+        verify: http.verify,
+        verification: verify::verification_view(e),
         state: e.state,
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
@@ -750,6 +763,10 @@ pub(crate) async fn create(
     let endpoint = Endpoint::new(EndpointId::generate(now, &mut rng), tenant, spec, now);
     crate::store::audit::note_resource(endpoint.id.as_str());
     state.store.insert_endpoint(&endpoint).await?;
+    if endpoint.verify_gate(now) != Gate::Open {
+        // Verified before its first delivery: the handshake goes out now.
+        state.engine.poke(std::slice::from_ref(&endpoint.id));
+    }
     let secret = endpoint.spec.secrets.iter().find(|s| !s.is_v1a()).map(|s| s.secret.clone());
     let public_keys = keys::public_keys(endpoint.spec.secrets.iter());
     Ok((StatusCode::CREATED, Json(EndpointCreated { endpoint: view(&endpoint), secret, public_keys })))
@@ -803,6 +820,10 @@ pub(crate) async fn patch(
         return Err(ApiError::not_found("endpoint"));
     }
     state.engine.changed(std::slice::from_ref(&endpoint.id));
+    if endpoint.verify_gate(endpoint.updated_at) == Gate::Due {
+        // Verified (again, at a new URL) before anything more goes out: the handshake now.
+        state.engine.poke(std::slice::from_ref(&endpoint.id));
+    }
     Ok(Json(view(&endpoint)))
 }
 

@@ -186,6 +186,7 @@ const CONFINED: &[(&str, &str, Confine)] = {
         ("GET", "/v1/tenants/{tenant}/endpoints/{id}/secret", Endpoint),
         ("POST", "/v1/tenants/{tenant}/endpoints/{id}/test-send", Endpoint),
         ("POST", "/v1/tenants/{tenant}/endpoints/{id}/test-filter", Endpoint),
+        ("POST", "/v1/tenants/{tenant}/endpoints/{id}/verify", Endpoint),
         ("POST", "/v1/tenants/{tenant}/test-filter", Shared),
         ("GET", "/v1/tenants/{tenant}/events/{id}", Event),
         ("GET", "/v1/tenants/{tenant}/events/{id}/deliveries", Event),

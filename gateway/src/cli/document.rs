@@ -150,6 +150,10 @@ pub struct EndpointDoc {
     /// CloudEvents output (`{"mode": …, "source": …}`), as the API takes it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cloudevents: Option<Value>,
+    /// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
+    /// signed challenge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

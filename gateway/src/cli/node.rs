@@ -81,7 +81,7 @@ fn rows(list: &Value) -> impl Iterator<Item = &Value> {
 pub(super) fn endpoint_view(out: &Value) -> Map<String, Value> {
     let mut view = Map::new();
     view.insert("name".into(), out["description"].clone());
-    const PLAIN: [&str; 16] = [
+    const PLAIN: [&str; 17] = [
         "url",
         "kind",
         "event_types",
@@ -98,9 +98,12 @@ pub(super) fn endpoint_view(out: &Value) -> Map<String, Value> {
         "proxy",
         "user_agent",
         "cloudevents",
+        "verify",
     ];
+    // A broker kind never verifies: its `verify: false` says nothing.
+    let http = out["kind"] == "http";
     for key in PLAIN {
-        if !out[key].is_null() {
+        if !out[key].is_null() && (http || key != "verify") {
             view.insert(key.into(), out[key].clone());
         }
     }

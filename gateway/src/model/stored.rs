@@ -45,6 +45,8 @@ pub(super) struct SpecDoc {
     tls: Option<EndpointTls>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     user_agent: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    verify: bool,
     #[serde(default, skip_serializing_if = "EndpointKind::is_http")]
     kind: EndpointKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,7 +57,8 @@ impl TryFrom<SpecDoc> for EndpointSpec {
     type Error = ShapeError;
 
     fn try_from(d: SpecDoc) -> Result<EndpointSpec, ShapeError> {
-        let http = HttpSettings { oauth2: d.oauth2, proxy: d.proxy, tls: d.tls, user_agent: d.user_agent };
+        let http =
+            HttpSettings { oauth2: d.oauth2, proxy: d.proxy, tls: d.tls, user_agent: d.user_agent, verify: d.verify };
         Ok(EndpointSpec {
             target: Target::from_flat(d.kind, d.url, d.destination, http)?,
             description: d.description,
@@ -79,7 +82,7 @@ impl TryFrom<SpecDoc> for EndpointSpec {
 
 impl From<EndpointSpec> for SpecDoc {
     fn from(s: EndpointSpec) -> SpecDoc {
-        let (kind, url, destination, HttpSettings { oauth2, proxy, tls, user_agent }) = s.target.into_flat();
+        let (kind, url, destination, HttpSettings { oauth2, proxy, tls, user_agent, verify }) = s.target.into_flat();
         SpecDoc {
             url,
             description: s.description,
@@ -101,6 +104,7 @@ impl From<EndpointSpec> for SpecDoc {
             proxy,
             tls,
             user_agent,
+            verify,
             kind,
             destination,
         }

@@ -30,6 +30,8 @@ pub struct HttpTarget {
     pub tls: Option<EndpointTls>,
     /// The `User-Agent` its requests carry; `None`: Herald's (`herald/<version>`).
     pub user_agent: Option<String>,
+    /// Nothing is delivered until the URL echoes a signed challenge (verified endpoints).
+    pub verify: bool,
 }
 
 /// `XADD` to a Redis stream (`redis://host:port[/db]`).
@@ -86,12 +88,20 @@ pub struct HttpSettings {
     pub proxy: Option<String>,
     pub tls: Option<EndpointTls>,
     pub user_agent: Option<String>,
+    pub verify: bool,
 }
 
 impl Target {
     /// An HTTP target at `url` with none of its own settings.
     pub fn http(url: impl Into<String>) -> Target {
-        Target::Http(HttpTarget { url: url.into(), oauth2: None, proxy: None, tls: None, user_agent: None })
+        Target::Http(HttpTarget {
+            url: url.into(),
+            oauth2: None,
+            proxy: None,
+            tls: None,
+            user_agent: None,
+            verify: false,
+        })
     }
 
     pub fn kind(&self) -> EndpointKind {
@@ -132,8 +142,8 @@ impl Target {
         let Some(d) = destination else {
             return match kind {
                 EndpointKind::Http => {
-                    let HttpSettings { oauth2, proxy, tls, user_agent } = http;
-                    Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent }))
+                    let HttpSettings { oauth2, proxy, tls, user_agent, verify } = http;
+                    Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify }))
                 }
                 _ => {
                     Err(ShapeError { field: "destination", reason: format!("is required for kind {}", kind.as_str()) })
@@ -145,6 +155,7 @@ impl Target {
             ("tls", http.tls.is_some()),
             ("proxy", http.proxy.is_some()),
             ("user_agent", http.user_agent.is_some()),
+            ("verify", http.verify),
         ];
         if let (false, Some((field, _))) = (kind.is_http(), http_only.into_iter().find(|(_, set)| *set)) {
             return Err(ShapeError { field, reason: format!("is for kind http only, not {}", kind.as_str()) });
@@ -164,8 +175,8 @@ impl Target {
     pub fn into_flat(self) -> (EndpointKind, String, Option<Destination>, HttpSettings) {
         let kind = self.kind();
         match self {
-            Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent }) => {
-                (kind, url, None, HttpSettings { oauth2, proxy, tls, user_agent })
+            Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify }) => {
+                (kind, url, None, HttpSettings { oauth2, proxy, tls, user_agent, verify })
             }
             Target::RedisStream(RedisTarget { url, stream, maxlen, username, password }) => {
                 let d = Destination { stream: Some(stream), maxlen, username, password, ..Destination::default() };

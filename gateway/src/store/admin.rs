@@ -19,6 +19,9 @@ pub trait Admin: Send + Sync + 'static {
     async fn insert_endpoint(&self, endpoint: &Endpoint) -> Result<()>;
     /// Replaces spec and state; false when it does not exist.
     async fn update_endpoint(&self, endpoint: &Endpoint) -> Result<bool>;
+    /// Stores where an endpoint's verification stands (not its settings, nor `updated_at`).
+    /// False when there is no such endpoint.
+    async fn put_verification(&self, endpoint: &EndpointId, verification: &Verification) -> Result<bool>;
     /// Deletes it; its unfinished deliveries become dead letters (`endpoint_deleted`).
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool>;
     /// Replaces the settings of one tenant's plugin (a tenant's own configuration).

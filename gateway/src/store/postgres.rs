@@ -118,6 +118,12 @@ impl Admin for PostgresStore {
         audit::finish(tx, entry, out).await
     }
 
+    async fn put_verification(&self, id: &EndpointId, v: &Verification) -> Result<bool> {
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.put_verification(&mut tx, id, v).await?;
+        audit::finish(tx, entry, out).await
+    }
+
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         let (mut tx, entry) = self.begin().await?;
         let out = self.q.delete_endpoint(&mut tx, tenant, id, now).await?;

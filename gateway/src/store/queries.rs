@@ -456,6 +456,15 @@ where
             .await?;
         Ok(DB::rows_affected(&done) == 1)
     }
+    pub(super) async fn put_verification(
+        &self,
+        conn: &mut DB::Connection,
+        id: &EndpointId,
+        v: &Verification,
+    ) -> Result<bool> {
+        let done = sqlx::query(sql::PUT_VERIFICATION).bind(json(v)).bind(id.as_str()).execute(&mut *conn).await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
     pub(super) async fn delete_endpoint(
         &self,
         conn: &mut DB::Connection,

@@ -102,6 +102,8 @@ pub(super) struct EndpointRow {
     state_reason: Option<String>,
     paused_until: Option<Millis>,
     failing_since: Option<Millis>,
+    /// JSON `Verification` (migration 0017); NULL: never tried.
+    verification: Option<String>,
     created_at: Millis,
     updated_at: Millis,
 }
@@ -118,6 +120,8 @@ impl TryFrom<EndpointRow> for Endpoint {
             state_reason: r.state_reason,
             paused_until: r.paused_until,
             failing_since: r.failing_since,
+            // One that no longer reads is verified again, as a never tried one is.
+            verification: r.verification.and_then(|v| serde_json::from_str(&v).ok()),
             created_at: r.created_at,
             updated_at: r.updated_at,
         })

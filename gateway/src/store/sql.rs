@@ -85,6 +85,9 @@ pub(super) const INSERT_ENDPOINT: &str = "INSERT INTO endpoints (id, tenant_id, 
 pub(super) const UPDATE_ENDPOINT: &str = "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3, \
      ordering = $4 WHERE id = $5 AND tenant_id = $6";
 
+/// Stores endpoint `$2`'s verification (`$1`, JSON).
+pub(super) const PUT_VERIFICATION: &str = "UPDATE endpoints SET verification = $1 WHERE id = $2";
+
 /// Deletes endpoint `$1` of tenant `$2`; then [`DEAD_ON_DELETED_ENDPOINT`], in the same transaction.
 pub(super) const DELETE_ENDPOINT: &str = "DELETE FROM endpoints WHERE id = $1 AND tenant_id = $2";
 

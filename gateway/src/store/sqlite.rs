@@ -137,6 +137,11 @@ impl Admin for SqliteStore {
         self.writer.audited(move |tx| writes::update_endpoint(tx, &e)).await
     }
 
+    async fn put_verification(&self, id: &EndpointId, v: &Verification) -> Result<bool> {
+        let (id, v) = (id.clone(), v.clone());
+        self.writer.audited(move |tx| writes::put_verification(tx, &id, &v)).await
+    }
+
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         let (tenant, id) = (tenant.clone(), id.clone());
         self.writer.audited(move |tx| writes::delete_endpoint(tx, &tenant, &id, now)).await

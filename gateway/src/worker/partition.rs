@@ -15,13 +15,14 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
+use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Gate, Millis, Sendable};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
 mod handoff;
 mod held;
+mod verify;
 
 use super::attempt::NonEmpty;
 use super::known::{Known, Stored};
@@ -253,16 +254,17 @@ impl Partition {
     }
 
     /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`], and at once
-    /// after a change. False when the endpoint stopped being sendable and the queue was
-    /// handed back.
+    /// after a change or when it has no target to send on (dropped for a verification).
+    /// False when the endpoint stopped being sendable and the queue was handed back.
     async fn refresh_if_stale(&mut self) -> bool {
-        if !self.signal.known(|k| k.stale()) && self.refreshed.elapsed() < REFRESH_EVERY {
+        let fresh = !self.signal.known(|k| k.stale()) && self.refreshed.elapsed() < REFRESH_EVERY;
+        if fresh && self.target.is_some() {
             return true;
         }
         let read = self.inner.store.endpoint(&self.id).await;
         self.note_read(&read);
         match read {
-            Ok(Some(e)) if e.sendable_at(self.inner.clock.now()) == Sendable::Yes => {
+            Ok(Some(e)) if e.sendable_at(self.inner.clock.now()) == Sendable::Yes && e.verify_gate(0) == Gate::Open => {
                 if let Some(sh) = self.shared.clone() {
                     self.repace(&sh, &e);
                 }
@@ -270,8 +272,13 @@ impl Partition {
                 self.target = Some(Arc::new(make_target(&self.inner, e, counters, self.inner.clock.now())));
                 true
             }
-            Ok(_) => {
-                // Disabled, paused or gone: hand the queue back; the refill decides.
+            Ok(read) => {
+                // Disabled, paused, gone or to be verified (again): hand the queue back; the
+                // refill decides. One to be verified sends nothing more on the settings of
+                // before (a new URL), nor takes deliveries at intake, until its refill.
+                if read.is_some_and(|e| e.verify_gate(0) != Gate::Open) {
+                    self.target = None;
+                }
                 self.release_queue(self.inner.clock.now()).await;
                 false
             }
@@ -393,7 +400,7 @@ impl Partition {
             }
         };
         let id = &self.id;
-        let endpoint = match read {
+        let mut endpoint = match read {
             Ok(Some(e)) => e,
             Ok(None) => return Refill::Gone,
             Err(e) => {
@@ -406,6 +413,9 @@ impl Partition {
             Sendable::Yes => {}
             Sendable::PausedUntil(until) => return Refill::Idle(Some(until)),
             Sendable::No => return Refill::Gone,
+        }
+        if let Some(next_try) = self.unverified(&mut endpoint, now).await {
+            return Refill::Idle(Some(next_try));
         }
         let Some(sh) = self.configure(&endpoint) else { return Refill::Gone };
         if let Some(until) = sh.pacer.lock().expect("pacer").paused_until()
