@@ -1797,6 +1797,9 @@ async fn an_audit_entry_commits_with_its_change_only(b: Opened) -> anyhow::Resul
     assert_eq!(b.store.purge(T0 + 1, T0, 2).await?, 2, "a full batch");
     assert_eq!(b.store.purge(T0 + 1, T0, 2).await?, 1);
     assert!(audit_ids(&b).await?.is_empty());
+    Ok(())
+}
+
 /// A verified endpoint's state (migration 0017) reads back as written, survives a change of
 /// the endpoint's settings (which never writes it), and is stored for an existing endpoint only.
 async fn an_endpoints_verification_is_stored_apart_from_its_settings(b: Opened) -> anyhow::Result<()> {
