@@ -49,6 +49,8 @@ struct World {
     _dead_rx: FakeReceiver,
     endpoint: String,
     doomed_endpoint: String,
+    /// An endpoint that asks for verification (`POST …/verify` is refused on the others).
+    verified_endpoint: String,
     token_id: String,
     session_id: String,
     code: String,
@@ -77,8 +79,9 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
     let endpoint = api.endpoint("acme", json!({"url": rx.url(), "event_types": ["order.created"]})).await?;
     let doomed = api.endpoint("acme", json!({"url": rx.url(), "event_types": ["none.ever"]})).await?;
     let dead_ep = api.endpoint("acme", json!({"url": dead_rx.url(), "event_types": ["dies"]})).await?;
+    let verified = api.endpoint("acme", json!({"url": rx.url(), "event_types": ["none.ever"], "verify": true})).await?;
     let mut secrets = vec![];
-    for e in [&endpoint, &doomed, &dead_ep] {
+    for e in [&endpoint, &doomed, &dead_ep, &verified] {
         secrets.push(e["secret"].as_str().context("secret")?.to_string());
     }
     let token = api.post(&format!("{T}/tokens"), ADMIN_TOKEN, json!({"scopes": ["read"]})).await?.expect(201)?;
@@ -109,6 +112,7 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
     Ok(World {
         endpoint: endpoint["id"].as_str().context("id")?.to_string(),
         doomed_endpoint: doomed["id"].as_str().context("id")?.to_string(),
+        verified_endpoint: verified["id"].as_str().context("id")?.to_string(),
         token_id: token.json["id"].as_str().context("token id")?.to_string(),
         session_id: session["id"].as_str().context("session id")?.to_string(),
         replay: replay.json["id"].as_str().context("replay id")?.to_string(),
@@ -180,6 +184,9 @@ fn step(w: &World, method: &str, path: &str) -> Option<Step> {
             | "/v1/tenants/{tenant}/endpoints/{id}/pause"
             | "/v1/tenants/{tenant}/endpoints/{id}/rotate-secret",
         ) => write(json_call(id("ep_nope"), json!({})), json_call(id(&w.endpoint), json!({}))),
+        ("post", "/v1/tenants/{tenant}/endpoints/{id}/verify") => {
+            write(json_call(id(&w.endpoint), json!({})), json_call(id(&w.verified_endpoint), json!({})))
+        }
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/test-send") => write(
             json_call(id(&w.endpoint), json!({"event_type": "never.heard.of"})),
             json_call(id(&w.endpoint), json!({"event_type": "order.created"})),
