@@ -401,6 +401,9 @@ pub struct Endpoint {
     pub failing_since: Option<Millis>,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// Raised by every change to the stored row (a trigger: changes made directly in the
+    /// database too); the engine compares it to find which endpoints changed.
+    pub version: i64,
 }
 
 impl Endpoint {
@@ -511,6 +514,7 @@ impl Endpoint {
             failing_since: None,
             created_at: now,
             updated_at: now,
+            version: 0,
         }
     }
 }

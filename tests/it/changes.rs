@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use serde_json::{Value, json};
+use sqlx::Connection as _;
 use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Answer, Api, Backend, FakeReceiver, TestGateway};
 
@@ -15,7 +17,11 @@ const APPLIES_WITHIN: Duration = Duration::from_secs(1);
 const SLOW: f64 = 0.01;
 const BACKLOG: usize = 20;
 
-tests::backends!(a_faster_rate_applies_within_a_second, enabling_a_paused_endpoint_applies_within_a_second);
+tests::backends!(
+    a_faster_rate_applies_within_a_second,
+    enabling_a_paused_endpoint_applies_within_a_second,
+    a_faster_rate_set_in_the_database_applies_within_a_second
+);
 
 /// Creates tenant `acme` and an endpoint at `rate`; returns its id.
 async fn endpoint(api: &Api, rx: &FakeReceiver, rate: f64) -> anyhow::Result<String> {
@@ -83,6 +89,53 @@ async fn enabling_a_paused_endpoint_applies_within_a_second(b: Backend) -> anyho
     let got = rx.wait_for(2, APPLIES_WITHIN).await?;
     let after = got[1].at.duration_since(enabled);
     assert!(after <= APPLIES_WITHIN, "first arrival {after:?} after enabling");
+    Ok(())
+}
+
+/// The same change made in the database (an operator's script, a restore): no API call,
+/// so no node announces it. The node's check of versions finds it within a second.
+async fn a_faster_rate_set_in_the_database_applies_within_a_second(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    let id = endpoint(&gw.api, &rx, SLOW).await?;
+    post_backlog(&gw.api).await?;
+    rx.wait_for(1, Duration::from_secs(10)).await?;
+    rx.stays_at(1, Duration::from_millis(300)).await.map_err(|e| e.context("the slow rate holds until the change"))?;
+
+    let changed = Instant::now();
+    set_rate_in_database(&gw, b, &id, 1000).await?;
+    let got = rx.wait_for(2, APPLIES_WITHIN).await?;
+    let after = got[1].at.duration_since(changed);
+    assert!(after <= APPLIES_WITHIN, "first arrival {after:?} after the change in the database");
+    rx.wait_for(BACKLOG, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// Sets the endpoint's stored rate with SQL of the node's own store, as a script would.
+async fn set_rate_in_database(gw: &TestGateway, b: Backend, id: &str, rate: u32) -> anyhow::Result<()> {
+    let done = match b {
+        Backend::Sqlite => {
+            let url = format!("sqlite://{}", gw.dir.path().join("herald.db").display());
+            let mut conn = sqlx::SqliteConnection::connect(&url).await?;
+            sqlx::query("UPDATE endpoints SET spec = json_set(spec, '$.rate_per_sec', $1) WHERE id = $2")
+                .bind(i64::from(rate))
+                .bind(id)
+                .execute(&mut conn)
+                .await?
+                .rows_affected()
+        }
+        Backend::Postgres => {
+            let url = &gw.schema().context("a Postgres node")?.url;
+            let mut conn = sqlx::PgConnection::connect(url).await?;
+            sqlx::query("UPDATE endpoints SET spec = jsonb_set(spec::jsonb, '{rate_per_sec}', to_jsonb($1))::text WHERE id = $2")
+                .bind(i64::from(rate))
+                .bind(id)
+                .execute(&mut conn)
+                .await?
+                .rows_affected()
+        }
+    };
+    anyhow::ensure!(done == 1, "no endpoint {id} in the database");
     Ok(())
 }
 

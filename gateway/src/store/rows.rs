@@ -104,6 +104,7 @@ pub(super) struct EndpointRow {
     failing_since: Option<Millis>,
     created_at: Millis,
     updated_at: Millis,
+    version: i64,
 }
 
 impl TryFrom<EndpointRow> for Endpoint {
@@ -120,6 +121,7 @@ impl TryFrom<EndpointRow> for Endpoint {
             failing_since: r.failing_since,
             created_at: r.created_at,
             updated_at: r.updated_at,
+            version: r.version,
         })
     }
 }

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
+use super::{IDLE_LINGER, Inner, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Millis, Sendable};
@@ -111,8 +111,7 @@ struct Partition {
     counters: Option<TenantCounters>,
     /// A renewal of the partition lease riding the next group commit while sending goes on.
     renewal: Option<JoinHandle<(Instant, StoreResult<bool>)>>,
-    /// When the endpoint was last read, and what was read.
-    refreshed: Instant,
+    /// The endpoint as last read (its version is the signal's, which the node checks).
     endpoint: Option<Endpoint>,
     rng: StdRng,
     /// The cluster membership this partition last checked its endpoint against, and
@@ -158,7 +157,6 @@ impl Partition {
             held: None,
             counters: None,
             renewal: None,
-            refreshed: Instant::now(),
             endpoint: None,
             rng: StdRng::from_rng(&mut rand::rng()),
             members_seen: inner.members.generation(),
@@ -252,11 +250,11 @@ impl Partition {
         }
     }
 
-    /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`], and at once
-    /// after a change. False when the endpoint stopped being sendable and the queue was
-    /// handed back.
+    /// Re-reads a busy endpoint's settings and state after a change (announced, or found by
+    /// the node's check of versions: [`super::refresh`]). False when the endpoint stopped
+    /// being sendable and the queue was handed back.
     async fn refresh_if_stale(&mut self) -> bool {
-        if !self.signal.known(|k| k.stale()) && self.refreshed.elapsed() < REFRESH_EVERY {
+        if !self.signal.known(|k| k.stale()) {
             return true;
         }
         let read = self.inner.store.endpoint(&self.id).await;
@@ -449,20 +447,22 @@ impl Partition {
         Refill::Claimed(target)
     }
 
-    /// The endpoint as last read, while it may stand for the stored one: read within
-    /// [`REFRESH_EVERY`], no change announced since, and not halted by an attempt (which
-    /// changed its state itself). A refill at every event would otherwise read it again.
+    /// The endpoint as last read, while it may stand for the stored one: no change
+    /// announced or found by the node's check of versions since, and not halted by an
+    /// attempt (which changed its state itself). A refill at every event would otherwise
+    /// read it again.
     fn cached_endpoint(&self) -> Option<Endpoint> {
         let halted = self.shared.as_ref().is_none_or(|sh| sh.halted.load(Ordering::Acquire));
-        if halted || self.refreshed.elapsed() >= REFRESH_EVERY || self.signal.known(|k| k.stale()) {
+        if halted || self.signal.known(|k| k.stale()) {
             return None;
         }
         self.endpoint.clone()
     }
 
+    /// Keeps what was read, and tells the node's check of versions which version it was.
     fn note_read(&mut self, read: &StoreResult<Option<Endpoint>>) {
-        self.refreshed = Instant::now();
         self.endpoint = read.as_ref().ok().cloned().flatten();
+        self.signal.read_at(self.endpoint.as_ref().map(|e| e.version));
     }
 
     /// The partition's shared state, created on first use and re-paced to `endpoint`'s
