@@ -3,6 +3,9 @@
 //! enabled endpoint resumes, and across Postgres nodes the one pacing the endpoint hears of
 //! a change made through another.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -20,7 +23,8 @@ const BACKLOG: usize = 20;
 tests::backends!(
     a_faster_rate_applies_within_a_second,
     enabling_a_paused_endpoint_applies_within_a_second,
-    a_faster_rate_set_in_the_database_applies_within_a_second
+    a_faster_rate_set_in_the_database_applies_within_a_second,
+    changes_while_delivering_send_each_delivery_once
 );
 
 /// Creates tenant `acme` and an endpoint at `rate`; returns its id.
@@ -113,29 +117,125 @@ async fn a_faster_rate_set_in_the_database_applies_within_a_second(b: Backend) -
 
 /// Sets the endpoint's stored rate with SQL of the node's own store, as a script would.
 async fn set_rate_in_database(gw: &TestGateway, b: Backend, id: &str, rate: u32) -> anyhow::Result<()> {
-    let done = match b {
-        Backend::Sqlite => {
-            let url = format!("sqlite://{}", gw.dir.path().join("herald.db").display());
-            let mut conn = sqlx::SqliteConnection::connect(&url).await?;
-            sqlx::query("UPDATE endpoints SET spec = json_set(spec, '$.rate_per_sec', $1) WHERE id = $2")
+    db_of(gw, b).set_rate(id, rate).await
+}
+
+/// A node's database, as a script outside Herald reaches it: its URL.
+enum Db {
+    Sqlite(String),
+    Postgres(String),
+}
+
+impl Db {
+    /// Sets the endpoint's stored rate in one `UPDATE`, as a script would.
+    async fn set_rate(&self, id: &str, rate: u32) -> anyhow::Result<()> {
+        let done = match self {
+            Db::Sqlite(url) => {
+                let mut conn = sqlx::SqliteConnection::connect(url).await?;
+                sqlx::query("UPDATE endpoints SET spec = json_set(spec, '$.rate_per_sec', $1) WHERE id = $2")
+                    .bind(i64::from(rate))
+                    .bind(id)
+                    .execute(&mut conn)
+                    .await?
+                    .rows_affected()
+            }
+            Db::Postgres(url) => {
+                let mut conn = sqlx::PgConnection::connect(url).await?;
+                sqlx::query(
+                    "UPDATE endpoints SET spec = jsonb_set(spec::jsonb, '{rate_per_sec}', to_jsonb($1))::text \
+                     WHERE id = $2",
+                )
                 .bind(i64::from(rate))
                 .bind(id)
                 .execute(&mut conn)
                 .await?
                 .rows_affected()
+            }
+        };
+        anyhow::ensure!(done == 1, "no endpoint {id} in the database");
+        Ok(())
+    }
+}
+
+/// Endpoints and events of the run below: every event goes to every endpoint.
+const MANY_ENDPOINTS: usize = 40;
+const EVENTS: usize = 25;
+
+/// Many busy endpoints changed over and over while they deliver, half through the API
+/// (announced) and half in the database (found by the node's check of versions): every
+/// delivery arrives exactly once at its endpoint. A change re-reads the endpoint and
+/// re-paces its partition mid-claim; nothing it does may send a claimed delivery again.
+async fn changes_while_delivering_send_each_delivery_once(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let rx = FakeReceiver::start().await?;
+    gw.api.tenant("acme").await?;
+    let mut ids = Vec::new();
+    for i in 0..MANY_ENDPOINTS {
+        let ep = gw.api.endpoint("acme", json!({"url": format!("{}/{i}", rx.url()), "rate_per_sec": 100})).await?;
+        ids.push(ep["id"].as_str().context("endpoint id")?.to_string());
+    }
+    let total = MANY_ENDPOINTS * EVENTS;
+    let stop = Arc::new(AtomicBool::new(false));
+    let made = Arc::new(AtomicUsize::new(0));
+    let changes = tokio::spawn(change_until_stopped(gw.api.clone(), db_of(&gw, b), ids, stop.clone(), made.clone()));
+    for n in 0..EVENTS {
+        let r = gw.api.event("acme", json!({"id": format!("evt_{n}"), "type": "t", "payload": {"n": n}})).await?;
+        anyhow::ensure!(r.status == 202, "event refused: {} {}", r.status, r.text);
+    }
+    let arrived = rx.wait_for(total, Duration::from_secs(60)).await;
+    stop.store(true, Ordering::Release);
+    changes.await??;
+    arrived?;
+    let delivered = format!("/v1/tenants/acme/deliveries?state=delivered&limit={total}");
+    gw.api
+        .wait_for(&delivered, Duration::from_secs(30), |v| v["data"].as_array().is_some_and(|d| d.len() == total))
+        .await?;
+
+    let mut per_delivery: HashMap<(String, String), usize> = HashMap::new();
+    for r in rx.received() {
+        let id = r.header("webhook-id").context("a webhook-id")?.to_string();
+        *per_delivery.entry((r.path.clone(), id)).or_default() += 1;
+    }
+    let mut twice: Vec<_> = per_delivery.iter().filter(|(_, n)| **n > 1).collect();
+    twice.sort();
+    let made = made.load(Ordering::Acquire);
+    assert!(made >= MANY_ENDPOINTS, "only {made} changes were made while delivering");
+    assert_eq!(per_delivery.len(), total, "every delivery arrived");
+    assert!(twice.is_empty(), "{} of {total} deliveries arrived more than once ({made} changes): {twice:?}", twice.len());
+    Ok(())
+}
+
+/// Where [`set_rate_in_database`] writes: the node's SQLite file or Postgres schema.
+fn db_of(gw: &TestGateway, b: Backend) -> Db {
+    match b {
+        Backend::Sqlite => Db::Sqlite(format!("sqlite://{}", gw.dir.path().join("herald.db").display())),
+        Backend::Postgres => Db::Postgres(gw.schema().map(|s| s.url.clone()).unwrap_or_default()),
+    }
+}
+
+/// Changes the endpoints' rates in turn, one through the API and the next in the database,
+/// until `stop`; counts the changes made in `made`.
+async fn change_until_stopped(
+    api: Api,
+    db: Db,
+    ids: Vec<String>,
+    stop: Arc<AtomicBool>,
+    made: Arc<AtomicUsize>,
+) -> anyhow::Result<()> {
+    for round in 0.. {
+        for (i, id) in ids.iter().enumerate() {
+            if stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let rate = if round % 2 == 0 { 60 } else { 100 };
+            if (round + i) % 2 == 0 {
+                change(&api, id, "PATCH", "", Some(json!({"rate_per_sec": rate}))).await?;
+            } else {
+                db.set_rate(id, rate).await?;
+            }
+            made.fetch_add(1, Ordering::AcqRel);
         }
-        Backend::Postgres => {
-            let url = &gw.schema().context("a Postgres node")?.url;
-            let mut conn = sqlx::PgConnection::connect(url).await?;
-            sqlx::query("UPDATE endpoints SET spec = jsonb_set(spec::jsonb, '{rate_per_sec}', to_jsonb($1))::text WHERE id = $2")
-                .bind(i64::from(rate))
-                .bind(id)
-                .execute(&mut conn)
-                .await?
-                .rows_affected()
-        }
-    };
-    anyhow::ensure!(done == 1, "no endpoint {id} in the database");
+    }
     Ok(())
 }
 
