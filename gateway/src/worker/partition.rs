@@ -36,7 +36,11 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
         p.collect_prefetch(false).await;
         p.collect_handed();
         if p.signal.known(Known::take_changed) {
-            p.hand_back_cancelled().await;
+            // What was claimed on the old settings goes back, to be claimed on the new
+            // ones: its leases were sized for the old rate and timeout, and a queue that
+            // outlives its leases (a slower rate) would be recovered, claimed again and sent
+            // twice. A cancelled replay's unsent deliveries go back among the dead letters.
+            p.hand_back(p.inner.clock.now()).await;
         }
         // New work while sending: the queue ran dry of what the last claim knew.
         p.signal.known(Known::take_fresh);
@@ -578,35 +582,6 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
 }
 
 impl Partition {
-    /// After a change: hands back the claimed deliveries of replays cancelled since they
-    /// were re-queued and not sent since (the store puts them back among the dead
-    /// letters), so a cancel stops what this node has claimed and not sent. Reads the
-    /// store only when the queue (with a running prefetch's claim) holds any of a replay.
-    async fn hand_back_cancelled(&mut self) {
-        self.collect_prefetch(true).await;
-        let mut replays: Vec<String> =
-            self.queue.iter().filter_map(|c| c.unsent_of_replay()).map(String::from).collect();
-        if replays.is_empty() {
-            return;
-        }
-        replays.sort_unstable();
-        replays.dedup();
-        let cancelled = match self.inner.store.cancelled_replays(&replays).await {
-            Ok(c) if c.is_empty() => return,
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot read which replays are cancelled");
-                return;
-            }
-        };
-        let of_cancelled = |c: &Claimed| c.unsent_of_replay().is_some_and(|r| cancelled.iter().any(|x| x == r));
-        let (mut gone, keep): (VecDeque<Claimed>, VecDeque<Claimed>) = self.queue.drain(..).partition(of_cancelled);
-        self.queue = keep;
-        tracing::info!(endpoint_id = %self.id, handed_back = gone.len(), "unsent deliveries of cancelled replays");
-        self.signal.known(Known::forget_due);
-        release_all(&self.inner, &mut gone, self.inner.clock.now()).await;
-    }
-
     /// Hands the queue back, due at `at`: the next due time is no longer known.
     async fn release_queue(&mut self, at: Millis) {
         self.signal.known(Known::forget_due);
