@@ -15,9 +15,10 @@
 //!   partition of a change nobody announced.
 //!
 //! A partition is a private `Partition` with named steps (hold the lease, refresh, prefetch,
-//! refill or idle, send next). A change to its endpoint (API, or another node's `NOTIFY`)
-//! wakes it from any wait and re-plans the pacer from the new settings (`signal`: what wakes
-//! it and what it shares with its attempts).
+//! refill or idle, send next). A change to its endpoint (API, another node's `NOTIFY`, or a
+//! version moved in the store: [`refresh`]) wakes it from any wait and re-plans the pacer
+//! from the new settings; a queue claimed at a faster rate (or a shorter timeout) goes back
+//! to be claimed again (`signal`: what wakes it and what it shares with its attempts).
 
 mod attempt;
 mod decide;

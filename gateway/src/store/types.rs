@@ -163,6 +163,12 @@ impl Claimed {
             trace: event.trace.clone(),
         }
     }
+
+    /// The replay that re-queued it, while it has not been sent since: if that replay is
+    /// cancelled, it must not be sent (see [`Admin::cancel_replay`](super::Admin::cancel_replay)).
+    pub fn unsent_of_replay(&self) -> Option<&str> {
+        self.replay.as_deref().filter(|_| self.attempts == self.attempt_base)
+    }
 }
 
 /// The trace context of a stored event (`traceparent`, `tracestate` columns); one stored

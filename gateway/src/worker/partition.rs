@@ -36,11 +36,7 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
         p.collect_prefetch(false).await;
         p.collect_handed();
         if p.signal.known(Known::take_changed) {
-            // What was claimed on the old settings goes back, to be claimed on the new
-            // ones: its leases were sized for the old rate and timeout, and a queue that
-            // outlives its leases (a slower rate) would be recovered, claimed again and sent
-            // twice. A cancelled replay's unsent deliveries go back among the dead letters.
-            p.hand_back(p.inner.clock.now()).await;
+            p.hand_back_cancelled().await;
         }
         // New work while sending: the queue ran dry of what the last claim knew.
         p.signal.known(Known::take_fresh);
@@ -256,7 +252,8 @@ impl Partition {
 
     /// Re-reads a busy endpoint's settings and state after a change (announced, or found by
     /// the node's check of versions: [`super::refresh`]). False when the endpoint stopped
-    /// being sendable and the queue was handed back.
+    /// being sendable and the queue was handed back; a queue that could outlive its leases
+    /// on the new settings is handed back too, to be claimed again.
     async fn refresh_if_stale(&mut self) -> bool {
         if !self.signal.known(|k| k.stale()) {
             return true;
@@ -265,6 +262,13 @@ impl Partition {
         self.note_read(&read);
         match read {
             Ok(Some(e)) if e.sendable_at(self.inner.clock.now()) == Sendable::Yes => {
+                if self.target.as_ref().is_some_and(|t| outlives_leases(&t.endpoint.spec, &e.spec)) {
+                    // Claimed on the old settings, leased for the old rate and timeout: at a
+                    // slower rate (or with a longer timeout) the queue would outlive those
+                    // leases, and lease recovery hand them out again while it still sends
+                    // them. Handed back, they are claimed again on the new settings.
+                    self.release_queue(self.inner.clock.now()).await;
+                }
                 if let Some(sh) = self.shared.clone() {
                     self.repace(&sh, &e);
                 }
@@ -570,6 +574,12 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
     }
 }
 
+/// Whether deliveries claimed on settings `old` may outlive their leases once sent on
+/// `new`: a lease covers the claim's sending time at `old`'s rate and `old`'s timeout.
+fn outlives_leases(old: &EndpointSpec, new: &EndpointSpec) -> bool {
+    new.rate_per_sec < old.rate_per_sec || new.timeout_ms > old.timeout_ms
+}
+
 /// The endpoint's effective retry policy, and its material opened at `now` (once per claim
 /// rather than per attempt).
 fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now: Millis) -> Target {
@@ -582,6 +592,35 @@ fn make_target(inner: &Inner, endpoint: Endpoint, counters: TenantCounters, now:
 }
 
 impl Partition {
+    /// After a change: hands back the claimed deliveries of replays cancelled since they
+    /// were re-queued and not sent since (the store puts them back among the dead
+    /// letters), so a cancel stops what this node has claimed and not sent. Reads the
+    /// store only when the queue (with a running prefetch's claim) holds any of a replay.
+    async fn hand_back_cancelled(&mut self) {
+        self.collect_prefetch(true).await;
+        let mut replays: Vec<String> =
+            self.queue.iter().filter_map(|c| c.unsent_of_replay()).map(String::from).collect();
+        if replays.is_empty() {
+            return;
+        }
+        replays.sort_unstable();
+        replays.dedup();
+        let cancelled = match self.inner.store.cancelled_replays(&replays).await {
+            Ok(c) if c.is_empty() => return,
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(endpoint_id = %self.id, error = %e, "cannot read which replays are cancelled");
+                return;
+            }
+        };
+        let of_cancelled = |c: &Claimed| c.unsent_of_replay().is_some_and(|r| cancelled.iter().any(|x| x == r));
+        let (mut gone, keep): (VecDeque<Claimed>, VecDeque<Claimed>) = self.queue.drain(..).partition(of_cancelled);
+        self.queue = keep;
+        tracing::info!(endpoint_id = %self.id, handed_back = gone.len(), "unsent deliveries of cancelled replays");
+        self.signal.known(Known::forget_due);
+        release_all(&self.inner, &mut gone, self.inner.clock.now()).await;
+    }
+
     /// Hands the queue back, due at `at`: the next due time is no longer known.
     async fn release_queue(&mut self, at: Millis) {
         self.signal.known(Known::forget_due);
