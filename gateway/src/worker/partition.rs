@@ -265,7 +265,7 @@ impl Partition {
                 if self.target.as_ref().is_some_and(|t| outlives_leases(&t.endpoint.spec, &e.spec)) {
                     // Claimed on the old settings, leased for the old rate and timeout: at a
                     // slower rate (or with a longer timeout) the queue would outlive those
-                    // leases, and lease recovery hand them out again while it still sends
+                    // leases, and lease recovery would hand them out again while it still sends
                     // them. Handed back, they are claimed again on the new settings.
                     self.release_queue(self.inner.clock.now()).await;
                 }
