@@ -409,6 +409,9 @@ pub struct Endpoint {
     pub verification: Option<Verification>,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// Raised by every change to the stored row (a trigger: changes made directly in the
+    /// database too); the engine compares it to find which endpoints changed.
+    pub version: i64,
 }
 
 impl Endpoint {
@@ -520,6 +523,7 @@ impl Endpoint {
             verification: None,
             created_at: now,
             updated_at: now,
+            version: 0,
         }
     }
 

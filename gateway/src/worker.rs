@@ -10,18 +10,22 @@
 //!   only what an attempt may touch ([`attempt::AttemptCtx`]);
 //! - [`decide`]: what a verdict means for the delivery and its endpoint (pure);
 //! - [`known`]: what a partition knows of its endpoint's work, and claim at intake (pure);
-//! - [`members`]: which endpoints this node paces when nodes share a store.
+//! - [`members`]: which endpoints this node paces when nodes share a store;
+//! - [`refresh`]: the node's check of its partitions' endpoints' versions, which tells a
+//!   partition of a change nobody announced.
 //!
 //! A partition is a private `Partition` with named steps (hold the lease, refresh, prefetch,
-//! refill or idle, send next). A change to its endpoint (API, or another node's `NOTIFY`)
-//! wakes it from any wait and re-plans the pacer from the new settings (`signal`: what wakes
-//! it and what it shares with its attempts).
+//! refill or idle, send next). A change to its endpoint (API, another node's `NOTIFY`, or a
+//! version moved in the store: [`refresh`]) wakes it from any wait and re-plans the pacer
+//! from the new settings; a queue claimed at a faster rate (or a shorter timeout) goes back
+//! to be claimed again (`signal`: what wakes it and what it shares with its attempts).
 
 mod attempt;
 mod decide;
 mod known;
 mod members;
 mod partition;
+mod refresh;
 mod signal;
 mod target;
 
@@ -79,8 +83,6 @@ const PARTITION_LEASE: Duration = Duration::from_secs(15);
 const PARTITION_RENEW_BEFORE: Duration = Duration::from_secs(5);
 /// How long an idle partition waits for new work before it retires.
 const IDLE_LINGER: Duration = Duration::from_secs(10);
-/// How often a busy partition re-reads its endpoint (rate changes, pauses by other nodes).
-const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// How often a node on a shared store says it is alive and reads who else is.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// How long work may wait overdue, its partition lease held by nobody, before a node that
@@ -169,6 +171,7 @@ impl Engine {
         listen(&inner).await;
         inner.store.hand_off(Arc::new(Handoffs { inner: Arc::downgrade(&inner), owner: inner.owner.clone() }));
         tokio::spawn(heartbeats(inner.clone()));
+        tokio::spawn(refresh::run(inner.clone()));
         tokio::spawn(dispatch(inner.clone()));
         Engine { inner }
     }

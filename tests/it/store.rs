@@ -83,6 +83,8 @@ tests::backends!(with Opened::on =>
     heartbeats_tell_the_live_nodes,
     an_audit_entry_commits_with_its_change_only,
     an_endpoints_verification_is_stored_apart_from_its_settings,
+    an_ordered_claim_takes_each_keys_head_beside_the_unordered,
+    every_change_to_an_endpoint_moves_its_version,
 );
 
 // ---- fixtures ----
@@ -106,6 +108,7 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
         verification: None,
         created_at,
         updated_at: created_at,
+        version: 0,
     }
 }
 
@@ -361,6 +364,71 @@ async fn claim_takes_due_rows_in_order_under_a_fenced_lease(b: Opened) -> anyhow
     let ids: Vec<(&str, i64)> = again.iter().map(|c| (c.event_id.as_str(), c.fence)).collect();
     assert_eq!(ids, [("evt_4", 1), ("evt_3", 2)]);
     Ok(())
+}
+
+/// An endpoint that turned ordered with unordered deliveries still waiting: a claim takes
+/// those and each key's head, in due order, never a key's second; a key's next is due once
+/// its head is done, and the next due time counts only what may go out.
+async fn an_ordered_claim_takes_each_keys_head_beside_the_unordered(b: Opened) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    ingest(&b, vec![event("acme", "evt_u1", "t", T0 + 1), event("acme", "evt_u2", "t", T0 + 5)]).await?;
+    let mut ep = b.store.endpoint(&EndpointId::from_stored("ep_a")).await?.expect("endpoint");
+    ep.spec.ordering = DeliveryOrder::Key;
+    assert!(b.store.update_endpoint(&ep).await?);
+    let keyed =
+        |id: &str, key: &str, t: Millis| NewEvent { ordering_key: Some(key.into()), ..event("acme", id, "t", t) };
+    ingest(&b, vec![keyed("evt_a1", "a", T0 + 2), keyed("evt_b1", "b", T0 + 3), keyed("evt_a2", "a", T0 + 4)]).await?;
+    ingest(&b, (0..50).map(|i| keyed(&format!("evt_b{}", i + 2), "b", T0 + 6)).collect()).await?;
+
+    let first = b.committer.claim(claim_req("ep_a", T0 + 10, 3, "node-1")).await?;
+    let ids: Vec<&str> = first.iter().map(|c| c.event_id.as_str()).collect();
+    assert_eq!(ids, ["evt_u1", "evt_a1", "evt_b1"], "the earliest due of the unordered and the heads");
+    let got = b.committer.claim(claim_req("ep_a", T0 + 10, 10, "node-1")).await?;
+    let ids: Vec<&str> = got.iter().map(|c| c.event_id.as_str()).collect();
+    assert_eq!(ids, ["evt_u2"], "a key in flight sends nothing more");
+    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_a"), false).await?, None, "nothing else may go out");
+
+    let a1 = &first[1];
+    assert_eq!(
+        b.committer.record(vec![result(a1, a1.fence, DeliveryState::Delivered, None, 200, T0 + 11)]).await?,
+        [true]
+    );
+    assert_eq!(b.store.next_due(&EndpointId::from_stored("ep_a"), false).await?, Some(T0 + 4), "a2 is the head now");
+    let got = b.committer.claim(claim_req("ep_a", T0 + 12, 10, "node-1")).await?;
+    let ids: Vec<&str> = got.iter().map(|c| c.event_id.as_str()).collect();
+    assert_eq!(ids, ["evt_a2"], "key a goes on; key b waits on its head");
+    Ok(())
+}
+
+/// An endpoint's stored version: read back with it and by id in one statement (unknown ids
+/// left out), raised by every change to its row, the engine's own (a pause) too.
+async fn every_change_to_an_endpoint_moves_its_version(b: Opened) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[]), ("ep_b", &[])]).await?;
+    let ids = [EndpointId::from_stored("ep_a"), EndpointId::from_stored("ep_b"), EndpointId::from_stored("ep_none")];
+    let first = versions(&b, &ids).await?;
+    assert_eq!(first.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["ep_a", "ep_b"]);
+    let read = b.store.endpoint(&ids[0]).await?.expect("endpoint");
+    assert_eq!(read.version, first[0].1, "the endpoint reads back with its version");
+
+    let mut ep = read;
+    ep.spec.rate_per_sec = 7.0;
+    assert!(b.store.update_endpoint(&ep).await?);
+    let after = versions(&b, &ids).await?;
+    assert_ne!(after[0].1, first[0].1, "a change moves it");
+    assert_eq!(after[1].1, first[1].1, "and only its own");
+
+    b.committer.change_endpoint(change("ep_a", EndpointState::Paused, Some(T0 + HOUR), T0 + 1)).await?;
+    assert_ne!(versions(&b, &ids).await?[0].1, after[0].1, "the engine's own change moves it too");
+    assert!(versions(&b, &[]).await?.is_empty());
+    Ok(())
+}
+
+/// The stored versions of `ids`, by id.
+async fn versions(b: &Opened, ids: &[EndpointId]) -> anyhow::Result<Vec<(String, i64)>> {
+    let mut v: Vec<(String, i64)> =
+        b.store.endpoint_versions(ids).await?.into_iter().map(|(id, v)| (id.to_string(), v)).collect();
+    v.sort();
+    Ok(v)
 }
 
 async fn stale_fence_records_nothing(b: Opened) -> anyhow::Result<()> {

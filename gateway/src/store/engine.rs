@@ -36,9 +36,11 @@ use crate::model::*;
 ///   `synchronous_commit = off`: the next acknowledged commit flushes it.
 /// - Ordered delivery: an ordered endpoint's deliveries carry an `ordering_key` (fan-out sets
 ///   it from the endpoint's `ordering` and the event's key). A claim takes only the heads of
-///   their keys: `sql::is_head` (each key's first unfinished delivery in intake order,
+///   their keys: `sql::heads` (each key's first unfinished delivery in intake order,
 ///   `rowid` on SQLite and `seq` on Postgres, read once per claim from the partial index
-///   `deliveries_ordered`), so a key never has two deliveries claimed, whichever node
+///   `deliveries_ordered`), looked up by key, beside the endpoint's unordered deliveries
+///   (`sql::keyless`: `deliveries_due` under its NULL key), so a claim costs the same
+///   however deep one key's backlog, and a key never has two deliveries claimed, whichever node
 ///   claims. Intake never hands an ordered delivery to a partition, and its result is
 ///   committed at once (`AttemptResult::ordered`); the attempt then tells its partition to
 ///   claim again (`Shared::settled` with a due time of now). On Postgres, intake takes a

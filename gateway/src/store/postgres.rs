@@ -625,6 +625,10 @@ impl Dialect for Postgres {
         q.push(" AND deliveries.id = ANY(").push_bind(ids).push(")");
     }
 
+    fn push_one_of<'a>(q: &mut Sql<'a, Postgres>, column: &str, ids: &'a [String]) {
+        q.push(format_args!("{column} = ANY(")).push_bind(ids).push(")");
+    }
+
     fn rows_affected(done: &PgQueryResult) -> u64 {
         done.rows_affected()
     }

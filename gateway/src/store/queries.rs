@@ -27,6 +27,9 @@ mod insight;
 pub(super) trait Dialect: Database {
     /// "`deliveries.id` is one of `ids`", after a `WHERE`.
     fn push_ids<'a>(q: &mut Sql<'a, Self>, ids: &'a [String]);
+    /// "`column` is one of `ids`", after a `WHERE`: one bound value, so the statement's
+    /// text is the same however many ids there are.
+    fn push_one_of<'a>(q: &mut Sql<'a, Self>, column: &str, ids: &'a [String]);
     /// Rows a statement changed (sqlx has no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
     /// The text at `path` in the JSON text column `column` (NULL when absent).
@@ -110,6 +113,19 @@ where
             .fetch_optional(&self.pool)
             .await?;
         row.map(Endpoint::try_from).transpose()
+    }
+    async fn endpoint_versions(&self, ids: &[EndpointId]) -> Result<Vec<(EndpointId, i64)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = ids.iter().map(|id| id.as_str().to_owned()).collect();
+        let mut q = Sql::<DB>::new("SELECT id, version FROM endpoints WHERE ");
+        DB::push_one_of(&mut q, "id", &ids);
+        let (text, args) = q.take()?;
+        let rows = sqlx::query_with(&text, args).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| Ok((EndpointId::from_stored(r.try_get::<String, _>("id")?), r.try_get("version")?)))
+            .collect()
     }
     async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
         let rows =

@@ -12,7 +12,7 @@ use crate::model::*;
 
 /// Every read of the store. Callers: the API and console (tenants, tokens, endpoints,
 /// events, deliveries, replays, health, series), the metrics (`queue_stats`), the engine
-/// (`endpoint`, `pending_endpoints`, `next_due`, `cancelled_replays`), replays
+/// (`endpoint`, `endpoint_versions`, `pending_endpoints`, `next_due`, `cancelled_replays`), replays
 /// (`running_replays`) and operational events (`stale_dead_letters`).
 #[async_trait]
 pub trait Reads: Send + Sync + 'static {
@@ -23,6 +23,9 @@ pub trait Reads: Send + Sync + 'static {
     async fn list_tenants(&self) -> Result<Vec<Tenant>>;
     /// Any tenant's endpoint by id (the engine's view).
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>>;
+    /// The stored [`Endpoint::version`] of each of `ids` that exists, in one statement (the
+    /// engine's check of which endpoints changed).
+    async fn endpoint_versions(&self, ids: &[EndpointId]) -> Result<Vec<(EndpointId, i64)>>;
     async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>>;
     /// Up to `limit` of a tenant's endpoints in creation order, after the endpoint `after`;
     /// with `plugin`, only those that bind that plugin to any hook (`name` or `name@n`).
@@ -127,6 +130,9 @@ impl<T: HasReads> Reads for T {
     }
     async fn endpoint(&self, id: &EndpointId) -> Result<Option<Endpoint>> {
         self.reads().endpoint(id).await
+    }
+    async fn endpoint_versions(&self, ids: &[EndpointId]) -> Result<Vec<(EndpointId, i64)>> {
+        self.reads().endpoint_versions(ids).await
     }
     async fn list_endpoints(&self, tenant: &TenantId) -> Result<Vec<Endpoint>> {
         self.reads().list_endpoints(tenant).await

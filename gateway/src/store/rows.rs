@@ -106,6 +106,7 @@ pub(super) struct EndpointRow {
     verification: Option<String>,
     created_at: Millis,
     updated_at: Millis,
+    version: i64,
 }
 
 impl TryFrom<EndpointRow> for Endpoint {
@@ -124,6 +125,7 @@ impl TryFrom<EndpointRow> for Endpoint {
             verification: r.verification.and_then(|v| serde_json::from_str(&v).ok()),
             created_at: r.created_at,
             updated_at: r.updated_at,
+            version: r.version,
         })
     }
 }

@@ -131,22 +131,20 @@ pub(super) const TAKE_PARTITION: &str = "INSERT INTO partitions (endpoint_id, ow
 /// Gives up endpoint `$1`'s partition lease, if `$2` holds it.
 pub(super) const RELEASE_PARTITION: &str = "DELETE FROM partitions WHERE endpoint_id = $1 AND owner = $2";
 
-/// Whether delivery `d` (of endpoint bound parameter `$endpoint`) may go out now as far as
-/// ordering goes: it is unordered, or it is the first unfinished delivery of its key (dead
-/// ones count while bound parameter `$block` says dead heads block). `$order` is the column
-/// that holds intake order (`rowid` on SQLite, `seq` on Postgres). The heads are one
-/// uncorrelated subquery, read once per statement and never on an unordered endpoint: a
-/// loose index scan of `deliveries_ordered` steps from key to key (`MIN(ordering_key) >
-/// the last`), then takes each key's first row in intake order, so a claim costs about
-/// keys × log n, however deep one key's backlog (a `GROUP BY` read every row: 3 ms of CPU
-/// per delivery on a 10k-deep single key). A macro, so that
-/// each statement using it is one constant.
-macro_rules! is_head {
-    ($order:literal, $endpoint:literal, $block:literal) => {
+/// The heads of endpoint `$endpoint`'s keys (bound parameters): column `$col` of each key's
+/// first unfinished delivery in intake order (`$order`: `rowid` on SQLite, `seq` on
+/// Postgres), dead ones counting while bound parameter `$block` says dead heads block. A
+/// loose index scan of `deliveries_ordered` steps from key to key (`MIN(ordering_key) > the
+/// last`), then takes each key's first row, so it costs about keys × log n, however deep one
+/// key's backlog (a `GROUP BY` read every row: 3 ms of CPU per delivery on a 10k-deep key).
+/// A claim joins the heads to `deliveries` by `$col` (`rowid`, `id`: a key lookup each) and
+/// keeps those due, rather than filtering the endpoint's due deliveries by them, which read
+/// the whole backlog of a deep key (issue 53). A macro, so that each statement using it is
+/// one constant.
+macro_rules! heads {
+    ($order:literal, $col:literal, $endpoint:literal, $block:literal) => {
         concat!(
-            "(d.ordering_key IS NULL OR d.",
-            $order,
-            " IN (WITH RECURSIVE k(ordering_key) AS (SELECT MIN(o.ordering_key) FROM deliveries o \
+            "WITH RECURSIVE k(ordering_key) AS (SELECT MIN(o.ordering_key) FROM deliveries o \
              WHERE o.endpoint_id = ",
             $endpoint,
             " AND o.ordering_key IS NOT NULL AND o.state IN ('queued', 'waiting', 'delivering', 'dead') \
@@ -155,7 +153,7 @@ macro_rules! is_head {
             " AND o.ordering_key IS NOT NULL AND o.ordering_key > k.ordering_key \
              AND o.state IN ('queued', 'waiting', 'delivering', 'dead')) FROM k WHERE k.ordering_key IS NOT NULL) \
              SELECT (SELECT o.",
-            $order,
+            $col,
             " FROM deliveries o WHERE o.endpoint_id = ",
             $endpoint,
             " AND o.ordering_key = k.ordering_key AND o.ordering_key IS NOT NULL \
@@ -163,25 +161,47 @@ macro_rules! is_head {
             $block,
             ") ORDER BY o.",
             $order,
-            " LIMIT 1) FROM k WHERE k.ordering_key IS NOT NULL))"
+            " LIMIT 1) FROM k WHERE k.ordering_key IS NOT NULL"
         )
     };
 }
-pub(super) use is_head;
+pub(super) use heads;
 
-/// The earliest due time of endpoint `$1`'s waiting deliveries that may go out (on an
-/// ordered endpoint, its keys' heads; `$2`: dead heads block), on each backend.
-macro_rules! next_due {
-    ($order:literal) => {
+/// Endpoint `$endpoint`'s unordered waiting deliveries: the rows of `deliveries_due` under
+/// its NULL key, selecting `$select`. The caller adds its terms and orders by
+/// `d.ordering_key, d.next_attempt_at` (the key is NULL in every row here; leading with it
+/// lets Postgres read the index in order rather than sort the backlog).
+macro_rules! keyless {
+    ($select:literal, $endpoint:literal) => {
         concat!(
-            "SELECT MIN(d.next_attempt_at) FROM deliveries d WHERE d.endpoint_id = $1 \
-             AND d.state IN ('queued', 'waiting') AND ",
-            is_head!($order, "$1", "$2")
+            "SELECT ",
+            $select,
+            " FROM deliveries d WHERE d.endpoint_id = ",
+            $endpoint,
+            " AND d.ordering_key IS NULL AND d.state IN ('queued', 'waiting')"
         )
     };
 }
-pub(super) const NEXT_DUE_SQLITE: &str = next_due!("rowid");
-pub(super) const NEXT_DUE_POSTGRES: &str = next_due!("seq");
+pub(super) use keyless;
+
+/// The earliest due time of endpoint `$1`'s waiting deliveries that may go out: its
+/// unordered ones' and its keys' heads' (`$2`: dead heads block), on each backend.
+macro_rules! next_due {
+    ($order:literal, $col:literal) => {
+        concat!(
+            "SELECT MIN(u.at) FROM (SELECT f.at FROM (",
+            keyless!("d.next_attempt_at AS at", "$1"),
+            " ORDER BY d.ordering_key, d.next_attempt_at LIMIT 1) f \
+             UNION ALL SELECT d.next_attempt_at FROM deliveries d WHERE d.",
+            $col,
+            " IN (",
+            heads!($order, $col, "$1", "$2"),
+            ") AND d.state IN ('queued', 'waiting')) u"
+        )
+    };
+}
+pub(super) const NEXT_DUE_SQLITE: &str = next_due!("rowid", "rowid");
+pub(super) const NEXT_DUE_POSTGRES: &str = next_due!("seq", "id");
 
 /// The endpoints intake fans out to: every one not disabled (a paused one's deliveries
 /// wait). A macro, so that both subscriber queries are whole constants.

@@ -297,6 +297,10 @@ impl Dialect for Sqlite {
         q.push(")");
     }
 
+    fn push_one_of<'a>(q: &mut Sql<'a, Sqlite>, column: &str, ids: &'a [String]) {
+        q.push(format_args!("{column} IN (SELECT value FROM json_each(")).push_bind(queries::json(&ids)).push("))");
+    }
+
     fn rows_affected(done: &SqliteQueryResult) -> u64 {
         done.rows_affected()
     }

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{IDLE_LINGER, Inner, REFRESH_EVERY, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
+use super::{IDLE_LINGER, Inner, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
 use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Gate, Millis, Sendable};
@@ -112,8 +112,7 @@ struct Partition {
     counters: Option<TenantCounters>,
     /// A renewal of the partition lease riding the next group commit while sending goes on.
     renewal: Option<JoinHandle<(Instant, StoreResult<bool>)>>,
-    /// When the endpoint was last read, and what was read.
-    refreshed: Instant,
+    /// The endpoint as last read (its version is the signal's, which the node checks).
     endpoint: Option<Endpoint>,
     rng: StdRng,
     /// The cluster membership this partition last checked its endpoint against, and
@@ -159,7 +158,6 @@ impl Partition {
             held: None,
             counters: None,
             renewal: None,
-            refreshed: Instant::now(),
             endpoint: None,
             rng: StdRng::from_rng(&mut rand::rng()),
             members_seen: inner.members.generation(),
@@ -253,18 +251,26 @@ impl Partition {
         }
     }
 
-    /// Re-reads a busy endpoint's settings and state every [`REFRESH_EVERY`], and at once
-    /// after a change or when it has no target to send on (dropped for a verification).
-    /// False when the endpoint stopped being sendable and the queue was handed back.
+    /// Re-reads a busy endpoint's settings and state after a change (announced, or found by
+    /// the node's check of versions: [`super::refresh`]), or when it has no target to send
+    /// on (dropped for a verification). False when the endpoint stopped being sendable and
+    /// the queue was handed back; a queue that could outlive its leases on the new settings
+    /// is handed back too, to be claimed again.
     async fn refresh_if_stale(&mut self) -> bool {
-        let fresh = !self.signal.known(|k| k.stale()) && self.refreshed.elapsed() < REFRESH_EVERY;
-        if fresh && self.target.is_some() {
+        if !self.signal.known(|k| k.stale()) && self.target.is_some() {
             return true;
         }
         let read = self.inner.store.endpoint(&self.id).await;
         self.note_read(&read);
         match read {
             Ok(Some(e)) if e.sendable_at(self.inner.clock.now()) == Sendable::Yes && e.verify_gate(0) == Gate::Open => {
+                if self.target.as_ref().is_some_and(|t| outlives_leases(&t.endpoint.spec, &e.spec)) {
+                    // Claimed on the old settings, leased for the old rate and timeout: at a
+                    // slower rate (or with a longer timeout) the queue would outlive those
+                    // leases, and lease recovery would hand them out again while it still sends
+                    // them. Handed back, they are claimed again on the new settings.
+                    self.release_queue(self.inner.clock.now()).await;
+                }
                 if let Some(sh) = self.shared.clone() {
                     self.repace(&sh, &e);
                 }
@@ -459,20 +465,22 @@ impl Partition {
         Refill::Claimed(target)
     }
 
-    /// The endpoint as last read, while it may stand for the stored one: read within
-    /// [`REFRESH_EVERY`], no change announced since, and not halted by an attempt (which
-    /// changed its state itself). A refill at every event would otherwise read it again.
+    /// The endpoint as last read, while it may stand for the stored one: no change
+    /// announced or found by the node's check of versions since, and not halted by an
+    /// attempt (which changed its state itself). A refill at every event would otherwise
+    /// read it again.
     fn cached_endpoint(&self) -> Option<Endpoint> {
         let halted = self.shared.as_ref().is_none_or(|sh| sh.halted.load(Ordering::Acquire));
-        if halted || self.refreshed.elapsed() >= REFRESH_EVERY || self.signal.known(|k| k.stale()) {
+        if halted || self.signal.known(|k| k.stale()) {
             return None;
         }
         self.endpoint.clone()
     }
 
+    /// Keeps what was read, and tells the node's check of versions which version it was.
     fn note_read(&mut self, read: &StoreResult<Option<Endpoint>>) {
-        self.refreshed = Instant::now();
         self.endpoint = read.as_ref().ok().cloned().flatten();
+        self.signal.read_at(self.endpoint.as_ref().map(|e| e.version));
     }
 
     /// The partition's shared state, created on first use and re-paced to `endpoint`'s
@@ -574,6 +582,12 @@ fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u3
         in_partition: true,
         dead_heads_block: spec.dead_heads_block(),
     }
+}
+
+/// Whether deliveries claimed on settings `old` may outlive their leases once sent on
+/// `new`: a lease covers the claim's sending time at `old`'s rate and `old`'s timeout.
+fn outlives_leases(old: &EndpointSpec, new: &EndpointSpec) -> bool {
+    new.rate_per_sec < old.rate_per_sec || new.timeout_ms > old.timeout_ms
 }
 
 /// The endpoint's effective retry policy, and its material opened at `now` (once per claim

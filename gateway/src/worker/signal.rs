@@ -117,6 +117,9 @@ pub(in crate::worker) struct Signal {
     pub(in crate::worker) work: Notify,
     pub(in crate::worker) change: Notify,
     known: Mutex<Known>,
+    /// The version of the endpoint as the partition last read it (`None`: not read, or
+    /// known to be out of date), which the node's check of versions compares.
+    read_version: Mutex<Option<i64>>,
 }
 
 impl Signal {
@@ -138,6 +141,30 @@ impl Signal {
     pub(in crate::worker) fn changed(&self) {
         self.known(Known::changed);
         self.change.notify_one();
+    }
+
+    /// The partition read its endpoint at `version` (`None`: it read nothing).
+    pub(in crate::worker) fn read_at(&self, version: Option<i64>) {
+        *self.read_version.lock().expect("read version") = version;
+    }
+
+    /// The version the partition last read, unless already known to be out of date.
+    pub(in crate::worker) fn read_version(&self) -> Option<i64> {
+        *self.read_version.lock().expect("read version")
+    }
+
+    /// The node's check found the endpoint stored at `stored` (`None`: gone): if the
+    /// partition read another version, it is told of a change (once: until it reads again,
+    /// the check passes it over). True when it was told.
+    pub(in crate::worker) fn stored_at(&self, stored: Option<i64>) -> bool {
+        let mut read = self.read_version.lock().expect("read version");
+        if read.is_none() || *read == stored {
+            return false;
+        }
+        *read = None;
+        drop(read);
+        self.changed();
+        true
     }
 
     /// Wakes the partition from any wait, to look again at what it holds (the cluster's

@@ -553,29 +553,49 @@ async fn first_conflict(conn: &mut PgConnection, events: &[&NewEvent], fresh: &[
     }))
 }
 
+/// Whether the claim may take anything: it is not made under the partition lease (`$6`), or
+/// its owner (`$4`) holds endpoint `$1`'s lease at `$2`.
+macro_rules! held {
+    () => {
+        "(NOT $6 OR EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = $1 AND p.owner = $4 \
+         AND p.lease_until >= $2))"
+    };
+}
+
 /// Leases the due deliveries of one endpoint, in one statement that also reads when the
 /// next of the rest is due and whether the claim's owner holds the partition lease. Rows
 /// another node is claiming or recording right now are skipped, never waited for. Also
 /// says whether a claim under the partition lease took all that was due, the lease held.
+/// Its unordered deliveries and its keys' heads are read apart (`sql::keyless`,
+/// `sql::heads`), each at most a claim's size, then merged in due order.
 async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<(ClaimBatch, bool)> {
     // The last SELECT reads the statement's snapshot, from before the UPDATE: the rows
     // just picked are left out of the next due time by id.
     let rows = sqlx::query(concat!(
-        "WITH picked AS (SELECT d.id FROM deliveries d WHERE d.endpoint_id = $1 \
-         AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= $2 AND (NOT $6 OR EXISTS (SELECT 1 \
-         FROM partitions p WHERE p.endpoint_id = $1 AND p.owner = $4 AND p.lease_until >= $2)) AND ",
-        sql::is_head!("seq", "$1", "$7"),
+        "WITH head(id) AS (",
+        sql::heads!("seq", "id", "$1", "$7"),
+        "), keyless AS (",
+        sql::keyless!("d.id, d.next_attempt_at", "$1"),
+        " AND d.next_attempt_at <= $2 AND ",
+        held!(),
+        " ORDER BY d.ordering_key, d.next_attempt_at, d.id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+         keyed AS (SELECT d.id, d.next_attempt_at FROM deliveries d WHERE d.id IN (SELECT id FROM head) \
+         AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= $2 AND ",
+        held!(),
         " ORDER BY d.next_attempt_at, d.id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+         picked AS (SELECT u.id FROM (SELECT * FROM keyless UNION ALL SELECT * FROM keyed) u \
+         ORDER BY u.next_attempt_at, u.id LIMIT $3), \
          claimed AS (UPDATE deliveries d SET state = 'delivering', lease_owner = $4, lease_until = $5, \
          fence = d.fence + 1, updated_at = $2 FROM picked, events e \
          WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
          RETURNING d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
          d.next_attempt_at, d.replay_id, \
          e.payload, e.created_at AS event_created_at, e.expires_at, e.traceparent, e.tracestate), \
-         rest AS (SELECT (SELECT MIN(d.next_attempt_at) FROM deliveries d WHERE d.endpoint_id = $1 \
-         AND d.state IN ('queued', 'waiting') AND d.id NOT IN (SELECT id FROM picked) AND ",
-        sql::is_head!("seq", "$1", "$7"),
-        ") AS next_due, \
+         rest AS (SELECT (SELECT MIN(r.at) FROM ((",
+        sql::keyless!("d.next_attempt_at AS at", "$1"),
+        " AND d.id NOT IN (SELECT id FROM picked) ORDER BY d.ordering_key, d.next_attempt_at LIMIT 1) \
+         UNION ALL (SELECT d.next_attempt_at FROM deliveries d WHERE d.id IN (SELECT id FROM head) \
+         AND d.state IN ('queued', 'waiting') AND d.id NOT IN (SELECT id FROM picked))) r) AS next_due, \
          $6 AND EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = $1 AND p.owner = $4 \
          AND p.lease_until >= $2) AS held) \
          SELECT c.*, rest.next_due, rest.held FROM rest LEFT JOIN claimed c ON true"

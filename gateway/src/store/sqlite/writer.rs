@@ -437,7 +437,8 @@ impl<'tx> IngestStatements<'tx> {
 }
 
 /// Leases up to `limit` due deliveries of one endpoint, oldest due first, bumping each
-/// one's fence. The writer holds the write lock, so nothing changes between read and write.
+/// one's fence: of its unordered deliveries and its keys' heads, each read apart
+/// (`sql::keyless`, `sql::heads`: a deep key costs what a shallow one does). The writer holds the write lock, so nothing changes between read and write.
 /// Also says whether a claim under the partition lease took all that was due, the lease
 /// held.
 fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)> {
@@ -445,11 +446,14 @@ fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)>
         "SELECT d.rowid, d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, \
          d.fence, e.payload, e.created_at, e.expires_at, d.replay_id, e.traceparent, e.tracestate FROM deliveries d \
          JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
-         WHERE d.endpoint_id = ?1 AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ?2 \
+         WHERE d.rowid IN (SELECT u.r FROM (SELECT f.r, f.at, f.id FROM (",
+        sql::keyless!("d.rowid AS r, d.next_attempt_at AS at, d.id", "?1"),
+        " AND d.next_attempt_at <= ?2 ORDER BY d.ordering_key, d.next_attempt_at, d.id LIMIT ?3) f \
+         UNION ALL SELECT d.rowid, d.next_attempt_at, d.id FROM deliveries d WHERE d.rowid IN (",
+        sql::heads!("rowid", "rowid", "?1", "?6"),
+        ") AND d.state IN ('queued', 'waiting') AND d.next_attempt_at <= ?2) u ORDER BY u.at, u.id LIMIT ?3) \
          AND (NOT ?4 OR EXISTS (SELECT 1 FROM partitions p WHERE p.endpoint_id = ?1 AND p.owner = ?5 \
-         AND p.lease_until >= ?2)) AND ",
-        sql::is_head!("rowid", "?1", "?6"),
-        " ORDER BY d.next_attempt_at, d.id LIMIT ?3"
+         AND p.lease_until >= ?2)) ORDER BY d.next_attempt_at, d.id"
     ))?;
     let args = params![
         req.endpoint.as_str(),
