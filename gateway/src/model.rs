@@ -20,6 +20,7 @@ mod plugin_settings;
 mod portal;
 mod replay;
 mod sent;
+mod status;
 mod stored;
 mod target;
 mod trace;
@@ -36,6 +37,7 @@ pub use plugin_settings::*;
 pub use portal::{Branding, PortalSession};
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
+pub use status::{DeliveryStatus, EndpointStatus, StateBy, delivery_status};
 pub use target::{AmqpTarget, HttpSettings, HttpTarget, NatsTarget, RedisTarget, ShapeError, Target};
 pub use trace::{TRACEPARENT, TRACESTATE, TraceContext, span_id};
 
@@ -399,6 +401,10 @@ pub struct Endpoint {
     /// While paused: when delivery may resume on its own (`None`: needs a human).
     pub paused_until: Option<Millis>,
     pub failing_since: Option<Millis>,
+    /// When `state` last changed (`None`: before Herald kept it).
+    pub state_since: Option<Millis>,
+    /// Who made that change (`None`: not known).
+    pub state_by: Option<StateBy>,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -425,6 +431,16 @@ impl Endpoint {
             (EndpointState::Paused, None) | (EndpointState::Disabled, _) => Sendable::No,
         }
     }
+}
+
+/// An endpoint's latest failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastError {
+    /// Its category (`classify::FAILURE_CATEGORIES`).
+    pub category: &'static str,
+    /// The receiver's HTTP status, if it answered.
+    pub status: Option<u16>,
+    pub at: Millis,
 }
 
 /// Whether an endpoint may be sent to at some instant ([`Endpoint::sendable_at`]).
@@ -509,6 +525,8 @@ impl Endpoint {
             state_reason: None,
             paused_until: None,
             failing_since: None,
+            state_since: Some(now),
+            state_by: None,
             created_at: now,
             updated_at: now,
         }

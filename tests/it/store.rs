@@ -101,6 +101,8 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
         state_reason: None,
         paused_until: None,
         failing_since: None,
+        state_since: Some(created_at),
+        state_by: None,
         created_at,
         updated_at: created_at,
     }
@@ -272,6 +274,7 @@ async fn intake_is_idempotent_and_fans_out_by_filter(b: Opened) -> anyhow::Resul
             reason: Some("gone".into()),
             paused_until: None,
             failing_since: Failing::Unchanged,
+            by: StateBy::Operator,
             now: T0,
         })
         .await?;
@@ -410,6 +413,7 @@ fn change(endpoint: &str, state: EndpointState, paused_until: Option<Millis>, no
         reason: Some(format!("{} for a test", state.as_str())),
         paused_until,
         failing_since: Failing::Unchanged,
+        by: StateBy::Operator,
         now,
     }
 }
@@ -467,6 +471,7 @@ async fn endpoint_changes_move_its_deliveries(b: Opened) -> anyhow::Result<()> {
         reason: None,
         paused_until: None,
         failing_since: Failing::Since(T0 + 70),
+        by: StateBy::Receiver,
         now: T0 + 70,
     };
     assert_eq!(b.committer.change_endpoint(only_failing).await?, 0);

@@ -102,6 +102,8 @@ pub(super) struct EndpointRow {
     state_reason: Option<String>,
     paused_until: Option<Millis>,
     failing_since: Option<Millis>,
+    state_since: Option<Millis>,
+    state_by: Option<String>,
     created_at: Millis,
     updated_at: Millis,
 }
@@ -118,6 +120,9 @@ impl TryFrom<EndpointRow> for Endpoint {
             state_reason: r.state_reason,
             paused_until: r.paused_until,
             failing_since: r.failing_since,
+            state_since: r.state_since,
+            // A name this build does not know reads as not known.
+            state_by: r.state_by.as_deref().and_then(StateBy::parse),
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
