@@ -436,7 +436,7 @@ impl Endpoint {
 /// An endpoint's latest failed attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastError {
-    /// Its category (`classify::FAILURE_CATEGORIES`).
+    /// Its category (`classify::failure_categories`).
     pub category: &'static str,
     /// The receiver's HTTP status, if it answered.
     pub status: Option<u16>,

@@ -165,6 +165,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
                 "portal",
                 "replay",
                 "sent",
+                "status",
                 "trace",
             ],
             &["destination"],

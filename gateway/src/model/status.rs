@@ -95,7 +95,8 @@ mod tests {
     const NOW: Millis = 1_000_000_000;
 
     fn endpoint(state: EndpointState, by: Option<StateBy>, until: Option<Millis>, failing: Option<Millis>) -> Endpoint {
-        let limits = Limits { rate_per_sec: 1.0, burst: 1, max_in_flight: 1, timeout_ms: 1000, connect_timeout_ms: 1000 };
+        let limits =
+            Limits { rate_per_sec: 1.0, burst: 1, max_in_flight: 1, timeout_ms: 1000, connect_timeout_ms: 1000 };
         let spec = EndpointSpec::new(Target::http("https://example.com/hook"), "whsec_x".into(), limits);
         let mut e = Endpoint::new(EndpointId::from_stored("ep_1"), TenantId::from_stored("acme"), spec, NOW - 100);
         e.state = state;
@@ -107,13 +108,26 @@ mod tests {
         e
     }
 
+    /// A stored state, who made it, its pause's end and its failing streak's start → the
+    /// status, since, until and reason shown.
+    type Case = (
+        EndpointState,
+        Option<StateBy>,
+        Option<Millis>,
+        Option<Millis>,
+        EndpointStatus,
+        Option<Millis>,
+        Option<Millis>,
+        Option<&'static str>,
+    );
+
     #[test]
     fn status_table() {
         use EndpointState::*;
         use StateBy::*;
         let why = Some("why");
         #[rustfmt::skip]
-        let cases: [(EndpointState, Option<StateBy>, Option<Millis>, Option<Millis>, EndpointStatus, Option<Millis>, Option<Millis>, Option<&str>); 14] = [
+        let cases: [Case; 14] = [
             //  state    by              paused until    failing since  → status            since          until          reason
             (Active,   None,           None,           None,          EndpointStatus::Active,    Some(NOW - 10), None,          None),
             (Active,   Some(Operator), None,           None,          EndpointStatus::Active,    Some(NOW - 10), None,          None),
@@ -134,7 +148,8 @@ mod tests {
         for (state, by, until, failing, status, since, want_until, reason) in cases {
             let e = endpoint(state, by, until, failing);
             let got = delivery_status(&e, None, NOW);
-            let want = DeliveryStatus { status, since, until: want_until, reason: reason.map(String::from), last_error: None };
+            let want =
+                DeliveryStatus { status, since, until: want_until, reason: reason.map(String::from), last_error: None };
             assert_eq!(got, want, "{state:?} by {by:?} until {until:?} failing since {failing:?}");
         }
     }

@@ -47,7 +47,7 @@ pub(crate) struct DeliveryStatusOut {
 /// An endpoint's latest failed attempt.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct LastErrorOut {
-    /// What failed, one of `classify::FAILURE_CATEGORIES`: `rate_limited`, `server_error`,
+    /// What failed, one of `classify::failure_categories`: `rate_limited`, `server_error`,
     /// `credentials`, `gone`, `permanent`, `unexpected_status` for an answer; `timeout`,
     /// `connect_timeout`, `connection_refused`, `connection_reset`, `dns`, `tls`, `blocked`,
     /// `broker_auth`, `broker_missing`, `plugin`, `other` without one.

@@ -143,7 +143,8 @@ where
         q.push(
             " AND status BETWEEN 200 AND 299) AS s24, \
              MAX(started_at) FILTER (WHERE status BETWEEN 200 AND 299) AS success, MAX(started_at) AS attempt, \
-             0 AS backlog, 0 AS dead, NULL AS err_at, NULL AS err_status, NULL AS err_text \
+             0 AS backlog, 0 AS dead, CAST(NULL AS BIGINT) AS err_at, CAST(NULL AS BIGINT) AS err_status, \
+             NULL AS err_text \
              FROM attempts WHERE endpoint_id IN (",
         );
         push_list(&mut q, endpoints);
@@ -151,7 +152,7 @@ where
             ") GROUP BY endpoint_id UNION ALL \
              SELECT endpoint_id, 0, 0, 0, 0, NULL, NULL, \
              COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')), \
-             COUNT(*) FILTER (WHERE state = 'dead'), NULL, NULL, NULL FROM deliveries WHERE endpoint_id IN (",
+             COUNT(*) FILTER (WHERE state = 'dead'), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), NULL FROM deliveries WHERE endpoint_id IN (",
         );
         push_list(&mut q, endpoints);
         // Each endpoint's latest failed attempt, found backwards on `attempts_endpoint` (a
@@ -167,23 +168,30 @@ where
         q.push(")) ) AS h GROUP BY endpoint_id");
         let (text, args) = q.take()?;
         let rows = sqlx::query_with(&text, args).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| {
-                let health = Health {
-                    attempts_1h: count(r, "a1")?,
-                    successes_1h: count(r, "s1")?,
-                    attempts_24h: count(r, "a24")?,
-                    successes_24h: count(r, "s24")?,
-                    last_success_at: r.try_get("success")?,
-                    last_attempt_at: r.try_get("attempt")?,
-                    backlog: count(r, "backlog")?,
-                    dead_letters: count(r, "dead")?,
-                    last_error: last_error(r)?,
-                };
-                Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), health))
-            })
-            .collect()
+        rows.iter().map(health_row).collect()
     }
+}
+
+/// One endpoint's row of [`Queries::endpoint_health_page`].
+fn health_row<R: Row>(r: &R) -> Result<(EndpointId, Health)>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'q> String: Decode<'q, R::Database> + Type<R::Database>,
+    for<'q> i64: Decode<'q, R::Database> + Type<R::Database>,
+    for<'q> Option<i64>: Decode<'q, R::Database>,
+{
+    let health = Health {
+        attempts_1h: count(r, "a1")?,
+        successes_1h: count(r, "s1")?,
+        attempts_24h: count(r, "a24")?,
+        successes_24h: count(r, "s24")?,
+        last_success_at: r.try_get("success")?,
+        last_attempt_at: r.try_get("attempt")?,
+        backlog: count(r, "backlog")?,
+        dead_letters: count(r, "dead")?,
+        last_error: last_error(r)?,
+    };
+    Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), health))
 }
 
 /// The latest failed attempt of a health row, in the one vocabulary of failures.
