@@ -59,6 +59,30 @@ export function stateText(s, reason, until) {
   return h('span', { class: `state-${s}` }, text);
 }
 
+/** An endpoint's `delivery_status` as a short badge: its status, and until when a timed
+ *  pause runs; since when and why in its title. */
+export function statusBadge(ds) {
+  let text = ds.status;
+  if (ds.until) text += ` until ${when(ds.until)}`;
+  const title = [ds.since ? `since ${when(ds.since)}` : null, ds.reason].filter(Boolean).join('; ');
+  return h('span', { class: `state-${ds.status}`, title }, text);
+}
+
+/** An endpoint's `delivery_status` in full: status, since, until, why. */
+export function statusText(ds) {
+  let text = ds.status;
+  if (ds.since) text += ` since ${when(ds.since)}`;
+  if (ds.until) text += `, until ${when(ds.until)}`;
+  if (ds.reason) text += ` (${ds.reason})`;
+  return h('span', { class: `state-${ds.status}` }, text);
+}
+
+/** An endpoint's latest failed attempt: its category, HTTP status and time. */
+export function lastErrorText(le) {
+  if (!le) return 'none';
+  return `${le.category}${le.status ? ` (HTTP ${le.status})` : ''} at ${when(le.at)}`;
+}
+
 /** Shows `message` in the alert region (errors) or the status region (news). */
 export function say(message, isError = false) {
   document.getElementById(isError ? 'alert' : 'status').textContent = message;

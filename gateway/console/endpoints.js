@@ -5,7 +5,9 @@
 // example), for a token that may manage it.
 import { api, can, portal, tenantPath } from './api.js';
 import { rateChart } from './chart.js';
-import { copyable, facts, field, guard, h, link, needs, percent, put, say, sayAcross, stateText, table, when } from './dom.js';
+import {
+  copyable, facts, field, guard, h, lastErrorText, link, needs, percent, put, say, sayAcross, statusBadge, statusText, table, when,
+} from './dom.js';
 
 const HOOKS = ['transform', 'classify', 'sign'];
 
@@ -21,7 +23,7 @@ export async function endpointsPage(main, params) {
       { label: 'URL', cls: 'url', cell: (e) => [link(`#/endpoints/${encodeURIComponent(e.id)}`, e.url), target(e)] },
       { label: 'Kind', cell: (e) => e.kind },
       { label: 'Description', cls: 'url', cell: (e) => e.description },
-      { label: 'State', cell: (e) => stateText(e.state, e.state_reason, e.paused_until) },
+      { label: 'Status', cell: (e) => statusBadge(e.delivery_status) },
       { label: 'Rate /s', num: true, cell: (e) => e.rate_per_sec },
       { label: 'Burst', num: true, cell: (e) => e.burst },
       { label: 'Max in flight', num: true, cell: (e) => e.max_in_flight },
@@ -188,7 +190,8 @@ export async function endpointPage(main, id, rerender) {
       ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
       ['Filter', e.filter ? JSON.stringify(e.filter) : 'none (every event of its types)'],
       ['Headers', headers.length ? headers.map(([k, v]) => `${k}: ${v}`).join('\n') : 'none'],
-      ['State', stateText(e.state, e.state_reason, e.paused_until)],
+      ['Delivery status', statusText(e.delivery_status)],
+      ['Last error', lastErrorText(e.delivery_status.last_error)],
       e.verification ? ['Verification', verificationText(e.verification)] : null,
       ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
       ['Ordering', e.ordering === 'none' ? 'none (in parallel)' : `${e.ordering}; a dead letter: ${e.ordering_on_dead}`],

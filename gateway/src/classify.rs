@@ -227,6 +227,44 @@ pub fn token_failed(error: &str) -> Verdict {
     Verdict::HoldForHuman { reason: format!("{AUTH_TOKEN}: {cut}") }
 }
 
+/// The categories of a failed attempt that got an answer: the class the built-in table
+/// gives its status (`permanent` as in the dead-letter reason `permanent:404`).
+pub const ANSWER_CATEGORIES: [&str; 6] =
+    ["rate_limited", "server_error", "credentials", "gone", "permanent", "unexpected_status"];
+
+/// Every category of a failed attempt, the one vocabulary of an endpoint's
+/// `delivery_status.last_error` in the API and the console: [`ANSWER_CATEGORIES`], the
+/// transport kinds ([`TransportErrorKind::as_str`]) for an attempt without an answer, and
+/// `plugin`, the dead-letter class of a failed plugin call.
+pub fn failure_categories() -> impl Iterator<Item = &'static str> {
+    ANSWER_CATEGORIES.into_iter().chain(TransportErrorKind::ALL.map(|k| k.as_str())).chain(["plugin"])
+}
+
+/// The category ([`failure_categories`]) of a failed attempt from what its record keeps:
+/// the answer's status, or else the start of its error (`timeout: …`, `plugin:trap: …`,
+/// `broker:auth: …`, `auth:token: …`).
+pub fn failure_category(status: Option<u16>, error: Option<&str>) -> &'static str {
+    if let Some(status) = status {
+        return match status {
+            429 => "rate_limited",
+            408 | 500..=599 => "server_error",
+            401 | 403 => "credentials",
+            410 => "gone",
+            400..=499 => "permanent",
+            _ => "unexpected_status",
+        };
+    }
+    let error = error.unwrap_or("");
+    let mut parts = error.splitn(3, ':').map(str::trim);
+    match (parts.next().unwrap_or(""), parts.next().unwrap_or("")) {
+        ("plugin", _) => "plugin",
+        ("broker", "missing") => "broker_missing",
+        ("broker", _) => "broker_auth",
+        ("auth" | "oauth2" | "signing_key", _) => "credentials",
+        (kind, _) => kind.parse::<TransportErrorKind>().map(|k| k.as_str()).unwrap_or("other"),
+    }
+}
+
 fn retry(after: Option<Duration>) -> Verdict {
     Verdict::Retry { after }
 }
@@ -344,6 +382,42 @@ mod tests {
         for (kind, want) in cases {
             // Only a broker's refusal carries the broker's words into the reason.
             assert_eq!(classify(&Outcome::Transport { kind, detail: "NOAUTH".into() }), want, "{kind}");
+        }
+    }
+
+    #[test]
+    fn failure_category_table() {
+        let cases: [(Option<u16>, Option<&str>, &str); 20] = [
+            (Some(429), None, "rate_limited"),
+            (Some(500), None, "server_error"),
+            (Some(503), Some("ignored"), "server_error"),
+            (Some(408), None, "server_error"),
+            (Some(401), None, "credentials"),
+            (Some(403), None, "credentials"),
+            (Some(410), None, "gone"),
+            (Some(404), None, "permanent"),
+            (Some(302), None, "unexpected_status"),
+            (Some(200), None, "unexpected_status"),
+            (None, Some("timeout: deadline of 5s"), "timeout"),
+            (None, Some("connection_refused: tcp connect error"), "connection_refused"),
+            (None, Some("tls: invalid peer certificate"), "tls"),
+            (None, Some("plugin:trap: unreachable"), "plugin"),
+            (None, Some("broker:auth: NOAUTH"), "broker_auth"),
+            (None, Some("broker:missing: no stream"), "broker_missing"),
+            (None, Some("auth:token: HTTP 400 invalid_client"), "credentials"),
+            (None, Some("oauth2: the client secret sealed under key k2; write it again"), "credentials"),
+            (None, Some("something else"), "other"),
+            (None, None, "other"),
+        ];
+        for (status, error, want) in cases {
+            let got = failure_category(status, error);
+            assert_eq!(got, want, "{status:?} {error:?}");
+            assert!(failure_categories().any(|c| c == got), "{got} is in the vocabulary");
+        }
+        for kind in TransportErrorKind::ALL {
+            let error = format!("{kind}: detail");
+            assert_eq!(failure_category(None, Some(&error)), kind.as_str());
+            assert!(failure_categories().any(|c| c == kind.as_str()), "{kind} is in the vocabulary");
         }
     }
 

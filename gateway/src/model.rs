@@ -21,6 +21,7 @@ mod plugin_settings;
 mod portal;
 mod replay;
 mod sent;
+mod status;
 mod stored;
 mod target;
 mod trace;
@@ -39,6 +40,7 @@ pub use plugin_settings::*;
 pub use portal::{Branding, PortalSession};
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
+pub use status::{DeliveryStatus, EndpointStatus, StateBy, delivery_status};
 pub use target::{AmqpTarget, HttpSettings, HttpTarget, NatsTarget, RedisTarget, ShapeError, Target};
 pub use trace::{TRACEPARENT, TRACESTATE, TraceContext, span_id};
 pub use verification::{
@@ -407,6 +409,10 @@ pub struct Endpoint {
     pub failing_since: Option<Millis>,
     /// Where its verification stands (`None`: never tried), when it asks for one.
     pub verification: Option<Verification>,
+    /// When `state` last changed (`None`: before Herald kept it).
+    pub state_since: Option<Millis>,
+    /// Who made that change (`None`: not known).
+    pub state_by: Option<StateBy>,
     pub created_at: Millis,
     pub updated_at: Millis,
     /// Raised by every change to the stored row (a trigger: changes made directly in the
@@ -436,6 +442,16 @@ impl Endpoint {
             (EndpointState::Paused, None) | (EndpointState::Disabled, _) => Sendable::No,
         }
     }
+}
+
+/// An endpoint's latest failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastError {
+    /// Its category (`classify::failure_categories`).
+    pub category: &'static str,
+    /// The receiver's HTTP status, if it answered.
+    pub status: Option<u16>,
+    pub at: Millis,
 }
 
 /// Whether an endpoint may be sent to at some instant ([`Endpoint::sendable_at`]).
@@ -521,6 +537,8 @@ impl Endpoint {
             paused_until: None,
             failing_since: None,
             verification: None,
+            state_since: Some(now),
+            state_by: None,
             created_at: now,
             updated_at: now,
             version: 0,

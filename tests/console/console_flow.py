@@ -381,12 +381,15 @@ def tenant_token_without_its_tenant(c, cfg):
 
 def oauth2_state_shown(c, cfg):
     """Issue 32: an OAuth2 endpoint's page shows its settings (never the secret), the
-    token's state on this node and the last token error."""
+    token's state on this node and the last token error; issue 51.7: its delivery status."""
     c.go(f"#/endpoints/{cfg['oauth2_endpoint']}", "#page-endpoints")
     auth = c.text_in("#auth", "Last token error")
     for shown in ["OAuth2 token URL", cfg["oauth2_client"], "failing", "connection_refused"]:
         assert shown in auth, (shown, auth)
     assert cfg["oauth2_secret"] not in c.d.page_source, "the client secret is on the page"
+    # Issue 51.7: held for a human (its token), its latest failure's category beside it.
+    page = c.text_in("#page-endpoints", "Delivery status")
+    assert "paused since" in page and "credentials at" in page, page
     c.shot("endpoint-oauth2", "#auth")
 
 

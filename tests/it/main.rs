@@ -17,6 +17,7 @@
 //! - `contract`: the OpenAPI document against the router, schemathesis, the generated client
 //! - `db_restart`: Herald's Postgres (a server of the test's own) restarting under running nodes
 //! - `delivery`: sending to receivers: retries, 429 pauses, the classification table, signatures
+//! - `delivery_status`: an endpoint's `delivery_status` (throttled, failing, paused, active) against real receivers
 //! - `destinations`: queue destinations (Redis Streams, NATS JetStream) against real brokers
 //! - `durability`: a killed or stopped `herald` process: nothing acknowledged is lost, restarts resume
 //! - `endpoint_auth`: how requests authenticate and leave: OAuth2 against a local token server
@@ -60,6 +61,7 @@ mod console_endpoints;
 mod contract;
 mod db_restart;
 mod delivery;
+mod delivery_status;
 mod destinations;
 mod durability;
 mod edges;

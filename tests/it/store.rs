@@ -79,6 +79,7 @@ tests::backends!(with Opened::on =>
     a_cancelled_replay_returns_what_it_has_not_sent,
     claims_of_many_endpoints_in_one_commit_stay_apart,
     health_of_a_page_of_endpoints,
+    state_changes_keep_when_and_by_whom,
     a_drained_claim_is_told_in_the_order_of_writes,
     heartbeats_tell_the_live_nodes,
     an_audit_entry_commits_with_its_change_only,
@@ -106,6 +107,8 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
         paused_until: None,
         failing_since: None,
         verification: None,
+        state_since: Some(created_at),
+        state_by: None,
         created_at,
         updated_at: created_at,
         version: 0,
@@ -278,6 +281,7 @@ async fn intake_is_idempotent_and_fans_out_by_filter(b: Opened) -> anyhow::Resul
             reason: Some("gone".into()),
             paused_until: None,
             failing_since: Failing::Unchanged,
+            by: StateBy::Operator,
             now: T0,
         })
         .await?;
@@ -481,6 +485,7 @@ fn change(endpoint: &str, state: EndpointState, paused_until: Option<Millis>, no
         reason: Some(format!("{} for a test", state.as_str())),
         paused_until,
         failing_since: Failing::Unchanged,
+        by: StateBy::Operator,
         now,
     }
 }
@@ -538,6 +543,7 @@ async fn endpoint_changes_move_its_deliveries(b: Opened) -> anyhow::Result<()> {
         reason: None,
         paused_until: None,
         failing_since: Failing::Since(T0 + 70),
+        by: StateBy::Receiver,
         now: T0 + 70,
     };
     assert_eq!(b.committer.change_endpoint(only_failing).await?, 0);
@@ -1213,7 +1219,7 @@ async fn a_cancelled_replay_returns_what_it_has_not_sent(b: Opened) -> anyhow::R
 }
 
 /// A page's health in one read: attempts in the last hour and day and the latest ones,
-/// backlog and dead letters, each endpoint apart; one with neither attempts nor deliveries,
+/// backlog and dead letters, the latest failed attempt, each endpoint apart; one with neither attempts nor deliveries,
 /// and one not asked for, are left out.
 async fn health_of_a_page_of_endpoints(b: Opened) -> anyhow::Result<()> {
     setup(&b, &[("ep_a", &[]), ("ep_b", &[]), ("ep_c", &["never.sent"])]).await?;
@@ -1242,6 +1248,8 @@ async fn health_of_a_page_of_endpoints(b: Opened) -> anyhow::Result<()> {
         last_attempt_at: Some(now - 600_000),
         backlog: 2,
         dead_letters: 1,
+        // The latest of its failed attempts (the 422, not the older 500).
+        last_error: Some(LastError { category: "permanent", status: Some(422), at: now - 600_000 }),
     };
     let ep_b = Health {
         attempts_1h: 1,
@@ -1252,6 +1260,7 @@ async fn health_of_a_page_of_endpoints(b: Opened) -> anyhow::Result<()> {
         last_attempt_at: Some(now - 300_000),
         backlog: 3,
         dead_letters: 0,
+        last_error: None,
     };
     assert_eq!(page.len(), 2, "{page:?}");
     assert_eq!((page.get("ep_a"), page.get("ep_b")), (Some(&ep_a), Some(&ep_b)));
@@ -1260,6 +1269,40 @@ async fn health_of_a_page_of_endpoints(b: Opened) -> anyhow::Result<()> {
     let only_b = b.store.endpoint_health_page(&ids[1..2], now).await?;
     assert_eq!(only_b.keys().collect::<Vec<_>>(), [&ids[1]]);
     assert!(b.store.endpoint_health_page(&[], now).await?.is_empty());
+    Ok(())
+}
+
+/// Each change of state keeps its time and who made it (`state_since`, `state_by`): a new
+/// endpoint's is its creation; a second pause of the same kind while the first runs keeps
+/// the first's time; another kind, or a pause after the last ran out, starts anew; the end
+/// of a timed pause dates from the pause's end.
+async fn state_changes_keep_when_and_by_whom(b: Opened) -> anyhow::Result<()> {
+    setup(&b, &[("ep_a", &[])]).await?;
+    let id = EndpointId::from_stored("ep_a");
+    let read = || async { anyhow::Ok(b.store.endpoint(&id).await?.expect("endpoint")) };
+    let was = |e: Endpoint| (e.state, e.state_since, e.state_by);
+    let receiver = |until: Option<Millis>, now: Millis| EndpointChange {
+        by: StateBy::Receiver,
+        ..change("ep_a", EndpointState::Paused, until, now)
+    };
+    use EndpointState::*;
+    assert_eq!(was(read().await?), (Active, Some(T0), None), "new: as old as the endpoint");
+    b.committer.change_endpoint(receiver(Some(T0 + 1_000), T0 + 10)).await?;
+    assert_eq!(was(read().await?), (Paused, Some(T0 + 10), Some(StateBy::Receiver)));
+    b.committer.change_endpoint(receiver(Some(T0 + 2_000), T0 + 20)).await?;
+    let e = read().await?;
+    assert_eq!((e.paused_until, was(e)), (Some(T0 + 2_000), (Paused, Some(T0 + 10), Some(StateBy::Receiver))));
+    b.committer.change_endpoint(change("ep_a", Paused, None, T0 + 30)).await?;
+    assert_eq!(was(read().await?), (Paused, Some(T0 + 30), Some(StateBy::Operator)), "an operator's pause");
+    b.committer.change_endpoint(change("ep_a", Active, None, T0 + 40)).await?;
+    assert_eq!(was(read().await?), (Active, Some(T0 + 40), Some(StateBy::Operator)));
+    b.committer.change_endpoint(receiver(Some(T0 + 100), T0 + 50)).await?;
+    assert_eq!(b.store.end_timed_pauses(T0 + 200).await?.len(), 1);
+    assert_eq!(was(read().await?), (Active, Some(T0 + 100), None), "active since the pause's end");
+    // A pause that ran out, not yet ended in the store: the next one starts anew.
+    b.committer.change_endpoint(receiver(Some(T0 + 400), T0 + 300)).await?;
+    b.committer.change_endpoint(receiver(Some(T0 + 600), T0 + 500)).await?;
+    assert_eq!(was(read().await?), (Paused, Some(T0 + 500), Some(StateBy::Receiver)));
     Ok(())
 }
 

@@ -166,6 +166,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
                 "portal",
                 "replay",
                 "sent",
+                "status",
                 "trace",
                 "verification",
             ],

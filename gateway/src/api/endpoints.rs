@@ -17,7 +17,7 @@ use crate::model::*;
 use crate::sign::Secret;
 use crate::spec::{SpecRules, check_text, check_url_of};
 use crate::store::EndpointChange;
-use health::{HealthOut, page_health};
+use health::{DeliveryStatusOut, HealthOut, health_view, page_health, status_view};
 use keys::{PublicKeyOut, RotateIn, Scheme};
 
 mod health;
@@ -580,6 +580,8 @@ pub(crate) struct EndpointOut {
     state_reason: Option<String>,
     paused_until: Option<String>,
     failing_since: Option<String>,
+    /// Where its deliveries stand (computed when read, never written).
+    delivery_status: DeliveryStatusOut,
     created_at: String,
     updated_at: String,
 }
@@ -640,7 +642,13 @@ fn duration_text(ms: u64) -> String {
     humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
 }
 
-pub(crate) fn view(e: &Endpoint) -> EndpointOut {
+/// `e` as shown, its delivery status read with its health (one statement).
+pub(super) async fn read_view(state: &AppState, e: &Endpoint) -> Result<EndpointOut, ApiError> {
+    let h = health::health(state, e).await?;
+    Ok(view(e, status_view(e, &h, state.clock.now())))
+}
+
+pub(crate) fn view(e: &Endpoint, delivery_status: DeliveryStatusOut) -> EndpointOut {
     let s = &e.spec;
     let ms = |v: Option<u64>| v.map(duration_text);
     let (kind, url, destination, http) = s.target.clone().into_flat();
@@ -689,6 +697,7 @@ pub(crate) fn view(e: &Endpoint) -> EndpointOut {
         state_reason: e.state_reason.clone(),
         paused_until: e.paused_until.map(rfc3339),
         failing_since: e.failing_since.map(rfc3339),
+        delivery_status,
         created_at: rfc3339(e.created_at),
         updated_at: rfc3339(e.updated_at),
     }
@@ -769,7 +778,9 @@ pub(crate) async fn create(
     }
     let secret = endpoint.spec.secrets.iter().find(|s| !s.is_v1a()).map(|s| s.secret.clone());
     let public_keys = keys::public_keys(endpoint.spec.secrets.iter());
-    Ok((StatusCode::CREATED, Json(EndpointCreated { endpoint: view(&endpoint), secret, public_keys })))
+    // New: no attempts, so no health to read.
+    let status = status_view(&endpoint, &Health::default(), now);
+    Ok((StatusCode::CREATED, Json(EndpointCreated { endpoint: view(&endpoint, status), secret, public_keys })))
 }
 
 #[utoipa::path(
@@ -784,10 +795,12 @@ pub(crate) async fn get_one(
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<EndpointDetail>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    let health = health::health(&state, &endpoint).await?;
+    let h = health::health(&state, &endpoint).await?;
     let token = token_view(&state, &endpoint);
-    let public_keys = keys::public_keys(endpoint.valid_secrets(state.clock.now()));
-    Ok(Json(EndpointDetail { endpoint: view(&endpoint), health, token, public_keys }))
+    let now = state.clock.now();
+    let public_keys = keys::public_keys(endpoint.valid_secrets(now));
+    let out = view(&endpoint, status_view(&endpoint, &h, now));
+    Ok(Json(EndpointDetail { endpoint: out, health: health_view(&endpoint, &h), token, public_keys }))
 }
 
 #[utoipa::path(
@@ -813,7 +826,7 @@ pub(crate) async fn patch(
     // A patch that changes nothing (`{}`, or the values already set) writes nothing: the
     // row, its `updated_at` and the partition's pacing stay as they were.
     if endpoint.spec == before {
-        return Ok(Json(view(&endpoint)));
+        return Ok(Json(read_view(&state, &endpoint).await?));
     }
     endpoint.updated_at = state.clock.now();
     if !state.store.update_endpoint(&endpoint).await? {
@@ -824,7 +837,7 @@ pub(crate) async fn patch(
         // Verified (again, at a new URL) before anything more goes out: the handshake now.
         state.engine.poke(std::slice::from_ref(&endpoint.id));
     }
-    Ok(Json(view(&endpoint)))
+    Ok(Json(read_view(&state, &endpoint).await?))
 }
 
 #[utoipa::path(
@@ -866,6 +879,7 @@ pub(crate) async fn enable(
             reason: None,
             paused_until: None,
             failing_since: Failing::Recovered,
+            by: StateBy::Operator,
             now: state.clock.now(),
         })
         .await?;
@@ -875,7 +889,7 @@ pub(crate) async fn enable(
     );
     state.engine.changed(std::slice::from_ref(&endpoint.id));
     state.engine.poke(std::slice::from_ref(&endpoint.id));
-    Ok(Json(view(&load(&state, &tenant, &id).await?)))
+    Ok(Json(read_view(&state, &load(&state, &tenant, &id).await?).await?))
 }
 
 /// A pause: for a while (deliveries wait, then resume on their own) or until re-enabled.
@@ -914,6 +928,7 @@ pub(crate) async fn pause(
             reason: Some(reason.clone()),
             paused_until: until,
             failing_since: Failing::Unchanged,
+            by: StateBy::Operator,
             now,
         })
         .await?;
@@ -922,7 +937,7 @@ pub(crate) async fn pause(
         "endpoint state change: paused through the API"
     );
     state.engine.changed(std::slice::from_ref(&endpoint.id));
-    Ok(Json(view(&load(&state, &tenant, &id).await?)))
+    Ok(Json(read_view(&state, &load(&state, &tenant, &id).await?).await?))
 }
 
 /// The new keys, and until when the previous ones of their schemes still sign.
@@ -1073,10 +1088,17 @@ pub(crate) async fn list_endpoints(
         )
         .await?;
     let next_after = next_after.map(|id| id.to_string());
-    let health: Vec<Option<HealthOut>> = match q.health {
-        Some(true) => page_health(&state, &endpoints).await?.into_iter().map(Some).collect(),
-        _ => endpoints.iter().map(|_| None).collect(),
-    };
-    let data = endpoints.iter().zip(health).map(|(e, health)| EndpointItem { endpoint: view(e), health }).collect();
+    // Read for every page (one statement): each endpoint's delivery status needs its
+    // latest failed attempt; the rest of its health is shown when asked for.
+    let now = state.clock.now();
+    let health = page_health(&state, &endpoints).await?;
+    let data = endpoints
+        .iter()
+        .zip(health)
+        .map(|(e, h)| EndpointItem {
+            endpoint: view(e, status_view(e, &h, now)),
+            health: (q.health == Some(true)).then(|| health_view(e, &h)),
+        })
+        .collect();
     Ok(Json(EndpointPage { data, next_after }))
 }

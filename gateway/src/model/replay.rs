@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Millis, TenantId};
+use super::{LastError, Millis, TenantId};
 
 /// Which dead letters a replay (or a dead-letter listing) selects.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -169,6 +169,9 @@ pub struct Health {
     pub last_attempt_at: Option<Millis>,
     pub backlog: u64,
     pub dead_letters: u64,
+    /// The latest failed attempt (read with the rest, in the same statement).
+    #[serde(skip)]
+    pub last_error: Option<LastError>,
 }
 
 #[cfg(test)]

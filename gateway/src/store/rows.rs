@@ -104,6 +104,8 @@ pub(super) struct EndpointRow {
     failing_since: Option<Millis>,
     /// JSON `Verification` (migration 0017); NULL: never tried.
     verification: Option<String>,
+    state_since: Option<Millis>,
+    state_by: Option<String>,
     created_at: Millis,
     updated_at: Millis,
     version: i64,
@@ -123,6 +125,9 @@ impl TryFrom<EndpointRow> for Endpoint {
             failing_since: r.failing_since,
             // One that no longer reads is verified again, as a never tried one is.
             verification: r.verification.and_then(|v| serde_json::from_str(&v).ok()),
+            state_since: r.state_since,
+            // A name this build does not know reads as not known.
+            state_by: r.state_by.as_deref().and_then(StateBy::parse),
             created_at: r.created_at,
             updated_at: r.updated_at,
             version: r.version,

@@ -76,10 +76,19 @@ pub(super) const REVOKE_TOKEN: &str = "DELETE FROM tokens WHERE tenant_id = $1 A
 pub(super) const TOUCH_TOKEN: &str =
     "UPDATE tokens SET last_used_at = $1 WHERE hash = $2 AND COALESCE(last_used_at, 0) < $1";
 
-/// A new endpoint; `$3` its spec and `$4` its event types, as JSON.
+/// A new endpoint; `$3` its spec and `$4` its event types, as JSON. Its state is as old
+/// as the endpoint (`state_since` is `created_at`, `$9`).
 pub(super) const INSERT_ENDPOINT: &str = "INSERT INTO endpoints (id, tenant_id, spec, event_types, state, \
-     state_reason, paused_until, failing_since, created_at, updated_at, ordering) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+     state_reason, paused_until, failing_since, created_at, updated_at, ordering, state_since) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $9)";
+
+/// At `$1`, endpoint `$6`'s state becomes `$2` (why: `$3`, until `$4`), changed by `$5`
+/// (`StateBy`). `state_since` moves only when it enters another status: a second `429`
+/// while its pause runs, or a second hold, keeps the time the first one began.
+pub(super) const CHANGE_ENDPOINT_STATE: &str = "UPDATE endpoints SET updated_at = $1, state = $2, \
+     state_reason = $3, paused_until = $4, state_by = $5, \
+     state_since = CASE WHEN state = $2 AND state_by = $5 AND (paused_until IS NULL OR paused_until > $1) \
+     THEN state_since ELSE $1 END WHERE id = $6";
 
 /// Replaces endpoint `$5` (of tenant `$6`)'s spec, event types and ordering (`$4`) at `$3`.
 pub(super) const UPDATE_ENDPOINT: &str = "UPDATE endpoints SET spec = $1, event_types = $2, updated_at = $3, \
@@ -114,11 +123,11 @@ pub(super) const RESUME_DELIVERIES: &str = "UPDATE deliveries SET state = 'waiti
      updated_at = $1 WHERE endpoint_id = $2 AND state = 'paused'";
 
 /// At `$1`, every timed pause (a 429's `Retry-After`, `pause {"for": …}`) that has run out
-/// ends: the endpoint is active again, its reason cleared. Its deliveries were never
-/// paused (they wait, due at the pause's end), so nothing cascades. A pause made longer or
-/// turned into a human's meanwhile is not touched.
+/// ends: the endpoint is active again (since the pause's end), its reason cleared. Its
+/// deliveries were never paused (they wait, due at the pause's end), so nothing cascades.
+/// A pause made longer or turned into a human's meanwhile is not touched.
 pub(super) const END_TIMED_PAUSES: &str = "UPDATE endpoints SET state = 'active', state_reason = NULL, \
-     paused_until = NULL, updated_at = $1 \
+     state_since = paused_until, state_by = NULL, paused_until = NULL, updated_at = $1 \
      WHERE state = 'paused' AND paused_until IS NOT NULL AND paused_until <= $1 RETURNING tenant_id, id";
 
 /// Takes or renews endpoint `$1`'s partition lease for `$2` until `$3`: if it is free,

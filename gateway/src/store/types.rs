@@ -220,6 +220,8 @@ pub struct EndpointChange {
     pub paused_until: Option<Millis>,
     /// How `failing_since` changes (a success clears it).
     pub failing_since: Failing,
+    /// Who changes the state (kept with it, with the time of the change).
+    pub by: StateBy,
     pub now: Millis,
 }
 

@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 use super::super::doc::ErrorCode;
 use super::super::extract::{ItemPath, Manage, Path, TenantAuth};
 use super::super::{ApiError, AppState, rfc3339};
-use super::{EndpointOut, load, view};
+use super::{EndpointOut, load, read_view};
 use crate::model::{Endpoint, Verification, VerifyState};
 
 /// Where an endpoint's verification stands (only on an endpoint with `verify`).
@@ -74,5 +74,5 @@ pub(crate) async fn verify_now(
     // runs), so the handshake goes out now even with no delivery waiting.
     state.engine.changed(std::slice::from_ref(&endpoint.id));
     state.engine.poke(std::slice::from_ref(&endpoint.id));
-    Ok((StatusCode::ACCEPTED, Json(view(&endpoint))))
+    Ok((StatusCode::ACCEPTED, Json(read_view(&state, &endpoint).await?)))
 }

@@ -769,7 +769,19 @@ async fn change_endpoint(conn: &mut PgConnection, c: &EndpointChange) -> sqlx::R
             .push(", state_reason = ")
             .push_bind(c.reason.clone())
             .push(", paused_until = ")
-            .push_bind(c.paused_until);
+            .push_bind(c.paused_until)
+            .push(", state_by = ")
+            .push_bind(c.by.as_str());
+        // As `sql::CHANGE_ENDPOINT_STATE`: the time moves only when the status changes.
+        q.push(", state_since = CASE WHEN state = ")
+            .push_bind(state.as_str())
+            .push(" AND state_by = ")
+            .push_bind(c.by.as_str())
+            .push(" AND (paused_until IS NULL OR paused_until > ")
+            .push_bind(c.now)
+            .push(") THEN state_since ELSE ")
+            .push_bind(c.now)
+            .push(" END");
     }
     if c.failing_since.changes() {
         q.push(", failing_since = ").push_bind(c.failing_since.since());

@@ -116,7 +116,8 @@ where
     /// The health of each of `endpoints` at `now`, in one statement for the whole page (a
     /// page used to cost three statements per endpoint): attempts over the last hour and
     /// day and the latest ones, from `attempts_endpoint`, beside the backlog and dead
-    /// letters, from `deliveries_endpoint`, each grouped by endpoint. An endpoint with
+    /// letters, from `deliveries_endpoint`, each grouped by endpoint, and the latest failed
+    /// attempt (its category, status and time). An endpoint with
     /// neither attempts nor deliveries has no row.
     pub(in super::super) async fn endpoint_health_page(
         &self,
@@ -131,7 +132,8 @@ where
             "SELECT endpoint_id, CAST(SUM(a1) AS BIGINT) AS a1, CAST(SUM(s1) AS BIGINT) AS s1, \
              CAST(SUM(a24) AS BIGINT) AS a24, CAST(SUM(s24) AS BIGINT) AS s24, \
              MAX(success) AS success, MAX(attempt) AS attempt, \
-             CAST(SUM(backlog) AS BIGINT) AS backlog, CAST(SUM(dead) AS BIGINT) AS dead FROM (",
+             CAST(SUM(backlog) AS BIGINT) AS backlog, CAST(SUM(dead) AS BIGINT) AS dead, \
+             MAX(err_at) AS err_at, MAX(err_status) AS err_status, MAX(err_text) AS err_text FROM (",
         );
         q.push("SELECT endpoint_id, COUNT(*) FILTER (WHERE started_at >= ").push_bind(now - 3_600_000);
         q.push(") AS a1, COUNT(*) FILTER (WHERE started_at >= ").push_bind(now - 3_600_000);
@@ -141,35 +143,70 @@ where
         q.push(
             " AND status BETWEEN 200 AND 299) AS s24, \
              MAX(started_at) FILTER (WHERE status BETWEEN 200 AND 299) AS success, MAX(started_at) AS attempt, \
-             0 AS backlog, 0 AS dead FROM attempts WHERE endpoint_id IN (",
+             0 AS backlog, 0 AS dead, CAST(NULL AS BIGINT) AS err_at, CAST(NULL AS BIGINT) AS err_status, \
+             NULL AS err_text \
+             FROM attempts WHERE endpoint_id IN (",
         );
         push_list(&mut q, endpoints);
         q.push(
             ") GROUP BY endpoint_id UNION ALL \
              SELECT endpoint_id, 0, 0, 0, 0, NULL, NULL, \
              COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')), \
-             COUNT(*) FILTER (WHERE state = 'dead') FROM deliveries WHERE endpoint_id IN (",
+             COUNT(*) FILTER (WHERE state = 'dead'), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), NULL FROM deliveries WHERE endpoint_id IN (",
         );
         push_list(&mut q, endpoints);
-        q.push(") GROUP BY endpoint_id) AS h GROUP BY endpoint_id");
+        // Each endpoint's latest failed attempt, found backwards on `attempts_endpoint` (a
+        // plugin's drop is no failure); only its row is read.
+        q.push(
+            ") GROUP BY endpoint_id UNION ALL \
+             SELECT a.endpoint_id, 0, 0, 0, 0, NULL, NULL, 0, 0, a.started_at, a.status, a.error FROM attempts a \
+             WHERE a.id IN (SELECT (SELECT b.id FROM attempts b WHERE b.endpoint_id = e.id \
+             AND b.verdict <> 'delivered' AND b.verdict <> 'fail:dropped' ORDER BY b.started_at DESC LIMIT 1) \
+             FROM endpoints e WHERE e.id IN (",
+        );
+        push_list(&mut q, endpoints);
+        q.push(")) ) AS h GROUP BY endpoint_id");
         let (text, args) = q.take()?;
         let rows = sqlx::query_with(&text, args).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| {
-                let health = Health {
-                    attempts_1h: count(r, "a1")?,
-                    successes_1h: count(r, "s1")?,
-                    attempts_24h: count(r, "a24")?,
-                    successes_24h: count(r, "s24")?,
-                    last_success_at: r.try_get("success")?,
-                    last_attempt_at: r.try_get("attempt")?,
-                    backlog: count(r, "backlog")?,
-                    dead_letters: count(r, "dead")?,
-                };
-                Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), health))
-            })
-            .collect()
+        rows.iter().map(health_row).collect()
     }
+}
+
+/// One endpoint's row of [`Queries::endpoint_health_page`].
+fn health_row<R: Row>(r: &R) -> Result<(EndpointId, Health)>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'q> String: Decode<'q, R::Database> + Type<R::Database>,
+    for<'q> i64: Decode<'q, R::Database> + Type<R::Database>,
+    for<'q> Option<i64>: Decode<'q, R::Database>,
+{
+    let health = Health {
+        attempts_1h: count(r, "a1")?,
+        successes_1h: count(r, "s1")?,
+        attempts_24h: count(r, "a24")?,
+        successes_24h: count(r, "s24")?,
+        last_success_at: r.try_get("success")?,
+        last_attempt_at: r.try_get("attempt")?,
+        backlog: count(r, "backlog")?,
+        dead_letters: count(r, "dead")?,
+        last_error: last_error(r)?,
+    };
+    Ok((EndpointId::from_stored(r.try_get::<String, _>("endpoint_id")?), health))
+}
+
+/// The latest failed attempt of a health row, in the one vocabulary of failures.
+fn last_error<R: Row>(r: &R) -> Result<Option<LastError>>
+where
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'q> String: Decode<'q, R::Database> + Type<R::Database>,
+    for<'q> Option<i64>: Decode<'q, R::Database>,
+    for<'q> i64: Type<R::Database>,
+{
+    let Some(at) = r.try_get::<Option<i64>, _>("err_at")? else { return Ok(None) };
+    let status = r.try_get::<Option<i64>, _>("err_status")?.and_then(|s| u16::try_from(s).ok());
+    let error: Option<String> = r.try_get("err_text")?;
+    let category = crate::classify::failure_category(status, error.as_deref());
+    Ok(Some(LastError { category, status, at }))
 }
 
 /// `ids` as a comma-separated list of bound values, for an `IN (…)`.

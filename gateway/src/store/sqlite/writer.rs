@@ -623,10 +623,14 @@ fn change_endpoint(tx: &Transaction<'_>, c: EndpointChange) -> Result<u64> {
         tx.prepare_cached(sql::DUE_AT_LIFTED_PAUSE)?.execute(params![now, id])?;
     }
     if let Some(state) = c.state {
-        tx.prepare_cached(
-            "UPDATE endpoints SET updated_at = ?1, state = ?2, state_reason = ?3, paused_until = ?4 WHERE id = ?5",
-        )?
-        .execute(params![now, state.as_str(), c.reason, c.paused_until, id])?;
+        tx.prepare_cached(sql::CHANGE_ENDPOINT_STATE)?.execute(params![
+            now,
+            state.as_str(),
+            c.reason,
+            c.paused_until,
+            c.by.as_str(),
+            id
+        ])?;
     } else {
         tx.prepare_cached("UPDATE endpoints SET updated_at = ?1 WHERE id = ?2")?.execute(params![now, id])?;
     }

@@ -4,7 +4,7 @@
 
 use super::AttemptCtx;
 use crate::classify::Verdict;
-use crate::model::{Endpoint, EndpointState, Millis};
+use crate::model::{Endpoint, EndpointState, Millis, StateBy};
 use crate::store::EndpointChange;
 use crate::worker::decide::{EndpointAction, EndpointEffect, endpoint_effect};
 use crate::worker::signal::PartitionLink;
@@ -44,6 +44,7 @@ fn apply_effect(
         reason,
         paused_until,
         failing_since: effect.failing_since,
+        by: StateBy::Receiver,
         now,
     };
     let halt = |kind: &str, reason: &str| {

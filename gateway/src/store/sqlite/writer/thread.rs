@@ -218,6 +218,7 @@ mod tests {
             reason: None,
             paused_until: None,
             failing_since: Failing::Recovered,
+            by: StateBy::Receiver,
             now: 2,
         })
     }
