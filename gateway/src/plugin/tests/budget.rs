@@ -46,10 +46,13 @@ fn calibrate(cpu: Duration) -> u64 {
     // Scaled from a probe, then again from each measure until one lands near `cpu`: the
     // cost is not quite proportional to the turns, and on a loaded machine (a busy sibling
     // hyperthread) the same turns can cost twice the CPU time from one measure to the next.
-    let within = |got: Duration| got > cpu.mul_f64(0.8) && got < cpu.mul_f64(1.1);
+    // The band is narrow: a plugin meant to run at 1.1x its budget must land over the
+    // budget and within the 1.25x tolerance (at 0.8x-1.1x of the aim, a third of the
+    // calibrations ran under the budget and showed nothing).
+    let within = |got: Duration| got > cpu.mul_f64(0.94) && got < cpu.mul_f64(1.06);
     let mut turns: u64 = 5_000_000;
     let mut got = cost(turns);
-    for _ in 0..8 {
+    for _ in 0..12 {
         if within(got) {
             break;
         }
@@ -96,9 +99,15 @@ impl Drop for Hogs {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_call_within_its_budget_never_times_out_on_a_busy_machine() {
-    // The shape: a ~9 ms plugin under the default 10 ms budget. Its calls run
-    // long, so at idle priority, which a machine whose cores are all busy starves.
-    let turns = calibrate(Duration::from_micros(8_500));
+    // The shape: a plugin well within the default 10 ms budget whose calls run
+    // long, so at idle priority, which a machine whose cores are all busy starves: each call
+    // waits for a core for several times its own CPU time (tens of ms of wall time), which a
+    // budget of wall time would count. It costs 6 ms of CPU when calibrated, not the issue's
+    // ~9 ms: on an oversubscribed machine the same turns cost up to twice the CPU time from
+    // one measure to the next (a busy sibling hyperthread, a cold cache), and a ~8.5 ms call
+    // then measured 12.5 ms of its own CPU in a full suite run. That is the measure's noise,
+    // not time spent waiting; this test is about the waiting.
+    let turns = calibrate(Duration::from_millis(6));
     let t = test_host(|c| c.call_threads = 2);
     t.host.install_blocking("slow", "count", &counter(turns)).unwrap();
     t.host.install_blocking("evil", "spin", &Guest::classify(SPIN).wasm()).unwrap();
@@ -122,12 +131,14 @@ fn a_call_within_its_budget_never_times_out_on_a_busy_machine() {
 #[test]
 fn a_tenant_burning_its_budget_never_holds_a_call_thread_another_tenant_needs() {
     // Two call threads, long budgets, so that "before any long call ends" is unambiguous
-    // (slow's legal call takes 600 ms of CPU, evil's spins 800 ms).
+    // (slow's legal call takes 400 ms of CPU when calibrated alone, evil's spins 800 ms; with
+    // evil spinning on the sibling core the same turns can cost 1.7x the CPU time, still
+    // under the 1.25x tolerance of 800 ms).
     let t = test_host(|c| {
         c.call_threads = 2;
         c.call_timeout = Duration::from_millis(800);
     });
-    t.host.install_blocking("slow", "count", &counter(calibrate(Duration::from_millis(600)))).unwrap();
+    t.host.install_blocking("slow", "count", &counter(calibrate(Duration::from_millis(400)))).unwrap();
     t.host.install_blocking("evil", "spin", &Guest::classify(SPIN).wasm()).unwrap();
     t.host.install_blocking("good", "p", &Guest::classify(DELIVERED).wasm()).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
@@ -157,7 +168,7 @@ fn a_tenant_burning_its_budget_never_holds_a_call_thread_another_tenant_needs() 
         }
         // good's call runs at once on the other call thread: it does not wait for evil's
         // spins to use up their budgets (nor for slow's call). Each of those takes at least
-        // 600 ms; good's takes microseconds plus the wait for a core on a busy machine.
+        // 400 ms; good's takes microseconds plus the wait for a core on a busy machine.
         let started = Instant::now();
         assert_eq!(t.host.classify("good", "p", &ctx(), &outcome(409)).await, Ok(Verdict::Delivered));
         let waited = started.elapsed();
@@ -193,7 +204,12 @@ fn a_call_within_the_budget_tolerance_succeeds_and_one_past_it_times_out() {
     // About 1.1x its budget: over it, within the tolerance, so delivered.
     let within = load(budget.mul_f64(1.1));
     let mut over = Vec::new();
-    for i in 0..10 {
+    // The same turns cost ±25 % of CPU time from one call to the next on a shared machine,
+    // so it is called until some calls have landed over the budget (at most 40 calls).
+    for i in 0..40 {
+        if over.len() >= 3 {
+            break;
+        }
         let (verdict, used) = timed(&within);
         if used < budget.mul_f64(1.2) {
             assert_eq!(verdict, Ok(Verdict::Delivered), "call {i} used {used:?} of CPU, budget {budget:?}");
@@ -203,11 +219,12 @@ fn a_call_within_the_budget_tolerance_succeeds_and_one_past_it_times_out() {
         }
     }
     assert!(!over.is_empty(), "no call went over its budget: this test shows nothing");
-    // About 1.35x: stopped once it has used 1.25x, a timeout naming the budget.
-    let past = load(budget.mul_f64(1.35));
+    // About 1.8x (far enough past 1.25x that the noise cannot bring it under): stopped once
+    // it has used 1.25x, a timeout naming the budget.
+    let past = load(budget.mul_f64(1.8));
     let (verdict, used) = timed(&past);
     assert!(matches!(verdict, Err(PluginFailure::Timeout(_))), "{verdict:?} after {used:?} of CPU");
     super::assert_timeout(&verdict, "used its CPU budget of 10ms (plugins.call_timeout)");
     assert!(used >= budget.mul_f64(1.25), "stopped after {used:?} of CPU, before 1.25x its budget");
-    eprintln!("delivered over the budget after {over:?} of CPU; the 1.35x call stopped after {used:?}");
+    eprintln!("delivered over the budget after {over:?} of CPU; the 1.8x call stopped after {used:?}");
 }
