@@ -186,20 +186,62 @@ impl FromStr for TransportErrorKind {
     }
 }
 
+/// What the built-in table makes of an HTTP status: the one table behind both an
+/// answer's verdict ([`classify_status`]) and a failed attempt's category
+/// ([`failure_category`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatusClass {
+    Success,
+    RateLimited,
+    ServerError,
+    Credentials,
+    Gone,
+    Permanent,
+    /// 3xx (the redirect is never followed), 1xx as a final status, codes outside
+    /// 100..=599: protocol oddities.
+    Unexpected,
+}
+
+impl StatusClass {
+    fn of(status: u16) -> StatusClass {
+        match status {
+            200..=299 => StatusClass::Success,
+            429 => StatusClass::RateLimited,
+            408 | 500..=599 => StatusClass::ServerError,
+            401 | 403 => StatusClass::Credentials,
+            410 => StatusClass::Gone,
+            400..=499 => StatusClass::Permanent,
+            _ => StatusClass::Unexpected,
+        }
+    }
+
+    /// The category of a failed attempt with this answer (a success a plugin failed is
+    /// unexpected too).
+    fn category(self) -> &'static str {
+        match self {
+            StatusClass::RateLimited => "rate_limited",
+            StatusClass::ServerError => "server_error",
+            StatusClass::Credentials => "credentials",
+            StatusClass::Gone => "gone",
+            StatusClass::Permanent => "permanent",
+            StatusClass::Success | StatusClass::Unexpected => "unexpected_status",
+        }
+    }
+}
+
 fn classify_status(status: u16, retry_after: Option<Duration>) -> Verdict {
-    match status {
-        200..=299 => Verdict::Delivered,
-        429 => Verdict::PauseFor {
+    match StatusClass::of(status) {
+        StatusClass::Success => Verdict::Delivered,
+        StatusClass::RateLimited => Verdict::PauseFor {
             after: retry_after.unwrap_or(DEFAULT_429_PAUSE),
             reason: "rate limited (429)".to_owned(),
         },
-        408 | 500..=599 => retry(retry_after),
-        401 | 403 => Verdict::HoldForHuman { reason: format!("credentials: HTTP {status}") },
-        410 => Verdict::DisableEndpoint { reason: format!("gone: HTTP {status}") },
-        400..=499 => Verdict::Fail { reason: format!("permanent:{status}") },
-        // 3xx: the failure is recorded and the redirect never followed. 1xx as a final
-        // status and codes outside 100..=599 are protocol oddities: retry, do not drop.
-        _ => retry(None),
+        StatusClass::ServerError => retry(retry_after),
+        StatusClass::Credentials => Verdict::HoldForHuman { reason: format!("credentials: HTTP {status}") },
+        StatusClass::Gone => Verdict::DisableEndpoint { reason: format!("gone: HTTP {status}") },
+        StatusClass::Permanent => Verdict::Fail { reason: format!("permanent:{status}") },
+        // The failure is recorded (a redirect never followed): retry, do not drop.
+        StatusClass::Unexpected => retry(None),
     }
 }
 
@@ -245,14 +287,7 @@ pub fn failure_categories() -> impl Iterator<Item = &'static str> {
 /// `broker:auth: …`, `auth:token: …`).
 pub fn failure_category(status: Option<u16>, error: Option<&str>) -> &'static str {
     if let Some(status) = status {
-        return match status {
-            429 => "rate_limited",
-            408 | 500..=599 => "server_error",
-            401 | 403 => "credentials",
-            410 => "gone",
-            400..=499 => "permanent",
-            _ => "unexpected_status",
-        };
+        return StatusClass::of(status).category();
     }
     let error = error.unwrap_or("");
     let mut parts = error.splitn(3, ':').map(str::trim);
