@@ -20,7 +20,7 @@ export async function endpointsPage(main, params) {
   put(main, h('h1', {}, 'Endpoints'),
     h('p', { class: 'muted' }, 'Success rates count attempts answered 2xx; backlog counts deliveries not finished.'),
     table('Endpoints, their pacing and their health', [
-      { label: 'URL', cls: 'url', cell: (e) => [link(`#/endpoints/${encodeURIComponent(e.id)}`, e.url), target(e)] },
+      { label: 'URL', cls: 'url', cell: (e) => [link(`#/endpoints/${encodeURIComponent(e.id)}`, shownUrl(e)), target(e)] },
       { label: 'Kind', cell: (e) => e.kind },
       { label: 'Description', cls: 'url', cell: (e) => e.description },
       { label: 'Status', cell: (e) => statusBadge(e.delivery_status) },
@@ -39,9 +39,15 @@ export async function endpointsPage(main, params) {
     can('manage') && !portal()?.endpoints ? createForm() : null);
 }
 
+/** An endpoint's URL as shown: a `poll` endpoint has none (its consumer reads it). */
+function shownUrl(e) {
+  return e.kind === 'poll' ? `${e.id} (pull delivery)` : e.url;
+}
+
 /** Where a broker endpoint's messages go besides its broker's URL (its stream, subject or
- *  exchange and routing key); null for HTTP. */
+ *  exchange and routing key), or who reads a `poll` endpoint's; null for HTTP. */
 function target(e) {
+  if (e.kind === 'poll') return h('div', { class: 'target muted' }, 'read by its consumer: GET …/poll, scope poll');
   const d = e.destination;
   if (e.kind === 'http' || !d) return null;
   const where = {
@@ -186,7 +192,8 @@ export async function endpointPage(main, id, rerender) {
   const headers = Object.entries(e.headers);
   put(main,
     h('section', {}, h('h2', {}, 'Health and pacing'), facts([
-      ['URL', e.url], ['Kind', e.kind], e.kind === 'http' ? null : ['Sends to', target(e)],
+      e.kind === 'poll' ? ['URL', 'none: nothing is pushed'] : ['URL', e.url], ['Kind', e.kind],
+      e.kind === 'http' ? null : [e.kind === 'poll' ? 'Read by' : 'Sends to', target(e)],
       ['Description', e.description || '—'], ['Event types', e.event_types.join(', ') || 'every type'],
       ['Filter', e.filter ? JSON.stringify(e.filter) : 'none (every event of its types)'],
       ['Headers', headers.length ? headers.map(([k, v]) => `${k}: ${v}`).join('\n') : 'none'],
@@ -205,7 +212,7 @@ export async function endpointPage(main, id, rerender) {
     ].filter(Boolean)), h('p', {}, link(`#/deliveries?endpoint=${encodeURIComponent(e.id)}`, 'Its deliveries'), ' · ',
       link(`#/dead-letters?endpoint=${encodeURIComponent(e.id)}`, 'Its dead letters'))),
     signingSection(e),
-    e.kind === 'http' ? authSection(e) : destinationSection(e),
+    settingsSection(e),
     h('section', {}, h('h2', {}, 'Delivery rate and latency, last hour'), rateChart(`Endpoint ${e.id}`, series)),
     manage ? actions(e, path, plugins?.data, rerender)
       : h('section', { id: 'actions' }, h('h2', {}, 'Actions'), needs('manage-needed', 'Changing an endpoint', 'manage')),
@@ -229,7 +236,8 @@ function verificationText(v) {
 function editForm(e, path, submit, done) {
   const headerText = (hs) => Object.entries(hs).map(([k, v]) => `${k}: ${v}`).join('\n');
   const filterText = (f) => (f ? JSON.stringify(f) : '');
-  const url = h('input', { name: 'url', required: true, value: e.url, class: 'wide' });
+  const pull = e.kind === 'poll';
+  const url = h('input', { name: 'url', required: !pull, value: e.url, class: 'wide' });
   const description = h('input', { name: 'description', value: e.description, class: 'wide' });
   const types = h('input', { name: 'event_types', value: e.event_types.join(', '), class: 'wide', placeholder: 'comma separated; empty: every type' });
   const filter = h('textarea', { name: 'filter', rows: '2', class: 'wide', placeholder: '{"data.amount": {"$gte": 100}}; empty: every event' }, filterText(e.filter));
@@ -242,7 +250,7 @@ function editForm(e, path, submit, done) {
   const verify = h('input', { name: 'verify', type: 'checkbox', checked: e.verify });
   return h('form', { class: 'inline', 'aria-label': 'Edit endpoint', onsubmit: submit(async () => {
     const body = {};
-    if (url.value.trim() !== e.url) body.url = url.value.trim();
+    if (!pull && url.value.trim() !== e.url) body.url = url.value.trim();
     if (description.value !== e.description) body.description = description.value;
     const eventTypes = types.value.split(',').map((t) => t.trim()).filter(Boolean);
     if (eventTypes.join(',') !== e.event_types.join(',')) body.event_types = eventTypes;
@@ -257,7 +265,7 @@ function editForm(e, path, submit, done) {
     if (Object.keys(body).length === 0) throw new Error('Nothing changed.');
     await api('PATCH', path, { body });
     done('Endpoint saved.');
-  }) }, field('URL', url), field('Description', description), field('Event types', types),
+  }) }, pull ? null : field('URL', url), field('Description', description), field('Event types', types),
   field('Filter (JSON)', filter), field('Headers (Name: value, one a line)', headers), field('Output', output),
   http ? field('User-Agent', userAgent) : null,
   http ? field('Verify the URL (a signed challenge it must echo) before delivering', verify) : null,
@@ -289,7 +297,7 @@ function parseHeaders(text) {
 /** Deletes the endpoint after a second click that says what it does. */
 function deleteSection(e, path) {
   const confirm = h('div', { id: 'delete-confirm', class: 'notice', hidden: true },
-    h('p', {}, `Delete ${e.url}? Its deliveries not yet delivered become dead letters (endpoint_deleted); this cannot be undone.`),
+    h('p', {}, `Delete ${shownUrl(e)}? Its deliveries not yet delivered become dead letters (endpoint_deleted); this cannot be undone.`),
     h('button', { type: 'button', id: 'delete-confirmed', class: 'danger', onclick: () => guard(async () => {
       await api('DELETE', path);
       sayAcross(`Endpoint ${e.id} deleted.`);
@@ -317,6 +325,18 @@ function authSection(e) {
   rows.push(['TLS client certificate', e.tls && e.tls.client_cert ? `set (key ${e.tls.client_key_set ? 'set' : 'missing'})` : 'none']);
   rows.push(['Private CA bundle', e.tls && e.tls.ca_bundle ? 'set' : 'none: public roots only']);
   return h('section', { id: 'auth' }, h('h2', {}, 'Authentication'), facts(rows));
+}
+
+/** Its kind's own settings: HTTP's authentication, a broker's destination; none for `poll`. */
+function settingsSection(e) {
+  if (e.kind === 'poll') return null;
+  return e.kind === 'http' ? authSection(e) : destinationSection(e);
+}
+
+/** The form of its kind's own settings (none for `poll`, which its consumer reads). */
+function settingsForm(e, path, submit, done) {
+  if (e.kind === 'poll') return null;
+  return e.kind === 'http' ? oauth2Form(e, path, submit, done) : destinationForm(e, path, submit, done);
 }
 
 /** The settings of each broker kind, as the API names them: the template first. */
@@ -422,13 +442,14 @@ function actions(e, path, plugins, rerender) {
       done('Ordering saved.');
     }) }, field('Ordering', ordering), field('A dead letter', onDead), h('button', { type: 'submit' }, 'Save ordering')),
     // `null`: this session may not reach plugins (the portal, unless the operator allows).
-    plugins ? h('form', { class: 'inline', 'aria-label': 'Plugins', onsubmit: submit(async () => {
+    // A `poll` endpoint runs no plugins and has no destination: its consumer reads it.
+    plugins && e.kind !== 'poll' ? h('form', { class: 'inline', 'aria-label': 'Plugins', onsubmit: submit(async () => {
       const chosen = Object.fromEntries(Object.entries(binds).filter(([, s]) => s.value).map(([k, s]) => [k, s.value]));
       await api('PATCH', path, { body: { plugins: chosen } });
       done('Plugin bindings saved.');
     }) }, field('Transform plugin', binds.transform), field('Classify plugin', binds.classify), field('Sign plugin', binds.sign),
     h('button', { type: 'submit' }, 'Bind plugins')) : null,
-    e.kind === 'http' ? oauth2Form(e, path, submit, done) : destinationForm(e, path, submit, done),
+    settingsForm(e, path, submit, done),
     h('form', { class: 'inline', 'aria-label': 'Signatures', onsubmit: submit(async () => {
       await api('PATCH', path, { body: { signatures: signatures.value.split(',') } });
       done('Signatures saved.');

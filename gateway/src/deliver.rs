@@ -199,7 +199,9 @@ impl Deliverer {
             EndpointKind::RedisStream => self.brokers.redis.publish(&m, guard).await,
             EndpointKind::Nats => self.brokers.nats.publish(&m, guard).await,
             EndpointKind::Amqp => self.brokers.amqp.publish(&m, guard).await,
-            EndpointKind::Http => failed(TransportErrorKind::Other, "not a broker destination".into()),
+            EndpointKind::Http | EndpointKind::Poll => {
+                failed(TransportErrorKind::Other, "not a broker destination".into())
+            }
         }
     }
 

@@ -277,6 +277,11 @@ impl TenantCounters {
         self.0.kind
     }
 
+    /// Counts `n` deliveries of a `poll` endpoint its consumer acknowledged: delivered.
+    pub fn acknowledged(&self, n: u64) {
+        self.0.delivered.inc_by(n);
+    }
+
     /// Counts a recorded result that left the delivery in `state` (with its dead-letter
     /// `reason`, if dead).
     pub fn settled(&self, state: DeliveryState, reason: Option<&str>) {

@@ -41,7 +41,7 @@ pub use portal::{Branding, PortalSession};
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
 pub use status::{DeliveryStatus, EndpointStatus, StateBy, delivery_status};
-pub use target::{AmqpTarget, HttpSettings, HttpTarget, NatsTarget, RedisTarget, ShapeError, Target};
+pub use target::{AmqpTarget, HttpSettings, HttpTarget, NatsTarget, PollTarget, RedisTarget, ShapeError, Target};
 pub use trace::{TRACEPARENT, TRACESTATE, TraceContext, span_id};
 pub use verification::{
     Gate, VERIFICATION_TYPE, VERIFY_RETRY_CAP_MS, VERIFY_RETRY_FIRST_MS, Verification, VerifyState, judge_answer,
@@ -192,16 +192,20 @@ pub enum Scope {
     Manage,
     #[serde(rename = "replay")]
     Replay,
+    /// Read and acknowledge a `poll` endpoint's deliveries (pull delivery), and nothing else.
+    #[serde(rename = "poll")]
+    Poll,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 4] = [Scope::EventsWrite, Scope::Read, Scope::Manage, Scope::Replay];
+    pub const ALL: [Scope; 5] = [Scope::EventsWrite, Scope::Read, Scope::Manage, Scope::Replay, Scope::Poll];
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::EventsWrite => "events:write",
             Scope::Read => "read",
             Scope::Manage => "manage",
             Scope::Replay => "replay",
+            Scope::Poll => "poll",
         }
     }
     pub fn parse(s: &str) -> Option<Scope> {
@@ -610,6 +614,7 @@ pub fn fan_out<'s>(event: &'s NewEvent, subscribers: &'s [Subscriber], rng: &mut
             id: DeliveryId::generate(event.created_at, rng),
             endpoint: s.endpoint.as_str(),
             ordering_key: s.ordering.key_of(event.ordering_key.as_deref()),
+            pull: s.pull,
         })
         .collect()
 }
@@ -633,6 +638,9 @@ pub struct Subscriber {
     pub event_types: Vec<String>,
     pub filter: Option<std::sync::Arc<Filter>>,
     pub ordering: DeliveryOrder,
+    /// Kind `poll`: its deliveries are stored never due (no claim takes them); a consumer
+    /// reads them.
+    pub pull: bool,
 }
 
 /// One delivery [`fan_out`] makes: its id, its endpoint and, on an ordered endpoint, the
@@ -642,6 +650,8 @@ pub struct FannedOut<'s> {
     pub id: DeliveryId,
     pub endpoint: &'s str,
     pub ordering_key: Option<&'s str>,
+    /// Stored never due: a `poll` endpoint's, read by a consumer, never claimed.
+    pub pull: bool,
 }
 
 /// Whether an endpoint's deliveries go out one at a time in intake order, and within what:

@@ -163,9 +163,11 @@ impl EndpointSpec {
     /// the tenant's plugins.
     pub fn validate(&self, rules: &SpecRules<'_>) -> Result<(), SpecError> {
         let allow_private = rules.allow_private_destinations;
-        check_url_of("url", self.target.url(), allow_private, self.target.kind())?;
+        if !self.target.kind().is_pull() {
+            check_url_of("url", self.target.url(), allow_private, self.target.kind())?;
+        }
         match &self.target {
-            Target::Http(_) => {}
+            Target::Http(_) | Target::Poll(_) => {}
             Target::RedisStream(t) => check_redis(t)?,
             Target::Nats(t) => check_nats(t)?,
             Target::Amqp(t) => check_amqp(t)?,
@@ -200,8 +202,20 @@ impl EndpointSpec {
         }
         match &self.target {
             Target::Http(t) => check_http(t, &self.headers, allow_private),
+            Target::Poll(_) => check_poll(self),
             _ => Ok(()),
         }
+    }
+}
+
+/// A `poll` endpoint's spec: no plugins (they shape, sign and judge pushes; a page carries
+/// the envelope, or the CloudEvent, signed the Standard Webhooks way).
+fn check_poll(spec: &EndpointSpec) -> Result<(), SpecError> {
+    let p = &spec.plugins;
+    let bound = [("plugins.transform", &p.transform), ("plugins.classify", &p.classify), ("plugins.sign", &p.sign)];
+    match bound.into_iter().find(|(_, name)| name.is_some()) {
+        Some((field, _)) => Err(SpecError::new(field, "kind poll runs no plugins: they shape and judge pushes")),
+        None => Ok(()),
     }
 }
 
@@ -484,6 +498,18 @@ pub fn check_oauth2(auth: &crate::model::OAuth2, allow_private: bool) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_poll_spec_needs_no_url_and_takes_no_plugin() {
+        let retry = crate::schedule::RetryPolicy::default();
+        let rules =
+            SpecRules { retry: &retry, max_timeout: Duration::from_secs(30), allow_private_destinations: false };
+        let mut spec = EndpointSpec::for_test("");
+        spec.target = Target::Poll(crate::model::PollTarget {});
+        assert_eq!(spec.validate(&rules), Ok(()));
+        spec.plugins.sign = Some("mine".into());
+        assert_eq!(spec.validate(&rules).unwrap_err().field, "plugins.sign");
+    }
 
     #[test]
     fn text_limits_and_nul() {

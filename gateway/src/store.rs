@@ -55,7 +55,7 @@ pub use reads::Reads;
 pub(crate) use types::stored_fingerprint;
 pub use types::{
     AttemptResult, ClaimBatch, ClaimRequest, Claimed, DeliveryFilter, EndpointChange, Handoff, IngestOutcome, Notice,
-    PartitionLease, QueueStats, Recorded, Release, ReplayTurn, SeriesPoint, SeriesScope, WriteOp, WriteResult,
+    PartitionLease, Polled, QueueStats, Recorded, Release, ReplayTurn, SeriesPoint, SeriesScope, WriteOp, WriteResult,
     stored_trace,
 };
 

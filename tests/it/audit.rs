@@ -51,6 +51,9 @@ struct World {
     doomed_endpoint: String,
     /// An endpoint that asks for verification (`POST …/verify` is refused on the others).
     verified_endpoint: String,
+    /// A `poll` endpoint, and a cursor of its to acknowledge.
+    poll_endpoint: String,
+    poll_cursor: String,
     token_id: String,
     session_id: String,
     code: String,
@@ -80,6 +83,10 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
     let doomed = api.endpoint("acme", json!({"url": rx.url(), "event_types": ["none.ever"]})).await?;
     let dead_ep = api.endpoint("acme", json!({"url": dead_rx.url(), "event_types": ["dies"]})).await?;
     let verified = api.endpoint("acme", json!({"url": rx.url(), "event_types": ["none.ever"], "verify": true})).await?;
+    let polled = api.endpoint("acme", json!({"kind": "poll", "event_types": ["order.created"]})).await?;
+    let poll_endpoint = polled["id"].as_str().context("id")?.to_string();
+    let read = api.get(&format!("{T}/endpoints/{poll_endpoint}/poll"), ADMIN_TOKEN).await?.expect(200)?;
+    let poll_cursor = read.json["next_cursor"].as_str().context("next_cursor")?.to_string();
     let mut secrets = vec![];
     for e in [&endpoint, &doomed, &dead_ep, &verified] {
         secrets.push(e["secret"].as_str().context("secret")?.to_string());
@@ -113,6 +120,8 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
         endpoint: endpoint["id"].as_str().context("id")?.to_string(),
         doomed_endpoint: doomed["id"].as_str().context("id")?.to_string(),
         verified_endpoint: verified["id"].as_str().context("id")?.to_string(),
+        poll_endpoint,
+        poll_cursor,
         token_id: token.json["id"].as_str().context("token id")?.to_string(),
         session_id: session["id"].as_str().context("session id")?.to_string(),
         replay: replay.json["id"].as_str().context("replay id")?.to_string(),
@@ -148,7 +157,8 @@ enum Audited {
     /// The trials of a filter are posted but write nothing: both calls are accepted and
     /// neither leaves an entry.
     Reads,
-    /// Posted events are data, not configuration: refused or accepted, no entry.
+    /// Posted events and a `poll` consumer's acknowledgements are data, not configuration:
+    /// refused or accepted, no entry.
     Data,
 }
 
@@ -237,6 +247,11 @@ fn step(w: &World, method: &str, path: &str) -> Option<Step> {
         ("post", "/v1/tenants/{tenant}/events") => data(
             json_call(at(path), json!({"payload": {"n": 1}})),
             json_call(at(path), json!({"type": "order.created", "payload": {"n": 1}})),
+        ),
+        // A consumer's acknowledgement settles deliveries, as a push's 2xx does: data.
+        ("post", "/v1/tenants/{tenant}/endpoints/{id}/poll/ack") => data(
+            json_call(id(&w.poll_endpoint), json!({"cursor": "nope"})),
+            json_call(id(&w.poll_endpoint), json!({"cursor": w.poll_cursor})),
         ),
         ("post", "/v1/tenants/{tenant}/events/batch") => data(
             json_call(at(path), json!({"events": [{"payload": {"n": 2}}]})),

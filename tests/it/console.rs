@@ -332,7 +332,7 @@ async fn a_token_learns_its_own_tenant_and_scopes() -> anyhow::Result<()> {
     assert_eq!(admin.status, 200, "{}", admin.text);
     assert_eq!(
         admin.json,
-        json!({"admin": true, "tenant": null, "scopes": ["events:write", "read", "manage", "replay"]})
+        json!({"admin": true, "tenant": null, "scopes": ["events:write", "read", "manage", "replay", "poll"]})
     );
     let reader = me(api.token("acme", &["read"]).await?).await?;
     assert_eq!(reader.json, json!({"admin": false, "tenant": "acme", "scopes": ["read"]}), "{}", reader.text);

@@ -130,7 +130,7 @@ async fn the_documented_scopes_are_the_enforced_ones() -> anyhow::Result<()> {
     let gw = TestGateway::start().await?;
     gw.api.tenant("acme").await?;
     let doc = document(&gw.api).await?;
-    let all = ["events:write", "read", "manage", "replay"];
+    let all = ["events:write", "read", "manage", "replay", "poll"];
     for (method, path) in operations(&doc).into_iter().filter(|(_, p)| p.starts_with("/v1/tenants/{tenant}")) {
         let security = &doc["paths"][&path][&method]["security"];
         if security.is_null() {

@@ -31,6 +31,7 @@
 //! - `portal_browser`: the customer portal in headless Chromium: the link, the pages, framing
 //! - `portal_reach`: a portal session limited to one endpoint, walked over every route of `/openapi.json`
 //! - `packaging`: the image, the Helm chart, the compose stack and the Debian package, used as shipped
+//! - `poll`: pull delivery: pages, signatures, acknowledgements, cursors, the `poll` scope, never pushed
 //! - `plugins`: plugins end to end: hooks, uploads, isolation, hot reload; under it `config`,
 //!   `guard`, `js` (JavaScript plugins), `limits`, `stats`, `versions`
 //! - `props`: property tests of the validators through the real API
@@ -73,6 +74,7 @@ mod ordering;
 mod outbox;
 mod packaging;
 mod plugins;
+mod poll;
 mod portal;
 mod portal_browser;
 mod portal_reach;

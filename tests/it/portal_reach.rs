@@ -336,6 +336,11 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
             "post",
             "/v1/tenants/{tenant}/endpoints/{id}/rotate-secret" | "/v1/tenants/{tenant}/endpoints/{id}/verify",
         ) => each(std::slice::from_ref(theirs), "", Some(json!({})), Refused),
+        // Pull delivery is a `poll` token's, which a session never has: not even its own.
+        ("get", "/v1/tenants/{tenant}/endpoints/{id}/poll") => each(&[theirs.clone(), mine.clone()], "", None, Refused),
+        ("post", "/v1/tenants/{tenant}/endpoints/{id}/poll/ack") => {
+            each(&[theirs.clone(), mine.clone()], "", Some(json!({"cursor": "x"})), Refused)
+        }
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/test-send") => {
             each(std::slice::from_ref(theirs), "", Some(json!({"event_type": "theirs.happened"})), Refused)
         }

@@ -37,8 +37,6 @@ async fn verify_in_python(
     jwks: &Value,
     deliveries: &[(&str, &Received, Option<&str>)],
 ) -> anyhow::Result<Value> {
-    let python = repo().join("target/pytools/venv/bin/python");
-    ensure!(python.exists(), "{} is missing: run scripts/pytools (scripts/test does)", python.display());
     let deliveries: Vec<Value> = deliveries
         .iter()
         .map(|(endpoint, r, whsec)| {
@@ -46,6 +44,14 @@ async fn verify_in_python(
                    "signature": r.header("webhook-signature"), "body": STANDARD.encode(&r.body), "whsec": whsec})
         })
         .collect();
+    verify_signed(dir, jwks, deliveries).await
+}
+
+/// The independent verifier (`tests/contract/verify_signatures.py`) over signed messages,
+/// each `{endpoint, id, timestamp, signature, body (base64), whsec}`: its JSON answer.
+pub(crate) async fn verify_signed(dir: &Path, jwks: &Value, deliveries: Vec<Value>) -> anyhow::Result<Value> {
+    let python = repo().join("target/pytools/venv/bin/python");
+    ensure!(python.exists(), "{} is missing: run scripts/pytools (scripts/test does)", python.display());
     let file = dir.join("signed.json");
     std::fs::write(&file, json!({"jwks": jwks, "deliveries": deliveries}).to_string())?;
     let script = repo().join("tests/contract/verify_signatures.py");

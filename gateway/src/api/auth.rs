@@ -157,14 +157,14 @@ pub fn forget(state: &AppState, id: &str) {
 /// The distinct scopes named, each known and given once.
 pub fn scopes(names: Option<Vec<String>>) -> Result<Vec<Scope>, ApiError> {
     let names =
-        names.ok_or_else(|| ApiError::unprocessable("scopes: required (events:write, read, manage, replay)"))?;
+        names.ok_or_else(|| ApiError::unprocessable("scopes: required (events:write, read, manage, replay, poll)"))?;
     if names.is_empty() || names.len() > Scope::ALL.len() {
         return Err(ApiError::unprocessable(format!("scopes: name 1 to {} scopes", Scope::ALL.len())));
     }
     let mut out: Vec<Scope> = Vec::with_capacity(names.len());
     for n in &names {
         let scope = Scope::parse(n).ok_or_else(|| {
-            ApiError::unprocessable(format!("scopes: unknown scope {n:?} (events:write, read, manage, replay)"))
+            ApiError::unprocessable(format!("scopes: unknown scope {n:?} (events:write, read, manage, replay, poll)"))
         })?;
         if out.contains(&scope) {
             return Err(ApiError::unprocessable(format!("scopes: {n:?} is named twice")));

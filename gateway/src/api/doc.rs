@@ -53,6 +53,8 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// 409: a replay selects dead letters of a paused or disabled endpoint.
     EndpointNotActive,
+    /// 410: a `poll` cursor points at deliveries retention purged; read without a cursor.
+    CursorExpired,
     /// 422: a plugin upload that is not a valid component (one over the size limit is
     /// `payload_too_large`).
     InvalidPlugin,
@@ -89,7 +91,8 @@ pub(super) fn base() -> OpenApi {
             bearer(
                 "A tenant token (`POST /v1/tenants/{tenant}/tokens`): its own tenant only (another \
                  tenant's objects answer 404), and only the scopes it was given. Each operation \
-                 names the one it needs: `events:write`, `read`, `manage` or `replay`. A portal \
+                 names the one it needs: `events:write`, `read`, `manage`, `replay` or `poll` (a \
+                 `poll` endpoint's consumer: its pages and acknowledgements, nothing else). A portal \
                  session's token (`POST /v1/portal-sessions/exchange`) is one too, confined to \
                  the customer's routes, its endpoints and, when read-only, to reads.",
             ),

@@ -22,6 +22,7 @@ use keys::{PublicKeyOut, RotateIn, Scheme};
 
 mod health;
 pub(crate) mod keys;
+pub(crate) mod poll;
 pub(crate) mod test_filter;
 pub(crate) mod verify;
 
@@ -32,10 +33,12 @@ pub(crate) mod verify;
 pub(crate) struct EndpointIn {
     /// `https://` (or `http://`) URL the deliveries go to; for a broker kind, the broker's
     /// (`redis://host:port[/db]`, `nats://host:port`, `amqp://host:port[/vhost]`), without
-    /// credentials.
+    /// credentials. None (absent or `""`) for kind `poll`.
     url: Option<String>,
-    /// `http` (the default), `redis-stream`, `nats` or `amqp`. A broker kind needs
-    /// `destination`; changing the kind needs the matching `url` and `destination`.
+    /// `http` (the default), `redis-stream`, `nats`, `amqp` or `poll` (pull delivery: a
+    /// consumer reads the deliveries, `GET …/endpoints/{id}/poll`). A broker kind needs
+    /// `destination`; changing the kind needs the matching `url` and `destination`. An
+    /// endpoint cannot become or stop being `poll`.
     kind: Option<EndpointKind>,
     /// A broker kind's settings. Patched field by field (`""` removes one; an omitted
     /// `password` or `token` keeps the stored one); `null` removes them all.
@@ -253,6 +256,8 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, mut input
     let (kind, url, destination, http) = spec.target.clone().into_flat();
     let kind = input.kind.unwrap_or(kind);
     let url = match input.url.take() {
+        // `poll` takes none: anything but `""` is refused by its shape.
+        Some(url) if kind.is_pull() => url,
         // Normalised (and checked again below with the rest).
         Some(url) => check_url_of("url", &url, allow_private, kind)?,
         None => url,
@@ -265,7 +270,9 @@ fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, mut input
     apply_delivery(state, tenant, spec, &mut input)?;
     let http = http_settings(state, http, input)?;
     // The URL first, as the whole spec's check does: a kind changed without its URL says so.
-    check_url_of("url", &url, allow_private, kind)?;
+    if !kind.is_pull() {
+        check_url_of("url", &url, allow_private, kind)?;
+    }
     spec.target = Target::from_flat(kind, url, destination, http).map_err(crate::spec::SpecError::from)?;
     let rules = SpecRules {
         retry: &state.config.retry,
@@ -747,7 +754,7 @@ pub(crate) async fn create(
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
     JsonBody(input): JsonBody<EndpointIn>,
 ) -> Result<(StatusCode, Json<EndpointCreated>), ApiError> {
-    if input.url.is_none() {
+    if input.url.is_none() && !input.kind.is_some_and(EndpointKind::is_pull) {
         return Err(ApiError::unprocessable("url: required"));
     }
     let now = state.clock.now();
@@ -820,6 +827,14 @@ pub(crate) async fn patch(
         false => None,
     };
     let mut endpoint = load(&state, &tenant, &id).await?;
+    let pull = endpoint.spec.target.kind().is_pull();
+    if input.kind.is_some_and(|k| k.is_pull() != pull) {
+        // Its deliveries are stored for a consumer (never due) or for the engine: a
+        // change of mind is a new endpoint.
+        return Err(ApiError::unprocessable(
+            "kind: an endpoint cannot become or stop being kind poll; create another endpoint",
+        ));
+    }
     load_pinned(&state, &tenant, &input).await;
     let before = endpoint.spec.clone();
     apply(&state, &tenant, &mut endpoint.spec, input)?;

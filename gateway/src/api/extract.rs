@@ -46,6 +46,8 @@ scopes! {
     Manage => Scope::Manage;
     /// `replay`: start and cancel replays.
     Replay => Scope::Replay;
+    /// `poll`: read and acknowledge a `poll` endpoint's deliveries.
+    Poll => Scope::Poll;
 }
 
 /// The `{tenant}` of the path, once the bearer token is known to reach it with scope `S`
@@ -282,6 +284,7 @@ const ROUTES_WITH_QUERY: &[&str] = &[
     "/v1/tenants/{tenant}/deliveries",
     "/v1/tenants/{tenant}/dead-letters",
     "/v1/tenants/{tenant}/endpoints",
+    "/v1/tenants/{tenant}/endpoints/{id}/poll",
     "/v1/tenants/{tenant}/events/{id}/deliveries",
     "/v1/tenants/{tenant}/jwks.json",
     "/v1/tenants/{tenant}/replays",

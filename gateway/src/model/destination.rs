@@ -1,6 +1,6 @@
 //! Where an endpoint's deliveries go: an HTTP URL (`kind: http`, the default), or a broker
 //! (`redis-stream`, `nats`, `amqp`) at the endpoint's `url`, with the settings of
-//! [`Destination`]. Stored in the endpoint's spec document; the password and token are
+//! [`Destination`], or nowhere (`poll`: a consumer reads them). Stored in the endpoint's spec document; the password and token are
 //! [`WriteOnly`].
 
 use serde::{Deserialize, Serialize};
@@ -20,11 +20,19 @@ pub enum EndpointKind {
     Nats,
     /// An AMQP 0-9-1 publish with publisher confirms (`amqp://host:port[/vhost]`).
     Amqp,
+    /// Pull delivery: nothing is sent; a consumer reads the deliveries with a cursor
+    /// (`GET …/endpoints/{id}/poll`) and acknowledges them. No URL.
+    Poll,
 }
 
 impl EndpointKind {
     pub fn is_http(&self) -> bool {
         *self == EndpointKind::Http
+    }
+
+    /// Whether its deliveries wait to be read (`poll`) instead of being sent.
+    pub fn is_pull(self) -> bool {
+        self == EndpointKind::Poll
     }
 
     pub fn as_str(self) -> &'static str {
@@ -33,6 +41,7 @@ impl EndpointKind {
             EndpointKind::RedisStream => "redis-stream",
             EndpointKind::Nats => "nats",
             EndpointKind::Amqp => "amqp",
+            EndpointKind::Poll => "poll",
         }
     }
 
@@ -43,6 +52,7 @@ impl EndpointKind {
             EndpointKind::RedisStream => &["redis", "rediss"],
             EndpointKind::Nats => &["nats", "tls"],
             EndpointKind::Amqp => &["amqp", "amqps"],
+            EndpointKind::Poll => &[],
         }
     }
 }
@@ -80,7 +90,7 @@ impl Destination {
     /// The template that names where a message goes for `kind`, if set.
     pub fn template(&self, kind: EndpointKind) -> Option<&str> {
         match kind {
-            EndpointKind::Http => None,
+            EndpointKind::Http | EndpointKind::Poll => None,
             EndpointKind::RedisStream => self.stream.as_deref(),
             EndpointKind::Nats => self.subject.as_deref(),
             EndpointKind::Amqp => self.routing_key.as_deref(),

@@ -121,6 +121,7 @@ mod tests {
     fn stored_documents_read_and_write_back_unchanged() {
         let docs = [
             r#"{"url":"https://example.com/h","description":"","event_types":[],"rate_per_sec":10.0,"burst":10,"max_in_flight":4,"timeout_ms":10000,"connect_timeout_ms":3000,"retry":{},"plugins":{},"headers":{},"secrets":[{"secret":"whsec_x"}],"proxy":"none"}"#,
+            r#"{"url":"","description":"","event_types":[],"rate_per_sec":10.0,"burst":10,"max_in_flight":4,"timeout_ms":10000,"connect_timeout_ms":3000,"retry":{},"plugins":{},"headers":{},"secrets":[{"secret":"whsec_x"}],"kind":"poll"}"#,
             r#"{"url":"nats://127.0.0.1:4222","description":"d","event_types":["a.*"],"rate_per_sec":1.0,"burst":1,"max_in_flight":1,"timeout_ms":1000,"connect_timeout_ms":1000,"retry":{},"plugins":{},"headers":{},"secrets":[],"ordering":"key","kind":"nats","destination":{"subject":"h.{type}","token":"v1:k:x"}}"#,
         ];
         for doc in docs {
@@ -128,6 +129,8 @@ mod tests {
             assert_eq!(serde_json::to_string(&spec).unwrap(), doc);
         }
         let spec: EndpointSpec = serde_json::from_str(docs[1]).unwrap();
+        assert_eq!(spec.target, Target::Poll(super::super::PollTarget {}));
+        let spec: EndpointSpec = serde_json::from_str(docs[2]).unwrap();
         assert!(matches!(&spec.target, Target::Nats(n) if n.subject == "h.{type}" && n.token.is_some()));
     }
 }

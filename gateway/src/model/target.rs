@@ -1,6 +1,6 @@
 //! Where an endpoint's deliveries go, as a type: an HTTP `POST` ([`HttpTarget`]) or one of
 //! the brokers ([`RedisTarget`], [`NatsTarget`], [`AmqpTarget`]), each with only its own
-//! settings. The stored document and the API keep the flat form (`kind`, `url`,
+//! settings, or a consumer's reads ([`PollTarget`]: pull delivery, no URL). The stored document and the API keep the flat form (`kind`, `url`,
 //! `destination`, `oauth2`, `proxy`, `tls`); [`Target::from_flat`] reads it and refuses a
 //! setting its kind does not take, [`Target::into_flat`] writes it back. Shape only: the
 //! values are checked by `spec`.
@@ -15,6 +15,7 @@ pub enum Target {
     RedisStream(RedisTarget),
     Nats(NatsTarget),
     Amqp(AmqpTarget),
+    Poll(PollTarget),
 }
 
 /// A webhook: an HTTP `POST` to `url`, and how the request leaves the node.
@@ -73,6 +74,12 @@ pub struct AmqpTarget {
     pub password: Option<WriteOnly>,
 }
 
+/// Pull delivery: nothing is sent; a consumer pages through the deliveries with a cursor
+/// and acknowledges them (`api/poll.rs`). Its flat form has no URL (`""`) and no
+/// destination; the worker never claims its deliveries (they are stored never due).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PollTarget {}
+
 /// A flat setting that does not fit its kind: which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
@@ -110,16 +117,18 @@ impl Target {
             Target::RedisStream(_) => EndpointKind::RedisStream,
             Target::Nats(_) => EndpointKind::Nats,
             Target::Amqp(_) => EndpointKind::Amqp,
+            Target::Poll(_) => EndpointKind::Poll,
         }
     }
 
-    /// The URL deliveries go to (a broker's, for a broker kind).
+    /// The URL deliveries go to (a broker's, for a broker kind; none, `""`, for `poll`).
     pub fn url(&self) -> &str {
         match self {
             Target::Http(t) => &t.url,
             Target::RedisStream(t) => &t.url,
             Target::Nats(t) => &t.url,
             Target::Amqp(t) => &t.url,
+            Target::Poll(_) => "",
         }
     }
 
@@ -132,13 +141,20 @@ impl Target {
     }
 
     /// The target of the flat form: a broker kind needs its `destination` (with its
-    /// template) and takes none of HTTP's settings; HTTP takes no `destination`.
+    /// template) and takes none of HTTP's settings; HTTP takes no `destination`; `poll`
+    /// takes none of them, and no URL.
     pub fn from_flat(
         kind: EndpointKind,
         url: String,
         destination: Option<Destination>,
         http: HttpSettings,
     ) -> Result<Target, ShapeError> {
+        if let (false, Some(field)) = (kind.is_http(), http.first_set()) {
+            return Err(ShapeError { field, reason: format!("is for kind http only, not {}", kind.as_str()) });
+        }
+        if kind.is_pull() {
+            return PollTarget::from_flat(url, destination).map(Target::Poll);
+        }
         let Some(d) = destination else {
             return match kind {
                 EndpointKind::Http => {
@@ -150,16 +166,6 @@ impl Target {
                 }
             };
         };
-        let http_only = [
-            ("oauth2", http.oauth2.is_some()),
-            ("tls", http.tls.is_some()),
-            ("proxy", http.proxy.is_some()),
-            ("user_agent", http.user_agent.is_some()),
-            ("verify", http.verify),
-        ];
-        if let (false, Some((field, _))) = (kind.is_http(), http_only.into_iter().find(|(_, set)| *set)) {
-            return Err(ShapeError { field, reason: format!("is for kind http only, not {}", kind.as_str()) });
-        }
         match kind {
             EndpointKind::Http => Err(ShapeError {
                 field: "destination",
@@ -168,6 +174,7 @@ impl Target {
             EndpointKind::RedisStream => RedisTarget::from_flat(url, d).map(Target::RedisStream),
             EndpointKind::Nats => NatsTarget::from_flat(url, d).map(Target::Nats),
             EndpointKind::Amqp => AmqpTarget::from_flat(url, d).map(Target::Amqp),
+            EndpointKind::Poll => PollTarget::from_flat(url, Some(d)).map(Target::Poll),
         }
     }
 
@@ -191,6 +198,7 @@ impl Target {
                 let d = Destination { exchange, routing_key, username, password, ..Destination::default() };
                 (kind, url, Some(d), HttpSettings::default())
             }
+            Target::Poll(PollTarget {}) => (kind, String::new(), None, HttpSettings::default()),
         }
     }
 }
@@ -205,6 +213,34 @@ fn none_of(kind: &str, fields: [(&'static str, bool); 4]) -> Result<(), ShapeErr
     match fields.into_iter().find(|(_, set)| *set) {
         Some((field, _)) => Err(ShapeError { field, reason: format!("is not a setting of kind {kind}") }),
         None => Ok(()),
+    }
+}
+
+impl HttpSettings {
+    /// The first of them that is set, by its field's name.
+    fn first_set(&self) -> Option<&'static str> {
+        let set = [
+            ("oauth2", self.oauth2.is_some()),
+            ("tls", self.tls.is_some()),
+            ("proxy", self.proxy.is_some()),
+            ("user_agent", self.user_agent.is_some()),
+            ("verify", self.verify),
+        ];
+        set.into_iter().find(|(_, set)| *set).map(|(field, _)| field)
+    }
+}
+
+impl PollTarget {
+    /// No URL and no destination (HTTP's settings are refused with every other kind's).
+    fn from_flat(url: String, d: Option<Destination>) -> Result<PollTarget, ShapeError> {
+        if !url.is_empty() {
+            let reason = "kind poll takes no URL: a consumer reads its deliveries (GET …/poll)".into();
+            return Err(ShapeError { field: "url", reason });
+        }
+        match d {
+            Some(_) => Err(ShapeError { field: "destination", reason: "is not a setting of kind poll".into() }),
+            None => Ok(PollTarget {}),
+        }
     }
 }
 
@@ -317,5 +353,22 @@ mod tests {
         assert_eq!(err.to_string(), "destination: is required for kind amqp");
         let err = flat(EndpointKind::Http, Destination::default()).unwrap_err();
         assert_eq!(err.field, "destination");
+    }
+
+    #[test]
+    fn poll_takes_no_url_destination_or_http_setting() {
+        let poll = Target::from_flat(EndpointKind::Poll, String::new(), None, HttpSettings::default()).unwrap();
+        assert_eq!(poll, Target::Poll(PollTarget {}));
+        assert_eq!((poll.kind(), poll.url()), (EndpointKind::Poll, ""));
+        assert_eq!(poll.into_flat(), (EndpointKind::Poll, String::new(), None, HttpSettings::default()));
+        let url = Target::from_flat(EndpointKind::Poll, "https://h".into(), None, HttpSettings::default());
+        assert_eq!(url.unwrap_err().field, "url");
+        assert_eq!(flat(EndpointKind::Poll, Destination::default()).unwrap_err().field, "url");
+        let d = Some(Destination::default());
+        let err = Target::from_flat(EndpointKind::Poll, String::new(), d, HttpSettings::default()).unwrap_err();
+        assert_eq!(err.to_string(), "destination: is not a setting of kind poll");
+        let verify = HttpSettings { verify: true, ..Default::default() };
+        let err = Target::from_flat(EndpointKind::Poll, String::new(), None, verify).unwrap_err();
+        assert_eq!(err.to_string(), "verify: is for kind http only, not poll");
     }
 }

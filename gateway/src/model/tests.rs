@@ -46,6 +46,7 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
                 event_types: types.iter().map(|t| t.to_string()).collect(),
                 filter: None,
                 ordering: *ordering,
+                pull: false,
             })
             .collect()
     };
@@ -90,12 +91,19 @@ fn fan_out_leaves_out_subscribers_whose_content_filter_fails() {
         event_types: vec!["invoice.*".into()],
         filter: Some(std::sync::Arc::new(Filter::parse(&f).unwrap())),
         ordering: DeliveryOrder::None,
+        pull: false,
     };
     let subscribers = [
         filtered("ep_big", serde_json::json!({"data.amount": {"$gte": 100}})),
         filtered("ep_small", serde_json::json!({"data.amount": {"$lt": 100}})),
         filtered("ep_paid", serde_json::json!({"type": "invoice.paid", "id": "evt_1"})),
-        Subscriber { endpoint: "ep_any".into(), event_types: vec![], filter: None, ordering: DeliveryOrder::None },
+        Subscriber {
+            endpoint: "ep_any".into(),
+            event_types: vec![],
+            filter: None,
+            ordering: DeliveryOrder::None,
+            pull: false,
+        },
     ];
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let mut event = NewEvent {

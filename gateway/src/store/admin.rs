@@ -1,7 +1,7 @@
 //! The administrative writes: tenants, tokens, endpoints, a tenant's plugin settings and
 //! replays. Callers: the API (and `ops`, which sets up Herald's own tenant and endpoints),
-//! and the replay runner (`replay_turn`, `cancel_replay`). Each runs in a transaction of
-//! its own, outside the group commits.
+//! the replay runner (`replay_turn`, `cancel_replay`), and a `poll` endpoint's consumer
+//! (`ack_polled`). Each runs in a transaction of its own, outside the group commits.
 
 use async_trait::async_trait;
 
@@ -64,4 +64,9 @@ pub trait Admin: Send + Sync + 'static {
     /// lease recovery), never to be claimed again. `None` when it was not running;
     /// otherwise the endpoints with such claimed deliveries, whose partitions must be told.
     async fn cancel_replay(&self, tenant: &TenantId, id: &str, now: Millis) -> Result<Option<Vec<EndpointId>>>;
+    /// A `poll` endpoint's consumer acknowledged everything up to position `upto`: up to
+    /// `limit` of its unsettled deliveries there, in order, become delivered at `now`, each
+    /// with an attempt decided by `poll`. Answers how many (fewer than `limit`: none left).
+    /// Data, like intake: no audit entry.
+    async fn ack_polled(&self, endpoint: &EndpointId, upto: i64, now: Millis, limit: u32) -> Result<u64>;
 }

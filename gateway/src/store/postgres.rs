@@ -313,6 +313,27 @@ impl Admin for PostgresStore {
         audit::finish(tx, entry, Some(claimed.into_iter().map(EndpointId::from_stored).collect())).await
     }
 
+    async fn ack_polled(&self, endpoint: &EndpointId, upto: i64, now: Millis, limit: u32) -> Result<u64> {
+        let mut tx = self.q.pool.begin().await?;
+        // Locked: an acknowledgement running beside it waits, then finds them settled.
+        let ids: Vec<String> = sqlx::query_scalar(&(sql::poll_acked("seq") + " FOR UPDATE"))
+            .bind(endpoint.as_str())
+            .bind(upto)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        let attempts: Vec<String> = {
+            let mut rng = rand::rng();
+            ids.iter().map(|_| new_id("att", now, &mut rng)).collect()
+        };
+        for (id, attempt) in ids.iter().zip(attempts) {
+            sqlx::query(sql::ACK_DELIVERED).bind(now).bind(id).execute(&mut *tx).await?;
+            sqlx::query(sql::ACK_ATTEMPT).bind(attempt).bind(now).bind(id).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(ids.len() as u64)
+    }
+
     async fn record_audit(&self, entry: &AuditEntry) -> Result<()> {
         let mut conn = self.q.pool.acquire().await?;
         Ok(audit::insert_pg(&mut conn, entry).await?)
@@ -634,6 +655,7 @@ impl Dialect for Postgres {
     }
 
     const NEXT_DUE: &'static str = sql::NEXT_DUE_POSTGRES;
+    const SEQ: &'static str = "seq";
 
     fn json_text(column: &str, path: &[&str]) -> String {
         format!("({column}::jsonb #>> '{{{}}}')", path.join(","))

@@ -18,7 +18,7 @@ use super::rows::{
     TenantRow, TokenRow,
 };
 use super::sql::{self, Sql};
-use super::{DeliveryFilter, QueueStats, Reads, Result, SeriesPoint, SeriesScope, StoreError};
+use super::{DeliveryFilter, Polled, QueueStats, Reads, Result, SeriesPoint, SeriesScope, StoreError};
 use crate::model::*;
 
 mod insight;
@@ -36,6 +36,8 @@ pub(super) trait Dialect: Database {
     fn json_text(column: &str, path: &[&str]) -> String;
     /// [`sql::NEXT_DUE_SQLITE`] or [`sql::NEXT_DUE_POSTGRES`].
     const NEXT_DUE: &'static str;
+    /// The column of a delivery's position in commit order (`rowid`, `seq`).
+    const SEQ: &'static str;
 }
 
 /// The shared statements on one backend's pool.
@@ -166,9 +168,10 @@ where
         Ok(Some((row.try_into()?, attempts.into_iter().map(Attempt::from).collect())))
     }
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {
+        // A `poll` endpoint's deliveries are never due (a consumer reads them): not pending.
         let rows = sqlx::query(
             "SELECT endpoint_id, MIN(next_attempt_at) AS due FROM deliveries \
-             WHERE state IN ('queued', 'waiting') GROUP BY endpoint_id",
+             WHERE state IN ('queued', 'waiting') AND next_attempt_at IS NOT NULL GROUP BY endpoint_id",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -333,6 +336,35 @@ where
             dead: self.stale_dead_letters(Millis::MAX).await?,
             wal_bytes: self.wal.as_ref().map(|wal| std::fs::metadata(wal).map_or(0, |m| m.len())),
         })
+    }
+
+    async fn poll_page(&self, endpoint: &EndpointId, after: i64, limit: u32) -> Result<Vec<Polled>> {
+        let rows = sqlx::query(&sql::poll_page(DB::SEQ))
+            .bind(endpoint.as_str())
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Polled {
+                    position: r.try_get("position")?,
+                    delivery: DeliveryId::from_stored(r.try_get::<String, _>("id")?),
+                    event_id: EventId::from_stored(r.try_get::<String, _>("event_id")?),
+                    event_type: r.try_get("event_type")?,
+                    payload: r.try_get("payload")?,
+                    event_created_at: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+    async fn poll_position(&self, endpoint: &EndpointId, delivery: &DeliveryId) -> Result<Option<i64>> {
+        let position = sqlx::query_scalar(&sql::poll_position(DB::SEQ))
+            .bind(endpoint.as_str())
+            .bind(delivery.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(position)
     }
 
     // The console's reads (`insight.rs`) and plugin settings (`plugin_settings.rs`) are

@@ -7,13 +7,14 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 
-use super::{DeliveryFilter, QueueStats, Result, SeriesPoint, SeriesScope};
+use super::{DeliveryFilter, Polled, QueueStats, Result, SeriesPoint, SeriesScope};
 use crate::model::*;
 
 /// Every read of the store. Callers: the API and console (tenants, tokens, endpoints,
 /// events, deliveries, replays, health, series), the metrics (`queue_stats`), the engine
 /// (`endpoint`, `endpoint_versions`, `pending_endpoints`, `next_due`, `cancelled_replays`), replays
-/// (`running_replays`) and operational events (`stale_dead_letters`).
+/// (`running_replays`), operational events (`stale_dead_letters`) and a `poll` endpoint's
+/// consumer (`poll_page`, `poll_position`).
 #[async_trait]
 pub trait Reads: Send + Sync + 'static {
     async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
@@ -106,6 +107,12 @@ pub trait Reads: Send + Sync + 'static {
     /// Queue depth, dead letters and endpoint states for the metrics, with the `top`
     /// endpoints that have the most due deliveries.
     async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats>;
+    /// Up to `limit` of a `poll` endpoint's unsettled deliveries after position `after`, in
+    /// the order their intakes committed (a consumer's page).
+    async fn poll_page(&self, endpoint: &EndpointId, after: i64, limit: u32) -> Result<Vec<Polled>>;
+    /// The position of the endpoint's delivery `delivery` while it is stored; `None` once
+    /// retention purged it (or it was never the endpoint's).
+    async fn poll_position(&self, endpoint: &EndpointId, delivery: &DeliveryId) -> Result<Option<i64>>;
 }
 
 /// A backend whose reads are one [`Reads`] it holds (its `Queries`).
@@ -234,5 +241,11 @@ impl<T: HasReads> Reads for T {
     }
     async fn queue_stats(&self, now: Millis, top: u32) -> Result<QueueStats> {
         self.reads().queue_stats(now, top).await
+    }
+    async fn poll_page(&self, endpoint: &EndpointId, after: i64, limit: u32) -> Result<Vec<Polled>> {
+        self.reads().poll_page(endpoint, after, limit).await
+    }
+    async fn poll_position(&self, endpoint: &EndpointId, delivery: &DeliveryId) -> Result<Option<i64>> {
+        self.reads().poll_position(endpoint, delivery).await
     }
 }

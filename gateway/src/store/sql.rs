@@ -212,6 +212,55 @@ macro_rules! next_due {
 pub(super) const NEXT_DUE_SQLITE: &str = next_due!("rowid", "rowid");
 pub(super) const NEXT_DUE_POSTGRES: &str = next_due!("seq", "id");
 
+/// Pull delivery. A `poll` endpoint's deliveries are ordered by their position `seq` (SQLite's
+/// rowid, Postgres' `seq`): the order their intakes committed in (one writer on SQLite; on
+/// Postgres, intakes to one `poll` endpoint take its lock before they number their rows, as
+/// an ordered key's do), so a read never sees a later one before an earlier one.
+///
+/// The unsettled deliveries of a `poll` endpoint: stored never due (the terms of the
+/// index `deliveries_pull`, as it is written, so both backends use it).
+macro_rules! unsettled_pull {
+    ($d:literal) => {
+        concat!($d, "state IN ('queued', 'waiting') AND ", $d, "next_attempt_at IS NULL")
+    };
+}
+
+/// A page: up to `$3` of endpoint `$1`'s unsettled deliveries after position `$2`, in
+/// order, with their events.
+pub(super) fn poll_page(seq: &str) -> String {
+    format!(
+        "SELECT d.{seq} AS position, d.id, d.event_id, d.event_type, e.payload, e.created_at \
+         FROM deliveries d JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
+         WHERE d.endpoint_id = $1 AND {} AND d.{seq} > $2 ORDER BY d.{seq} LIMIT $3",
+        unsettled_pull!("d.")
+    )
+}
+
+/// The position of endpoint `$1`'s delivery `$2`, while it is stored (settled or not).
+pub(super) fn poll_position(seq: &str) -> String {
+    format!("SELECT {seq} FROM deliveries WHERE endpoint_id = $1 AND id = $2")
+}
+
+/// What an acknowledgement settles, a batch at a time: up to `$3` of endpoint `$1`'s
+/// unsettled deliveries at positions up to `$2`, in order.
+pub(super) fn poll_acked(seq: &str) -> String {
+    format!(
+        "SELECT id FROM deliveries WHERE endpoint_id = $1 AND {} AND {seq} <= $2 ORDER BY {seq} LIMIT $3",
+        unsettled_pull!("")
+    )
+}
+
+/// Delivery `$2`, acknowledged by its consumer at `$1`: delivered, as a push that got a 2xx.
+pub(super) const ACK_DELIVERED: &str = "UPDATE deliveries SET state = 'delivered', attempts = attempts + 1, \
+     next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_status = NULL, last_error = NULL, \
+     updated_at = $1 WHERE id = $2 AND state IN ('queued', 'waiting') AND next_attempt_at IS NULL";
+
+/// The attempt an acknowledgement records (`$1`) of delivery `$3` at `$2`: its number the
+/// delivery's attempts (counted by [`ACK_DELIVERED`]), decided by `poll`.
+pub(super) const ACK_ATTEMPT: &str = "INSERT INTO attempts (id, started_at, delivery_id, number, duration_ms, \
+     verdict, decided_by, endpoint_id) SELECT $1, $2, id, attempts, 0, 'delivered', 'poll', endpoint_id \
+     FROM deliveries WHERE id = $3";
+
 /// The endpoints intake fans out to: every one not disabled (a paused one's deliveries
 /// wait). A macro, so that both subscriber queries are whole constants.
 macro_rules! subscribed {
@@ -221,18 +270,20 @@ macro_rules! subscribed {
 }
 
 /// Tenant `$1`'s endpoints intake fans out to: (id, event types, ordering, content filter
-/// as JSON text or NULL). SQLite's writer reads them per tenant, once per commit.
+/// as JSON text or NULL, whether it is kind `poll`). SQLite's writer reads them per tenant,
+/// once per commit.
 pub(super) const SUBSCRIBERS_OF_TENANT: &str = concat!(
-    "SELECT id, event_types, ordering, json_extract(spec, '$.filter') FROM endpoints WHERE tenant_id = $1 AND ",
+    "SELECT id, event_types, ordering, json_extract(spec, '$.filter'), COALESCE(json_extract(spec, '$.kind'), '') = 'poll' \
+     FROM endpoints WHERE tenant_id = $1 AND ",
     subscribed!()
 );
 
 /// The endpoints intake fans out to of the tenants in array `$1`, oldest first: (tenant,
-/// id, event types, ordering, content filter as JSON text or NULL). Postgres reads them per
-/// group commit, in one round trip.
+/// id, event types, ordering, content filter as JSON text or NULL, whether it is kind
+/// `poll`). Postgres reads them per group commit, in one round trip.
 pub(super) const SUBSCRIBERS_OF_TENANTS: &str = concat!(
-    "SELECT tenant_id, id, event_types, ordering, spec::json ->> 'filter' AS filter FROM endpoints \
-     WHERE tenant_id = ANY($1) AND ",
+    "SELECT tenant_id, id, event_types, ordering, spec::json ->> 'filter' AS filter, \
+     COALESCE(spec::json ->> 'kind', '') = 'poll' AS pull FROM endpoints WHERE tenant_id = ANY($1) AND ",
     subscribed!(),
     " ORDER BY created_at, id"
 );
@@ -584,6 +635,11 @@ mod tests {
             super::super::portal::REVOKE_PORTAL_SESSION,
             super::super::portal::UPSERT_BRANDING,
             &returned,
+            &poll_page("rowid"),
+            &poll_position("rowid"),
+            &poll_acked("rowid"),
+            ACK_DELIVERED,
+            ACK_ATTEMPT,
         ];
         for text in statements {
             let statement = conn.prepare(text).unwrap_or_else(|e| panic!("{e}: {text}"));

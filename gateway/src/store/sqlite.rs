@@ -237,6 +237,11 @@ impl Admin for SqliteStore {
         let (tenant, id) = (tenant.clone(), id.to_string());
         self.writer.audited(move |tx| writes::cancel_replay(tx, &tenant, &id, now)).await
     }
+
+    async fn ack_polled(&self, endpoint: &EndpointId, upto: i64, now: Millis, limit: u32) -> Result<u64> {
+        let endpoint = endpoint.clone();
+        self.writer.run(move |tx| writes::ack_polled(tx, &endpoint, upto, now, limit)).await
+    }
 }
 
 #[async_trait]
@@ -306,6 +311,7 @@ impl Dialect for Sqlite {
     }
 
     const NEXT_DUE: &'static str = sql::NEXT_DUE_SQLITE;
+    const SEQ: &'static str = "rowid";
 
     fn json_text(column: &str, path: &[&str]) -> String {
         format!("json_extract({column}, '$.{}')", path.join("."))

@@ -301,6 +301,19 @@ impl WriteResult {
     }
 }
 
+/// One unsettled delivery of a `poll` endpoint as its consumer reads it: its position in
+/// the endpoint's order (see `sql::poll_page`) and its event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Polled {
+    pub position: i64,
+    pub delivery: DeliveryId,
+    pub event_id: EventId,
+    pub event_type: String,
+    /// The payload, exactly as the producer posted it.
+    pub payload: String,
+    pub event_created_at: Millis,
+}
+
 /// What the metrics read from the store at scrape time. Every query behind it is an
 /// aggregate over an index or the endpoints table: cheap enough for one scrape a second.
 #[derive(Debug, Clone, Default)]

@@ -141,7 +141,7 @@ enum Refill {
     Lost,
     /// Nothing due; the earliest due time, if any work is waiting.
     Idle(Option<Millis>),
-    /// The endpoint is gone, disabled or held for a human.
+    /// The endpoint is gone, disabled, held for a human, or of kind `poll` (read, not sent).
     Gone,
 }
 
@@ -414,6 +414,11 @@ impl Partition {
                 return Refill::Idle(Some(self.inner.clock.now() + 1_000));
             }
         };
+        if endpoint.spec.target.kind().is_pull() {
+            // A consumer reads a `poll` endpoint's deliveries: this node sends none of them
+            // (they are stored never due; a replayed one waits here for the consumer too).
+            return Refill::Gone;
+        }
         let now = self.inner.clock.now();
         match endpoint.sendable_at(now) {
             Sendable::Yes => {}

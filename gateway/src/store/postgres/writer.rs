@@ -286,9 +286,10 @@ fn fan_out_firsts<'a>(
     for (ev, _) in events.iter().copied().zip(first).filter(|(_, f)| **f) {
         let start = rows.len();
         let of_tenant = subscribers.get(ev.tenant.as_str()).map(Vec::as_slice).unwrap_or_default();
-        for FannedOut { id, endpoint, ordering_key } in fan_out(ev, of_tenant, &mut rng) {
-            let until = handoff.filter(|_| ordering_key.is_none()).and_then(|h| h.lease(endpoint, ev.created_at));
-            rows.push(NewDelivery { id, event: ev, endpoint, ordering_key, until });
+        for FannedOut { id, endpoint, ordering_key, pull } in fan_out(ev, of_tenant, &mut rng) {
+            let until =
+                handoff.filter(|_| ordering_key.is_none() && !pull).and_then(|h| h.lease(endpoint, ev.created_at));
+            rows.push(NewDelivery { id, event: ev, endpoint, ordering_key, until, pull });
         }
         fanned.push(start..rows.len());
     }
@@ -350,21 +351,26 @@ struct NewDelivery<'a> {
     endpoint: &'a str,
     ordering_key: Option<&'a str>,
     until: Option<Millis>,
+    /// Kind `poll`: stored never due.
+    pull: bool,
 }
 
 fn key(e: &NewEvent) -> (String, String) {
     (e.tenant.to_string(), e.id.to_string())
 }
 
-/// Takes a transaction lock on each (endpoint, ordering key) that `rows` add to, in one
-/// order (so two intakes never wait on each other in a cycle): an intake of a key on
-/// another node waits for this one's commit before it numbers its deliveries, so `seq`
-/// follows commit order within a key, and a claim never sees a later delivery of a key
-/// before an earlier one.
+/// Takes a transaction lock on each (endpoint, ordering key) that `rows` add to, and on
+/// each `poll` endpoint, in one order (so two intakes never wait on each other in a
+/// cycle): an intake of a key (or to a `poll` endpoint) on another node waits for this
+/// one's commit before it numbers its deliveries, so `seq` follows commit order within a
+/// key, and a claim (or a consumer's page) never sees a later delivery before an earlier one.
 async fn lock_ordering_keys(conn: &mut PgConnection, rows: &[NewDelivery<'_>]) -> sqlx::Result<()> {
     let mut keys: Vec<String> = rows
         .iter()
-        .filter_map(|r| r.ordering_key.map(|key| format!("{}\n{key}", r.endpoint)))
+        .filter_map(|r| match (r.pull, r.ordering_key) {
+            (true, _) => Some(format!("{}\n\u{1}poll", r.endpoint)),
+            (false, key) => key.map(|key| format!("{}\n{key}", r.endpoint)),
+        })
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
@@ -391,15 +397,16 @@ async fn subscribers(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Res
         let ordering = DeliveryOrder::from_stored(r.try_get::<Option<String>, _>("ordering")?.as_deref());
         let id: String = r.try_get("id")?;
         let filter = stored_filter(&id, r.try_get::<Option<&str>, _>("filter")?).map_err(decode_error)?;
-        let subscriber = Subscriber { endpoint: id, event_types, filter, ordering };
+        let pull: bool = r.try_get("pull")?;
+        let subscriber = Subscriber { endpoint: id, event_types, filter, ordering, pull };
         subscribers.entry(r.try_get("tenant_id")?).or_default().push(subscriber);
     }
     Ok(subscribers)
 }
 
 /// [`insert`]'s statement: the events ($1 to $7, $17, $18), then their deliveries ($8 to
-/// $14, $16) joined to the events it inserted, leased to $15 where the partition lease
-/// allows; answers the (tenant, id) of each event inserted and the id of each delivery
+/// $14, $16; $19: a `poll` endpoint's, stored never due) joined to the events it inserted,
+/// leased to $15 where the partition lease allows; answers the (tenant, id) of each event inserted and the id of each delivery
 /// leased.
 const INSERT_EVENTS_AND_DELIVERIES: &str = "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, \
      traceparent, tracestate) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], \
@@ -408,11 +415,13 @@ const INSERT_EVENTS_AND_DELIVERIES: &str = "WITH ev AS (INSERT INTO events (tena
      dl AS (INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
      next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at, ordering_key) \
      SELECT v.id, v.tenant_id, v.event_id, v.endpoint_id, v.event_type, \
-     CASE WHEN p.owner IS NULL THEN 'queued' ELSE 'delivering' END, 0, v.at, p.owner, \
+     CASE WHEN p.owner IS NULL THEN 'queued' ELSE 'delivering' END, 0, \
+     CASE WHEN v.pull THEN NULL ELSE v.at END, p.owner, \
      CASE WHEN p.owner IS NULL THEN NULL ELSE v.until END, CASE WHEN p.owner IS NULL THEN 0 ELSE 1 END, v.at, v.at, \
      v.ordering_key \
      FROM UNNEST($8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::int8[], $14::int8[], \
-     $16::text[]) WITH ORDINALITY AS v(id, tenant_id, event_id, endpoint_id, event_type, at, until, ordering_key, n) \
+     $16::text[], $19::bool[]) WITH ORDINALITY AS v(id, tenant_id, event_id, endpoint_id, event_type, at, until, \
+     ordering_key, pull, n) \
      JOIN ev ON ev.tenant_id = v.tenant_id AND ev.id = v.event_id \
      LEFT JOIN partitions p ON v.until IS NOT NULL AND p.endpoint_id = v.endpoint_id AND p.owner = $15 \
      AND p.lease_until >= v.at \
@@ -457,6 +466,7 @@ async fn insert(
         .bind(rows.iter().map(|r| r.ordering_key).collect::<Vec<_>>())
         .bind(firsts.iter().map(|e| e.trace.as_ref().map(TraceContext::traceparent)).collect::<Vec<_>>())
         .bind(firsts.iter().map(|e| e.trace.as_ref().and_then(|t| t.state.as_deref())).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.pull).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
     let (mut inserted, mut leased) = (HashSet::new(), HashSet::new());

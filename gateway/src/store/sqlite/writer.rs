@@ -249,11 +249,12 @@ impl Subscribers {
                     r.get::<_, String>(1)?,
                     r.get::<_, Option<String>>(2)?,
                     r.get::<_, Option<String>>(3)?,
+                    r.get::<_, bool>(4)?,
                 ))
             })?;
             let mut eps = Vec::new();
             for row in rows {
-                let (id, types, ordering, filter) = row?;
+                let (id, types, ordering, filter, pull) = row?;
                 let types = serde_json::from_str(&types)
                     .map_err(|e| StoreError::backend(format!("endpoint {id}: event_types: {e}")))?;
                 eps.push(Subscriber {
@@ -261,6 +262,7 @@ impl Subscribers {
                     endpoint: id,
                     event_types: types,
                     ordering: DeliveryOrder::from_stored(ordering.as_deref()),
+                    pull,
                 });
             }
             self.0.insert(tenant.to_string(), eps);
@@ -322,17 +324,18 @@ fn ingest_op(
             continue;
         }
         let (mut queued, mut leased) = (Vec::new(), Vec::new());
-        for FannedOut { id, endpoint, ordering_key } in fan_out(ev, subscribers.of(tx, &ev.tenant)?, rng) {
+        for FannedOut { id, endpoint, ordering_key, pull } in fan_out(ev, subscribers.of(tx, &ev.tenant)?, rng) {
             // An ordered delivery waits for its turn in the store: only a claim knows
-            // whether it heads its key.
-            let handoff = handoff.filter(|_| ordering_key.is_none());
+            // whether it heads its key. A pulled one is never leased (its partition never
+            // opens), and stored never due.
+            let handoff = handoff.filter(|_| ordering_key.is_none() && !pull);
             match handoff.and_then(|h| Some((h.owner(), h.lease(endpoint, ev.created_at)?))) {
                 Some((owner, until)) => {
                     write.leased(ev, &id, endpoint, owner, until)?;
                     leased.push((EndpointId::from_stored(endpoint), Claimed::new_leased(id, ev)));
                 }
                 None => {
-                    write.queued(ev, &id, endpoint, ordering_key)?;
+                    write.queued(ev, &id, endpoint, ordering_key, pull)?;
                     queued.push(EndpointId::from_stored(endpoint));
                 }
             }
@@ -361,7 +364,7 @@ impl<'tx> IngestStatements<'tx> {
             queued: tx.prepare_cached(
                 "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
                  next_attempt_at, created_at, updated_at, ordering_key) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', 0, ?6, ?6, ?6, ?7)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', 0, CASE WHEN ?8 THEN NULL ELSE ?6 END, ?6, ?6, ?7)",
             )?,
             leased: tx.prepare_cached(
                 "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
@@ -406,8 +409,16 @@ impl<'tx> IngestStatements<'tx> {
         Ok(Some(IngestOutcome::duplicate(n as u32)))
     }
 
-    /// Stores a delivery of `ev` queued for a claim.
-    fn queued(&mut self, ev: &NewEvent, id: &DeliveryId, endpoint: &str, ordering_key: Option<&str>) -> Result<()> {
+    /// Stores a delivery of `ev` queued for a claim; `pull`: never due, for a consumer to
+    /// read (kind `poll`).
+    fn queued(
+        &mut self,
+        ev: &NewEvent,
+        id: &DeliveryId,
+        endpoint: &str,
+        ordering_key: Option<&str>,
+        pull: bool,
+    ) -> Result<()> {
         self.queued.execute(params![
             id.as_str(),
             ev.tenant.as_str(),
@@ -415,7 +426,8 @@ impl<'tx> IngestStatements<'tx> {
             endpoint,
             ev.event_type,
             ev.created_at,
-            ordering_key
+            ordering_key,
+            pull
         ])?;
         Ok(())
     }

@@ -299,6 +299,27 @@ pub(super) fn cancel_replay(
     Ok(Some(endpoints.map(|e| e.map(EndpointId::from_stored)).collect::<rusqlite::Result<_>>()?))
 }
 
+/// See [`Admin::ack_polled`](crate::store::Admin::ack_polled).
+pub(super) fn ack_polled(
+    tx: &Transaction<'_>,
+    endpoint: &EndpointId,
+    upto: i64,
+    now: Millis,
+    limit: u32,
+) -> Result<u64> {
+    let mut acked = tx.prepare_cached(&sql::poll_acked("rowid"))?;
+    let ids = acked.query_map(params![endpoint.as_str(), upto, i64::from(limit)], |r| r.get::<_, String>(0))?;
+    let ids = ids.collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut delivered = tx.prepare_cached(sql::ACK_DELIVERED)?;
+    let mut attempt = tx.prepare_cached(sql::ACK_ATTEMPT)?;
+    let mut rng = rand::rng();
+    for id in &ids {
+        delivered.execute(params![now, id])?;
+        attempt.execute(params![new_id("att", now, &mut rng), now, id])?;
+    }
+    Ok(ids.len() as u64)
+}
+
 pub(super) fn purge(tx: &Transaction<'_>, delivered_before: Millis, dead_before: Millis, limit: u32) -> Result<u64> {
     let mut select = tx.prepare_cached(
         "SELECT id, tenant_id, event_id FROM deliveries WHERE (state = 'delivered' AND updated_at < ?1) \

@@ -1,0 +1,7 @@
+-- Pull delivery. A `poll` endpoint's deliveries are stored never due (`next_attempt_at`
+-- NULL: no claim takes them); its consumer pages through the unsettled ones in `seq` order
+-- (the order their intakes committed: intakes to one `poll` endpoint take its lock before
+-- they number their rows). Only such deliveries are in this index, so the engine's hot
+-- path never writes it; a page reads its rows in order, however deep the endpoint's backlog.
+CREATE INDEX deliveries_pull ON deliveries(endpoint_id, seq)
+    WHERE state IN ('queued', 'waiting') AND next_attempt_at IS NULL;
