@@ -1616,8 +1616,9 @@ mod schemas {
         reason: &'static str,
     }
 
-    const ORDERED: &str = "SQLite orders a key's deliveries by rowid, the implicit last column of every \
-                           index; Postgres has no rowid and numbers them from the deliveries_seq sequence";
+    const ORDERED: &str = "SQLite orders a key's (and a poll endpoint's) deliveries by rowid, the implicit last \
+                           column of every index; Postgres has no rowid and numbers them from the deliveries_seq \
+                           sequence";
     const ATTEMPTS_KEY: &str = "Postgres 0015_attempts_key: the key leads with the delivery and replaces \
                                 attempts_delivery (one b-tree entry fewer per attempt); known difference, SQLite \
                                 would need to rebuild the table to change a primary key";
@@ -1637,6 +1638,16 @@ mod schemas {
         Exception {
             side: Backend::Sqlite,
             fact: "index deliveries_ordered on deliveries (endpoint_id, ordering_key) where ordering_key is not null and state in 'queued', 'waiting', 'delivering', 'dead'",
+            reason: ORDERED,
+        },
+        Exception {
+            side: Backend::Postgres,
+            fact: "index deliveries_pull on deliveries (endpoint_id, seq) where state in 'queued', 'waiting' and next_attempt_at is null",
+            reason: ORDERED,
+        },
+        Exception {
+            side: Backend::Sqlite,
+            fact: "index deliveries_pull on deliveries (endpoint_id) where state in 'queued', 'waiting' and next_attempt_at is null",
             reason: ORDERED,
         },
         Exception { side: Backend::Postgres, fact: "primary key attempts (delivery_id, id)", reason: ATTEMPTS_KEY },
