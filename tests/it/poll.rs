@@ -366,5 +366,13 @@ async fn the_engine_never_pushes_a_poll_endpoint(b: Backend) -> anyhow::Result<(
     }
     let read = page(api, &ep, "limit=100", ADMIN_TOKEN).await?;
     ensure!(items(&read).len() == 8, "{read}");
+    // A pause holds pushes only: its consumer reads everything, paused and enabled again,
+    // and nothing becomes due.
+    api.post(&format!("{path}/pause"), ADMIN_TOKEN, json!({})).await?.expect(200)?;
+    ensure!(stable(&page(api, &ep, "limit=100", ADMIN_TOKEN).await?) == stable(&read));
+    api.post(&format!("{path}/enable"), ADMIN_TOKEN, json!({})).await?.expect(200)?;
+    ensure!(stable(&page(api, &ep, "limit=100", ADMIN_TOKEN).await?) == stable(&read));
+    let all = deliveries(api, &ep).await?;
+    ensure!(all.iter().all(|d| d["state"] == "queued" && d["next_attempt_at"].is_null()), "{all:?}");
     Ok(())
 }

@@ -114,9 +114,10 @@ pub(super) const DEAD_ON_DISABLED_ENDPOINT: &str = "UPDATE deliveries SET state 
      reason = 'endpoint_disabled', next_attempt_at = NULL, updated_at = $1 \
      WHERE endpoint_id = $2 AND state IN ('queued', 'waiting', 'paused')";
 
-/// Paused for a human (no `paused_until`): they wait, paused.
+/// Paused for a human (no `paused_until`): they wait, paused. A `poll` endpoint's (never
+/// due) are its consumer's to read whatever the endpoint's state: a pause holds pushes only.
 pub(super) const PAUSE_DELIVERIES: &str = "UPDATE deliveries SET state = 'paused', updated_at = $1 \
-     WHERE endpoint_id = $2 AND state IN ('queued', 'waiting')";
+     WHERE endpoint_id = $2 AND state IN ('queued', 'waiting') AND next_attempt_at IS NOT NULL";
 
 /// Active again: the paused ones are due now.
 pub(super) const RESUME_DELIVERIES: &str = "UPDATE deliveries SET state = 'waiting', next_attempt_at = $1, \
