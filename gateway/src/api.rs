@@ -91,6 +91,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(endpoints::test_filter::test_endpoint_filter))
         .routes(routes!(endpoints::test_filter::test_filter))
         .routes(routes!(endpoints::verify::verify_now))
+        .routes(routes!(endpoints::listener::listen, endpoints::listener::answer))
         .routes(routes!(portal::create, portal::list))
         .routes(routes!(portal::revoke))
         .routes(routes!(portal::exchange))

@@ -1,10 +1,11 @@
 //! Operator and developer commands that talk to a running Herald over its own API
-//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`).
+//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`, `herald listen`).
 //! Not a webhook client: `deliver` alone talks to endpoints.
 
 pub mod apply;
 pub mod document;
 pub mod dump;
+pub mod listen;
 mod node;
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -39,6 +40,9 @@ pub enum CliError {
     Document(#[from] document::DocError),
     #[error("cannot read {0}: {1}")]
     Unreadable(String, String),
+    /// An argument the command cannot take, named.
+    #[error("{0}")]
+    Usage(String),
     /// A call of `herald apply`'s plan failed: the calls before it were made.
     #[error("{0}: {1} (the changes printed before it were made)")]
     Step(String, String),

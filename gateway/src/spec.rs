@@ -165,7 +165,7 @@ impl EndpointSpec {
         let allow_private = rules.allow_private_destinations;
         check_url_of("url", self.target.url(), allow_private, self.target.kind())?;
         match &self.target {
-            Target::Http(_) => {}
+            Target::Http(_) | Target::Listen(_) => {}
             Target::RedisStream(t) => check_redis(t)?,
             Target::Nats(t) => check_nats(t)?,
             Target::Amqp(t) => check_amqp(t)?,

@@ -9,8 +9,8 @@
 //! `store::audit::note_resource`), the client's address, the actor, which authentication
 //! names (`auth::caller`), and the top-level keys of its JSON body, which `JsonBody` names
 //! as it parses it (never their values: secrets are values). Not audited ([`NOT_AUDITED`]):
-//! the filter trials, which write nothing, and event intake, which is data, not
-//! configuration. Plugin uploads, rollbacks and deletions write files, not rows: their
+//! the filter trials, which write nothing, and event intake and a listener's answers,
+//! which are data, not configuration. Plugin uploads, rollbacks and deletions write files, not rows: their
 //! entries are stored after they succeed.
 
 use std::net::SocketAddr;
@@ -30,10 +30,12 @@ use crate::model::{AuditEntry, AuditFilter, TenantId, new_id};
 use crate::store::audit;
 
 /// Write routes that leave no entry: the filter trials, which are posted but write
-/// nothing, and event intake, which is data rather than configuration (and the hot path:
-/// it gets no entry to carry, so its commits hold no audit row).
-const NOT_AUDITED: [&str; 4] = [
+/// nothing, event intake, which is data rather than configuration (and the hot path:
+/// it gets no entry to carry, so its commits hold no audit row), and a listener's answers,
+/// which are deliveries' results, as data as the events they answer.
+const NOT_AUDITED: [&str; 5] = [
     "/v1/tenants/{tenant}/endpoints/{id}/test-filter",
+    "/v1/tenants/{tenant}/endpoints/{id}/listen",
     "/v1/tenants/{tenant}/test-filter",
     "/v1/tenants/{tenant}/events",
     "/v1/tenants/{tenant}/events/batch",

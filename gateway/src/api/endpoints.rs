@@ -22,6 +22,7 @@ use keys::{PublicKeyOut, RotateIn, Scheme};
 
 mod health;
 pub(crate) mod keys;
+pub(crate) mod listener;
 pub(crate) mod test_filter;
 pub(crate) mod verify;
 
@@ -32,10 +33,12 @@ pub(crate) mod verify;
 pub(crate) struct EndpointIn {
     /// `https://` (or `http://`) URL the deliveries go to; for a broker kind, the broker's
     /// (`redis://host:port[/db]`, `nats://host:port`, `amqp://host:port[/vhost]`), without
-    /// credentials.
+    /// credentials; for kind `listen`, `listen://<name>`.
     url: Option<String>,
-    /// `http` (the default), `redis-stream`, `nats` or `amqp`. A broker kind needs
-    /// `destination`; changing the kind needs the matching `url` and `destination`.
+    /// `http` (the default), `redis-stream`, `nats`, `amqp` or `listen` (`herald listen`:
+    /// the requests go down a listener's connection, `GET …/endpoints/{id}/listen`). A
+    /// broker kind needs `destination`; changing the kind needs the matching `url` and
+    /// `destination`.
     kind: Option<EndpointKind>,
     /// A broker kind's settings. Patched field by field (`""` removes one; an omitted
     /// `password` or `token` keeps the stored one); `null` removes them all.

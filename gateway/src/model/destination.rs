@@ -20,11 +20,19 @@ pub enum EndpointKind {
     Nats,
     /// An AMQP 0-9-1 publish with publisher confirms (`amqp://host:port[/vhost]`).
     Amqp,
+    /// A developer's `herald listen` (`listen://<name>`): the request is built here and
+    /// goes down the listener's connection, which forwards it and posts the answer back.
+    Listen,
 }
 
 impl EndpointKind {
     pub fn is_http(&self) -> bool {
         *self == EndpointKind::Http
+    }
+
+    /// Whether its requests are HTTP requests (a webhook, or one a listener forwards).
+    pub fn speaks_http(self) -> bool {
+        matches!(self, EndpointKind::Http | EndpointKind::Listen)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -33,6 +41,7 @@ impl EndpointKind {
             EndpointKind::RedisStream => "redis-stream",
             EndpointKind::Nats => "nats",
             EndpointKind::Amqp => "amqp",
+            EndpointKind::Listen => "listen",
         }
     }
 
@@ -43,6 +52,7 @@ impl EndpointKind {
             EndpointKind::RedisStream => &["redis", "rediss"],
             EndpointKind::Nats => &["nats", "tls"],
             EndpointKind::Amqp => &["amqp", "amqps"],
+            EndpointKind::Listen => &["listen"],
         }
     }
 }
@@ -80,7 +90,7 @@ impl Destination {
     /// The template that names where a message goes for `kind`, if set.
     pub fn template(&self, kind: EndpointKind) -> Option<&str> {
         match kind {
-            EndpointKind::Http => None,
+            EndpointKind::Http | EndpointKind::Listen => None,
             EndpointKind::RedisStream => self.stream.as_deref(),
             EndpointKind::Nats => self.subject.as_deref(),
             EndpointKind::Amqp => self.routing_key.as_deref(),

@@ -1,6 +1,7 @@
-//! Where an endpoint's deliveries go, as a type: an HTTP `POST` ([`HttpTarget`]) or one of
-//! the brokers ([`RedisTarget`], [`NatsTarget`], [`AmqpTarget`]), each with only its own
-//! settings. The stored document and the API keep the flat form (`kind`, `url`,
+//! Where an endpoint's deliveries go, as a type: an HTTP `POST` ([`HttpTarget`]), one of
+//! the brokers ([`RedisTarget`], [`NatsTarget`], [`AmqpTarget`]), or a developer's
+//! `herald listen` connection ([`ListenTarget`]), each with only its own settings. The
+//! stored document and the API keep the flat form (`kind`, `url`,
 //! `destination`, `oauth2`, `proxy`, `tls`); [`Target::from_flat`] reads it and refuses a
 //! setting its kind does not take, [`Target::into_flat`] writes it back. Shape only: the
 //! values are checked by `spec`.
@@ -15,6 +16,15 @@ pub enum Target {
     RedisStream(RedisTarget),
     Nats(NatsTarget),
     Amqp(AmqpTarget),
+    Listen(ListenTarget),
+}
+
+/// A `herald listen` connection (`listen://<name>`): the node builds and signs the request
+/// as for a webhook and hands it to the listener connected for the endpoint, which forwards
+/// it to the developer's local URL and posts the answer back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenTarget {
+    pub url: String,
 }
 
 /// A webhook: an HTTP `POST` to `url`, and how the request leaves the node.
@@ -110,6 +120,7 @@ impl Target {
             Target::RedisStream(_) => EndpointKind::RedisStream,
             Target::Nats(_) => EndpointKind::Nats,
             Target::Amqp(_) => EndpointKind::Amqp,
+            Target::Listen(_) => EndpointKind::Listen,
         }
     }
 
@@ -120,6 +131,7 @@ impl Target {
             Target::RedisStream(t) => &t.url,
             Target::Nats(t) => &t.url,
             Target::Amqp(t) => &t.url,
+            Target::Listen(t) => &t.url,
         }
     }
 
@@ -139,17 +151,6 @@ impl Target {
         destination: Option<Destination>,
         http: HttpSettings,
     ) -> Result<Target, ShapeError> {
-        let Some(d) = destination else {
-            return match kind {
-                EndpointKind::Http => {
-                    let HttpSettings { oauth2, proxy, tls, user_agent, verify } = http;
-                    Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify }))
-                }
-                _ => {
-                    Err(ShapeError { field: "destination", reason: format!("is required for kind {}", kind.as_str()) })
-                }
-            };
-        };
         let http_only = [
             ("oauth2", http.oauth2.is_some()),
             ("tls", http.tls.is_some()),
@@ -160,8 +161,20 @@ impl Target {
         if let (false, Some((field, _))) = (kind.is_http(), http_only.into_iter().find(|(_, set)| *set)) {
             return Err(ShapeError { field, reason: format!("is for kind http only, not {}", kind.as_str()) });
         }
+        let Some(d) = destination else {
+            return match kind {
+                EndpointKind::Http => {
+                    let HttpSettings { oauth2, proxy, tls, user_agent, verify } = http;
+                    Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify }))
+                }
+                EndpointKind::Listen => Ok(Target::Listen(ListenTarget { url })),
+                _ => {
+                    Err(ShapeError { field: "destination", reason: format!("is required for kind {}", kind.as_str()) })
+                }
+            };
+        };
         match kind {
-            EndpointKind::Http => Err(ShapeError {
+            EndpointKind::Http | EndpointKind::Listen => Err(ShapeError {
                 field: "destination",
                 reason: "is only for the kinds redis-stream, nats and amqp".into(),
             }),
@@ -191,6 +204,7 @@ impl Target {
                 let d = Destination { exchange, routing_key, username, password, ..Destination::default() };
                 (kind, url, Some(d), HttpSettings::default())
             }
+            Target::Listen(ListenTarget { url }) => (kind, url, None, HttpSettings::default()),
         }
     }
 }
