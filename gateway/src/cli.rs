@@ -111,8 +111,24 @@ pub fn confirm(req: &ReplayRequest) -> Result<(), CliError> {
     }
 }
 
+/// The commands' HTTP client (plain HTTP to a node's API).
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// `GET uri` with the token, answered as it comes: its body may stream for as long as the
+/// node holds it (`herald listen`'s connection).
+async fn open(uri: &str, token: &str) -> Result<http::Response<hyper::body::Incoming>, CliError> {
+    let unreachable = |e: &dyn std::fmt::Display| CliError::Unreachable(uri.to_string(), e.to_string());
+    let req = http::Request::get(uri)
+        .header("authorization", format!("Bearer {token}"))
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| unreachable(&e))?;
+    client().request(req).await.map_err(|e| unreachable(&e))
+}
+
 async fn call(api: &str, method: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value, CliError> {
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = client();
     let uri = format!("{}{}", api.trim_end_matches('/'), path);
     let req = http::Request::builder()
         .method(method)

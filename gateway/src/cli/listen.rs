@@ -12,13 +12,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
-use super::{CliError, call};
+use super::{CliError, call, open};
 use crate::classify::Outcome;
 use crate::deliver::{Deliverer, Outgoing, Route, Via};
 
@@ -45,8 +42,6 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
 /// The wait before a lost connection is taken again.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
 /// Checks the request, sets the endpoint up and forwards its deliveries until the process
 /// is stopped; returns only on an error.
 pub async fn listen(req: ListenRequest) -> Result<(), CliError> {
@@ -64,11 +59,10 @@ pub async fn listen(req: ListenRequest) -> Result<(), CliError> {
     if let Some(id) = &req.replay {
         replay(&req, id).await?;
     }
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     // The developer's own machine: private and loopback addresses are the point.
     let deliverer = Deliverer::new(true);
     loop {
-        match stream(&req, &endpoint, &forward, &client, &deliverer).await {
+        match stream(&req, &endpoint, &forward, &deliverer).await {
             Ok(()) => eprintln!("the node ended the connection; connecting again"),
             // Refused (a token revoked, the endpoint gone): nothing to wait for. A node
             // stopping (503) or out of reach: the next one may take the connection.
@@ -194,20 +188,10 @@ async fn replay(req: &ListenRequest, id: &str) -> Result<(), CliError> {
 
 /// Holds one connection: forwards each request it streams, each on a task of its own,
 /// until the node ends it (`Ok`) or it fails.
-async fn stream(
-    req: &ListenRequest,
-    endpoint: &str,
-    forward: &str,
-    client: &HttpClient,
-    deliverer: &Deliverer,
-) -> Result<(), CliError> {
+async fn stream(req: &ListenRequest, endpoint: &str, forward: &str, deliverer: &Deliverer) -> Result<(), CliError> {
     let uri = format!("{}{}/listen", req.api.trim_end_matches('/'), endpoint_path(req, endpoint));
     let unreachable = |e: &dyn std::fmt::Display| CliError::Unreachable(uri.clone(), e.to_string());
-    let request = http::Request::get(&uri)
-        .header("authorization", format!("Bearer {}", req.token))
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| unreachable(&e))?;
-    let resp = client.request(request).await.map_err(|e| unreachable(&e))?;
+    let resp = open(&uri, &req.token).await?;
     let status = resp.status().as_u16();
     let mut body = resp.into_body();
     if status != 200 {
