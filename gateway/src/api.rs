@@ -93,6 +93,7 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(endpoints::verify::verify_now))
         .routes(routes!(endpoints::poll::poll))
         .routes(routes!(endpoints::poll::ack))
+        .routes(routes!(endpoints::listener::listen, endpoints::listener::answer))
         .routes(routes!(portal::create, portal::list))
         .routes(routes!(portal::revoke))
         .routes(routes!(portal::exchange))

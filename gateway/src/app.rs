@@ -138,6 +138,7 @@ pub async fn run(
     let state = AppState::new(config.clone(), store, committer, metrics, waker, replayer, plugins)
         .with_outbox(relays)
         .with_deliverer(engine.deliverer())
+        .with_node_id(node_id.clone())
         .with_telemetry(telemetry.clone())
         .with_catalog(catalog);
     let admin = match config.admin_listen {
@@ -214,7 +215,7 @@ async fn hold_node_id(config: &Config, store: &DynStore) -> Result<(String, stor
 }
 
 /// This machine's host name as a node id (`cluster.node_id`'s characters), or `herald`.
-fn host_name() -> String {
+pub fn host_name() -> String {
     let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let name: String = raw
         .trim()

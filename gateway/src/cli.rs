@@ -1,10 +1,11 @@
 //! Operator and developer commands that talk to a running Herald over its own API
-//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`).
+//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`, `herald listen`).
 //! Not a webhook client: `deliver` alone talks to endpoints.
 
 pub mod apply;
 pub mod document;
 pub mod dump;
+pub mod listen;
 mod node;
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -39,6 +40,9 @@ pub enum CliError {
     Document(#[from] document::DocError),
     #[error("cannot read {0}: {1}")]
     Unreadable(String, String),
+    /// An argument the command cannot take, named.
+    #[error("{0}")]
+    Usage(String),
     /// A call of `herald apply`'s plan failed: the calls before it were made.
     #[error("{0}: {1} (the changes printed before it were made)")]
     Step(String, String),
@@ -107,8 +111,24 @@ pub fn confirm(req: &ReplayRequest) -> Result<(), CliError> {
     }
 }
 
+/// The commands' HTTP client (plain HTTP to a node's API).
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// `GET uri` with the token, answered as it comes: its body may stream for as long as the
+/// node holds it (`herald listen`'s connection).
+async fn open(uri: &str, token: &str) -> Result<http::Response<hyper::body::Incoming>, CliError> {
+    let unreachable = |e: &dyn std::fmt::Display| CliError::Unreachable(uri.to_string(), e.to_string());
+    let req = http::Request::get(uri)
+        .header("authorization", format!("Bearer {token}"))
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| unreachable(&e))?;
+    client().request(req).await.map_err(|e| unreachable(&e))
+}
+
 async fn call(api: &str, method: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value, CliError> {
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = client();
     let uri = format!("{}{}", api.trim_end_matches('/'), path);
     let req = http::Request::builder()
         .method(method)

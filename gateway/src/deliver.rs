@@ -24,6 +24,9 @@
 //!   confirms); the worker's `Transport::Broker` sends a broker endpoint's attempt through it,
 //!   its password or token opened from `[secrets]` once per claim (`worker/target.rs`).
 //! - `deliver/otlp.rs`: the span exporter's HTTP client (`telemetry`), Herald's hyper.
+//! - `deliver/relay.rs`: `herald listen`'s connections (`Deliverer::relay`): a `listen`
+//!   endpoint's request goes down its listener's connection and the answer the listener
+//!   posts back is the attempt's outcome, as an HTTP answer would be.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -47,6 +50,7 @@ mod nats;
 mod oauth;
 pub mod otlp;
 mod redis;
+pub mod relay;
 pub use broker::Message;
 pub use connect::Via;
 pub use oauth::{Authorized, Token, TokenState};
@@ -165,6 +169,8 @@ pub struct Deliverer {
     clients: Arc<Mutex<HashMap<PoolKey, HttpsClient>>>,
     tokens: Arc<oauth::Tokens>,
     brokers: Arc<Brokers>,
+    /// The `herald listen` connections this node holds.
+    relay: Arc<relay::Relay>,
 }
 
 /// The broker connections of a node, one pool per kind.
@@ -186,7 +192,18 @@ struct DnsFailed(String);
 
 impl Deliverer {
     pub fn new(allow_private: bool) -> Deliverer {
-        Deliverer { allow_private, clients: Arc::default(), tokens: Arc::default(), brokers: Arc::default() }
+        Deliverer {
+            allow_private,
+            clients: Arc::default(),
+            tokens: Arc::default(),
+            brokers: Arc::default(),
+            relay: Arc::default(),
+        }
+    }
+
+    /// The `herald listen` connections this node holds (`deliver/relay.rs`).
+    pub fn relay(&self) -> &Arc<relay::Relay> {
+        &self.relay
     }
 
     /// Publishes one message to a broker destination and waits for its acknowledgement
@@ -199,7 +216,7 @@ impl Deliverer {
             EndpointKind::RedisStream => self.brokers.redis.publish(&m, guard).await,
             EndpointKind::Nats => self.brokers.nats.publish(&m, guard).await,
             EndpointKind::Amqp => self.brokers.amqp.publish(&m, guard).await,
-            EndpointKind::Http | EndpointKind::Poll => {
+            EndpointKind::Http | EndpointKind::Poll | EndpointKind::Listen => {
                 failed(TransportErrorKind::Other, "not a broker destination".into())
             }
         }
@@ -320,7 +337,8 @@ async fn exchange(
     Outcome::Response(Response { status, retry_after, headers, body_prefix })
 }
 
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+/// An error and its sources, `: `-separated.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

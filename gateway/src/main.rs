@@ -1,4 +1,4 @@
-//! The `herald` command line: `serve`, `replay`, `trigger`, `apply`, `dump`, `plugin check|run` (and the hidden `plugin compile`), `check-config`, `outbox schema`, `openapi`.
+//! The `herald` command line: `serve`, `replay`, `trigger`, `listen`, `apply`, `dump`, `plugin check|run` (and the hidden `plugin compile`), `check-config`, `outbox schema`, `openapi`.
 
 use std::path::PathBuf;
 
@@ -37,6 +37,10 @@ enum Command {
     /// Post one real event of a tenant: the catalog's example of TYPE, or --data. It is
     /// fanned out, signed and delivered like any other event.
     Trigger(TriggerArgs),
+    /// Receive a tenant's events on this machine: real deliveries of an endpoint of kind
+    /// `listen`, signed as any push, forwarded to --forward over one outbound connection.
+    /// Prints one line per delivery (status, latency, delivery, type, event, attempt).
+    Listen(ListenArgs),
     /// Make a node's tenants, event types, plugin settings and endpoints what a YAML or TOML
     /// document says (docs/features/config-as-code.md). Prints what it changes, or "no changes".
     Apply(ApplyArgs),
@@ -131,6 +135,35 @@ struct TriggerArgs {
     /// For endpoints ordered by key.
     #[arg(long)]
     ordering_key: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct ListenArgs {
+    /// The local URL each delivery is forwarded to, e.g. http://localhost:3000/hook.
+    #[arg(long)]
+    forward: String,
+    /// Herald's API address: any node of the cluster.
+    #[arg(long, visible_alias = "node", default_value = "http://127.0.0.1:8080", env = "HERALD_API")]
+    api: String,
+    /// A token of the tenant with the `manage` scope (or the admin token).
+    #[arg(long, env = "HERALD_TOKEN")]
+    token: String,
+    #[arg(long, env = "HERALD_TENANT")]
+    tenant: String,
+    /// The event types to receive, comma-separated (`prefix.*` too); each must be in the
+    /// tenant's catalog. None: every type.
+    #[arg(long, value_delimiter = ',')]
+    types: Vec<String>,
+    /// Listen on this existing endpoint of kind `listen` instead of the one named --name.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// The listener's name: its endpoint is `listen://NAME`, created when missing.
+    /// Default: this machine's host name.
+    #[arg(long)]
+    name: Option<String>,
+    /// Replay this dead letter (a delivery id) through the listener, then listen.
+    #[arg(long, value_name = "DELIVERY_ID")]
+    replay: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -248,6 +281,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve { config } => serve(config.as_deref()),
         Command::Replay(args) => replay(args),
         Command::Trigger(args) => trigger(args),
+        Command::Listen(args) => listen(args),
         Command::Apply(args) => apply(args),
         Command::Dump(args) => dump(args),
         Command::Plugin { command } => plugin(command),
@@ -405,6 +439,28 @@ fn trigger(args: TriggerArgs) -> anyhow::Result<()> {
         _ => eprintln!("{id} ({}) accepted: {deliveries} deliveries", args.event_type),
     }
     print_out(&accepted.to_string())
+}
+
+/// `herald listen`: runs until stopped (Ctrl-C), or fails on what it cannot take.
+fn listen(args: ListenArgs) -> anyhow::Result<()> {
+    let name = args.name.unwrap_or_else(gateway::app::host_name);
+    let req = gateway::cli::listen::ListenRequest {
+        api: args.api,
+        token: args.token,
+        tenant: args.tenant,
+        forward: args.forward,
+        types: args.types,
+        endpoint: args.endpoint,
+        name,
+        replay: args.replay,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async {
+        tokio::select! {
+            done = gateway::cli::listen::listen(req) => done.map_err(anyhow::Error::from),
+            _ = shutdown_signal() => Ok(()),
+        }
+    })
 }
 
 fn apply(args: ApplyArgs) -> anyhow::Result<()> {

@@ -41,7 +41,9 @@ pub use portal::{Branding, PortalSession};
 pub use replay::*;
 pub use sent::{MAX_SENT_BODY, SentRequest, envelope};
 pub use status::{DeliveryStatus, EndpointStatus, StateBy, delivery_status};
-pub use target::{AmqpTarget, HttpSettings, HttpTarget, NatsTarget, PollTarget, RedisTarget, ShapeError, Target};
+pub use target::{
+    AmqpTarget, HttpSettings, HttpTarget, ListenTarget, NatsTarget, PollTarget, RedisTarget, ShapeError, Target,
+};
 pub use trace::{TRACEPARENT, TRACESTATE, TraceContext, span_id};
 pub use verification::{
     Gate, VERIFICATION_TYPE, VERIFY_RETRY_CAP_MS, VERIFY_RETRY_FIRST_MS, Verification, VerifyState, judge_answer,
@@ -413,6 +415,9 @@ pub struct Endpoint {
     pub failing_since: Option<Millis>,
     /// Where its verification stands (`None`: never tried), when it asks for one.
     pub verification: Option<Verification>,
+    /// Kind `listen`: the node that last took its listener's connection, which paces it
+    /// from then on (`None`: never connected).
+    pub listener: Option<String>,
     /// When `state` last changed (`None`: before Herald kept it).
     pub state_since: Option<Millis>,
     /// Who made that change (`None`: not known).
@@ -541,6 +546,7 @@ impl Endpoint {
             paused_until: None,
             failing_since: None,
             verification: None,
+            listener: None,
             state_since: Some(now),
             state_by: None,
             created_at: now,

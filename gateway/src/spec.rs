@@ -167,7 +167,7 @@ impl EndpointSpec {
             check_url_of("url", self.target.url(), allow_private, self.target.kind())?;
         }
         match &self.target {
-            Target::Http(_) | Target::Poll(_) => {}
+            Target::Http(_) | Target::Poll(_) | Target::Listen(_) => {}
             Target::RedisStream(t) => check_redis(t)?,
             Target::Nats(t) => check_nats(t)?,
             Target::Amqp(t) => check_amqp(t)?,

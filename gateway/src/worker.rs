@@ -173,6 +173,7 @@ impl Engine {
         tokio::spawn(heartbeats(inner.clone()));
         tokio::spawn(refresh::run(inner.clone()));
         tokio::spawn(dispatch(inner.clone()));
+        tokio::spawn(close_relay(inner.clone()));
         Engine { inner }
     }
 
@@ -408,10 +409,24 @@ fn wake(inner: &Arc<Inner>, id: &EndpointId, seq: u64) -> bool {
     let mut parts = inner.partitions.lock().expect("partition map");
     match parts.get(id) {
         Some(signal) => signal.work_after(seq),
-        None if inner.members.mine(id.as_str()) => start_partition(inner, &mut parts, id, signal::Signal::default()),
+        None if ours(inner, id.as_str()) => start_partition(inner, &mut parts, id, signal::Signal::default()),
         None => return false,
     }
     true
+}
+
+/// Whether this node paces `endpoint`: its share of the cluster (`members`), or a `listen`
+/// endpoint whose listener is connected here, whatever the share says.
+fn ours(inner: &Inner, endpoint: &str) -> bool {
+    inner.attempts.deliverer.relay().connected(endpoint) || inner.members.mine(endpoint)
+}
+
+/// Ends the node's listener connections when it stops (each streams until then, and the
+/// server waits for its requests to finish).
+async fn close_relay(inner: Arc<Inner>) {
+    let mut shutdown = inner.shutdown.clone();
+    let _ = shutdown.wait_for(|s| *s).await;
+    inner.attempts.deliverer.relay().close();
 }
 
 /// Starts a partition for another node's endpoint whose work nobody takes.

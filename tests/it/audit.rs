@@ -54,6 +54,8 @@ struct World {
     /// A `poll` endpoint, and a cursor of its to acknowledge.
     poll_endpoint: String,
     poll_cursor: String,
+    /// An endpoint of kind `listen` (`POST …/listen` is refused on the others).
+    listen_endpoint: String,
     token_id: String,
     session_id: String,
     code: String,
@@ -87,6 +89,8 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
     let poll_endpoint = polled["id"].as_str().context("id")?.to_string();
     let read = api.get(&format!("{T}/endpoints/{poll_endpoint}/poll"), ADMIN_TOKEN).await?.expect(200)?;
     let poll_cursor = read.json["next_cursor"].as_str().context("next_cursor")?.to_string();
+    let listen =
+        api.endpoint("acme", json!({"url": "listen://dev", "kind": "listen", "event_types": ["none.ever"]})).await?;
     let mut secrets = vec![];
     for e in [&endpoint, &doomed, &dead_ep, &verified] {
         secrets.push(e["secret"].as_str().context("secret")?.to_string());
@@ -122,6 +126,7 @@ async fn world(backend: Backend) -> anyhow::Result<World> {
         verified_endpoint: verified["id"].as_str().context("id")?.to_string(),
         poll_endpoint,
         poll_cursor,
+        listen_endpoint: listen["id"].as_str().context("id")?.to_string(),
         token_id: token.json["id"].as_str().context("token id")?.to_string(),
         session_id: session["id"].as_str().context("session id")?.to_string(),
         replay: replay.json["id"].as_str().context("replay id")?.to_string(),
@@ -197,6 +202,12 @@ fn step(w: &World, method: &str, path: &str) -> Option<Step> {
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/verify") => {
             write(json_call(id(&w.endpoint), json!({})), json_call(id(&w.verified_endpoint), json!({})))
         }
+        // A listener's answer is a delivery's result: data, like a posted event. One no
+        // attempt waits for is taken as such (`taken: false`); a malformed one is refused.
+        ("post", "/v1/tenants/{tenant}/endpoints/{id}/listen") => data(
+            json_call(id(&w.listen_endpoint), json!({"request": "r1"})),
+            json_call(id(&w.listen_endpoint), json!({"request": "r1", "status": 200})),
+        ),
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/test-send") => write(
             json_call(id(&w.endpoint), json!({"event_type": "never.heard.of"})),
             json_call(id(&w.endpoint), json!({"event_type": "order.created"})),

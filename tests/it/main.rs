@@ -23,6 +23,7 @@
 //! - `endpoint_auth`: how requests authenticate and leave: OAuth2 against a local token server
 //! - `edges`: the listener: slow and idle clients, the connection cap
 //! - `filters`: content filters on endpoints: fan-out, refusals, replays, the test-filter routes
+//! - `listen`: `herald listen` with real processes: a thousand signed deliveries, a killed listener, answers classified as HTTP, two nodes, bad input
 //! - `limits`: refusals: the error shape, size limits, durations, deep payloads
 //! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
 //! - `ordering`: ordered endpoints: each key in intake order through failures, dead letters, a SIGKILL
@@ -69,6 +70,7 @@ mod edges;
 mod endpoint_auth;
 mod filters;
 mod limits;
+mod listen;
 mod metrics;
 mod ordering;
 mod outbox;

@@ -341,6 +341,13 @@ fn calls(w: &World, method: &str, path: &str) -> Option<Vec<Call>> {
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/poll/ack") => {
             each(&[theirs.clone(), mine.clone()], "", Some(json!({"cursor": "x"})), Refused)
         }
+        // `herald listen` is the tenant's developers', not a customer's: refused even on its own.
+        ("get" | "post", "/v1/tenants/{tenant}/endpoints/{id}/listen") => {
+            let body = Some(json!({"request": "r1", "status": 200}));
+            let mut v = each(std::slice::from_ref(theirs), "", body.clone(), Refused);
+            v.extend(each(std::slice::from_ref(mine), "", body, Refused));
+            v
+        }
         ("post", "/v1/tenants/{tenant}/endpoints/{id}/test-send") => {
             each(std::slice::from_ref(theirs), "", Some(json!({"event_type": "theirs.happened"})), Refused)
         }

@@ -107,6 +107,7 @@ fn endpoint(tenant: &str, id: &str, types: &[&str], created_at: Millis) -> Endpo
         paused_until: None,
         failing_since: None,
         verification: None,
+        listener: None,
         state_since: Some(created_at),
         state_by: None,
         created_at,

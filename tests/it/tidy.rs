@@ -180,7 +180,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
     ("config", &[&["raw"], &["outbox", "plugins", "portal"], &["tests"]]),
     // `connect` opens an HTTP destination's connection (SSRF guard, proxy), `broker` what
     // the broker clients share; above them their users.
-    ("deliver", &[&["connect", "broker"], &["oauth", "otlp", "redis", "nats", "amqp"]]),
+    ("deliver", &[&["connect", "broker"], &["oauth", "otlp", "redis", "nats", "amqp", "relay"]]),
     ("worker", &[&["known", "members", "target"], &["decide", "signal"], &["attempt"], &["partition", "refresh"]]),
     (
         "plugin",

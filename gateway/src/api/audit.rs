@@ -9,7 +9,7 @@
 //! `store::audit::note_resource`), the client's address, the actor, which authentication
 //! names (`auth::caller`), and the top-level keys of its JSON body, which `JsonBody` names
 //! as it parses it (never their values: secrets are values). Not audited ([`NOT_AUDITED`]):
-//! the filter trials, which write nothing, and event intake and `poll` acknowledgements,
+//! the filter trials, which write nothing, and event intake, `poll` acknowledgements and a listener's answers,
 //! which are data, not configuration. Plugin uploads, rollbacks and deletions write files, not rows: their
 //! entries are stored after they succeed.
 
@@ -30,11 +30,13 @@ use crate::model::{AuditEntry, AuditFilter, TenantId, new_id};
 use crate::store::audit;
 
 /// Write routes that leave no entry: the filter trials, which are posted but write
-/// nothing, and event intake and a `poll` consumer's acknowledgements, which are data
+/// nothing, and event intake, a `poll` consumer's acknowledgements and a listener's answers, which are data
 /// rather than configuration (intake is the hot path: it gets no entry to carry, so its
-/// commits hold no audit row; an acknowledgement settles deliveries, as a push's 2xx does).
+/// commits hold no audit row; an acknowledgement settles deliveries, as a push's 2xx does,
+/// and a listener's answer is a delivery's result).
 const NOT_AUDITED: [&str; 5] = [
     "/v1/tenants/{tenant}/endpoints/{id}/test-filter",
+    "/v1/tenants/{tenant}/endpoints/{id}/listen",
     "/v1/tenants/{tenant}/test-filter",
     "/v1/tenants/{tenant}/events",
     "/v1/tenants/{tenant}/events/batch",

@@ -23,6 +23,7 @@ use keys::{PublicKeyOut, RotateIn, Scheme};
 mod health;
 pub(crate) mod keys;
 pub(crate) mod poll;
+pub(crate) mod listener;
 pub(crate) mod test_filter;
 pub(crate) mod verify;
 
@@ -33,12 +34,13 @@ pub(crate) mod verify;
 pub(crate) struct EndpointIn {
     /// `https://` (or `http://`) URL the deliveries go to; for a broker kind, the broker's
     /// (`redis://host:port[/db]`, `nats://host:port`, `amqp://host:port[/vhost]`), without
-    /// credentials. None (absent or `""`) for kind `poll`.
+    /// credentials; for kind `listen`, `listen://<name>`. None (absent or `""`) for kind `poll`.
     url: Option<String>,
-    /// `http` (the default), `redis-stream`, `nats`, `amqp` or `poll` (pull delivery: a
-    /// consumer reads the deliveries, `GET …/endpoints/{id}/poll`). A broker kind needs
-    /// `destination`; changing the kind needs the matching `url` and `destination`. An
-    /// endpoint cannot become or stop being `poll`.
+    /// `http` (the default), `redis-stream`, `nats`, `amqp`, `poll` (pull delivery: a
+    /// consumer reads the deliveries, `GET …/endpoints/{id}/poll`) or `listen` (`herald
+    /// listen`: the requests go down a listener's connection, `GET …/endpoints/{id}/listen`).
+    /// A broker kind needs `destination`; changing the kind needs the matching `url` and
+    /// `destination`. An endpoint cannot become or stop being `poll`.
     kind: Option<EndpointKind>,
     /// A broker kind's settings. Patched field by field (`""` removes one; an omitted
     /// `password` or `token` keeps the stored one); `null` removes them all.

@@ -203,9 +203,10 @@ async fn connection(
         // The client's address, for the audit log (`api/audit.rs`).
         req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
         async move {
+            // Busy until the body is sent, not only its head: a streamed answer (`herald
+            // listen`'s connection) is a request in flight, never an idle connection.
             let response = app.call(req).await;
-            drop(busy);
-            response
+            response.map(|r| r.map(|body| axum::body::Body::new(Streaming { inner: body, _busy: busy })))
         }
     });
     // Our own timers below judge the head and idle phases; hyper's would conflate them.
@@ -366,6 +367,29 @@ impl Body for TimedBody {
                 }
             }
         }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body that keeps its request in flight ([`Busy`]) until it is sent or dropped.
+struct Streaming {
+    inner: axum::body::Body,
+    _busy: Busy,
+}
+
+impl Body for Streaming {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

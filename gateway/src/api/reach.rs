@@ -166,6 +166,9 @@ enum Confine {
     Refused(&'static str),
 }
 
+/// `herald listen` is a developer's tool of the tenant's, not a customer's.
+const LISTEN_REFUSED: &str = "this portal session is limited to some endpoints: it cannot listen";
+
 /// Every tenant route a portal session may use (see `auth::portal_allows`), with what its
 /// path names. A limited session is refused any route missing here.
 const CONFINED: &[(&str, &str, Confine)] = {
@@ -187,6 +190,8 @@ const CONFINED: &[(&str, &str, Confine)] = {
         ("POST", "/v1/tenants/{tenant}/endpoints/{id}/test-send", Endpoint),
         ("POST", "/v1/tenants/{tenant}/endpoints/{id}/test-filter", Endpoint),
         ("POST", "/v1/tenants/{tenant}/endpoints/{id}/verify", Endpoint),
+        ("GET", "/v1/tenants/{tenant}/endpoints/{id}/listen", Refused(LISTEN_REFUSED)),
+        ("POST", "/v1/tenants/{tenant}/endpoints/{id}/listen", Refused(LISTEN_REFUSED)),
         ("POST", "/v1/tenants/{tenant}/test-filter", Shared),
         ("GET", "/v1/tenants/{tenant}/events/{id}", Event),
         ("GET", "/v1/tenants/{tenant}/events/{id}/deliveries", Event),

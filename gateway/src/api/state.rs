@@ -38,6 +38,9 @@ pub struct AppState {
     pub(crate) plugin_locks: bindings::PluginLocks,
     /// Intake spans, when exported.
     pub telemetry: crate::telemetry::Telemetry,
+    /// This node's id (`cluster.node_id`): a `listen` endpoint whose listener connects here
+    /// is pinned to it.
+    pub node_id: String,
 }
 
 impl AppState {
@@ -68,7 +71,16 @@ impl AppState {
             tenants: RwLock::default(),
             plugin_locks: Default::default(),
             telemetry: Default::default(),
+            node_id: String::new(),
         })
+    }
+
+    /// The state with this node's id (before it is shared).
+    pub fn with_node_id(mut self: Arc<Self>, node_id: String) -> Arc<Self> {
+        if let Some(state) = Arc::get_mut(&mut self) {
+            state.node_id = node_id;
+        }
+        self
     }
 
     /// The state with the engine's client (before it is shared).

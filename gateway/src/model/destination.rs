@@ -23,6 +23,9 @@ pub enum EndpointKind {
     /// Pull delivery: nothing is sent; a consumer reads the deliveries with a cursor
     /// (`GET …/endpoints/{id}/poll`) and acknowledges them. No URL.
     Poll,
+    /// A developer's `herald listen` (`listen://<name>`): the request is built here and
+    /// goes down the listener's connection, which forwards it and posts the answer back.
+    Listen,
 }
 
 impl EndpointKind {
@@ -35,6 +38,11 @@ impl EndpointKind {
         self == EndpointKind::Poll
     }
 
+    /// Whether its requests are HTTP requests (a webhook, or one a listener forwards).
+    pub fn speaks_http(self) -> bool {
+        matches!(self, EndpointKind::Http | EndpointKind::Listen)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             EndpointKind::Http => "http",
@@ -42,6 +50,7 @@ impl EndpointKind {
             EndpointKind::Nats => "nats",
             EndpointKind::Amqp => "amqp",
             EndpointKind::Poll => "poll",
+            EndpointKind::Listen => "listen",
         }
     }
 
@@ -53,6 +62,7 @@ impl EndpointKind {
             EndpointKind::Nats => &["nats", "tls"],
             EndpointKind::Amqp => &["amqp", "amqps"],
             EndpointKind::Poll => &[],
+            EndpointKind::Listen => &["listen"],
         }
     }
 }
@@ -90,7 +100,7 @@ impl Destination {
     /// The template that names where a message goes for `kind`, if set.
     pub fn template(&self, kind: EndpointKind) -> Option<&str> {
         match kind {
-            EndpointKind::Http | EndpointKind::Poll => None,
+            EndpointKind::Http | EndpointKind::Poll | EndpointKind::Listen => None,
             EndpointKind::RedisStream => self.stream.as_deref(),
             EndpointKind::Nats => self.subject.as_deref(),
             EndpointKind::Amqp => self.routing_key.as_deref(),

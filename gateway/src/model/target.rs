@@ -1,6 +1,8 @@
-//! Where an endpoint's deliveries go, as a type: an HTTP `POST` ([`HttpTarget`]) or one of
-//! the brokers ([`RedisTarget`], [`NatsTarget`], [`AmqpTarget`]), each with only its own
-//! settings, or a consumer's reads ([`PollTarget`]: pull delivery, no URL). The stored document and the API keep the flat form (`kind`, `url`,
+//! Where an endpoint's deliveries go, as a type: an HTTP `POST` ([`HttpTarget`]), one of
+//! the brokers ([`RedisTarget`], [`NatsTarget`], [`AmqpTarget`]), a consumer's reads
+//! ([`PollTarget`]: pull delivery, no URL), or a developer's `herald listen` connection
+//! ([`ListenTarget`]), each with only its own settings. The stored document and the API
+//! keep the flat form (`kind`, `url`,
 //! `destination`, `oauth2`, `proxy`, `tls`); [`Target::from_flat`] reads it and refuses a
 //! setting its kind does not take, [`Target::into_flat`] writes it back. Shape only: the
 //! values are checked by `spec`.
@@ -16,6 +18,15 @@ pub enum Target {
     Nats(NatsTarget),
     Amqp(AmqpTarget),
     Poll(PollTarget),
+    Listen(ListenTarget),
+}
+
+/// A `herald listen` connection (`listen://<name>`): the node builds and signs the request
+/// as for a webhook and hands it to the listener connected for the endpoint, which forwards
+/// it to the developer's local URL and posts the answer back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenTarget {
+    pub url: String,
 }
 
 /// A webhook: an HTTP `POST` to `url`, and how the request leaves the node.
@@ -118,6 +129,7 @@ impl Target {
             Target::Nats(_) => EndpointKind::Nats,
             Target::Amqp(_) => EndpointKind::Amqp,
             Target::Poll(_) => EndpointKind::Poll,
+            Target::Listen(_) => EndpointKind::Listen,
         }
     }
 
@@ -129,6 +141,7 @@ impl Target {
             Target::Nats(t) => &t.url,
             Target::Amqp(t) => &t.url,
             Target::Poll(_) => "",
+            Target::Listen(t) => &t.url,
         }
     }
 
@@ -161,13 +174,14 @@ impl Target {
                     let HttpSettings { oauth2, proxy, tls, user_agent, verify } = http;
                     Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify }))
                 }
+                EndpointKind::Listen => Ok(Target::Listen(ListenTarget { url })),
                 _ => {
                     Err(ShapeError { field: "destination", reason: format!("is required for kind {}", kind.as_str()) })
                 }
             };
         };
         match kind {
-            EndpointKind::Http => Err(ShapeError {
+            EndpointKind::Http | EndpointKind::Listen => Err(ShapeError {
                 field: "destination",
                 reason: "is only for the kinds redis-stream, nats and amqp".into(),
             }),
@@ -199,6 +213,7 @@ impl Target {
                 (kind, url, Some(d), HttpSettings::default())
             }
             Target::Poll(PollTarget {}) => (kind, String::new(), None, HttpSettings::default()),
+            Target::Listen(ListenTarget { url }) => (kind, url, None, HttpSettings::default()),
         }
     }
 }

@@ -22,6 +22,9 @@ pub trait Admin: Send + Sync + 'static {
     /// Stores where an endpoint's verification stands (not its settings, nor `updated_at`).
     /// False when there is no such endpoint.
     async fn put_verification(&self, endpoint: &EndpointId, verification: &Verification) -> Result<bool>;
+    /// Pins a `listen` endpoint to `node`, which holds its listener's connection (runtime
+    /// state, not its settings). True when the pin moved.
+    async fn put_listener(&self, endpoint: &EndpointId, node: &str) -> Result<bool>;
     /// Deletes it; its unfinished deliveries become dead letters (`endpoint_deleted`).
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool>;
     /// Replaces the settings of one tenant's plugin (a tenant's own configuration).

@@ -124,6 +124,12 @@ impl Admin for PostgresStore {
         audit::finish(tx, entry, out).await
     }
 
+    async fn put_listener(&self, id: &EndpointId, node: &str) -> Result<bool> {
+        let (mut tx, entry) = self.begin().await?;
+        let out = self.q.put_listener(&mut tx, id, node).await?;
+        audit::finish(tx, entry, out).await
+    }
+
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         let (mut tx, entry) = self.begin().await?;
         let out = self.q.delete_endpoint(&mut tx, tenant, id, now).await?;

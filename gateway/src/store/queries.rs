@@ -513,6 +513,10 @@ where
         let done = sqlx::query(sql::PUT_VERIFICATION).bind(json(v)).bind(id.as_str()).execute(&mut *conn).await?;
         Ok(DB::rows_affected(&done) == 1)
     }
+    pub(super) async fn put_listener(&self, conn: &mut DB::Connection, id: &EndpointId, node: &str) -> Result<bool> {
+        let done = sqlx::query(sql::PUT_LISTENER).bind(node).bind(id.as_str()).execute(&mut *conn).await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
     pub(super) async fn delete_endpoint(
         &self,
         conn: &mut DB::Connection,

@@ -104,6 +104,8 @@ pub(super) struct EndpointRow {
     failing_since: Option<Millis>,
     /// JSON `Verification` (migration 0017); NULL: never tried.
     verification: Option<String>,
+    /// The node that took its listener's connection (migration 0022).
+    listener: Option<String>,
     state_since: Option<Millis>,
     state_by: Option<String>,
     created_at: Millis,
@@ -125,6 +127,7 @@ impl TryFrom<EndpointRow> for Endpoint {
             failing_since: r.failing_since,
             // One that no longer reads is verified again, as a never tried one is.
             verification: r.verification.and_then(|v| serde_json::from_str(&v).ok()),
+            listener: r.listener,
             state_since: r.state_since,
             // A name this build does not know reads as not known.
             state_by: r.state_by.as_deref().and_then(StateBy::parse),

@@ -96,6 +96,10 @@ pub(super) const UPDATE_ENDPOINT: &str = "UPDATE endpoints SET spec = $1, event_
 
 /// Stores endpoint `$2`'s verification (`$1`, JSON).
 pub(super) const PUT_VERIFICATION: &str = "UPDATE endpoints SET verification = $1 WHERE id = $2";
+/// Pins endpoint `$2`'s listener to node `$1`; a pin already there changes nothing (no new
+/// version, so the other nodes re-read nothing).
+pub(super) const PUT_LISTENER: &str =
+    "UPDATE endpoints SET listener = $1 WHERE id = $2 AND (listener IS NULL OR listener <> $1)";
 
 /// Deletes endpoint `$1` of tenant `$2`; then [`DEAD_ON_DELETED_ENDPOINT`], in the same transaction.
 pub(super) const DELETE_ENDPOINT: &str = "DELETE FROM endpoints WHERE id = $1 AND tenant_id = $2";

@@ -142,6 +142,11 @@ impl Admin for SqliteStore {
         self.writer.audited(move |tx| writes::put_verification(tx, &id, &v)).await
     }
 
+    async fn put_listener(&self, id: &EndpointId, node: &str) -> Result<bool> {
+        let (id, node) = (id.clone(), node.to_string());
+        self.writer.audited(move |tx| writes::put_listener(tx, &id, &node)).await
+    }
+
     async fn delete_endpoint(&self, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
         let (tenant, id) = (tenant.clone(), id.clone());
         self.writer.audited(move |tx| writes::delete_endpoint(tx, &tenant, &id, now)).await

@@ -23,7 +23,14 @@
 //! back, notices may have been lost (`Notice::Missed`): every partition re-reads its
 //! endpoint and the scan runs at once. A draining node leaves first and writes no heartbeat
 //! after. SQLite: no membership, the node paces everything.
+//!
+//! A `listen` endpoint goes to the node that took its listener's connection, not to its
+//! hash: that node pins it in the store (`endpoints.listener`), and each node learns the pin
+//! when it reads the endpoint ([`Members::pin`]); a pin to a node no longer live counts for
+//! nothing. The node holding the connection paces the endpoint whatever its view
+//! (`worker::ours`), and the partition elsewhere hands it over as when a node joins.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -43,6 +50,8 @@ pub(super) struct Members {
     /// Whether the last heartbeat failed, and when the store answered again after the
     /// last failure.
     outage: Mutex<(bool, Option<Instant>)>,
+    /// `listen` endpoints' pins as last read: the node that holds each one's listener.
+    pins: RwLock<HashMap<String, String>>,
 }
 
 impl Members {
@@ -52,6 +61,25 @@ impl Members {
             view: RwLock::new(None),
             generation: AtomicU64::new(0),
             outage: Mutex::new((false, None)),
+            pins: RwLock::default(),
+        }
+    }
+
+    /// `endpoint` (kind `listen`) was read pinned to `node` (`None`: not pinned, or not a
+    /// `listen` endpoint). A moved pin bumps the generation, as a membership change does, so
+    /// the partitions look again at what is theirs.
+    pub(super) fn pin(&self, endpoint: &str, node: Option<&str>) {
+        let mut pins = self.pins.write().expect("pins");
+        let moved = match node {
+            Some(node) if pins.get(endpoint).is_none_or(|n| n != node) => {
+                pins.insert(endpoint.to_string(), node.to_string());
+                true
+            }
+            Some(_) => false,
+            None => pins.remove(endpoint).is_some(),
+        };
+        if moved {
+            self.generation.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -105,7 +133,16 @@ impl Members {
     pub(super) fn mine(&self, endpoint: &str) -> bool {
         match self.view.read().expect("members").as_deref() {
             None => true,
-            Some(live) => lease::preferred_node(endpoint, live) == Some(self.owner.as_str()),
+            Some(live) => self.preferred(endpoint, live) == Some(self.owner.as_str()),
+        }
+    }
+
+    /// The node pinned for `endpoint`'s listener, while it is live; otherwise its hash's.
+    fn preferred<'a>(&self, endpoint: &str, live: &'a [String]) -> Option<&'a str> {
+        let pins = self.pins.read().expect("pins");
+        match pins.get(endpoint).and_then(|node| live.iter().find(|m| *m == node)) {
+            Some(pinned) => Some(pinned.as_str()),
+            None => lease::preferred_node(endpoint, live),
         }
     }
 }
@@ -132,6 +169,27 @@ mod tests {
         assert!(!m.mine("ep_1"), "a leaving node keeps nothing");
         m.update(None, t0);
         assert_eq!((m.count(), m.mine("ep_1")), (1, true));
+    }
+
+    #[test]
+    fn a_listener_pin_to_a_live_node_wins_over_the_hash() {
+        let (a, b, t0) = (Members::new("a"), Members::new("b"), Instant::now());
+        for m in [&a, &b] {
+            m.update(view(&["a", "b"]), t0);
+        }
+        let theirs = (0..100).map(|i| format!("ep_{i}")).find(|e| !a.mine(e)).unwrap();
+        let g = a.generation();
+        for m in [&a, &b] {
+            m.pin(&theirs, Some("a"));
+        }
+        assert!(a.mine(&theirs) && !b.mine(&theirs), "pinned to a");
+        assert_eq!(a.generation(), g + 1, "a moved pin is a change");
+        a.pin(&theirs, Some("a"));
+        assert_eq!(a.generation(), g + 1, "the same pin is none");
+        a.pin(&theirs, Some("gone"));
+        assert!(!a.mine(&theirs), "a pin to a node not live counts for nothing");
+        a.pin(&theirs, None);
+        assert!(!a.mine(&theirs));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::{IDLE_LINGER, Inner, SCAN_EVERY, TAKEOVER_HOLD, attempt, ensure_partition};
 use crate::lease;
 use crate::metrics::TenantCounters;
-use crate::model::{Endpoint, EndpointId, EndpointSpec, EndpointState, Gate, Millis, Sendable};
+use crate::model::{Endpoint, EndpointId, EndpointKind, EndpointSpec, EndpointState, Gate, Millis, Sendable};
 use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
@@ -147,7 +147,7 @@ enum Refill {
 
 impl Partition {
     fn new(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) -> Partition {
-        let took_over = (!inner.members.mine(id.as_str())).then(Instant::now);
+        let took_over = (!super::ours(&inner, id.as_str())).then(Instant::now);
         Partition {
             id,
             signal,
@@ -206,7 +206,7 @@ impl Partition {
         let offer_back = self.took_over.is_some_and(|at| at.elapsed() >= TAKEOVER_HOLD);
         if generation != self.members_seen || offer_back {
             self.members_seen = generation;
-            self.moved = !self.inner.members.mine(self.id.as_str());
+            self.moved = !super::ours(&self.inner, self.id.as_str());
             self.took_over = None;
         }
         self.moved
@@ -357,7 +357,7 @@ impl Partition {
                 _ = self.signal.change.notified() => return Flow::Again,
                 _ = tokio::time::sleep(IDLE_LINGER) => {}
             }
-            if !self.inner.members.mine(self.id.as_str()) {
+            if !super::ours(&self.inner, self.id.as_str()) {
                 // Another node's endpoint (taken over, or paced here while the membership
                 // was out of date): its lease is given up rather than left to run out, so
                 // that node takes the endpoint at its next scan.
@@ -428,6 +428,10 @@ impl Partition {
         if let Some(next_try) = self.unverified(&mut endpoint, now).await {
             return Refill::Idle(Some(next_try));
         }
+        if self.unplugged(&endpoint) {
+            self.hand_back(now).await;
+            return Refill::Idle(Some(now + UNPLUGGED_LOOK_AGAIN));
+        }
         let Some(sh) = self.configure(&endpoint) else { return Refill::Gone };
         if let Some(until) = sh.pacer.lock().expect("pacer").paused_until()
             && until > Instant::now()
@@ -486,6 +490,19 @@ impl Partition {
     fn note_read(&mut self, read: &StoreResult<Option<Endpoint>>) {
         self.endpoint = read.as_ref().ok().cloned().flatten();
         self.signal.read_at(self.endpoint.as_ref().map(|e| e.version));
+        if let Some(e) = &self.endpoint {
+            let listen = e.spec.target.kind() == EndpointKind::Listen;
+            self.inner.members.pin(self.id.as_str(), e.listener.as_deref().filter(|_| listen));
+        }
+    }
+
+    /// A `listen` endpoint whose listener is not connected to this node: nothing is
+    /// claimed, taken at intake or sent, and its deliveries wait in the store as a paused
+    /// endpoint's do (no attempt, so no retry counts), until a listener connects here or
+    /// the endpoint moves to the node it connected to (`Members::pin`).
+    fn unplugged(&self, endpoint: &Endpoint) -> bool {
+        endpoint.spec.target.kind() == EndpointKind::Listen
+            && !self.inner.attempts.deliverer.relay().connected(self.id.as_str())
     }
 
     /// The partition's shared state, created on first use and re-paced to `endpoint`'s
@@ -531,7 +548,7 @@ impl Partition {
             // may have cancelled a replay whose deliveries that claim took).
             return Flow::Again;
         }
-        if sh.halted.load(Ordering::Acquire) {
+        if sh.halted.load(Ordering::Acquire) || self.unplugged(&tg.endpoint) {
             self.release_queue(self.inner.clock.now()).await;
             return Flow::Again;
         }
@@ -571,6 +588,10 @@ impl Partition {
         Flow::Again
     }
 }
+
+/// How often a `listen` partition whose listener is not connected here looks again (a
+/// listener connecting here wakes it at once).
+const UNPLUGGED_LOOK_AGAIN: Millis = 1_000;
 
 /// The next claim of a partition that still holds `queued` unsent deliveries: about a
 /// second of its rate, leased long enough to send all of them at that rate.

@@ -1,7 +1,8 @@
 //! An endpoint's material opened once per claim ([`Opened`]): its signing secrets parsed,
 //! its sealed credentials opened (OAuth2 client secret, broker password or token, TLS client
 //! key) and its TLS client configuration built; and from them how a request leaves
-//! ([`Transport`]): an HTTP route (proxy, TLS), with or without OAuth2, or a broker. What
+//! ([`Transport`]): an HTTP route (proxy, TLS), with or without OAuth2, a broker, or a
+//! `herald listen` connection (`deliver/relay.rs`). What
 //! does not open is an [`OpenError`], which says, in one place, why the endpoint is held.
 //! It never judges an outcome.
 
@@ -12,6 +13,7 @@ use bytes::Bytes;
 
 use crate::classify::Outcome;
 use crate::config::DeliveryConfig;
+use crate::deliver::relay::RelayRequest;
 use crate::deliver::{ClientTls, Message, Outgoing, Route, Via};
 use crate::model::{
     Destination, Endpoint, EndpointKind, EndpointSpec, EndpointTls, HttpTarget, Millis, OAuth2, SecretEntry,
@@ -56,6 +58,9 @@ pub(in crate::worker) enum Transport {
         connect_timeout: Duration,
         timeout: Duration,
     },
+    /// Down the endpoint's listener connection on this node (kind `listen`); the answer the
+    /// listener posts back within `timeout` is the outcome.
+    Listen { endpoint: String, timeout: Duration, keep_headers: bool },
 }
 
 /// A sealed value of an endpoint's.
@@ -123,6 +128,11 @@ impl Opened {
         let spec = &endpoint.spec;
         let transport = match &spec.target {
             Target::Http(t) => http(spec, t, delivery, sealer)?,
+            Target::Listen(_) => Transport::Listen {
+                endpoint: endpoint.id.to_string(),
+                timeout: deadlines(spec).timeout,
+                keep_headers: spec.plugins.classify.is_some(),
+            },
             broker => {
                 let (kind, url, destination, _) = broker.clone().into_flat();
                 let d = destination.unwrap_or_default();
@@ -234,6 +244,16 @@ impl Transport {
     pub(in crate::worker) async fn send(&self, via: Through<'_>, d: &Claimed, request: Request) -> Sent {
         let Request { mut headers, body, is_envelope } = request;
         match self {
+            Transport::Listen { endpoint, timeout, keep_headers } => {
+                let sent = SentRequest::new(&headers, &body, is_envelope);
+                let attempt = d.attempts + 1;
+                let (id, event, kind) = (d.id.to_string(), d.event_id.to_string(), d.event_type.clone());
+                let request = RelayRequest::new(id, event, kind, attempt, headers, &body);
+                let now = via.clock.now();
+                let outcome = via.deliverer.relay().send(endpoint, request, *keep_headers, now, *timeout).await;
+                via.metrics.attempts.inc();
+                Sent::Answered(outcome, sent)
+            }
             Transport::Broker { kind, url, destination, template, connect_timeout, timeout } => {
                 let sent = SentRequest::new(&headers, &body, is_envelope);
                 let message = Message {

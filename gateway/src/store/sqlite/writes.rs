@@ -70,6 +70,11 @@ pub(super) fn put_verification(tx: &Transaction<'_>, id: &EndpointId, v: &Verifi
     Ok(n == 1)
 }
 
+pub(super) fn put_listener(tx: &Transaction<'_>, id: &EndpointId, node: &str) -> Result<bool> {
+    let n = tx.prepare_cached(sql::PUT_LISTENER)?.execute(params![node, id.as_str()])?;
+    Ok(n == 1)
+}
+
 pub(super) fn delete_endpoint(tx: &Transaction<'_>, tenant: &TenantId, id: &EndpointId, now: Millis) -> Result<bool> {
     let n = tx.prepare_cached(sql::DELETE_ENDPOINT)?.execute(params![id.as_str(), tenant.as_str()])?;
     tx.prepare_cached(sql::DEAD_ON_DELETED_ENDPOINT)?.execute(params![now, id.as_str()])?;

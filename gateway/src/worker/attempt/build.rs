@@ -68,7 +68,7 @@ pub(super) fn encoded(cx: &AttemptCtx, spec: &EndpointSpec, d: &Claimed, request
         time: rfc3339(d.event_created_at),
         dataschema: cx.catalog.dataschema(&d.tenant, &d.event_type),
     };
-    let via = if spec.target.kind().is_http() { CeHeaders::Http } else { CeHeaders::Broker };
+    let via = if spec.target.kind().speaks_http() { CeHeaders::Http } else { CeHeaders::Broker };
     let body = encode_cloudevent(ce.mode, &attributes, via, &mut headers, body);
     plugin::Request { headers, body }
 }

@@ -29,7 +29,8 @@ impl Partition {
         let (halted, claiming, queued) = (self.halted(), self.prefetch.is_some(), self.queue.len() as u32);
         let held = self.held.map(|h| self.inner.clock.millis_at(h));
         self.signal.known(|k| {
-            let terms = match (&self.target, held) {
+            let target = self.target.as_ref().filter(|t| !self.unplugged(&t.endpoint));
+            let terms = match (target, held) {
                 (Some(target), Some(held)) => {
                     k.open_terms(held, queued, halted, |n| self.claim_terms(&target.endpoint.spec, n))
                 }
