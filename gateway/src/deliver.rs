@@ -57,8 +57,9 @@ pub use oauth::{Authorized, Token, TokenState};
 
 /// How much of a response body is kept with the attempt.
 pub const BODY_PREFIX: usize = 1024;
-/// How much of a response body is read (to keep the connection reusable) before giving up on it.
-const BODY_DRAIN: usize = 64 * 1024;
+/// How much of a response body is read (to keep the connection reusable) before giving up
+/// on it; the most of it an exchange may keep (a batch's answer names the events refused).
+pub const BODY_DRAIN: usize = 64 * 1024;
 
 /// A request ready to go out.
 #[derive(Debug, Clone)]
@@ -70,6 +71,9 @@ pub struct Outgoing {
     /// Keep the response headers (only a classify plugin reads them; copying them on
     /// every answer is wasted work otherwise).
     pub keep_headers: bool,
+    /// How much of the response body to keep: [`BODY_PREFIX`], or up to [`BODY_DRAIN`]
+    /// when the answer is read (a batch's).
+    pub keep_body: usize,
     /// The engine's time as it sends: an HTTP-date `Retry-After` is read against it.
     pub now: Millis,
 }
@@ -274,7 +278,8 @@ impl Deliverer {
             Err(e) => return failed(TransportErrorKind::Tls, format!("the endpoint's TLS settings: {e}")),
         };
         let timeout = out.route.timeout;
-        match tokio::time::timeout(timeout, exchange(client, request, out.keep_headers, out.now)).await {
+        match tokio::time::timeout(timeout, exchange(client, request, (out.keep_headers, out.keep_body), out.now)).await
+        {
             Ok(outcome) => outcome,
             Err(_) => failed(TransportErrorKind::Timeout, format!("no answer within {timeout:?}")),
         }
@@ -297,7 +302,7 @@ fn failed(kind: TransportErrorKind, detail: String) -> Outcome {
 async fn exchange(
     client: HttpsClient,
     request: http::Request<Full<Bytes>>,
-    keep_headers: bool,
+    (keep_headers, keep_body): (bool, usize),
     now: Millis,
 ) -> Outcome {
     let response = match client.request(request).await {
@@ -326,7 +331,7 @@ async fn exchange(
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     read += data.len();
-                    let room = BODY_PREFIX.saturating_sub(kept.len());
+                    let room = keep_body.saturating_sub(kept.len());
                     kept.extend_from_slice(&data[..data.len().min(room)]);
                 }
             }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 pub const OPS_TENANT: &str = "herald-ops";
 
 mod audit;
+mod batch;
 mod bindings;
 mod catalog;
 mod cloudevents;
@@ -27,6 +28,10 @@ mod target;
 mod trace;
 mod verification;
 pub use audit::{AuditEntry, AuditFilter};
+pub use batch::{
+    BATCH_TYPE, BatchError, Batching, MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_BATCH_WAIT_MS, batch_envelope, batch_id,
+    refused_events,
+};
 pub use bindings::{PluginBindings, is_slug, split_pinned};
 pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
 pub use cloudevents::{CeAttributes, CeHeaders, CeMode, CloudEvents, encode as encode_cloudevent};
@@ -299,6 +304,8 @@ pub struct EndpointSpec {
     pub ordering_on_dead: DeadHead,
     /// CloudEvents 1.0 output instead of the Standard Webhooks envelope (`None`: the envelope).
     pub cloudevents: Option<CloudEvents>,
+    /// Several events per request (`None`: one event per request).
+    pub batch: Option<Batching>,
     /// Where deliveries go, with the settings of that kind alone.
     pub target: Target,
 }
@@ -334,6 +341,7 @@ impl EndpointSpec {
             ordering: DeliveryOrder::None,
             ordering_on_dead: DeadHead::Skip,
             cloudevents: None,
+            batch: None,
             target,
         }
     }

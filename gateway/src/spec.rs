@@ -200,6 +200,9 @@ impl EndpointSpec {
         if let Some(source) = self.cloudevents.as_ref().and_then(|c| c.source.as_deref()) {
             check_ce_source(source)?;
         }
+        if let Some(batch) = &self.batch {
+            check_batch(batch, self)?;
+        }
         match &self.target {
             Target::Http(t) => check_http(t, &self.headers, allow_private),
             Target::Poll(_) => check_poll(self),
@@ -277,6 +280,19 @@ pub fn check_ce_source(source: &str) -> Result<(), SpecError> {
     }
     if source.replace("{tenant}", "x").contains(['{', '}']) {
         return Err(SpecError::new(field, "knows only the placeholder {tenant}"));
+    }
+    Ok(())
+}
+
+/// An endpoint's batching: its bounds, on an HTTP endpoint with Standard Webhooks' envelope
+/// (a broker's batch and CloudEvents' batched mode are not built).
+fn check_batch(batch: &crate::model::Batching, spec: &EndpointSpec) -> Result<(), SpecError> {
+    batch.check().map_err(|e| SpecError::new(e.field, e.reason))?;
+    if !spec.target.kind().is_http() {
+        return Err(SpecError::new("batch", "is only for kind http"));
+    }
+    if spec.cloudevents.is_some() {
+        return Err(SpecError::new("batch", "does not go with cloudevents"));
     }
     Ok(())
 }

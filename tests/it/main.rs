@@ -8,6 +8,7 @@
 //! - `apply`: `herald apply` and `herald dump`: the round trip to a fresh node, dry runs, prune, secret references, bad documents
 //! - `api`: the HTTP API: round trips, idempotency, fan-out, bad input, tenant isolation
 //! - `audit`: the audit log: every write route of `/openapi.json` leaves one entry, a refused one none; listings
+//! - `batching`: several events per request: full and partial batches, one signature, all-or-nothing retries, partial acceptance, dead letters, ordering keys, refusals
 //! - `catalog`: the event catalog: types and schema versions, `schema_validation` at intake, test sends, the export
 //! - `changes`: how soon a change to an endpoint applies to its partition (within a second)
 //! - `cloudevents`: CloudEvents output per endpoint: HTTP modes read by the official SDK, the brokers' bindings, refusals
@@ -53,6 +54,7 @@
 mod api;
 mod apply;
 mod audit;
+mod batching;
 mod catalog;
 mod changes;
 mod cli;

@@ -157,6 +157,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
         &[
             &[
                 "audit",
+                "batch",
                 "bindings",
                 "catalog",
                 "cloudevents",

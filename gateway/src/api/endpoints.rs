@@ -112,6 +112,12 @@ pub(crate) struct EndpointIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<CloudEvents>, nullable)]
     cloudevents: Option<Option<CloudEvents>>,
+    /// Batching (kind `http`, without `cloudevents`): several events in one request,
+    /// `{"type": "batch", "data": [envelope, …]}` signed once. Replaced whole; `null`
+    /// removes it (one event per request, the default).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<BatchIn>, nullable)]
+    batch: Option<Option<BatchIn>>,
     /// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
     /// signed challenge, sent before the first delivery and again after a URL change (see
     /// `verification` and `POST …/verify`). Default `false`.
@@ -236,6 +242,26 @@ pub(crate) struct RetryIn {
     ttl: Option<String>,
 }
 
+/// An endpoint's batching as written and shown: any subset, the rest take their defaults.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchIn {
+    /// Most events in one request: 1 to 1000 (default 100).
+    max_events: Option<u32>,
+    /// Most bytes of event payloads in one request (default 1 MiB, at most 16 MiB); one
+    /// larger event goes alone.
+    max_bytes: Option<u64>,
+    /// Longest wait for company, from the oldest event's due time: at most `"300s"`
+    /// (default `"1s"`; `"0s"` sends what is there).
+    max_wait: Option<String>,
+}
+
+/// The batching `b` writes, its omitted fields at their defaults.
+fn batching(b: BatchIn) -> Result<Batching, ApiError> {
+    let max_wait_ms = b.max_wait.map(|t| duration_ms("batch.max_wait", &t)).transpose()?.unwrap_or(1_000);
+    Ok(Batching { max_events: b.max_events.unwrap_or(100), max_bytes: b.max_bytes.unwrap_or(1024 * 1024), max_wait_ms })
+}
+
 /// Plugins bound to the endpoint, by name within its tenant.
 #[derive(Serialize, ToSchema)]
 #[allow(dead_code)] // The schema of `PluginBindings`, which `model` keeps free of the API's types.
@@ -335,6 +361,9 @@ fn apply_delivery(
     spec.ordering_on_dead = input.ordering_on_dead.unwrap_or(spec.ordering_on_dead);
     if let Some(ce) = input.cloudevents.take() {
         spec.cloudevents = ce;
+    }
+    if let Some(b) = input.batch.take() {
+        spec.batch = b.map(batching).transpose()?;
     }
     keys::apply(spec, input.signatures.take(), input.secret.take(), input.signing_key.take())?;
     Ok(())
@@ -580,6 +609,8 @@ pub(crate) struct EndpointOut {
     user_agent: Option<String>,
     /// Its CloudEvents output (null: the Standard Webhooks envelope).
     cloudevents: Option<CloudEvents>,
+    /// Its batching (null: one event per request).
+    batch: Option<BatchIn>,
     /// Whether deliveries wait for the URL to echo a signed challenge.
     verify: bool,
     /// Where that verification stands; absent when `verify` is off.
@@ -700,6 +731,11 @@ pub(crate) fn view(e: &Endpoint, delivery_status: DeliveryStatusOut) -> Endpoint
         }),
         user_agent: http.user_agent,
         cloudevents: s.cloudevents.clone(),
+        batch: s.batch.map(|b| BatchIn {
+            max_events: Some(b.max_events),
+            max_bytes: Some(b.max_bytes),
+            max_wait: Some(duration_text(b.max_wait_ms)),
+        }),
         verify: http.verify,
         verification: verify::verification_view(e),
         state: e.state,

@@ -150,6 +150,9 @@ pub struct EndpointDoc {
     /// CloudEvents output (`{"mode": …, "source": …}`), as the API takes it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cloudevents: Option<Value>,
+    /// Batching (`{"max_events": …, "max_bytes": …, "max_wait": …}`), as the API takes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<Value>,
     /// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
     /// signed challenge.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -81,7 +81,7 @@ fn rows(list: &Value) -> impl Iterator<Item = &Value> {
 pub(super) fn endpoint_view(out: &Value) -> Map<String, Value> {
     let mut view = Map::new();
     view.insert("name".into(), out["description"].clone());
-    const PLAIN: [&str; 17] = [
+    const PLAIN: [&str; 18] = [
         "url",
         "kind",
         "event_types",
@@ -98,6 +98,7 @@ pub(super) fn endpoint_view(out: &Value) -> Map<String, Value> {
         "proxy",
         "user_agent",
         "cloudevents",
+        "batch",
         "verify",
     ];
     // A broker kind never verifies: its `verify: false` says nothing.

@@ -143,7 +143,7 @@ impl Deliverer {
     /// plugin's own goes). A `401` drops the token, fetches another and sends once more;
     /// what that second request gets is the outcome (a second `401`: the 401 rule).
     pub async fn send_authorized(&self, out: Outgoing, auth: &OAuth2) -> Authorized {
-        let Outgoing { url, mut headers, body, route, keep_headers, now } = out;
+        let Outgoing { url, mut headers, body, route, keep_headers, keep_body, now } = out;
         headers.retain(|(k, _)| !k.eq_ignore_ascii_case("authorization"));
         // What was sent, the token redacted.
         let mut shown = headers.clone();
@@ -163,6 +163,7 @@ impl Deliverer {
                 body: body.clone(),
                 route: route.clone(),
                 keep_headers,
+                keep_body,
                 now,
             };
             let outcome = self.send(out).await;

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    CloudEvents, DeadHead, DeliveryOrder, Destination, EndpointKind, EndpointSpec, EndpointTls, Filter, HttpSettings,
-    OAuth2, PluginBindings, RetryOverrideDoc, SecretEntry, ShapeError, Target,
+    Batching, CloudEvents, DeadHead, DeliveryOrder, Destination, EndpointKind, EndpointSpec, EndpointTls, Filter,
+    HttpSettings, OAuth2, PluginBindings, RetryOverrideDoc, SecretEntry, ShapeError, Target,
 };
 
 /// The flat document: the shared settings, and the target's as `kind`, `url`,
@@ -37,6 +37,8 @@ pub(super) struct SpecDoc {
     ordering_on_dead: DeadHead,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cloudevents: Option<CloudEvents>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    batch: Option<Batching>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     oauth2: Option<OAuth2>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +78,7 @@ impl TryFrom<SpecDoc> for EndpointSpec {
             ordering: d.ordering,
             ordering_on_dead: d.ordering_on_dead,
             cloudevents: d.cloudevents,
+            batch: d.batch,
         })
     }
 }
@@ -100,6 +103,7 @@ impl From<EndpointSpec> for SpecDoc {
             ordering: s.ordering,
             ordering_on_dead: s.ordering_on_dead,
             cloudevents: s.cloudevents,
+            batch: s.batch,
             oauth2,
             proxy,
             tls,

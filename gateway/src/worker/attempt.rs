@@ -8,6 +8,7 @@
 //! partition's [`PartitionLink`] and its claim's [`Target`], and none of them can take a
 //! pacer permit, read the partition's queue or claim.
 
+mod batch;
 mod build;
 mod endpoint;
 mod judge;
@@ -25,7 +26,7 @@ use rand::rngs::StdRng;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::decide::decide;
+use super::decide::{Decision, decide};
 use super::signal::{PartitionLink, Target};
 use super::target::{Request, Sent, Through};
 use crate::catalog::Catalog;
@@ -37,11 +38,11 @@ use crate::metrics::Metrics;
 use crate::model::{Attempt, Millis, SentRequest, new_id};
 use crate::ops::Ops;
 use crate::plugin::{self, PluginHost};
-use crate::store::{Claimed, Release};
+use crate::store::{Claimed, EndpointChange, Release};
 use crate::telemetry::Telemetry;
 use build::{encoded, signed, transformed};
 use endpoint::endpoint_change;
-use judge::judge_exchange;
+use judge::{Judged, judge_exchange};
 use record::{Settling, record};
 use trace::AttemptTrace;
 
@@ -78,9 +79,9 @@ enum Exchange {
 /// the global slot frees after the commits, bounding the results the writer may have
 /// waiting.
 ///
-/// The seam for batching: `send_next` passes one delivery, and each delivery has a request
-/// of its own, in turn. A batch will build one request for all and judge it once; the
-/// results stay per delivery, each fenced and recorded on its own.
+/// An endpoint without batching gets one delivery at a time (each would have a request of
+/// its own, in turn); a batching endpoint's deliveries share one request, judged once
+/// ([`batch`]), and their results stay per delivery, each fenced and recorded on its own.
 pub(super) async fn run(
     cx: Arc<AttemptCtx>,
     link: PartitionLink,
@@ -94,16 +95,21 @@ pub(super) async fn run(
         Some(cx.clock.now() + PLUGIN_LOADING_RETRY_MS)
     } else {
         cx.metrics.in_flight.inc();
-        let mut settling = Vec::new();
-        for d in claimed {
-            settling.push(attempt_one(&cx, &link, &target, d, &mut rng).await);
-        }
+        let settling = match target.endpoint.spec.batch {
+            Some(_) => batch::attempt_batch(&cx, &link, &target, claimed, &mut rng).await,
+            None => {
+                let mut settling = Vec::new();
+                for d in claimed {
+                    settling.push(attempt_one(&cx, &link, &target, d, &mut rng).await);
+                }
+                settling
+            }
+        };
         cx.metrics.in_flight.dec();
         link.request_done();
         let again = settling.iter().filter_map(|s| s.again).min();
-        for s in settling {
-            record(&cx, &target, s).await;
-        }
+        // Together, so a batch's results join one group commit rather than one each.
+        futures::future::join_all(settling.into_iter().map(|s| record(&cx, &target, s))).await;
         again
     };
     link.settled(again);
@@ -112,44 +118,71 @@ pub(super) async fn run(
 /// One delivery's attempt up to its record: sent, judged, decided, and its effect on the
 /// endpoint applied to the partition.
 async fn attempt_one(cx: &AttemptCtx, link: &PartitionLink, target: &Target, d: Claimed, rng: &mut StdRng) -> Settling {
-    let started = cx.clock.now();
+    let sending = Sending::start(cx, target, d, rng);
     let sent = Instant::now();
-    let ctx = context(target, &d, started, new_id("att", started, rng));
-    let mut trace = AttemptTrace::start(&cx.telemetry, &d, rng);
-    let exchange = send(cx, target, &d, &ctx, &trace).await;
+    let exchange = send(cx, target, &sending.d, &sending.ctx, &sending.trace).await;
     let duration_ms = sent.elapsed().as_millis() as u64;
     cx.metrics.attempt_duration.observe(sent.elapsed());
-    let judged = judge_exchange(cx, target, &ctx, &trace, exchange).await;
+    let judged = judge_exchange(cx, target, &sending.ctx, &sending.trace, exchange).await;
     let now = cx.clock.now();
-    let decision = decide(
-        &judged.verdict,
-        ctx.attempt.saturating_sub(d.attempt_base),
-        now,
-        deadline(target, &d),
-        &target.policy,
-        rng,
-    );
+    let decision = sending.decide(target, &judged, now, rng);
     let change = endpoint_change(cx, link, &target.endpoint, &judged.verdict, now);
-    trace.settled(target, &d, &ctx, &judged, &decision);
-    drop(trace);
-    let attempt = Attempt {
-        id: ctx.attempt_id,
-        delivery_id: d.id.clone(),
-        number: ctx.attempt,
-        started_at: started,
-        duration_ms,
-        status: judged.status,
-        response_body: judged.response_body,
-        error: judged.error,
-        verdict: decision.label.clone(),
-        decided_by: judged.by,
-        request: judged.request,
-    };
-    // On an ordered endpoint, what follows this delivery in its key may go once it has
-    // settled: the partition claims again rather than wait for the next due time it knew.
-    let ordered = target.endpoint.spec.is_ordered();
-    let again = decision.next_attempt_at.or_else(|| ordered.then(|| cx.clock.now()));
-    Settling { d, decision, attempt, change, again }
+    sending.settle(cx, target, (judged, decision, change), duration_ms)
+}
+
+/// One delivery's attempt under way: the delivery, what plugins know of the attempt, its
+/// part in the event's trace, and when it started.
+struct Sending {
+    d: Claimed,
+    ctx: plugin::DeliveryContext,
+    trace: AttemptTrace,
+    started: Millis,
+}
+
+impl Sending {
+    fn start(cx: &AttemptCtx, target: &Target, d: Claimed, rng: &mut StdRng) -> Sending {
+        let started = cx.clock.now();
+        let ctx = context(target, &d, started, new_id("att", started, rng));
+        let trace = AttemptTrace::start(&cx.telemetry, &d, rng);
+        Sending { d, ctx, trace, started }
+    }
+
+    /// The delivery's next state after `judged`, under the endpoint's retry policy.
+    fn decide(&self, target: &Target, judged: &Judged, now: Millis, rng: &mut StdRng) -> Decision {
+        let budgeted = self.ctx.attempt.saturating_sub(self.d.attempt_base);
+        decide(&judged.verdict, budgeted, now, deadline(target, &self.d), &target.policy, rng)
+    }
+
+    /// The attempt judged and decided, with the endpoint's change: what is to be recorded.
+    fn settle(
+        self,
+        cx: &AttemptCtx,
+        target: &Target,
+        (judged, decision, change): (Judged, Decision, Option<EndpointChange>),
+        duration_ms: u64,
+    ) -> Settling {
+        let Sending { d, ctx, mut trace, started } = self;
+        trace.settled(target, &d, &ctx, &judged, &decision);
+        drop(trace);
+        let attempt = Attempt {
+            id: ctx.attempt_id,
+            delivery_id: d.id.clone(),
+            number: ctx.attempt,
+            started_at: started,
+            duration_ms,
+            status: judged.status,
+            response_body: judged.response_body,
+            error: judged.error,
+            verdict: decision.label.clone(),
+            decided_by: judged.by,
+            request: judged.request,
+        };
+        // On an ordered endpoint, what follows this delivery in its key may go once it has
+        // settled: the partition claims again rather than wait for the next due time it knew.
+        let ordered = target.endpoint.spec.is_ordered();
+        let again = decision.next_attempt_at.or_else(|| ordered.then(|| cx.clock.now()));
+        Settling { d, decision, attempt, change, again }
+    }
 }
 
 /// What a plugin may know of the attempt.
@@ -211,7 +244,7 @@ async fn send(
         Err(decided) => return decided,
     };
     let request = encoded(inner, spec, d, request);
-    let (headers, body) = match signed(inner, target, d, ctx, trace, request).await {
+    let (headers, body) = match signed(inner, target, d, ctx, trace, request, None).await {
         Ok(signed) => signed,
         Err(decided) => return decided,
     };

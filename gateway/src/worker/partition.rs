@@ -20,11 +20,11 @@ use crate::pace::{Pacer, Permit};
 use crate::schedule::RetryOverride;
 use crate::store::{ClaimBatch, ClaimRequest, Claimed, PartitionLease, Release, Result as StoreResult};
 
+mod batch;
 mod handoff;
 mod held;
 mod verify;
 
-use super::attempt::NonEmpty;
 use super::known::{Known, Stored};
 use super::signal::{Shared, Signal, Target};
 use super::target::Opened;
@@ -66,7 +66,7 @@ pub(super) async fn run(inner: Arc<Inner>, id: EndpointId, signal: Arc<Signal>) 
             if !p.refresh_if_stale().await {
                 continue;
             }
-            p.prefetch_if_low();
+            p.prefetch_claim(false);
         }
         if p.queue.is_empty() {
             match p.refill_or_idle().await {
@@ -121,6 +121,8 @@ struct Partition {
     moved: bool,
     /// Since when it paces another node's endpoint it took over (see [`TAKEOVER_HOLD`]).
     took_over: Option<Instant>,
+    /// A batching endpoint's: when the oldest queued delivery fell due, once looked at.
+    batch_since: Option<Millis>,
 }
 
 impl Drop for Partition {
@@ -163,6 +165,7 @@ impl Partition {
             members_seen: inner.members.generation(),
             moved: false,
             took_over,
+            batch_since: None,
             inner,
         }
     }
@@ -295,16 +298,17 @@ impl Partition {
         }
     }
 
-    /// Starts the next claim while half the current one is still queued (unless the last
-    /// claim found less than it asked for: new work will say so).
-    fn prefetch_if_low(&mut self) {
+    /// Starts the next claim while half the current one is still queued, or at once with
+    /// `now` (a batch waiting for company); unless the last claim found less than it asked
+    /// for: new work will say so.
+    fn prefetch_claim(&mut self, now: bool) {
         let (None, Some(tg)) = (&self.prefetch, &self.target) else { return };
         if self.signal.known(|k| k.stored()) != Stored::Unknown {
             return;
         }
         let req =
             claim_request(&self.inner, &self.id, &tg.endpoint.spec, self.queue.len() as u32, self.inner.clock.now());
-        if self.queue.len() > req.limit as usize / 2 {
+        if !now && self.queue.len() > req.limit as usize / 2 {
             return;
         }
         let (committer, metrics) = (self.inner.committer.clone(), self.inner.metrics.clone());
@@ -552,14 +556,19 @@ impl Partition {
             self.release_queue(self.inner.clock.now()).await;
             return Flow::Again;
         }
+        let batch = tg.endpoint.spec.batch;
+        if let Some(b) = &batch
+            && let Some(until) = self.batch_wait(b)
+        {
+            return self.wait_for_company(until).await;
+        }
         let permit = sh.pacer.lock().expect("pacer").poll(Instant::now());
         match permit {
             Permit::Go => {
-                let Some(delivery) = self.queue.pop_front() else { return Flow::Again };
+                let Some(claimed) = self.take(batch.as_ref()) else { return Flow::Again };
                 let Ok(slot) = self.inner.global.clone().acquire_owned().await else { return Flow::Stop };
                 let seed = StdRng::from_rng(&mut self.rng);
                 let link = sh.attempt_started();
-                let claimed = NonEmpty::one(delivery);
                 self.inner.tasks.spawn(attempt::run(self.inner.attempts.clone(), link, tg, claimed, slot, seed));
             }
             Permit::WaitUntil(at) => {
@@ -594,26 +603,45 @@ impl Partition {
 const UNPLUGGED_LOOK_AGAIN: Millis = 1_000;
 
 /// The next claim of a partition that still holds `queued` unsent deliveries: about a
-/// second of its rate, leased long enough to send all of them at that rate.
+/// second of its rate, leased long enough to send all of them at that rate (a batching
+/// endpoint's requests carry up to `max_events` each, after a wait of up to `max_wait`).
 fn claim_request(inner: &Inner, id: &EndpointId, spec: &EndpointSpec, queued: u32, now: Millis) -> ClaimRequest {
-    let limit = lease::claim_size(spec.rate_per_sec, spec.burst, spec.max_in_flight);
+    let limit = claim_limit(spec);
     let timeout = Duration::from_millis(spec.timeout_ms);
     let margin = inner.config.delivery.lease_margin;
+    let (per_request, wait) = spec.batch.map_or((1, 0), |b| (b.max_events, b.max_wait_ms as i64));
+    let events_per_sec = spec.rate_per_sec * f64::from(per_request);
     ClaimRequest {
         endpoint: id.clone(),
         now,
         limit,
         owner: inner.owner.clone(),
-        lease_until: lease::lease_until(now, queued + limit, spec.rate_per_sec, timeout, margin),
+        lease_until: lease::lease_until(now, queued + limit, events_per_sec, timeout, margin).saturating_add(wait),
         in_partition: true,
         dead_heads_block: spec.dead_heads_block(),
     }
 }
 
+/// How many deliveries a claim asks for: about a second of the endpoint's rate, in events
+/// (a batching endpoint's requests carry up to `max_events` each).
+fn claim_limit(spec: &EndpointSpec) -> u32 {
+    let n = spec.batch.map_or(1, |b| b.max_events);
+    lease::claim_size(
+        spec.rate_per_sec * f64::from(n),
+        spec.burst.saturating_mul(n),
+        spec.max_in_flight.saturating_mul(n),
+    )
+}
+
 /// Whether deliveries claimed on settings `old` may outlive their leases once sent on
-/// `new`: a lease covers the claim's sending time at `old`'s rate and `old`'s timeout.
+/// `new`: a lease covers the claim's sending time at `old`'s rate (in events) and `old`'s
+/// timeout, and its batches' wait.
 fn outlives_leases(old: &EndpointSpec, new: &EndpointSpec) -> bool {
-    new.rate_per_sec < old.rate_per_sec || new.timeout_ms > old.timeout_ms
+    let batch = |s: &EndpointSpec| s.batch.map_or((1, 0), |b| (b.max_events, b.max_wait_ms));
+    let ((old_n, old_wait), (new_n, new_wait)) = (batch(old), batch(new));
+    new.rate_per_sec * f64::from(new_n) < old.rate_per_sec * f64::from(old_n)
+        || new.timeout_ms > old.timeout_ms
+        || new_wait > old_wait
 }
 
 /// The endpoint's effective retry policy, and its material opened at `now` (once per claim
@@ -660,6 +688,7 @@ impl Partition {
     /// Hands the queue back, due at `at`: the next due time is no longer known.
     async fn release_queue(&mut self, at: Millis) {
         self.signal.known(Known::forget_due);
+        self.batch_since = None;
         release_all(&self.inner, &mut self.queue, at).await;
     }
 

@@ -46,8 +46,16 @@ pub(in crate::worker) struct Opened {
 pub(in crate::worker) enum Transport {
     /// An HTTP `POST` along `route`, with the node's token for `auth` when it has OAuth2
     /// credentials (opened), as `user_agent` if it has its own. `keep_headers`: a classify
-    /// plugin reads the answer's headers.
-    Http { url: String, route: Route, auth: Option<OAuth2>, user_agent: Option<String>, keep_headers: bool },
+    /// plugin reads the answer's headers; `keep_body`: how much of the answer's body to keep
+    /// (more for a batching endpoint, whose receiver may name the events it refused).
+    Http {
+        url: String,
+        route: Route,
+        auth: Option<OAuth2>,
+        user_agent: Option<String>,
+        keep_headers: bool,
+        keep_body: usize,
+    },
     /// A publish to a broker, its credentials opened (the broker pool's key), to where
     /// `template` names for each event.
     Broker {
@@ -213,7 +221,8 @@ fn http(
     };
     let route = Route { via, tls, ..deadlines(spec) };
     let (url, user_agent, keep_headers) = (t.url.clone(), t.user_agent.clone(), spec.plugins.classify.is_some());
-    Ok(Transport::Http { url, route, auth, user_agent, keep_headers })
+    let keep_body = if spec.batch.is_some() { crate::deliver::BODY_DRAIN } else { crate::deliver::BODY_PREFIX };
+    Ok(Transport::Http { url, route, auth, user_agent, keep_headers, keep_body })
 }
 
 /// An endpoint's TLS material, its key opened, parsed into a client configuration.
@@ -272,7 +281,7 @@ impl Transport {
                 via.metrics.attempts.inc();
                 Sent::Answered(outcome, sent)
             }
-            Transport::Http { url, route, auth, user_agent, keep_headers } => {
+            Transport::Http { url, route, auth, user_agent, keep_headers, keep_body } => {
                 if let Some(ua) = user_agent {
                     for (_, v) in headers.iter_mut().filter(|(k, _)| k.eq_ignore_ascii_case("user-agent")) {
                         v.clone_from(ua);
@@ -284,6 +293,7 @@ impl Transport {
                     body,
                     route: route.clone(),
                     keep_headers: *keep_headers,
+                    keep_body: *keep_body,
                     now: via.clock.now(),
                 };
                 let Some(auth) = auth else {

@@ -105,6 +105,14 @@ enum Scenario {
         /// unset: the Standard Webhooks envelope.
         #[arg(long)]
         cloudevents: Option<String>,
+        /// Batches of this many events, against none, alternated within each run (one
+        /// endpoint, `http`): deliveries/s, 202→arrival p50/p99, node CPU of each and their
+        /// ratio. 0: no comparison (the usual run).
+        #[arg(long, default_value_t = 0)]
+        batch: usize,
+        /// With `--batch`: the batch's `max_wait`.
+        #[arg(long, default_value = "100ms")]
+        batch_wait: String,
     },
     /// `fanout-tail`: `events` single events posted by `concurrency` producers at once,
     /// each fanned out to `endpoints` endpoints: 202→arrival p50/p99/max of every delivery,
@@ -469,6 +477,9 @@ fn plugin_calls(calls: usize) -> anyhow::Result<HashMap<String, f64>> {
     Ok(out)
 }
 
+/// How many runs of `deliver --batch` started: each other run measures batches first.
+static ROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow::Result<HashMap<String, f64>> {
     if let Scenario::PluginCalls { calls } = s {
         let calls = *calls;
@@ -571,6 +582,10 @@ async fn run_once(s: &Scenario, store_url: Option<&str>, nodes: usize) -> anyhow
             out.insert("events_per_s".into(), events as f64 / secs);
             out.insert("p50_ms".into(), percentile(&l, 0.5));
             out.insert("p99_ms".into(), percentile(&l, 0.99));
+        }
+        Scenario::Deliver { events, batch: batch @ 1.., batch_wait, .. } => {
+            let batch_first = ROUND.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 1;
+            load::batch_against_none(&api, node.pid(), (events, batch, &batch_wait), batch_first, &mut out).await?;
         }
         Scenario::Deliver {
             events, endpoints, plugins, hooks, keys, kind, signatures, filter, cloudevents, ..

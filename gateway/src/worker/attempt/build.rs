@@ -75,7 +75,9 @@ pub(super) fn encoded(cx: &AttemptCtx, spec: &EndpointSpec, d: &Claimed, request
 
 /// The headers and body to send: the request's headers without reserved ones, Herald's
 /// own, and the signature (the sign plugin's headers, or Standard Webhooks' with the
-/// endpoint's secrets); `Err`: the sign plugin failed.
+/// endpoint's secrets); `Err`: the sign plugin failed. A batch of `Some(n)` events (led by
+/// `d`) is signed as `ctx.event_id`, the batch's id, and says its size instead of a
+/// delivery's id.
 pub(super) async fn signed(
     cx: &AttemptCtx,
     target: &Target,
@@ -83,6 +85,7 @@ pub(super) async fn signed(
     ctx: &plugin::DeliveryContext,
     trace: &AttemptTrace,
     mut request: plugin::Request,
+    batch: Option<usize>,
 ) -> Result<(Vec<(String, String)>, Vec<u8>), Exchange> {
     let sign_plugin = &target.endpoint.spec.plugins.sign;
     let timestamp = ctx.timestamp as i64;
@@ -92,12 +95,16 @@ pub(super) async fn signed(
         None => std::mem::take(&mut request.headers),
     };
     headers.retain(|(k, _)| !is_reserved(k));
+    let own = match batch {
+        None => ("herald-delivery-id", d.id.to_string()),
+        Some(n) => ("herald-batch-size", n.to_string()),
+    };
     headers.extend([
         ("user-agent".to_string(), concat!("herald/", env!("CARGO_PKG_VERSION")).to_string()),
-        (sign::HEADER_ID.to_string(), d.event_id.to_string()),
+        (sign::HEADER_ID.to_string(), ctx.event_id.clone()),
         (sign::HEADER_TIMESTAMP.to_string(), timestamp.to_string()),
         ("herald-attempt-id".to_string(), ctx.attempt_id.clone()),
-        ("herald-delivery-id".to_string(), d.id.to_string()),
+        (own.0.to_string(), own.1),
     ]);
     if let Some(t) = &trace.header {
         headers.push((TRACEPARENT.to_string(), t.traceparent()));
@@ -116,7 +123,7 @@ pub(super) async fn signed(
         None => {
             let keys: Vec<_> = target.signing_keys().iter().collect();
             let secrets: Vec<&Secret> = target.secrets().iter().collect();
-            let sig = sign::signature_header(&secrets, &keys, d.event_id.as_str(), timestamp, &request.body);
+            let sig = sign::signature_header(&secrets, &keys, &ctx.event_id, timestamp, &request.body);
             headers.push((sign::HEADER_SIGNATURE.to_string(), sig));
         }
     }

@@ -12,6 +12,16 @@ impl<T> NonEmpty<T> {
         NonEmpty { first, rest: Vec::new() }
     }
 
+    /// Adds `t` at the end.
+    pub(in crate::worker) fn push(&mut self, t: T) {
+        self.rest.push(t);
+    }
+
+    /// How many elements it holds (at least one).
+    pub(in crate::worker) fn len(&self) -> usize {
+        1 + self.rest.len()
+    }
+
     /// The first element (the list's only one, or the head of a longer list).
     pub(in crate::worker) fn first(&self) -> &T {
         &self.first

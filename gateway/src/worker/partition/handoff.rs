@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::super::known::Known;
-use super::{Partition, claim_request};
+use super::{Partition, claim_limit, claim_request};
 use crate::model::{EndpointSpec, Millis};
 
 impl Partition {
@@ -47,7 +47,7 @@ impl Partition {
     /// another claim. Leases long enough for a full claim more.
     pub(super) fn expect_drained(&self, spec: &EndpointSpec, renewed: Option<Instant>) {
         let (halted, queued) = (self.halted(), self.queue.len() as u32);
-        let limit = crate::lease::claim_size(spec.rate_per_sec, spec.burst, spec.max_in_flight);
+        let limit = claim_limit(spec);
         let held = renewed.map(Self::held_after).or(self.held).map(|h| self.inner.clock.millis_at(h));
         self.signal.known(|k| {
             let terms = held.and_then(|held| k.terms(held, queued, limit, halted, |n| self.claim_terms(spec, n)));

@@ -115,5 +115,13 @@ fn request(opened: &Opened, endpoint: &Endpoint, msg_id: &str, challenge: &str, 
         (sign::HEADER_SIGNATURE.to_string(), signature),
     ];
     let body = Bytes::from(body);
-    Some(Outgoing { url: url.clone(), headers, body, route: route.clone(), keep_headers: false, now })
+    Some(Outgoing {
+        url: url.clone(),
+        headers,
+        body,
+        route: route.clone(),
+        keep_headers: false,
+        keep_body: crate::deliver::BODY_PREFIX,
+        now,
+    })
 }

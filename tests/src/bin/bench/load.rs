@@ -146,3 +146,97 @@ async fn dump(
     std::fs::write(path, out)?;
     Ok(())
 }
+
+/// `deliver --batch N`: the same events delivered to one endpoint without batching and with
+/// batches of `batch` (waiting at most `wait`), one after the other on the same node, in the
+/// order `batch_first` says (runs alternate it): deliveries/s (first post to last arrival),
+/// 202→arrival p50/p99 of every event, node CPU per delivery, each as `none_…` and
+/// `batch_…`, and `ratio` (batch over none deliveries/s).
+pub async fn batch_against_none(
+    api: &Api,
+    pid: u32,
+    (events, batch, wait): (usize, usize, &str),
+    batch_first: bool,
+    out: &mut HashMap<String, f64>,
+) -> anyhow::Result<()> {
+    let variants = if batch_first { ["batch", "none"] } else { ["none", "batch"] };
+    for variant in variants {
+        let rx = FakeReceiver::start().await?;
+        let mut spec = json!({"url": rx.url(), "event_types": [format!("{variant}.paid")], "rate_per_sec": 100_000,
+            "burst": 1000, "max_in_flight": 256});
+        if variant == "batch" {
+            spec["batch"] = json!({"max_events": batch, "max_wait": wait});
+        }
+        api.endpoint("bench", spec).await?;
+        let cpu_before = cpu_seconds(pid)?;
+        let start = Instant::now();
+        let acked = post_timed(api, &format!("{variant}.paid"), events).await?;
+        let arrived = arrivals(&rx, events, Duration::from_secs(300)).await?;
+        let secs = arrived.iter().flatten().max().map_or(0.0, |at| at.duration_since(start).as_secs_f64());
+        let mut l: Vec<f64> = arrived
+            .iter()
+            .zip(&acked)
+            .filter_map(|(at, ack)| Some(at.as_ref()?.saturating_duration_since(*ack).as_secs_f64() * 1000.0))
+            .collect();
+        l.sort_by(f64::total_cmp);
+        out.insert(format!("{variant}_deliveries_per_s"), events as f64 / secs);
+        out.insert(format!("{variant}_p50_ms"), percentile(&l, 0.5));
+        out.insert(format!("{variant}_p99_ms"), percentile(&l, 0.99));
+        out.insert(format!("{variant}_requests"), rx.count() as f64);
+        out.insert(
+            format!("{variant}_node_cpu_us_per_delivery"),
+            (cpu_seconds(pid)? - cpu_before) * 1e6 / events as f64,
+        );
+    }
+    out.insert("ratio".into(), out["batch_deliveries_per_s"] / out["none_deliveries_per_s"]);
+    Ok(())
+}
+
+/// Posts `count` events of `event_type` (payload `{"n": i}`) in batches of 1,000; when
+/// each was acknowledged (its batch's 202).
+async fn post_timed(api: &Api, event_type: &str, count: usize) -> anyhow::Result<Vec<Instant>> {
+    let mut acked = Vec::with_capacity(count);
+    for start in (0..count).step_by(1000) {
+        let end = count.min(start + 1000);
+        let chunk: Vec<_> = (start..end).map(|i| json!({"type": event_type, "payload": {"n": i}})).collect();
+        let r = api.post("/v1/tenants/bench/events/batch", ADMIN_TOKEN, json!({"events": chunk})).await?;
+        if r.status != 202 {
+            bail!("{} {}", r.status, r.text);
+        }
+        acked.resize(end, Instant::now());
+    }
+    Ok(acked)
+}
+
+/// Waits until every event `0..count` arrived at `rx` (alone or in batches); when each
+/// first arrived.
+async fn arrivals(rx: &FakeReceiver, count: usize, timeout: Duration) -> anyhow::Result<Vec<Option<Instant>>> {
+    let deadline = Instant::now() + timeout;
+    let (mut at, mut seen, mut read) = (vec![None; count], 0, 0);
+    loop {
+        let got = rx.received();
+        for r in &got[read..] {
+            let body = r.json();
+            let one = [body.clone()];
+            let events = match body["data"].as_array() {
+                Some(list) if body["type"] == "batch" => list.as_slice(),
+                _ => &one[..],
+            };
+            for e in events {
+                let n = e["data"]["n"].as_u64().unwrap_or(u64::MAX) as usize;
+                if let Some(slot @ None) = at.get_mut(n) {
+                    *slot = Some(r.at);
+                    seen += 1;
+                }
+            }
+        }
+        read = got.len();
+        if seen == count {
+            return Ok(at);
+        }
+        if Instant::now() > deadline {
+            bail!("{seen} of {count} events arrived within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
