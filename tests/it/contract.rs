@@ -42,19 +42,19 @@ const DESIGN_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/tenants/{tenant}/plugins"),
 ];
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
 }
 
 /// A tool of the contract tests' virtualenv.
-fn pytool(name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn pytool(name: &str) -> anyhow::Result<PathBuf> {
     let path = repo().join("target/pytools/venv/bin").join(name);
     ensure!(path.exists(), "{} is missing: run scripts/pytools (scripts/test does)", path.display());
     Ok(path)
 }
 
 /// Runs `cmd` to completion within `limit`, killing it if it overruns.
-async fn run(mut cmd: tokio::process::Command, limit: Duration) -> anyhow::Result<Output> {
+pub(crate) async fn run(mut cmd: tokio::process::Command, limit: Duration) -> anyhow::Result<Output> {
     cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
     tokio::time::timeout(limit, cmd.output())
         .await
@@ -62,7 +62,7 @@ async fn run(mut cmd: tokio::process::Command, limit: Duration) -> anyhow::Resul
         .context("spawn")
 }
 
-fn text(out: &Output) -> String {
+pub(crate) fn text(out: &Output) -> String {
     format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 

@@ -40,6 +40,7 @@
 //! - `quickstart`: README's five-minute path, run as written
 //! - `recovery`: dead letters, replays, operational events, retention
 //! - `scaffold`: `herald plugin new` projects build and their tests pass
+//! - `sdks`: the SDKs of `sdks/`: generated from the served document, the conformance vectors, each SDK's tests against a live node
 //! - `secrets`: tokens and secrets: listing, revocation, never printed
 //! - `sent`: what each attempt sent, as the API shows it
 //! - `store`: the `Store` conformance suite, on both backends; `schemas`: both migrated schemas compared
@@ -86,6 +87,7 @@ mod props;
 mod quickstart;
 mod recovery;
 mod scaffold;
+mod sdks;
 mod secrets;
 mod sent;
 mod signatures;

@@ -1,0 +1,3 @@
+module herald/sdks/go
+
+go 1.19
