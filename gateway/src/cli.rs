@@ -1,10 +1,11 @@
 //! Operator and developer commands that talk to a running Herald over its own API
-//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`).
+//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`, `herald mcp`).
 //! Not a webhook client: `deliver` alone talks to endpoints.
 
 pub mod apply;
 pub mod document;
 pub mod dump;
+pub mod mcp;
 mod node;
 
 use std::io::{BufRead, IsTerminal, Write};

@@ -24,6 +24,7 @@
 //! - `edges`: the listener: slow and idle clients, the connection cap
 //! - `filters`: content filters on endpoints: fan-out, refusals, replays, the test-filter routes
 //! - `limits`: refusals: the error shape, size limits, durations, deep payloads
+//! - `mcp`: `herald mcp`, the Model Context Protocol server on stdio, driven over its pipes against a node
 //! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
 //! - `ordering`: ordered endpoints: each key in intake order through failures, dead letters, a SIGKILL
 //! - `outbox`: the transactional outbox relay from a producer's Postgres
@@ -68,6 +69,7 @@ mod edges;
 mod endpoint_auth;
 mod filters;
 mod limits;
+mod mcp;
 mod metrics;
 mod ordering;
 mod outbox;
