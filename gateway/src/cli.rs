@@ -1,11 +1,13 @@
 //! Operator and developer commands that talk to a running Herald over its own API
-//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`, `herald listen`).
+//! (`herald replay`, `herald trigger`, `herald apply`, `herald dump`, `herald listen`,
+//! `herald mcp`).
 //! Not a webhook client: `deliver` alone talks to endpoints.
 
 pub mod apply;
 pub mod document;
 pub mod dump;
 pub mod listen;
+pub mod mcp;
 mod node;
 
 use std::io::{BufRead, IsTerminal, Write};

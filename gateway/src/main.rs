@@ -47,6 +47,10 @@ enum Command {
     /// Print a node's tenants, event types, plugin settings and endpoints as the document
     /// `herald apply` takes, secrets as references.
     Dump(DumpArgs),
+    /// A Model Context Protocol server on standard input and output, for an assistant:
+    /// failing endpoints, deliveries and their attempts, dead letters and their replay,
+    /// with one token's scopes (docs/features/mcp.md).
+    Mcp(McpArgs),
     /// Work with plugin files: validate one, or run one hook on an input.
     Plugin {
         #[command(subcommand)]
@@ -103,6 +107,17 @@ struct ReplayArgs {
     /// replay is asked about on a terminal, and refused elsewhere.
     #[arg(long)]
     all: bool,
+}
+
+#[derive(clap::Args)]
+struct McpArgs {
+    /// Herald's API address.
+    #[arg(long, default_value = "http://127.0.0.1:8080", env = "HERALD_API")]
+    api: String,
+    /// The token the assistant acts with: a tenant's (`read` to look, `replay` to replay)
+    /// or the admin token. Its writes are in the audit log as its own.
+    #[arg(long, env = "HERALD_TOKEN")]
+    token: String,
 }
 
 #[derive(clap::Args)]
@@ -284,6 +299,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Listen(args) => listen(args),
         Command::Apply(args) => apply(args),
         Command::Dump(args) => dump(args),
+        Command::Mcp(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let stdin = std::io::BufReader::new(std::io::stdin());
+            Ok(runtime.block_on(gateway::cli::mcp::serve(&args.api, &args.token, stdin, std::io::stdout()))?)
+        }
         Command::Plugin { command } => plugin(command),
         Command::CheckConfig { config } => {
             let raw = gateway::config::RawConfig::check(config.as_deref(), std::env::vars())

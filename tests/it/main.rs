@@ -26,6 +26,7 @@
 //! - `filters`: content filters on endpoints: fan-out, refusals, replays, the test-filter routes
 //! - `listen`: `herald listen` with real processes: a thousand signed deliveries, a killed listener, answers classified as HTTP, two nodes, bad input
 //! - `limits`: refusals: the error shape, size limits, durations, deep payloads
+//! - `mcp`: `herald mcp`, the Model Context Protocol server on stdio, driven over its pipes against a node
 //! - `metrics`: `/metrics` under real deliveries, promtool, the dashboard and alert rules
 //! - `ordering`: ordered endpoints: each key in intake order through failures, dead letters, a SIGKILL
 //! - `outbox`: the transactional outbox relay from a producer's Postgres
@@ -74,6 +75,7 @@ mod endpoint_auth;
 mod filters;
 mod limits;
 mod listen;
+mod mcp;
 mod metrics;
 mod ordering;
 mod outbox;

@@ -42,6 +42,10 @@ fn engine_config() -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
+        // Fuel counts a call's instructions (about one unit each), so that its budget can
+        // tell work from a slow machine (`sandbox::QuietRate`); it never runs out. It
+        // costs a counter update per basic block.
+        .consume_fuel(true)
         .memory_init_cow(true)
         // A 4 GiB reservation plus a guard region covers every 32-bit address a guest
         // can form, so compiled code needs no bounds check on each load and store

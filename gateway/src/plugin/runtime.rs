@@ -48,7 +48,7 @@ use super::js::{self, JsRuntime, Source};
 use super::output::{
     MAX_REASON, check_headers, check_verdict, failure_from, is_pool_exhausted, root_message, strip_reserved, truncate,
 };
-use super::sandbox::{self, CallLimits, HostState, JsSource, LogCapture};
+use super::sandbox::{self, CALL_FUEL, CallLimits, HostState, JsSource, LogCapture, QuietRate};
 use super::ticker::Ticker;
 use super::types::{Hook, HookSet, PluginConfig, PluginError, PluginFailure, StructureLimits, TenantLimits};
 use super::{DeliveryContext, Header, Outcome, Request, TransformResult, Verdict};
@@ -163,6 +163,7 @@ impl Runtime {
             load_time: Duration::ZERO,
             warm: Mutex::new(Vec::new()),
             runs_long: AtomicBool::new(false),
+            quiet_rate: QuietRate::default(),
             memory_limit,
             call_limits: CallLimits::of(&limits),
             limit_keys: Arc::new(self.limit_keys(tenant, js_source.is_some())),
@@ -247,6 +248,8 @@ pub(crate) struct LoadedPlugin {
     warm: Mutex<Vec<WarmInstance>>,
     /// The last call used more than `pool::DEMOTE_AFTER` of CPU.
     runs_long: AtomicBool,
+    /// Its guest's speed on a quiet machine, from its own calls.
+    quiet_rate: QuietRate,
     /// JavaScript source, for a plugin that runs on the JavaScript runtime.
     js_source: JsSource,
     /// This version's linear memory cap (its tenant's, for its kind).
@@ -317,6 +320,8 @@ impl LoadedPlugin {
             load_time: self.load_time,
             warm: Mutex::new(Vec::new()),
             runs_long: AtomicBool::new(self.runs_long.load(Ordering::Relaxed)),
+            // The same code: its speed is the same, whatever path the configuration takes.
+            quiet_rate: QuietRate::copy(&self.quiet_rate),
             js_source: self.js_source.clone(),
             memory_limit: self.memory_limit,
             call_limits: self.call_limits,
@@ -462,9 +467,19 @@ impl LoadedPlugin {
         }
         inst.store.data_mut().begin_call(ctx, capture);
         let budget = self.budget(input_bytes);
-        inst.store.data_mut().deadline.budget = budget;
+        let deadline = &mut inst.store.data_mut().deadline;
+        deadline.budget = budget;
+        deadline.fits = self.quiet_rate.fits(budget);
         inst.store.set_epoch_deadline(self.call_limits.first_check_ticks);
+        // Fuel is enabled on every engine (`engine_config`), so setting it cannot fail.
+        let _ = inst.store.set_fuel(CALL_FUEL);
         let result = f(&inst.bindings, &mut inst.store);
+        // Fuel is exact once the guest has returned; a call interrupted by its deadline left
+        // it where it last synchronised, so that call says nothing.
+        if result.is_ok() {
+            let used = CALL_FUEL.saturating_sub(inst.store.get_fuel().unwrap_or(CALL_FUEL));
+            self.quiet_rate.sample(used, inst.store.data().deadline.cpu_used());
+        }
         let state = inst.store.data_mut();
         self.runs_long.store(state.deadline.ran_long(), Ordering::Relaxed);
         state.end_call();
@@ -517,7 +532,12 @@ impl LoadedPlugin {
                     Some(wall) => {
                         format!("stopped after {wall:.0?} of wall time, the most a call with a {cpu} may take")
                     }
-                    None => format!("used its {cpu}"),
+                    None => match state.deadline.fits {
+                        true => format!(
+                            "used its {cpu}: twice it, the most a call of a plugin whose calls fit it may take on a busy machine"
+                        ),
+                        false => format!("used its {cpu}"),
+                    },
                 };
                 if grown >= 1 << 20 {
                     detail.push_str(&format!(", having grown by {} MiB of its memory limit of {limit}", grown >> 20));
@@ -555,6 +575,7 @@ impl LoadedPlugin {
         store.epoch_deadline_callback(move |mut ctx| Ok(ctx.data_mut().deadline.on_expiry(limits.call_timeout)));
         store.data_mut().deadline.start();
         store.set_epoch_deadline(limits.first_check_ticks);
+        let _ = store.set_fuel(CALL_FUEL);
         match self.pre.instantiate(&mut store) {
             Ok(bindings) => Ok(WarmInstance { store, bindings, calls: 0, idle_since: Instant::now() }),
             Err(err) if is_pool_exhausted(&err) => Err(PluginFailure::Busy),

@@ -24,43 +24,14 @@ fn counter(turns: u64) -> Vec<u8> {
     Guest::classify(Box::leak(body.into_boxed_str())).wasm()
 }
 
-/// `turns` of [`counter`] for about `cpu` of CPU time: the fewest CPU time of a few calls
-/// on this thread (not the pool's), with a budget that never stops them.
+/// `turns` of [`counter`] whose instructions take `cpu` of CPU time on a quiet machine, as
+/// the budget charges them: at this machine's reference speed (`sandbox::reference_rate`,
+/// which times the same loop), 8 units of fuel a turn (two `local.get`s, two constants, an
+/// add, a `local.set`, a compare and a `br_if`; `loop` costs none). So a plugin of 0.9x its
+/// budget is 0.9x whatever else the machine runs, not a measure of the moment.
 fn calibrate(cpu: Duration) -> u64 {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = PluginConfig::new(dir.path());
-    config.watch = false;
-    config.call_timeout = Duration::from_secs(10);
-    let runtime = Runtime::new(&config).unwrap();
-    let cost = |turns: u64| {
-        let plugin = runtime.load("acme", "count", &counter(turns), HashMap::new()).unwrap();
-        (0..5)
-            .map(|_| {
-                let start = thread_cpu_time().unwrap();
-                assert_eq!(plugin.classify(&ctx(), &outcome(409), None), Ok(Verdict::Delivered));
-                thread_cpu_time().unwrap() - start
-            })
-            .min()
-            .unwrap()
-    };
-    // Scaled from a probe, then again from each measure until one lands near `cpu`: the
-    // cost is not quite proportional to the turns, and on a loaded machine (a busy sibling
-    // hyperthread) the same turns can cost twice the CPU time from one measure to the next.
-    // The band is narrow: a plugin meant to run at 1.1x its budget must land over the
-    // budget and within the 1.25x tolerance (at 0.8x-1.1x of the aim, a third of the
-    // calibrations ran under the budget and showed nothing).
-    let within = |got: Duration| got > cpu.mul_f64(0.94) && got < cpu.mul_f64(1.06);
-    let mut turns: u64 = 5_000_000;
-    let mut got = cost(turns);
-    for _ in 0..12 {
-        if within(got) {
-            break;
-        }
-        turns = (turns as f64 * cpu.as_secs_f64() / got.as_secs_f64()) as u64;
-        got = cost(turns);
-    }
-    assert!(within(got), "calibrated {turns} turns to {got:?}, not {cpu:?}");
-    turns
+    let rate = crate::plugin::sandbox::reference_rate().expect("a thread CPU clock");
+    (cpu.as_nanos() as f64 * rate / 8.0) as u64
 }
 
 /// Threads that spin at normal priority until dropped (at most 60 s): a busy machine.
@@ -99,19 +70,21 @@ impl Drop for Hogs {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_call_within_its_budget_never_times_out_on_a_busy_machine() {
-    // The issue's shape: a plugin well within the default 10 ms budget whose calls run
+    // The issue's shape: a plugin of ~9 ms within the default 10 ms budget whose calls run
     // long, so at idle priority, which a machine whose cores are all busy starves: each call
     // waits for a core for several times its own CPU time (tens of ms of wall time), which a
-    // budget of wall time would count. It costs 6 ms of CPU when calibrated, not the issue's
-    // ~9 ms: on an oversubscribed machine the same turns cost up to twice the CPU time from
-    // one measure to the next (a busy sibling hyperthread, a cold cache), and a ~8.5 ms call
-    // then measured 12.5 ms of its own CPU in a full suite run. That is the measure's noise,
-    // not time spent waiting; this test is about the waiting.
-    let turns = calibrate(Duration::from_millis(6));
+    // budget of wall time would count. Beside busy cores the same turns also cost more CPU
+    // time (a busy sibling hyperthread, a cold cache: a ~8.5 ms call once measured 12.5 ms of
+    // its own CPU in a full suite run, past the 1.25x tolerance); its instructions are what
+    // its budget charges (`sandbox::QuietRate`).
+    let turns = calibrate(Duration::from_millis(9));
     let t = test_host(|c| c.call_threads = 2);
     t.host.install_blocking("slow", "count", &counter(turns)).unwrap();
     t.host.install_blocking("evil", "spin", &Guest::classify(SPIN).wasm()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // Its first call, before the machine is busy, measures its speed and work: its calls
+    // fit its budget, so from then on CPU time stops one only at 2x.
+    assert_eq!(rt.block_on(t.host.classify("slow", "count", &ctx(), &outcome(409))), Ok(Verdict::Delivered));
     let hogs = Hogs::start(4);
     let mut took = Vec::new();
     for i in 0..20 {
@@ -131,9 +104,9 @@ fn a_call_within_its_budget_never_times_out_on_a_busy_machine() {
 #[test]
 fn a_tenant_burning_its_budget_never_holds_a_call_thread_another_tenant_needs() {
     // Two call threads, long budgets, so that "before any long call ends" is unambiguous
-    // (slow's legal call takes 400 ms of CPU when calibrated alone, evil's spins 800 ms; with
-    // evil spinning on the sibling core the same turns can cost 1.7x the CPU time, still
-    // under the 1.25x tolerance of 800 ms).
+    // (slow's legal call is 400 ms of instructions at the machine's quiet speed, evil's
+    // spins at least 1.25x 800 ms; with evil spinning on the sibling core the same turns can
+    // cost 1.7x the CPU time, which the budget does not charge).
     let t = test_host(|c| {
         c.call_threads = 2;
         c.call_timeout = Duration::from_millis(800);
@@ -188,7 +161,8 @@ fn a_tenant_burning_its_budget_never_holds_a_call_thread_another_tenant_needs() 
 #[test]
 fn a_call_within_the_budget_tolerance_succeeds_and_one_past_it_times_out() {
     // The CPU time of the same work varies with the machine's load, so a call is stopped at
-    // 1.25x its budget, not at 1x (issue 48.17). The calls run on this thread, so that
+    // 1.25x its budget, not at 1x, and only if its instructions at the plugin's quiet speed
+    // would also have taken that long (issue 48.17). The calls run on this thread, so that
     // each one's CPU time is measured exactly.
     let budget = PluginConfig::new("").call_timeout;
     let dir = tempfile::tempdir().unwrap();
@@ -203,28 +177,21 @@ fn a_call_within_the_budget_tolerance_succeeds_and_one_past_it_times_out() {
     };
     // About 1.1x its budget: over it, within the tolerance, so delivered.
     let within = load(budget.mul_f64(1.1));
-    let mut over = Vec::new();
-    // The same turns cost ±25 % of CPU time from one call to the next on a shared machine,
-    // so it is called until some calls have landed over the budget (at most 40 calls).
-    for i in 0..40 {
-        if over.len() >= 3 {
-            break;
-        }
-        let (verdict, used) = timed(&within);
-        if used < budget.mul_f64(1.2) {
-            assert_eq!(verdict, Ok(Verdict::Delivered), "call {i} used {used:?} of CPU, budget {budget:?}");
-        }
-        if used > budget && verdict.is_ok() {
-            over.push(used);
+    let mut used = Vec::new();
+    for i in 0..10 {
+        let (verdict, cpu) = timed(&within);
+        used.push(cpu);
+        // Its calls do not fit its budget, so they are held to 1.25x of CPU time.
+        if cpu < budget.mul_f64(1.2) {
+            assert_eq!(verdict, Ok(Verdict::Delivered), "call {i} used {cpu:?} of CPU, budget {budget:?}");
         }
     }
-    assert!(!over.is_empty(), "no call went over its budget: this test shows nothing");
     // About 1.8x (far enough past 1.25x that the noise cannot bring it under): stopped once
     // it has used 1.25x, a timeout naming the budget.
     let past = load(budget.mul_f64(1.8));
-    let (verdict, used) = timed(&past);
-    assert!(matches!(verdict, Err(PluginFailure::Timeout(_))), "{verdict:?} after {used:?} of CPU");
+    let (verdict, stopped) = timed(&past);
+    assert!(matches!(verdict, Err(PluginFailure::Timeout(_))), "{verdict:?} after {stopped:?} of CPU");
     super::assert_timeout(&verdict, "used its CPU budget of 10ms (plugins.call_timeout)");
-    assert!(used >= budget.mul_f64(1.25), "stopped after {used:?} of CPU, before 1.25x its budget");
-    eprintln!("delivered over the budget after {over:?} of CPU; the 1.8x call stopped after {used:?}");
+    assert!(stopped >= budget.mul_f64(1.25), "stopped after {stopped:?} of CPU, before 1.25x its budget");
+    eprintln!("the 1.1x calls used {used:?} of CPU; the 1.8x call stopped after {stopped:?}");
 }
