@@ -135,6 +135,42 @@ type AcceptedOut struct {
 	Duplicate bool `json:"duplicate"`
 }
 
+// AckIn: A cursor whose pages are read and handled.
+type AckIn struct {
+	// A `next_cursor` of this endpoint: every delivery up to it is settled.
+	Cursor string `json:"cursor"`
+}
+
+// AckOut: What an acknowledgement settled.
+type AckOut struct {
+	// Deliveries this call settled as delivered (0 when they were already: idempotent).
+	Acknowledged int64 `json:"acknowledged"`
+}
+
+// AnswerIn: The local URL's answer to one request of the stream, or why there was none.
+type AnswerIn struct {
+	// The request's `id`, as the stream gave it.
+	Request string `json:"request"`
+	// The local URL's status code; absent when it gave no answer (`error`).
+	Status *int64 `json:"status,omitempty"`
+	// The answer's headers, as `[name, value]` pairs.
+	Headers [][]string `json:"headers,omitempty"`
+	// The first KiB of the answer's body (more is cut).
+	Body *string `json:"body,omitempty"`
+	// Instead of `status`: the transport failure (`connection_refused`, `timeout`,
+	// `connection_reset`, `dns`, `tls`, `other`, …).
+	Error *string `json:"error,omitempty"`
+	// What the listener saw of the failure.
+	Detail *string `json:"detail,omitempty"`
+}
+
+// AnswerOut: Whether the answer was taken.
+type AnswerOut struct {
+	// False when no attempt waits for it (answered already, past the endpoint's
+	// `timeout`, or its connection ended): it is dropped.
+	Taken bool `json:"taken"`
+}
+
 // AttemptOut: One HTTP attempt.
 type AttemptOut struct {
 	// New on every attempt (the attempt id header).
@@ -400,10 +436,13 @@ type EndpointDetail struct {
 type EndpointIn struct {
 	// `https://` (or `http://`) URL the deliveries go to; for a broker kind, the broker's
 	// (`redis://host:port[/db]`, `nats://host:port`, `amqp://host:port[/vhost]`), without
-	// credentials.
+	// credentials; for kind `listen`, `listen://<name>`. None (absent or `""`) for kind `poll`.
 	URL *string `json:"url,omitempty"`
-	// `http` (the default), `redis-stream`, `nats` or `amqp`. A broker kind needs
-	// `destination`; changing the kind needs the matching `url` and `destination`.
+	// `http` (the default), `redis-stream`, `nats`, `amqp`, `poll` (pull delivery: a
+	// consumer reads the deliveries, `GET …/endpoints/{id}/poll`) or `listen` (`herald
+	// listen`: the requests go down a listener's connection, `GET …/endpoints/{id}/listen`).
+	// A broker kind needs `destination`; changing the kind needs the matching `url` and
+	// `destination`. An endpoint cannot become or stop being `poll`.
 	Kind *EndpointKind `json:"kind,omitempty"`
 	// A broker kind's settings. Patched field by field (`""` removes one; an omitted
 	// `password` or `token` keeps the stored one); `null` removes them all.
@@ -464,6 +503,10 @@ type EndpointIn struct {
 	// body) or `{"mode": "structured"}` (`application/cloudevents+json`); `source`
 	// defaults to `/herald/tenants/{tenant}`. Replaced whole; `null` removes it.
 	Cloudevents *CloudEvents `json:"cloudevents,omitempty"`
+	// Batching (kind `http`, without `cloudevents`): several events in one request,
+	// `{"type": "batch", "data": [envelope, …]}` signed once. Replaced whole; `null`
+	// removes it (one event per request, the default).
+	Batch *BatchIn `json:"batch,omitempty"`
 	// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
 	// signed challenge, sent before the first delivery and again after a URL change (see
 	// `verification` and `POST …/verify`). Default `false`.
@@ -485,6 +528,8 @@ const (
 	EndpointKindRedisStream EndpointKind = "redis-stream"
 	EndpointKindNATS        EndpointKind = "nats"
 	EndpointKindAMQP        EndpointKind = "amqp"
+	EndpointKindPoll        EndpointKind = "poll"
+	EndpointKindListen      EndpointKind = "listen"
 )
 
 // EndpointOut: An endpoint as the API shows it (secrets are never listed here). Times are RFC 3339.
@@ -519,6 +564,8 @@ type EndpointOut struct {
 	UserAgent *string `json:"user_agent,omitempty"`
 	// Its CloudEvents output (null: the Standard Webhooks envelope).
 	Cloudevents *CloudEvents `json:"cloudevents,omitempty"`
+	// Its batching (null: one event per request).
+	Batch *BatchIn `json:"batch,omitempty"`
 	// Whether deliveries wait for the URL to echo a signed challenge.
 	Verify bool `json:"verify"`
 	// Where that verification stands; absent when `verify` is off.
@@ -582,6 +629,7 @@ const (
 	ErrorCodeRequestTimeout     ErrorCode = "request_timeout"
 	ErrorCodePayloadTooLarge    ErrorCode = "payload_too_large"
 	ErrorCodeEndpointNotActive  ErrorCode = "endpoint_not_active"
+	ErrorCodeCursorExpired      ErrorCode = "cursor_expired"
 	ErrorCodeInvalidPlugin      ErrorCode = "invalid_plugin"
 	ErrorCodePluginLimit        ErrorCode = "plugin_limit"
 	ErrorCodePluginLoading      ErrorCode = "plugin_loading"
@@ -932,6 +980,34 @@ type PointOut struct {
 	// Mean and longest attempt duration; null without attempts.
 	MeanMs *float64 `json:"mean_ms,omitempty"`
 	MaxMs  *int64   `json:"max_ms,omitempty"`
+}
+
+// PollPage: A page of a `poll` endpoint's unsettled deliveries, oldest first.
+type PollPage struct {
+	Data []PolledOut `json:"data"`
+	// Where the next page starts: read it with `?cursor=`, acknowledge it to settle this
+	// page and those before it.
+	NextCursor string `json:"next_cursor"`
+	// Whether more unsettled deliveries wait after this page.
+	More bool `json:"more"`
+}
+
+// PolledOut: One delivery as its consumer reads it: the event, and the request a push would send.
+type PolledOut struct {
+	// The event's id (its `webhook-id`).
+	ID   string `json:"id"`
+	Type string `json:"type"`
+	// When the event was taken (RFC 3339).
+	Timestamp string `json:"timestamp"`
+	// The delivery an acknowledgement settles.
+	DeliveryID string `json:"delivery_id"`
+	// The body a push would send, byte for byte: the Standard Webhooks envelope (or the
+	// CloudEvent). The signature covers exactly this text.
+	Body string `json:"body"`
+	// The headers a push would carry with it: `webhook-id`, `webhook-timestamp` (this
+	// read's), `webhook-signature`, `content-type`, the endpoint's custom headers and, in
+	// CloudEvents binary mode, the `ce-*` attributes.
+	Headers map[string]string `json:"headers"`
 }
 
 // PortalOut: A portal session's limits, beyond its scopes.
@@ -1416,6 +1492,28 @@ func (q *TenantJWKSQuery) values() url.Values {
 	}
 	if q.Endpoint != nil {
 		v.Set("endpoint", fmt.Sprint(*q.Endpoint))
+	}
+	return v
+}
+
+// PollEndpointQuery is the query of PollEndpoint.
+type PollEndpointQuery struct {
+	// The `next_cursor` of an earlier page; absent: from the oldest unsettled delivery.
+	Cursor *string `json:"cursor,omitempty"`
+	// Page size (default 50).
+	Limit *int64 `json:"limit,omitempty"`
+}
+
+func (q *PollEndpointQuery) values() url.Values {
+	v := url.Values{}
+	if q == nil {
+		return v
+	}
+	if q.Cursor != nil {
+		v.Set("cursor", fmt.Sprint(*q.Cursor))
+	}
+	if q.Limit != nil {
+		v.Set("limit", fmt.Sprint(*q.Limit))
 	}
 	return v
 }
@@ -1975,6 +2073,42 @@ func (c *Client) VerifyEndpoint(ctx context.Context, tenant string, iD string) (
 	return &out, nil
 }
 
+// PollEndpoint sends GET /v1/tenants/{tenant}/endpoints/{id}/poll
+func (c *Client) PollEndpoint(ctx context.Context, tenant string, iD string, query *PollEndpointQuery) (*PollPage, error) {
+	var out PollPage
+	if err := c.Do(ctx, "GET", "/v1/tenants/"+url.PathEscape(tenant)+"/endpoints/"+url.PathEscape(iD)+"/poll", query.values(), nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// AckPoll sends POST /v1/tenants/{tenant}/endpoints/{id}/poll/ack
+func (c *Client) AckPoll(ctx context.Context, tenant string, iD string, body *AckIn) (*AckOut, error) {
+	var out AckOut
+	if err := c.Do(ctx, "POST", "/v1/tenants/"+url.PathEscape(tenant)+"/endpoints/"+url.PathEscape(iD)+"/poll/ack", nil, body, "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListenEndpoint sends GET /v1/tenants/{tenant}/endpoints/{id}/listen
+func (c *Client) ListenEndpoint(ctx context.Context, tenant string, iD string) (string, error) {
+	var out string
+	if err := c.Do(ctx, "GET", "/v1/tenants/"+url.PathEscape(tenant)+"/endpoints/"+url.PathEscape(iD)+"/listen", nil, nil, "", &out); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+// AnswerListenRequest sends POST /v1/tenants/{tenant}/endpoints/{id}/listen
+func (c *Client) AnswerListenRequest(ctx context.Context, tenant string, iD string, body *AnswerIn) (*AnswerOut, error) {
+	var out AnswerOut
+	if err := c.Do(ctx, "POST", "/v1/tenants/"+url.PathEscape(tenant)+"/endpoints/"+url.PathEscape(iD)+"/listen", nil, body, "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // ListPortalSessions sends GET /v1/tenants/{tenant}/portal-sessions
 func (c *Client) ListPortalSessions(ctx context.Context, tenant string) (*PortalSessionList, error) {
 	var out PortalSessionList
@@ -2383,6 +2517,10 @@ var Operations = []Operation{
 	{"TestEndpointFilter", "POST", "/v1/tenants/{tenant}/endpoints/{id}/test-filter", []string{"tenant", "id"}, []string{}, "application/json"},
 	{"TestFilter", "POST", "/v1/tenants/{tenant}/test-filter", []string{"tenant"}, []string{}, "application/json"},
 	{"VerifyEndpoint", "POST", "/v1/tenants/{tenant}/endpoints/{id}/verify", []string{"tenant", "id"}, []string{}, ""},
+	{"PollEndpoint", "GET", "/v1/tenants/{tenant}/endpoints/{id}/poll", []string{"tenant", "id"}, []string{"cursor", "limit"}, ""},
+	{"AckPoll", "POST", "/v1/tenants/{tenant}/endpoints/{id}/poll/ack", []string{"tenant", "id"}, []string{}, "application/json"},
+	{"ListenEndpoint", "GET", "/v1/tenants/{tenant}/endpoints/{id}/listen", []string{"tenant", "id"}, []string{}, ""},
+	{"AnswerListenRequest", "POST", "/v1/tenants/{tenant}/endpoints/{id}/listen", []string{"tenant", "id"}, []string{}, "application/json"},
 	{"ListPortalSessions", "GET", "/v1/tenants/{tenant}/portal-sessions", []string{"tenant"}, []string{}, ""},
 	{"CreatePortalSession", "POST", "/v1/tenants/{tenant}/portal-sessions", []string{"tenant"}, []string{}, "application/json"},
 	{"RevokePortalSession", "DELETE", "/v1/tenants/{tenant}/portal-sessions/{id}", []string{"tenant", "id"}, []string{}, ""},

@@ -30,11 +30,11 @@ use crate::model::{AuditEntry, AuditFilter, TenantId, new_id};
 use crate::store::audit;
 
 /// Write routes that leave no entry: the filter trials, which are posted but write
-/// nothing, and event intake, a `poll` consumer's acknowledgements and a listener's answers, which are data
-/// rather than configuration (intake is the hot path: it gets no entry to carry, so its
+/// nothing, and event intake, a `poll` consumer's acknowledgements and a listener's
+/// answers, which are data rather than configuration (intake is the hot path: it gets no entry to carry, so its
 /// commits hold no audit row; an acknowledgement settles deliveries, as a push's 2xx does,
 /// and a listener's answer is a delivery's result).
-const NOT_AUDITED: [&str; 5] = [
+const NOT_AUDITED: [&str; 6] = [
     "/v1/tenants/{tenant}/endpoints/{id}/test-filter",
     "/v1/tenants/{tenant}/endpoints/{id}/listen",
     "/v1/tenants/{tenant}/test-filter",

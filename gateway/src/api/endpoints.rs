@@ -22,8 +22,8 @@ use keys::{PublicKeyOut, RotateIn, Scheme};
 
 mod health;
 pub(crate) mod keys;
-pub(crate) mod poll;
 pub(crate) mod listener;
+pub(crate) mod poll;
 pub(crate) mod test_filter;
 pub(crate) mod verify;
 

@@ -260,8 +260,15 @@ async fn forward_one(deliverer: &Deliverer, forward: &str, line: &Value) -> Valu
         .filter_map(|pair| Some((pair[0].as_str()?.to_string(), pair[1].as_str()?.to_string())))
         .collect();
     let route = Route { connect_timeout: FORWARD_TIMEOUT, timeout: FORWARD_TIMEOUT, via: Via::Direct, tls: None };
-    let out =
-        Outgoing { url: forward.to_string(), headers, body: Bytes::from(body), route, keep_headers: true, now: 0 };
+    let out = Outgoing {
+        url: forward.to_string(),
+        headers,
+        body: Bytes::from(body),
+        route,
+        keep_headers: true,
+        keep_body: crate::deliver::BODY_PREFIX,
+        now: 0,
+    };
     match deliverer.send(out).await {
         Outcome::Response(r) => json!({"status": r.status, "headers": r.headers, "body": r.body_prefix}),
         Outcome::Transport { kind, detail } => json!({"error": kind, "detail": detail}),

@@ -25,6 +25,44 @@ class AcceptedOut(TypedDict):
     """The id was already stored with this type and payload: nothing new was written."""
 
 
+class AckIn(TypedDict):
+    """A cursor whose pages are read and handled."""
+    cursor: str
+    """A `next_cursor` of this endpoint: every delivery up to it is settled."""
+
+
+class AckOut(TypedDict):
+    """What an acknowledgement settled."""
+    acknowledged: int
+    """Deliveries this call settled as delivered (0 when they were already: idempotent)."""
+
+
+class AnswerIn(TypedDict):
+    """The local URL's answer to one request of the stream, or why there was none."""
+    request: str
+    """The request's `id`, as the stream gave it."""
+    status: NotRequired[Optional[int]]
+    """The local URL's status code; absent when it gave no answer (`error`)."""
+    headers: NotRequired[list[list[str]]]
+    """The answer's headers, as `[name, value]` pairs."""
+    body: NotRequired[str]
+    """The first KiB of the answer's body (more is cut)."""
+    error: NotRequired[Optional[str]]
+    """Instead of `status`: the transport failure (`connection_refused`, `timeout`,
+    `connection_reset`, `dns`, `tls`, `other`, …).
+    """
+    detail: NotRequired[str]
+    """What the listener saw of the failure."""
+
+
+class AnswerOut(TypedDict):
+    """Whether the answer was taken."""
+    taken: bool
+    """False when no attempt waits for it (answered already, past the endpoint's
+    `timeout`, or its connection ended): it is dropped.
+    """
+
+
 class AttemptOut(TypedDict):
     """One HTTP attempt."""
     id: str
@@ -280,6 +318,8 @@ class EndpointOut(TypedDict):
     """The endpoint's own `User-Agent`; null: Herald's."""
     cloudevents: NotRequired[Optional[CloudEvents]]
     """Its CloudEvents output (null: the Standard Webhooks envelope)."""
+    batch: NotRequired[Optional[BatchIn]]
+    """Its batching (null: one event per request)."""
     verify: bool
     """Whether deliveries wait for the URL to echo a signed challenge."""
     verification: NotRequired[Optional[VerificationOut]]
@@ -318,11 +358,14 @@ class EndpointIn(TypedDict):
     url: NotRequired[Optional[str]]
     """`https://` (or `http://`) URL the deliveries go to; for a broker kind, the broker's
     (`redis://host:port[/db]`, `nats://host:port`, `amqp://host:port[/vhost]`), without
-    credentials.
+    credentials; for kind `listen`, `listen://<name>`. None (absent or `""`) for kind `poll`.
     """
     kind: NotRequired[Optional[EndpointKind]]
-    """`http` (the default), `redis-stream`, `nats` or `amqp`. A broker kind needs
-    `destination`; changing the kind needs the matching `url` and `destination`.
+    """`http` (the default), `redis-stream`, `nats`, `amqp`, `poll` (pull delivery: a
+    consumer reads the deliveries, `GET …/endpoints/{id}/poll`) or `listen` (`herald
+    listen`: the requests go down a listener's connection, `GET …/endpoints/{id}/listen`).
+    A broker kind needs `destination`; changing the kind needs the matching `url` and
+    `destination`. An endpoint cannot become or stop being `poll`.
     """
     destination: NotRequired[Optional[DestinationIn]]
     """A broker kind's settings. Patched field by field (`""` removes one; an omitted
@@ -396,6 +439,11 @@ class EndpointIn(TypedDict):
     body) or `{"mode": "structured"}` (`application/cloudevents+json`); `source`
     defaults to `/herald/tenants/{tenant}`. Replaced whole; `null` removes it.
     """
+    batch: NotRequired[Optional[BatchIn]]
+    """Batching (kind `http`, without `cloudevents`): several events in one request,
+    `{"type": "batch", "data": [envelope, …]}` signed once. Replaced whole; `null`
+    removes it (one event per request, the default).
+    """
     verify: NotRequired[Optional[bool]]
     """Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
     signed challenge, sent before the first delivery and again after a URL change (see
@@ -408,7 +456,7 @@ class EndpointItem(EndpointOut):
     health: NotRequired[Optional[HealthOut]]
 
 
-EndpointKind = Literal["http", "redis-stream", "nats", "amqp"]
+EndpointKind = Literal["http", "redis-stream", "nats", "amqp", "poll", "listen"]
 """The kind of an endpoint's destination."""
 
 
@@ -431,7 +479,7 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
 
 
-ErrorCode = Literal["invalid_request", "invalid_path", "invalid_query", "unauthorized", "forbidden", "not_found", "method_not_allowed", "conflict", "request_timeout", "payload_too_large", "endpoint_not_active", "invalid_plugin", "plugin_limit", "plugin_loading", "plugin_unavailable", "storage_unavailable", "internal_error"]
+ErrorCode = Literal["invalid_request", "invalid_path", "invalid_query", "unauthorized", "forbidden", "not_found", "method_not_allowed", "conflict", "request_timeout", "payload_too_large", "endpoint_not_active", "cursor_expired", "invalid_plugin", "plugin_limit", "plugin_loading", "plugin_unavailable", "storage_unavailable", "internal_error"]
 """Every error's stable machine code: the one list, so the document names them all."""
 
 
@@ -797,6 +845,37 @@ class PointOut(TypedDict):
     mean_ms: NotRequired[Optional[float]]
     """Mean and longest attempt duration; null without attempts."""
     max_ms: NotRequired[Optional[int]]
+
+
+class PollPage(TypedDict):
+    """A page of a `poll` endpoint's unsettled deliveries, oldest first."""
+    data: list[PolledOut]
+    next_cursor: str
+    """Where the next page starts: read it with `?cursor=`, acknowledge it to settle this
+    page and those before it.
+    """
+    more: bool
+    """Whether more unsettled deliveries wait after this page."""
+
+
+class PolledOut(TypedDict):
+    """One delivery as its consumer reads it: the event, and the request a push would send."""
+    id: str
+    """The event's id (its `webhook-id`)."""
+    type: str
+    timestamp: str
+    """When the event was taken (RFC 3339)."""
+    delivery_id: str
+    """The delivery an acknowledgement settles."""
+    body: str
+    """The body a push would send, byte for byte: the Standard Webhooks envelope (or the
+    CloudEvent). The signature covers exactly this text.
+    """
+    headers: dict[str, str]
+    """The headers a push would carry with it: `webhook-id`, `webhook-timestamp` (this
+    read's), `webhook-signature`, `content-type`, the endpoint's custom headers and, in
+    CloudEvents binary mode, the `ce-*` attributes.
+    """
 
 
 class PortalOut(TypedDict):
@@ -1351,6 +1430,22 @@ class HeraldClient:
         """POST /v1/tenants/{tenant}/endpoints/{id}/verify"""
         return self.request("POST", f"/v1/tenants/{_segment(tenant)}/endpoints/{_segment(id)}/verify", None, None, "", "application/json")
 
+    def poll_endpoint(self, tenant: str, id: str, *, cursor: Optional[str] = None, limit: Optional[int] = None) -> PollPage:
+        """GET /v1/tenants/{tenant}/endpoints/{id}/poll"""
+        return self.request("GET", f"/v1/tenants/{_segment(tenant)}/endpoints/{_segment(id)}/poll", {"cursor": cursor, "limit": limit}, None, "", "application/json")
+
+    def ack_poll(self, tenant: str, id: str, body: Optional[AckIn] = None) -> AckOut:
+        """POST /v1/tenants/{tenant}/endpoints/{id}/poll/ack"""
+        return self.request("POST", f"/v1/tenants/{_segment(tenant)}/endpoints/{_segment(id)}/poll/ack", None, body, "application/json", "application/json")
+
+    def listen_endpoint(self, tenant: str, id: str) -> str:
+        """GET /v1/tenants/{tenant}/endpoints/{id}/listen"""
+        return self.request("GET", f"/v1/tenants/{_segment(tenant)}/endpoints/{_segment(id)}/listen", None, None, "", "application/x-ndjson")
+
+    def answer_listen_request(self, tenant: str, id: str, body: Optional[AnswerIn] = None) -> AnswerOut:
+        """POST /v1/tenants/{tenant}/endpoints/{id}/listen"""
+        return self.request("POST", f"/v1/tenants/{_segment(tenant)}/endpoints/{_segment(id)}/listen", None, body, "application/json", "application/json")
+
     def list_portal_sessions(self, tenant: str) -> PortalSessionList:
         """GET /v1/tenants/{tenant}/portal-sessions"""
         return self.request("GET", f"/v1/tenants/{_segment(tenant)}/portal-sessions", None, None, "", "application/json")
@@ -1550,6 +1645,10 @@ OPERATIONS: dict[str, dict[str, Any]] = {
     "test_endpoint_filter": {"method": "POST", "path": "/v1/tenants/{tenant}/endpoints/{id}/test-filter", "path_params": ["tenant", "id"], "query": [], "body_type": "application/json"},
     "test_filter": {"method": "POST", "path": "/v1/tenants/{tenant}/test-filter", "path_params": ["tenant"], "query": [], "body_type": "application/json"},
     "verify_endpoint": {"method": "POST", "path": "/v1/tenants/{tenant}/endpoints/{id}/verify", "path_params": ["tenant", "id"], "query": [], "body_type": ""},
+    "poll_endpoint": {"method": "GET", "path": "/v1/tenants/{tenant}/endpoints/{id}/poll", "path_params": ["tenant", "id"], "query": ["cursor", "limit"], "body_type": ""},
+    "ack_poll": {"method": "POST", "path": "/v1/tenants/{tenant}/endpoints/{id}/poll/ack", "path_params": ["tenant", "id"], "query": [], "body_type": "application/json"},
+    "listen_endpoint": {"method": "GET", "path": "/v1/tenants/{tenant}/endpoints/{id}/listen", "path_params": ["tenant", "id"], "query": [], "body_type": ""},
+    "answer_listen_request": {"method": "POST", "path": "/v1/tenants/{tenant}/endpoints/{id}/listen", "path_params": ["tenant", "id"], "query": [], "body_type": "application/json"},
     "list_portal_sessions": {"method": "GET", "path": "/v1/tenants/{tenant}/portal-sessions", "path_params": ["tenant"], "query": [], "body_type": ""},
     "create_portal_session": {"method": "POST", "path": "/v1/tenants/{tenant}/portal-sessions", "path_params": ["tenant"], "query": [], "body_type": "application/json"},
     "revoke_portal_session": {"method": "DELETE", "path": "/v1/tenants/{tenant}/portal-sessions/{id}", "path_params": ["tenant", "id"], "query": [], "body_type": ""},
@@ -1599,6 +1698,10 @@ OPERATIONS: dict[str, dict[str, Any]] = {
 __all__ = [
     "AcceptedList",
     "AcceptedOut",
+    "AckIn",
+    "AckOut",
+    "AnswerIn",
+    "AnswerOut",
     "AttemptOut",
     "AuditOut",
     "AuditPage",
@@ -1662,6 +1765,8 @@ __all__ = [
     "PluginOut",
     "PluginsIn",
     "PointOut",
+    "PollPage",
+    "PolledOut",
     "PortalOut",
     "PortalSessionIn",
     "PortalSessionList",

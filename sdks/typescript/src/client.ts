@@ -14,6 +14,46 @@ export interface AcceptedOut {
   duplicate: boolean;
 }
 
+/** A cursor whose pages are read and handled. */
+export interface AckIn {
+  /** A `next_cursor` of this endpoint: every delivery up to it is settled. */
+  cursor: string;
+}
+
+/** What an acknowledgement settled. */
+export interface AckOut {
+  /** Deliveries this call settled as delivered (0 when they were already: idempotent). */
+  acknowledged: number;
+}
+
+/** The local URL's answer to one request of the stream, or why there was none. */
+export interface AnswerIn {
+  /** The request's `id`, as the stream gave it. */
+  request: string;
+  /** The local URL's status code; absent when it gave no answer (`error`). */
+  status?: number | null;
+  /** The answer's headers, as `[name, value]` pairs. */
+  headers?: Array<Array<string>>;
+  /** The first KiB of the answer's body (more is cut). */
+  body?: string;
+  /**
+   * Instead of `status`: the transport failure (`connection_refused`, `timeout`,
+   * `connection_reset`, `dns`, `tls`, `other`, …).
+   */
+  error?: string | null;
+  /** What the listener saw of the failure. */
+  detail?: string;
+}
+
+/** Whether the answer was taken. */
+export interface AnswerOut {
+  /**
+   * False when no attempt waits for it (answered already, past the endpoint's
+   * `timeout`, or its connection ended): it is dropped.
+   */
+  taken: boolean;
+}
+
 /** One HTTP attempt. */
 export interface AttemptOut {
   /** New on every attempt (the attempt id header). */
@@ -271,12 +311,15 @@ export interface EndpointIn {
   /**
    * `https://` (or `http://`) URL the deliveries go to; for a broker kind, the broker's
    * (`redis://host:port[/db]`, `nats://host:port`, `amqp://host:port[/vhost]`), without
-   * credentials.
+   * credentials; for kind `listen`, `listen://<name>`. None (absent or `""`) for kind `poll`.
    */
   url?: string | null;
   /**
-   * `http` (the default), `redis-stream`, `nats` or `amqp`. A broker kind needs
-   * `destination`; changing the kind needs the matching `url` and `destination`.
+   * `http` (the default), `redis-stream`, `nats`, `amqp`, `poll` (pull delivery: a
+   * consumer reads the deliveries, `GET …/endpoints/{id}/poll`) or `listen` (`herald
+   * listen`: the requests go down a listener's connection, `GET …/endpoints/{id}/listen`).
+   * A broker kind needs `destination`; changing the kind needs the matching `url` and
+   * `destination`. An endpoint cannot become or stop being `poll`.
    */
   kind?: EndpointKind | null;
   /**
@@ -365,6 +408,12 @@ export interface EndpointIn {
    */
   cloudevents?: CloudEvents | null;
   /**
+   * Batching (kind `http`, without `cloudevents`): several events in one request,
+   * `{"type": "batch", "data": [envelope, …]}` signed once. Replaced whole; `null`
+   * removes it (one event per request, the default).
+   */
+  batch?: BatchIn | null;
+  /**
    * Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
    * signed challenge, sent before the first delivery and again after a URL change (see
    * `verification` and `POST …/verify`). Default `false`.
@@ -378,7 +427,7 @@ export interface EndpointItem extends EndpointOut {
 }
 
 /** The kind of an endpoint's destination. */
-export type EndpointKind = "http" | "redis-stream" | "nats" | "amqp";
+export type EndpointKind = "http" | "redis-stream" | "nats" | "amqp" | "poll" | "listen";
 
 /** An endpoint as the API shows it (secrets are never listed here). Times are RFC 3339. */
 export interface EndpointOut {
@@ -412,6 +461,8 @@ export interface EndpointOut {
   user_agent?: string | null;
   /** Its CloudEvents output (null: the Standard Webhooks envelope). */
   cloudevents?: CloudEvents | null;
+  /** Its batching (null: one event per request). */
+  batch?: BatchIn | null;
   /** Whether deliveries wait for the URL to echo a signed challenge. */
   verify: boolean;
   /** Where that verification stands; absent when `verify` is off. */
@@ -444,7 +495,7 @@ export interface ErrorBody {
 }
 
 /** Every error's stable machine code: the one list, so the document names them all. */
-export type ErrorCode = "invalid_request" | "invalid_path" | "invalid_query" | "unauthorized" | "forbidden" | "not_found" | "method_not_allowed" | "conflict" | "request_timeout" | "payload_too_large" | "endpoint_not_active" | "invalid_plugin" | "plugin_limit" | "plugin_loading" | "plugin_unavailable" | "storage_unavailable" | "internal_error";
+export type ErrorCode = "invalid_request" | "invalid_path" | "invalid_query" | "unauthorized" | "forbidden" | "not_found" | "method_not_allowed" | "conflict" | "request_timeout" | "payload_too_large" | "endpoint_not_active" | "cursor_expired" | "invalid_plugin" | "plugin_limit" | "plugin_loading" | "plugin_unavailable" | "storage_unavailable" | "internal_error";
 
 export interface ErrorDetail {
   code: ErrorCode;
@@ -800,6 +851,40 @@ export interface PointOut {
   /** Mean and longest attempt duration; null without attempts. */
   mean_ms?: number | null;
   max_ms?: number | null;
+}
+
+/** A page of a `poll` endpoint's unsettled deliveries, oldest first. */
+export interface PollPage {
+  data: Array<PolledOut>;
+  /**
+   * Where the next page starts: read it with `?cursor=`, acknowledge it to settle this
+   * page and those before it.
+   */
+  next_cursor: string;
+  /** Whether more unsettled deliveries wait after this page. */
+  more: boolean;
+}
+
+/** One delivery as its consumer reads it: the event, and the request a push would send. */
+export interface PolledOut {
+  /** The event's id (its `webhook-id`). */
+  id: string;
+  type: string;
+  /** When the event was taken (RFC 3339). */
+  timestamp: string;
+  /** The delivery an acknowledgement settles. */
+  delivery_id: string;
+  /**
+   * The body a push would send, byte for byte: the Standard Webhooks envelope (or the
+   * CloudEvent). The signature covers exactly this text.
+   */
+  body: string;
+  /**
+   * The headers a push would carry with it: `webhook-id`, `webhook-timestamp` (this
+   * read's), `webhook-signature`, `content-type`, the endpoint's custom headers and, in
+   * CloudEvents binary mode, the `ce-*` attributes.
+   */
+  headers: Record<string, string>;
 }
 
 /** A portal session's limits, beyond its scopes. */
@@ -1249,6 +1334,14 @@ export interface TenantJwksQuery {
   endpoint?: string;
 }
 
+/** The query of `pollEndpoint`. */
+export interface PollEndpointQuery {
+  /** The `next_cursor` of an earlier page; absent: from the oldest unsettled delivery. */
+  cursor?: string;
+  /** Page size (default 50). */
+  limit?: number;
+}
+
 /** The query of `listEventDeliveries`. */
 export interface ListEventDeliveriesQuery {
   /** `queued`, `delivering`, `waiting`, `delivered`, `dead` or `paused`. */
@@ -1585,6 +1678,26 @@ export class HeraldClient {
     return (await this.request("POST", `/v1/tenants/${encodeURIComponent(tenant)}/endpoints/${encodeURIComponent(id)}/verify`, undefined, undefined, "", "application/json")) as EndpointOut;
   }
 
+  /** GET /v1/tenants/{tenant}/endpoints/{id}/poll */
+  async pollEndpoint(tenant: string, id: string, query?: PollEndpointQuery): Promise<PollPage> {
+    return (await this.request("GET", `/v1/tenants/${encodeURIComponent(tenant)}/endpoints/${encodeURIComponent(id)}/poll`, query, undefined, "", "application/json")) as PollPage;
+  }
+
+  /** POST /v1/tenants/{tenant}/endpoints/{id}/poll/ack */
+  async ackPoll(tenant: string, id: string, body?: AckIn): Promise<AckOut> {
+    return (await this.request("POST", `/v1/tenants/${encodeURIComponent(tenant)}/endpoints/${encodeURIComponent(id)}/poll/ack`, undefined, body, "application/json", "application/json")) as AckOut;
+  }
+
+  /** GET /v1/tenants/{tenant}/endpoints/{id}/listen */
+  async listenEndpoint(tenant: string, id: string): Promise<string> {
+    return (await this.request("GET", `/v1/tenants/${encodeURIComponent(tenant)}/endpoints/${encodeURIComponent(id)}/listen`, undefined, undefined, "", "application/x-ndjson")) as string;
+  }
+
+  /** POST /v1/tenants/{tenant}/endpoints/{id}/listen */
+  async answerListenRequest(tenant: string, id: string, body?: AnswerIn): Promise<AnswerOut> {
+    return (await this.request("POST", `/v1/tenants/${encodeURIComponent(tenant)}/endpoints/${encodeURIComponent(id)}/listen`, undefined, body, "application/json", "application/json")) as AnswerOut;
+  }
+
   /** GET /v1/tenants/{tenant}/portal-sessions */
   async listPortalSessions(tenant: string): Promise<PortalSessionList> {
     return (await this.request("GET", `/v1/tenants/${encodeURIComponent(tenant)}/portal-sessions`, undefined, undefined, "", "application/json")) as PortalSessionList;
@@ -1841,6 +1954,10 @@ export const OPERATIONS = {
   testEndpointFilter: {"method": "POST", "path": "/v1/tenants/{tenant}/endpoints/{id}/test-filter", "pathParams": ["tenant", "id"], "query": [], "bodyType": "application/json"},
   testFilter: {"method": "POST", "path": "/v1/tenants/{tenant}/test-filter", "pathParams": ["tenant"], "query": [], "bodyType": "application/json"},
   verifyEndpoint: {"method": "POST", "path": "/v1/tenants/{tenant}/endpoints/{id}/verify", "pathParams": ["tenant", "id"], "query": [], "bodyType": ""},
+  pollEndpoint: {"method": "GET", "path": "/v1/tenants/{tenant}/endpoints/{id}/poll", "pathParams": ["tenant", "id"], "query": ["cursor", "limit"], "bodyType": ""},
+  ackPoll: {"method": "POST", "path": "/v1/tenants/{tenant}/endpoints/{id}/poll/ack", "pathParams": ["tenant", "id"], "query": [], "bodyType": "application/json"},
+  listenEndpoint: {"method": "GET", "path": "/v1/tenants/{tenant}/endpoints/{id}/listen", "pathParams": ["tenant", "id"], "query": [], "bodyType": ""},
+  answerListenRequest: {"method": "POST", "path": "/v1/tenants/{tenant}/endpoints/{id}/listen", "pathParams": ["tenant", "id"], "query": [], "bodyType": "application/json"},
   listPortalSessions: {"method": "GET", "path": "/v1/tenants/{tenant}/portal-sessions", "pathParams": ["tenant"], "query": [], "bodyType": ""},
   createPortalSession: {"method": "POST", "path": "/v1/tenants/{tenant}/portal-sessions", "pathParams": ["tenant"], "query": [], "bodyType": "application/json"},
   revokePortalSession: {"method": "DELETE", "path": "/v1/tenants/{tenant}/portal-sessions/{id}", "pathParams": ["tenant", "id"], "query": [], "bodyType": ""},
