@@ -242,8 +242,10 @@ async fn a_client_generated_from_the_live_document_drives_a_whole_delivery() -> 
 
     let work = tempfile::tempdir()?;
     std::fs::write(work.path().join("openapi.json"), document(&node.api).await?.to_string())?;
-    // No formatter run after generating: nothing reads the code but Python.
-    std::fs::write(work.path().join("generator.yml"), "post_hooks: []\n")?;
+    // No formatter run after generating: nothing reads the code but Python. `herald listen`'s
+    // stream is NDJSON, one JSON object a line: to the generated client, text.
+    let config = "post_hooks: []\ncontent_type_overrides:\n  application/x-ndjson: text/plain\n";
+    std::fs::write(work.path().join("generator.yml"), config)?;
     let mut generate = tokio::process::Command::new(pytool("openapi-python-client")?);
     generate.current_dir(work.path()).args([
         "generate",
