@@ -781,6 +781,24 @@ async fn load(state: &AppState, tenant: &TenantId, id: &str) -> Result<Endpoint,
     }
 }
 
+/// The tenant's endpoint `id` if it is of `kind`; else a 409 naming `kind`, and `why` only
+/// that kind takes the route.
+async fn load_of_kind(
+    state: &AppState,
+    tenant: &TenantId,
+    id: &str,
+    kind: EndpointKind,
+    why: &str,
+) -> Result<Endpoint, ApiError> {
+    let endpoint = load(state, tenant, id).await?;
+    let actual = endpoint.spec.target.kind();
+    if actual != kind {
+        let message = format!("kind: the endpoint is kind {}, not {}: {why}", actual.as_str(), kind.as_str());
+        return Err(ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message));
+    }
+    Ok(endpoint)
+}
+
 #[utoipa::path(
     post, path = "/v1/tenants/{tenant}/endpoints", tag = "endpoints", operation_id = "create_endpoint",
     params(TenantPath), request_body = EndpointIn,

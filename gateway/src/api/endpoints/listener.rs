@@ -25,10 +25,10 @@ use utoipa::ToSchema;
 use super::super::doc::ErrorCode;
 use super::super::extract::{ItemPath, JsonBody, Manage, Path, TenantAuth};
 use super::super::{ApiError, AppState};
-use super::load;
+use super::load_of_kind;
 use crate::classify::TransportErrorKind;
 use crate::deliver::relay::{Answer, Listening, Relay};
-use crate::model::{Endpoint, EndpointKind};
+use crate::model::EndpointKind;
 
 /// How often an idle connection carries a `ping` line: a listener gone without a word
 /// (killed, its network cut) is found at the next write.
@@ -80,8 +80,8 @@ pub(crate) async fn listen(
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Response, ApiError> {
-    let endpoint = load(&state, &tenant, &id).await?;
-    let relay = listen_relay(&state, &endpoint)?;
+    let endpoint = load_of_kind(&state, &tenant, &id, EndpointKind::Listen, LISTEN_ONLY).await?;
+    let relay = listen_relay(&state)?;
     let Some(listening) = relay.connect(endpoint.id.as_str()) else {
         return Err(stopping());
     };
@@ -138,8 +138,8 @@ pub(crate) async fn answer(
     Path(ItemPath { id, .. }): Path<ItemPath>,
     JsonBody(input): JsonBody<AnswerIn>,
 ) -> Result<Json<AnswerOut>, ApiError> {
-    let endpoint = load(&state, &tenant, &id).await?;
-    let relay = listen_relay(&state, &endpoint)?;
+    let endpoint = load_of_kind(&state, &tenant, &id, EndpointKind::Listen, LISTEN_ONLY).await?;
+    let relay = listen_relay(&state)?;
     let AnswerIn { request, status, headers, body, error, detail } = input;
     let answer = match (status, error) {
         (Some(status), None) if (100..=599).contains(&status) => Answer::Response { status, headers, body },
@@ -152,15 +152,10 @@ pub(crate) async fn answer(
 }
 
 /// The node's relay, for an endpoint of kind `listen`.
-fn listen_relay<'a>(state: &'a AppState, endpoint: &Endpoint) -> Result<&'a Arc<Relay>, ApiError> {
-    if endpoint.spec.target.kind() != EndpointKind::Listen {
-        let kind = endpoint.spec.target.kind().as_str();
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::Conflict,
-            format!("listen: the endpoint is of kind {kind}; only an endpoint of kind listen takes a listener"),
-        ));
-    }
+/// Why only an endpoint of kind `listen` takes these routes (its 409's message).
+const LISTEN_ONLY: &str = "only an endpoint of kind listen takes a listener";
+
+fn listen_relay(state: &AppState) -> Result<&Arc<Relay>, ApiError> {
     state.deliverer.as_ref().map(|d| d.relay()).ok_or_else(stopping)
 }
 

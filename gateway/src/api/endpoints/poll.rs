@@ -28,7 +28,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::super::doc::ErrorCode;
 use super::super::extract::{ItemPath, JsonBody, Path, Poll, Query, TenantAuth, bad_query};
 use super::super::{ApiError, AppState, rfc3339};
-use super::load;
+use super::load_of_kind;
 use crate::model::{
     CeAttributes, CeHeaders, DeliveryId, Endpoint, EndpointId, EndpointKind, Millis, encode_cloudevent, envelope,
 };
@@ -122,7 +122,7 @@ pub(crate) async fn poll(
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(bad_query(format!("limit: must be 1 to {MAX_LIMIT}, not {limit}")));
     }
-    let endpoint = pull_endpoint(&state, &tenant, &id).await?;
+    let endpoint = load_of_kind(&state, &tenant, &id, EndpointKind::Poll, "its deliveries are pushed").await?;
     let at = match q.cursor {
         Some(text) => Cursor::decode(&text).map_err(|e| bad_query(format!("cursor: {e}")))?,
         None => Cursor::start(&endpoint.id),
@@ -155,7 +155,7 @@ pub(crate) async fn ack(
     Path(ItemPath { id, .. }): Path<ItemPath>,
     JsonBody(input): JsonBody<AckIn>,
 ) -> Result<Json<AckOut>, ApiError> {
-    let endpoint = pull_endpoint(&state, &tenant, &id).await?;
+    let endpoint = load_of_kind(&state, &tenant, &id, EndpointKind::Poll, "its deliveries are pushed").await?;
     let at = Cursor::decode(&input.cursor).map_err(|e| ApiError::bad_request(format!("cursor: {e}")))?;
     if at.endpoint != endpoint.id.as_str() {
         return Err(ApiError::unprocessable("cursor: is a cursor of another endpoint"));
@@ -174,17 +174,6 @@ pub(crate) async fn ack(
         tracing::info!(tenant = %tenant, endpoint_id = %endpoint.id, acknowledged, "poll deliveries acknowledged");
     }
     Ok(Json(AckOut { acknowledged }))
-}
-
-/// The tenant's endpoint `id`, which must be kind `poll`.
-async fn pull_endpoint(state: &AppState, tenant: &crate::model::TenantId, id: &str) -> Result<Endpoint, ApiError> {
-    let endpoint = load(state, tenant, id).await?;
-    let kind = endpoint.spec.target.kind();
-    if !kind.is_pull() {
-        let message = format!("kind: the endpoint is kind {}, not poll: its deliveries are pushed", kind.as_str());
-        return Err(ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message));
-    }
-    Ok(endpoint)
 }
 
 /// Refuses a cursor of another endpoint, and one whose delivery retention purged (`410`).
