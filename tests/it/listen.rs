@@ -224,6 +224,9 @@ async fn a_thousand_events_arrive_once_each_and_every_signature_verifies(backend
     })
     .await?;
     assert!(lines[0].starts_with("200  ") && lines[0].contains(" ms  dlv_") && lines[0].contains(TYPE), "{lines:?}");
+    // It says where the signing secret is, never the secret.
+    let said = listener.stderr();
+    assert!(said.contains("/secret") && !said.contains("whsec_") && !said.contains(&secret), "{said}");
     Ok(())
 }
 
