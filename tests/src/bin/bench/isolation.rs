@@ -17,7 +17,7 @@
 //! to `alone`, `/healthz` p99, the node's CPU, and the slow plugin's `plugin:timeout`
 //! count over the run (it must stay 0: its calls are within their budget).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -189,17 +189,65 @@ pub(crate) async fn run(api: &Api, pid: u32, p: &Params, out: &mut HashMap<Strin
     }
     slow_stop.store(true, Ordering::Relaxed);
     let slow_posted = slow.await??;
-    // The slow plugin's failures as the node counts them (every call of the run).
-    let detail = api.get("/v1/tenants/slow/plugins/burn", ADMIN_TOKEN).await?;
+    // The slow plugin's failures as the node counts them, once every call of the run has
+    // ended (a busy machine leaves a backlog behind the last post; bounded by a minute).
+    let settled_by = Instant::now() + Duration::from_secs(60);
+    let detail = loop {
+        let detail = api.get("/v1/tenants/slow/plugins/burn", ADMIN_TOKEN).await?;
+        let calls = detail.json["stats"]["calls"].as_u64().unwrap_or(0);
+        if calls >= slow_posted as u64 || Instant::now() > settled_by {
+            break detail;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     let by_reason = &detail.json["stats"]["failures_by_reason"];
     out.insert("slow_calls".into(), detail.json["stats"]["calls"].as_f64().unwrap_or(f64::NAN));
     out.insert("slow_timeouts".into(), by_reason["timeout"].as_f64().unwrap_or(0.0));
     out.insert("slow_failures".into(), detail.json["stats"]["failures"].as_f64().unwrap_or(f64::NAN));
     out.insert("slow_p99_call_ms".into(), detail.json["stats"]["p99_ms"].as_f64().unwrap_or(f64::NAN));
     out.insert("slow_posted".into(), slow_posted as f64);
+    // Which limit stopped each of them: its dead letter's error names it (issue 48.17).
+    for (key, n) in slow_timeouts_by_limit(api).await? {
+        out.insert(format!("slow_timeouts_{key}"), n as f64);
+    }
     let evil = api.get("/v1/tenants/evil/plugins/spin", ADMIN_TOKEN).await?;
     out.insert("spin_timeouts".into(), evil.json["stats"]["failures_by_reason"]["timeout"].as_f64().unwrap_or(0.0));
     Ok(())
+}
+
+/// The slow tenant's timeouts by the limit that stopped them, from its dead letters' errors:
+/// `fits` (2x the budget, a plugin whose calls fit it), `stretched` (1.25x times a slowed
+/// core's factor), `tolerance` (1.25x), `wall` (the wall-time cap).
+async fn slow_timeouts_by_limit(api: &Api) -> anyhow::Result<BTreeMap<&'static str, u64>> {
+    let mut counts = BTreeMap::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = "/v1/tenants/slow/dead-letters?limit=1000".to_string();
+        if let Some(a) = &after {
+            path.push_str(&format!("&after={a}"));
+        }
+        let page = api.get(&path, ADMIN_TOKEN).await?;
+        for d in page.json["data"].as_array().into_iter().flatten() {
+            let error = d["last_error"].as_str().unwrap_or("");
+            if !error.contains("timeout") {
+                continue;
+            }
+            let key = if error.contains("of wall time") {
+                "wall"
+            } else if error.contains("whose calls fit") {
+                "fits"
+            } else if error.contains("slower than when quiet") {
+                "stretched"
+            } else {
+                "tolerance"
+            };
+            *counts.entry(key).or_default() += 1;
+        }
+        match page.json["next_after"].as_str() {
+            Some(a) => after = Some(a.to_string()),
+            None => return Ok(counts),
+        }
+    }
 }
 
 /// `base` with `more`'s fields set over it.
