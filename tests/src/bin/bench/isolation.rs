@@ -216,8 +216,8 @@ pub(crate) async fn run(api: &Api, pid: u32, p: &Params, out: &mut HashMap<Strin
 }
 
 /// The slow tenant's timeouts by the limit that stopped them, from its dead letters' errors:
-/// `fits` (2x the budget, a plugin whose calls fit it), `stretched` (1.25x times a slowed
-/// core's factor), `tolerance` (1.25x), `wall` (the wall-time cap).
+/// `fits` (2x the budget, a plugin whose calls fit it), `tolerance` (1.25x), `wall` (the
+/// wall-time cap).
 async fn slow_timeouts_by_limit(api: &Api) -> anyhow::Result<BTreeMap<&'static str, u64>> {
     let mut counts = BTreeMap::new();
     let mut after: Option<String> = None;
@@ -236,8 +236,6 @@ async fn slow_timeouts_by_limit(api: &Api) -> anyhow::Result<BTreeMap<&'static s
                 "wall"
             } else if error.contains("whose calls fit") {
                 "fits"
-            } else if error.contains("slower than when quiet") {
-                "stretched"
             } else {
                 "tolerance"
             };
