@@ -22,6 +22,7 @@ backends!(
     redis_batch_retries_a_refused_entry_alone,
     redis_batches_keep_each_key_in_order,
     nats_batch_retries_a_duplicate_alone,
+    nats_batch_of_cloudevents_sends_each_event_as_it_would_alone,
     amqp_batch_retries_a_nacked_message_alone,
     batch_settings_on_queue_destinations_are_checked,
 );
@@ -301,6 +302,33 @@ async fn nats_batch_retries_a_duplicate_alone(b: Backend) -> anyhow::Result<()> 
     let retried = one_retried_alone(&gw.api, &tenant, &ids).await?;
     ensure!(retried == "evt_1", "the duplicate: {retried}");
     js.delete_stream(&name).await?;
+    Ok(())
+}
+
+/// With `cloudevents` (binary), a round's messages are each one CloudEvent, as alone: the
+/// event's `ce-id`, its payload as the body, its own signature and `Nats-Msg-Id`.
+async fn nats_batch_of_cloudevents_sends_each_event_as_it_would_alone(b: Backend) -> anyhow::Result<()> {
+    let name = unique("HERALD_QBCE_");
+    let mut stream = nats_stream(SHARED_NATS, &name, &format!("{name}.>")).await?;
+    let mut extra = batched(3, "30s", json!({"subject": format!("{name}.{{type}}")}));
+    extra["cloudevents"] = json!({"mode": "binary"});
+    let (gw, tenant, ep) = setup(b, "nats", SHARED_NATS, extra, false).await?;
+    let ids = post_events(&gw.api, &tenant, 3).await?;
+    one_round(&gw.api, &tenant, &ids).await?;
+    let got = nats_got(&mut stream, 3).await?;
+    let secret = gateway::sign::Secret::parse(ep["secret"].as_str().context("secret")?).map_err(anyhow::Error::msg)?;
+    let mut dedupe = HashSet::new();
+    for m in &got {
+        let id = m.headers.get("webhook-id").context("webhook-id")?;
+        ensure!(m.headers.get("ce-id") == Some(id), "its own CloudEvent: {:?}", m.headers);
+        ensure!(serde_json::from_slice::<Value>(&m.body)? == json!({"id": id}), "its payload as the body");
+        let ts: i64 = m.headers.get("webhook-timestamp").context("timestamp")?.parse()?;
+        let sig = m.headers.get("webhook-signature").context("signature")?;
+        ensure!(gateway::sign::verify(&secret, id, ts, &m.body, sig), "{id}: signature over the bytes sent");
+        dedupe.insert(m.dedupe.clone().context("Nats-Msg-Id")?);
+    }
+    ensure!(got.len() == 3 && dedupe.len() == 3, "three messages, three ids: {dedupe:?}");
+    async_nats::jetstream::new(async_nats::connect(SHARED_NATS).await?).delete_stream(&name).await?;
     Ok(())
 }
 
