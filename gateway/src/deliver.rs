@@ -21,7 +21,8 @@
 //! - Broker destinations (`Deliverer::publish`): `deliver/broker.rs` and one submodule per
 //!   client crate, which only it links (`tidy.rs`): `deliver/redis.rs` (XADD),
 //!   `deliver/nats.rs` (JetStream publish, `Nats-Msg-Id`), `deliver/amqp.rs` (publisher
-//!   confirms); the worker's `Transport::Broker` sends a broker endpoint's attempt through it,
+//!   confirms), and a batching endpoint's pipelined round of them (`Deliverer::publish_round`);
+//!   the worker's `Transport::Broker` sends a broker endpoint's attempt through it,
 //!   its password or token opened from `[secrets]` once per claim (`worker/target.rs`).
 //! - `deliver/otlp.rs`: the span exporter's HTTP client (`telemetry`), Herald's hyper.
 //! - `deliver/relay.rs`: `herald listen`'s connections (`Deliverer::relay`): a `listen`
@@ -222,6 +223,25 @@ impl Deliverer {
             EndpointKind::Amqp => self.brokers.amqp.publish(&m, guard).await,
             EndpointKind::Http | EndpointKind::Poll | EndpointKind::Listen => {
                 failed(TransportErrorKind::Other, "not a broker destination".into())
+            }
+        }
+    }
+
+    /// Publishes `messages`, one destination's (a batching endpoint's round), as one
+    /// pipelined round: every message written to the destination's connection at once,
+    /// then each one's acknowledgement awaited (Redis: one pipeline of `XADD`s; NATS: every
+    /// publish, then the JetStream acks; AMQP: every publish, then the confirms). One
+    /// outcome per message, in order; each message stays its own (headers, id, body).
+    pub async fn publish_round(&self, messages: &[Message]) -> Vec<Outcome> {
+        use crate::model::EndpointKind;
+        let guard = broker::Guard { allow_private: self.allow_private };
+        let Some(kind) = messages.first().map(|m| m.kind) else { return Vec::new() };
+        match kind {
+            EndpointKind::RedisStream => self.brokers.redis.publish_round(messages, guard).await,
+            EndpointKind::Nats => self.brokers.nats.publish_round(messages, guard).await,
+            EndpointKind::Amqp => self.brokers.amqp.publish_round(messages, guard).await,
+            EndpointKind::Http | EndpointKind::Poll | EndpointKind::Listen => {
+                vec![failed(TransportErrorKind::Other, "not a broker destination".into()); messages.len()]
             }
         }
     }

@@ -285,14 +285,19 @@ pub fn check_ce_source(source: &str) -> Result<(), SpecError> {
 }
 
 /// An endpoint's batching: its bounds, on an HTTP endpoint with Standard Webhooks' envelope
-/// (a broker's batch and CloudEvents' batched mode are not built).
+/// (one request for the batch; CloudEvents' batched mode is not built) or on a broker
+/// endpoint (a pipelined round of messages, each its own, so CloudEvents go as they would
+/// alone). Not on `poll` (its consumer reads pages of its own size) nor `listen` (one
+/// developer's listener, one request at a time).
 fn check_batch(batch: &crate::model::Batching, spec: &EndpointSpec) -> Result<(), SpecError> {
     batch.check().map_err(|e| SpecError::new(e.field, e.reason))?;
-    if !spec.target.kind().is_http() {
-        return Err(SpecError::new("batch", "is only for kind http"));
+    let kind = spec.target.kind();
+    if !kind.is_http() && !kind.is_broker() {
+        let why = format!("is only for kinds http, redis-stream, nats and amqp, not {}", kind.as_str());
+        return Err(SpecError::new("batch", why));
     }
-    if spec.cloudevents.is_some() {
-        return Err(SpecError::new("batch", "does not go with cloudevents"));
+    if kind.is_http() && spec.cloudevents.is_some() {
+        return Err(SpecError::new("batch", "does not go with cloudevents on kind http"));
     }
     Ok(())
 }

@@ -503,9 +503,10 @@ type EndpointIn struct {
 	// body) or `{"mode": "structured"}` (`application/cloudevents+json`); `source`
 	// defaults to `/herald/tenants/{tenant}`. Replaced whole; `null` removes it.
 	Cloudevents *CloudEvents `json:"cloudevents,omitempty"`
-	// Batching (kind `http`, without `cloudevents`): several events in one request,
-	// `{"type": "batch", "data": [envelope, …]}` signed once. Replaced whole; `null`
-	// removes it (one event per request, the default).
+	// Batching: on kind `http` (without `cloudevents`) several events in one request,
+	// `{"type": "batch", "data": [envelope, …]}` signed once; on a broker kind one
+	// pipelined publish of several messages, each as it would go alone. Not for `poll`
+	// or `listen`. Replaced whole; `null` removes it (one event per request, the default).
 	Batch *BatchIn `json:"batch,omitempty"`
 	// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
 	// signed challenge, sent before the first delivery and again after a URL change (see

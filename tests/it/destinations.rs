@@ -20,6 +20,8 @@ use tests::{
     ADMIN_TOKEN, Api, Backend, HeraldProcess, SEAL_KEY, TestGateway, backends, done_or, eventually, herald_binary,
 };
 
+mod batch;
+
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379";
 const SHARED_NATS: &str = "nats://127.0.0.1:4222";
 

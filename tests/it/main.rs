@@ -19,7 +19,7 @@
 //! - `db_restart`: Herald's Postgres (a server of the test's own) restarting under running nodes
 //! - `delivery`: sending to receivers: retries, 429 pauses, the classification table, signatures
 //! - `delivery_status`: an endpoint's `delivery_status` (throttled, failing, paused, active) against real receivers
-//! - `destinations`: queue destinations (Redis Streams, NATS JetStream) against real brokers
+//! - `destinations`: queue destinations (Redis Streams, NATS JetStream, AMQP) against real brokers; `destinations/batch`: batching endpoints' pipelined rounds
 //! - `durability`: a killed or stopped `herald` process: nothing acknowledged is lost, restarts resume
 //! - `endpoint_auth`: how requests authenticate and leave: OAuth2 against a local token server
 //! - `edges`: the listener: slow and idle clients, the connection cap

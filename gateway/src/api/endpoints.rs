@@ -112,9 +112,10 @@ pub(crate) struct EndpointIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<CloudEvents>, nullable)]
     cloudevents: Option<Option<CloudEvents>>,
-    /// Batching (kind `http`, without `cloudevents`): several events in one request,
-    /// `{"type": "batch", "data": [envelope, …]}` signed once. Replaced whole; `null`
-    /// removes it (one event per request, the default).
+    /// Batching: on kind `http` (without `cloudevents`) several events in one request,
+    /// `{"type": "batch", "data": [envelope, …]}` signed once; on a broker kind one
+    /// pipelined publish of several messages, each as it would go alone. Not for `poll`
+    /// or `listen`. Replaced whole; `null` removes it (one event per request, the default).
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<BatchIn>, nullable)]
     batch: Option<Option<BatchIn>>,

@@ -5,7 +5,8 @@
 //! acknowledges it. A first attempt that JetStream calls a duplicate is not counted: the
 //! message it holds is not this delivery's. One client per destination, which reconnects
 //! by itself; while it is disconnected attempts fail at once (retried) rather than queue
-//! in its buffer. No stream for the subject is `broker_missing`; refused credentials are
+//! in its buffer. A batching endpoint's round writes every message's publish, then awaits
+//! their acknowledgements. No stream for the subject is `broker_missing`; refused credentials are
 //! `broker_auth`.
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -23,28 +24,54 @@ pub(super) struct Nats {
 
 impl Nats {
     pub(super) async fn publish(&self, m: &Message, guard: Guard) -> Outcome {
+        let one = self.publish_round(std::slice::from_ref(m), guard).await;
+        one.into_iter().next().unwrap_or_else(|| failed(TransportErrorKind::Other, "no acknowledgement"))
+    }
+
+    /// Publishes `ms` (one destination's) in one round: every `PUB` written, then each
+    /// message's JetStream acknowledgement awaited (all within the first's `timeout`); one
+    /// outcome per message, judged on its own.
+    pub(super) async fn publish_round(&self, ms: &[Message], guard: Guard) -> Vec<Outcome> {
+        let Some(m) = ms.first() else { return Vec::new() };
         let key = Key::of(m);
         let js = match self.pool.get(&key, || connect(m, guard)).await {
             Ok(c) => c,
-            Err(outcome) => return outcome,
+            Err(outcome) => return vec![outcome; ms.len()],
         };
         if js.client().connection_state() != State::Connected {
-            return failed(TransportErrorKind::ConnectionReset, "disconnected from the NATS server; reconnecting");
+            let lost = failed(TransportErrorKind::ConnectionReset, "disconnected from the NATS server; reconnecting");
+            return vec![lost; ms.len()];
         }
-        let mut msg = PublishMessage::build().payload(m.body.clone()).message_id(&m.dedupe_id);
-        for (k, v) in message_headers(m) {
-            msg = msg.header(k, v);
+        let deadline = tokio::time::Instant::now() + m.timeout;
+        let late = || failed(TransportErrorKind::Timeout, format!("no JetStream ack within {:?}", m.timeout));
+        let mut pending = Vec::with_capacity(ms.len());
+        for m in ms {
+            let sent = tokio::time::timeout_at(deadline, js.send_publish(m.target.clone(), message(m))).await;
+            pending.push(sent);
         }
-        let acked = async {
-            let ack = js.send_publish(m.target.clone(), msg).await?;
-            ack.await
-        };
-        match tokio::time::timeout(m.timeout, acked).await {
-            Ok(Ok(ack)) => judged(m, &ack.stream, ack.sequence, ack.duplicate),
-            Ok(Err(e)) => publish_failed(&e),
-            Err(_) => failed(TransportErrorKind::Timeout, format!("no JetStream ack within {:?}", m.timeout)),
+        let mut outcomes = Vec::with_capacity(ms.len());
+        for (m, sent) in ms.iter().zip(pending) {
+            outcomes.push(match sent {
+                Ok(Ok(ack)) => match tokio::time::timeout_at(deadline, ack).await {
+                    Ok(Ok(ack)) => judged(m, &ack.stream, ack.sequence, ack.duplicate),
+                    Ok(Err(e)) => publish_failed(&e),
+                    Err(_) => late(),
+                },
+                Ok(Err(e)) => publish_failed(&e),
+                Err(_) => late(),
+            });
         }
+        outcomes
     }
+}
+
+/// One message as JetStream takes it: the body, the webhook headers, the delivery's id.
+fn message(m: &Message) -> PublishMessage {
+    let mut msg = PublishMessage::build().payload(m.body.clone()).message_id(&m.dedupe_id);
+    for (k, v) in message_headers(m) {
+        msg = msg.header(k, v);
+    }
+    msg
 }
 
 async fn connect(m: &Message, guard: Guard) -> Result<async_nats::jetstream::Context, Outcome> {

@@ -38,6 +38,11 @@ impl EndpointKind {
         self == EndpointKind::Poll
     }
 
+    /// Whether it publishes to a broker (`redis-stream`, `nats`, `amqp`).
+    pub fn is_broker(self) -> bool {
+        matches!(self, EndpointKind::RedisStream | EndpointKind::Nats | EndpointKind::Amqp)
+    }
+
     /// Whether its requests are HTTP requests (a webhook, or one a listener forwards).
     pub fn speaks_http(self) -> bool {
         matches!(self, EndpointKind::Http | EndpointKind::Listen)

@@ -14,6 +14,7 @@ mod endpoint;
 mod judge;
 mod non_empty;
 mod record;
+mod round;
 mod trace;
 
 pub(super) use non_empty::NonEmpty;
@@ -82,6 +83,8 @@ enum Exchange {
 /// An endpoint without batching gets one delivery at a time (each would have a request of
 /// its own, in turn); a batching endpoint's deliveries share one request, judged once
 /// ([`batch`]), and their results stay per delivery, each fenced and recorded on its own.
+/// A batching broker endpoint's deliveries are each their own message, published in one
+/// pipelined round and judged each by its own acknowledgement ([`round`]).
 pub(super) async fn run(
     cx: Arc<AttemptCtx>,
     link: PartitionLink,
@@ -95,7 +98,11 @@ pub(super) async fn run(
         Some(cx.clock.now() + PLUGIN_LOADING_RETRY_MS)
     } else {
         cx.metrics.in_flight.inc();
-        let settling = match target.endpoint.spec.batch {
+        let spec = &target.endpoint.spec;
+        let settling = match spec.batch {
+            Some(_) if spec.target.kind().is_broker() => {
+                round::attempt_round(&cx, &link, &target, claimed, &mut rng).await
+            }
             Some(_) => batch::attempt_batch(&cx, &link, &target, claimed, &mut rng).await,
             None => {
                 let mut settling = Vec::new();
@@ -123,6 +130,20 @@ async fn attempt_one(cx: &AttemptCtx, link: &PartitionLink, target: &Target, d: 
     let exchange = send(cx, target, &sending.d, &sending.ctx, &sending.trace).await;
     let duration_ms = sent.elapsed().as_millis() as u64;
     cx.metrics.attempt_duration.observe(sent.elapsed());
+    concluded(cx, link, target, sending, exchange, duration_ms, rng).await
+}
+
+/// One delivery's attempt from what it produced (`duration_ms` on the wire): judged,
+/// decided, and its effect on the endpoint applied to the partition.
+async fn concluded(
+    cx: &AttemptCtx,
+    link: &PartitionLink,
+    target: &Target,
+    sending: Sending,
+    exchange: Exchange,
+    duration_ms: u64,
+    rng: &mut StdRng,
+) -> Settling {
     let judged = judge_exchange(cx, target, &sending.ctx, &sending.trace, exchange).await;
     let now = cx.clock.now();
     let decision = sending.decide(target, &judged, now, rng);
@@ -141,7 +162,11 @@ struct Sending {
 
 impl Sending {
     fn start(cx: &AttemptCtx, target: &Target, d: Claimed, rng: &mut StdRng) -> Sending {
-        let started = cx.clock.now();
+        Sending::start_at(cx, target, d, cx.clock.now(), rng)
+    }
+
+    /// An attempt started at `started` (the round's one time, for a round of several).
+    fn start_at(cx: &AttemptCtx, target: &Target, d: Claimed, started: Millis, rng: &mut StdRng) -> Sending {
         let ctx = context(target, &d, started, new_id("att", started, rng));
         let trace = AttemptTrace::start(&cx.telemetry, &d, rng);
         Sending { d, ctx, trace, started }
@@ -238,14 +263,8 @@ async fn send(
     ctx: &plugin::DeliveryContext,
     trace: &AttemptTrace,
 ) -> Exchange {
-    let spec = &target.endpoint.spec;
-    let (request, is_envelope) = match transformed(inner, spec, d, ctx, trace).await {
-        Ok(transformed) => transformed,
-        Err(decided) => return decided,
-    };
-    let request = encoded(inner, spec, d, request);
-    let (headers, body) = match signed(inner, target, d, ctx, trace, request, None).await {
-        Ok(signed) => signed,
+    let request = match built(inner, target, d, ctx, trace).await {
+        Ok(request) => request,
         Err(decided) => return decided,
     };
     let transport = match &target.opened {
@@ -253,10 +272,26 @@ async fn send(
         Err(e) => return held(e.hold_reason()),
     };
     let via = Through { deliverer: &inner.deliverer, metrics: &inner.metrics, clock: &inner.clock };
-    match transport.send(via, d, Request { headers, body, is_envelope }).await {
+    match transport.send(via, d, request).await {
         Sent::Answered(outcome, sent) => Exchange::Answered(outcome, sent),
         Sent::TokenFailed(e) => token_failed(e),
     }
+}
+
+/// One delivery's request, ready to leave: transformed, encoded, signed; `Err`: a plugin
+/// decided instead.
+async fn built(
+    inner: &AttemptCtx,
+    target: &Target,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
+) -> Result<Request, Exchange> {
+    let spec = &target.endpoint.spec;
+    let (request, is_envelope) = transformed(inner, spec, d, ctx, trace).await?;
+    let request = encoded(inner, spec, d, request);
+    let (headers, body) = signed(inner, target, d, ctx, trace, request, None).await?;
+    Ok(Request { headers, body, is_envelope })
 }
 
 /// The endpoint's own material cannot be used (a TLS key or a broker credential that does

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::classify::Outcome;
+use crate::classify::{Outcome, TransportErrorKind};
 use crate::config::DeliveryConfig;
 use crate::deliver::relay::RelayRequest;
 use crate::deliver::{ClientTls, Message, Outgoing, Route, Via};
@@ -263,20 +263,9 @@ impl Transport {
                 via.metrics.attempts.inc();
                 Sent::Answered(outcome, sent)
             }
-            Transport::Broker { kind, url, destination, template, connect_timeout, timeout } => {
+            Transport::Broker { .. } => {
                 let sent = SentRequest::new(&headers, &body, is_envelope);
-                let message = Message {
-                    kind: *kind,
-                    url: url.clone(),
-                    destination: destination.clone(),
-                    target: render_template(template, &d.event_type, d.tenant.as_str()),
-                    dedupe_id: dedupe_id(d),
-                    first_attempt: d.attempts == d.attempt_base,
-                    headers,
-                    body: Bytes::from(body),
-                    connect_timeout: *connect_timeout,
-                    timeout: *timeout,
-                };
+                let message = self.message(d, headers, body).expect("a broker transport");
                 let outcome = via.deliverer.publish(message).await;
                 via.metrics.attempts.inc();
                 Sent::Answered(outcome, sent)
@@ -314,6 +303,51 @@ impl Transport {
                 }
             }
         }
+    }
+}
+
+impl Transport {
+    /// Publishes each of `requests` as its own message (its own headers, signature and
+    /// dedupe id) in one pipelined round (a batching broker endpoint's); what came back
+    /// for each, in order. Not a broker transport: each fails, nothing sent.
+    pub(in crate::worker) async fn publish_round(
+        &self,
+        via: Through<'_>,
+        requests: Vec<(&Claimed, Request)>,
+    ) -> Vec<(Outcome, SentRequest)> {
+        let mut sent = Vec::with_capacity(requests.len());
+        let mut messages = Vec::with_capacity(requests.len());
+        for (d, Request { headers, body, is_envelope }) in requests {
+            sent.push(SentRequest::new(&headers, &body, is_envelope));
+            messages.extend(self.message(d, headers, body));
+        }
+        if messages.len() < sent.len() {
+            let not =
+                || Outcome::Transport { kind: TransportErrorKind::Other, detail: "not a broker destination".into() };
+            return sent.into_iter().map(|s| (not(), s)).collect();
+        }
+        let outcomes = via.deliverer.publish_round(&messages).await;
+        via.metrics.attempts.inc();
+        outcomes.into_iter().zip(sent).collect()
+    }
+
+    /// `d`'s message to the broker (`None`: not a broker transport).
+    fn message(&self, d: &Claimed, headers: Vec<(String, String)>, body: Vec<u8>) -> Option<Message> {
+        let Transport::Broker { kind, url, destination, template, connect_timeout, timeout } = self else {
+            return None;
+        };
+        Some(Message {
+            kind: *kind,
+            url: url.clone(),
+            destination: destination.clone(),
+            target: render_template(template, &d.event_type, d.tenant.as_str()),
+            dedupe_id: dedupe_id(d),
+            first_attempt: d.attempts == d.attempt_base,
+            headers,
+            body: Bytes::from(body),
+            connect_timeout: *connect_timeout,
+            timeout: *timeout,
+        })
     }
 }
 

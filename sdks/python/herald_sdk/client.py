@@ -440,9 +440,10 @@ class EndpointIn(TypedDict):
     defaults to `/herald/tenants/{tenant}`. Replaced whole; `null` removes it.
     """
     batch: NotRequired[Optional[BatchIn]]
-    """Batching (kind `http`, without `cloudevents`): several events in one request,
-    `{"type": "batch", "data": [envelope, …]}` signed once. Replaced whole; `null`
-    removes it (one event per request, the default).
+    """Batching: on kind `http` (without `cloudevents`) several events in one request,
+    `{"type": "batch", "data": [envelope, …]}` signed once; on a broker kind one
+    pipelined publish of several messages, each as it would go alone. Not for `poll`
+    or `listen`. Replaced whole; `null` removes it (one event per request, the default).
     """
     verify: NotRequired[Optional[bool]]
     """Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a

@@ -408,9 +408,10 @@ export interface EndpointIn {
    */
   cloudevents?: CloudEvents | null;
   /**
-   * Batching (kind `http`, without `cloudevents`): several events in one request,
-   * `{"type": "batch", "data": [envelope, …]}` signed once. Replaced whole; `null`
-   * removes it (one event per request, the default).
+   * Batching: on kind `http` (without `cloudevents`) several events in one request,
+   * `{"type": "batch", "data": [envelope, …]}` signed once; on a broker kind one
+   * pipelined publish of several messages, each as it would go alone. Not for `poll`
+   * or `listen`. Replaced whole; `null` removes it (one event per request, the default).
    */
   batch?: BatchIn | null;
   /**

@@ -88,11 +88,7 @@ async fn alone(
     decided: Exchange,
     rng: &mut StdRng,
 ) -> Settling {
-    let judged = judge_exchange(cx, target, &sending.ctx, &sending.trace, decided).await;
-    let now = cx.clock.now();
-    let decision = sending.decide(target, &judged, now, rng);
-    let change = endpoint_change(cx, link, &target.endpoint, &judged.verdict, now);
-    sending.settle(cx, target, (judged, decision, change), 0)
+    super::concluded(cx, link, target, sending, decided, 0, rng).await
 }
 
 /// Builds the batch's one request (the endpoint's headers, the envelope of every member),

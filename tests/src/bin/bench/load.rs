@@ -12,6 +12,7 @@ use tests::pg::PgSchema;
 use tests::{ADMIN_TOKEN, Api, FakeReceiver};
 
 use super::pgcpu::PgCpu;
+use super::queue::Broker;
 use super::{WRITER_THREAD, cpu_seconds, percentile, thread_cpu_seconds};
 
 /// How the producers post: `events` single events by `concurrency` producers, each fanned
@@ -150,39 +151,56 @@ async fn dump(
 /// `deliver --batch N`: the same events delivered to one endpoint without batching and with
 /// batches of `batch` (waiting at most `wait`), one after the other on the same node, in the
 /// order `batch_first` says (runs alternate it): deliveries/s (first post to last arrival),
-/// 202→arrival p50/p99 of every event, node CPU per delivery, each as `none_…` and
-/// `batch_…`, and `ratio` (batch over none deliveries/s).
+/// 202→arrival p50/p99 of every event (`http` only: a broker's messages are counted, not
+/// timed), node CPU per delivery and the requests made (the receiver's count, or the node's
+/// `herald_attempts_total` for a broker `kind`, one per pipelined round), each as `none_…`
+/// and `batch_…`, and `ratio` (batch over none deliveries/s).
 pub async fn batch_against_none(
     api: &Api,
     pid: u32,
-    (events, batch, wait): (usize, usize, &str),
+    (events, batch, wait, kind): (usize, usize, &str, &str),
     batch_first: bool,
     out: &mut HashMap<String, f64>,
 ) -> anyhow::Result<()> {
     let variants = if batch_first { ["batch", "none"] } else { ["none", "batch"] };
     for variant in variants {
         let rx = FakeReceiver::start().await?;
+        let broker = Broker::open(kind).await?;
         let mut spec = json!({"url": rx.url(), "event_types": [format!("{variant}.paid")], "rate_per_sec": 100_000,
             "burst": 1000, "max_in_flight": 256});
+        if let Some(b) = &broker {
+            b.target(&mut spec);
+        }
         if variant == "batch" {
             spec["batch"] = json!({"max_events": batch, "max_wait": wait});
         }
         api.endpoint("bench", spec).await?;
-        let cpu_before = cpu_seconds(pid)?;
+        let (cpu_before, requests_before) = (cpu_seconds(pid)?, requests_made(api).await?);
         let start = Instant::now();
         let acked = post_timed(api, &format!("{variant}.paid"), events).await?;
-        let arrived = arrivals(&rx, events, Duration::from_secs(300)).await?;
-        let secs = arrived.iter().flatten().max().map_or(0.0, |at| at.duration_since(start).as_secs_f64());
-        let mut l: Vec<f64> = arrived
-            .iter()
-            .zip(&acked)
-            .filter_map(|(at, ack)| Some(at.as_ref()?.saturating_duration_since(*ack).as_secs_f64() * 1000.0))
-            .collect();
-        l.sort_by(f64::total_cmp);
+        let (secs, requests) = match broker {
+            Some(b) => {
+                b.wait_for(events, Duration::from_secs(300)).await?;
+                let secs = start.elapsed().as_secs_f64();
+                b.clean().await?;
+                (secs, requests_made(api).await? - requests_before)
+            }
+            None => {
+                let arrived = arrivals(&rx, events, Duration::from_secs(300)).await?;
+                let secs = arrived.iter().flatten().max().map_or(0.0, |at| at.duration_since(start).as_secs_f64());
+                let mut l: Vec<f64> = arrived
+                    .iter()
+                    .zip(&acked)
+                    .filter_map(|(at, ack)| Some(at.as_ref()?.saturating_duration_since(*ack).as_secs_f64() * 1000.0))
+                    .collect();
+                l.sort_by(f64::total_cmp);
+                out.insert(format!("{variant}_p50_ms"), percentile(&l, 0.5));
+                out.insert(format!("{variant}_p99_ms"), percentile(&l, 0.99));
+                (secs, rx.count() as f64)
+            }
+        };
         out.insert(format!("{variant}_deliveries_per_s"), events as f64 / secs);
-        out.insert(format!("{variant}_p50_ms"), percentile(&l, 0.5));
-        out.insert(format!("{variant}_p99_ms"), percentile(&l, 0.99));
-        out.insert(format!("{variant}_requests"), rx.count() as f64);
+        out.insert(format!("{variant}_requests"), requests);
         out.insert(
             format!("{variant}_node_cpu_us_per_delivery"),
             (cpu_seconds(pid)? - cpu_before) * 1e6 / events as f64,
@@ -190,6 +208,13 @@ pub async fn batch_against_none(
     }
     out.insert("ratio".into(), out["batch_deliveries_per_s"] / out["none_deliveries_per_s"]);
     Ok(())
+}
+
+/// The node's `herald_attempts_total`: the requests (and pipelined rounds) it made.
+async fn requests_made(api: &Api) -> anyhow::Result<f64> {
+    let text = api.raw("GET", "/metrics", None, "").await?.text;
+    let line = text.lines().find(|l| l.starts_with("herald_attempts_total ")).unwrap_or("herald_attempts_total 0");
+    Ok(line.rsplit(' ').next().unwrap_or("0").parse()?)
 }
 
 /// Posts `count` events of `event_type` (payload `{"n": i}`) in batches of 1,000; when
