@@ -40,7 +40,7 @@ use crate::ops::Ops;
 use crate::plugin::{self, PluginHost};
 use crate::store::{Claimed, EndpointChange, Release};
 use crate::telemetry::Telemetry;
-use build::{encoded, signed, transformed};
+use build::{converted, encoded, signed, transformed};
 use endpoint::endpoint_change;
 use judge::{Judged, judge_exchange};
 use record::{Settling, record};
@@ -229,7 +229,7 @@ async fn wait_for_plugins(cx: &AttemptCtx, target: &Target, claimed: &NonEmpty<C
     false
 }
 
-/// Builds the request (transform plugin, CloudEvents encoding, sign plugin), notes what it is, and sends it
+/// Builds the request (adapters to the pinned version, transform plugin, CloudEvents encoding, sign plugin), notes what it is, and sends it
 /// the way the claim opened ([`Transport`]).
 async fn send(
     inner: &AttemptCtx,
@@ -239,8 +239,14 @@ async fn send(
     trace: &AttemptTrace,
 ) -> Exchange {
     let spec = &target.endpoint.spec;
-    let (request, is_envelope) = match transformed(inner, spec, d, ctx, trace).await {
-        Ok(transformed) => transformed,
+    let converted = match converted(inner, spec, d, ctx, trace).await {
+        Ok(payload) => payload,
+        Err(decided) => return decided,
+    };
+    let payload = converted.as_deref().unwrap_or(&d.payload);
+    let (request, is_envelope) = match transformed(inner, spec, (d, payload), ctx, trace).await {
+        // A converted payload's envelope is not the stored event's: the attempt keeps its body.
+        Ok((request, is_envelope)) => (request, is_envelope && converted.is_none()),
         Err(decided) => return decided,
     };
     let request = encoded(inner, spec, d, request);
