@@ -39,6 +39,12 @@ export async function endpointsPage(main, params) {
     can('manage') && !portal()?.endpoints ? createForm() : null);
 }
 
+/** An endpoint's pinned payload versions (`invoice.paid v1, …`), or that it takes payloads as posted. */
+function pinsText(pins) {
+  const list = Object.entries(pins || {}).map(([type, v]) => `${type} v${v}`);
+  return list.length ? list.join(', ') : 'as posted (no pins)';
+}
+
 /** An endpoint's URL as shown: a `poll` endpoint has none (its consumer reads it). */
 function shownUrl(e) {
   return e.kind === 'poll' ? `${e.id} (pull delivery)` : e.url;
@@ -202,6 +208,7 @@ export async function endpointPage(main, id, rerender) {
       e.verification ? ['Verification', verificationText(e.verification)] : null,
       ['Rate /s', String(e.rate_per_sec)], ['Burst', String(e.burst)], ['Max in flight', String(e.max_in_flight)],
       ['Ordering', e.ordering === 'none' ? 'none (in parallel)' : `${e.ordering}; a dead letter: ${e.ordering_on_dead}`],
+      ['Payload versions', pinsText(e.payload_versions)],
       ['Output', e.cloudevents ? `CloudEvents ${e.cloudevents.mode}; source ${e.cloudevents.source || '/herald/tenants/{tenant}'}` : 'Standard Webhooks envelope'],
       ['Success rate 1 h', `${percent(hl.success_rate_1h)} of ${hl.attempts_1h}`],
       ['Success rate 24 h', `${percent(hl.success_rate_24h)} of ${hl.attempts_24h}`],

@@ -20,7 +20,7 @@ mod export;
 pub use export::openapi;
 
 use crate::metrics::Metrics;
-use crate::model::{EventType, SchemaValidation, TenantId, type_filter_matches};
+use crate::model::{Adapter, EventType, OPS_TENANT, SchemaValidation, TenantId, adapter_chain, type_filter_matches};
 use crate::store::{DynStore, StoreError};
 
 /// The draft every schema is read as.
@@ -89,6 +89,8 @@ struct Snapshot {
     modes: HashMap<TenantId, SchemaValidation>,
     /// Types by owner (`""`: the operator's) and name.
     types: HashMap<String, HashMap<String, Arc<Compiled>>>,
+    /// Each type's adapters, by (owner, name); types without any are absent.
+    adapters: HashMap<(String, String), Vec<Adapter>>,
 }
 
 /// One type's latest schema, compiled.
@@ -182,12 +184,64 @@ impl Catalog {
     /// The `dataschema` of the tenant's events of `event_type` (its own type, else the
     /// operator's), when the catalog holds a schema for it.
     pub fn dataschema(&self, tenant: &TenantId, event_type: &str) -> Option<String> {
-        let snapshot = self.snapshot();
-        let own = snapshot.owned(tenant.as_str()).and_then(|m| m.get(event_type));
-        let found = own.or_else(|| snapshot.owned("").and_then(|m| m.get(event_type)))?;
-        found.dataschema.clone()
+        self.snapshot().seen(tenant, event_type)?.dataschema.clone()
+    }
+
+    /// The latest schema version of `event_type` as the tenant sees it (its own type, else
+    /// the operator's): what a posted event of that type is stamped with. `None` while the
+    /// type has no schema or is not in the catalog.
+    pub fn version(&self, tenant: &TenantId, event_type: &str) -> Option<i64> {
+        self.snapshot().seen(tenant, event_type).map(|c| c.version).filter(|v| *v > 0)
     }
 }
+
+/// A step of a payload's conversion: whose plugin (the type owner's: a tenant, or the
+/// operator's `herald-ops`) and its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub tenant: String,
+    pub plugin: String,
+    pub from: i64,
+    pub to: i64,
+}
+
+impl Catalog {
+    /// Why an endpoint of `tenant` cannot pin version `version` of `event_type`, if it
+    /// cannot: the type is not in the catalog the tenant sees, or has no such version.
+    pub fn refused_pin(&self, tenant: &TenantId, event_type: &str, version: i64) -> Option<String> {
+        let snapshot = self.snapshot();
+        let Some(compiled) = snapshot.seen(tenant, event_type) else {
+            return Some("names no type of the tenant's event catalog".into());
+        };
+        match compiled.version {
+            0 => Some("the type has no schema, so no versions".into()),
+            latest if !(1..=latest).contains(&version) => {
+                Some(format!("version {version} does not exist (1 to {latest})"))
+            }
+            _ => None,
+        }
+    }
+
+    /// The adapters that take a payload of `event_type` from version `from` to `to`, as
+    /// the tenant sees the type (its own type's, else the operator's), shortest chain
+    /// first; `Err`: the reason no chain does, naming the type and both versions.
+    pub fn conversion(&self, tenant: &TenantId, event_type: &str, from: i64, to: i64) -> Result<Vec<Step>, String> {
+        let snapshot = self.snapshot();
+        let missing = || format!("{ADAPTER_MISSING} {event_type} v{from} \u{2192} v{to}");
+        let (owner, _) = snapshot.seen_with_owner(tenant, event_type).ok_or_else(missing)?;
+        let registered = snapshot.adapters.get(&(owner.to_string(), event_type.to_string()));
+        let chain = adapter_chain(registered.map_or(&[][..], Vec::as_slice), from, to).ok_or_else(missing)?;
+        let plugin_tenant = if owner.is_empty() { OPS_TENANT } else { owner };
+        Ok(chain
+            .into_iter()
+            .map(|a| Step { tenant: plugin_tenant.to_string(), plugin: a.plugin.clone(), from: a.from, to: a.to })
+            .collect())
+    }
+}
+
+/// How a hold for a missing adapter starts (the endpoint's `state_reason`), followed by
+/// `{type} v{from} → v{to}`; registering adapters resumes the endpoints held so.
+pub const ADAPTER_MISSING: &str = "payload_versions: no adapter for";
 
 /// The one rule for event types outside a tenant's catalog, for posting and subscribing
 /// alike; every refusal under it says it.
@@ -215,14 +269,32 @@ impl Snapshot {
         modes: Vec<(TenantId, SchemaValidation)>,
     ) -> Snapshot {
         let mut by_owner: HashMap<String, HashMap<String, Arc<Compiled>>> = HashMap::new();
-        for t in types {
+        let mut adapters = HashMap::new();
+        for mut t in types {
             let owner = t.owner.stored().to_string();
+            if !t.adapters.is_empty() {
+                adapters.insert((owner.clone(), t.name.clone()), std::mem::take(&mut t.adapters));
+            }
             let kept = old.owned(&owner).and_then(|m| m.get(&t.name)).filter(|c| c.version == t.version).cloned();
             let compiled = kept.unwrap_or_else(|| Arc::new(Compiled::of(&t)));
             by_owner.entry(owner).or_default().insert(t.name, compiled);
         }
         let modes = modes.into_iter().filter(|(_, m)| *m != SchemaValidation::Off).collect();
-        Snapshot { revision, modes, types: by_owner }
+        Snapshot { revision, modes, types: by_owner, adapters }
+    }
+
+    /// The tenant's own type of this name, else the operator's, with its owner.
+    fn seen_with_owner<'a>(&'a self, tenant: &'a TenantId, event_type: &str) -> Option<(&'a str, &'a Arc<Compiled>)> {
+        match self.owned(tenant.as_str()).and_then(|m| m.get(event_type)) {
+            Some(c) => Some((tenant.as_str(), c)),
+            None => Some(("", self.owned("")?.get(event_type)?)),
+        }
+    }
+
+    /// The tenant's own type of this name, else the operator's.
+    fn seen(&self, tenant: &TenantId, event_type: &str) -> Option<&Arc<Compiled>> {
+        let own = self.owned(tenant.as_str()).and_then(|m| m.get(event_type));
+        own.or_else(|| self.owned("").and_then(|m| m.get(event_type)))
     }
 
     fn owned(&self, owner: &str) -> Option<&HashMap<String, Arc<Compiled>>> {

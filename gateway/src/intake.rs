@@ -167,6 +167,7 @@ pub fn prepare(
         expires_at: now.saturating_add(limits.ttl_ms),
         ordering_key: input.ordering_key.clone(),
         trace: None,
+        schema_version: checks.catalog.version(tenant, &input.event_type),
         only: None,
     })
 }

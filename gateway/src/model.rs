@@ -33,7 +33,7 @@ pub use batch::{
     refused_events,
 };
 pub use bindings::{PluginBindings, is_slug, split_pinned};
-pub use catalog::{CatalogOwner, EventType, SchemaValidation, SchemaVersion};
+pub use catalog::{Adapter, CatalogOwner, EventType, SchemaValidation, SchemaVersion, adapter_chain};
 pub use cloudevents::{CeAttributes, CeHeaders, CeMode, CloudEvents, encode as encode_cloudevent};
 pub use destination::{Destination, EndpointKind, TEMPLATE_PLACEHOLDERS, render_template};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};
@@ -306,6 +306,10 @@ pub struct EndpointSpec {
     pub cloudevents: Option<CloudEvents>,
     /// Several events per request (`None`: one event per request).
     pub batch: Option<Batching>,
+    /// Pinned payload versions: event type → the version of its schema this endpoint
+    /// takes; an event posted against a newer one is converted down by the type's
+    /// adapters before anything else shapes it (empty: every payload as posted).
+    pub payload_versions: BTreeMap<String, i64>,
     /// Where deliveries go, with the settings of that kind alone.
     pub target: Target,
 }
@@ -341,6 +345,7 @@ impl EndpointSpec {
             ordering: DeliveryOrder::None,
             ordering_on_dead: DeadHead::Skip,
             cloudevents: None,
+            payload_versions: BTreeMap::new(),
             batch: None,
             target,
         }
@@ -784,6 +789,10 @@ pub struct NewEvent {
     /// The producer's trace context (or the one Herald started for it), sent on with
     /// every attempt; stored as its `traceparent` and `tracestate`.
     pub trace: Option<TraceContext>,
+    /// The version of its type's schema it was posted against: the latest of the type in
+    /// the tenant's catalog at intake (`None`: the type has no schema). An endpoint pinning
+    /// an older one gets it converted down (`payload_versions`).
+    pub schema_version: Option<i64>,
     /// Deliver to this endpoint of the tenant alone, whatever its event-type filter (a
     /// test send); `None`: to every subscriber whose filter matches.
     pub only: Option<EndpointId>,
@@ -820,6 +829,8 @@ pub struct Event {
     pub payload: String,
     pub created_at: Millis,
     pub expires_at: Millis,
+    /// The version of its type's schema it was posted against (`None`: no schema).
+    pub schema_version: Option<i64>,
 }
 
 /// Where a delivery stands.

@@ -104,6 +104,7 @@ impl Ops {
                 expires_at: now + self.ttl_ms,
                 ordering_key: None,
                 trace: None,
+                schema_version: None,
                 only: None,
             },
             Err(e) => {

@@ -203,12 +203,42 @@ impl EndpointSpec {
         if let Some(batch) = &self.batch {
             check_batch(batch, self)?;
         }
+        check_pins(self)?;
         match &self.target {
             Target::Http(t) => check_http(t, &self.headers, allow_private),
             Target::Poll(_) => check_poll(self),
             _ => Ok(()),
         }
     }
+}
+
+/// The most event types an endpoint pins.
+pub const MAX_PINS: usize = 100;
+
+/// An endpoint's `payload_versions`: at most [`MAX_PINS`] event type names, each pinned to
+/// version 1 or more (whether the catalog has it is the API's check, at write), on a
+/// pushing endpoint without batching (a poll page and a batch are built without adapters).
+fn check_pins(spec: &EndpointSpec) -> Result<(), SpecError> {
+    if spec.payload_versions.is_empty() {
+        return Ok(());
+    }
+    if spec.payload_versions.len() > MAX_PINS {
+        return Err(SpecError::new("payload_versions", format!("at most {MAX_PINS} event types")));
+    }
+    for (event_type, version) in &spec.payload_versions {
+        let field = format!("payload_versions.{event_type}");
+        crate::model::validate_event_type(event_type).map_err(|e| SpecError::new(&field, e.to_string()))?;
+        if *version < 1 {
+            return Err(SpecError::new(field, "must be a schema version: 1 or more"));
+        }
+    }
+    if spec.batch.is_some() {
+        return Err(SpecError::new("payload_versions", "does not go with batch (a batch is not converted)"));
+    }
+    if spec.target.kind().is_pull() {
+        return Err(SpecError::new("payload_versions", "kind poll takes payloads as posted"));
+    }
+    Ok(())
 }
 
 /// A `poll` endpoint's spec: no plugins (they shape, sign and judge pushes; a page carries

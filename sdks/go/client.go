@@ -147,6 +147,19 @@ type AckOut struct {
 	Acknowledged int64 `json:"acknowledged"`
 }
 
+// Adapter: One step of payload conversion: a plugin (its `transform` hook) that turns a payload of
+// version `from` of a type's schema into one of version `to`, an older one. A tenant's
+// own type names the tenant's plugin; an operator type, the operator's (a plugin of the
+// reserved tenant `herald-ops`).
+type Adapter struct {
+	// The version it reads (2 or more, at most the type's latest).
+	From int64 `json:"from"`
+	// The version it writes (1 or more, below `from`).
+	To int64 `json:"to"`
+	// The plugin's name; its `transform` hook gets the payload and returns it converted.
+	Plugin string `json:"plugin"`
+}
+
 // AnswerIn: The local URL's answer to one request of the stream, or why there was none.
 type AnswerIn struct {
 	// The request's `id`, as the stream gave it.
@@ -508,6 +521,15 @@ type EndpointIn struct {
 	// pipelined publish of several messages, each as it would go alone. Not for `poll`
 	// or `listen`. Replaced whole; `null` removes it (one event per request, the default).
 	Batch *BatchIn `json:"batch,omitempty"`
+	// Pinned payload versions: `{"invoice.paid": 1}` — this endpoint takes events of
+	// `invoice.paid` in version 1 of the type's schema. An event posted against a newer
+	// version is converted down by the type's adapters (plugins, chained when several
+	// steps are needed) before the transform plugin, CloudEvents and the signature; while
+	// an adapter is missing the endpoint is held (`delivery_status.reason` names the type
+	// and versions) and resumes once the adapter is registered. Each type and version must
+	// be in the catalog the tenant sees. Not with `batch`, nor on kind `poll`. Replaced
+	// whole; `{}` removes every pin.
+	PayloadVersions map[string]int64 `json:"payload_versions,omitempty"`
 	// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
 	// signed challenge, sent before the first delivery and again after a URL change (see
 	// `verification` and `POST …/verify`). Default `false`.
@@ -565,6 +587,8 @@ type EndpointOut struct {
 	UserAgent *string `json:"user_agent,omitempty"`
 	// Its CloudEvents output (null: the Standard Webhooks envelope).
 	Cloudevents *CloudEvents `json:"cloudevents,omitempty"`
+	// Pinned payload versions: event type → the schema version it takes (`{}`: none).
+	PayloadVersions map[string]int64 `json:"payload_versions"`
 	// Its batching (null: one event per request).
 	Batch *BatchIn `json:"batch,omitempty"`
 	// Whether deliveries wait for the URL to echo a signed challenge.
@@ -665,7 +689,11 @@ type EventOut struct {
 	CreatedAt string `json:"created_at"`
 	// When its undelivered deliveries expire (`created_at` + the queue TTL).
 	ExpiresAt string `json:"expires_at"`
-	Payload   any    `json:"payload"`
+	// The version of its type's schema it was posted against: the type's latest in the
+	// tenant's event catalog at intake; null when the type had no schema. An endpoint
+	// pinning an older version (`payload_versions`) gets it converted down.
+	SchemaVersion *int64 `json:"schema_version,omitempty"`
+	Payload       any    `json:"payload"`
 }
 
 // EventTypeIn: An event type as posted (create: `name` required) or patched (every field optional).
@@ -682,6 +710,12 @@ type EventTypeIn struct {
 	// asserted). One that differs from the latest version is stored as the next version;
 	// older versions stay readable.
 	Schema map[string]any `json:"schema,omitempty"`
+	// The plugins that convert a payload to an older version of the schema, for endpoints
+	// that pin one (`payload_versions`): each `{"from": 2, "to": 1, "plugin": "…"}`, a
+	// plugin with a `transform` hook (the tenant's own; on an operator type, one of the
+	// operator's tenant `herald-ops`). Chained when several steps are needed. Replaces the
+	// stored list; endpoints held for a missing adapter of this type resume.
+	Adapters []Adapter `json:"adapters,omitempty"`
 }
 
 // EventTypeList is a schema of the API.
@@ -698,6 +732,8 @@ type EventTypeOut struct {
 	// The latest schema's version (1, 2, …); 0 while the type has no schema.
 	Version int64          `json:"version"`
 	Schema  map[string]any `json:"schema,omitempty"`
+	// The plugins that convert a payload of one version to an older one.
+	Adapters []Adapter `json:"adapters"`
 	// `tenant` (the tenant's own) or `operator` (inherited from the operator's catalog).
 	Source string `json:"source"`
 	// RFC 3339.
@@ -1743,6 +1779,24 @@ func (q *ListReplaysQuery) values() url.Values {
 	return v
 }
 
+// ExportEventTypesQuery is the query of ExportEventTypes.
+type ExportEventTypesQuery struct {
+	// An endpoint of the tenant: each type it pins (`payload_versions`) shows the pinned
+	// version of its schema as `data`, and no examples (they are of the latest version).
+	Endpoint *string `json:"endpoint,omitempty"`
+}
+
+func (q *ExportEventTypesQuery) values() url.Values {
+	v := url.Values{}
+	if q == nil {
+		return v
+	}
+	if q.Endpoint != nil {
+		v.Set("endpoint", fmt.Sprint(*q.Endpoint))
+	}
+	return v
+}
+
 // ListAuditQuery is the query of ListAudit.
 type ListAuditQuery struct {
 	// Only this tenant's entries (the admin listing only).
@@ -2355,9 +2409,9 @@ func (c *Client) CreateEventType(ctx context.Context, tenant string, body *Event
 }
 
 // ExportEventTypes sends GET /v1/tenants/{tenant}/event-types/openapi.json
-func (c *Client) ExportEventTypes(ctx context.Context, tenant string) (map[string]any, error) {
+func (c *Client) ExportEventTypes(ctx context.Context, tenant string, query *ExportEventTypesQuery) (map[string]any, error) {
 	var out map[string]any
-	if err := c.Do(ctx, "GET", "/v1/tenants/"+url.PathEscape(tenant)+"/event-types/openapi.json", nil, nil, "", &out); err != nil {
+	if err := c.Do(ctx, "GET", "/v1/tenants/"+url.PathEscape(tenant)+"/event-types/openapi.json", query.values(), nil, "", &out); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -2550,7 +2604,7 @@ var Operations = []Operation{
 	{"PutPluginConfig", "PUT", "/v1/tenants/{tenant}/plugins/{name}/config", []string{"tenant", "name"}, []string{}, "application/json"},
 	{"ListEventTypes", "GET", "/v1/tenants/{tenant}/event-types", []string{"tenant"}, []string{}, ""},
 	{"CreateEventType", "POST", "/v1/tenants/{tenant}/event-types", []string{"tenant"}, []string{}, "application/json"},
-	{"ExportEventTypes", "GET", "/v1/tenants/{tenant}/event-types/openapi.json", []string{"tenant"}, []string{}, ""},
+	{"ExportEventTypes", "GET", "/v1/tenants/{tenant}/event-types/openapi.json", []string{"tenant"}, []string{"endpoint"}, ""},
 	{"GetEventType", "GET", "/v1/tenants/{tenant}/event-types/{name}", []string{"tenant", "name"}, []string{}, ""},
 	{"DeleteEventType", "DELETE", "/v1/tenants/{tenant}/event-types/{name}", []string{"tenant", "name"}, []string{}, ""},
 	{"PatchEventType", "PATCH", "/v1/tenants/{tenant}/event-types/{name}", []string{"tenant", "name"}, []string{}, "application/json"},

@@ -49,6 +49,7 @@
 //! - `timing`: the engine's timing rules in paused time (backoff, 429, disable-after, linger)
 //! - `tracing`: W3C trace context from producer to receiver, and the spans exported over OTLP
 //! - `verification`: verified endpoints: the signed handshake before deliveries, waiting, verify now, URL changes
+//! - `versions`: pinned payload versions: events' schema versions, adapter plugins (chained) to an endpoint's pin, the hold for a missing adapter, the export
 
 // Test code: a failed unwrap is a failed test, and tests compare against the wall clock.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
@@ -98,3 +99,4 @@ mod tidy;
 mod timing;
 mod tracing;
 mod verification;
+mod versions;

@@ -127,6 +127,7 @@ fn event(tenant: &str, id: &str, event_type: &str, at: Millis) -> NewEvent {
         expires_at: at + 24 * HOUR,
         ordering_key: None,
         trace: None,
+        schema_version: None,
         only: None,
     }
 }

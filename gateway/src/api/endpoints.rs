@@ -119,6 +119,15 @@ pub(crate) struct EndpointIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<BatchIn>, nullable)]
     batch: Option<Option<BatchIn>>,
+    /// Pinned payload versions: `{"invoice.paid": 1}` — this endpoint takes events of
+    /// `invoice.paid` in version 1 of the type's schema. An event posted against a newer
+    /// version is converted down by the type's adapters (plugins, chained when several
+    /// steps are needed) before the transform plugin, CloudEvents and the signature; while
+    /// an adapter is missing the endpoint is held (`delivery_status.reason` names the type
+    /// and versions) and resumes once the adapter is registered. Each type and version must
+    /// be in the catalog the tenant sees. Not with `batch`, nor on kind `poll`. Replaced
+    /// whole; `{}` removes every pin.
+    payload_versions: Option<BTreeMap<String, i64>>,
     /// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
     /// signed challenge, sent before the first delivery and again after a URL change (see
     /// `verification` and `POST …/verify`). Default `false`.
@@ -366,8 +375,26 @@ fn apply_delivery(
     if let Some(b) = input.batch.take() {
         spec.batch = b.map(batching).transpose()?;
     }
+    if let Some(pins) = input.payload_versions.take() {
+        spec.payload_versions = checked_pins(state, tenant, pins)?;
+    }
     keys::apply(spec, input.signatures.take(), input.secret.take(), input.signing_key.take())?;
     Ok(())
+}
+
+/// Pinned payload versions, against the catalog as the tenant sees it now: a type or
+/// version it lacks, no adapter could ever reach.
+fn checked_pins(
+    state: &AppState,
+    tenant: &TenantId,
+    pins: BTreeMap<String, i64>,
+) -> Result<BTreeMap<String, i64>, ApiError> {
+    for (event_type, version) in &pins {
+        if let Some(why) = state.catalog.refused_pin(tenant, event_type, *version) {
+            return Err(ApiError::unprocessable(format!("payload_versions.{event_type}: {why}")));
+        }
+    }
+    Ok(pins)
 }
 
 /// A retry override patched onto the stored one: each field written replaces its own.
@@ -610,6 +637,8 @@ pub(crate) struct EndpointOut {
     user_agent: Option<String>,
     /// Its CloudEvents output (null: the Standard Webhooks envelope).
     cloudevents: Option<CloudEvents>,
+    /// Pinned payload versions: event type → the schema version it takes (`{}`: none).
+    payload_versions: BTreeMap<String, i64>,
     /// Its batching (null: one event per request).
     batch: Option<BatchIn>,
     /// Whether deliveries wait for the URL to echo a signed challenge.
@@ -732,6 +761,7 @@ pub(crate) fn view(e: &Endpoint, delivery_status: DeliveryStatusOut) -> Endpoint
         }),
         user_agent: http.user_agent,
         cloudevents: s.cloudevents.clone(),
+        payload_versions: s.payload_versions.clone(),
         batch: s.batch.map(|b| BatchIn {
             max_events: Some(b.max_events),
             max_bytes: Some(b.max_bytes),
@@ -943,18 +973,7 @@ pub(crate) async fn enable(
     Path(ItemPath { id, .. }): Path<ItemPath>,
 ) -> Result<Json<EndpointOut>, ApiError> {
     let endpoint = load(&state, &tenant, &id).await?;
-    state
-        .committer
-        .change_endpoint(EndpointChange {
-            endpoint: endpoint.id.clone(),
-            state: Some(EndpointState::Active),
-            reason: None,
-            paused_until: None,
-            failing_since: Failing::Recovered,
-            by: StateBy::Operator,
-            now: state.clock.now(),
-        })
-        .await?;
+    state.committer.change_endpoint(EndpointChange::reactivate(endpoint.id.clone(), state.clock.now())).await?;
     tracing::info!(
         tenant = %tenant, endpoint_id = %endpoint.id, state = "active", from = endpoint.state.as_str(),
         "endpoint state change: re-enabled"

@@ -13,11 +13,14 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{Admin, JsonBody, Manage, Path, Read, TenantAuth, TenantPath};
+use super::extract::{Admin, JsonBody, Manage, Path, Query, Read, TenantAuth, TenantPath};
 use super::{ApiError, AppState, rfc3339};
 use crate::catalog;
-use crate::model::{CatalogOwner, EventType, SchemaValidation, TenantId, validate_event_type};
+use crate::model::{
+    Adapter, CatalogOwner, EndpointState, EventType, OPS_TENANT, SchemaValidation, TenantId, validate_event_type,
+};
 use crate::spec::{MAX_DESCRIPTION, check_text};
+use crate::store::EndpointChange;
 
 /// How many examples a type keeps.
 const MAX_EXAMPLES: usize = 20;
@@ -44,6 +47,12 @@ pub(crate) struct EventTypeIn {
     /// older versions stay readable.
     #[schema(value_type = Option<Object>)]
     schema: Option<serde_json::Value>,
+    /// The plugins that convert a payload to an older version of the schema, for endpoints
+    /// that pin one (`payload_versions`): each `{"from": 2, "to": 1, "plugin": "…"}`, a
+    /// plugin with a `transform` hook (the tenant's own; on an operator type, one of the
+    /// operator's tenant `herald-ops`). Chained when several steps are needed. Replaces the
+    /// stored list; endpoints held for a missing adapter of this type resume.
+    adapters: Option<Vec<Adapter>>,
 }
 
 /// An event type with its latest schema.
@@ -58,6 +67,8 @@ pub(crate) struct EventTypeOut {
     version: i64,
     #[schema(value_type = Option<Object>)]
     schema: Option<serde_json::Value>,
+    /// The plugins that convert a payload of one version to an older one.
+    adapters: Vec<Adapter>,
     /// `tenant` (the tenant's own) or `operator` (inherited from the operator's catalog).
     source: &'static str,
     /// RFC 3339.
@@ -129,6 +140,7 @@ fn view(t: EventType) -> EventTypeOut {
         examples: t.examples,
         version: t.version,
         schema: t.schema,
+        adapters: t.adapters,
         created_at: rfc3339(t.created_at),
         updated_at: rfc3339(t.updated_at),
     }
@@ -231,19 +243,59 @@ pub(crate) async fn versions(
     versions_of(&state, &t.owner, &name).await
 }
 
+/// `?endpoint=`: the export as one endpoint receives it.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExportQuery {
+    /// An endpoint of the tenant: each type it pins (`payload_versions`) shows the pinned
+    /// version of its schema as `data`, and no examples (they are of the latest version).
+    endpoint: Option<String>,
+}
+
 #[utoipa::path(
     get, path = "/v1/tenants/{tenant}/event-types/openapi.json", tag = "event-types", operation_id = "export_event_types",
-    params(TenantPath),
-    responses((status = 200, description = "An OpenAPI 3.1 document whose `webhooks` has every type the tenant sees: the default envelope with the latest schema as `data`, and the examples", body = Object)),
+    params(TenantPath, ExportQuery),
+    responses(
+        (status = 200, description = "An OpenAPI 3.1 document whose `webhooks` has every type the tenant sees: the default envelope with the latest schema (or the endpoint's pinned one) as `data`, its version as `x-herald-schema-version`, and the examples", body = Object),
+        (status = 404, description = "`not_found`: the tenant has no such endpoint", body = super::doc::ErrorBody),
+    ),
     security(("tenant_token" = ["read"]), ("admin_token" = [])),
 )]
 pub(crate) async fn export(
     State(state): State<Arc<AppState>>,
-    TenantAuth { tenant, .. }: TenantAuth<Read>,
+    auth: TenantAuth<Read>,
+    Query(q): Query<ExportQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let types = tenant_types(&state, &tenant).await?;
+    let tenant = &auth.tenant;
+    let mut types = tenant_types(&state, tenant).await?;
     let version = state.store.catalog_revision().await?.to_string();
-    Ok(Json(catalog::openapi(&format!("{tenant} webhooks"), &version, &types)))
+    let mut title = format!("{tenant} webhooks");
+    if let Some(id) = q.endpoint {
+        let endpoint = state.store.endpoint(&crate::model::EndpointId::from_stored(id)).await?;
+        // A portal session limited to some endpoints sees no other's.
+        let seen = endpoint.filter(|e| e.tenant == *tenant && auth.sees(&e.id));
+        let endpoint = seen.ok_or_else(|| ApiError::not_found("endpoint"))?;
+        pinned(&state, &mut types, &endpoint.spec.payload_versions).await?;
+        title = format!("{tenant} webhooks for endpoint {}", endpoint.id);
+    }
+    Ok(Json(catalog::openapi(&title, &version, &types)))
+}
+
+/// Puts the pinned version's schema in place of the latest, for each type pinned.
+async fn pinned(
+    state: &AppState,
+    types: &mut [EventType],
+    pins: &std::collections::BTreeMap<String, i64>,
+) -> Result<(), ApiError> {
+    for t in types.iter_mut() {
+        let Some(pin) = pins.get(&t.name).filter(|pin| **pin < t.version) else { continue };
+        let versions = state.store.schema_versions(&t.owner, &t.name).await?;
+        if let Some(v) = versions.into_iter().find(|v| v.version == *pin) {
+            (t.version, t.schema, t.examples) = (v.version, Some(v.schema), vec![]);
+        }
+    }
+    Ok(())
 }
 
 #[utoipa::path(
@@ -423,9 +475,11 @@ async fn insert(state: &AppState, owner: CatalogOwner, input: EventTypeIn) -> Re
         examples,
         version: i64::from(input.schema.is_some()),
         schema: input.schema,
+        adapters: vec![],
         created_at: now,
         updated_at: now,
     };
+    let t = EventType { adapters: checked_adapters(state, &t, input.adapters.unwrap_or_default())?, ..t };
     crate::store::audit::note_resource(&t.name);
     state.store.insert_event_type(&t).await?;
     state.catalog.refresh(&state.store).await?;
@@ -461,6 +515,10 @@ async fn update(state: &AppState, owner: CatalogOwner, name: &str, input: EventT
         t.schema = Some(s);
         t.version = prior.version + 1;
     }
+    let new_adapters = input.adapters.is_some();
+    if let Some(adapters) = input.adapters {
+        t.adapters = checked_adapters(state, &t, adapters)?;
+    }
     t.updated_at = state.clock.now();
     if !state.store.update_event_type(&t, prior.version).await? {
         return Err(ApiError::from(crate::store::StoreError::Conflict(
@@ -468,6 +526,9 @@ async fn update(state: &AppState, owner: CatalogOwner, name: &str, input: EventT
         )));
     }
     state.catalog.refresh(&state.store).await?;
+    if new_adapters {
+        resume_held(state, &t).await?;
+    }
     Ok(t)
 }
 
@@ -491,6 +552,67 @@ async fn versions_of(state: &AppState, owner: &CatalogOwner, name: &str) -> Resu
         .map(|v| SchemaVersionOut { version: v.version, schema: v.schema, created_at: rfc3339(v.created_at) })
         .collect();
     Ok(Json(SchemaVersionList { data }))
+}
+
+/// The most adapters a type keeps.
+const MAX_ADAPTERS: usize = 50;
+
+/// Each adapter steps down between versions of `t` that exist (`from` 2 to the latest,
+/// `to` 1 to `from` - 1), once per pair, through a plugin of the type's owner that serves a
+/// `transform` hook. Errors name the field (`adapters[i].from`).
+fn checked_adapters(state: &AppState, t: &EventType, adapters: Vec<Adapter>) -> Result<Vec<Adapter>, ApiError> {
+    if adapters.len() > MAX_ADAPTERS {
+        return Err(ApiError::unprocessable(format!("adapters: at most {MAX_ADAPTERS}")));
+    }
+    let owner = match &t.owner {
+        CatalogOwner::Operator => OPS_TENANT,
+        CatalogOwner::Tenant(tenant) => tenant.as_str(),
+    };
+    for (i, a) in adapters.iter().enumerate() {
+        let bad = |field: &str, why: String| ApiError::unprocessable(format!("adapters[{i}].{field}: {why}"));
+        if !(2..=t.version).contains(&a.from) {
+            let versions = if t.version < 2 { "none yet".to_string() } else { format!("2 to {}", t.version) };
+            return Err(bad("from", format!("version {} cannot be converted from ({versions})", a.from)));
+        }
+        if !(1..a.from).contains(&a.to) {
+            return Err(bad("to", format!("must be an older version: 1 to {}", a.from - 1)));
+        }
+        if adapters[..i].iter().any(|b| (b.from, b.to) == (a.from, a.to)) {
+            return Err(bad("to", format!("a second adapter from v{} to v{}", a.from, a.to)));
+        }
+        match state.plugins.get(owner, &a.plugin) {
+            None => return Err(bad("plugin", format!("no plugin {:?} of {owner} is serving", a.plugin))),
+            Some(hooks) if !hooks.contains(crate::plugin::Hook::Transform) => {
+                return Err(bad("plugin", format!("{:?} has no transform hook", a.plugin)));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(adapters)
+}
+
+/// Resumes the endpoints held for a missing adapter of `t` (their reason names the
+/// type), now that its adapters changed: each claims again, and holds again if the chain
+/// it needs is still missing. An operator type's are every tenant's.
+async fn resume_held(state: &AppState, t: &EventType) -> Result<(), ApiError> {
+    let prefix = format!("{} {} v", catalog::ADAPTER_MISSING, t.name);
+    let tenants = match &t.owner {
+        CatalogOwner::Tenant(tenant) => vec![tenant.clone()],
+        CatalogOwner::Operator => state.store.list_tenants().await?.into_iter().map(|t| t.id).collect(),
+    };
+    for tenant in tenants {
+        let held = state.store.list_endpoints(&tenant).await?.into_iter().filter(|e| {
+            e.state == EndpointState::Paused && e.state_reason.as_deref().is_some_and(|r| r.starts_with(&prefix))
+        });
+        for e in held {
+            state.committer.change_endpoint(EndpointChange::reactivate(e.id.clone(), state.clock.now())).await?;
+            tracing::info!(tenant = %tenant, endpoint_id = %e.id, event_type = %t.name,
+                "endpoint state change: resumed, its event type's adapters changed");
+            state.engine.changed(std::slice::from_ref(&e.id));
+            state.engine.poke(std::slice::from_ref(&e.id));
+        }
+    }
+    Ok(())
 }
 
 /// Compiles a schema as given, or says why it is not a draft 2020-12 schema.

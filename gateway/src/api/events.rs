@@ -164,6 +164,10 @@ pub(crate) struct EventOut {
     created_at: String,
     /// When its undelivered deliveries expire (`created_at` + the queue TTL).
     expires_at: String,
+    /// The version of its type's schema it was posted against: the type's latest in the
+    /// tenant's event catalog at intake; null when the type had no schema. An endpoint
+    /// pinning an older version (`payload_versions`) gets it converted down.
+    schema_version: Option<i64>,
     #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
 }
@@ -194,6 +198,7 @@ pub(crate) async fn get_one(
         event_type: event.event_type,
         created_at: rfc3339(event.created_at),
         expires_at: rfc3339(event.expires_at),
+        schema_version: event.schema_version,
         payload,
     }))
 }

@@ -285,6 +285,7 @@ const ROUTES_WITH_QUERY: &[&str] = &[
     "/v1/tenants/{tenant}/dead-letters",
     "/v1/tenants/{tenant}/endpoints",
     "/v1/tenants/{tenant}/endpoints/{id}/poll",
+    "/v1/tenants/{tenant}/event-types/openapi.json",
     "/v1/tenants/{tenant}/events/{id}/deliveries",
     "/v1/tenants/{tenant}/jwks.json",
     "/v1/tenants/{tenant}/replays",

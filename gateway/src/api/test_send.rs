@@ -79,6 +79,7 @@ pub(crate) async fn test_send(
         expires_at: now.saturating_add(state.config.retry.ttl().as_millis() as i64),
         ordering_key: None,
         trace: None,
+        schema_version: (t.version > 0).then_some(t.version),
         only: Some(endpoint.id.clone()),
     };
     let (event_id, event_type) = (event.id.clone(), event.event_type.clone());

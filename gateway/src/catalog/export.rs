@@ -53,6 +53,10 @@ fn operation(t: &EventType, key: &str) -> Value {
     if t.deprecated {
         operation["deprecated"] = json!(true);
     }
+    if t.schema.is_some() {
+        // Which version of the type's schema `data` is (an endpoint's pin, else the latest).
+        operation["x-herald-schema-version"] = json!(t.version);
+    }
     operation
 }
 
@@ -154,6 +158,7 @@ mod tests {
             examples: vec![json!({"n": 1})],
             version: 2,
             schema: Some(json!({"type": "object"})),
+            adapters: vec![],
             created_at: 0,
             updated_at: 0,
         };

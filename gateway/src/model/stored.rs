@@ -39,6 +39,8 @@ pub(super) struct SpecDoc {
     cloudevents: Option<CloudEvents>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     batch: Option<Batching>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    payload_versions: BTreeMap<String, i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     oauth2: Option<OAuth2>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +81,7 @@ impl TryFrom<SpecDoc> for EndpointSpec {
             ordering_on_dead: d.ordering_on_dead,
             cloudevents: d.cloudevents,
             batch: d.batch,
+            payload_versions: d.payload_versions,
         })
     }
 }
@@ -104,6 +107,7 @@ impl From<EndpointSpec> for SpecDoc {
             ordering_on_dead: s.ordering_on_dead,
             cloudevents: s.cloudevents,
             batch: s.batch,
+            payload_versions: s.payload_versions,
             oauth2,
             proxy,
             tls,

@@ -67,6 +67,7 @@ fn fan_out_keeps_subscriber_order_and_matches_filters() {
         expires_at: 2_000,
         ordering_key: Some("cus_1".into()),
         trace: None,
+        schema_version: None,
         only: None,
     };
     let out = fan_out(&event, &subscribers, &mut rng);
@@ -116,6 +117,7 @@ fn fan_out_leaves_out_subscribers_whose_content_filter_fails() {
         expires_at: 2_000,
         ordering_key: None,
         trace: None,
+        schema_version: None,
         only: None,
     };
     let to = |event: &NewEvent, rng: &mut rand::rngs::StdRng| -> Vec<String> {

@@ -12,7 +12,7 @@ use super::{Result, StoreError};
 use crate::model::{CatalogOwner, EventType, SchemaValidation, SchemaVersion, TenantId};
 
 /// An event type with its latest schema (NULL while it has none).
-const SELECT_TYPES: &str = "SELECT t.owner, t.name, t.description, t.deprecated, t.examples, t.version, s.schema, \
+const SELECT_TYPES: &str = "SELECT t.owner, t.name, t.description, t.deprecated, t.examples, t.version, s.schema, t.adapters, \
      t.created_at, t.updated_at FROM event_types t LEFT JOIN event_type_schemas s \
      ON s.owner = t.owner AND s.name = t.name AND s.version = t.version";
 
@@ -109,6 +109,8 @@ where
         examples: serde_json::from_value(examples).map_err(|e| StoreError::backend(format!("stored examples: {e}")))?,
         version: r.try_get("version")?,
         schema: r.try_get::<Option<String>, _>("schema")?.map(|s| json_value("schema", &s)).transpose()?,
+        adapters: serde_json::from_value(json_value("adapters", &r.try_get::<String, _>("adapters")?)?)
+            .map_err(|e| StoreError::backend(format!("stored adapters: {e}")))?,
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
     })

@@ -153,6 +153,7 @@ impl Admin for PostgresStore {
             .bind(queries::json(&t.examples))
             .bind(t.version)
             .bind(t.created_at)
+            .bind(queries::json(&t.adapters))
             .execute(&mut *tx)
             .await?;
         if let Some(schema) = &t.schema {
@@ -170,6 +171,7 @@ impl Admin for PostgresStore {
             .bind(queries::json(&t.examples))
             .bind(t.version)
             .bind(t.updated_at)
+            .bind(queries::json(&t.adapters))
             .bind(t.owner.stored())
             .bind(&t.name)
             .bind(prior_version)

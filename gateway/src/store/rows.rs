@@ -148,6 +148,7 @@ pub(super) struct EventRow {
     payload: String,
     created_at: Millis,
     expires_at: Millis,
+    schema_version: Option<i64>,
 }
 
 impl From<EventRow> for Event {
@@ -159,6 +160,7 @@ impl From<EventRow> for Event {
             payload: r.payload,
             created_at: r.created_at,
             expires_at: r.expires_at,
+            schema_version: r.schema_version,
         }
     }
 }

@@ -299,14 +299,14 @@ pub(super) const UPSERT_PLUGIN_SETTINGS: &str = "INSERT INTO plugin_settings (te
      DO UPDATE SET settings = excluded.settings, updated_at = excluded.updated_at";
 
 /// A new event type (`$1` owner, `$2` name, `$3` description, `$4` deprecated, `$5` examples
-/// JSON, `$6` latest schema version, `$7` created and updated at).
+/// JSON, `$6` latest schema version, `$7` created and updated at, `$8` adapters JSON).
 pub(super) const INSERT_EVENT_TYPE: &str = "INSERT INTO event_types (owner, name, description, deprecated, \
-     examples, version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7)";
+     examples, version, created_at, updated_at, adapters) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8)";
 
-/// Replaces event type (`$6` owner, `$7` name)'s fields at `$5`, if its latest schema
-/// version is still `$8` (two writers cannot both number version n+1).
+/// Replaces event type (`$7` owner, `$8` name)'s fields at `$5` (`$6`: its adapters JSON),
+/// if its latest schema version is still `$9` (two writers cannot both number version n+1).
 pub(super) const UPDATE_EVENT_TYPE: &str = "UPDATE event_types SET description = $1, deprecated = $2, \
-     examples = $3, version = $4, updated_at = $5 WHERE owner = $6 AND name = $7 AND version = $8";
+     examples = $3, version = $4, updated_at = $5, adapters = $6 WHERE owner = $7 AND name = $8 AND version = $9";
 
 /// Schema version `$3` (`$4` JSON) of event type (`$1` owner, `$2` name), at `$5`.
 pub(super) const INSERT_SCHEMA_VERSION: &str =

@@ -141,6 +141,8 @@ pub struct Claimed {
     pub fence: i64,
     /// The event's trace context, which each attempt passes on with a span id of its own.
     pub trace: Option<TraceContext>,
+    /// The version of its type's schema the event was posted against (`None`: no schema).
+    pub schema_version: Option<i64>,
 }
 
 impl Claimed {
@@ -161,6 +163,7 @@ impl Claimed {
             replay: None,
             fence: 1,
             trace: event.trace.clone(),
+            schema_version: event.schema_version,
         }
     }
 
@@ -223,6 +226,22 @@ pub struct EndpointChange {
     /// Who changes the state (kept with it, with the time of the change).
     pub by: StateBy,
     pub now: Millis,
+}
+
+impl EndpointChange {
+    /// Back to `active` through the API (an enable, or what an API write resumes), no
+    /// longer failing.
+    pub fn reactivate(endpoint: EndpointId, now: Millis) -> EndpointChange {
+        EndpointChange {
+            endpoint,
+            state: Some(EndpointState::Active),
+            reason: None,
+            paused_until: None,
+            failing_since: Failing::Recovered,
+            by: StateBy::Operator,
+            now,
+        }
+    }
 }
 
 /// A message from another node sharing the store.

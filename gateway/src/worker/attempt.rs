@@ -41,7 +41,7 @@ use crate::ops::Ops;
 use crate::plugin::{self, PluginHost};
 use crate::store::{Claimed, EndpointChange, Release};
 use crate::telemetry::Telemetry;
-use build::{encoded, signed, transformed};
+use build::{converted, encoded, signed, transformed};
 use endpoint::endpoint_change;
 use judge::{Judged, judge_exchange};
 use record::{Settling, record};
@@ -254,7 +254,7 @@ async fn wait_for_plugins(cx: &AttemptCtx, target: &Target, claimed: &NonEmpty<C
     false
 }
 
-/// Builds the request (transform plugin, CloudEvents encoding, sign plugin), notes what it is, and sends it
+/// Builds the request (adapters to the pinned version, transform plugin, CloudEvents encoding, sign plugin), notes what it is, and sends it
 /// the way the claim opened ([`Transport`]).
 async fn send(
     inner: &AttemptCtx,
@@ -288,7 +288,11 @@ async fn built(
     trace: &AttemptTrace,
 ) -> Result<Request, Exchange> {
     let spec = &target.endpoint.spec;
-    let (request, is_envelope) = transformed(inner, spec, d, ctx, trace).await?;
+    let converted = converted(inner, spec, d, ctx, trace).await?;
+    let payload = converted.as_deref().unwrap_or(&d.payload);
+    let (request, is_envelope) = transformed(inner, spec, (d, payload), ctx, trace).await?;
+    // A converted payload's envelope is not the stored event's: the attempt keeps its body.
+    let is_envelope = is_envelope && converted.is_none();
     let request = encoded(inner, spec, d, request);
     let (headers, body) = signed(inner, target, d, ctx, trace, request, None).await?;
     Ok(Request { headers, body, is_envelope })

@@ -37,6 +37,14 @@ class AckOut(TypedDict):
     """Deliveries this call settled as delivered (0 when they were already: idempotent)."""
 
 
+Adapter = TypedDict("Adapter", {"from": "int", "to": "int", "plugin": "str"})
+"""One step of payload conversion: a plugin (its `transform` hook) that turns a payload of
+version `from` of a type's schema into one of version `to`, an older one. A tenant's
+own type names the tenant's plugin; an operator type, the operator's (a plugin of the
+reserved tenant `herald-ops`).
+"""
+
+
 class AnswerIn(TypedDict):
     """The local URL's answer to one request of the stream, or why there was none."""
     request: str
@@ -318,6 +326,8 @@ class EndpointOut(TypedDict):
     """The endpoint's own `User-Agent`; null: Herald's."""
     cloudevents: NotRequired[Optional[CloudEvents]]
     """Its CloudEvents output (null: the Standard Webhooks envelope)."""
+    payload_versions: dict[str, int]
+    """Pinned payload versions: event type → the schema version it takes (`{}`: none)."""
     batch: NotRequired[Optional[BatchIn]]
     """Its batching (null: one event per request)."""
     verify: bool
@@ -445,6 +455,16 @@ class EndpointIn(TypedDict):
     pipelined publish of several messages, each as it would go alone. Not for `poll`
     or `listen`. Replaced whole; `null` removes it (one event per request, the default).
     """
+    payload_versions: NotRequired[Optional[dict[str, int]]]
+    """Pinned payload versions: `{"invoice.paid": 1}` — this endpoint takes events of
+    `invoice.paid` in version 1 of the type's schema. An event posted against a newer
+    version is converted down by the type's adapters (plugins, chained when several
+    steps are needed) before the transform plugin, CloudEvents and the signature; while
+    an adapter is missing the endpoint is held (`delivery_status.reason` names the type
+    and versions) and resumes once the adapter is registered. Each type and version must
+    be in the catalog the tenant sees. Not with `batch`, nor on kind `poll`. Replaced
+    whole; `{}` removes every pin.
+    """
     verify: NotRequired[Optional[bool]]
     """Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
     signed challenge, sent before the first delivery and again after a URL change (see
@@ -510,6 +530,11 @@ class EventOut(TypedDict):
     created_at: str
     expires_at: str
     """When its undelivered deliveries expire (`created_at` + the queue TTL)."""
+    schema_version: NotRequired[Optional[int]]
+    """The version of its type's schema it was posted against: the type's latest in the
+    tenant's event catalog at intake; null when the type had no schema. An endpoint
+    pinning an older version (`payload_versions`) gets it converted down.
+    """
     payload: Any
 
 
@@ -529,6 +554,13 @@ class EventTypeIn(TypedDict):
     asserted). One that differs from the latest version is stored as the next version;
     older versions stay readable.
     """
+    adapters: NotRequired[Optional[list[Adapter]]]
+    """The plugins that convert a payload to an older version of the schema, for endpoints
+    that pin one (`payload_versions`): each `{"from": 2, "to": 1, "plugin": "…"}`, a
+    plugin with a `transform` hook (the tenant's own; on an operator type, one of the
+    operator's tenant `herald-ops`). Chained when several steps are needed. Replaces the
+    stored list; endpoints held for a missing adapter of this type resume.
+    """
 
 
 class EventTypeList(TypedDict):
@@ -544,6 +576,8 @@ class EventTypeOut(TypedDict):
     version: int
     """The latest schema's version (1, 2, …); 0 while the type has no schema."""
     schema: NotRequired[Optional[dict[str, Any]]]
+    adapters: list[Adapter]
+    """The plugins that convert a payload of one version to an older one."""
     source: str
     """`tenant` (the tenant's own) or `operator` (inherited from the operator's catalog)."""
     created_at: str
@@ -1559,9 +1593,9 @@ class HeraldClient:
         """POST /v1/tenants/{tenant}/event-types"""
         return self.request("POST", f"/v1/tenants/{_segment(tenant)}/event-types", None, body, "application/json", "application/json")
 
-    def export_event_types(self, tenant: str) -> dict[str, Any]:
+    def export_event_types(self, tenant: str, *, endpoint: Optional[str] = None) -> dict[str, Any]:
         """GET /v1/tenants/{tenant}/event-types/openapi.json"""
-        return self.request("GET", f"/v1/tenants/{_segment(tenant)}/event-types/openapi.json", None, None, "", "application/json")
+        return self.request("GET", f"/v1/tenants/{_segment(tenant)}/event-types/openapi.json", {"endpoint": endpoint}, None, "", "application/json")
 
     def get_event_type(self, tenant: str, name: str) -> EventTypeOut:
         """GET /v1/tenants/{tenant}/event-types/{name}"""
@@ -1678,7 +1712,7 @@ OPERATIONS: dict[str, dict[str, Any]] = {
     "put_plugin_config": {"method": "PUT", "path": "/v1/tenants/{tenant}/plugins/{name}/config", "path_params": ["tenant", "name"], "query": [], "body_type": "application/json"},
     "list_event_types": {"method": "GET", "path": "/v1/tenants/{tenant}/event-types", "path_params": ["tenant"], "query": [], "body_type": ""},
     "create_event_type": {"method": "POST", "path": "/v1/tenants/{tenant}/event-types", "path_params": ["tenant"], "query": [], "body_type": "application/json"},
-    "export_event_types": {"method": "GET", "path": "/v1/tenants/{tenant}/event-types/openapi.json", "path_params": ["tenant"], "query": [], "body_type": ""},
+    "export_event_types": {"method": "GET", "path": "/v1/tenants/{tenant}/event-types/openapi.json", "path_params": ["tenant"], "query": ["endpoint"], "body_type": ""},
     "get_event_type": {"method": "GET", "path": "/v1/tenants/{tenant}/event-types/{name}", "path_params": ["tenant", "name"], "query": [], "body_type": ""},
     "delete_event_type": {"method": "DELETE", "path": "/v1/tenants/{tenant}/event-types/{name}", "path_params": ["tenant", "name"], "query": [], "body_type": ""},
     "patch_event_type": {"method": "PATCH", "path": "/v1/tenants/{tenant}/event-types/{name}", "path_params": ["tenant", "name"], "query": [], "body_type": "application/json"},
@@ -1701,6 +1735,7 @@ __all__ = [
     "AcceptedOut",
     "AckIn",
     "AckOut",
+    "Adapter",
     "AnswerIn",
     "AnswerOut",
     "AttemptOut",

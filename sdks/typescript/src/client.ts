@@ -26,6 +26,21 @@ export interface AckOut {
   acknowledged: number;
 }
 
+/**
+ * One step of payload conversion: a plugin (its `transform` hook) that turns a payload of
+ * version `from` of a type's schema into one of version `to`, an older one. A tenant's
+ * own type names the tenant's plugin; an operator type, the operator's (a plugin of the
+ * reserved tenant `herald-ops`).
+ */
+export interface Adapter {
+  /** The version it reads (2 or more, at most the type's latest). */
+  from: number;
+  /** The version it writes (1 or more, below `from`). */
+  to: number;
+  /** The plugin's name; its `transform` hook gets the payload and returns it converted. */
+  plugin: string;
+}
+
 /** The local URL's answer to one request of the stream, or why there was none. */
 export interface AnswerIn {
   /** The request's `id`, as the stream gave it. */
@@ -415,6 +430,17 @@ export interface EndpointIn {
    */
   batch?: BatchIn | null;
   /**
+   * Pinned payload versions: `{"invoice.paid": 1}` — this endpoint takes events of
+   * `invoice.paid` in version 1 of the type's schema. An event posted against a newer
+   * version is converted down by the type's adapters (plugins, chained when several
+   * steps are needed) before the transform plugin, CloudEvents and the signature; while
+   * an adapter is missing the endpoint is held (`delivery_status.reason` names the type
+   * and versions) and resumes once the adapter is registered. Each type and version must
+   * be in the catalog the tenant sees. Not with `batch`, nor on kind `poll`. Replaced
+   * whole; `{}` removes every pin.
+   */
+  payload_versions?: Record<string, number> | null;
+  /**
    * Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
    * signed challenge, sent before the first delivery and again after a URL change (see
    * `verification` and `POST …/verify`). Default `false`.
@@ -462,6 +488,8 @@ export interface EndpointOut {
   user_agent?: string | null;
   /** Its CloudEvents output (null: the Standard Webhooks envelope). */
   cloudevents?: CloudEvents | null;
+  /** Pinned payload versions: event type → the schema version it takes (`{}`: none). */
+  payload_versions: Record<string, number>;
   /** Its batching (null: one event per request). */
   batch?: BatchIn | null;
   /** Whether deliveries wait for the URL to echo a signed challenge. */
@@ -525,6 +553,12 @@ export interface EventOut {
   created_at: string;
   /** When its undelivered deliveries expire (`created_at` + the queue TTL). */
   expires_at: string;
+  /**
+   * The version of its type's schema it was posted against: the type's latest in the
+   * tenant's event catalog at intake; null when the type had no schema. An endpoint
+   * pinning an older version (`payload_versions`) gets it converted down.
+   */
+  schema_version?: number | null;
   payload: unknown;
 }
 
@@ -546,6 +580,14 @@ export interface EventTypeIn {
    * older versions stay readable.
    */
   schema?: Record<string, unknown> | null;
+  /**
+   * The plugins that convert a payload to an older version of the schema, for endpoints
+   * that pin one (`payload_versions`): each `{"from": 2, "to": 1, "plugin": "…"}`, a
+   * plugin with a `transform` hook (the tenant's own; on an operator type, one of the
+   * operator's tenant `herald-ops`). Chained when several steps are needed. Replaces the
+   * stored list; endpoints held for a missing adapter of this type resume.
+   */
+  adapters?: Array<Adapter> | null;
 }
 
 export interface EventTypeList {
@@ -561,6 +603,8 @@ export interface EventTypeOut {
   /** The latest schema's version (1, 2, …); 0 while the type has no schema. */
   version: number;
   schema?: Record<string, unknown> | null;
+  /** The plugins that convert a payload of one version to an older one. */
+  adapters: Array<Adapter>;
   /** `tenant` (the tenant's own) or `operator` (inherited from the operator's catalog). */
   source: string;
   /** RFC 3339. */
@@ -1440,6 +1484,15 @@ export interface ListReplaysQuery {
   limit?: number;
 }
 
+/** The query of `exportEventTypes`. */
+export interface ExportEventTypesQuery {
+  /**
+   * An endpoint of the tenant: each type it pins (`payload_versions`) shows the pinned
+   * version of its schema as `data`, and no examples (they are of the latest version).
+   */
+  endpoint?: string;
+}
+
 /** The query of `listAudit`. */
 export interface ListAuditQuery {
   /** Only this tenant's entries (the admin listing only). */
@@ -1840,8 +1893,8 @@ export class HeraldClient {
   }
 
   /** GET /v1/tenants/{tenant}/event-types/openapi.json */
-  async exportEventTypes(tenant: string): Promise<Record<string, unknown>> {
-    return (await this.request("GET", `/v1/tenants/${encodeURIComponent(tenant)}/event-types/openapi.json`, undefined, undefined, "", "application/json")) as Record<string, unknown>;
+  async exportEventTypes(tenant: string, query?: ExportEventTypesQuery): Promise<Record<string, unknown>> {
+    return (await this.request("GET", `/v1/tenants/${encodeURIComponent(tenant)}/event-types/openapi.json`, query, undefined, "", "application/json")) as Record<string, unknown>;
   }
 
   /** GET /v1/tenants/{tenant}/event-types/{name} */
@@ -1987,7 +2040,7 @@ export const OPERATIONS = {
   putPluginConfig: {"method": "PUT", "path": "/v1/tenants/{tenant}/plugins/{name}/config", "pathParams": ["tenant", "name"], "query": [], "bodyType": "application/json"},
   listEventTypes: {"method": "GET", "path": "/v1/tenants/{tenant}/event-types", "pathParams": ["tenant"], "query": [], "bodyType": ""},
   createEventType: {"method": "POST", "path": "/v1/tenants/{tenant}/event-types", "pathParams": ["tenant"], "query": [], "bodyType": "application/json"},
-  exportEventTypes: {"method": "GET", "path": "/v1/tenants/{tenant}/event-types/openapi.json", "pathParams": ["tenant"], "query": [], "bodyType": ""},
+  exportEventTypes: {"method": "GET", "path": "/v1/tenants/{tenant}/event-types/openapi.json", "pathParams": ["tenant"], "query": ["endpoint"], "bodyType": ""},
   getEventType: {"method": "GET", "path": "/v1/tenants/{tenant}/event-types/{name}", "pathParams": ["tenant", "name"], "query": [], "bodyType": ""},
   deleteEventType: {"method": "DELETE", "path": "/v1/tenants/{tenant}/event-types/{name}", "pathParams": ["tenant", "name"], "query": [], "bodyType": ""},
   patchEventType: {"method": "PATCH", "path": "/v1/tenants/{tenant}/event-types/{name}", "pathParams": ["tenant", "name"], "query": [], "bodyType": "application/json"},

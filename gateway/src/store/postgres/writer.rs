@@ -404,13 +404,13 @@ async fn subscribers(conn: &mut PgConnection, events: &[&NewEvent]) -> sqlx::Res
     Ok(subscribers)
 }
 
-/// [`insert`]'s statement: the events ($1 to $7, $17, $18), then their deliveries ($8 to
+/// [`insert`]'s statement: the events ($1 to $7, $17, $18, $20), then their deliveries ($8 to
 /// $14, $16; $19: a `poll` endpoint's, stored never due) joined to the events it inserted,
 /// leased to $15 where the partition lease allows; answers the (tenant, id) of each event inserted and the id of each delivery
 /// leased.
 const INSERT_EVENTS_AND_DELIVERIES: &str = "WITH ev AS (INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, \
-     traceparent, tracestate) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], \
-     $6::int8[], $7::text[], $17::text[], $18::text[]) \
+     traceparent, tracestate, schema_version) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
+     $5::int8[], $6::int8[], $7::text[], $17::text[], $18::text[], $20::int8[]) \
      ON CONFLICT DO NOTHING RETURNING tenant_id, id), \
      dl AS (INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
      next_attempt_at, lease_owner, lease_until, fence, created_at, updated_at, ordering_key) \
@@ -467,6 +467,7 @@ async fn insert(
         .bind(firsts.iter().map(|e| e.trace.as_ref().map(TraceContext::traceparent)).collect::<Vec<_>>())
         .bind(firsts.iter().map(|e| e.trace.as_ref().and_then(|t| t.state.as_deref())).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.pull).collect::<Vec<_>>())
+        .bind(firsts.iter().map(|e| e.schema_version).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
     let (mut inserted, mut leased) = (HashSet::new(), HashSet::new());
@@ -600,7 +601,7 @@ async fn claim(conn: &mut PgConnection, req: &ClaimRequest) -> sqlx::Result<(Cla
          WHERE d.id = picked.id AND e.tenant_id = d.tenant_id AND e.id = d.event_id \
          RETURNING d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, d.fence, \
          d.next_attempt_at, d.replay_id, \
-         e.payload, e.created_at AS event_created_at, e.expires_at, e.traceparent, e.tracestate), \
+         e.payload, e.created_at AS event_created_at, e.expires_at, e.traceparent, e.tracestate, e.schema_version), \
          rest AS (SELECT (SELECT MIN(r.at) FROM ((",
         sql::keyless!("d.next_attempt_at AS at", "$1"),
         " AND d.id NOT IN (SELECT id FROM picked) ORDER BY d.ordering_key, d.next_attempt_at LIMIT 1) \
@@ -653,6 +654,7 @@ fn claimed_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Option<(Millis, Claime
         replay: r.try_get("replay_id")?,
         fence: r.try_get("fence")?,
         trace: stored_trace(r.try_get("traceparent")?, r.try_get("tracestate")?),
+        schema_version: r.try_get("schema_version")?,
     };
     Ok(Some((r.try_get("next_attempt_at")?, claimed)))
 }

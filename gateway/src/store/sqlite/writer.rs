@@ -359,7 +359,7 @@ impl<'tx> IngestStatements<'tx> {
         Ok(Self {
             event: tx.prepare_cached(
                 "INSERT INTO events (tenant_id, id, type, payload, created_at, expires_at, fingerprint, traceparent, \
-                 tracestate) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT DO NOTHING",
+                 tracestate, schema_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
             )?,
             queued: tx.prepare_cached(
                 "INSERT INTO deliveries (id, tenant_id, event_id, endpoint_id, event_type, state, attempts, \
@@ -390,7 +390,8 @@ impl<'tx> IngestStatements<'tx> {
             ev.expires_at,
             ev.fingerprint,
             ev.trace.as_ref().map(TraceContext::traceparent),
-            ev.trace.as_ref().and_then(|t| t.state.as_deref())
+            ev.trace.as_ref().and_then(|t| t.state.as_deref()),
+            ev.schema_version
         ])?;
         Ok(inserted != 0)
     }
@@ -456,7 +457,8 @@ impl<'tx> IngestStatements<'tx> {
 fn claim(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<(ClaimBatch, bool)> {
     let mut select = tx.prepare_cached(concat!(
         "SELECT d.rowid, d.id, d.tenant_id, d.event_id, d.event_type, d.attempts, d.attempt_base, d.deadline, \
-         d.fence, e.payload, e.created_at, e.expires_at, d.replay_id, e.traceparent, e.tracestate FROM deliveries d \
+         d.fence, e.payload, e.created_at, e.expires_at, d.replay_id, e.traceparent, e.tracestate, \
+         e.schema_version FROM deliveries d \
          JOIN events e ON e.tenant_id = d.tenant_id AND e.id = d.event_id \
          WHERE d.rowid IN (SELECT u.r FROM (SELECT f.r, f.at, f.id FROM (",
         sql::keyless!("d.rowid AS r, d.next_attempt_at AS at, d.id", "?1"),
@@ -512,6 +514,7 @@ fn claimed_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Claimed)> {
         expires_at: r.get(11)?,
         replay: r.get(12)?,
         trace: stored_trace(r.get(13)?, r.get(14)?),
+        schema_version: r.get(15)?,
     };
     Ok((r.get::<_, i64>(0)?, claimed))
 }

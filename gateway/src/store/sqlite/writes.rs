@@ -99,7 +99,8 @@ pub(super) fn insert_event_type(tx: &Transaction<'_>, t: &EventType) -> Result<(
         t.deprecated,
         json(&t.examples),
         t.version,
-        t.created_at
+        t.created_at,
+        json(&t.adapters)
     ])?;
     if let Some(schema) = &t.schema {
         insert_schema_version(tx, t, schema)?;
@@ -115,6 +116,7 @@ pub(super) fn update_event_type(tx: &Transaction<'_>, t: &EventType, prior_versi
         json(&t.examples),
         t.version,
         t.updated_at,
+        json(&t.adapters),
         t.owner.stored(),
         t.name,
         prior_version

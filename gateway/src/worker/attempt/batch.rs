@@ -48,7 +48,7 @@ pub(super) async fn attempt_batch(
     let (mut members, mut settled) = (Vec::new(), Vec::new());
     for d in claimed {
         let sending = Sending::start(cx, target, d, rng);
-        match transformed(cx, spec, &sending.d, &sending.ctx, &sending.trace).await {
+        match transformed(cx, spec, (&sending.d, &sending.d.payload), &sending.ctx, &sending.trace).await {
             Ok((request, is_envelope)) => members.push(Member { sending, body: request.body, is_envelope }),
             Err(decided) => settled.push(alone(cx, link, target, sending, decided, rng).await),
         }

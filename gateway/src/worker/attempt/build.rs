@@ -1,4 +1,5 @@
-//! Building an attempt's request: the envelope (or, for CloudEvents, the event's data)
+//! Building an attempt's request: the payload converted to the version the endpoint pins
+//! (the type's adapter plugins), the envelope (or, for CloudEvents, the event's data)
 //! with the endpoint's custom headers, its transform plugin, the CloudEvents encoding,
 //! Herald's own headers, and the signature (its sign plugin, or Standard Webhooks' with the
 //! endpoint's secrets) over the bytes encoded.
@@ -16,6 +17,53 @@ use crate::store::Claimed;
 use crate::telemetry::Span;
 use crate::worker::signal::Target;
 
+/// The event's payload in the version of its type's schema the endpoint pins: `None` when
+/// it takes it as posted (no pin for the type, the event has no version, or it is the
+/// pinned one or older), else converted by the type's adapters, one call per step of the
+/// shortest chain. `Err`: no chain (the endpoint is held, the reason naming the type and
+/// both versions: registering the adapter resumes it), or an adapter dropped, failed or
+/// answered with something that is not JSON.
+pub(super) async fn converted(
+    cx: &AttemptCtx,
+    spec: &EndpointSpec,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
+) -> Result<Option<String>, Exchange> {
+    let (Some(pin), Some(version)) = (spec.payload_versions.get(&d.event_type), d.schema_version) else {
+        return Ok(None);
+    };
+    if version <= *pin {
+        return Ok(None);
+    }
+    let steps = cx.catalog.conversion(&d.tenant, &d.event_type, version, *pin).map_err(super::held)?;
+    let mut payload = d.payload.clone().into_bytes();
+    for step in steps {
+        let request = plugin::Request {
+            headers: vec![("content-type".to_string(), "application/json".to_string())],
+            body: payload,
+        };
+        let timer = cx.metrics.plugin_call(plugin::Hook::Transform);
+        let span = trace.plugin(plugin::Hook::Transform, &step.plugin);
+        let by = format!("plugin:{}", step.plugin);
+        payload = match timer.time(cx.plugins.transform(&step.tenant, &step.plugin, ctx, &request)).await {
+            Ok(plugin::TransformResult::Send(r)) => r.body,
+            Ok(plugin::TransformResult::Drop(reason)) => {
+                let verdict = Verdict::Fail { reason: "dropped".into() };
+                return Err(Exchange::Decided { verdict, by, error: Some(reason) });
+            }
+            Err(f) => return Err(plugin_failed(cx, d, ctx, (&step.plugin, span), plugin::Hook::Transform, f)),
+        };
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_err() {
+            let error = format!("adapter v{} \u{2192} v{}: its output is not JSON", step.from, step.to);
+            let verdict = Verdict::Retry { after: None };
+            return Err(Exchange::Decided { verdict, by, error: Some(error) });
+        }
+    }
+    // JSON is UTF-8.
+    Ok(Some(String::from_utf8(payload).unwrap_or_default()))
+}
+
 /// The envelope with the endpoint's custom headers, as its transform plugin (if any)
 /// leaves it, and whether the body is still the envelope; `Err`: the plugin dropped the
 /// delivery or failed. With CloudEvents output the body is the event's data instead (never
@@ -23,7 +71,7 @@ use crate::worker::signal::Target;
 pub(super) async fn transformed(
     cx: &AttemptCtx,
     spec: &EndpointSpec,
-    d: &Claimed,
+    (d, payload): (&Claimed, &str),
     ctx: &plugin::DeliveryContext,
     trace: &AttemptTrace,
 ) -> Result<(plugin::Request, bool), Exchange> {
@@ -32,8 +80,8 @@ pub(super) async fn transformed(
             .chain(spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())))
             .collect(),
         body: match spec.cloudevents {
-            Some(_) => d.payload.clone().into_bytes(),
-            None => envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, &d.payload).into_bytes(),
+            Some(_) => payload.as_bytes().to_vec(),
+            None => envelope(d.event_id.as_str(), &d.event_type, d.event_created_at, payload).into_bytes(),
         },
     };
     let is_envelope = spec.cloudevents.is_none();

@@ -83,6 +83,7 @@ fn delivery() -> Claimed {
         replay: None,
         fence: 1,
         trace: None,
+        schema_version: None,
     }
 }
 
