@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Row, Type};
 
 use super::rows::{
-    self, ATTEMPT_ORDER, AttemptRow, DELIVERY_COLUMNS, DeliveryRow, EndpointRow, EventRow, ReplayRow, TOKEN_COLUMNS,
-    TenantRow, TokenRow,
+    self, ATTEMPT_COLUMNS, ATTEMPT_ORDER, AttemptRow, DELIVERY_COLUMNS, DeliveryRow, EndpointRow, EventRow,
+    FIRST_ATTEMPT_COLUMNS, ReplayRow, TOKEN_COLUMNS, TenantRow, TokenRow,
 };
 use super::sql::{self, Sql};
 use super::{DeliveryFilter, Polled, QueueStats, Reads, Result, SeriesPoint, SeriesScope, StoreError};
@@ -160,11 +160,15 @@ where
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let attempts =
-            sqlx::query_as::<_, AttemptRow>(&format!("SELECT * FROM attempts WHERE delivery_id = $1 {ATTEMPT_ORDER}"))
-                .bind(id.as_str())
-                .fetch_all(&self.pool)
-                .await?;
+        // Its attempts with rows of their own, and the first one if its row keeps it.
+        let attempts = sqlx::query_as::<_, AttemptRow>(&format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id = $1 UNION ALL \
+             SELECT {FIRST_ATTEMPT_COLUMNS} FROM deliveries WHERE id = $1 AND first_attempt_id IS NOT NULL \
+             {ATTEMPT_ORDER}"
+        ))
+        .bind(id.as_str())
+        .fetch_all(&self.pool)
+        .await?;
         Ok(Some((row.try_into()?, attempts.into_iter().map(Attempt::from).collect())))
     }
     async fn pending_endpoints(&self) -> Result<Vec<(EndpointId, Millis)>> {

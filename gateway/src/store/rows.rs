@@ -16,6 +16,17 @@ pub(super) const DELIVERY_COLUMNS: &str = "id, tenant_id, event_id, endpoint_id,
 /// The columns of a `tokens` row, as both backends select them into [`TokenRow`].
 pub(super) const TOKEN_COLUMNS: &str = "id, hash, tenant_id, scopes, created_at, last_used_at";
 
+/// The columns of an `attempts` row, as both backends select them into [`AttemptRow`].
+pub(super) const ATTEMPT_COLUMNS: &str = "id, delivery_id, number, started_at, duration_ms, status, response_body, \
+     error, verdict, decided_by, request_headers, request_body, request_body_size";
+
+/// A first attempt kept in its delivery's row (a delivery it delivered, migration 0025),
+/// selected from `deliveries` as [`ATTEMPT_COLUMNS`] are from `attempts`: its number is 1,
+/// its status and error the delivery's last. Only where `first_attempt_id IS NOT NULL`.
+pub(super) const FIRST_ATTEMPT_COLUMNS: &str = "first_attempt_id, id, CAST(1 AS BIGINT), first_started_at, \
+     first_duration_ms, last_status, first_response_body, last_error, first_verdict, first_decided_by, \
+     first_request_headers, first_request_body, first_request_body_size";
+
 /// Attempts of a delivery, oldest first (a replayed delivery's numbers keep counting up).
 pub(super) const ATTEMPT_ORDER: &str = "ORDER BY started_at, number";
 
@@ -205,7 +216,7 @@ impl TryFrom<DeliveryRow> for Delivery {
     }
 }
 
-/// An `attempts` row (`SELECT *`).
+/// An attempt as [`ATTEMPT_COLUMNS`] (or [`FIRST_ATTEMPT_COLUMNS`]) selects it.
 #[derive(sqlx::FromRow)]
 pub(super) struct AttemptRow {
     id: String,

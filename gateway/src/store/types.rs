@@ -205,6 +205,16 @@ pub struct AttemptResult {
     pub ordered: bool,
 }
 
+impl AttemptResult {
+    /// A delivery delivered by its first attempt: the attempt is kept in the delivery's own
+    /// row (its `first_*` columns, migration 0025), not in a row of `attempts`, and the
+    /// reads of attempts add it back as it was. A delivered row is final, so the attempt
+    /// never changes; any other result's attempt gets its own row.
+    pub fn kept_in_delivery(&self) -> bool {
+        self.state == DeliveryState::Delivered && self.attempt.number == 1
+    }
+}
+
 /// Hand back claimed deliveries that were never sent (e.g. the endpoint paused).
 #[derive(Debug, Clone)]
 pub struct Release {

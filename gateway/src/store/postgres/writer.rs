@@ -683,27 +683,36 @@ async fn record_distinct(
 ) -> sqlx::Result<Vec<Option<DeliveryState>>> {
     // An unfinished delivery settles against its endpoint's state at commit time (a
     // concurrent disable or human pause wins over a retry). The attempts of the results
-    // accepted are inserted by the same statement, with the endpoint read off the row.
+    // accepted are inserted by the same statement, with the endpoint read off the row,
+    // except a first-time success's, which the update keeps in the delivery's row
+    // (`AttemptResult::kept_in_delivery`).
     let sql = format!(
         "WITH v AS (SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::int8[], $6::text[], \
          $7::int8[], $8::text[], $9::int8[], $10::text[], $11::int8[], $12::int8[], $13::text[], $14::text[], \
-         $15::text[], $16::text[], $17::text[], $18::int8[]) \
+         $15::text[], $16::text[], $17::text[], $18::int8[], $19::bool[]) \
          AS v(id, fence, state, attempts, next_attempt_at, reason, last_status, last_error, updated_at, \
          attempt_id, started_at, duration_ms, response_body, verdict, decided_by, request_headers, request_body, \
-         request_body_size)), \
+         request_body_size, kept)), \
          done AS (UPDATE deliveries d SET \
          state = CASE WHEN v.state IN ('waiting', 'queued') THEN {settled} ELSE v.state END, \
          attempts = v.attempts, next_attempt_at = v.next_attempt_at, \
          reason = CASE WHEN v.state IN ('waiting', 'queued') AND {settled} = 'dead' THEN 'endpoint_disabled' \
          ELSE v.reason END, \
          last_status = v.last_status, last_error = v.last_error, lease_owner = NULL, lease_until = NULL, \
-         updated_at = v.updated_at FROM v \
+         updated_at = v.updated_at, first_attempt_id = CASE WHEN v.kept THEN v.attempt_id END, \
+         first_started_at = CASE WHEN v.kept THEN v.started_at END, \
+         first_duration_ms = CASE WHEN v.kept THEN v.duration_ms END, \
+         first_response_body = CASE WHEN v.kept THEN v.response_body END, \
+         first_verdict = CASE WHEN v.kept THEN v.verdict END, first_decided_by = CASE WHEN v.kept THEN v.decided_by END, \
+         first_request_headers = CASE WHEN v.kept THEN v.request_headers END, \
+         first_request_body = CASE WHEN v.kept THEN v.request_body END, \
+         first_request_body_size = CASE WHEN v.kept THEN v.request_body_size END FROM v \
          WHERE d.id = v.id AND d.fence = v.fence AND d.state = 'delivering' RETURNING d.id, d.state, d.endpoint_id), \
          tried AS (INSERT INTO attempts (id, delivery_id, number, started_at, duration_ms, status, response_body, \
          error, verdict, decided_by, request_headers, request_body, request_body_size, endpoint_id) \
          SELECT v.attempt_id, v.id, v.attempts, v.started_at, v.duration_ms, v.last_status, v.response_body, \
          v.last_error, v.verdict, v.decided_by, v.request_headers, v.request_body, v.request_body_size, \
-         done.endpoint_id FROM v JOIN done ON done.id = v.id) \
+         done.endpoint_id FROM v JOIN done ON done.id = v.id WHERE NOT v.kept) \
          SELECT id, state FROM done",
         settled = sql::settle("d", "v.state"),
     );
@@ -727,6 +736,7 @@ async fn record_distinct(
         .bind(attempts().map(|a| a.request.as_ref().map(|r| r.headers_json.as_str())).collect::<Vec<_>>())
         .bind(attempts().map(|a| a.request.as_ref().and_then(|r| r.body.as_deref())).collect::<Vec<_>>())
         .bind(attempts().map(|a| a.request.as_ref().map(|r| r.body_size as i64)).collect::<Vec<_>>())
+        .bind(results.iter().map(|r| r.kept_in_delivery()).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
     let mut updated: HashMap<String, DeliveryState> = HashMap::with_capacity(rows.len());

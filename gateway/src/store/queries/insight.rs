@@ -70,7 +70,8 @@ where
     }
 
     /// Attempts started at or after `since`, per `bucket_ms`, oldest bucket first; buckets
-    /// without attempts are left out.
+    /// without attempts are left out. Those in `attempts` and first attempts kept in their
+    /// delivered rows alike.
     pub(in super::super) async fn attempt_series(
         &self,
         scope: &SeriesScope,
@@ -81,7 +82,8 @@ where
         let mut q = Sql::<DB>::new("SELECT a.started_at / ");
         q.push_bind(bucket_ms).push(
             " AS bucket, COUNT(*) AS n, COUNT(*) FILTER (WHERE a.status BETWEEN 200 AND 299) AS ok, \
-             CAST(SUM(a.duration_ms) AS BIGINT) AS total_ms, MAX(a.duration_ms) AS max_ms FROM attempts a",
+             CAST(SUM(a.duration_ms) AS BIGINT) AS total_ms, MAX(a.duration_ms) AS max_ms FROM (\
+             SELECT a.started_at, a.status, a.duration_ms FROM attempts a",
         );
         match scope {
             SeriesScope::All => {
@@ -97,6 +99,26 @@ where
                     .push_bind(t.as_str());
             }
         }
+        // And the first attempts kept in their deliveries' rows (migration 0025): delivered
+        // ones, whose `updated_at` (the attempt's end) is at least its start, so the
+        // window is a range of `deliveries_finished`.
+        q.push(
+            " UNION ALL SELECT d.first_started_at, d.last_status, d.first_duration_ms FROM deliveries d \
+             WHERE d.state = 'delivered' AND d.first_attempt_id IS NOT NULL AND d.updated_at >= ",
+        )
+        .push_bind(since)
+        .push(" AND d.first_started_at >= ")
+        .push_bind(since);
+        match scope {
+            SeriesScope::All => {}
+            SeriesScope::Endpoint(e) => {
+                q.push(" AND d.endpoint_id = ").push_bind(e.as_str());
+            }
+            SeriesScope::Tenant(t) => {
+                q.push(" AND d.tenant_id = ").push_bind(t.as_str());
+            }
+        }
+        q.push(") a");
         q.push(" GROUP BY bucket ORDER BY bucket");
         let (text, args) = q.take()?;
         let rows = sqlx::query_with(&text, args).fetch_all(&self.pool).await?;
@@ -115,8 +137,9 @@ where
 
     /// The health of each of `endpoints` at `now`, in one statement for the whole page (a
     /// page used to cost three statements per endpoint): attempts over the last hour and
-    /// day and the latest ones, from `attempts_endpoint`, beside the backlog and dead
-    /// letters, from `deliveries_endpoint`, each grouped by endpoint, and the latest failed
+    /// day and the latest ones, from `attempts_endpoint`, beside the backlog, the dead
+    /// letters and the first attempts kept in delivered rows, from `deliveries_endpoint`,
+    /// each grouped by endpoint, and the latest failed
     /// attempt (its category, status and time). An endpoint with
     /// neither attempts nor deliveries has no row.
     pub(in super::super) async fn endpoint_health_page(
@@ -148,9 +171,17 @@ where
              FROM attempts WHERE endpoint_id IN (",
         );
         push_list(&mut q, endpoints);
+        // Each endpoint's deliveries: the backlog, the dead letters and the first attempts
+        // kept in delivered rows (migration 0025), counted as the attempts above are.
+        q.push(") GROUP BY endpoint_id UNION ALL SELECT endpoint_id, COUNT(*) FILTER (WHERE first_started_at >= ")
+            .push_bind(now - 3_600_000);
+        q.push(") AS a1, COUNT(*) FILTER (WHERE first_started_at >= ").push_bind(now - 3_600_000);
+        q.push(" AND last_status BETWEEN 200 AND 299) AS s1, COUNT(*) FILTER (WHERE first_started_at >= ")
+            .push_bind(now - 86_400_000);
+        q.push(") AS a24, COUNT(*) FILTER (WHERE first_started_at >= ").push_bind(now - 86_400_000);
         q.push(
-            ") GROUP BY endpoint_id UNION ALL \
-             SELECT endpoint_id, 0, 0, 0, 0, NULL, NULL, \
+            " AND last_status BETWEEN 200 AND 299) AS s24, \
+             MAX(first_started_at) FILTER (WHERE last_status BETWEEN 200 AND 299), MAX(first_started_at), \
              COUNT(*) FILTER (WHERE state IN ('queued', 'waiting', 'delivering', 'paused')), \
              COUNT(*) FILTER (WHERE state = 'dead'), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), NULL FROM deliveries WHERE endpoint_id IN (",
         );

@@ -529,7 +529,8 @@ fn holds_partition(tx: &Transaction<'_>, req: &ClaimRequest) -> Result<bool> {
 
 /// Records attempt results; a result applies only while its fence still matches and the
 /// delivery is still leased, so a second result for one lease (in this commit or a later
-/// one) is refused. Returns, per result, the state it settled in (`None`: refused).
+/// one) is refused. A first-time success's attempt goes into the delivery's row
+/// ([`AttemptResult::kept_in_delivery`]), any other into `attempts`. Returns, per result, the state it settled in (`None`: refused).
 fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Option<DeliveryState>>> {
     let unfinished = "?3 IN ('waiting', 'queued')"; // DeliveryState::is_unfinished
     let settled = sql::settle("deliveries", "?3");
@@ -537,8 +538,10 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Optio
         "UPDATE deliveries SET state = CASE WHEN {unfinished} THEN {settled} ELSE ?3 END, \
          attempts = ?4, next_attempt_at = ?5, \
          reason = CASE WHEN {unfinished} AND {settled} = 'dead' THEN 'endpoint_disabled' ELSE ?6 END, \
-         last_status = ?7, last_error = ?8, lease_owner = NULL, lease_until = NULL, updated_at = ?9 \
-         WHERE id = ?1 AND fence = ?2 AND state = 'delivering'"
+         last_status = ?7, last_error = ?8, lease_owner = NULL, lease_until = NULL, updated_at = ?9, \
+         first_attempt_id = ?10, first_started_at = ?11, first_duration_ms = ?12, first_response_body = ?13, \
+         first_verdict = ?14, first_decided_by = ?15, first_request_headers = ?16, first_request_body = ?17, \
+         first_request_body_size = ?18 WHERE id = ?1 AND fence = ?2 AND state = 'delivering'"
     ))?;
     let mut insert = tx.prepare_cached(INSERT_ATTEMPT)?;
     // Only an unfinished result can settle otherwise than asked: read back what it became.
@@ -546,6 +549,9 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Optio
     let mut accepted = Vec::with_capacity(results.len());
     for r in &results {
         let a = &r.attempt;
+        // A first-time success is kept in the delivery's row: its columns, or all NULL.
+        let kept = r.kept_in_delivery().then_some(a);
+        let sent = kept.and_then(|a| a.request.as_ref());
         let updated = update.execute(params![
             r.delivery.as_str(),
             r.fence,
@@ -555,13 +561,24 @@ fn record(tx: &Transaction<'_>, results: Vec<AttemptResult>) -> Result<Vec<Optio
             r.reason,
             a.status.map(i64::from),
             a.error,
-            a.started_at + a.duration_ms as i64
+            a.started_at + a.duration_ms as i64,
+            kept.map(|a| a.id.as_str()),
+            kept.map(|a| a.started_at),
+            kept.map(|a| a.duration_ms as i64),
+            kept.and_then(|a| a.response_body.as_deref()),
+            kept.map(|a| a.verdict.as_str()),
+            kept.map(|a| a.decided_by.as_str()),
+            sent.map(|r| r.headers_json.as_str()),
+            sent.and_then(|r| r.body.as_deref()),
+            sent.map(|r| r.body_size as i64)
         ])?;
         if updated == 0 {
             accepted.push(None);
             continue;
         }
-        insert_attempt(&mut insert, a)?;
+        if kept.is_none() {
+            insert_attempt(&mut insert, a)?;
+        }
         let state = match r.state.is_unfinished() {
             true => super::super::rows::delivery_state(
                 &settled_as.query_row(params![r.delivery.as_str()], |row| row.get::<_, String>(0))?,
