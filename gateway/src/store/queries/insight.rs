@@ -99,9 +99,8 @@ where
                     .push_bind(t.as_str());
             }
         }
-        // And the first attempts kept in their deliveries' rows (migration 0025): delivered
-        // ones, whose `updated_at` (the attempt's end) is at least its start, so the
-        // window is a range of `deliveries_finished`.
+        // And the first attempts kept in their deliveries' rows (migration 0025): delivered ones,
+        // whose `updated_at` (the attempt's end) is at least its start: a range of `deliveries_finished`.
         q.push(
             " UNION ALL SELECT d.first_started_at, d.last_status, d.first_duration_ms FROM deliveries d \
              WHERE d.state = 'delivered' AND d.first_attempt_id IS NOT NULL AND d.updated_at >= ",
@@ -118,8 +117,7 @@ where
                 q.push(" AND d.tenant_id = ").push_bind(t.as_str());
             }
         }
-        q.push(") a");
-        q.push(" GROUP BY bucket ORDER BY bucket");
+        q.push(") a GROUP BY bucket ORDER BY bucket");
         let (text, args) = q.take()?;
         let rows = sqlx::query_with(&text, args).fetch_all(&self.pool).await?;
         rows.iter()
