@@ -1,4 +1,5 @@
-//! The event catalog as intake sees it: every tenant's `schema_validation` and every
+//! The event catalog as intake sees it: every tenant's settings (`schema_validation`, and
+//! `verify_endpoints`, which endpoint writes read) and every
 //! event type's latest schema, compiled once per (type, version) and kept in memory, so an
 //! event is checked without a read of the store. It never writes: the API writes the
 //! catalog and then [`Catalog::refresh`]es; a node sharing a Postgres store also follows
@@ -20,7 +21,9 @@ mod export;
 pub use export::openapi;
 
 use crate::metrics::Metrics;
-use crate::model::{Adapter, EventType, OPS_TENANT, SchemaValidation, TenantId, adapter_chain, type_filter_matches};
+use crate::model::{
+    Adapter, EventType, OPS_TENANT, SchemaValidation, TenantId, TenantSettings, adapter_chain, type_filter_matches,
+};
 use crate::store::{DynStore, StoreError};
 
 /// The draft every schema is read as.
@@ -85,8 +88,8 @@ pub struct Catalog {
 struct Snapshot {
     /// `catalog_revision` when it was read; -1 before the first read.
     revision: i64,
-    /// Tenants whose setting is not `off`.
-    modes: HashMap<TenantId, SchemaValidation>,
+    /// Tenants whose settings are not the defaults.
+    settings: HashMap<TenantId, TenantSettings>,
     /// Types by owner (`""`: the operator's) and name.
     types: HashMap<String, HashMap<String, Arc<Compiled>>>,
     /// Each type's adapters, by (owner, name); types without any are absent.
@@ -133,22 +136,22 @@ impl Catalog {
         if revision == old.revision {
             return Ok(());
         }
-        let (types, modes) = (store.event_types(None).await?, store.schema_validations().await?);
-        let snapshot = Snapshot::build(revision, &old, types, modes);
+        let (types, settings) = (store.event_types(None).await?, store.tenant_settings().await?);
+        let snapshot = Snapshot::build(revision, &old, types, settings);
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snapshot);
         Ok(())
     }
 
-    /// The tenant's setting.
-    pub fn mode(&self, tenant: &TenantId) -> SchemaValidation {
-        self.snapshot().modes.get(tenant).copied().unwrap_or_default()
+    /// The tenant's settings.
+    pub fn settings(&self, tenant: &TenantId) -> TenantSettings {
+        self.snapshot().settings.get(tenant).copied().unwrap_or_default()
     }
 
     /// Checks one event against the tenant's catalog, as its setting says, and counts a
     /// failure in `herald_schema_violations_total`.
     pub fn check(&self, tenant: &TenantId, event_type: &str, payload: &str) -> Check {
         let snapshot = self.snapshot();
-        let mode = snapshot.modes.get(tenant).copied().unwrap_or_default();
+        let mode = snapshot.mode(tenant);
         if mode == SchemaValidation::Off {
             return Check::Pass;
         }
@@ -174,7 +177,7 @@ impl Catalog {
     /// catalog, or has none.
     pub fn refused_filter(&self, tenant: &TenantId, filters: &[String]) -> Option<String> {
         let snapshot = self.snapshot();
-        if snapshot.modes.get(tenant) != Some(&SchemaValidation::Enforce) {
+        if snapshot.mode(tenant) != SchemaValidation::Enforce {
             return None;
         }
         let unknown = snapshot.unknown_filter(tenant, filters)?;
@@ -262,11 +265,15 @@ impl Snapshot {
         filters.iter().find(|f| f.as_str() != "*" && !known(f)).map(String::as_str)
     }
 
+    fn mode(&self, tenant: &TenantId) -> SchemaValidation {
+        self.settings.get(tenant).map(|s| s.schema_validation).unwrap_or_default()
+    }
+
     fn build(
         revision: i64,
         old: &Snapshot,
         types: Vec<EventType>,
-        modes: Vec<(TenantId, SchemaValidation)>,
+        settings: Vec<(TenantId, TenantSettings)>,
     ) -> Snapshot {
         let mut by_owner: HashMap<String, HashMap<String, Arc<Compiled>>> = HashMap::new();
         let mut adapters = HashMap::new();
@@ -279,8 +286,8 @@ impl Snapshot {
             let compiled = kept.unwrap_or_else(|| Arc::new(Compiled::of(&t)));
             by_owner.entry(owner).or_default().insert(t.name, compiled);
         }
-        let modes = modes.into_iter().filter(|(_, m)| *m != SchemaValidation::Off).collect();
-        Snapshot { revision, modes, types: by_owner, adapters }
+        let settings = settings.into_iter().filter(|(_, s)| *s != TenantSettings::default()).collect();
+        Snapshot { revision, settings, types: by_owner, adapters }
     }
 
     /// The tenant's own type of this name, else the operator's, with its owner.

@@ -33,7 +33,7 @@ pub use batch::{
     refused_events,
 };
 pub use bindings::{PluginBindings, is_slug, split_pinned};
-pub use catalog::{Adapter, CatalogOwner, EventType, SchemaValidation, SchemaVersion, adapter_chain};
+pub use catalog::{Adapter, CatalogOwner, EventType, SchemaValidation, SchemaVersion, TenantSettings, adapter_chain};
 pub use cloudevents::{CeAttributes, CeHeaders, CeMode, CloudEvents, encode as encode_cloudevent};
 pub use destination::{Destination, EndpointKind, TEMPLATE_PLACEHOLDERS, render_template};
 pub use egress::{ClientAuth, EndpointTls, OAuth2, WriteOnly};

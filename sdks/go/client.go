@@ -246,13 +246,25 @@ type BrandingIo struct {
 	Accent *string `json:"accent,omitempty"`
 }
 
-// CatalogSettings: A tenant's catalog settings.
+// CatalogSettings: A tenant's settings.
 type CatalogSettings struct {
 	// What intake (the events API and the outbox relay) does with an event whose payload
 	// fails its type's schema, or whose type is missing from a catalog the tenant has:
 	// `off` (the default) checks nothing, `warn` accepts and counts it
 	// (`herald_schema_violations_total`), `enforce` refuses it with a 422.
 	SchemaValidation SchemaValidation `json:"schema_validation"`
+	// Verified endpoints for the whole tenant: an HTTP endpoint created, or given a new
+	// `url`, without a `verify` of its own gets `verify: true` (nothing is delivered until
+	// its URL echoes a signed challenge). An endpoint's own `verify` wins. Default `false`.
+	VerifyEndpoints bool `json:"verify_endpoints"`
+}
+
+// CatalogSettingsIn: A tenant's settings as written: each field written replaces its own, one omitted stays.
+type CatalogSettingsIn struct {
+	// See `CatalogSettings`.
+	SchemaValidation *SchemaValidation `json:"schema_validation,omitempty"`
+	// See `CatalogSettings`.
+	VerifyEndpoints *bool `json:"verify_endpoints,omitempty"`
 }
 
 // CeMode: How an event is laid out (CloudEvents HTTP binding §3).
@@ -532,7 +544,9 @@ type EndpointIn struct {
 	PayloadVersions map[string]int64 `json:"payload_versions,omitempty"`
 	// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
 	// signed challenge, sent before the first delivery and again after a URL change (see
-	// `verification` and `POST …/verify`). Default `false`.
+	// `verification` and `POST …/verify`). Written, it wins over the tenant's
+	// `verify_endpoints`; omitted, a new endpoint or a new `url` takes the tenant's
+	// (default `false`).
 	Verify *bool `json:"verify,omitempty"`
 }
 
@@ -626,11 +640,12 @@ type EndpointStatus string
 
 // The values of EndpointStatus.
 const (
-	EndpointStatusActive    EndpointStatus = "active"
-	EndpointStatusFailing   EndpointStatus = "failing"
-	EndpointStatusThrottled EndpointStatus = "throttled"
-	EndpointStatusPaused    EndpointStatus = "paused"
-	EndpointStatusDisabled  EndpointStatus = "disabled"
+	EndpointStatusActive     EndpointStatus = "active"
+	EndpointStatusFailing    EndpointStatus = "failing"
+	EndpointStatusThrottled  EndpointStatus = "throttled"
+	EndpointStatusPaused     EndpointStatus = "paused"
+	EndpointStatusDisabled   EndpointStatus = "disabled"
+	EndpointStatusUnverified EndpointStatus = "unverified"
 )
 
 // ErrorBody: The body of every error: `{"error": {"code": "...", "message": "..."}}`.
@@ -2459,7 +2474,7 @@ func (c *Client) GetCatalogSettings(ctx context.Context, tenant string) (*Catalo
 }
 
 // PutCatalogSettings sends PUT /v1/tenants/{tenant}/catalog
-func (c *Client) PutCatalogSettings(ctx context.Context, tenant string, body *CatalogSettings) (*CatalogSettings, error) {
+func (c *Client) PutCatalogSettings(ctx context.Context, tenant string, body *CatalogSettingsIn) (*CatalogSettings, error) {
 	var out CatalogSettings
 	if err := c.Do(ctx, "PUT", "/v1/tenants/"+url.PathEscape(tenant)+"/catalog", nil, body, "application/json", &out); err != nil {
 		return nil, err

@@ -306,3 +306,62 @@ async fn a_bad_document_is_one_error_naming_its_path_and_writes_nothing() -> any
     }
     Ok(())
 }
+
+/// The endpoint kinds of issue 51 survive a round trip: a `poll` endpoint (no URL), a
+/// `listen` endpoint and a batching HTTP endpoint, dumped and applied to a fresh node, are
+/// the same endpoints there, and a second apply changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_listen_and_batching_endpoints_survive_a_round_trip() -> anyhow::Result<()> {
+    let (old, rx, dir) = (start(Backend::Sqlite).await?, FakeReceiver::start().await?, tempfile::tempdir()?);
+    old.api.post("/v1/tenants", ADMIN_TOKEN, json!({"id": "acme", "name": "Acme"})).await?.expect(201)?;
+    let endpoints = [
+        json!({"kind": "poll", "description": "pulled", "event_types": ["order.*"], "signatures": ["v1", "v1a"]}),
+        json!({"kind": "listen", "url": "listen://dev", "description": "laptop", "rate_per_sec": 50}),
+        json!({"url": rx.url(), "description": "batched",
+            "batch": {"max_events": 20, "max_bytes": 65536, "max_wait": "2s"}}),
+    ];
+    for body in endpoints {
+        old.api.endpoint("acme", body).await?;
+    }
+    let dumped = herald(&old, dir.path(), &["dump"], &[]).await?;
+    assert!(dumped.ok, "{}", dumped.stderr);
+    for says in ["kind: poll", "kind: listen", "listen://dev", "max_events: 20", "max_wait: 2s"] {
+        assert!(dumped.stdout.contains(says), "no {says:?} in the dump:\n{}", dumped.stdout);
+    }
+    std::fs::write(dir.path().join("herald.yaml"), &dumped.stdout)?;
+    let env = secret_env(&old).await?;
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+
+    let new = start(Backend::Sqlite).await?;
+    let applied = herald(&new, dir.path(), &["apply", "-f", "herald.yaml"], &env).await?;
+    assert!(applied.ok, "{}{}", applied.stdout, applied.stderr);
+    let again = herald(&new, dir.path(), &["dump"], &[]).await?;
+    assert_eq!(again.stdout, dumped.stdout, "the fresh node's dump");
+    let shape = |gw: &TestGateway| {
+        let gw = gw.api.clone();
+        async move {
+            let list = gw.get("/v1/tenants/acme/endpoints", ADMIN_TOKEN).await?.expect(200)?.json;
+            let mut found: Vec<Value> = list["data"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    let mut e = e.clone();
+                    for volatile in ["id", "created_at", "updated_at", "delivery_status", "health"] {
+                        e.as_object_mut().unwrap().remove(volatile);
+                    }
+                    e
+                })
+                .collect();
+            found.sort_by_key(|e| e["description"].as_str().unwrap_or_default().to_string());
+            anyhow::Ok(found)
+        }
+    };
+    assert_eq!(shape(&new).await?, shape(&old).await?, "the same endpoints");
+    assert_eq!(secret_env(&new).await?[1..], secret_env(&old).await?[1..], "the same v1 secrets");
+    let marks = write_marks(&new, "acme").await?;
+    let second = herald(&new, dir.path(), &["apply", "-f", "herald.yaml"], &env).await?;
+    assert!(second.ok && second.stdout.trim() == "no changes", "{}{}", second.stdout, second.stderr);
+    assert_eq!(write_marks(&new, "acme").await?, marks);
+    Ok(())
+}

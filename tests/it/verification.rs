@@ -2,6 +2,8 @@
 //! signed challenge (`{"type": "webhook.verification", "challenge": …}` answered with
 //! `{"challenge": …}`); until then its deliveries wait, not attempted and not dead; a
 //! failure shows on the endpoint with its reason, and "verify now" tries again at once.
+//! A tenant's `verify_endpoints` (`PUT …/catalog`) verifies its endpoints as they are
+//! created or moved to a new URL, unless an endpoint's own `verify` says otherwise.
 
 use std::time::Duration;
 
@@ -18,6 +20,8 @@ tests::backends!(
     endpoints_without_verify_are_unaffected,
     turning_verify_off_lets_the_waiting_deliveries_go,
     bad_verify_input_is_refused_naming_the_field_and_writes_nothing,
+    a_tenant_that_verifies_its_endpoints_verifies_new_and_moved_ones_unless_they_say_otherwise,
+    bad_tenant_settings_are_refused_naming_the_field_and_write_nothing,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -152,6 +156,10 @@ async fn deliveries_wait_for_a_receiver_that_does_not_echo_until_verify_now(b: B
     assert!(v["reason"].as_str().unwrap().contains("without {\"challenge\""), "{v}");
     assert!(v["next_try_at"].is_string() && v["last_tried_at"].is_string(), "{v}");
     assert_eq!(e["state"], "active", "the endpoint itself is not paused: {e}");
+    let status = &e["delivery_status"];
+    assert_eq!(status["status"], "unverified", "its delivery status says why nothing goes: {e}");
+    assert_eq!(status["reason"], v["reason"], "{e}");
+    assert_eq!((&status["since"], &status["until"]), (&v["last_tried_at"], &v["next_try_at"]), "{e}");
 
     let d = delivery_of(&gw, "evt_waits").await?;
     assert!(d["state"] == "queued" || d["state"] == "waiting", "waiting: {d}");
@@ -167,7 +175,8 @@ async fn deliveries_wait_for_a_receiver_that_does_not_echo_until_verify_now(b: B
     assert_eq!(r.json["verification"]["state"], "pending", "{}", r.text);
     // A try already under way when "verify now" came may fail once more (5 s, then 10 s).
     delivered(&gw, "evt_waits", 2 * WAIT).await?;
-    verification(&gw, id, "verified").await?;
+    let e = verification(&gw, id, "verified").await?;
+    assert_eq!(e["delivery_status"]["status"], "active", "{e}");
     let got = rx.received();
     let first_event = got.iter().position(|r| r.header("webhook-id") == Some("evt_waits")).unwrap();
     let echoed = got[..first_event].iter().rposition(|r| challenge_of(&r.body).is_some());
@@ -258,5 +267,108 @@ async fn turning_verify_off_lets_the_waiting_deliveries_go(b: Backend) -> anyhow
     let got = rx.received();
     let event = got.iter().position(|r| r.header("webhook-id") == Some("evt_off")).expect("the event");
     assert!(got[event..].iter().all(|r| challenge_of(&r.body).is_none()), "no handshake after it");
+    Ok(())
+}
+
+/// Sets the tenant's settings; the answer's body.
+async fn put_settings(gw: &TestGateway, body: Value) -> anyhow::Result<Value> {
+    let r = gw.api.call("PUT", "/v1/tenants/acme/catalog", ADMIN_TOKEN, Some(body)).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    Ok(r.json)
+}
+
+async fn patch_url(gw: &TestGateway, id: &str, url: &str) -> anyhow::Result<Value> {
+    let path = format!("/v1/tenants/acme/endpoints/{id}");
+    let r = gw.api.call("PATCH", &path, ADMIN_TOKEN, Some(json!({"url": url}))).await?;
+    assert_eq!(r.status, 200, "{}", r.text);
+    Ok(r.json)
+}
+
+/// With `verify_endpoints` on, a new endpoint without `verify` is verified (handshake
+/// before its first event), an existing one is verified at its next URL change (until
+/// then its events go out as before), and an endpoint's own `verify: false` wins. Turned
+/// off, an endpoint that followed the tenant stops asking at its next URL change.
+async fn a_tenant_that_verifies_its_endpoints_verifies_new_and_moved_ones_unless_they_say_otherwise(
+    b: Backend,
+) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    let (older, fresh, own, moved) = (
+        FakeReceiver::start().await?,
+        FakeReceiver::start().await?,
+        FakeReceiver::start().await?,
+        FakeReceiver::start().await?,
+    );
+    echo(&fresh);
+    let before = endpoint(&gw, &older.url(), json!({})).await?;
+    let set = put_settings(&gw, json!({"verify_endpoints": true})).await?;
+    assert_eq!(set, json!({"schema_validation": "off", "verify_endpoints": true}));
+    let got = gw.api.get("/v1/tenants/acme/catalog", ADMIN_TOKEN).await?.json;
+    assert_eq!(got["verify_endpoints"], true, "{got}");
+
+    let new = endpoint(&gw, &fresh.url(), json!({})).await?;
+    assert_eq!(new["verify"], true, "the tenant's setting: {new}");
+    let own_ep = endpoint(&gw, &own.url(), json!({"verify": false})).await?;
+    assert_eq!(own_ep["verify"], false, "its own setting wins: {own_ep}");
+    assert_eq!(
+        gw.api.get(&format!("/v1/tenants/acme/endpoints/{}", before["id"].as_str().unwrap()), ADMIN_TOKEN).await?.json
+            ["verify"],
+        false,
+        "an endpoint already there is left as it is"
+    );
+
+    post_event(&gw, "evt_tenant").await?;
+    let got = fresh.wait_for(2, WAIT).await?;
+    assert!(challenge_of(&got[0].body).is_some(), "the new endpoint's handshake first");
+    assert_eq!(got[1].header("webhook-id"), Some("evt_tenant"));
+    verification(&gw, new["id"].as_str().unwrap(), "verified").await?;
+    let got = older.wait_for(1, WAIT).await?;
+    assert_eq!(got[0].header("webhook-id"), Some("evt_tenant"), "no handshake for the older endpoint yet");
+    let got = own.wait_for(1, WAIT).await?;
+    assert_eq!(got[0].header("webhook-id"), Some("evt_tenant"), "no handshake for verify: false");
+
+    // The older endpoint moves to a receiver that does not echo: verified first, so it waits.
+    let older_id = before["id"].as_str().unwrap();
+    let e = patch_url(&gw, older_id, &moved.url()).await?;
+    assert_eq!(e["verify"], true, "verified at its new URL: {e}");
+    let own_id = own_ep["id"].as_str().unwrap();
+    assert_eq!(patch_url(&gw, own_id, &older.url()).await?["verify"], false, "its own false stays");
+    post_event(&gw, "evt_moved_in").await?;
+    verification(&gw, older_id, "failed").await?;
+    let waiting = |rx: &FakeReceiver| rx.received().iter().all(|r| challenge_of(&r.body).is_some());
+    let got = older.wait_for(2, WAIT).await?;
+    assert_eq!(got[1].header("webhook-id"), Some("evt_moved_in"), "verify: false delivers at once");
+    assert!(waiting(&moved), "only handshakes at the moved endpoint's new URL");
+    let all = gw.api.get("/v1/tenants/acme/events/evt_moved_in/deliveries", ADMIN_TOKEN).await?.json;
+    let d = all["data"].as_array().unwrap().iter().find(|d| d["endpoint_id"] == older_id).cloned().unwrap_or(all);
+    assert_eq!(d["attempts"], 0, "its delivery waits, not attempted: {d}");
+
+    // Off again: the endpoint that followed the tenant stops asking at its next URL change.
+    assert_eq!(put_settings(&gw, json!({"verify_endpoints": false})).await?["verify_endpoints"], false);
+    let e = patch_url(&gw, older_id, &fresh.url()).await?;
+    assert_eq!(e["verify"], false, "follows the tenant: {e}");
+    assert_eq!(endpoint(&gw, &fresh.url(), json!({})).await?["verify"], false);
+    Ok(())
+}
+
+/// A `verify_endpoints` that is not a boolean, or an unknown setting, is refused naming
+/// it, and the stored settings stay; a setting omitted keeps its stored value.
+async fn bad_tenant_settings_are_refused_naming_the_field_and_write_nothing(b: Backend) -> anyhow::Result<()> {
+    let gw = TestGateway::start_on(b, &[]).await?;
+    gw.api.tenant("acme").await?;
+    put_settings(&gw, json!({"schema_validation": "warn"})).await?;
+    for (bad, field) in [
+        (json!({"verify_endpoints": "yes"}), "verify_endpoints"),
+        (json!({"verify_endpoints": 1}), "verify_endpoints"),
+        (json!({"verify_endpoints": true, "schema_validation": "always"}), "schema_validation"),
+        (json!({"verify_endpoint": true}), "verify_endpoint"),
+    ] {
+        let r = gw.api.call("PUT", "/v1/tenants/acme/catalog", ADMIN_TOKEN, Some(bad.clone())).await?;
+        assert!((400..500).contains(&r.status), "{bad}: {} {}", r.status, r.text);
+        assert!(r.text.contains(field), "{bad} names {field}: {}", r.text);
+    }
+    let got = gw.api.get("/v1/tenants/acme/catalog", ADMIN_TOKEN).await?.json;
+    assert_eq!(got, json!({"schema_validation": "warn", "verify_endpoints": false}), "nothing written");
+    let set = put_settings(&gw, json!({"verify_endpoints": true})).await?;
+    assert_eq!(set, json!({"schema_validation": "warn", "verify_endpoints": true}), "the omitted one stays");
     Ok(())
 }

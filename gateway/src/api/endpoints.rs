@@ -130,7 +130,9 @@ pub(crate) struct EndpointIn {
     payload_versions: Option<BTreeMap<String, i64>>,
     /// Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
     /// signed challenge, sent before the first delivery and again after a URL change (see
-    /// `verification` and `POST …/verify`). Default `false`.
+    /// `verification` and `POST …/verify`). Written, it wins over the tenant's
+    /// `verify_endpoints`; omitted, a new endpoint or a new `url` takes the tenant's
+    /// (default `false`).
     verify: Option<bool>,
 }
 
@@ -291,22 +293,24 @@ fn duration_ms(field: &str, text: &str) -> Result<u64, ApiError> {
 /// take is refused by name, not dropped.
 fn apply(state: &AppState, tenant: &TenantId, spec: &mut EndpointSpec, mut input: EndpointIn) -> Result<(), ApiError> {
     let allow_private = state.config.delivery.allow_private_destinations;
-    let (kind, url, destination, http) = spec.target.clone().into_flat();
+    let (kind, stored_url, destination, http) = spec.target.clone().into_flat();
     let kind = input.kind.unwrap_or(kind);
     let url = match input.url.take() {
         // `poll` takes none: anything but `""` is refused by its shape.
         Some(url) if kind.is_pull() => url,
         // Normalised (and checked again below with the rest).
         Some(url) => check_url_of("url", &url, allow_private, kind)?,
-        None => url,
+        None => stored_url.clone(),
     };
+    // A new endpoint (whose stored URL is `""`) or a new URL: the tenant's setting applies.
+    let tenant_verify = (kind.is_http() && url != stored_url).then(|| state.catalog.settings(tenant).verify_endpoints);
     let destination = match input.destination.take() {
         None => destination,
         Some(None) => None,
         Some(Some(d)) => Some(self::destination(state, destination, d)?),
     };
     apply_delivery(state, tenant, spec, &mut input)?;
-    let http = http_settings(state, http, input)?;
+    let http = http_settings(state, http, input, tenant_verify)?;
     // The URL first, as the whole spec's check does: a kind changed without its URL says so.
     if !kind.is_pull() {
         check_url_of("url", &url, allow_private, kind)?;
@@ -409,9 +413,17 @@ fn retry(r: RetryIn, stored: RetryOverrideDoc) -> Result<RetryOverrideDoc, ApiEr
     })
 }
 
-/// HTTP's own settings (proxy, TLS, OAuth2, `User-Agent`), patched in their flat form.
-fn http_settings(state: &AppState, stored: HttpSettings, input: EndpointIn) -> Result<HttpSettings, ApiError> {
-    let HttpSettings { mut proxy, tls: mut tls_now, oauth2: mut oauth2_now, user_agent, verify } = stored;
+/// HTTP's own settings (proxy, TLS, OAuth2, `User-Agent`, `verify`), patched in their flat
+/// form. `tenant_verify`: the tenant's `verify_endpoints`, when the write creates the
+/// endpoint or changes its URL; it sets `verify` unless the endpoint's own was written.
+fn http_settings(
+    state: &AppState,
+    stored: HttpSettings,
+    input: EndpointIn,
+    tenant_verify: Option<bool>,
+) -> Result<HttpSettings, ApiError> {
+    let HttpSettings { mut proxy, tls: mut tls_now, oauth2: mut oauth2_now, user_agent, verify, verify_explicit } =
+        stored;
     if let Some(p) = input.proxy {
         proxy = (!p.is_empty()).then_some(p);
     }
@@ -426,8 +438,12 @@ fn http_settings(state: &AppState, stored: HttpSettings, input: EndpointIn) -> R
         Some(None) => oauth2_now = None,
         Some(Some(o)) => oauth2_now = Some(oauth2(oauth2_now.take(), o)?),
     }
-    let verify = input.verify.unwrap_or(verify);
-    Ok(HttpSettings { oauth2: oauth2_now, proxy, tls: tls_now, user_agent, verify })
+    let (verify, verify_explicit) = match (input.verify, tenant_verify) {
+        (Some(written), _) => (written, true),
+        (None, Some(tenant)) if !verify_explicit => (tenant, false),
+        (None, _) => (verify, verify_explicit),
+    };
+    Ok(HttpSettings { oauth2: oauth2_now, proxy, tls: tls_now, user_agent, verify, verify_explicit })
 }
 
 /// A text field patched: a new value replaces the stored one, `""` removes it, and an

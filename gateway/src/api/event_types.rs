@@ -17,7 +17,8 @@ use super::extract::{Admin, JsonBody, Manage, Path, Query, Read, TenantAuth, Ten
 use super::{ApiError, AppState, rfc3339};
 use crate::catalog;
 use crate::model::{
-    Adapter, CatalogOwner, EndpointState, EventType, OPS_TENANT, SchemaValidation, TenantId, validate_event_type,
+    Adapter, CatalogOwner, EndpointState, EventType, OPS_TENANT, SchemaValidation, TenantId, TenantSettings,
+    validate_event_type,
 };
 use crate::spec::{MAX_DESCRIPTION, check_text};
 use crate::store::EndpointChange;
@@ -98,15 +99,34 @@ pub(crate) struct SchemaVersionList {
     data: Vec<SchemaVersionOut>,
 }
 
-/// A tenant's catalog settings.
-#[derive(Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// A tenant's settings.
+#[derive(Serialize, ToSchema)]
 pub(crate) struct CatalogSettings {
     /// What intake (the events API and the outbox relay) does with an event whose payload
     /// fails its type's schema, or whose type is missing from a catalog the tenant has:
     /// `off` (the default) checks nothing, `warn` accepts and counts it
     /// (`herald_schema_violations_total`), `enforce` refuses it with a 422.
     schema_validation: SchemaValidation,
+    /// Verified endpoints for the whole tenant: an HTTP endpoint created, or given a new
+    /// `url`, without a `verify` of its own gets `verify: true` (nothing is delivered until
+    /// its URL echoes a signed challenge). An endpoint's own `verify` wins. Default `false`.
+    verify_endpoints: bool,
+}
+
+/// A tenant's settings as written: each field written replaces its own, one omitted stays.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CatalogSettingsIn {
+    /// See `CatalogSettings`.
+    schema_validation: Option<SchemaValidation>,
+    /// See `CatalogSettings`.
+    verify_endpoints: Option<bool>,
+}
+
+impl From<TenantSettings> for CatalogSettings {
+    fn from(s: TenantSettings) -> CatalogSettings {
+        CatalogSettings { schema_validation: s.schema_validation, verify_endpoints: s.verify_endpoints }
+    }
 }
 
 /// `{tenant}` and `{name}`: one event type as the tenant sees it.
@@ -308,25 +328,35 @@ pub(crate) async fn get_settings(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Read>,
 ) -> Result<Json<CatalogSettings>, ApiError> {
-    let stored = state.store.schema_validations().await?;
-    let schema_validation = stored.into_iter().find(|(t, _)| *t == tenant).map(|(_, m)| m).unwrap_or_default();
-    Ok(Json(CatalogSettings { schema_validation }))
+    Ok(Json(stored_settings(&state, &tenant).await?.into()))
 }
 
 #[utoipa::path(
     put, path = "/v1/tenants/{tenant}/catalog", tag = "event-types", operation_id = "put_catalog_settings",
-    params(TenantPath), request_body = CatalogSettings,
-    responses((status = 200, description = "Stored; intake applies it from now on (other nodes within a second)", body = CatalogSettings)),
+    params(TenantPath), request_body = CatalogSettingsIn,
+    responses((status = 200, description = "Stored; intake and endpoint writes apply it from now on (other nodes within a second)", body = CatalogSettings)),
     security(("tenant_token" = ["manage"]), ("admin_token" = [])),
 )]
 pub(crate) async fn put_settings(
     State(state): State<Arc<AppState>>,
     TenantAuth { tenant, .. }: TenantAuth<Manage>,
-    JsonBody(input): JsonBody<CatalogSettings>,
+    JsonBody(input): JsonBody<CatalogSettingsIn>,
 ) -> Result<Json<CatalogSettings>, ApiError> {
-    state.store.put_schema_validation(&tenant, input.schema_validation, state.clock.now()).await?;
+    let stored = stored_settings(&state, &tenant).await?;
+    let settings = TenantSettings {
+        schema_validation: input.schema_validation.unwrap_or(stored.schema_validation),
+        verify_endpoints: input.verify_endpoints.unwrap_or(stored.verify_endpoints),
+    };
+    state.store.put_tenant_settings(&tenant, settings, state.clock.now()).await?;
     state.catalog.refresh(&state.store).await?;
-    Ok(Json(input))
+    Ok(Json(settings.into()))
+}
+
+/// The tenant's settings as stored (the defaults when never set): read from the store, not
+/// the cache, so a write patches what is there.
+async fn stored_settings(state: &AppState, tenant: &TenantId) -> Result<TenantSettings, ApiError> {
+    let stored = state.store.tenant_settings().await?;
+    Ok(stored.into_iter().find(|(t, _)| t == tenant).map(|(_, s)| s).unwrap_or_default())
 }
 
 // ---- the operator's catalog ----

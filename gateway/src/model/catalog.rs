@@ -123,6 +123,16 @@ pub enum SchemaValidation {
     Enforce,
 }
 
+/// A tenant's settings, stored in one row (`catalog_settings`) and held in memory by
+/// `catalog`, so intake and endpoint writes read them without a store read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TenantSettings {
+    pub schema_validation: SchemaValidation,
+    /// Every HTTP endpoint of the tenant is verified (`verify`) unless its own `verify` was
+    /// written: applied to an endpoint when it is created and when its URL changes.
+    pub verify_endpoints: bool,
+}
+
 impl SchemaValidation {
     pub fn as_str(self) -> &'static str {
         match self {

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::{Endpoint, EndpointState, LastError, Millis};
+use super::{Endpoint, EndpointState, Gate, LastError, Millis};
 
 /// Who made an endpoint's last change of state (stored as `endpoints.state_by`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +43,10 @@ pub enum EndpointStatus {
     Paused,
     /// Sending nothing: its deliveries become dead letters.
     Disabled,
+    /// Sending nothing until its URL echoes the verification challenge (`verify`); its
+    /// deliveries wait. `since`: the last try (none before the first), `until`: the next,
+    /// `reason`: why the last one failed.
+    Unverified,
 }
 
 /// An endpoint's delivery status at some instant.
@@ -78,9 +82,13 @@ pub fn delivery_status(e: &Endpoint, last_error: Option<LastError>, now: Millis)
                 EndpointState::Paused => e.paused_until,
                 _ => e.state_since,
             };
-            match e.failing_since {
-                Some(t) => (EndpointStatus::Failing, Some(t), None, None),
-                None => (EndpointStatus::Active, sending_since, None, None),
+            match (e.verify_gate(now), e.failing_since) {
+                (Gate::Due | Gate::WaitUntil(_), _) => {
+                    let v = e.verification_now().unwrap_or_else(|| super::Verification::pending(""));
+                    (EndpointStatus::Unverified, v.last_tried_at, v.next_try_at, v.reason)
+                }
+                (Gate::Open, Some(t)) => (EndpointStatus::Failing, Some(t), None, None),
+                (Gate::Open, None) => (EndpointStatus::Active, sending_since, None, None),
             }
         }
     };
@@ -161,6 +169,36 @@ mod tests {
         let last = LastError { category: "server_error", status: Some(500), at: NOW - 1 };
         let got = delivery_status(&e, Some(last.clone()), NOW);
         assert_eq!((got.status, got.since, got.last_error), (EndpointStatus::Active, None, Some(last)));
+    }
+
+    /// An endpoint that asks for verification and is not verified sends nothing: it says so,
+    /// with its last try, its next and why it failed, failing streak or not; verified, it
+    /// is active again. Paused or disabled says that first.
+    #[test]
+    fn an_unverified_endpoint_is_unverified_until_its_url_echoes() {
+        use super::super::{Verification, VerifyState};
+        let mut e = endpoint(EndpointState::Active, None, None, Some(NOW - 5));
+        let Target::Http(t) = &mut e.spec.target else { unreachable!() };
+        t.verify = true;
+        let got = delivery_status(&e, None, NOW);
+        assert_eq!((got.status, got.since, got.until, got.reason), (EndpointStatus::Unverified, None, None, None));
+        let failed = Verification {
+            state: VerifyState::Failed,
+            url: "https://example.com/hook".into(),
+            reason: Some("answered 404, not 2xx with the challenge".into()),
+            last_tried_at: Some(NOW - 3),
+            next_try_at: Some(NOW + 5_000),
+            failures: 1,
+        };
+        e.verification = Some(failed.clone());
+        let got = delivery_status(&e, None, NOW);
+        assert_eq!((got.status, got.since, got.until), (EndpointStatus::Unverified, Some(NOW - 3), Some(NOW + 5_000)));
+        assert_eq!(got.reason, failed.reason);
+        e.verification = Some(Verification { state: VerifyState::Verified, next_try_at: None, ..failed });
+        assert_eq!(delivery_status(&e, None, NOW).status, EndpointStatus::Failing, "verified: as before");
+        e.verification = None;
+        e.state = EndpointState::Disabled;
+        assert_eq!(delivery_status(&e, None, NOW).status, EndpointStatus::Disabled);
     }
 
     #[test]

@@ -51,6 +51,12 @@ pub(super) struct SpecDoc {
     user_agent: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     verify: bool,
+    /// Whether `verify` was written on the endpoint (`HttpTarget::verify_explicit`), stored
+    /// only where it differs from `verify`: a document from before the tenant's
+    /// `verify_endpoints` reads an endpoint with `verify` as written, one without as
+    /// following the tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    verify_explicit: Option<bool>,
     #[serde(default, skip_serializing_if = "EndpointKind::is_http")]
     kind: EndpointKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,8 +67,9 @@ impl TryFrom<SpecDoc> for EndpointSpec {
     type Error = ShapeError;
 
     fn try_from(d: SpecDoc) -> Result<EndpointSpec, ShapeError> {
-        let http =
-            HttpSettings { oauth2: d.oauth2, proxy: d.proxy, tls: d.tls, user_agent: d.user_agent, verify: d.verify };
+        let verify_explicit = d.verify_explicit.unwrap_or(d.verify);
+        let (oauth2, proxy, tls, user_agent, verify) = (d.oauth2, d.proxy, d.tls, d.user_agent, d.verify);
+        let http = HttpSettings { oauth2, proxy, tls, user_agent, verify, verify_explicit };
         Ok(EndpointSpec {
             target: Target::from_flat(d.kind, d.url, d.destination, http)?,
             description: d.description,
@@ -88,7 +95,8 @@ impl TryFrom<SpecDoc> for EndpointSpec {
 
 impl From<EndpointSpec> for SpecDoc {
     fn from(s: EndpointSpec) -> SpecDoc {
-        let (kind, url, destination, HttpSettings { oauth2, proxy, tls, user_agent, verify }) = s.target.into_flat();
+        let (kind, url, destination, http) = s.target.into_flat();
+        let HttpSettings { oauth2, proxy, tls, user_agent, verify, verify_explicit } = http;
         SpecDoc {
             url,
             description: s.description,
@@ -113,6 +121,7 @@ impl From<EndpointSpec> for SpecDoc {
             tls,
             user_agent,
             verify,
+            verify_explicit: (verify_explicit != verify).then_some(verify_explicit),
             kind,
             destination,
         }
@@ -140,5 +149,24 @@ mod tests {
         assert_eq!(spec.target, Target::Poll(super::super::PollTarget {}));
         let spec: EndpointSpec = serde_json::from_str(docs[2]).unwrap();
         assert!(matches!(&spec.target, Target::Nats(n) if n.subject == "h.{type}" && n.token.is_some()));
+    }
+
+    /// `verify_explicit` is stored only where it differs from `verify`: an older document's
+    /// `verify: true` reads as written, its absent `verify` as following the tenant.
+    #[test]
+    fn verify_explicit_is_stored_only_where_it_is_not_verify() {
+        let base = r#"{"url":"https://example.com/h","description":"","event_types":[],"rate_per_sec":10.0,"burst":10,"max_in_flight":4,"timeout_ms":10000,"connect_timeout_ms":3000,"retry":{},"plugins":{},"headers":{},"secrets":[]"#;
+        for (tail, verify, explicit) in [
+            ("}", false, false),
+            (r#","verify":true}"#, true, true),
+            (r#","verify":true,"verify_explicit":false}"#, true, false),
+            (r#","verify_explicit":true}"#, false, true),
+        ] {
+            let doc = format!("{base}{tail}");
+            let spec: EndpointSpec = serde_json::from_str(&doc).unwrap();
+            let http = spec.target.as_http().unwrap();
+            assert_eq!((http.verify, http.verify_explicit), (verify, explicit), "{tail}");
+            assert_eq!(serde_json::to_string(&spec).unwrap(), doc);
+        }
     }
 }

@@ -44,6 +44,9 @@ pub struct HttpTarget {
     pub user_agent: Option<String>,
     /// Nothing is delivered until the URL echoes a signed challenge (verified endpoints).
     pub verify: bool,
+    /// `verify` was written on the endpoint itself, so it wins over the tenant's
+    /// `verify_endpoints`; false: it follows the tenant's at its creation and URL changes.
+    pub verify_explicit: bool,
 }
 
 /// `XADD` to a Redis stream (`redis://host:port[/db]`).
@@ -107,6 +110,8 @@ pub struct HttpSettings {
     pub tls: Option<EndpointTls>,
     pub user_agent: Option<String>,
     pub verify: bool,
+    /// See [`HttpTarget::verify_explicit`].
+    pub verify_explicit: bool,
 }
 
 impl Target {
@@ -119,6 +124,7 @@ impl Target {
             tls: None,
             user_agent: None,
             verify: false,
+            verify_explicit: false,
         })
     }
 
@@ -171,8 +177,8 @@ impl Target {
         let Some(d) = destination else {
             return match kind {
                 EndpointKind::Http => {
-                    let HttpSettings { oauth2, proxy, tls, user_agent, verify } = http;
-                    Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify }))
+                    let HttpSettings { oauth2, proxy, tls, user_agent, verify, verify_explicit } = http;
+                    Ok(Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify, verify_explicit }))
                 }
                 EndpointKind::Listen => Ok(Target::Listen(ListenTarget { url })),
                 _ => {
@@ -196,8 +202,8 @@ impl Target {
     pub fn into_flat(self) -> (EndpointKind, String, Option<Destination>, HttpSettings) {
         let kind = self.kind();
         match self {
-            Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify }) => {
-                (kind, url, None, HttpSettings { oauth2, proxy, tls, user_agent, verify })
+            Target::Http(HttpTarget { url, oauth2, proxy, tls, user_agent, verify, verify_explicit }) => {
+                (kind, url, None, HttpSettings { oauth2, proxy, tls, user_agent, verify, verify_explicit })
             }
             Target::RedisStream(RedisTarget { url, stream, maxlen, username, password }) => {
                 let d = Destination { stream: Some(stream), maxlen, username, password, ..Destination::default() };

@@ -37,8 +37,9 @@ pub trait Admin: Send + Sync + 'static {
     async fn update_event_type(&self, t: &EventType, prior_version: i64) -> Result<bool>;
     /// Deletes an event type with every version of its schema.
     async fn delete_event_type(&self, owner: &CatalogOwner, name: &str) -> Result<bool>;
-    /// Sets what the tenant's intake does with events that fail its catalog.
-    async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()>;
+    /// Sets the tenant's settings: what its intake does with events that fail its catalog,
+    /// and whether its endpoints are verified.
+    async fn put_tenant_settings(&self, tenant: &TenantId, settings: TenantSettings, at: Millis) -> Result<()>;
     /// Adds a portal session whose link's one-time code hashes to `code_hash`.
     async fn insert_portal_session(&self, session: &PortalSession, code_hash: &str) -> Result<()>;
     /// Exchanges a live session's one-time code for its token, once: false when no live

@@ -9,7 +9,7 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::queries::{Dialect, Queries};
 use super::{Result, StoreError};
-use crate::model::{CatalogOwner, EventType, SchemaValidation, SchemaVersion, TenantId};
+use crate::model::{CatalogOwner, EventType, SchemaValidation, SchemaVersion, TenantId, TenantSettings};
 
 /// An event type with its latest schema (NULL while it has none).
 const SELECT_TYPES: &str = "SELECT t.owner, t.name, t.description, t.deprecated, t.examples, t.version, s.schema, t.adapters, \
@@ -73,16 +73,19 @@ where
             .collect()
     }
 
-    /// Every tenant's `schema_validation` that was ever set.
-    pub(super) async fn schema_validations(&self) -> Result<Vec<(TenantId, SchemaValidation)>> {
-        let rows =
-            sqlx::query("SELECT tenant_id, schema_validation FROM catalog_settings").fetch_all(&self.pool).await?;
+    /// Every tenant's settings that were ever set.
+    pub(super) async fn tenant_settings(&self) -> Result<Vec<(TenantId, TenantSettings)>> {
+        let rows = sqlx::query("SELECT tenant_id, schema_validation, verify_endpoints FROM catalog_settings")
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 let mode = r.try_get::<String, _>("schema_validation")?;
-                let mode = SchemaValidation::parse(&mode)
+                let schema_validation = SchemaValidation::parse(&mode)
                     .ok_or_else(|| StoreError::backend(format!("stored schema_validation {mode:?}")))?;
-                Ok((TenantId::from_stored(r.try_get::<String, _>("tenant_id")?), mode))
+                let verify_endpoints = r.try_get::<bool, _>("verify_endpoints")?;
+                let settings = TenantSettings { schema_validation, verify_endpoints };
+                Ok((TenantId::from_stored(r.try_get::<String, _>("tenant_id")?), settings))
             })
             .collect()
     }

@@ -195,11 +195,12 @@ impl Admin for PostgresStore {
         audit::finish(tx, entry, done.rows_affected() == 1).await
     }
 
-    async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()> {
+    async fn put_tenant_settings(&self, tenant: &TenantId, settings: TenantSettings, at: Millis) -> Result<()> {
         let (mut tx, entry) = self.begin().await?;
-        sqlx::query(sql::UPSERT_SCHEMA_VALIDATION)
+        sqlx::query(sql::UPSERT_TENANT_SETTINGS)
             .bind(tenant.as_str())
-            .bind(mode.as_str())
+            .bind(settings.schema_validation.as_str())
+            .bind(settings.verify_endpoints)
             .bind(at)
             .execute(&mut *tx)
             .await?;

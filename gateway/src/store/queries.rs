@@ -407,8 +407,8 @@ where
     async fn schema_versions(&self, owner: &CatalogOwner, name: &str) -> Result<Vec<SchemaVersion>> {
         Queries::schema_versions(self, owner, name).await
     }
-    async fn schema_validations(&self) -> Result<Vec<(TenantId, SchemaValidation)>> {
-        Queries::schema_validations(self).await
+    async fn tenant_settings(&self) -> Result<Vec<(TenantId, TenantSettings)>> {
+        Queries::tenant_settings(self).await
     }
     async fn catalog_revision(&self) -> Result<i64> {
         Queries::catalog_revision(self).await

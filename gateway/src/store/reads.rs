@@ -49,8 +49,8 @@ pub trait Reads: Send + Sync + 'static {
     async fn event_type(&self, owner: &CatalogOwner, name: &str) -> Result<Option<EventType>>;
     /// Every schema version of an event type, oldest first.
     async fn schema_versions(&self, owner: &CatalogOwner, name: &str) -> Result<Vec<SchemaVersion>>;
-    /// Every tenant's `schema_validation` that was ever set (unset: `off`).
-    async fn schema_validations(&self) -> Result<Vec<(TenantId, SchemaValidation)>>;
+    /// Every tenant's settings that were ever set (unset: the defaults).
+    async fn tenant_settings(&self) -> Result<Vec<(TenantId, TenantSettings)>>;
     /// A number every catalog write raises (types and settings).
     async fn catalog_revision(&self) -> Result<i64>;
     /// The portal session whose token hashes to `token_hash` (expired and revoked ones too).
@@ -171,8 +171,8 @@ impl<T: HasReads> Reads for T {
     async fn schema_versions(&self, owner: &CatalogOwner, name: &str) -> Result<Vec<SchemaVersion>> {
         self.reads().schema_versions(owner, name).await
     }
-    async fn schema_validations(&self) -> Result<Vec<(TenantId, SchemaValidation)>> {
-        self.reads().schema_validations().await
+    async fn tenant_settings(&self) -> Result<Vec<(TenantId, TenantSettings)>> {
+        self.reads().tenant_settings().await
     }
     async fn catalog_revision(&self) -> Result<i64> {
         self.reads().catalog_revision().await

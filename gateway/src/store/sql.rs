@@ -318,10 +318,11 @@ pub(super) const DELETE_EVENT_TYPE: &str = "DELETE FROM event_types WHERE owner 
 /// Deletes every schema version of event type (`$1` owner, `$2` name).
 pub(super) const DELETE_SCHEMA_VERSIONS: &str = "DELETE FROM event_type_schemas WHERE owner = $1 AND name = $2";
 
-/// Sets tenant `$1`'s `schema_validation` to `$2` at `$3`.
-pub(super) const UPSERT_SCHEMA_VALIDATION: &str = "INSERT INTO catalog_settings (tenant_id, schema_validation, \
-     updated_at) VALUES ($1, $2, $3) ON CONFLICT (tenant_id) \
-     DO UPDATE SET schema_validation = excluded.schema_validation, updated_at = excluded.updated_at";
+/// Sets tenant `$1`'s `schema_validation` to `$2` and `verify_endpoints` to `$3` at `$4`.
+pub(super) const UPSERT_TENANT_SETTINGS: &str = "INSERT INTO catalog_settings (tenant_id, schema_validation, \
+     verify_endpoints, updated_at) VALUES ($1, $2, $3, $4) ON CONFLICT (tenant_id) \
+     DO UPDATE SET schema_validation = excluded.schema_validation, verify_endpoints = excluded.verify_endpoints, \
+     updated_at = excluded.updated_at";
 
 /// Every catalog write's last statement: tells other nodes' caches something changed.
 pub(super) const BUMP_CATALOG_REVISION: &str = "UPDATE catalog_revision SET revision = revision + 1";

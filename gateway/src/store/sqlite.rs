@@ -172,9 +172,9 @@ impl Admin for SqliteStore {
         self.writer.audited(move |tx| writes::delete_event_type(tx, &owner, &name)).await
     }
 
-    async fn put_schema_validation(&self, tenant: &TenantId, mode: SchemaValidation, at: Millis) -> Result<()> {
+    async fn put_tenant_settings(&self, tenant: &TenantId, settings: TenantSettings, at: Millis) -> Result<()> {
         let tenant = tenant.clone();
-        self.writer.audited(move |tx| writes::put_schema_validation(tx, &tenant, mode, at)).await
+        self.writer.audited(move |tx| writes::put_tenant_settings(tx, &tenant, settings, at)).await
     }
 
     async fn insert_portal_session(&self, session: &PortalSession, code_hash: &str) -> Result<()> {

@@ -136,13 +136,26 @@ class BrandingIo(TypedDict):
 
 
 class CatalogSettings(TypedDict):
-    """A tenant's catalog settings."""
+    """A tenant's settings."""
     schema_validation: SchemaValidation
     """What intake (the events API and the outbox relay) does with an event whose payload
     fails its type's schema, or whose type is missing from a catalog the tenant has:
     `off` (the default) checks nothing, `warn` accepts and counts it
     (`herald_schema_violations_total`), `enforce` refuses it with a 422.
     """
+    verify_endpoints: bool
+    """Verified endpoints for the whole tenant: an HTTP endpoint created, or given a new
+    `url`, without a `verify` of its own gets `verify: true` (nothing is delivered until
+    its URL echoes a signed challenge). An endpoint's own `verify` wins. Default `false`.
+    """
+
+
+class CatalogSettingsIn(TypedDict):
+    """A tenant's settings as written: each field written replaces its own, one omitted stays."""
+    schema_validation: NotRequired[Optional[SchemaValidation]]
+    """See `CatalogSettings`."""
+    verify_endpoints: NotRequired[Optional[bool]]
+    """See `CatalogSettings`."""
 
 
 CeMode = Literal["binary", "structured"]
@@ -468,7 +481,9 @@ class EndpointIn(TypedDict):
     verify: NotRequired[Optional[bool]]
     """Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
     signed challenge, sent before the first delivery and again after a URL change (see
-    `verification` and `POST …/verify`). Default `false`.
+    `verification` and `POST …/verify`). Written, it wins over the tenant's
+    `verify_endpoints`; omitted, a new endpoint or a new `url` takes the tenant's
+    (default `false`).
     """
 
 
@@ -491,7 +506,7 @@ EndpointState = Literal["active", "paused", "disabled"]
 """Whether an endpoint receives deliveries."""
 
 
-EndpointStatus = Literal["active", "failing", "throttled", "paused", "disabled"]
+EndpointStatus = Literal["active", "failing", "throttled", "paused", "disabled", "unverified"]
 """Where an endpoint's deliveries stand."""
 
 
@@ -1617,7 +1632,7 @@ class HeraldClient:
         """GET /v1/tenants/{tenant}/catalog"""
         return self.request("GET", f"/v1/tenants/{_segment(tenant)}/catalog", None, None, "", "application/json")
 
-    def put_catalog_settings(self, tenant: str, body: Optional[CatalogSettings] = None) -> CatalogSettings:
+    def put_catalog_settings(self, tenant: str, body: Optional[CatalogSettingsIn] = None) -> CatalogSettings:
         """PUT /v1/tenants/{tenant}/catalog"""
         return self.request("PUT", f"/v1/tenants/{_segment(tenant)}/catalog", None, body, "application/json", "application/json")
 
@@ -1744,6 +1759,7 @@ __all__ = [
     "BatchIn",
     "BrandingIo",
     "CatalogSettings",
+    "CatalogSettingsIn",
     "CeMode",
     "ClientAuth",
     "CloudEvents",

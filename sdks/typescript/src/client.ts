@@ -135,7 +135,7 @@ export interface BrandingIo {
   accent?: string;
 }
 
-/** A tenant's catalog settings. */
+/** A tenant's settings. */
 export interface CatalogSettings {
   /**
    * What intake (the events API and the outbox relay) does with an event whose payload
@@ -144,6 +144,20 @@ export interface CatalogSettings {
    * (`herald_schema_violations_total`), `enforce` refuses it with a 422.
    */
   schema_validation: SchemaValidation;
+  /**
+   * Verified endpoints for the whole tenant: an HTTP endpoint created, or given a new
+   * `url`, without a `verify` of its own gets `verify: true` (nothing is delivered until
+   * its URL echoes a signed challenge). An endpoint's own `verify` wins. Default `false`.
+   */
+  verify_endpoints: boolean;
+}
+
+/** A tenant's settings as written: each field written replaces its own, one omitted stays. */
+export interface CatalogSettingsIn {
+  /** See `CatalogSettings`. */
+  schema_validation?: SchemaValidation | null;
+  /** See `CatalogSettings`. */
+  verify_endpoints?: boolean | null;
 }
 
 /** How an event is laid out (CloudEvents HTTP binding §3). */
@@ -443,7 +457,9 @@ export interface EndpointIn {
   /**
    * Verified endpoint (kind `http`): nothing is delivered until the URL has echoed a
    * signed challenge, sent before the first delivery and again after a URL change (see
-   * `verification` and `POST …/verify`). Default `false`.
+   * `verification` and `POST …/verify`). Written, it wins over the tenant's
+   * `verify_endpoints`; omitted, a new endpoint or a new `url` takes the tenant's
+   * (default `false`).
    */
   verify?: boolean | null;
 }
@@ -516,7 +532,7 @@ export interface EndpointPage {
 export type EndpointState = "active" | "paused" | "disabled";
 
 /** Where an endpoint's deliveries stand. */
-export type EndpointStatus = "active" | "failing" | "throttled" | "paused" | "disabled";
+export type EndpointStatus = "active" | "failing" | "throttled" | "paused" | "disabled" | "unverified";
 
 /** The body of every error: `{"error": {"code": "...", "message": "..."}}`. */
 export interface ErrorBody {
@@ -1923,7 +1939,7 @@ export class HeraldClient {
   }
 
   /** PUT /v1/tenants/{tenant}/catalog */
-  async putCatalogSettings(tenant: string, body?: CatalogSettings): Promise<CatalogSettings> {
+  async putCatalogSettings(tenant: string, body?: CatalogSettingsIn): Promise<CatalogSettings> {
     return (await this.request("PUT", `/v1/tenants/${encodeURIComponent(tenant)}/catalog`, undefined, body, "application/json", "application/json")) as CatalogSettings;
   }
 

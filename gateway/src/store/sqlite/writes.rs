@@ -145,13 +145,14 @@ pub(super) fn delete_event_type(tx: &Transaction<'_>, owner: &CatalogOwner, name
     Ok(n == 1)
 }
 
-pub(super) fn put_schema_validation(
+pub(super) fn put_tenant_settings(
     tx: &Transaction<'_>,
     tenant: &TenantId,
-    mode: SchemaValidation,
+    settings: TenantSettings,
     at: Millis,
 ) -> Result<()> {
-    tx.prepare_cached(sql::UPSERT_SCHEMA_VALIDATION)?.execute(params![tenant.as_str(), mode.as_str(), at])?;
+    let (mode, verify) = (settings.schema_validation.as_str(), settings.verify_endpoints);
+    tx.prepare_cached(sql::UPSERT_TENANT_SETTINGS)?.execute(params![tenant.as_str(), mode, verify, at])?;
     tx.prepare_cached(sql::BUMP_CATALOG_REVISION)?.execute([])?;
     Ok(())
 }
