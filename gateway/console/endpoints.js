@@ -74,9 +74,19 @@ function signatureSelect(current) {
   return h('select', { name: 'signatures' }, SIGNATURES.map(([v, label]) => h('option', { value: v, selected: v === current }, label)));
 }
 
-/** Adds an HTTP endpoint, then opens it, where its signing secret is shown once. */
+/** The kinds the form adds: pushed to a URL, or read by its consumer (`poll`, no URL). */
+const KINDS = [['http', 'HTTP: pushed to a URL'], ['poll', 'Pull: read by its consumer']];
+
+/** Adds an HTTP or a `poll` endpoint, then opens it, where its signing secret is shown once. */
 function createForm() {
   const url = h('input', { name: 'url', type: 'url', required: true, placeholder: 'https://receiver.example/webhooks' });
+  const urlField = field('URL', url);
+  const kind = h('select', { name: 'kind', onchange: () => {
+    // A `poll` endpoint has no URL: nothing is pushed.
+    const pull = kind.value === 'poll';
+    url.required = !pull;
+    urlField.hidden = pull;
+  } }, KINDS.map(([v, label]) => h('option', { value: v }, label)));
   const description = h('input', { name: 'description' });
   const types = h('input', { name: 'event_types', placeholder: 'comma separated; empty: every type' });
   const signatures = signatureSelect('v1');
@@ -85,13 +95,15 @@ function createForm() {
       ev.preventDefault();
       guard(async () => {
         const event_types = types.value.split(',').map((t) => t.trim()).filter(Boolean);
-        const body = { url: url.value.trim(), description: description.value, event_types, signatures: signatures.value.split(',') };
+        const body = { description: description.value, event_types, signatures: signatures.value.split(',') };
+        if (kind.value === 'poll') body.kind = 'poll';
+        else body.url = url.value.trim();
         const e = await api('POST', tenantPath('/endpoints'), { body });
         added = { id: e.id, secret: e.secret, publicKey: e.public_keys?.[0]?.public_key };
         sayAcross(`Endpoint ${e.id} added.`);
         location.hash = `#/endpoints/${encodeURIComponent(e.id)}`;
       });
-    } }, field('URL', url), field('Description', description), field('Event types', types), field('Signatures', signatures),
+    } }, field('Kind', kind), urlField, field('Description', description), field('Event types', types), field('Signatures', signatures),
     h('button', { type: 'submit' }, 'Add endpoint')));
 }
 

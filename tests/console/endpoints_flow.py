@@ -16,6 +16,7 @@ import time
 from urllib.parse import quote
 
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 from console_flow import Console, browser, run
 from portal_flow import Portal
@@ -58,6 +59,33 @@ def add_endpoint(c, cfg, mode):
     assert selected == secret, selected
     c.shot(f"{mode}-endpoint-added-secret", "#new-secret")
     return endpoint, secret
+
+
+def add_poll_endpoint(c, cfg, mode):
+    """A pull endpoint (kind `poll`) added from the same form: no URL to give; its page says
+    that nothing is pushed, who reads it, and its delivery status. Deleted again, so the
+    checks after it see the endpoints they did."""
+    c.go("#/endpoints", "#page-endpoints")
+    form = "form[aria-label='Add an endpoint']"
+    url = c.find(f"{form} input[name=url]")
+    Select(c.find(f"{form} select[name=kind]")).select_by_value("poll")
+    c.wait.until(lambda d: not url.is_displayed())
+    c.find(f"{form} input[name=description]").send_keys(f"pulled by the {mode}'s test")
+    c.find(f"{form} input[name=event_types]").send_keys(cfg["event_type"])
+    c.find(f"{form} button[type=submit]").click()
+    c.wait.until(lambda d: hash_of(c).startswith("#/endpoints/ep_"))
+    c.arrived("#page-endpoints")
+    endpoint = hash_of(c).split("/")[-1]
+    assert f"Endpoint {endpoint} added." in c.find("#status").text, c.find("#status").text
+    assert c.find("#new-secret-value").get_attribute("value").startswith("whsec_")
+    facts = c.find("main dl").text
+    for shown in ("poll", "none: nothing is pushed", "GET …/poll", "Delivery status"):
+        assert shown in facts, f"{shown!r} not in {facts!r}"
+    status, stored = c.admin("GET", f"/v1/tenants/{cfg['tenant']}/endpoints/{endpoint}")
+    assert status == 200 and stored["kind"] == "poll" and stored["url"] == "", (status, stored)
+    c.shot(f"{mode}-poll-endpoint-added", "main dl")
+    status, _ = c.admin("DELETE", f"/v1/tenants/{cfg['tenant']}/endpoints/{endpoint}")
+    assert status in (200, 204), status
 
 
 def shown_once(c, endpoint):
@@ -154,6 +182,7 @@ def lifecycle(c, cfg, mode):
     edit_endpoint(c, cfg, mode, endpoint)
     delivered_as_edited(c, cfg, mode, endpoint)
     delete_endpoint(c, cfg, mode, endpoint)
+    c.item(f"51-{mode}-poll-endpoint", add_poll_endpoint, cfg, mode)
     return {"id": endpoint, "secret": secret}
 
 
