@@ -33,20 +33,28 @@ def set_value(el, text):
     el.send_keys(text)
 
 
+FORM = "form[aria-label='Add an endpoint']"
+
+
+def submit_new(c, description, event_type):
+    """Fills the rest of the add form, submits it, and returns the new endpoint's id once its
+    page shows, with the news (which survives the navigation to it)."""
+    c.find(f"{FORM} input[name=description]").send_keys(description)
+    c.find(f"{FORM} input[name=event_types]").send_keys(event_type)
+    c.find(f"{FORM} button[type=submit]").click()
+    c.wait.until(lambda d: hash_of(c).startswith("#/endpoints/ep_"))
+    c.arrived("#page-endpoints")
+    endpoint = hash_of(c).split("/")[-1]
+    assert f"Endpoint {endpoint} added." in c.find("#status").text, c.find("#status").text
+    return endpoint
+
+
 def add_endpoint(c, cfg, mode):
     """Adds an endpoint from the list's form; on its page, the news and the secret."""
     m = cfg[mode]
     c.go("#/endpoints", "#page-endpoints")
-    form = "form[aria-label='Add an endpoint']"
-    c.find(f"{form} input[name=url]").send_keys(m["url"])
-    c.find(f"{form} input[name=description]").send_keys(m["description"])
-    c.find(f"{form} input[name=event_types]").send_keys(cfg["event_type"])
-    c.find(f"{form} button[type=submit]").click()
-    c.wait.until(lambda d: hash_of(c).startswith("#/endpoints/ep_"))
-    c.arrived("#page-endpoints")
-    endpoint = hash_of(c).split("/")[-1]
-    # The news survives the navigation to the new endpoint's page.
-    assert f"Endpoint {endpoint} added." in c.find("#status").text, c.find("#status").text
+    c.find(f"{FORM} input[name=url]").send_keys(m["url"])
+    endpoint = submit_new(c, m["description"], cfg["event_type"])
     secret = c.find("#new-secret-value").get_attribute("value")
     assert secret.startswith("whsec_"), secret
     assert "shown this once" in c.find("#new-secret").text
@@ -66,17 +74,10 @@ def add_poll_endpoint(c, cfg, mode):
     that nothing is pushed, who reads it, and its delivery status. Deleted again, so the
     checks after it see the endpoints they did."""
     c.go("#/endpoints", "#page-endpoints")
-    form = "form[aria-label='Add an endpoint']"
-    url = c.find(f"{form} input[name=url]")
-    Select(c.find(f"{form} select[name=kind]")).select_by_value("poll")
+    url = c.find(f"{FORM} input[name=url]")
+    Select(c.find(f"{FORM} select[name=kind]")).select_by_value("poll")
     c.wait.until(lambda d: not url.is_displayed())
-    c.find(f"{form} input[name=description]").send_keys(f"pulled by the {mode}'s test")
-    c.find(f"{form} input[name=event_types]").send_keys(cfg["event_type"])
-    c.find(f"{form} button[type=submit]").click()
-    c.wait.until(lambda d: hash_of(c).startswith("#/endpoints/ep_"))
-    c.arrived("#page-endpoints")
-    endpoint = hash_of(c).split("/")[-1]
-    assert f"Endpoint {endpoint} added." in c.find("#status").text, c.find("#status").text
+    endpoint = submit_new(c, f"pulled by the {mode}'s test", cfg["event_type"])
     assert c.find("#new-secret-value").get_attribute("value").startswith("whsec_")
     facts = c.find("main dl").text
     for shown in ("poll", "none: nothing is pushed", "GET …/poll", "Delivery status"):
