@@ -299,9 +299,8 @@ impl Snapshot {
     }
 
     /// The tenant's own type of this name, else the operator's.
-    fn seen(&self, tenant: &TenantId, event_type: &str) -> Option<&Arc<Compiled>> {
-        let own = self.owned(tenant.as_str()).and_then(|m| m.get(event_type));
-        own.or_else(|| self.owned("").and_then(|m| m.get(event_type)))
+    fn seen<'a>(&'a self, tenant: &'a TenantId, event_type: &str) -> Option<&'a Arc<Compiled>> {
+        self.seen_with_owner(tenant, event_type).map(|(_, compiled)| compiled)
     }
 
     fn owned(&self, owner: &str) -> Option<&HashMap<String, Arc<Compiled>>> {

@@ -43,21 +43,11 @@ pub(super) async fn converted(
             headers: vec![("content-type".to_string(), "application/json".to_string())],
             body: payload,
         };
-        let timer = cx.metrics.plugin_call(plugin::Hook::Transform);
-        let span = trace.plugin(plugin::Hook::Transform, &step.plugin);
-        let by = format!("plugin:{}", step.plugin);
-        payload = match timer.time(cx.plugins.transform(&step.tenant, &step.plugin, ctx, &request)).await {
-            Ok(plugin::TransformResult::Send(r)) => r.body,
-            Ok(plugin::TransformResult::Drop(reason)) => {
-                let verdict = Verdict::Fail { reason: "dropped".into() };
-                return Err(Exchange::Decided { verdict, by, error: Some(reason) });
-            }
-            Err(f) => return Err(plugin_failed(cx, d, ctx, (&step.plugin, span), plugin::Hook::Transform, f)),
-        };
+        payload = transform_call(cx, d, ctx, trace, (&step.tenant, &step.plugin), &request).await?.body;
         if serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_err() {
             let error = format!("adapter v{} \u{2192} v{}: its output is not JSON", step.from, step.to);
             let verdict = Verdict::Retry { after: None };
-            return Err(Exchange::Decided { verdict, by, error: Some(error) });
+            return Err(Exchange::Decided { verdict, by: format!("plugin:{}", step.plugin), error: Some(error) });
         }
     }
     // JSON is UTF-8.
@@ -86,13 +76,25 @@ pub(super) async fn transformed(
     };
     let is_envelope = spec.cloudevents.is_none();
     let Some(name) = &spec.plugins.transform else { return Ok((request, is_envelope)) };
+    let sent = transform_call(cx, d, ctx, trace, (d.tenant.as_str(), name), &request).await?;
+    let unchanged = sent.body == request.body;
+    Ok((sent, is_envelope && unchanged))
+}
+
+/// One call of the `transform` hook of `tenant`'s plugin `name` (the endpoint's own, or an
+/// adapter of the event's type); `Err`: it dropped the delivery or failed.
+async fn transform_call(
+    cx: &AttemptCtx,
+    d: &Claimed,
+    ctx: &plugin::DeliveryContext,
+    trace: &AttemptTrace,
+    (tenant, name): (&str, &str),
+    request: &plugin::Request,
+) -> Result<plugin::Request, Exchange> {
     let timer = cx.metrics.plugin_call(plugin::Hook::Transform);
     let span = trace.plugin(plugin::Hook::Transform, name);
-    match timer.time(cx.plugins.transform(d.tenant.as_str(), name, ctx, &request)).await {
-        Ok(plugin::TransformResult::Send(r)) => {
-            let unchanged = r.body == request.body;
-            Ok((r, is_envelope && unchanged))
-        }
+    match timer.time(cx.plugins.transform(tenant, name, ctx, request)).await {
+        Ok(plugin::TransformResult::Send(r)) => Ok(r),
         // One dead-letter reason for every drop, so `reason=dropped` finds them all; the
         // plugin's own words are the attempt's error (and the delivery's last error).
         Ok(plugin::TransformResult::Drop(reason)) => Err(Exchange::Decided {
